@@ -1,0 +1,3 @@
+from relay.cli import main
+import sys
+sys.exit(main())

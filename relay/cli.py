@@ -1,0 +1,123 @@
+"""``lineage-relay``: run the relay, check a configuration, or run the embedded demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from relay.config import RelayConfig, build_config, load_yaml, merge
+from relay.errors import ConfigError
+from relay.logs import log_event, setup_logging
+
+log = logging.getLogger("relay.cli")
+
+
+def _pairs(values: list[str] | None, flag: str) -> list[tuple[str, str]]:
+    out = []
+    for item in values or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"{flag} {item!r}: expected NAME=VALUE, e.g. {flag} marquez=http://127.0.0.1:5000")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> RelayConfig:
+    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    kafka: dict[str, Any] = {}
+    if args.bootstrap_servers:
+        kafka["bootstrap_servers"] = args.bootstrap_servers
+    if args.topic:
+        kafka["topics"] = args.topic
+    if args.group_id:
+        kafka["group_id"] = args.group_id
+    if args.dlq_topic:
+        kafka["dlq_topic"] = args.dlq_topic
+    props = dict(_pairs(args.consumer_property, "--consumer-property"))
+    if props:
+        kafka["consumer_properties"] = props
+    override: dict[str, Any] = {}
+    if kafka:
+        override["kafka"] = kafka
+    if args.http_port is not None:
+        override["http"] = {"port": args.http_port}
+    if args.log_level:
+        override["log_level"] = args.log_level
+    data = merge(data, override)
+    flag_collectors = _pairs(args.collector, "--collector")
+    if flag_collectors:
+        by_name = {c.get("name"): dict(c) for c in data.get("collectors") or [] if isinstance(c, dict)}
+        for name, url in flag_collectors:
+            by_name.setdefault(name, {"name": name})["url"] = url
+        data["collectors"] = list(by_name.values())
+    return build_config(data)
+
+
+def _add_relay_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file (flags override it)")
+    p.add_argument("--bootstrap-servers", help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
+    p.add_argument("--topic", action="append", help="topic to consume (repeatable; default openlineage)")
+    p.add_argument("--group-id", help="consumer group (default lineage-relay)")
+    p.add_argument("--collector", action="append", metavar="NAME=URL", help="collector base URL (repeatable)")
+    p.add_argument("--dlq-topic", help="dead-letter topic (default openlineage.dlq)")
+    p.add_argument("--http-port", type=int, help="port for /healthz, /readyz, /metrics (0 = any free port)")
+    p.add_argument("--consumer-property", action="append", metavar="KEY=VALUE",
+                   help="librdkafka consumer property (repeatable)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+
+async def serve(config: RelayConfig) -> None:
+    from relay.app import Relay
+    from relay.server import start_server
+
+    relay = Relay(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, relay.request_stop)
+    runner = None
+    if config.http.port is not None:
+        runner, port = await start_server(relay, config.http.host, config.http.port)
+        log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
+    try:
+        await relay.run()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lineage-relay", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="relay events from Kafka to the collectors")
+    _add_relay_flags(run)
+    check = sub.add_parser("check-config", help="validate a config file: exit 0, or name the bad key and the fix")
+    check.add_argument("path")
+    demo = sub.add_parser("demo", help="embedded broker + relay + local collector + sample stream")
+    demo.add_argument("--runs", type=int, default=12, help="sample runs to send (default 12)")
+    demo.add_argument("--no-spark", action="store_true", help="send a synthetic stream instead of a PySpark job")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "check-config":
+            cfg = build_config(load_yaml(args.path))
+            print(f"{args.path}: OK ({len(cfg.collectors)} collector(s): {', '.join(c.name for c in cfg.collectors)})")
+            return 0
+        if args.command == "demo":
+            from relay.embedded.demo import run_demo
+
+            return run_demo(runs=args.runs, spark=not args.no_spark)
+        config = config_from_args(args)
+    except ConfigError as err:
+        print(f"lineage-relay: {err}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

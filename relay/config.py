@@ -1,0 +1,219 @@
+"""Relay configuration: validated once at start-up into frozen, typed objects.
+
+Sources, in precedence order: command-line flags > YAML file > defaults. YAML values may
+reference environment variables as ``${NAME}`` or ``${NAME:-default}`` (for secrets).
+Unknown keys and bad values raise :class:`ConfigError` naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from relay.errors import ConfigError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RetryConfig(_Frozen):
+    """Retries on connection errors, timeouts, 408, 429 and 5xx: exponential backoff with
+    full jitter, capped; a Retry-After header is honoured as a lower bound."""
+
+    initial_backoff_s: float = Field(0.2, gt=0)
+    max_backoff_s: float = Field(30.0, gt=0)
+    #: None = retry until delivered (a collector that is down pauses the relay, nothing is lost).
+    max_attempts: int | None = Field(None, ge=1)
+
+
+class CollectorConfig(_Frozen):
+    name: str
+    url: str
+    #: Path appended to ``url``; the OpenLineage HTTP default.
+    endpoint: str = "/api/v1/lineage"
+    timeout_s: float = Field(10.0, gt=0)
+    #: Requests in flight at once to this collector (events of one run are always sequential).
+    concurrency: int = Field(32, ge=1, le=1024)
+    #: Events accepted for this collector but not yet delivered; above it the relay pauses consumption.
+    max_pending: int = Field(20_000, ge=1)
+    headers: dict[str, str] = Field(default_factory=dict)
+    token: SecretStr | None = None
+    retry: RetryConfig = RetryConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("use letters, digits, '_', '.', '-' (it labels metrics and dead-letter records)")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// base URL such as http://marquez:5000")
+        return v.rstrip("/")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must start with '/', e.g. /api/v1/lineage")
+        return v
+
+    @property
+    def target(self) -> str:
+        return self.url + self.endpoint
+
+
+class KafkaConfig(_Frozen):
+    bootstrap_servers: str
+    topics: tuple[str, ...] = ("openlineage",)
+    group_id: str = "lineage-relay"
+    #: Extra librdkafka consumer properties, e.g. {"security.protocol": "SASL_SSL"}.
+    consumer_properties: dict[str, str] = Field(default_factory=dict)
+    #: Extra librdkafka producer properties for the dead-letter producer.
+    producer_properties: dict[str, str] = Field(default_factory=dict)
+    dlq_topic: str = "openlineage.dlq"
+    commit_interval_s: float = Field(1.0, gt=0)
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _topics(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("consumer_properties", "producer_properties", mode="before")
+    @classmethod
+    def _props(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {str(k): str(val).lower() if isinstance(val, bool) else str(val) for k, val in v.items()}
+        return v
+
+
+class DedupeConfig(_Frozen):
+    enabled: bool = True
+    ttl_s: float = Field(3600.0, gt=0)
+    max_entries: int = Field(200_000, ge=1)
+
+
+class OrderingConfig(_Frozen):
+    """Per run and per collector, the first event is the run's START; one terminal event."""
+
+    enabled: bool = True
+    #: How long a RUNNING/COMPLETE/... waits for its START before the timeout policy applies.
+    hold_timeout_s: float = Field(60.0, gt=0)
+    #: ``forward``: deliver the held events as they are; ``dead_letter``: send them to the DLQ.
+    on_hold_timeout: Literal["forward", "dead_letter"] = "forward"
+    #: A terminal event that arrived before its START waits this long after the START,
+    #: so the run's RUNNING events still in flight reach the collector before it.
+    terminal_grace_s: float = Field(2.0, ge=0)
+    #: The spec allows OTHER events after the terminal one (extra metadata).
+    forward_other_after_terminal: bool = True
+    max_held_events: int = Field(50_000, ge=1)
+    max_tracked_runs: int = Field(200_000, ge=1)
+    finished_ttl_s: float = Field(3600.0, gt=0)
+
+
+class PipelineConfig(_Frozen):
+    max_event_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    dedupe: DedupeConfig = DedupeConfig()
+    ordering: OrderingConfig = OrderingConfig()
+
+
+class HttpServerConfig(_Frozen):
+    host: str = "0.0.0.0"
+    #: 0 = pick a free port; None = no HTTP server.
+    port: int | None = Field(9108, ge=0, le=65535)
+
+
+class RelayConfig(_Frozen):
+    kafka: KafkaConfig
+    collectors: tuple[CollectorConfig, ...]
+    pipeline: PipelineConfig = PipelineConfig()
+    http: HttpServerConfig = HttpServerConfig()
+    drain_timeout_s: float = Field(20.0, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _unique_collectors(self) -> RelayConfig:
+        if not self.collectors:
+            raise ValueError("collectors: at least one collector is needed, e.g. --collector marquez=http://marquez:5000")
+        names = [c.name for c in self.collectors]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"collectors: names must be unique, repeated: {', '.join(dupes)}")
+        if self.kafka.dlq_topic in self.kafka.topics:
+            raise ValueError("kafka.dlq_topic: must differ from the consumed topics, or rejects would loop")
+        return self
+
+
+_FIX_HINTS = {
+    "extra_forbidden": "remove it (unknown key; check the spelling against the README's configuration reference)",
+    "missing": "add it",
+}
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{where}: environment variable {name} is not set; export it or write ${{{name}:-default}}")
+        return _ENV.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{where}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+def build_config(data: dict[str, Any]) -> RelayConfig:
+    """Validate a plain dict (already env-interpolated) into a RelayConfig."""
+    try:
+        return RelayConfig.model_validate(data)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+            fix = _FIX_HINTS.get(e["type"], "")
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{key}: {msg}" + (f"; fix: {fix}" if fix else ""))
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {p}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p} is not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping with keys kafka, collectors, ...")
+    return _interpolate(raw, "")
+
+
+def load_config(path: str | Path) -> RelayConfig:
+    return build_config(load_yaml(path))
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into ``base`` (flags over file)."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,239 @@
+"""A local lineage collector that records what it receives, with scripted faults.
+
+It follows the OpenLineage HTTP contract as Marquez implements it: ``POST <path>`` with
+a JSON body; 201 on success, 415 without a JSON content type, 400 for a body that is not
+a JSON object, 401 when a token is configured and the Bearer header does not match.
+Faults are scripted per request (:meth:`RecordingCollector.fail_next`), for a period
+(:meth:`set_outage`), or by content (:meth:`reject_when`), including slow answers and
+connection resets.
+
+Runs on its own thread and event loop (``start()``/``stop()``), or as a process:
+``python -m relay.embedded.collector --port 5000`` (``GET /stats`` returns the count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class Fault:
+    status: int = 503
+    retry_after: str | None = None
+    delay_s: float = 0.0
+    #: Close the connection without answering.
+    reset: bool = False
+    body: str = "scripted fault"
+
+
+@dataclass(frozen=True)
+class Received:
+    event: dict[str, Any]
+    raw: bytes
+    headers: dict[str, str]
+    at: float
+
+
+@dataclass(frozen=True)
+class Attempt:
+    at: float
+    status: int | None
+    run_id: str | None
+    event_type: str | None
+
+
+@dataclass
+class _Script:
+    next_faults: deque[Fault] = field(default_factory=deque)
+    outage: Fault | None = None
+    rejector: Callable[[dict[str, Any]], int | None] | None = None
+
+
+class RecordingCollector:
+    def __init__(self, *, path: str = "/api/v1/lineage", ok_status: int = 201, token: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0, record: bool = True, latency_s: float = 0.0) -> None:
+        self.path = path
+        #: Added to every successful answer, to model a collector's processing time.
+        self.latency_s = latency_s
+        self.ok_status = ok_status
+        self.token = token
+        self.host, self.port = host, port
+        self.record = record
+        self.received: list[Received] = []
+        self.attempts: list[Attempt] = []
+        self.count = 0
+        self._script = _Script()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+
+    # -- fault scripting (thread-safe) ----------------------------------------------
+    def fail_next(self, n: int, status: int = 503, *, retry_after: str | None = None, delay_s: float = 0.0,
+                  reset: bool = False) -> None:
+        with self._lock:
+            self._script.next_faults.extend([Fault(status, retry_after, delay_s, reset)] * n)
+
+    def set_outage(self, status: int = 503, *, retry_after: str | None = None, reset: bool = False) -> None:
+        with self._lock:
+            self._script.outage = Fault(status, retry_after, reset=reset)
+
+    def clear_outage(self) -> None:
+        with self._lock:
+            self._script.outage = None
+
+    def reject_when(self, predicate: Callable[[dict[str, Any]], int | None]) -> None:
+        """``predicate(event)`` returns a status to answer with instead of success, or None."""
+        with self._lock:
+            self._script.rejector = predicate
+
+    # -- reading what arrived ---------------------------------------------------------
+    def events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r.event for r in self.received]
+
+    def wait_for(self, predicate: Callable[[RecordingCollector], bool], timeout_s: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate(self):
+                return True
+            time.sleep(0.02)  # polling a condition with a deadline
+        return predicate(self)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- server -------------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        now = time.monotonic()
+        with self._lock:
+            fault = self._script.next_faults.popleft() if self._script.next_faults else self._script.outage
+            rejector = self._script.rejector
+        doc: Any = None
+        if fault is None:
+            if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+                return self._answer(now, 401, None, "unauthorized")
+            if not request.content_type.startswith("application/json"):
+                return self._answer(now, 415, None, "expected application/json")
+            try:
+                doc = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return self._answer(now, 400, None, "body is not JSON")
+            if not isinstance(doc, dict):
+                return self._answer(now, 400, None, "body is not a JSON object")
+            if rejector is not None:
+                status = rejector(doc)
+                if status is not None:
+                    return self._answer(now, status, doc, "rejected by script")
+            if self.latency_s:
+                await asyncio.sleep(self.latency_s)
+            with self._lock:
+                self.count += 1
+                if self.record:
+                    self.received.append(Received(doc, raw, dict(request.headers), now))
+            return self._answer(now, self.ok_status, doc, "")
+        if fault.delay_s:
+            await asyncio.sleep(fault.delay_s)
+        if fault.reset:
+            self._note(now, None, raw)
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response(status=fault.status)
+        headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+        self._note(now, fault.status, raw)
+        return web.Response(status=fault.status, text=fault.body, headers=headers)
+
+    def _note(self, now: float, status: int | None, raw_or_doc: Any) -> None:
+        doc = raw_or_doc
+        if isinstance(raw_or_doc, bytes):
+            try:
+                doc = orjson.loads(raw_or_doc)
+            except orjson.JSONDecodeError:
+                doc = None
+        run_id = event_type = None
+        if isinstance(doc, dict):
+            run_id = (doc.get("run") or {}).get("runId") if isinstance(doc.get("run"), dict) else None
+            event_type = doc.get("eventType")
+        if self.record:
+            with self._lock:
+                self.attempts.append(Attempt(now, status, run_id, event_type))
+
+    def _answer(self, now: float, status: int, doc: Any, text: str) -> web.Response:
+        self._note(now, status, doc)
+        return web.Response(status=status, text=text)
+
+    async def _stats(self, _request: web.Request) -> web.Response:
+        return web.json_response({"count": self.count})
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post(self.path, self._handle)
+        app.router.add_get("/stats", self._stats)
+        return app
+
+    async def _serve(self) -> None:
+        self._runner = web.AppRunner(self.build_app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def start(self) -> RecordingCollector:
+        def target() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(self._serve())
+            self._ready.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
+            self._loop.close()
+
+        self._thread = threading.Thread(target=target, name="recording-collector", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("recording collector did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> RecordingCollector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a local collector that counts what it receives")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--path", default="/api/v1/lineage")
+    parser.add_argument("--record", action="store_true", help="keep every event in memory")
+    args = parser.parse_args()
+    collector = RecordingCollector(path=args.path, host=args.host, port=args.port, record=args.record)
+    try:
+        import uvloop  # type: ignore[import-not-found]
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(collector.build_app(), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

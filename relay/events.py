@@ -1,0 +1,80 @@
+"""The records that flow through the relay's pipeline.
+
+A Kafka record becomes either a :class:`LineageEvent` (decoded and valid) or a
+:class:`Rejection` (with a machine reason code and a human detail). Stages pass
+``LineageEvent`` objects around; nothing in here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+EventKind = Literal["run", "dataset", "job"]
+
+#: Event types the OpenLineage spec names for a RunEvent.
+EVENT_TYPES = frozenset({"START", "RUNNING", "COMPLETE", "ABORT", "FAIL", "OTHER"})
+#: A run has exactly one of these, and nothing is forwarded after it.
+TERMINAL_TYPES = frozenset({"COMPLETE", "ABORT", "FAIL"})
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a record came from; rendered as ``topic/partition/offset``."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+
+@dataclass(slots=True, eq=False)
+class LineageEvent:
+    """A decoded, validated OpenLineage event.
+
+    ``body`` is what collectors receive: the original bytes for JSON input, a JSON
+    re-encoding for other encodings. ``digest`` identifies the content (canonical JSON:
+    key order and whitespace ignored), so two events with equal digests are duplicates.
+    ``event_type`` is ``None`` for DatasetEvent/JobEvent and for a RunEvent without one.
+    """
+
+    kind: EventKind
+    doc: dict[str, Any]
+    body: bytes
+    digest: bytes
+    event_time: datetime
+    run_id: str | None = None
+    event_type: str | None = None
+    job_namespace: str | None = None
+    job_name: str | None = None
+    parent_run_id: str | None = None
+    source: SourceRef | None = None
+    #: Set by the pipeline: the Kafka key, the original value when ``body`` differs from it
+    #: (non-JSON encodings; dead letters carry the original bytes), and when it was consumed.
+    key: bytes | None = field(default=None, repr=False)
+    raw: bytes | None = field(default=None, repr=False)
+    consumed_at: float = field(default=0.0, repr=False)
+    #: Set by the pipeline: opaque bookkeeping handle (offset tracking); stages ignore it.
+    ticket: Any = field(default=None, repr=False)
+
+    @property
+    def original(self) -> bytes:
+        return self.raw if self.raw is not None else self.body
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.event_type in TERMINAL_TYPES
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a record cannot be forwarded. ``reason`` is a stable machine code
+    (``not_utf8``, ``invalid_json``, ``not_object``, ``missing_field``, ``wrong_type``,
+    ``invalid_value``, ``too_large``, ``empty``, ``undecodable``) used as the dead-letter ``reason``
+    header and as a metric label; ``detail`` is for humans."""
+
+    reason: str
+    detail: str

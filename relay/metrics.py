@@ -1,0 +1,58 @@
+"""Prometheus metrics, one registry per relay (tests run several relays in a process).
+
+Every event that is not forwarded is counted under a named reason: dead-lettered
+(``reason``), deduplicated, or dropped (``reason``, e.g. ``after_terminal``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+@dataclass
+class CollectorMetrics:
+    forwarded: Counter
+    retried: Counter
+    deduplicated: Counter
+    held: Gauge
+    pending: Gauge
+    latency: Histogram
+    _dropped: Counter
+    name: str
+
+    def dropped(self, reason: str) -> Counter:
+        return self._dropped.labels(collector=self.name, reason=reason)
+
+
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry(auto_describe=True)
+        p = "lineage_relay_"
+        self.consumed = Counter(p + "events_consumed", "Kafka records consumed", registry=r)
+        self.forwarded = Counter(p + "events_forwarded", "Events acknowledged by a collector", ["collector"], registry=r)
+        self.retried = Counter(p + "delivery_retries", "Delivery attempts retried", ["collector"], registry=r)
+        self.deduplicated = Counter(p + "events_deduplicated", "Exact duplicates not forwarded again",
+                                    ["collector"], registry=r)
+        self.dropped = Counter(p + "events_dropped", "Events deliberately not forwarded, by reason",
+                               ["collector", "reason"], registry=r)
+        self.dead_lettered = Counter(p + "events_dead_lettered", "Records written to the dead-letter topic",
+                                     ["reason"], registry=r)
+        self.held = Gauge(p + "events_held", "Events waiting for their run's START", ["collector"], registry=r)
+        self.pending = Gauge(p + "events_pending", "Events accepted for a collector, not yet delivered",
+                             ["collector"], registry=r)
+        self.lag = Gauge(p + "consumer_lag", "Records behind the partition's end", ["topic", "partition"], registry=r)
+        self.paused = Gauge(p + "consumption_paused", "1 while consumption is paused for backpressure", registry=r)
+        self.latency = Histogram(p + "delivery_latency_seconds", "From consumption to collector acknowledgement",
+                                 ["collector"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.commits = Counter(p + "offset_commits", "Offset commits made", registry=r)
+
+    def for_collector(self, name: str) -> CollectorMetrics:
+        return CollectorMetrics(
+            forwarded=self.forwarded.labels(collector=name), retried=self.retried.labels(collector=name),
+            deduplicated=self.deduplicated.labels(collector=name), held=self.held.labels(collector=name),
+            pending=self.pending.labels(collector=name), latency=self.latency.labels(collector=name),
+            _dropped=self.dropped, name=name)

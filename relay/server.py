@@ -1,0 +1,48 @@
+"""The operations endpoint: ``/healthz`` (the event loop is turning), ``/readyz``
+(started, consuming, not stopping) and ``/metrics`` (Prometheus text format)."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from relay.app import Relay
+
+#: The main loop polls every 100 ms; this long without a turn means it is stuck.
+STUCK_AFTER_S = 60.0
+
+
+def build_app(relay: Relay) -> web.Application:
+    async def healthz(_req: web.Request) -> web.Response:
+        stalled = time.monotonic() - relay.heartbeat
+        if relay.started and stalled > STUCK_AFTER_S:
+            return web.json_response({"status": "stuck", "seconds_since_poll": round(stalled, 1)}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_req: web.Request) -> web.Response:
+        ready = relay.started and not relay.stopping
+        return web.json_response({"ready": ready, "paused": relay.source.paused,
+                                  "partitions": len(relay.source.assignment)}, status=200 if ready else 503)
+
+    async def metrics(_req: web.Request) -> web.Response:
+        for lane in relay.lanes:
+            relay.metrics.pending.labels(collector=lane.name).set(lane.pending)
+            relay.metrics.held.labels(collector=lane.name).set(lane.held)
+        return web.Response(body=generate_latest(relay.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_server(relay: Relay, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(build_app(relay), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
+    return runner, bound

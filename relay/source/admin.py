@@ -1,0 +1,21 @@
+"""Kafka administration the relay needs: creating its dead-letter topic."""
+
+from __future__ import annotations
+
+
+def create_topic(bootstrap_servers: str, name: str, partitions: int = 1,
+                 config: dict[str, str] | None = None, timeout_s: float = 15.0) -> None:
+    """Create a topic (idempotent: an existing topic is fine)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    future = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
+        operation_timeout=timeout_s, request_timeout=timeout_s,
+    )[name]
+    try:
+        future.result(timeout=timeout_s)
+    except KafkaException as err:
+        if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise

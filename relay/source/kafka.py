@@ -1,0 +1,184 @@
+"""The Kafka consumer, driven from asyncio.
+
+confluent-kafka's consumer blocks, so every call to it (poll, commit, pause, resume,
+close) runs on one dedicated thread, in order. Rebalance callbacks fire on that thread
+inside ``poll``; they hand over to the event loop and wait for its answer, so the
+pipeline can settle and commit what it owns before a partition moves away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from relay.errors import RelayError
+from relay.logs import log_event
+from relay.source.offsets import Partition
+
+log = logging.getLogger("relay.source")
+
+#: Defaults that make a manual-commit, at-least-once consumer; user properties win
+#: except for the ones the relay's guarantees depend on (see _FORCED).
+_DEFAULTS = {
+    "auto.offset.reset": "earliest",
+    "session.timeout.ms": "10000",
+    "heartbeat.interval.ms": "1000",
+    "max.poll.interval.ms": "300000",
+    "partition.assignment.strategy": "cooperative-sticky",
+    "fetch.wait.max.ms": "100",
+}
+_FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
+
+RebalanceHandler = Callable[[list[Partition]], Awaitable[dict[Partition, int]]]
+
+
+class SourceError(RelayError):
+    pass
+
+
+class KafkaSource:
+    """Consumes ``topics`` in consumer group ``group_id`` with manual commits.
+
+    ``on_assign(partitions)`` and ``on_revoke(partitions)`` are coroutines run on the
+    event loop; ``on_revoke`` returns the offsets to commit before giving them up.
+    """
+
+    def __init__(self, *, bootstrap_servers: str, group_id: str, topics: tuple[str, ...],
+                 properties: dict[str, str], on_assign: RebalanceHandler, on_revoke: RebalanceHandler) -> None:
+        conf: dict[str, Any] = {**_DEFAULTS, **properties, **_FORCED}
+        conf["bootstrap.servers"] = bootstrap_servers
+        conf["group.id"] = group_id
+        conf.setdefault("client.id", "lineage-relay")
+        self._conf = conf
+        self._topics = list(topics)
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-consumer")
+        self._consumer: Consumer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.assignment: set[Partition] = set()
+        self.paused = False
+        self._cooperative = conf["partition.assignment.strategy"] == "cooperative-sticky"
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._consumer = await self._call(Consumer, self._conf)
+        except KafkaException as err:
+            raise SourceError(f"cannot create the Kafka consumer: {err}") from err
+        await self._call(lambda: self._consumer.subscribe(
+            self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost))
+
+    # -- rebalance callbacks: consumer thread ---------------------------------------
+    def _hand_over(self, handler: RebalanceHandler, partitions: list[Partition]) -> dict[Partition, int]:
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(handler(partitions), self._loop)
+        return future.result(timeout=60)
+
+    def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        parts = [(tp.topic, tp.partition) for tp in tps]
+        if self._cooperative:
+            consumer.incremental_assign(tps)
+        self.assignment.update(parts)
+        if self.paused and tps:
+            consumer.pause(tps)
+        self._hand_over(self._on_assign, parts)
+        log_event(log, logging.INFO, "partitions_assigned", partitions=_fmt(parts))
+
+    def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        parts = [(tp.topic, tp.partition) for tp in tps]
+        offsets = self._hand_over(self._on_revoke, parts)
+        if offsets:
+            self._commit_now(offsets)
+        if self._cooperative:
+            consumer.incremental_unassign(tps)
+        self.assignment.difference_update(parts)
+        log_event(log, logging.INFO, "partitions_revoked", partitions=_fmt(parts), committed=len(offsets))
+
+    def _lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        # Lost, not revoked: another member may already own them, so commit nothing.
+        parts = [(tp.topic, tp.partition) for tp in tps]
+        self._hand_over(self._on_revoke, parts)
+        if self._cooperative:
+            consumer.incremental_unassign(tps)
+        self.assignment.difference_update(parts)
+        log_event(log, logging.WARNING, "partitions_lost", partitions=_fmt(parts))
+
+    def _commit_now(self, offsets: dict[Partition, int]) -> None:
+        assert self._consumer is not None
+        tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        try:
+            self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as err:
+            code = err.args[0].code() if err.args else None
+            if code != KafkaError._NO_OFFSET:
+                log_event(log, logging.WARNING, "commit_failed", error=str(err))
+                raise
+
+    # -- loop side -------------------------------------------------------------------
+    async def poll(self, max_records: int, timeout_s: float) -> list[Message]:
+        assert self._consumer is not None
+        return await self._call(self._consumer.consume, max_records, timeout_s)
+
+    async def commit(self, offsets: dict[Partition, int]) -> bool:
+        """Commit synchronously; False (logged) when the broker refused, e.g. mid-rebalance."""
+        if not offsets:
+            return True
+        try:
+            await self._call(self._commit_now, offsets)
+            return True
+        except KafkaException:
+            return False
+
+    async def set_paused(self, paused: bool) -> None:
+        if paused == self.paused:
+            return
+        self.paused = paused
+        assert self._consumer is not None
+
+        def apply() -> None:
+            tps = [TopicPartition(t, p) for t, p in self.assignment]
+            if tps:
+                (self._consumer.pause if paused else self._consumer.resume)(tps)
+        await self._call(apply)
+        log_event(log, logging.INFO, "consumption_paused" if paused else "consumption_resumed",
+                  partitions=len(self.assignment))
+
+    async def lag(self) -> dict[Partition, int]:
+        """Per assigned partition: high watermark minus position (from cached fetch data)."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+
+        def compute() -> dict[Partition, int]:
+            tps = [TopicPartition(t, p) for t, p in self.assignment]
+            if not tps:
+                return {}
+            out = {}
+            for tp in consumer.position(tps):
+                try:
+                    _low, high = consumer.get_watermark_offsets(tp, cached=True)
+                except KafkaException:
+                    continue
+                if high >= 0 and tp.offset >= 0:
+                    out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+            return out
+        return await self._call(compute)
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await self._call(consumer.close)
+        self._executor.shutdown(wait=False)
+
+
+def _fmt(parts: list[Partition]) -> str:
+    return ",".join(f"{t}/{p}" for t, p in parts)

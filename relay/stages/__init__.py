@@ -1,0 +1,7 @@
+"""Pure, synchronous pipeline stages between the Kafka source and the sinks.
+
+``decode`` turns a record value into a :class:`~relay.events.LineageEvent` or a
+:class:`~relay.events.Rejection`; ``dedupe`` drops content already seen; ``sequence``
+puts each run's events in START-first, one-terminal order for one collector. No stage
+does I/O or reads the clock: time is handed in as ``now`` (seconds).
+"""

@@ -1,0 +1,323 @@
+"""Decode one Kafka record value into a :class:`LineageEvent`, or say exactly why not.
+
+Contract of :func:`decode_record`:
+
+* It never raises for bad input: every record becomes a ``LineageEvent`` or a
+  ``Rejection`` whose ``reason`` is one of the module constants below and whose
+  ``detail`` names the field and what was wrong with it.
+* JSON input keeps its original bytes as ``body`` (lossless, no re-encoding). Avro
+  input (single-object encoding, marker ``C3 01``) is decoded by
+  ``producer.codec.avro`` and re-encoded as JSON for ``body``.
+* ``digest`` is the BLAKE2b-128 of the canonical JSON (sorted keys, no whitespace),
+  so key order and formatting do not make two copies of one event look different.
+* It checks what the relay itself relies on (event kind, base fields, run and job
+  identity, ``eventType``, ``eventTime``, container types), not the whole OpenLineage
+  JSON schema: facet contents are the collectors' business. An optional field that is
+  present must have the schema's type (``null`` is not an absent field).
+* Run ids are lower-cased so one run has one key whatever case its producer used
+  (``doc`` and ``body`` keep the original spelling).
+
+This is the per-event hot path: one parse, one canonical dump, no schema engine, and
+the only regular expressions are compiled once at import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from relay.events import EVENT_TYPES, LineageEvent, Rejection, SourceRef
+
+# Rejection reason codes: stable, used as the dead-letter header and a metric label.
+EMPTY = "empty"
+TOO_LARGE = "too_large"
+NOT_UTF8 = "not_utf8"
+INVALID_JSON = "invalid_json"
+NOT_OBJECT = "not_object"
+MISSING_FIELD = "missing_field"
+WRONG_TYPE = "wrong_type"
+INVALID_VALUE = "invalid_value"
+UNDECODABLE = "undecodable"
+REASONS = frozenset(
+    {EMPTY, TOO_LARGE, NOT_UTF8, INVALID_JSON, NOT_OBJECT, MISSING_FIELD, WRONG_TYPE,
+     INVALID_VALUE, UNDECODABLE}
+)
+
+#: Avro single-object encoding starts with these two bytes. No JSON text can: 0xC3 is a
+#: UTF-8 lead byte and 0x01 is not a continuation byte, so the check is unambiguous.
+AVRO_MARKER = b"\xc3\x01"
+
+_UUID = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+# RFC 3339 (the spec's "date-time"). The offset is optional here only so that a naive
+# time gets its own, clearer message. Any number of fraction digits: Java emits nanos.
+_EVENT_TIME = re.compile(
+    r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(?:\.\d+)?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)?",
+    re.ASCII,
+)
+
+_MISSING: Any = object()
+_JSON_TYPES = {
+    dict: "an object", list: "an array", str: "a string", int: "a number",
+    float: "a number", bool: "a boolean", type(None): "null",
+}
+_EVENT_TYPE_LIST = ", ".join(sorted(EVENT_TYPES))
+
+
+class _Invalid(Exception):
+    """Internal control flow only: turned into a Rejection before decode_record returns."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+
+
+def decode_record(
+    value: bytes | None, *, max_bytes: int, source: SourceRef | None = None
+) -> LineageEvent | Rejection:
+    """Decode and validate one record value; see the module docstring for the contract.
+
+    ``max_bytes`` is checked before any parsing so an oversized record costs nothing.
+    ``source`` is copied onto the event for logging and dead-lettering.
+    """
+    if not value:
+        what = "null (a tombstone?)" if value is None else "empty"
+        return Rejection(EMPTY, f"record value is {what}; expected an OpenLineage event")
+    size = len(value)
+    if size > max_bytes:
+        return Rejection(
+            TOO_LARGE,
+            f"record value is {size} bytes, over the limit of {max_bytes} bytes (max_bytes)",
+        )
+    if value.startswith(AVRO_MARKER):
+        decoded = _decode_avro(value)
+        if isinstance(decoded, Rejection):
+            return decoded
+        doc, body = decoded
+    else:
+        try:
+            doc = orjson.loads(value)
+        except orjson.JSONDecodeError as err:
+            return _parse_failure(value, err)
+        body = value
+    if not isinstance(doc, dict):
+        return Rejection(
+            NOT_OBJECT, f"record is {_type_name(doc)}; an OpenLineage event is a JSON object"
+        )
+    try:
+        return _build_event(doc, body, source)
+    except _Invalid as err:
+        return Rejection(err.reason, err.detail)
+
+
+def _parse_failure(value: bytes, err: orjson.JSONDecodeError) -> Rejection:
+    # orjson reports bad UTF-8 as a JSONDecodeError; decoding again is only paid on failure.
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as utf_err:
+        bad = value[utf_err.start]
+        return Rejection(
+            NOT_UTF8,
+            f"record value is not valid UTF-8: byte 0x{bad:02x} at offset {utf_err.start} "
+            f"({utf_err.reason})",
+        )
+    return Rejection(INVALID_JSON, f"record value is not valid JSON: {err}")
+
+
+def _decode_avro(value: bytes) -> tuple[Any, bytes] | Rejection:
+    # Imported lazily: JSON-only deployments never load the Avro codec or fastavro.
+    try:
+        from producer.codec import avro as avro_codec
+    except ImportError as err:
+        return Rejection(
+            UNDECODABLE,
+            f"record is Avro (single-object encoding) but the Avro codec is unavailable: {err}",
+        )
+    try:
+        doc = avro_codec.decode(value)
+    except Exception as err:  # noqa: BLE001 - any codec failure is a property of the record
+        return Rejection(UNDECODABLE, f"Avro record could not be decoded: {err}")
+    try:
+        body = orjson.dumps(doc)
+    except orjson.JSONEncodeError as err:
+        return Rejection(UNDECODABLE, f"Avro record holds a value JSON cannot carry: {err}")
+    return doc, body
+
+
+def _build_event(doc: dict[str, Any], body: bytes, source: SourceRef | None) -> LineageEvent:
+    run_id = event_type = job_namespace = job_name = parent_run_id = None
+    run = doc.get("run", _MISSING)
+    if run is not _MISSING:
+        kind = "run"
+        run = _require_object(run, "run")
+        run_id = _string(run, "runId", "run.runId")
+        if _UUID.fullmatch(run_id) is None:
+            raise _Invalid(
+                INVALID_VALUE,
+                f"`run.runId` must be a UUID (8-4-4-4-12 hex digits), got {_show(run_id)}",
+            )
+        run_id = run_id.lower()
+        run_facets = _optional(run, "facets", "run.facets", dict)
+        job = _require_object(_field(doc, "job", "job"), "job")
+        event_type = _event_type(doc)
+        parent_run_id = _parent_run_id(run_facets)
+    elif "dataset" in doc:
+        kind = "dataset"
+        dataset = _require_object(doc["dataset"], "dataset")
+        _text(dataset, "namespace", "dataset.namespace")
+        _text(dataset, "name", "dataset.name")
+        _optional(dataset, "facets", "dataset.facets", dict)
+        job = None
+    elif "job" in doc:
+        kind = "job"
+        job = _require_object(doc["job"], "job")
+    else:
+        raise _Invalid(
+            MISSING_FIELD,
+            "event needs `run` (RunEvent), `dataset` (DatasetEvent) or `job` (JobEvent)",
+        )
+    if job is not None:
+        job_namespace = _text(job, "namespace", "job.namespace")
+        job_name = _text(job, "name", "job.name")
+        _optional(job, "facets", "job.facets", dict)
+        _optional(doc, "inputs", "inputs", list)
+        _optional(doc, "outputs", "outputs", list)
+    event_time = _parse_event_time(_string(doc, "eventTime", "eventTime"))
+    _text(doc, "producer", "producer")
+    _text(doc, "schemaURL", "schemaURL")
+    try:
+        canonical = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as err:
+        # orjson reads 1024 levels of nesting but writes only 254.
+        raise _Invalid(INVALID_VALUE, f"event cannot be canonicalised: {err}") from None
+    return LineageEvent(
+        kind=kind,
+        doc=doc,
+        body=body,
+        digest=hashlib.blake2b(canonical, digest_size=16).digest(),
+        event_time=event_time,
+        run_id=run_id,
+        event_type=event_type,
+        job_namespace=job_namespace,
+        job_name=job_name,
+        parent_run_id=parent_run_id,
+        source=source,
+    )
+
+
+def _event_type(doc: dict[str, Any]) -> str | None:
+    event_type = doc.get("eventType", _MISSING)
+    if event_type is _MISSING:
+        return None
+    if not isinstance(event_type, str):
+        raise _Invalid(
+            WRONG_TYPE, f"`eventType` must be a string, got {_type_name(event_type)}"
+        )
+    if event_type not in EVENT_TYPES:
+        raise _Invalid(
+            INVALID_VALUE,
+            f"`eventType` must be one of {_EVENT_TYPE_LIST}, got {_show(event_type)}",
+        )
+    return event_type
+
+
+def _parent_run_id(run_facets: dict[str, Any] | None) -> str | None:
+    # Informational only, so a malformed parent facet is ignored rather than rejected.
+    if not run_facets:
+        return None
+    parent = run_facets.get("parent")
+    if not isinstance(parent, dict):
+        return None
+    parent_run = parent.get("run")
+    if not isinstance(parent_run, dict):
+        return None
+    parent_id = parent_run.get("runId")
+    return parent_id.lower() if isinstance(parent_id, str) else None
+
+
+def _parse_event_time(text: str) -> datetime:
+    """RFC 3339 date-time with a mandatory offset; fraction digits beyond microseconds
+    are truncated (not rounded), so nanosecond timestamps never move to a later second."""
+    if _EVENT_TIME.fullmatch(text) is None:
+        raise _Invalid(
+            INVALID_VALUE,
+            f"`eventTime` must be an ISO-8601 date-time such as 2024-01-01T12:00:00.000Z, "
+            f"got {_show(text)}",
+        )
+    iso = text
+    # 26 = len("YYYY-MM-DDTHH:MM:SS.ffffff"); cut extra fraction digits before the offset
+    # ourselves rather than rely on how a given Python version treats them.
+    if len(iso) > 26 and iso[19] == ".":
+        end = len(iso)
+        if iso[-1] in "Zz":
+            end -= 1
+        elif iso[-6] in "+-":
+            end -= 6
+        if end > 26:
+            iso = iso[:26] + iso[end:]
+    try:
+        # The regex has vetted the shape, so the C parser is safe to use; it wants 'T'/'Z'.
+        parsed = datetime.fromisoformat(iso.upper())
+    except ValueError as err:
+        raise _Invalid(
+            INVALID_VALUE, f"`eventTime` {_show(text)} is not a real date-time: {err}"
+        ) from None
+    if parsed.tzinfo is None:
+        raise _Invalid(
+            INVALID_VALUE,
+            f"`eventTime` has no timezone offset (add Z or +HH:MM), got {_show(text)}",
+        )
+    return parsed
+
+
+def _field(obj: dict[str, Any], key: str, path: str) -> Any:
+    value = obj.get(key, _MISSING)
+    if value is _MISSING:
+        raise _Invalid(MISSING_FIELD, f"`{path}` is missing")
+    return value
+
+
+def _string(obj: dict[str, Any], key: str, path: str) -> str:
+    value = _field(obj, key, path)
+    if not isinstance(value, str):
+        raise _Invalid(WRONG_TYPE, f"`{path}` must be a string, got {_type_name(value)}")
+    return value
+
+
+def _text(obj: dict[str, Any], key: str, path: str) -> str:
+    """A required, non-empty string."""
+    value = _string(obj, key, path)
+    if not value:
+        raise _Invalid(INVALID_VALUE, f"`{path}` must not be empty")
+    return value
+
+
+def _require_object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Invalid(WRONG_TYPE, f"`{path}` must be an object, got {_type_name(value)}")
+    return value
+
+
+def _optional(obj: dict[str, Any], key: str, path: str, kind: type) -> Any:
+    value = obj.get(key, _MISSING)
+    if value is _MISSING:
+        return None
+    if not isinstance(value, kind):
+        raise _Invalid(
+            WRONG_TYPE, f"`{path}` must be {_JSON_TYPES[kind]}, got {_type_name(value)}"
+        )
+    return value
+
+
+def _type_name(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _show(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

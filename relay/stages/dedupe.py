@@ -1,0 +1,77 @@
+"""Drop events whose content the relay has already accepted recently.
+
+Kafka delivers at least once and producers retry, so the same event can arrive twice.
+:class:`Deduper` remembers content digests (``LineageEvent.digest``) for a fixed time
+and a bounded count; it is pure: the caller passes ``now`` and acts on the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+
+class Deduper:
+    """Remembers digests for ``ttl_s`` seconds, at most ``max_entries`` of them.
+
+    Guarantees:
+
+    * A digest remembered at time ``t`` is reported as a duplicate at ``now`` with
+      ``now - t < ttl_s``, unless it was forgotten or evicted for room first.
+    * The TTL runs from the first sighting: seeing a duplicate does not extend it, so a
+      digest stream that repeats forever is still let through once per ``ttl_s``.
+    * Memory is bounded by ``max_entries``; when full, the oldest digest is evicted (a
+      later copy of it is then let through rather than the relay growing).
+    * Expired digests are purged lazily from the oldest end, amortised O(1) per call.
+
+    Not guaranteed: exactness across restarts (state is in memory only). ``now`` must
+    not go backwards, or purging stops early (correctness of answers is unaffected).
+    """
+
+    __slots__ = ("_ttl_s", "_max_entries", "_seen")
+
+    def __init__(self, ttl_s: float, max_entries: int) -> None:
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not (
+            math.isfinite(ttl_s) and ttl_s > 0
+        ):
+            raise ValueError(f"ttl_s must be a positive number of seconds, got {ttl_s!r}")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive integer, got {max_entries!r}")
+        self._ttl_s = float(ttl_s)
+        self._max_entries = max_entries
+        # digest -> time first seen; insertion order is age order, oldest first.
+        self._seen: OrderedDict[bytes, float] = OrderedDict()
+
+    def check_and_remember(self, digest: bytes, now: float) -> bool:
+        """Return True if ``digest`` was seen within the TTL (drop the event); otherwise
+        remember it as seen at ``now`` and return False (forward the event)."""
+        self._purge(now)
+        seen_at = self._seen.get(digest)
+        if seen_at is not None:
+            if now - seen_at < self._ttl_s:
+                return True
+            # Expired but not purged yet (now went backwards earlier): start a new TTL.
+            del self._seen[digest]
+        self._seen[digest] = now
+        if len(self._seen) > self._max_entries:
+            self._seen.popitem(last=False)
+        return False
+
+    def forget(self, digest: bytes) -> None:
+        """Stop treating ``digest`` as seen, e.g. when its delivery was abandoned and the
+        record will be redelivered. Unknown digests are ignored."""
+        self._seen.pop(digest, None)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def _purge(self, now: float) -> None:
+        seen = self._seen
+        cutoff = now - self._ttl_s
+        # OrderedDict, not dict: popping the head of a plain dict leaves dummies that
+        # make finding the next head O(n).
+        while seen:
+            oldest_digest, seen_at = next(iter(seen.items()))
+            if seen_at > cutoff:
+                break
+            del seen[oldest_digest]

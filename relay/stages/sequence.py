@@ -1,0 +1,313 @@
+"""Per-run ordering for one collector: START first, exactly one terminal, nothing after.
+
+Kafka keeps order only within a partition, and producers retry, so a run's COMPLETE can
+arrive before its START. Collectors such as Marquez reject or mis-model that.
+:class:`RunSequencer` holds a run's early events until its START arrives (or a timeout
+or a memory bound forces a decision) and drops anything after the run's terminal event.
+
+It is pure and synchronous: it never reads the clock (``now`` is passed in, in seconds,
+and must not go backwards) and returns decisions for the caller to carry out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Callable, Literal, TypeAlias
+
+from relay.events import LineageEvent
+
+# Decision reason codes: stable, used as the dead-letter header and a metric label.
+AFTER_TERMINAL = "after_terminal"
+HOLD_TIMEOUT = "hold_timeout"
+HOLD_OVERFLOW = "hold_overflow"
+
+HoldPolicy = Literal["forward", "dead_letter"]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send ``event`` to the collector now."""
+
+    event: LineageEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Do not send ``event``; it is accounted for under ``reason`` (``after_terminal``)."""
+
+    event: LineageEvent
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Send ``event`` to the dead-letter topic with ``reason`` (``hold_timeout`` or
+    ``hold_overflow``) and the human ``detail``."""
+
+    event: LineageEvent
+    reason: str
+    detail: str
+
+
+Decision: TypeAlias = Forward | Drop | DeadLetter
+
+_by_event_time = attrgetter("event_time")
+
+
+class _Hold:
+    """Events of one run that arrived before its START, in arrival order."""
+
+    __slots__ = ("events", "arrivals")
+
+    def __init__(self) -> None:
+        self.events: list[LineageEvent] = []
+        self.arrivals: list[float] = []
+
+    @property
+    def since(self) -> float:
+        return self.arrivals[0]
+
+
+class RunSequencer:
+    """Orders each run's events for one collector.
+
+    Contract:
+
+    * Every event offered is decided exactly once: by the ``offer`` call itself or by a
+      later ``offer``/``expire`` call, unless :meth:`discard` removes it first.
+    * Events without a ``run_id`` (DatasetEvent, JobEvent) are forwarded at once.
+    * A run's first forwarded event is its START, unless its hold ended by timeout or
+      overflow with ``on_hold_timeout="forward"``. Events that arrive before the START
+      are held; when it arrives they follow it: non-terminal events by ``event_time``
+      (ties in arrival order), then the earliest terminal. With ``terminal_grace_s`` > 0
+      such an early terminal waits that long after the START, so the run's stragglers
+      (RUNNING events still behind the START in the topic) are forwarded before it.
+    * A hold ended by timeout/overflow is released by ``on_hold_timeout``: ``"forward"``
+      sends it in the order above and marks the run started; ``"dead_letter"``
+      dead-letters every held event and remembers nothing, so a START arriving later
+      begins the run afresh.
+    * At most one terminal (COMPLETE/FAIL/ABORT) is forwarded per run; every event of the
+      run after it is dropped with ``after_terminal``, except OTHER events, which the
+      spec allows after the terminal (unless ``forward_other_after_terminal`` is off).
+    * Runs are independent: one run's held events never delay another run.
+    * Memory is bounded: at most ``max_held_events`` held events (beyond that, the run
+      whose hold began earliest is released at once, reason ``hold_overflow``) and at
+      most ``max_tracked_runs`` started/finished markers (least recently touched are
+      forgotten first). Finished markers are also forgotten ``finished_ttl_s`` after the
+      terminal. A forgotten run's late events are treated like a new run's: held until a
+      START or the hold timeout.
+    """
+
+    def __init__(
+        self,
+        *,
+        hold_timeout_s: float,
+        on_hold_timeout: HoldPolicy,
+        max_held_events: int,
+        max_tracked_runs: int,
+        finished_ttl_s: float,
+        terminal_grace_s: float = 0.0,
+        forward_other_after_terminal: bool = True,
+    ) -> None:
+        _require_seconds("hold_timeout_s", hold_timeout_s)
+        _require_seconds("finished_ttl_s", finished_ttl_s)
+        _require_count("max_held_events", max_held_events)
+        _require_count("max_tracked_runs", max_tracked_runs)
+        if on_hold_timeout not in ("forward", "dead_letter"):
+            raise ValueError(
+                f"on_hold_timeout must be 'forward' or 'dead_letter', got {on_hold_timeout!r}"
+            )
+        self._hold_timeout_s = float(hold_timeout_s)
+        self._on_hold_timeout = on_hold_timeout
+        self._max_held_events = max_held_events
+        self._max_tracked_runs = max_tracked_runs
+        self._finished_ttl_s = float(finished_ttl_s)
+        if terminal_grace_s < 0:
+            raise ValueError(f"terminal_grace_s must be >= 0 seconds, got {terminal_grace_s!r}")
+        self._terminal_grace_s = float(terminal_grace_s)
+        self._forward_other_after_terminal = forward_other_after_terminal
+        # Terminal events that arrived before their START, waiting out the grace period
+        # after it so that the run's stragglers (RUNNING...) are forwarded first.
+        # run_id -> (terminal, release time); insertion order is release order.
+        self._grace: OrderedDict[str, tuple[LineageEvent, float]] = OrderedDict()
+        # Runs waiting for their START, ordered by when their hold began (oldest first).
+        self._holds: OrderedDict[str, _Hold] = OrderedDict()
+        self._held_count = 0
+        # Runs that may forward: run_id -> time of the forwarded terminal, or None while
+        # the run is open. Least recently touched first. Disjoint from _holds.
+        self._runs: OrderedDict[str, float | None] = OrderedDict()
+        # Finished runs in the order they finished, for the finished_ttl_s sweep.
+        self._finished: OrderedDict[str, float] = OrderedDict()
+
+    @property
+    def held_count(self) -> int:
+        """Events currently held, across all runs (including terminals in grace)."""
+        return self._held_count + len(self._grace)
+
+    @property
+    def held_runs(self) -> int:
+        """Runs that currently hold at least one event."""
+        return len(self._holds)
+
+    @property
+    def tracked_runs(self) -> int:
+        """Runs whose started/finished state is remembered."""
+        return len(self._runs)
+
+    def offer(self, event: LineageEvent, now: float) -> list[Decision]:
+        """Decide ``event`` if possible and return every decision that became due."""
+        run_id = event.run_id
+        if run_id is None:
+            return [Forward(event)]
+        runs = self._runs
+        if run_id in runs:
+            runs.move_to_end(run_id)
+            if runs[run_id] is not None:
+                if event.event_type == "OTHER" and self._forward_other_after_terminal:
+                    return [Forward(event)]  # the spec allows OTHER after the terminal
+                return [Drop(event, AFTER_TERMINAL)]
+            grace = self._grace.get(run_id)
+            if grace is not None and event.is_terminal:
+                if event.event_time < grace[0].event_time:
+                    self._grace[run_id] = (event, grace[1])
+                    return [Drop(grace[0], AFTER_TERMINAL)]
+                return [Drop(event, AFTER_TERMINAL)]
+            if event.is_terminal:
+                self._finish(run_id, now)
+            return [Forward(event)]
+        if event.event_type == "START":
+            hold = self._holds.pop(run_id, None)
+            self._start(run_id)
+            if hold is None:
+                return [Forward(event)]
+            self._held_count -= len(hold.events)
+            return [Forward(event), *self._release_in_order(run_id, hold.events, now, self._terminal_grace_s)]
+        hold = self._holds.get(run_id)
+        if hold is None:
+            hold = self._holds[run_id] = _Hold()
+        hold.events.append(event)
+        hold.arrivals.append(now)
+        self._held_count += 1
+        decisions: list[Decision] = []
+        while self._held_count > self._max_held_events:
+            oldest = next(iter(self._holds))
+            decisions += self._release_hold(oldest, now, HOLD_OVERFLOW)
+        return decisions
+
+    def expire(self, now: float) -> list[Decision]:
+        """Release runs whose hold began more than ``hold_timeout_s`` ago, by the
+        ``on_hold_timeout`` policy, and forget runs finished over ``finished_ttl_s`` ago."""
+        decisions: list[Decision] = []
+        grace = self._grace
+        while grace:
+            run_id, (terminal, until) = next(iter(grace.items()))
+            if now < until:
+                break
+            del grace[run_id]
+            decisions.append(Forward(terminal))
+            self._finish(run_id, now)
+        holds = self._holds
+        while holds:
+            run_id, hold = next(iter(holds.items()))
+            if now - hold.since <= self._hold_timeout_s:
+                break
+            decisions += self._release_hold(run_id, now, HOLD_TIMEOUT)
+        finished = self._finished
+        while finished:
+            run_id, finished_at = next(iter(finished.items()))
+            if now - finished_at <= self._finished_ttl_s:
+                break
+            del finished[run_id]
+            del self._runs[run_id]
+        return decisions
+
+    def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
+        """Remove held events matching ``predicate`` without deciding them and return
+        them, e.g. on partition revoke, where the new owner will receive them again."""
+        removed: list[LineageEvent] = []
+        reorder = False
+        for run_id, hold in list(self._holds.items()):
+            matches = [predicate(event) for event in hold.events]
+            if not any(matches):
+                continue
+            removed += (event for event, hit in zip(hold.events, matches) if hit)
+            if all(matches):
+                del self._holds[run_id]
+                continue
+            reorder = reorder or matches[0]
+            hold.events = [e for e, hit in zip(hold.events, matches) if not hit]
+            hold.arrivals = [t for t, hit in zip(hold.arrivals, matches) if not hit]
+        self._held_count -= len(removed)
+        for run_id, (terminal, _until) in list(self._grace.items()):
+            if predicate(terminal):
+                del self._grace[run_id]
+                removed.append(terminal)
+        if reorder:
+            # A hold now begins later; keep _holds sorted by hold start for expire().
+            self._holds = OrderedDict(sorted(self._holds.items(), key=lambda kv: kv[1].since))
+        return removed
+
+    def _release_hold(self, run_id: str, now: float, reason: str) -> list[Decision]:
+        """End a hold without a START, by the on_hold_timeout policy."""
+        hold = self._holds.pop(run_id)
+        self._held_count -= len(hold.events)
+        if self._on_hold_timeout == "forward":
+            # The run now counts as started, so its later events are not held again.
+            self._start(run_id)
+            return self._release_in_order(run_id, hold.events, now)
+        held_for = now - hold.since
+        if reason == HOLD_TIMEOUT:
+            detail = (
+                f"run {run_id}: no START within hold_timeout_s={self._hold_timeout_s:g}s "
+                f"(held {held_for:.1f}s)"
+            )
+        else:
+            detail = (
+                f"run {run_id}: released before its START because held events exceeded "
+                f"max_held_events={self._max_held_events} (held {held_for:.1f}s)"
+            )
+        return [DeadLetter(event, reason, detail) for event in hold.events]
+
+    def _release_in_order(
+        self, run_id: str, events: list[LineageEvent], now: float, grace_s: float = 0.0
+    ) -> list[Decision]:
+        """Forward a started run's held events: non-terminal by event time, then the
+        earliest terminal (after ``grace_s``, see ``terminal_grace_s``); later terminals
+        are dropped."""
+        ordinary = sorted((e for e in events if not e.is_terminal), key=_by_event_time)
+        terminals = sorted((e for e in events if e.is_terminal), key=_by_event_time)
+        decisions: list[Decision] = [Forward(event) for event in ordinary]
+        if terminals:
+            if grace_s > 0:
+                self._grace[run_id] = (terminals[0], now + grace_s)
+            else:
+                decisions.append(Forward(terminals[0]))
+                self._finish(run_id, now)
+            decisions += (Drop(event, AFTER_TERMINAL) for event in terminals[1:])
+        return decisions
+
+    def _start(self, run_id: str) -> None:
+        self._runs[run_id] = None
+        self._runs.move_to_end(run_id)
+        if len(self._runs) > self._max_tracked_runs:
+            evicted, _ = self._runs.popitem(last=False)
+            self._finished.pop(evicted, None)
+
+    def _finish(self, run_id: str, now: float) -> None:
+        self._runs[run_id] = now
+        self._finished[run_id] = now
+
+
+def _require_seconds(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def _require_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,55 @@
+"""Shared fixtures: one real Kafka-protocol broker and one PySpark session per test run.
+
+Required parts (the broker binary, Java, PySpark) are never skipped: a missing one makes
+the fixture raise, so every test that needs it errors and the run fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.kafka import KafkaHandle, start_kafka  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def kafka() -> KafkaHandle:
+    handle, close = start_kafka()
+    try:
+        yield handle
+    finally:
+        close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole run (starting one costs ~10 s)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("lineage-relay-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def tmp_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

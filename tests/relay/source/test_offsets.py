@@ -1,0 +1,56 @@
+from relay.source.offsets import OffsetTracker
+
+P = ("t", 0)
+
+
+def test_commits_only_the_contiguous_settled_prefix():
+    tracker = OffsetTracker()
+    tickets = [tracker.track(P, o) for o in range(5)]
+    for t in tickets:
+        t.acquire()  # one collector each
+        t.release()  # dispatch done
+    tickets[0].release()
+    tickets[2].release()
+    tickets[3].release()
+    assert tracker.committable() == {P: 1}  # offset 1 still out
+    tickets[1].release()
+    assert tracker.committable() == {P: 4}
+    tracker.mark_committed({P: 4})
+    assert tracker.committable() == {}
+    tickets[4].release()
+    assert tracker.committable() == {P: 5}
+
+
+def test_a_record_with_two_obligations_settles_after_both():
+    tracker = OffsetTracker()
+    t = tracker.track(P, 10)
+    t.acquire()
+    t.acquire()
+    t.release()
+    t.release()
+    assert tracker.committable() == {}
+    t.release()
+    assert tracker.committable() == {P: 11}
+
+
+def test_revoke_returns_final_offsets_and_orphans_are_harmless():
+    tracker = OffsetTracker()
+    a = tracker.track(P, 0)
+    b = tracker.track(P, 1)
+    b.acquire()
+    a.release()
+    b.release()
+    assert tracker.revoke([P]) == {P: 1}
+    b.release()  # delivery finished after the revoke
+    assert tracker.committable() == {}
+    assert tracker.partitions() == []
+
+
+def test_partitions_are_independent():
+    tracker = OffsetTracker()
+    slow = tracker.track(("t", 0), 0)
+    slow.acquire()
+    slow.release()
+    fast = tracker.track(("t", 1), 7)
+    fast.release()
+    assert tracker.committable() == {("t", 1): 8}

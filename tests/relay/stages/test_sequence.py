@@ -1,0 +1,467 @@
+"""RunSequencer: START first, one terminal, every event decided exactly once."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta, timezone
+
+import orjson
+import pytest
+
+from relay.events import LineageEvent, SourceRef
+from relay.stages.decode import decode_record
+from relay.stages.sequence import (
+    AFTER_TERMINAL,
+    HOLD_OVERFLOW,
+    HOLD_TIMEOUT,
+    DeadLetter,
+    Drop,
+    Forward,
+    RunSequencer,
+)
+
+T0 = datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc)
+
+
+def run_id(n: int) -> str:
+    return str(uuid.UUID(int=n))
+
+
+def event(run: int, event_type: str | None, second: float = 0.0, *, partition: int = 0,
+          tag: str = "") -> LineageEvent:
+    """A RunEvent for run ``run`` with eventTime T0 + ``second``; ``tag`` makes otherwise
+    equal events distinct."""
+    doc = {
+        "eventTime": (T0 + timedelta(seconds=second)).isoformat().replace("+00:00", "Z"),
+        "producer": "https://github.com/OpenLineage/OpenLineage/tree/1.20.0/integration/spark",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+        "run": {"runId": run_id(run), "facets": {}},
+        "job": {"namespace": "spark", "name": f"job{run}", "facets": {"tag": {"v": tag}}},
+    }
+    if event_type is not None:
+        doc["eventType"] = event_type
+    result = decode_record(orjson.dumps(doc), max_bytes=1 << 20,
+                           source=SourceRef("openlineage", partition, 0))
+    assert isinstance(result, LineageEvent), result
+    return result
+
+
+def dataset_event() -> LineageEvent:
+    doc = {
+        "eventTime": "2024-05-01T10:00:00Z",
+        "producer": "https://example.com/catalog",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/DatasetEvent",
+        "dataset": {"namespace": "s3://lake", "name": "orders"},
+    }
+    result = decode_record(orjson.dumps(doc), max_bytes=1 << 20)
+    assert isinstance(result, LineageEvent)
+    return result
+
+
+def sequencer(**overrides) -> RunSequencer:
+    options = dict(hold_timeout_s=30.0, on_hold_timeout="forward", max_held_events=1000,
+                   max_tracked_runs=1000, finished_ttl_s=3600.0, forward_other_after_terminal=False)
+    options.update(overrides)
+    return RunSequencer(**options)
+
+
+def forwarded(decisions) -> list[LineageEvent]:
+    assert all(isinstance(d, Forward) for d in decisions), decisions
+    return [d.event for d in decisions]
+
+
+# --- basic ordering -------------------------------------------------------------------
+
+
+def test_events_without_a_run_are_forwarded_at_once():
+    seq = sequencer()
+    ds = dataset_event()
+    assert seq.offer(ds, 0.0) == [Forward(ds)]
+    assert seq.held_count == 0
+
+
+def test_in_order_run_flows_straight_through():
+    seq = sequencer()
+    start, running, complete = (
+        event(1, "START", 0), event(1, "RUNNING", 1), event(1, "COMPLETE", 2))
+    for now, e in enumerate((start, running, complete)):
+        assert seq.offer(e, float(now)) == [Forward(e)]
+    assert seq.held_count == 0
+
+
+def test_complete_before_start_is_released_after_start():
+    seq = sequencer()
+    start, complete = event(1, "START", 0), event(1, "COMPLETE", 5)
+    assert seq.offer(complete, 0.0) == []
+    assert (seq.held_count, seq.held_runs) == (1, 1)
+    assert forwarded(seq.offer(start, 1.0)) == [start, complete]
+    assert (seq.held_count, seq.held_runs) == (0, 0)
+
+
+def test_running_and_complete_held_in_reverse_are_released_running_first():
+    seq = sequencer()
+    start, running, complete = (
+        event(1, "START", 0), event(1, "RUNNING", 1), event(1, "COMPLETE", 2))
+    assert seq.offer(complete, 0.0) == []
+    assert seq.offer(running, 0.1) == []
+    assert forwarded(seq.offer(start, 0.2)) == [start, running, complete]
+
+
+def test_held_non_terminal_events_are_sorted_by_event_time_stably():
+    seq = sequencer()
+    late, early, early_twin, untyped = (
+        event(1, "RUNNING", 9), event(1, "RUNNING", 3), event(1, "OTHER", 3), event(1, None, 5))
+    for now, e in enumerate((late, early, early_twin, untyped)):
+        assert seq.offer(e, float(now)) == []
+    start = event(1, "START", 0)
+    assert forwarded(seq.offer(start, 5.0)) == [start, early, early_twin, untyped, late]
+
+
+def test_only_the_earliest_held_terminal_is_forwarded():
+    seq = sequencer()
+    fail, complete, start = event(1, "FAIL", 7), event(1, "COMPLETE", 4), event(1, "START", 0)
+    seq.offer(fail, 0.0)
+    seq.offer(complete, 1.0)
+    assert seq.offer(start, 2.0) == [Forward(start), Forward(complete), Drop(fail, AFTER_TERMINAL)]
+
+
+def test_everything_but_other_after_the_terminal_is_dropped():
+    seq = sequencer(forward_other_after_terminal=False)
+    seq.offer(event(1, "START", 0), 0.0)
+    seq.offer(event(1, "COMPLETE", 9), 1.0)
+    for late in (event(1, "RUNNING", 5), event(1, "START", 0, tag="again"),
+                 event(1, "FAIL", 10), event(1, "OTHER", 11), event(1, None, 12)):
+        assert seq.offer(late, 2.0) == [Drop(late, AFTER_TERMINAL)]
+
+
+def test_second_start_and_untyped_or_other_events_before_the_terminal_are_forwarded():
+    seq = sequencer()
+    start, richer_start = event(1, "START", 0), event(1, "START", 0, tag="with facets")
+    other, untyped, abort = event(1, "OTHER", 1), event(1, None, 2), event(1, "ABORT", 3)
+    for now, e in enumerate((start, richer_start, other, untyped, abort)):
+        assert seq.offer(e, float(now)) == [Forward(e)]
+
+
+def test_runs_are_independent():
+    seq = sequencer()
+    held = event(1, "COMPLETE", 1)
+    assert seq.offer(held, 0.0) == []
+    b_start, b_complete = event(2, "START", 0), event(2, "COMPLETE", 1)
+    assert seq.offer(b_start, 1.0) == [Forward(b_start)]
+    assert seq.offer(b_complete, 2.0) == [Forward(b_complete)]
+    assert seq.held_count == 1
+    a_start = event(1, "START", 0)
+    assert forwarded(seq.offer(a_start, 3.0)) == [a_start, held]
+
+
+# --- hold timeout ---------------------------------------------------------------------
+
+
+def test_timeout_forward_releases_in_order_and_then_drops_the_late_start():
+    seq = sequencer(hold_timeout_s=30, on_hold_timeout="forward")
+    complete, running = event(1, "COMPLETE", 2), event(1, "RUNNING", 1)
+    seq.offer(complete, 100.0)
+    seq.offer(running, 120.0)
+    assert seq.expire(130.0) == []  # held exactly 30 s: not longer than the timeout
+    assert forwarded(seq.expire(130.5)) == [running, complete]
+    assert seq.held_count == 0
+    late_start = event(1, "START", 0)
+    assert seq.offer(late_start, 131.0) == [Drop(late_start, AFTER_TERMINAL)]
+
+
+def test_timeout_forward_without_terminal_lets_later_events_flow():
+    seq = sequencer(hold_timeout_s=10, on_hold_timeout="forward")
+    running = event(1, "RUNNING", 1)
+    seq.offer(running, 0.0)
+    assert seq.expire(11.0) == [Forward(running)]
+    complete = event(1, "COMPLETE", 2)
+    assert seq.offer(complete, 12.0) == [Forward(complete)]
+
+
+def test_timeout_dead_letter_names_run_and_seconds():
+    seq = sequencer(hold_timeout_s=30, on_hold_timeout="dead_letter")
+    complete, running = event(1, "COMPLETE", 2), event(1, "RUNNING", 1)
+    seq.offer(complete, 0.0)
+    seq.offer(running, 5.0)
+    decisions = seq.expire(31.0)
+    assert [type(d) for d in decisions] == [DeadLetter, DeadLetter]
+    assert [d.event for d in decisions] == [complete, running]
+    for decision in decisions:
+        assert decision.reason == HOLD_TIMEOUT
+        assert run_id(1) in decision.detail and "30" in decision.detail
+    assert seq.held_count == 0
+    # The run was never started: a later START goes through as a new beginning.
+    start = event(1, "START", 0)
+    assert seq.offer(start, 32.0) == [Forward(start)]
+
+
+def test_timeout_releases_only_the_runs_that_waited_long_enough():
+    seq = sequencer(hold_timeout_s=30, on_hold_timeout="dead_letter")
+    old, young = event(1, "COMPLETE", 1), event(2, "COMPLETE", 1)
+    seq.offer(old, 0.0)
+    seq.offer(young, 20.0)
+    assert [d.event for d in seq.expire(31.0)] == [old]
+    assert seq.held_runs == 1
+    assert [d.event for d in seq.expire(51.0)] == [young]
+
+
+# --- bounds ---------------------------------------------------------------------------
+
+
+def test_overflow_releases_the_earliest_hold_from_that_offer():
+    seq = sequencer(max_held_events=3, on_hold_timeout="dead_letter")
+    a1, a2, b1, b2 = (event(1, "RUNNING", 1), event(1, "COMPLETE", 2),
+                      event(2, "RUNNING", 1), event(2, "COMPLETE", 2))
+    assert seq.offer(a1, 0.0) == []
+    assert seq.offer(b1, 1.0) == []
+    assert seq.offer(a2, 2.0) == []
+    decisions = seq.offer(b2, 3.0)
+    assert [d.event for d in decisions] == [a1, a2]
+    assert {d.reason for d in decisions} == {HOLD_OVERFLOW}
+    assert "max_held_events=3" in decisions[0].detail and run_id(1) in decisions[0].detail
+    assert (seq.held_count, seq.held_runs) == (2, 1)
+
+
+def test_overflow_with_forward_policy_forwards_in_order():
+    seq = sequencer(max_held_events=2, on_hold_timeout="forward")
+    a_complete, a_running = event(1, "COMPLETE", 2), event(1, "RUNNING", 1)
+    b_running = event(2, "RUNNING", 1)
+    seq.offer(a_complete, 0.0)
+    seq.offer(a_running, 1.0)
+    assert forwarded(seq.offer(b_running, 2.0)) == [a_running, a_complete]
+    assert seq.held_count == 1
+
+
+def test_overflow_can_release_the_offered_events_own_run():
+    seq = sequencer(max_held_events=1, on_hold_timeout="dead_letter")
+    first, second = event(1, "RUNNING", 1), event(1, "COMPLETE", 2)
+    assert seq.offer(first, 0.0) == []
+    decisions = seq.offer(second, 1.0)
+    assert [d.event for d in decisions] == [first, second]
+    assert seq.held_count == 0
+
+
+def test_tracked_runs_are_capped_and_never_evict_held_runs():
+    seq = sequencer(max_tracked_runs=100, hold_timeout_s=1e9)
+    held = event(0, "COMPLETE", 5)
+    seq.offer(held, 0.0)
+    for n in range(1, 5001):
+        start, complete = event(n, "START", 0), event(n, "COMPLETE", 1)
+        assert seq.offer(start, float(n)) == [Forward(start)]
+        assert seq.offer(complete, float(n)) == [Forward(complete)]
+        assert seq.tracked_runs <= 100
+    assert seq.held_count == 1
+    start = event(0, "START", 0)
+    assert forwarded(seq.offer(start, 6000.0)) == [start, held]
+
+
+def test_finished_runs_are_forgotten_after_finished_ttl():
+    seq = sequencer(finished_ttl_s=60, hold_timeout_s=30, on_hold_timeout="dead_letter")
+    seq.offer(event(1, "START", 0), 0.0)
+    seq.offer(event(1, "COMPLETE", 1), 10.0)
+    assert seq.expire(70.0) == []
+    late = event(1, "OTHER", 2)
+    assert seq.offer(late, 70.0) == [Drop(late, AFTER_TERMINAL)]
+    assert seq.tracked_runs == 1
+    seq.expire(70.5)
+    assert seq.tracked_runs == 0
+    # Forgotten: a late event is treated like one of a new run and held.
+    later = event(1, "OTHER", 3)
+    assert seq.offer(later, 71.0) == []
+    assert seq.held_count == 1
+
+
+# --- discard --------------------------------------------------------------------------
+
+
+def test_discard_removes_held_events_without_deciding_them():
+    seq = sequencer(on_hold_timeout="dead_letter", hold_timeout_s=30)
+    a = event(1, "COMPLETE", 2, partition=0)
+    b_running = event(2, "RUNNING", 1, partition=1)
+    b_complete = event(2, "COMPLETE", 2, partition=1)
+    for now, e in enumerate((a, b_running, b_complete)):
+        seq.offer(e, float(now))
+    removed = seq.discard(lambda e: e.source.partition == 0)
+    assert removed == [a]
+    assert (seq.held_count, seq.held_runs) == (2, 1)
+    a_start = event(1, "START", 0, partition=0)
+    assert seq.offer(a_start, 3.0) == [Forward(a_start)]
+    b_start = event(2, "START", 0, partition=1)
+    assert forwarded(seq.offer(b_start, 4.0)) == [b_start, b_running, b_complete]
+    assert seq.expire(1000.0) == []
+
+
+def test_partial_discard_restarts_the_hold_clock_at_the_oldest_remaining_event():
+    seq = sequencer(on_hold_timeout="dead_letter", hold_timeout_s=30)
+    first = event(1, "RUNNING", 1, partition=0)
+    other_run = event(2, "RUNNING", 1, partition=1)
+    second = event(1, "COMPLETE", 2, partition=1)
+    seq.offer(first, 0.0)
+    seq.offer(other_run, 10.0)
+    seq.offer(second, 20.0)
+    assert seq.discard(lambda e: e.source.partition == 0) == [first]
+    # Run 2's hold (since 10 s) expires before run 1's (now since 20 s).
+    assert [d.event for d in seq.expire(45.0)] == [other_run]
+    assert [d.event for d in seq.expire(50.5)] == [second]
+
+
+# --- construction ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, word",
+    [
+        ({"hold_timeout_s": 0}, "hold_timeout_s"),
+        ({"finished_ttl_s": -5}, "finished_ttl_s"),
+        ({"max_held_events": 0}, "max_held_events"),
+        ({"max_tracked_runs": 2.5}, "max_tracked_runs"),
+        ({"on_hold_timeout": "drop"}, "on_hold_timeout"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(override, word):
+    with pytest.raises(ValueError, match=word):
+        sequencer(**override)
+
+
+# --- exactly-once property ------------------------------------------------------------
+
+
+def random_stream(rng: random.Random) -> list[LineageEvent]:
+    """Several runs' events (some runs without START, some with two terminals or two
+    STARTs) and run-less events, shuffled together."""
+    events = []
+    for run in range(rng.randint(1, 8)):
+        types = ["RUNNING"] * rng.randint(0, 3) + ["OTHER"] * rng.randint(0, 1)
+        types += [None] * rng.randint(0, 1)
+        types += rng.sample(["COMPLETE", "FAIL", "ABORT"], rng.choice([0, 1, 1, 1, 2]))
+        types += ["START"] * rng.choice([0, 1, 1, 1, 1, 2])
+        for i, event_type in enumerate(types):
+            events.append(event(run, event_type, second=rng.uniform(0, 100),
+                                partition=rng.randint(0, 2), tag=str(i)))
+    events += [dataset_event() for _ in range(rng.randint(0, 2))]
+    rng.shuffle(events)
+    return events
+
+
+CONFIGS = {
+    "roomy-forward": dict(hold_timeout_s=1e6, on_hold_timeout="forward"),
+    "tight-forward": dict(hold_timeout_s=3.0, on_hold_timeout="forward", max_held_events=3),
+    "tight-dead-letter": dict(hold_timeout_s=3.0, on_hold_timeout="dead_letter",
+                              max_held_events=3),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_every_event_is_decided_exactly_once_in_run_order(config):
+    options = CONFIGS[config]
+    rng = random.Random(f"sequence-{config}")
+    for _ in range(300):
+        seq = sequencer(**options)
+        stream = random_stream(rng)
+        decisions, discarded = [], []
+        now = 0.0
+        for e in stream:
+            now += rng.uniform(0, 2)
+            decisions += seq.offer(e, now)
+            if rng.random() < 0.2:
+                decisions += seq.expire(now)
+            if rng.random() < 0.03:
+                revoked = rng.randint(0, 2)
+                discarded += seq.discard(lambda ev: ev.source is not None
+                                         and ev.source.partition == revoked)
+        decisions += seq.expire(now + 2e6)
+        assert seq.held_count == 0 and seq.held_runs == 0
+
+        counts = Counter(id(d.event) for d in decisions) + Counter(id(e) for e in discarded)
+        assert counts == Counter(id(e) for e in stream), "each event decided exactly once"
+
+        per_run: dict[str, list] = defaultdict(list)
+        for d in decisions:
+            if d.event.run_id is None:
+                assert isinstance(d, Forward)
+            else:
+                per_run[d.event.run_id].append(d)
+        for run_decisions in per_run.values():
+            sent = [d.event for d in run_decisions if isinstance(d, Forward)]
+            terminals = [e for e in sent if e.is_terminal]
+            assert len(terminals) <= 1, "at most one terminal per run"
+            if terminals:
+                assert sent[-1] is terminals[0], "nothing forwarded after the terminal"
+            for d in run_decisions:
+                if isinstance(d, Drop):
+                    assert d.reason == AFTER_TERMINAL
+                    assert terminals, "a drop only ever follows a forwarded terminal"
+            if options["on_hold_timeout"] == "dead_letter" and sent:
+                assert sent[0].event_type == "START", "START is forwarded first"
+            if config == "roomy-forward":
+                # Nothing timed out before the stream ended: every run that has a START
+                # forwards it first, and nothing is dead-lettered.
+                assert not any(isinstance(d, DeadLetter) for d in run_decisions)
+                if any(e.event_type == "START" for e in stream
+                       if e.run_id == run_decisions[0].event.run_id
+                       and e not in discarded):
+                    assert sent[0].event_type == "START"
+
+
+# -- terminal grace and OTHER after the terminal (added with the relay wiring) -------------
+
+def _grace_sequencer(grace: float, **kw) -> RunSequencer:
+    return RunSequencer(hold_timeout_s=60, on_hold_timeout="forward", max_held_events=1000,
+                        max_tracked_runs=1000, finished_ttl_s=600, terminal_grace_s=grace, **kw)
+
+
+def _types(decisions) -> list[tuple[str, str]]:
+    return [(type(d).__name__, d.event.event_type) for d in decisions]
+
+
+def test_early_terminal_waits_out_the_grace_so_stragglers_go_first():
+    run = 7
+    seq = _grace_sequencer(2.0)
+    complete = event(run, "COMPLETE", second=9)
+    start = event(run, "START", second=1)
+    running = event(run, "RUNNING", second=5)
+    assert seq.offer(complete, 0.0) == []
+    assert _types(seq.offer(start, 1.0)) == [("Forward", "START")]
+    assert _types(seq.offer(running, 1.5)) == [("Forward", "RUNNING")]
+    assert seq.expire(2.9) == []
+    assert seq.held_count == 1
+    assert _types(seq.expire(3.0)) == [("Forward", "COMPLETE")]
+    assert _types(seq.offer(event(run, "RUNNING", second=6), 3.1)) == [("Drop", "RUNNING")]
+
+
+def test_a_terminal_after_start_is_not_delayed():
+    run = 7
+    seq = _grace_sequencer(2.0)
+    seq.offer(event(run, "START", second=1), 0.0)
+    assert _types(seq.offer(event(run, "COMPLETE", second=2), 0.1)) == [("Forward", "COMPLETE")]
+
+
+def test_second_terminal_during_grace_keeps_the_earliest():
+    run = 7
+    seq = _grace_sequencer(2.0)
+    seq.offer(event(run, "FAIL", second=8), 0.0)
+    seq.offer(event(run, "START", second=1), 0.5)
+    decided = seq.offer(event(run, "COMPLETE", second=7), 1.0)
+    assert _types(decided) == [("Drop", "FAIL")]
+    assert _types(seq.expire(10.0)) == [("Forward", "COMPLETE")]
+
+
+def test_grace_terminal_can_be_discarded_on_revoke():
+    run = 7
+    seq = _grace_sequencer(2.0)
+    complete = event(run, "COMPLETE", second=8)
+    seq.offer(complete, 0.0)
+    seq.offer(event(run, "START", second=1), 0.5)
+    assert seq.discard(lambda e: e is complete) == [complete]
+    assert seq.held_count == 0 and seq.expire(100.0) == []
+
+
+def test_other_after_terminal_is_forwarded_unless_disabled():
+    run = 7
+    for allowed, expected in ((True, "Forward"), (False, "Drop")):
+        seq = _grace_sequencer(0.0, forward_other_after_terminal=allowed)
+        seq.offer(event(run, "START", second=1), 0.0)
+        seq.offer(event(run, "COMPLETE", second=2), 0.0)
+        assert _types(seq.offer(event(run, "OTHER", second=3), 0.0)) == [(expected, "OTHER")]

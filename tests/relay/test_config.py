@@ -1,0 +1,93 @@
+import subprocess
+import sys
+
+import pytest
+
+from relay.cli import config_from_args, main
+from relay.config import build_config, load_config
+from relay.errors import ConfigError
+
+MINIMAL = """
+kafka:
+  bootstrap_servers: 127.0.0.1:9092
+collectors:
+  - name: marquez
+    url: http://marquez:5000
+    token: ${MARQUEZ_TOKEN}
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "relay.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_env_interpolation_keeps_secrets_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARQUEZ_TOKEN", "s3cr3t-token")
+    cfg = load_config(write(tmp_path, MINIMAL))
+    c = cfg.collectors[0]
+    assert c.token.get_secret_value() == "s3cr3t-token"
+    assert "s3cr3t-token" not in repr(cfg) and "s3cr3t-token" not in str(cfg.model_dump())
+    assert c.target == "http://marquez:5000/api/v1/lineage"
+
+
+def test_missing_env_var_names_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("MARQUEZ_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match=r"collectors\.0\.token: environment variable MARQUEZ_TOKEN is not set"):
+        load_config(write(tmp_path, MINIMAL))
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"kafka": {"bootstrap_servers": "x", "topicz": "a"}}, r"kafka\.topicz: Extra inputs.*fix: remove it"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "marquez:5000"}]},
+     r"collectors\.0\.url: must be an http:// or https:// base URL"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a", "concurrency": 0}]},
+     r"collectors\.0\.concurrency"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": []}, r"at least one collector"),
+    ({"collectors": [{"name": "m", "url": "http://a"}]}, r"kafka: Field required; fix: add it"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"},
+                                                          {"name": "m", "url": "http://b"}]}, r"repeated: m"),
+    ({"kafka": {"bootstrap_servers": "x", "dlq_topic": "openlineage"},
+      "collectors": [{"name": "m", "url": "http://a"}]}, r"kafka\.dlq_topic"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
+      "pipeline": {"ordering": {"on_hold_timeout": "explode"}}}, r"pipeline\.ordering\.on_hold_timeout"),
+])
+def test_bad_config_names_the_key(patch, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(patch)
+
+
+def test_check_config_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MARQUEZ_TOKEN", "t")
+    good = write(tmp_path, MINIMAL)
+    assert main(["check-config", str(good)]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL.replace("url:", "ur1:"))
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "collectors.0.ur1" in err and "collectors.0.url: Field required" in err
+
+
+def test_cli_flags_build_the_same_config_without_a_file():
+    import argparse
+
+    from relay.cli import _add_relay_flags
+
+    p = argparse.ArgumentParser()
+    _add_relay_flags(p)
+    args = p.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--topic", "openlineage", "--group-id", "g",
+                         "--collector", "marquez=http://127.0.0.1:5000", "--collector", "backup=http://127.0.0.1:5001",
+                         "--dlq-topic", "openlineage.dlq", "--http-port", "9108",
+                         "--consumer-property", "session.timeout.ms=6000"])
+    cfg = config_from_args(args)
+    assert [c.name for c in cfg.collectors] == ["marquez", "backup"]
+    assert cfg.kafka.consumer_properties == {"session.timeout.ms": "6000"}
+    assert cfg.kafka.topics == ("openlineage",) and cfg.http.port == 9108
+
+
+def test_console_script_reports_bad_flag_and_exits_nonzero():
+    out = subprocess.run([sys.executable, "-m", "relay", "run", "--bootstrap-servers", "x",
+                          "--collector", "marquez"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "--collector 'marquez': expected NAME=VALUE" in out.stderr

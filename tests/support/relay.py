@@ -1,0 +1,135 @@
+"""Run a real relay for a test: in-process on its own thread and event loop
+(:class:`RelayThread`), or as a separate ``lineage-relay run`` process
+(:class:`RelayProcess`) for kill -9 and SIGTERM tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from relay.app import Relay
+from relay.config import RelayConfig, build_config
+from relay.embedded.broker import FAST_GROUP_PROPERTIES, free_port
+
+
+def relay_config(bootstrap: str, topic: str, collectors: dict[str, str], *, group: str, dlq: str,
+                 **overrides: Any) -> RelayConfig:
+    pipeline = overrides.pop("pipeline", {})
+    collector_extra = overrides.pop("collector", {})
+    data = {
+        "kafka": {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": group, "dlq_topic": dlq,
+                  "consumer_properties": dict(FAST_GROUP_PROPERTIES), "commit_interval_s": 0.5},
+        "collectors": [{"name": n, "url": u, "retry": {"initial_backoff_s": 0.05, "max_backoff_s": 1.0},
+                        **collector_extra} for n, u in collectors.items()],
+        "pipeline": pipeline,
+        "http": {"port": None},
+        "drain_timeout_s": 10,
+        **overrides,
+    }
+    return build_config(data)
+
+
+class RelayThread:
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.relay: Relay | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._started = threading.Event()
+
+    def start(self) -> RelayThread:
+        def target() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+
+            async def main() -> None:
+                self.relay = Relay(self.config)
+                self._started.set()
+                await self.relay.run()
+            try:
+                self._loop.run_until_complete(main())
+            except BaseException as err:  # surfaced by stop()
+                self.error = err
+                self._started.set()
+            finally:
+                self._loop.close()
+
+        self._thread = threading.Thread(target=target, name="relay-under-test", daemon=True)
+        self._thread.start()
+        assert self._started.wait(30), "relay did not start"
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        if self._loop is not None and self.relay is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.relay.request_stop)
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "relay did not stop within its drain timeout"
+        self._thread = None
+        if self.error is not None:
+            raise self.error
+
+    def metric(self, name: str, **labels: str) -> float:
+        assert self.relay is not None
+        value = self.relay.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+    def __enter__(self) -> RelayThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RelayProcess:
+    """``lineage-relay run`` as a child process with its own /metrics port."""
+
+    def __init__(self, args: list[str], *, log_path: Path) -> None:
+        self.http_port = free_port()
+        self.args = [sys.executable, "-m", "relay", "run", *args, "--http-port", str(self.http_port)]
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RelayProcess:
+        log = open(self.log_path, "ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"relay exited early: {self.log_path.read_text()[-2000:]}"
+            try:
+                if requests.get(f"http://127.0.0.1:{self.http_port}/readyz", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)  # polling readiness with a deadline
+        raise AssertionError("relay process never became ready")
+
+    def metrics_text(self) -> str:
+        return requests.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5).text
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout_s: float) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
