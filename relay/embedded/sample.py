@@ -113,12 +113,16 @@ def _facet(facet_name: str, /, **fields: Any) -> dict[str, Any]:
     return {"_producer": PRODUCER_URI, "_schemaURL": FACET_SCHEMA_URLS[facet_name], **fields}
 
 
+def _job_type() -> dict[str, Any]:
+    return _facet("jobType", processingType="BATCH", integration="SPARK", jobType="SQL_JOB")
+
+
 def _fields(columns: int) -> list[tuple[str, str]]:
     return [_COLUMNS[i] if i < len(_COLUMNS) else (f"attr_{i}", "string") for i in range(columns)]
 
 
 def _dataset(namespace: str, name: str, columns: int, **extra_facets: dict[str, Any]) -> dict[str, Any]:
-    schema = [{"name": col, "type": typ, "ordinal_position": i + 1} for i, (col, typ) in enumerate(_fields(columns))]
+    schema = [{"name": col, "type": typ, "ordinal_position": n} for n, (col, typ) in enumerate(_fields(columns), 1)]
     return {
         "namespace": namespace,
         "name": name,
@@ -131,14 +135,17 @@ def _dataset(namespace: str, name: str, columns: int, **extra_facets: dict[str, 
 
 
 def _column_lineage(inputs: Sequence[tuple[str, str]], columns: int) -> dict[str, Any]:
-    fields = {}
-    for i, (col, _) in enumerate(_fields(columns)):
-        ns, name = inputs[i % len(inputs)]
-        transformation = {"type": "DIRECT", "subtype": "IDENTITY", "description": "", "masking": False}
-        fields[col] = {"inputFields": [{"namespace": ns, "name": name, "field": col, "transformations": [transformation]}]}
-    ns, name = inputs[0]
-    first_column = _fields(columns)[0][0] if columns else "id"
-    dataset_wide = [{"namespace": ns, "name": name, "field": first_column, "transformations": [{"type": "INDIRECT", "subtype": "FILTER"}]}]
+    def source(dataset: tuple[str, str], field: str, kind: str, subtype: str) -> dict[str, Any]:
+        transformation = {"type": kind, "subtype": subtype, "masking": False}
+        return {"namespace": dataset[0], "name": dataset[1], "field": field, "transformations": [transformation]}
+
+    names = [column for column, _ in _fields(columns)]
+    fields = {
+        column: {"inputFields": [source(inputs[i % len(inputs)], column, "DIRECT", "IDENTITY")]}
+        for i, column in enumerate(names)
+    }
+    # Spark also reports the columns a filter or join read as lineage into the whole dataset.
+    dataset_wide = [source(inputs[0], names[0] if names else "id", "INDIRECT", "FILTER")]
     return _facet("columnLineage", fields=fields, dataset=dataset_wide)
 
 
@@ -192,11 +199,7 @@ def spark_run(
             "schemaURL": SCHEMA_URL,
             "eventType": event_type,
             "run": {"runId": run_id, "facets": {**base_run_facets, **run_facets}},
-            "job": {
-                "namespace": job_namespace,
-                "name": job_name,
-                "facets": {"jobType": _facet("jobType", processingType="BATCH", integration="SPARK", jobType="SQL_JOB")},
-            },
+            "job": {"namespace": job_namespace, "name": job_name, "facets": {"jobType": _job_type()}},
             "inputs": [_dataset(ns, name, columns) for ns, name in inputs],
             "outputs": outputs,
         }
@@ -247,7 +250,7 @@ def job_event(
     sql: str | None = None,
 ) -> dict[str, Any]:
     """A JobEvent declaring a job's lineage (``inputs``/``outputs`` as ``(ns, name)``) and type."""
-    facets: dict[str, Any] = {"jobType": _facet("jobType", processingType="BATCH", integration="SPARK", jobType="SQL_JOB")}
+    facets: dict[str, Any] = {"jobType": _job_type()}
     if sql is not None:
         facets["sql"] = _facet("sql", query=sql)
     return {

@@ -51,7 +51,9 @@ def run_event() -> dict[str, Any]:
         "job": {
             "namespace": "spark",
             "name": "app.job",
-            "facets": {"jobType": _facet(f"{facets}/2-0-4/JobTypeJobFacet.json", processingType="BATCH", integration="SPARK")},
+            "facets": {
+                "jobType": _facet(f"{facets}/2-0-4/JobTypeJobFacet.json", processingType="BATCH", integration="SPARK")
+            },
         },
         "inputs": [
             {
@@ -205,6 +207,20 @@ def test_every_error_is_listed():
     ]
 
 
+def test_a_broken_run_event_is_explained_as_a_run_event():
+    # With this many problems a RunEvent "fails less" as a DatasetEvent; the report must
+    # still be about the RunEvent it obviously is, not "'dataset' is a required property".
+    event = run_event()
+    event["run"]["runId"] = "x"
+    event["eventType"] = "DONE"
+    del event["job"]["namespace"]
+    assert sorted(errors_of(event)) == [
+        "$.eventType: 'DONE' is not one of ['START', 'RUNNING', 'COMPLETE', 'ABORT', 'FAIL', 'OTHER']",
+        "$.job: 'namespace' is a required property",
+        "$.run.runId: 'x' is not a 'uuid'",
+    ]
+
+
 def test_dataset_and_job_events():
     dataset_event = {
         "eventTime": "2024-05-01T10:00:00+02:00",
@@ -261,7 +277,8 @@ def test_facet_map_is_derived_from_every_facet_file():
     ("fmt", "good", "bad"),
     [
         ("uuid", ["3f5e7a2c-1b4d-4e8f-9a6b-0c2d4e6f8a1b", "3F5E7A2C-1B4D-4E8F-9A6B-0C2D4E6F8A1B"],
-         ["3f5e7a2c1b4d4e8f9a6b0c2d4e6f8a1b", "{3f5e7a2c-1b4d-4e8f-9a6b-0c2d4e6f8a1b}", "3f5e7a2c-1b4d-4e8f-9a6b"]),
+         ["3f5e7a2c1b4d4e8f9a6b0c2d4e6f8a1b", "{3f5e7a2c-1b4d-4e8f-9a6b-0c2d4e6f8a1b}", "3f5e7a2c-1b4d-4e8f-9a6b",
+          "3f5e7a2c-1b4d-4e8f-9a6b-0c2d-4e6f8a1b"]),  # jsonschema's own uuid check accepts the last one
         ("date-time", ["2024-05-01T10:00:00Z", "2024-05-01T10:00:00.123456+05:30", "2016-12-31T23:59:60Z"],
          ["2024-05-01", "2024-13-01T10:00:00Z", "2024-05-01T10:00:00+2400", "２０２４-05-01T10:00:00Z"]),
         ("uri", ["https://openlineage.io/spec/x.json#/$defs/A", "s3://bucket/key", "urn:isbn:0451450523", "http://123"],
