@@ -1,0 +1,90 @@
+"""HttpCollector against a real aiohttp collector on loopback with scripted faults."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from relay.config import CollectorConfig
+from relay.embedded.collector import RecordingCollector
+from relay.metrics import RelayMetrics
+from relay.sinks.http import HttpCollector
+
+BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
+
+
+def collector_for(server: RecordingCollector, **kw) -> tuple[HttpCollector, RelayMetrics]:
+    metrics = RelayMetrics()
+    kw.setdefault("retry", {"initial_backoff_s": 0.01, "max_backoff_s": 0.05})
+    cfg = CollectorConfig(name="c", url=server.url, **kw)
+    return HttpCollector(cfg, metrics.for_collector("c")), metrics
+
+
+@pytest.fixture
+def server():
+    with RecordingCollector(token="tok") as s:
+        yield s
+
+
+async def test_retries_resets_timeouts_and_5xx_until_delivered(server):
+    server.fail_next(1, reset=True)
+    server.fail_next(1, 502)
+    server.fail_next(1, delay_s=1.0)  # longer than the client timeout below
+    server.fail_next(1, 408)
+    http, metrics = collector_for(server, token="tok", timeout_s=0.3)
+    await http.start()
+    try:
+        assert await http.deliver(BODY) is None
+    finally:
+        await http.close()
+    assert server.count == 1
+    assert [a.status for a in server.attempts][:2] == [None, 502]
+    assert metrics.registry.get_sample_value("lineage_relay_delivery_retries_total", {"collector": "c"}) == 4
+
+
+async def test_4xx_is_permanent_with_status_and_snippet(server):
+    http, _ = collector_for(server)  # no token: the server answers 401
+    await http.start()
+    try:
+        failure = await http.deliver(BODY)
+    finally:
+        await http.close()
+    assert failure is not None and failure.reason == "collector_rejected" and failure.status == 401
+    assert "unauthorized" in failure.detail
+    assert len(server.attempts) == 1
+
+
+async def test_max_attempts_gives_up_with_retries_exhausted(server):
+    server.set_outage(503)
+    http, _ = collector_for(server, token="tok", retry={"max_attempts": 3, "initial_backoff_s": 0.01, "max_backoff_s": 0.05})
+    await http.start()
+    try:
+        failure = await http.deliver(BODY)
+    finally:
+        await http.close()
+    assert failure is not None and failure.reason == "retries_exhausted" and failure.status == 503
+    assert len(server.attempts) == 3
+
+
+async def test_retry_after_blocks_every_request_to_that_collector(server):
+    server.fail_next(1, 429, retry_after="1")
+    http, _ = collector_for(server, token="tok")
+    await http.start()
+    try:
+        import asyncio
+
+        t0 = time.monotonic()
+        first = asyncio.create_task(http.deliver(BODY))
+        while not server.attempts:  # the 429 has been answered
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)  # ok: let the 429 reach the client before the second request
+        second_started = time.monotonic()
+        assert await http.deliver(BODY + b" ") is None
+        assert await first is None
+    finally:
+        await http.close()
+    ok_times = [a.at for a in server.attempts if a.status == 201]
+    assert len(ok_times) == 2
+    assert min(ok_times) - server.attempts[0].at >= 1.0, "a request overran the collector's Retry-After"
+    assert second_started - t0 < 1.0
