@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections import Counter
 
 import orjson
 import pytest
+import requests
 
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
@@ -81,3 +84,40 @@ def test_sigterm_drains_commits_and_restart_redelivers_nothing(kafka, tmp_path):
     first_part = collector.events()[:delivered_first]
     redelivered = [e for e in first_part if counts[canonical(e)] > 1]
     assert redelivered == [], f"{len(redelivered)} acknowledged events were delivered again after restart"
+
+
+def test_endpoints_metrics_and_logs_never_show_the_token(kafka, tmp_path, monkeypatch):
+    topic, dlq, group = kafka.new_topic("ops"), kafka.new_topic("dlq"), kafka.new_group()
+    token = "tok-9f8e7d6c5b4a"
+    monkeypatch.setenv("COLLECTOR_TOKEN", token)
+    stream = sample_stream(5, seed=3)
+    produce(kafka.bootstrap_servers, topic, stream + [(b"bad", b"not json")])
+    with RecordingCollector(token=token) as collector:
+        config = tmp_path / "relay.yaml"
+        config.write_text(
+            "kafka:\n"
+            f"  bootstrap_servers: {kafka.bootstrap_servers}\n  topics: [{topic}]\n  group_id: {group}\n"
+            f"  dlq_topic: {dlq}\n  consumer_properties: {{session.timeout.ms: 6000, heartbeat.interval.ms: 500}}\n"
+            "collectors:\n"
+            f"  - name: marquez\n    url: {collector.url}\n    token: ${{COLLECTOR_TOKEN}}\n")
+        proc = RelayProcess(["--config", str(config), "--log-level", "debug"], log_path=tmp_path / "relay.log")
+        proc.start()
+        try:
+            assert collector.wait_for(lambda c: c.count == len(stream), 30)
+            base = f"http://127.0.0.1:{proc.http_port}"
+            assert requests.get(base + "/healthz", timeout=5).json() == {"status": "ok"}
+            assert requests.get(base + "/readyz", timeout=5).status_code == 200
+            deadline = time.monotonic() + 20
+            metrics = proc.metrics_text()
+            while 'lineage_relay_events_dead_lettered_total{reason="invalid_json"} 1.0' not in metrics:
+                assert time.monotonic() < deadline, metrics
+                metrics = proc.metrics_text()
+            assert f'lineage_relay_events_forwarded_total{{collector="marquez"}} {float(len(stream))}' in metrics
+            assert "lineage_relay_delivery_latency_seconds_bucket" in metrics
+        finally:
+            assert proc.terminate(30) == 0
+    log = (tmp_path / "relay.log").read_text()
+    assert token not in metrics and token not in log
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert lines and all({"ts", "level", "event"} <= set(line) for line in lines)
+    assert any(line["event"] == "dead_lettered" and line["reason"] == "invalid_json" for line in lines)
