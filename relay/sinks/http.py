@@ -17,6 +17,7 @@ import aiohttp
 from yarl import URL
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
 
+from relay import __version__
 from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
@@ -43,15 +44,19 @@ class HttpCollector:
         self._session: aiohttp.ClientSession | None = None
         self._not_before = 0.0
         self._rand = random.Random()
-        headers = {"Content-Type": "application/json", **config.headers}
+        headers = {"Content-Type": "application/json", "User-Agent": f"lineage-relay/{__version__}",
+                   **config.headers}
         if config.token is not None:
             headers["Authorization"] = f"Bearer {config.token.get_secret_value()}"
         self._headers = headers
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.config.concurrency, keepalive_timeout=30, ttl_dns_cache=300)
+        # Collectors set no cookies and answer small bodies: skipping the cookie jar,
+        # compression negotiation and decompression is measurably cheaper per POST.
         self._session = aiohttp.ClientSession(
-            connector=connector, headers=self._headers,
+            connector=connector, headers=self._headers, cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("Accept-Encoding",), auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=self.config.timeout_s), raise_for_status=False)
 
     async def close(self) -> None:

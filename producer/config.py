@@ -1,0 +1,241 @@
+"""Producer configuration: one frozen, validated :class:`ProducerConfig`.
+
+Build it directly (``ProducerConfig(bootstrap_servers=..., topic=...)``) or with
+:func:`load_config`, which merges the OpenLineage ecosystem's sources in their precedence
+(explicit arguments > openlineage.yml > ``OPENLINEAGE__TRANSPORT__*`` env vars > Spark
+conf; the details are in :mod:`producer.sources`).
+Unknown keys and bad values raise :class:`producer.errors.ConfigError`, whose message
+names the key as the user spelled it and says how to fix it. ``repr()`` masks secrets
+(any librdkafka property whose name contains ``password``, ``secret`` or ``token``, or
+ends with ``.key``).
+
+Defaults worth knowing:
+
+* ``topic``: ``openlineage`` (what the relay reads by default).
+* ``journal_dir``: ``$LINEAGE_RELAY_JOURNAL_DIR/<topic>``, else
+  ``${XDG_CACHE_HOME:-~/.cache}/lineage-relay/journal/<topic>``.
+* ``journal_max_bytes``: 256 MiB per producer; ``queue_max_events``: 100 000.
+* librdkafka: ``enable.idempotence=true``, ``acks=all``, ``compression.type=lz4``,
+  ``linger.ms=20``, ``message.timeout.ms=60000``; any other property passes through
+  ``properties``. Idempotence and ``acks=all`` cannot be turned off (run order depends
+  on them), and the callbacks belong to the producer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from producer.errors import ConfigError
+from producer.sources import collect
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SECRET = re.compile(r"password|secret|token|\.key$", re.IGNORECASE)
+
+JOURNAL_DIR_ENV = "LINEAGE_RELAY_JOURNAL_DIR"
+
+#: librdkafka defaults; ``properties`` override them except for :data:`_FIXED`.
+KAFKA_DEFAULTS: dict[str, str] = {
+    "enable.idempotence": "true",
+    "acks": "all",
+    "compression.type": "lz4",
+    "linger.ms": "20",
+    "message.timeout.ms": "60000",
+}
+# Why each is fixed: idempotence + acks=all keep per-partition order across retries, and
+# the producer needs its own callbacks to count deliveries and journal failures.
+_FIXED = {
+    "enable.idempotence": ("true",),
+    "acks": ("all", "-1"),
+    "request.required.acks": ("all", "-1"),
+}
+_OWNED = ("on_delivery", "delivery.report.only.error", "error_cb", "throttle_cb", "stats_cb",
+          "logger", "dr_cb", "dr_msg_cb", "queue.buffering.max.messages")
+
+
+def default_journal_dir(topic: str) -> Path:
+    """Where a producer for ``topic`` keeps its journal unless ``journal_dir`` is set."""
+    base = os.environ.get(JOURNAL_DIR_ENV)
+    if base:
+        return Path(base).expanduser() / topic
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(cache).expanduser() / "lineage-relay" / "journal" / topic
+
+
+class ProducerConfig(BaseModel):
+    """Everything :class:`producer.LineageProducer` needs; immutable once built."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: ``host:port[,host:port...]``; may also come from ``properties["bootstrap.servers"]``.
+    bootstrap_servers: str
+    topic: str = "openlineage"
+    #: One fixed key for every message (as the official ``messageKey``); None = per-event keys.
+    message_key: str | None = None
+    encoding: Literal["json", "avro"] = "json"
+    #: librdkafka producer properties, passed through (e.g. ``security.protocol``).
+    properties: dict[str, str] = Field(default_factory=dict)
+    #: None = :func:`default_journal_dir` of the topic.
+    journal_dir: Path | None = None
+    journal_max_bytes: int = Field(256 * 1024 * 1024, ge=64 * 1024)
+    queue_max_events: int = Field(100_000, ge=1, le=10_000_000)
+    #: How long close() (and interpreter exit) waits for delivery before journaling the rest.
+    close_timeout_s: float = Field(10.0, ge=0)
+    #: Default job namespace for the job API (``spark.openlineage.namespace``).
+    namespace: str | None = None
+    parent_job_namespace: str | None = None
+    parent_job_name: str | None = None
+    parent_run_id: str | None = None
+    root_parent_job_namespace: str | None = None
+    root_parent_job_name: str | None = None
+    root_parent_run_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bootstrap_from_properties(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("properties"), dict):
+            props = dict(data["properties"])
+            from_props = props.pop("bootstrap.servers", None)
+            if from_props is not None:
+                explicit = data.get("bootstrap_servers")
+                if explicit and explicit != str(from_props):
+                    raise ValueError(
+                        f"bootstrap_servers={explicit!r} and properties['bootstrap.servers']="
+                        f"{from_props!r} disagree; set only one"
+                    )
+                data = {**data, "bootstrap_servers": str(from_props), "properties": props}
+        return data
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap(cls, v: str) -> str:
+        v = v.strip()
+        if not v or any(not part.strip() or ":" not in part for part in v.split(",")):
+            raise ValueError("must be host:port[,host:port...], e.g. kafka-1:9092,kafka-2:9092")
+        return v
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        if not _TOPIC.match(v) or v in (".", ".."):
+            raise ValueError("a Kafka topic name is 1-249 of letters, digits, '.', '_', '-'")
+        return v
+
+    @field_validator("properties", mode="before")
+    @classmethod
+    def _props(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for key, value in v.items():
+            key = str(key)
+            value = str(value).lower() if isinstance(value, bool) else str(value)
+            if key in _OWNED:
+                raise ValueError(f"{key!r} is managed by the producer and cannot be set (remove it)")
+            allowed = _FIXED.get(key)
+            if allowed and value.lower() not in allowed:
+                raise ValueError(
+                    f"{key}={value!r} is not supported: the producer needs {key}={allowed[0]} "
+                    "to keep run order (remove it)"
+                )
+            out[key] = value
+        return out
+
+    @field_validator("parent_run_id", "root_parent_run_id")
+    @classmethod
+    def _run_id(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                uuid.UUID(v)
+            except ValueError:
+                raise ValueError("must be a UUID, e.g. 0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a") from None
+        return v
+
+    @model_validator(mode="after")
+    def _parents_complete(self) -> ProducerConfig:
+        for prefix in ("parent", "root_parent"):
+            names = [f"{prefix}_job_namespace", f"{prefix}_job_name", f"{prefix}_run_id"]
+            given = [n for n in names if getattr(self, n) is not None]
+            if given and len(given) != 3:
+                missing = [n for n in names if n not in given]
+                raise ValueError(f"{', '.join(given)} set but {', '.join(missing)} missing: "
+                                 f"give all three or none")
+        if self.root_parent_run_id and not self.parent_run_id:
+            raise ValueError("root_parent_* needs parent_* too (the root is part of the parent facet)")
+        return self
+
+    # --- derived ---------------------------------------------------------------------
+
+    @property
+    def journal_path(self) -> Path:
+        """The journal directory actually used."""
+        return self.journal_dir if self.journal_dir is not None else default_journal_dir(self.topic)
+
+    @property
+    def parent(self) -> tuple[str, str, str] | None:
+        """``(namespace, name, run_id)`` of the parent job run, if configured."""
+        if self.parent_run_id is None:
+            return None
+        return (self.parent_job_namespace, self.parent_job_name, self.parent_run_id)  # type: ignore[return-value]
+
+    @property
+    def root_parent(self) -> tuple[str, str, str] | None:
+        if self.root_parent_run_id is None:
+            return None
+        return (self.root_parent_job_namespace, self.root_parent_job_name,  # type: ignore[return-value]
+                self.root_parent_run_id)
+
+    def kafka_properties(self) -> dict[str, str]:
+        """The librdkafka configuration (without callbacks)."""
+        props = {**KAFKA_DEFAULTS, **self.properties}
+        props["bootstrap.servers"] = self.bootstrap_servers
+        props["queue.buffering.max.messages"] = str(self.queue_max_events)
+        return props
+
+    def __repr_args__(self):  # type: ignore[override]
+        for name, value in super().__repr_args__():
+            if name == "properties":
+                value = {k: ("***" if _SECRET.search(k) else v) for k, v in value.items()}
+            yield name, value
+
+
+def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) -> ProducerConfig:
+    """Validate ``values`` (ProducerConfig field names) into a config.
+
+    ``origins`` maps a field to the key the user wrote (``spark.openlineage.transport.topicName``)
+    so the error names that key; every problem is listed, one per line.
+    """
+    origins = origins or {}
+    try:
+        return ProducerConfig(**values)
+    except ValidationError as err:
+        lines = []
+        for problem in err.errors():
+            field = str(problem["loc"][0]) if problem["loc"] else ""
+            where = origins.get(field, field) or "config"
+            msg = problem["msg"].removeprefix("Value error, ")
+            if problem["type"] == "missing" and field == "bootstrap_servers":
+                msg = ("required: set bootstrap_servers=..., transport.properties.bootstrap.servers in "
+                       "openlineage.yml, or spark.openlineage.transport.properties.bootstrap.servers")
+            elif problem["type"] == "extra_forbidden":
+                msg = f"unknown key; known keys: {', '.join(ProducerConfig.model_fields)}"
+            lines.append(f"{where}: {msg}")
+        raise ConfigError("invalid producer configuration:\n  " + "\n  ".join(lines)) from err
+
+
+def load_config(overrides: Mapping[str, Any] | None = None, *,
+                spark_conf: Mapping[str, str] | None = None,
+                environ: Mapping[str, str] | None = None,
+                cwd: Path | None = None, home: Path | None = None) -> ProducerConfig:
+    """One validated config from every source, highest precedence first: ``overrides``
+    (ProducerConfig field names), openlineage.yml, ``OPENLINEAGE__TRANSPORT__*`` env vars,
+    ``spark_conf``. ``environ``/``cwd``/``home`` default to the process's (tests pass theirs).
+    """
+    values, origins = collect(overrides, spark_conf=spark_conf, environ=environ, cwd=cwd, home=home)
+    return build_config(values, origins)

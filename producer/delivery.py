@@ -1,0 +1,33 @@
+"""What to do with a message Kafka did not take: a pure decision, no I/O.
+
+``classify(code)`` returns :data:`RETRY` (keep the event: journal it and send it again
+later) or :data:`REJECT` (the broker will never accept this record as it is: count it
+under ``dropped["rejected_by_broker"]`` and log it). Only errors that are a property of
+the record itself are REJECT; everything else, including authorization and unknown-topic
+errors an operator can fix, is RETRY, because losing lineage is worse than waiting.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from confluent_kafka import KafkaError
+
+RETRY: Literal["retry"] = "retry"
+REJECT: Literal["reject"] = "reject"
+
+# librdkafka codes (some have no named constant in confluent-kafka): -181 is the local
+# _MSG_SIZE_TOO_LARGE, 2 is CORRUPT_MESSAGE.
+_PERMANENT = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    -181,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_RECORD,
+    2,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+})
+
+
+def classify(code: int) -> Literal["retry", "reject"]:
+    """RETRY or REJECT for a librdkafka delivery error code."""
+    return REJECT if code in _PERMANENT else RETRY

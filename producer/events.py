@@ -1,0 +1,210 @@
+"""Build OpenLineage 2-0-2 events as plain dicts, ready for ``LineageProducer.emit``.
+
+Contract:
+
+* Every builder returns a fresh ``dict`` of JSON types only (str, int, float, bool,
+  None, list, dict) that validates against ``OpenLineage.json`` (RunEvent, DatasetEvent
+  or JobEvent) provided the facet contents passed in are themselves valid.
+* Builders check what is cheap and what users get wrong (event type, run id shape,
+  timezone-less times, unknown standard facet names) and raise ``ValueError``; they do
+  not validate facet contents against the facet schemas.
+* ``new_run_id()`` returns a UUIDv7 (RFC 9562): ids sort by creation time, and ids made
+  by one process are strictly increasing even within one millisecond.
+* Times are UTC RFC 3339 with microseconds and a ``Z`` suffix:
+  ``2026-11-22T10:00:00.123456Z``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import datetime, timezone
+
+from producer.facet_urls import FACET_SCHEMA_URLS
+
+PRODUCER_URI = "https://github.com/lineage-relay/lineage-relay/tree/0.1.0/producer"
+
+_SPEC = "https://openlineage.io/spec/2-0-2/OpenLineage.json"
+RUN_EVENT_SCHEMA_URL = f"{_SPEC}#/$defs/RunEvent"
+DATASET_EVENT_SCHEMA_URL = f"{_SPEC}#/$defs/DatasetEvent"
+JOB_EVENT_SCHEMA_URL = f"{_SPEC}#/$defs/JobEvent"
+
+EVENT_TYPES = frozenset({"START", "RUNNING", "COMPLETE", "ABORT", "FAIL", "OTHER"})
+
+# --- run ids -----------------------------------------------------------------------
+
+_uuid_lock = threading.Lock()
+_last_ms = 0
+_last_seq = 0  # 12-bit rand_a used as a sub-millisecond counter (RFC 9562, method 3)
+
+
+def new_run_id() -> str:
+    """A new UUIDv7 as a canonical lower-case string (time-ordered, unique)."""
+    global _last_ms, _last_seq
+    rand = int.from_bytes(os.urandom(10), "big")
+    with _uuid_lock:
+        ms = time.time_ns() // 1_000_000
+        if ms > _last_ms:
+            _last_ms, _last_seq = ms, (rand >> 64) & 0x3FF  # leave headroom for the counter
+        else:
+            # Same (or an earlier, if the clock stepped back) millisecond: keep order.
+            _last_seq += 1
+            if _last_seq > 0xFFF:
+                _last_ms, _last_seq = _last_ms + 1, 0
+        ms, seq = _last_ms, _last_seq
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | seq << 64 | 0b10 << 62 | (rand & (1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+def _check_run_id(run_id: str, what: str = "run_id") -> str:
+    try:
+        uuid.UUID(run_id)
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"{what} must be a UUID string (use new_run_id()), got {run_id!r}") from None
+    return run_id
+
+
+# --- times -------------------------------------------------------------------------
+
+
+def utc_now_iso() -> str:
+    """The current time, e.g. ``2026-11-22T10:00:00.123456Z``."""
+    return iso(time.time())
+
+
+def iso(ts: datetime | float) -> str:
+    """An aware ``datetime`` or epoch seconds as UTC ``YYYY-MM-DDTHH:MM:SS.ffffffZ``.
+
+    A naive ``datetime`` raises ``ValueError``: guessing its zone silently shifts lineage.
+    """
+    if isinstance(ts, datetime):
+        if ts.tzinfo is None or ts.utcoffset() is None:
+            raise ValueError(f"datetime {ts!r} has no timezone; pass an aware datetime (tzinfo=timezone.utc)")
+        dt = ts.astimezone(timezone.utc)
+    elif isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        dt = datetime.fromtimestamp(ts, timezone.utc)
+    else:
+        raise ValueError(f"expected an aware datetime or epoch seconds, got {type(ts).__name__}")
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --- facets ------------------------------------------------------------------------
+
+
+def facet(spec_name: str, fields: dict, *, producer: str = PRODUCER_URI) -> dict:
+    """A standard facet: ``fields`` plus ``_producer`` and the spec ``_schemaURL``.
+
+    ``spec_name`` is the facet's schema definition name (``"SchemaDatasetFacet"``), not
+    the key it is stored under in ``facets`` (``"schema"``). Unknown names raise ValueError.
+    """
+    try:
+        url = FACET_SCHEMA_URLS[spec_name]
+    except KeyError:
+        raise ValueError(
+            f"unknown standard facet {spec_name!r}; use one of {sorted(FACET_SCHEMA_URLS)} "
+            "or custom_facet(fields, schema_url=...)"
+        ) from None
+    return {**fields, "_producer": producer, "_schemaURL": url}
+
+
+def custom_facet(fields: dict, *, schema_url: str, producer: str = PRODUCER_URI) -> dict:
+    """A non-standard facet; ``schema_url`` must point at the JSON schema describing it."""
+    if not isinstance(schema_url, str) or not schema_url:
+        raise ValueError("custom_facet needs schema_url, the URL of the facet's JSON schema")
+    return {**fields, "_producer": producer, "_schemaURL": schema_url}
+
+
+def parent_facet(namespace: str, name: str, run_id: str, *,
+                 root: tuple[str, str, str] | None = None) -> dict:
+    """A ``ParentRunFacet`` (store it under ``run_facets["parent"]``).
+
+    ``root`` is ``(root_job_namespace, root_job_name, root_run_id)``; it is the top of the
+    parent chain (e.g. the Airflow DAG run when the parent is one of its tasks).
+    """
+    fields: dict = {
+        "run": {"runId": _check_run_id(run_id, "parent run_id")},
+        "job": {"namespace": namespace, "name": name},
+    }
+    if root is not None:
+        root_ns, root_name, root_run = root
+        fields["root"] = {
+            "run": {"runId": _check_run_id(root_run, "root run_id")},
+            "job": {"namespace": root_ns, "name": root_name},
+        }
+    return facet("ParentRunFacet", fields)
+
+
+def parse_parent_id(value: str) -> tuple[str, str, str]:
+    """``"<namespace>/<job name>/<run id>"`` (the ``OPENLINEAGE_PARENT_ID`` format Airflow's
+    ``lineage_parent_id`` macro renders) -> ``(namespace, name, run_id)``. The job name may
+    contain ``/``; the run id must be a UUID. Raises ValueError otherwise."""
+    namespace, sep, rest = value.partition("/")
+    name, sep2, run_id = rest.rpartition("/")
+    if not (sep and sep2 and namespace and name and run_id):
+        raise ValueError(f"parent id {value!r} is not <namespace>/<job name>/<run id>")
+    return namespace, name, _check_run_id(run_id, "parent id run id")
+
+
+# --- datasets and events -----------------------------------------------------------
+
+
+def dataset(namespace: str, name: str, facets: dict | None = None, *,
+            input_facets: dict | None = None, output_facets: dict | None = None) -> dict:
+    """A dataset for ``inputs``/``outputs`` (or ``dataset_event``); empty facet maps are omitted."""
+    out: dict = {"namespace": namespace, "name": name}
+    if facets:
+        out["facets"] = facets
+    if input_facets:
+        out["inputFacets"] = input_facets
+    if output_facets:
+        out["outputFacets"] = output_facets
+    return out
+
+
+def run_event(event_type: str, *, run_id: str, job_namespace: str, job_name: str,
+              event_time: str | None = None, inputs: Iterable[dict] = (),
+              outputs: Iterable[dict] = (), run_facets: dict | None = None,
+              job_facets: dict | None = None, producer: str = PRODUCER_URI) -> dict:
+    """A ``RunEvent``. ``event_time`` defaults to now; see :func:`iso` to format one."""
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"event_type must be one of {sorted(EVENT_TYPES)}, got {event_type!r}")
+    return {
+        "eventType": event_type,
+        "eventTime": event_time or utc_now_iso(),
+        "run": {"runId": _check_run_id(run_id), "facets": dict(run_facets or {})},
+        "job": {"namespace": job_namespace, "name": job_name, "facets": dict(job_facets or {})},
+        "inputs": list(inputs),
+        "outputs": list(outputs),
+        "producer": producer,
+        "schemaURL": RUN_EVENT_SCHEMA_URL,
+    }
+
+
+def dataset_event(dataset: dict, *, event_time: str | None = None,
+                  producer: str = PRODUCER_URI) -> dict:
+    """A ``DatasetEvent`` (static metadata about one dataset, no run or job)."""
+    if not isinstance(dataset, dict) or "namespace" not in dataset or "name" not in dataset:
+        raise ValueError("dataset_event needs a dataset dict with namespace and name; build it with dataset()")
+    return {
+        "eventTime": event_time or utc_now_iso(),
+        "dataset": {k: v for k, v in dataset.items() if k in ("namespace", "name", "facets")},
+        "producer": producer,
+        "schemaURL": DATASET_EVENT_SCHEMA_URL,
+    }
+
+
+def job_event(*, job_namespace: str, job_name: str, event_time: str | None = None,
+              inputs: Iterable[dict] = (), outputs: Iterable[dict] = (),
+              job_facets: dict | None = None, producer: str = PRODUCER_URI) -> dict:
+    """A ``JobEvent`` (static metadata about a job, no run)."""
+    return {
+        "eventTime": event_time or utc_now_iso(),
+        "job": {"namespace": job_namespace, "name": job_name, "facets": dict(job_facets or {})},
+        "inputs": list(inputs),
+        "outputs": list(outputs),
+        "producer": producer,
+        "schemaURL": JOB_EVENT_SCHEMA_URL,
+    }

@@ -1,0 +1,230 @@
+"""Lineage for plain Python code: a context manager and a decorator that emit one run.
+
+::
+
+    from producer.job import lineage_job
+    from producer.events import dataset
+
+    with lineage_job("nightly.load_orders", inputs=[dataset("s3://raw", "orders")]) as run:
+        ...                                   # START was emitted on entry
+        run.add_output(dataset("postgres://db:5432", "public.orders"))
+    # COMPLETE on normal exit; FAIL (errorMessage facet with the stack trace) if it raised
+
+    @lineage_job(job_type="JOB", namespace="etl")    # job name: <module>.<qualname>
+    def refresh(): ...
+
+Contract:
+
+* Entering emits START, leaving emits COMPLETE, or FAIL when an exception escapes (the
+  exception is re-raised, never swallowed). Both events carry the same run id (a UUIDv7),
+  the job facets, and the inputs/outputs known at that moment; COMPLETE/FAIL also carry
+  those added with :meth:`JobRun.add_input` / :meth:`JobRun.add_output`.
+* Each call of a decorated function (sync or async) is its own run.
+* The parent run is, in order: the ``parent=`` argument; the enclosing ``lineage_job``
+  in the same thread or task (nested runs form a tree, with the outermost as root); the
+  producer's configured parent (``spark.openlineage.parentJob*``, explicit config); the
+  ``OPENLINEAGE_PARENT_ID`` / ``OPENLINEAGE_ROOT_PARENT_ID`` environment variables
+  (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders).
+* The namespace is ``namespace=``, else the producer's ``namespace`` config
+  (``spark.openlineage.namespace`` / ``$OPENLINEAGE_NAMESPACE``), else ``"default"``.
+* Emitting never raises into the job (see ``LineageProducer.emit``). Without a
+  ``producer=``, one process-wide producer is built on first use from every configuration
+  source (:func:`producer.config.load_config`) and closed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import os
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from producer import events
+from producer.events import parse_parent_id
+from producer.kafka import LineageProducer
+
+F = TypeVar("F", bound=Callable[..., Any])
+Parent = tuple[str, str, str]
+
+_current: contextvars.ContextVar[JobRun | None] = contextvars.ContextVar("lineage_job_run", default=None)
+_default_lock = threading.Lock()
+_default: LineageProducer | None = None
+
+
+def default_producer() -> LineageProducer:
+    """The process-wide producer used when ``producer=`` is not given (built once)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = LineageProducer()
+        return _default
+
+
+class JobRun:
+    """One run of a job: what ``with lineage_job(...) as run`` gives you."""
+
+    def __init__(self, *, job_namespace: str, job_name: str, run_id: str,
+                 parent: Parent | None, root: Parent | None, inputs: list[dict], outputs: list[dict],
+                 run_facets: dict, job_facets: dict) -> None:
+        self.job_namespace = job_namespace
+        self.job_name = job_name
+        self.run_id = run_id
+        self.parent = parent
+        self.root = root
+        self.inputs = inputs
+        self.outputs = outputs
+        self.run_facets = run_facets
+        self.job_facets = job_facets
+
+    def add_input(self, ds: dict) -> None:
+        """Record an input dataset (build it with :func:`producer.events.dataset`)."""
+        self.inputs.append(ds)
+
+    def add_output(self, ds: dict) -> None:
+        self.outputs.append(ds)
+
+    @property
+    def as_parent(self) -> Parent:
+        return (self.job_namespace, self.job_name, self.run_id)
+
+    def event(self, event_type: str, extra_run_facets: dict | None = None) -> dict:
+        """This run's event of ``event_type`` (START, RUNNING, COMPLETE, FAIL, ...)."""
+        return events.run_event(
+            event_type, run_id=self.run_id, job_namespace=self.job_namespace, job_name=self.job_name,
+            inputs=list(self.inputs), outputs=list(self.outputs),
+            run_facets={**self.run_facets, **(extra_run_facets or {})}, job_facets=dict(self.job_facets),
+        )
+
+
+def _job_type_facet(job_type: str | dict) -> dict:
+    fields = ({"processingType": "BATCH", "integration": "PYTHON", "jobType": job_type}
+              if isinstance(job_type, str) else dict(job_type))
+    return events.facet("JobTypeJobFacet", fields)
+
+
+def _nominal_time_facet(nominal: datetime | float | tuple) -> dict:
+    start, end = nominal if isinstance(nominal, tuple) else (nominal, None)
+    fields = {"nominalStartTime": events.iso(start)}
+    if end is not None:
+        fields["nominalEndTime"] = events.iso(end)
+    return events.facet("NominalTimeRunFacet", fields)
+
+
+def _error_facet(exc: BaseException) -> dict:
+    return events.facet("ErrorMessageRunFacet", {
+        "message": f"{type(exc).__name__}: {exc}",
+        "programmingLanguage": "python",
+        "stackTrace": "".join(traceback.format_exception(exc)),
+    })
+
+
+class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`, `@lineage_job(...)`
+    """Context manager and decorator that emits START and COMPLETE/FAIL for one run.
+
+    Arguments: ``name`` (job name; a decorator defaults to ``<module>.<qualname>``),
+    ``namespace``, ``producer``, ``inputs``/``outputs`` (dataset dicts), ``parent`` and
+    ``root_parent`` (``(namespace, name, run_id)`` or ``"ns/name/run_id"``),
+    ``nominal_time`` (a datetime or epoch seconds, or a ``(start, end)`` pair),
+    ``job_type`` (e.g. ``"JOB"``, or the JobTypeJobFacet fields), ``run_facets`` and
+    ``job_facets`` (more facets, standard or custom), ``run_id`` (default: a new UUIDv7).
+    """
+
+    def __init__(self, name: str | None = None, *, namespace: str | None = None,
+                 producer: LineageProducer | None = None, inputs: Iterable[dict] = (),
+                 outputs: Iterable[dict] = (), parent: Parent | str | None = None,
+                 root_parent: Parent | str | None = None,
+                 nominal_time: datetime | float | tuple | None = None,
+                 job_type: str | dict | None = None, run_facets: dict | None = None,
+                 job_facets: dict | None = None, run_id: str | None = None) -> None:
+        self._name = name
+        self._namespace = namespace
+        self._producer = producer
+        self._inputs = list(inputs)
+        self._outputs = list(outputs)
+        self._parent = parse_parent_id(parent) if isinstance(parent, str) else parent
+        self._root = parse_parent_id(root_parent) if isinstance(root_parent, str) else root_parent
+        self._run_facets = dict(run_facets or {})
+        self._job_facets = dict(job_facets or {})
+        if nominal_time is not None:
+            self._run_facets.setdefault("nominalTime", _nominal_time_facet(nominal_time))
+        if job_type is not None:
+            self._job_facets.setdefault("jobType", _job_type_facet(job_type))
+        self._run_id = run_id
+        self._active: list[tuple[JobRun, contextvars.Token]] = []
+
+    # --- context manager -----------------------------------------------------------
+
+    def __enter__(self) -> JobRun:
+        if self._name is None:
+            raise ValueError("lineage_job needs a job name when used as a context manager")
+        producer = self._producer or default_producer()
+        parent, root = self._lineage(producer)
+        run_facets = dict(self._run_facets)
+        if parent is not None:
+            run_facets.setdefault("parent", events.parent_facet(*parent, root=root))
+        run = JobRun(job_namespace=self._namespace or producer.config.namespace or "default",
+                     job_name=self._name, run_id=self._run_id or events.new_run_id(),
+                     parent=parent, root=root, inputs=list(self._inputs), outputs=list(self._outputs),
+                     run_facets=run_facets, job_facets=dict(self._job_facets))
+        producer.emit(run.event("START"))
+        self._active.append((run, _current.set(run)))
+        return run
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        run, token = self._active.pop()
+        _current.reset(token)
+        producer = self._producer or default_producer()
+        if exc is None:
+            producer.emit(run.event("COMPLETE"))
+        else:
+            producer.emit(run.event("FAIL", {"errorMessage": _error_facet(exc)}))
+
+    def _lineage(self, producer: LineageProducer) -> tuple[Parent | None, Parent | None]:
+        if self._parent is not None:
+            return self._parent, self._root
+        outer = _current.get()
+        if outer is not None:
+            # Root = top of the chain: the outer run's root, its parent, or the outer run itself.
+            return outer.as_parent, outer.root or outer.parent or outer.as_parent
+        if producer.config.parent is not None:
+            return producer.config.parent, producer.config.root_parent
+        env_parent = os.environ.get("OPENLINEAGE_PARENT_ID")
+        if env_parent:
+            env_root = os.environ.get("OPENLINEAGE_ROOT_PARENT_ID")
+            return parse_parent_id(env_parent), parse_parent_id(env_root) if env_root else None
+        return None, None
+
+    # --- decorator -----------------------------------------------------------------
+
+    def _for_call(self, name: str) -> lineage_job:
+        clone = lineage_job.__new__(lineage_job)
+        clone.__dict__.update(self.__dict__)
+        clone._name = self._name or name
+        clone._active = []
+        clone._inputs, clone._outputs = list(self._inputs), list(self._outputs)
+        return clone
+
+    def __call__(self, func: F) -> F:
+        name = f"{func.__module__}.{func.__qualname__}"
+        if inspect.iscoroutinefunction(func):
+            @functools.wraps(func)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with self._for_call(name):
+                    return await func(*args, **kwargs)
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self._for_call(name):
+                return func(*args, **kwargs)
+        return run  # type: ignore[return-value]
+
+
+def current_run() -> JobRun | None:
+    """The innermost active ``lineage_job`` run in this thread/task, if any."""
+    return _current.get()

@@ -1,0 +1,334 @@
+"""The on-disk journal: where events wait while Kafka cannot take them.
+
+Layout: ``<journal_dir>/<id>/`` per producer process, ``<id>`` =
+``<UTC yyyymmddTHHMMSSffffff>-<pid>-<random>`` so names sort by creation time. Inside:
+``LOCK`` (``flock``-ed for the owner's lifetime), segment files ``00000001.seg``, ... and
+``CURSOR`` (``"<segment> <offset>"``: everything before it has been delivered).
+
+Guarantees:
+
+* :meth:`Journal.append` writes and ``fsync``\\ s before it returns: an appended record
+  survives ``kill -9`` and power loss (a torn last record is detected by its CRC-32 and
+  dropped when the journal is next opened, with a warning).
+* Records come back from :meth:`Journal.read` in append order, across segments.
+* :meth:`Journal.commit` persists the read position atomically (write, fsync, rename);
+  after a crash, replay restarts at the last commit, so a record can be delivered twice
+  but never skipped (at-least-once; the relay deduplicates).
+* Size cap: :meth:`append` refuses records that would take the journal's segments past
+  ``max_bytes``; the caller counts and logs them (reason ``journal_full``).
+* A journal whose ``LOCK`` is free belongs to a dead process: :func:`adopt_orphans` takes
+  it over (oldest first) so the next producer on the same journal directory resends it.
+  Two live processes never share a journal.
+
+Not thread-safe: one thread (the producer's sender) owns a Journal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import struct
+import zlib
+from datetime import datetime, timezone
+from pathlib import Path
+
+from producer.errors import JournalError
+
+log = logging.getLogger(__name__)
+
+# Record: crc32(u32) | value length(u32) | key length + 1 (u16, 0 = no key) | key | value.
+_HEADER = struct.Struct(">IIH")
+_NO_KEY = 0
+_CURSOR = "CURSOR"
+_LOCK = "LOCK"
+Record = tuple[bytes | None, bytes]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _segment_name(number: int) -> str:
+    return f"{number:08d}.seg"
+
+
+def _lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path/LOCK``, or None when a live process has it."""
+    fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def encode_record(key: bytes | None, value: bytes) -> bytes:
+    key_field = _NO_KEY if key is None else len(key) + 1
+    body = (key or b"") + value
+    crc = zlib.crc32(struct.pack(">IH", len(value), key_field) + body)
+    return _HEADER.pack(crc, len(value), key_field) + body
+
+
+class Journal:
+    """One producer's journal directory (see the module docstring)."""
+
+    def __init__(self, path: Path, lock_fd: int, *, max_bytes: int, segment_bytes: int) -> None:
+        self.path = path
+        self._lock_fd = lock_fd
+        self.max_bytes = max_bytes
+        self.segment_bytes = segment_bytes
+        segments = sorted(int(p.stem) for p in path.glob("*.seg"))
+        self._cursor = self._load_cursor(segments)
+        self._read_pos = self._cursor
+        self._write_seg = segments[-1] if segments else 1
+        self._sizes = {n: (path / _segment_name(n)).stat().st_size for n in segments}
+        self._reader: tuple[int, object] | None = None
+        self._writer: int | None = None
+        #: Records appended and not yet committed.
+        self.pending = self._recover()
+
+    # --- opening -----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, root: Path, *, max_bytes: int, segment_bytes: int) -> Journal:
+        """A new, empty journal under ``root``, locked by this process."""
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+            name = f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
+            # Locked under a hidden name first, so no other process can adopt it half-made.
+            tmp = root / f".{name}"
+            tmp.mkdir()
+            fd = _lock(tmp)
+            if fd is None:  # pragma: no cover - nobody else knows this name
+                raise JournalError(f"could not lock the new journal {tmp}")
+            final = root / name
+            tmp.rename(final)
+            _fsync_dir(root)
+        except OSError as err:
+            raise JournalError(f"cannot create a journal under {root}: {err}; set journal_dir to a "
+                               "writable directory (or $LINEAGE_RELAY_JOURNAL_DIR)") from err
+        return cls(final, fd, max_bytes=max_bytes, segment_bytes=segment_bytes)
+
+    def _load_cursor(self, segments: list[int]) -> tuple[int, int]:
+        try:
+            seg, off = (self.path / _CURSOR).read_text().split()
+            return int(seg), int(off)
+        except (OSError, ValueError):
+            return (segments[0] if segments else 1), 0
+
+    def _recover(self) -> int:
+        """Count records after the cursor; cut a torn tail (crash mid-append)."""
+        count = 0
+        pos = self._cursor
+        while True:
+            batch, pos, torn = self._scan(pos, 10_000, 64 << 20)
+            count += len(batch)
+            if torn is not None:
+                seg, off = torn
+                log.warning("journal=%s event=torn_tail segment=%d offset=%d action=truncate",
+                            self.path, seg, off)
+                with open(self.path / _segment_name(seg), "r+b") as f:
+                    f.truncate(off)
+                    os.fsync(f.fileno())
+                self._sizes[seg] = off
+                for later in [n for n in self._sizes if n > seg]:
+                    (self.path / _segment_name(later)).unlink()
+                    del self._sizes[later]
+                self._write_seg = seg
+                break
+            if not batch:
+                break
+        return count
+
+    # --- writing -----------------------------------------------------------------
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def append(self, records: list[Record]) -> int:
+        """Append and fsync; returns how many fitted under ``max_bytes`` (a prefix)."""
+        chunks = []
+        size = self.size_bytes
+        for key, value in records:
+            data = encode_record(key, value)
+            if size + len(data) > self.max_bytes:
+                break
+            chunks.append(data)
+            size += len(data)
+        written = 0
+        for data in chunks:
+            if self._sizes.get(self._write_seg, 0) + len(data) > self.segment_bytes and \
+                    self._sizes.get(self._write_seg, 0) > 0:
+                self._rotate()
+            fd = self._writer_fd()
+            os.write(fd, data)
+            self._sizes[self._write_seg] = self._sizes.get(self._write_seg, 0) + len(data)
+            written += 1
+        if written:
+            os.fsync(self._writer_fd())
+            self.pending += written
+        return written
+
+    def _writer_fd(self) -> int:
+        if self._writer is None:
+            path = self.path / _segment_name(self._write_seg)
+            new = not path.exists()
+            self._writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._sizes.setdefault(self._write_seg, 0)
+            if new:
+                _fsync_dir(self.path)
+        return self._writer
+
+    def _rotate(self) -> None:
+        if self._writer is not None:
+            os.fsync(self._writer)
+            os.close(self._writer)
+            self._writer = None
+        self._write_seg += 1
+
+    # --- reading -----------------------------------------------------------------
+
+    def _scan(self, pos: tuple[int, int], max_records: int,
+              max_bytes: int) -> tuple[list[Record], tuple[int, int], tuple[int, int] | None]:
+        """Records from ``pos``: (records, next position, torn position or None)."""
+        out: list[Record] = []
+        seg, off = pos
+        used = 0
+        while len(out) < max_records and used < max_bytes:
+            if seg not in self._sizes:
+                later = [n for n in self._sizes if n > seg]
+                if not later:
+                    break
+                seg, off = min(later), 0
+            if off >= self._sizes[seg]:
+                later = [n for n in self._sizes if n > seg]
+                if not later:
+                    break
+                seg, off = min(later), 0
+                continue
+            f = self._read_handle(seg)
+            f.seek(off)
+            header = f.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return out, (seg, off), (seg, off)
+            crc, value_len, key_field = _HEADER.unpack(header)
+            key_len = key_field - 1 if key_field else 0
+            body = f.read(key_len + value_len)
+            if len(body) < key_len + value_len or zlib.crc32(header[4:] + body) != crc:
+                return out, (seg, off), (seg, off)
+            out.append((body[:key_len] if key_field else None, body[key_len:]))
+            off += _HEADER.size + key_len + value_len
+            used += key_len + value_len
+        return out, (seg, off), None
+
+    def _read_handle(self, seg: int):
+        if self._reader is None or self._reader[0] != seg:
+            self._close_reader()
+            self._reader = (seg, open(self.path / _segment_name(seg), "rb"))
+        return self._reader[1]
+
+    def _close_reader(self) -> None:
+        if self._reader is not None:
+            self._reader[1].close()
+            self._reader = None
+
+    def read(self, max_records: int = 1000, max_bytes: int = 4 << 20) -> tuple[list[Record], tuple[int, int]]:
+        """The next records after the read position, and the position after them.
+
+        The read position advances; :meth:`commit` makes it durable, :meth:`rewind`
+        goes back to the last commit (after a failed send)."""
+        records, pos, torn = self._scan(self._read_pos, max_records, max_bytes)
+        if torn is not None:
+            raise JournalError(f"journal {self.path} is corrupt at segment {torn[0]} offset {torn[1]}")
+        self._read_pos = pos
+        return records, pos
+
+    def rewind(self) -> None:
+        self._read_pos = self._cursor
+
+    def commit(self, pos: tuple[int, int], count: int) -> None:
+        """Mark everything before ``pos`` (``count`` records) delivered, durably."""
+        tmp = self.path / (_CURSOR + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(f"{pos[0]} {pos[1]}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / _CURSOR)
+        self._cursor = pos
+        self.pending = max(0, self.pending - count)
+        for seg in [n for n in self._sizes if n < pos[0]]:
+            if self._reader is not None and self._reader[0] == seg:
+                self._close_reader()
+            (self.path / _segment_name(seg)).unlink(missing_ok=True)
+            del self._sizes[seg]
+        if self.pending == 0 and pos[0] == self._write_seg:
+            self._reset()
+
+    def _reset(self) -> None:
+        # Fully delivered: start a fresh segment so the files do not grow forever.
+        self._close_reader()
+        if self._writer is not None:
+            os.close(self._writer)
+            self._writer = None
+        for seg in list(self._sizes):
+            (self.path / _segment_name(seg)).unlink(missing_ok=True)
+        self._sizes.clear()
+        self._write_seg += 1
+        self._cursor = self._read_pos = (self._write_seg, 0)
+        (self.path / _CURSOR).unlink(missing_ok=True)
+
+    # --- closing -----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the lock; an empty journal's directory is removed."""
+        self._close_reader()
+        if self._writer is not None:
+            os.fsync(self._writer)
+            os.close(self._writer)
+            self._writer = None
+        if self.pending == 0:
+            shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock_fd)
+
+    def __repr__(self) -> str:
+        return f"Journal({self.path}, pending={self.pending}, bytes={self.size_bytes})"
+
+
+def adopt_orphans(root: Path, *, max_bytes: int, segment_bytes: int) -> list[Journal]:
+    """Lock and open every journal under ``root`` whose owner process is gone, oldest first.
+
+    Empty orphans are removed. A journal another live process holds is left alone.
+    """
+    if not root.is_dir():
+        return []
+    adopted = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            fd = _lock(path)
+        except OSError as err:
+            log.warning("journal=%s event=adopt_failed error=%s", path, err)
+            continue
+        if fd is None:
+            continue
+        if path.name.startswith("."):
+            # Left by a process that died while creating it: it never held a record.
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
+            continue
+        journal = Journal(path, fd, max_bytes=max_bytes, segment_bytes=segment_bytes)
+        if journal.pending == 0:
+            journal.close()
+            continue
+        log.info("journal=%s event=adopted pending=%d", path, journal.pending)
+        adopted.append(journal)
+    return adopted

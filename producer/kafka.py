@@ -1,0 +1,288 @@
+"""``LineageProducer``: OpenLineage events to Kafka without ever holding up the job.
+
+Guarantees:
+
+* ``emit(event)`` never blocks on the network and never raises. It encodes the event
+  (JSON, or Avro single-object), picks the official transports' message key
+  (:mod:`producer.keys`) and hands the record to librdkafka, or to the journal queue.
+  Every problem is logged (one line, key=value) and counted in :attr:`stats`.
+* Order: records with one key reach their partition in ``emit`` order, across broker
+  outages and journal replays (idempotent producer, ``acks=all``, and the journal is
+  replayed, one acknowledged batch at a time, before direct sending resumes).
+* Nothing is lost while the process lives or exits normally: when the broker is
+  unreachable, the producer is fenced, a delivery fails, or librdkafka's queue
+  (``queue_max_events``) is full, the producer switches to *journal mode*: it takes back
+  everything librdkafka still holds (in order), appends it and every later event to the
+  on-disk journal (:mod:`producer.journal`, fsync-ed), and replays the journal when Kafka
+  takes records again. ``close()`` and interpreter exit flush for ``close_timeout_s`` and
+  journal whatever is left. The next producer that starts on the same journal directory
+  resends journals a crashed process left behind, before its own events.
+* Delivery is at-least-once: a replay after a crash or an outage can repeat events (the
+  relay deduplicates).
+
+Bounded memory: librdkafka holds at most ``queue_max_events`` records, and so does the
+spill queue in front of the journal. If the journal writer falls that far behind (a
+very slow disk), ``emit`` waits for it -- for the disk, never the network -- up to 1 s,
+then drops the event with reason ``queue_full``.
+
+Not guaranteed: events still in memory when the process is killed with SIGKILL (or
+crashes in native code) are lost -- up to ``queue_max_events`` in librdkafka plus as many
+in the spill queue; the journal itself survives. Dropped, counted and logged by reason:
+``unencodable`` (JSON cannot carry a value), ``too_large`` (over ``message.max.bytes``),
+``rejected_by_broker`` (a record Kafka will never accept), ``journal_full``,
+``journal_write_failed``, ``queue_full`` (above), ``closed`` (emit after close),
+``lost_in_fatal_producer`` (records a broken librdkafka instance never gave back within
+5 s). A producer must not be used across ``fork()``.
+
+This module is the caller-facing half; the background thread (journal mode, reclaim,
+replay) is :mod:`producer.sender`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from confluent_kafka import KafkaException, Producer
+
+from producer.codec import encode_json
+from producer.config import ProducerConfig, build_config, load_config
+from producer.errors import ConfigError, JournalError
+from producer.journal import adopt_orphans
+from producer.keys import message_key
+from producer.sender import RECLAIM_TIMEOUT_S, Sender
+from producer.sources import TRANSPORT_TYPES, spark_disabled, spark_transport_type
+
+log = logging.getLogger(__name__)
+# librdkafka's own log lines (served on the sender thread), instead of raw stderr.
+_RDKAFKA_LOG = logging.getLogger("producer.librdkafka")
+#: How long emit() waits for the journal writer when the spill queue is full (disk, not network).
+_FULL_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class ProducerStats:
+    """A snapshot of the producer's counters (all since construction).
+
+    ``emitted``: emit() calls; ``delivered``: acknowledged by Kafka (replays included);
+    ``journaled``: written to the journal; ``replayed``: delivered from a journal;
+    ``delivery_failures``: records librdkafka gave back (failed or purged), all journaled;
+    ``dropped``: events that will never be sent, by reason; ``errors``: every problem
+    logged (drops included); ``pending``: not yet acknowledged; ``mode``: ``direct`` or
+    ``journal``.
+    """
+
+    emitted: int
+    delivered: int
+    journaled: int
+    replayed: int
+    delivery_failures: int
+    errors: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+    mode: str = "direct"
+
+
+class LineageProducer(Sender):
+    """Sends OpenLineage events (dicts) to one Kafka topic; see the module docstring.
+
+    ``LineageProducer()`` reads every configuration source (:func:`load_config`);
+    ``LineageProducer(config)`` uses the given config; keyword ``overrides`` (ProducerConfig
+    field names) take precedence over either. Configuration mistakes, including unknown
+    librdkafka properties, raise :class:`producer.errors.ConfigError` here.
+    """
+
+    def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
+        if config is None:
+            config = load_config(overrides)
+        elif overrides:
+            config = build_config({**config.model_dump(exclude_none=True), **overrides})
+        self.config = config
+        self._encode = _encoder(config.encoding)
+        self._topic = config.topic
+        self._fixed_key = config.message_key.encode() if config.message_key else None
+        props = config.kafka_properties()
+        # Headroom for the record overhead librdkafka adds to the value.
+        self._max_value = int(props.get("message.max.bytes", 1_000_000)) - 512
+        _check_journal_dir(config)
+        self._init_sender(config.queue_max_events)
+        self._producer = self._new_producer(props)
+        try:
+            self._journals = adopt_orphans(config.journal_path, max_bytes=config.journal_max_bytes,
+                                           segment_bytes=self._segment_bytes())
+        except (OSError, JournalError) as err:
+            self._journals = []
+            self._error("journal_unreadable", err, path=str(config.journal_path))
+        if self._journals:
+            # Events a dead process left behind go first: start in journal mode.
+            self._spilling = True
+        self._sender = threading.Thread(target=self._run, name=f"lineage-producer[{self._topic}]",
+                                        daemon=True)
+        self._sender.start()
+        _LIVE.add(self)
+
+    # --- construction helpers --------------------------------------------------------
+
+    @classmethod
+    def from_spark_conf(cls, conf: dict[str, str]) -> LineageProducer | None:
+        """A producer configured from Spark conf (and the other sources, which take
+        precedence), or None when ``spark.openlineage.transport.type`` is not ours
+        (``kafka`` or this producer) or OpenLineage is disabled."""
+        transport_type = spark_transport_type(conf)
+        if transport_type not in TRANSPORT_TYPES or spark_disabled(conf, os.environ):
+            return None
+        return cls(load_config(spark_conf=conf))
+
+    def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
+        props = props or self.config.kafka_properties()
+        try:
+            return Producer({**props, "error_cb": self._on_error, "on_delivery": self._on_delivery,
+                             "logger": _RDKAFKA_LOG})
+        except KafkaException as err:
+            raise ConfigError(f"properties: librdkafka rejected the configuration: {err.args[0].str()} "
+                              "(fix or remove that property)") from err
+
+    # --- the hot path ----------------------------------------------------------------
+
+    def emit(self, event: dict) -> None:
+        """Queue one event for Kafka. Never blocks on the network, never raises."""
+        try:
+            with self._count_lock:
+                self._emitted += 1
+            try:
+                value = self._encode(event)
+                key = self._fixed_key
+                if key is None:
+                    text = message_key(event)
+                    key = text.encode() if text is not None else None
+            except Exception as err:  # noqa: BLE001 - any encoding failure belongs to the event
+                self._drop("unencodable", err)
+                return
+            if len(value) > self._max_value:
+                self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
+                return
+            with self._lock:
+                if self._closed:
+                    self._count_drop("closed")
+                    return
+                if not self._spilling:
+                    try:
+                        self._producer.produce(self._topic, value, key)
+                        self._direct_sent += 1
+                        return
+                    except BufferError:
+                        self._begin_journal_mode_locked("queue_full")
+                    except KafkaException as err:
+                        self._begin_journal_mode_locked(f"produce_failed:{err.args[0].name()}")
+                if len(self._spill) >= self._max_spill and not self._space.wait_for(
+                        lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
+                    self._count_drop("queue_full")
+                    return
+                if self._closed:
+                    self._count_drop("closed")
+                    return
+                self._spill.append((key, value))
+        except Exception as err:  # noqa: BLE001 - emit must never raise into the job
+            self._error("emit_failed", err)
+
+    # --- flush, close, stats ------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Events accepted by emit() and not yet acknowledged by Kafka (including journaled
+        ones and any adopted from a dead process's journal)."""
+        journals = list(self._journals) + ([self._own] if self._own else [])
+        return (self._direct_outstanding() + len(self._spill) + len(self._returned)
+                + self._in_transit + sum(j.pending for j in journals) + self._left_journaled)
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
+        (default ``close_timeout_s``) passes. Returns the number still pending (they stay
+        queued or journaled, and are not lost)."""
+        timeout_s = self.config.close_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = self.pending
+            left = deadline - time.monotonic()
+            if remaining == 0 or left <= 0 or not self._sender.is_alive():
+                return remaining
+            with self._progress:
+                self._progress.wait(min(0.05, left))
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush for up to ``timeout_s`` (default ``close_timeout_s``), then journal what is
+        left and stop. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
+        if self._closed:
+            return
+        self.flush(timeout_s)
+        with self._lock:
+            self._closed = True
+            self._space.notify_all()
+        self._stop.set()
+        self._sender.join(RECLAIM_TIMEOUT_S + 5)
+        _LIVE.discard(self)
+        s = self.stats
+        log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
+                 self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors)
+
+    def __enter__(self) -> LineageProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> ProducerStats:
+        with self._count_lock:
+            return ProducerStats(
+                emitted=self._emitted, delivered=self._delivered, journaled=self._journaled,
+                replayed=self._replayed, delivery_failures=self._delivery_failures,
+                errors=self._errors, dropped=dict(self._dropped), pending=self.pending,
+                mode="journal" if self._spilling else "direct",
+            )
+
+    # --- errors ------------------------------------------------------------------------
+
+    def drop(self, reason: str, detail: object, key: bytes | None = None) -> None:
+        """Count and log an event that will never be sent (for integrations that reject an
+        event before it reaches :meth:`emit`)."""
+        self._drop(reason, detail, key)
+
+
+def _check_journal_dir(config: ProducerConfig) -> None:
+    # Found now, not during the first outage, when it would cost events.
+    path = config.journal_path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"journal_dir: cannot create {path} ({err.strerror}); set journal_dir "
+                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"journal_dir: {path} is not writable; set journal_dir "
+                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory")
+
+
+def _encoder(encoding: str) -> Callable[[dict], bytes]:
+    if encoding == "avro":
+        from producer.codec import avro
+
+        return avro.encode
+    return encode_json
+
+
+_LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for producer in list(_LIVE):
+        try:
+            producer.close()
+        except Exception:  # noqa: BLE001 - best effort at exit; each producer logs its own
+            log.exception("event=close_at_exit_failed")

@@ -1,0 +1,354 @@
+"""The producer's background thread: journal mode, reclaim, replay (used by ``kafka.py``).
+
+:class:`Sender` is the half of :class:`producer.LineageProducer` that runs on its own
+thread (``lineage-producer[<topic>]``). It alone polls librdkafka (so every delivery and
+error callback runs here), owns the journals, and decides when to leave journal mode.
+
+State machine, per loop (``_step``):
+
+1. poll librdkafka (serves delivery reports and errors);
+2. entering journal mode (all brokers down, a failed delivery, a full queue, a fatal
+   error, or records outstanding with no delivery report for 5 s -- doubling to 60 s):
+   *reclaim* -- purge librdkafka and collect every record it held, in delivery report
+   order, ahead of anything emitted since; after a fatal error or a stall, build a new
+   librdkafka producer;
+3. *persist*: append reclaimed records, then the spill queue, to the journal (fsync);
+4. in journal mode, *replay*: send the oldest journal's next batch and wait for all of
+   it to be acknowledged before committing and sending the next (a failed batch is
+   re-read after a backoff: order is kept, duplicates are possible). When every journal
+   is empty and nothing is queued, go back to direct sending.
+
+Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
+callbacks never take it, they set flags this loop acts on) and ``_count_lock`` (counters
+both threads write; nothing is called while it is held).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from producer.delivery import REJECT, classify
+from producer.errors import JournalError
+from producer.journal import Journal, Record
+
+if TYPE_CHECKING:
+    from producer.config import ProducerConfig
+
+log = logging.getLogger("producer.kafka")
+
+_IDLE_POLL_S = 0.1
+_BUSY_POLL_S = 0.005
+_REPLAY_BATCH = 2000
+_REPLAY_BYTES = 4 << 20
+_BACKOFF_S = (0.2, 5.0)
+#: Records outstanding and no delivery report for this long: reclaim them into the journal
+#: and start a fresh librdkafka producer (the wait doubles up to the second value while
+#: it keeps happening). It un-sticks an idempotent producer whose id the broker forgot (a
+#: wiped broker), at the price of one reconnect per period during an outage.
+_STALL_S = (5.0, 60.0)
+RECLAIM_TIMEOUT_S = 5.0
+
+
+class Sender:
+    """Background half of LineageProducer; see the module docstring."""
+
+    config: ProducerConfig
+    _topic: str
+    _producer: Producer
+    _journals: list[Journal]
+
+    def _init_sender(self, max_spill: int) -> None:
+        self._max_spill = max_spill
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)  # the spill queue has room again
+        self._count_lock = threading.Lock()
+        self._spill: deque[Record] = deque()
+        self._spilling = False
+        self._closed = False
+        self._emitted = self._delivered = self._journaled = self._replayed = 0
+        self._delivery_failures = self._errors = 0
+        self._dropped: dict[str, int] = {}
+        # Direct records in librdkafka = sent - done. Single writer each (emit() under
+        # _lock; this thread), so no lock. len(producer) also counts queued error events.
+        self._direct_sent = 0
+        self._direct_done = 0
+        self._returned: list[Record] = []   # taken back from librdkafka, oldest first
+        self._in_transit = 0                # popped from _spill, not yet in the journal
+        self._need_reclaim = False
+        self._want_journal: str | None = None
+        self._fatal: KafkaError | None = None
+        self._stalled = False
+        self._stall_s = _STALL_S[0]
+        self._quiet_since = time.monotonic()  # last time nothing awaited a delivery report
+        self._last_report_at = 0.0            # last delivery report of any kind
+        self._replay: tuple[Journal, tuple[int, int], int] | None = None
+        self._replay_outstanding = 0
+        self._replay_failed = False
+        self._replay_rejected = 0
+        self._retry_at = 0.0
+        self._backoff = _BACKOFF_S[0]
+        self._stop = threading.Event()
+        self._progress = threading.Condition()
+        self._own: Journal | None = None
+        self._left_journaled = 0            # pending records in journals closed at shutdown
+
+    def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
+        raise NotImplementedError
+
+    def _segment_bytes(self) -> int:
+        return max(64 * 1024, min(64 << 20, self.config.journal_max_bytes // 4))
+
+    def _begin_journal_mode_locked(self, reason: str) -> None:
+        if not self._spilling:
+            self._spilling = True
+            self._need_reclaim = True
+            log.warning("event=journal_mode topic=%s reason=%s", self._topic, reason)
+
+    # --- librdkafka callbacks (run on the sender thread, inside poll) ------------------
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        self._direct_done += 1
+        self._last_report_at = time.monotonic()
+        try:
+            if err is None:
+                self._delivered += 1
+            elif classify(err.code()) == REJECT:
+                self._drop("rejected_by_broker", err.str(), key=msg.key())
+            else:
+                self._delivery_failures += 1
+                self._returned.append((msg.key(), msg.value()))
+                if not self._spilling:
+                    self._want_journal = f"delivery_failed:{err.name()}"
+        except Exception as cb_err:  # noqa: BLE001 - an exception here would surface in poll()
+            self._error("delivery_callback_failed", cb_err)
+
+    def _on_replay_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        self._replay_outstanding -= 1
+        self._last_report_at = time.monotonic()
+        if err is None:
+            return
+        if classify(err.code()) == REJECT:
+            self._replay_rejected += 1
+            self._drop("rejected_by_broker", err.str(), key=msg.key())
+        else:
+            self._replay_failed = True
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+            self._error("kafka_fatal", err.str())
+        elif err.code() == KafkaError._ALL_BROKERS_DOWN and not self._spilling:
+            self._want_journal = "all_brokers_down"
+
+    # --- the sender thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                self._step()
+                if stopping:
+                    self._shutdown()
+                    return
+            except Exception as err:  # noqa: BLE001 - the sender must keep going
+                self._error("sender_failed", err)
+                if stopping:
+                    return
+                self._stop.wait(0.5)
+            with self._progress:
+                self._progress.notify_all()
+
+    def _poll(self, timeout: float) -> None:
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as err:
+            self._fatal = err.args[0]
+
+    def _step(self) -> None:
+        busy = self._spilling and (self._spill or self._replay is None)
+        self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
+        self._check_stall()
+        replace = self._fatal is not None or self._stalled
+        if replace and self._want_journal is None:
+            self._want_journal = "fatal_error" if self._fatal is not None else "stalled"
+        if self._want_journal is not None:
+            # Before reclaiming, so nothing new goes into the instance being emptied.
+            with self._lock:
+                self._begin_journal_mode_locked(self._want_journal)
+            self._want_journal = None
+        if self._need_reclaim or replace:
+            self._reclaim()
+        if replace:
+            self._rebuild()
+        self._persist()
+        if self._spilling:
+            self._advance_replay()
+
+    def _check_stall(self) -> None:
+        """Records waiting and no delivery report for ``_stall_s``: librdkafka is stuck."""
+        now = time.monotonic()
+        if self._direct_outstanding() + self._replay_outstanding == 0:
+            self._quiet_since = now
+        elif now - max(self._quiet_since, self._last_report_at) > self._stall_s:
+            self._stalled = True
+
+    def _direct_outstanding(self) -> int:
+        return self._direct_sent - self._direct_done
+
+    def _reclaim(self) -> None:
+        """Take back every record librdkafka holds; their delivery reports put the direct
+        ones, in order, on ``_returned`` (ahead of anything emitted since)."""
+        self._need_reclaim = False
+        try:
+            self._producer.purge(in_queue=True, in_flight=True)
+        except KafkaException as err:
+            self._error("purge_failed", err)
+        deadline = time.monotonic() + RECLAIM_TIMEOUT_S
+        while self._direct_outstanding() + self._replay_outstanding > 0 and time.monotonic() < deadline:
+            self._poll(0.05)
+        if self._direct_outstanding():
+            self._error("reclaim_incomplete", f"{self._direct_outstanding()} records still in librdkafka")
+
+    def _rebuild(self) -> None:
+        # A fatal error (e.g. the broker forgot our producer id) poisons the instance.
+        cause = self._fatal if self._fatal is not None else f"no delivery report for {self._stall_s}s"
+        log.warning("event=producer_rebuilt topic=%s cause=%s", self._topic, cause)
+        if self._stalled:
+            self._stall_s = min(self._stall_s * 2, _STALL_S[1])
+            self._stalled = False
+        self._quiet_since = time.monotonic()
+        with self._lock:
+            self._producer = self._new_producer()
+            # Whatever the old instance did not report back after _reclaim is past saving.
+            lost = self._direct_outstanding()
+            self._direct_done = self._direct_sent
+        if lost:
+            self._count_drop("lost_in_fatal_producer", lost)
+        self._fatal = None
+        if self._replay is not None:
+            self._replay_failed = True
+        self._replay_outstanding = 0
+
+    def _journal(self) -> Journal:
+        if self._own is None:
+            self._own = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
+                                       segment_bytes=self._segment_bytes())
+            log.info("event=journal_created path=%s", self._own.path)
+        return self._own
+
+    def _persist(self) -> None:
+        """Move ``_returned`` then the spill queue, in that order, into the journal."""
+        if not self._returned and not self._spill:
+            return
+        with self._lock:
+            batch = self._returned + list(self._spill)
+            self._returned = []
+            self._spill.clear()
+            self._in_transit = len(batch)
+            self._space.notify_all()
+        reason = "journal_full"
+        try:
+            written = self._journal().append(batch)
+        except (OSError, JournalError) as err:
+            written, reason = 0, "journal_write_failed"
+            self._error(reason, err)
+        self._journaled += written
+        self._in_transit = 0
+        if written < len(batch):
+            lost = len(batch) - written
+            self._count_drop(reason, lost)
+            log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
+                      reason, lost, self.config.journal_path, self.config.journal_max_bytes)
+
+    def _advance_replay(self) -> None:
+        now = time.monotonic()
+        if self._replay is not None:
+            if self._replay_outstanding > 0:
+                return
+            journal, pos, count = self._replay
+            self._replay = None
+            if self._replay_failed:
+                self._replay_failed = False
+                journal.rewind()
+                self._retry_at = now + self._backoff
+                self._backoff = min(self._backoff * 2, _BACKOFF_S[1])
+                return
+            journal.commit(pos, count)
+            self._replayed += count - self._replay_rejected
+            self._delivered += count - self._replay_rejected
+            self._backoff = _BACKOFF_S[0]
+            self._stall_s = _STALL_S[0]
+        if now < self._retry_at:
+            return
+        while self._journals and self._journals[0].pending == 0:
+            self._journals.pop(0).close()
+        journal = self._journals[0] if self._journals else self._own
+        if journal is None or journal.pending == 0:
+            with self._lock:
+                if not self._spill and not self._returned and self._direct_outstanding() == 0:
+                    self._spilling = False
+                    log.info("event=direct_mode topic=%s", self._topic)
+            return
+        # A batch must fit librdkafka's queue, or produce() would refuse part of it.
+        records, pos = journal.read(min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)
+        if not records:
+            self._error("journal_inconsistent", f"{journal} has pending records but none readable")
+            journal.pending = 0
+            return
+        self._replay = (journal, pos, len(records))
+        self._replay_failed = False
+        self._replay_rejected = 0
+        self._replay_outstanding = len(records)
+        for i, (key, value) in enumerate(records):
+            try:
+                self._producer.produce(self._topic, value, key, on_delivery=self._on_replay_delivery)
+            except (BufferError, KafkaException):
+                # Not queued: the batch fails as a whole and is read again after a backoff.
+                self._replay_outstanding -= len(records) - i
+                self._replay_failed = True
+                break
+
+    def _shutdown(self) -> None:
+        """Last act of the sender: journal whatever Kafka has not acknowledged."""
+        if self._direct_outstanding() or self._replay_outstanding:
+            self._reclaim()
+        if self._replay is not None:
+            self._replay[0].rewind()
+            self._replay = None
+        self._persist()
+        for journal in [*self._journals, *([self._own] if self._own else [])]:
+            self._left_journaled += journal.pending
+            try:
+                journal.close()
+            except OSError as err:
+                self._error("journal_close_failed", err)
+        self._journals, self._own = [], None
+
+    def _count_drop(self, reason: str, n: int = 1) -> int:
+        with self._count_lock:
+            count = self._dropped[reason] = self._dropped.get(reason, 0) + n
+            self._errors += n
+        return count
+
+    def _drop(self, reason: str, detail: object, key: bytes | None = None) -> None:
+        count = self._count_drop(reason)
+        if _should_log(count):
+            log.error("event=dropped reason=%s topic=%s key=%s count=%d detail=%s",
+                      reason, self._topic, key, count, detail)
+
+    def _error(self, what: str, detail: object, **fields: object) -> None:
+        with self._count_lock:
+            self._errors += 1
+        extra = " ".join(f"{k}={v}" for k, v in fields.items())
+        log.error("event=%s topic=%s detail=%s %s", what, self._topic, detail, extra)
+
+
+def _should_log(count: int) -> bool:
+    # First ten of a kind, then every thousandth: a flood must not flood the log.
+    return count <= 10 or count % 1000 == 0

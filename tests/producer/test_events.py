@@ -1,0 +1,102 @@
+"""The event builders: what the capture code and the job API rely on."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from producer import events
+from producer.facet_urls import FACET_SCHEMA_URLS
+from tests.support.spec import default_spec_dir, validator
+
+
+def _facet_table_from_spec() -> dict[str, str]:
+    out = {}
+    for path in sorted((default_spec_dir() / "facets").glob("*.json")):
+        doc = json.loads(path.read_text())
+        for name, definition in doc["$defs"].items():
+            refs = [part.get("$ref", "") for part in definition.get("allOf", [])]
+            if any(r.startswith("https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/")
+                   and r.endswith("Facet") for r in refs):
+                out[name] = f"{doc['$id']}#/$defs/{name}"
+    return out
+
+
+def test_facet_url_table_matches_the_spec():
+    expected = _facet_table_from_spec()
+    assert FACET_SCHEMA_URLS == expected, (
+        "producer/facet_urls.py is stale; replace FACET_SCHEMA_URLS with:\n"
+        + json.dumps(expected, indent=4)
+    )
+
+
+def test_builders_produce_spec_valid_events_of_every_kind():
+    v = validator()
+    run_id = events.new_run_id()
+    parent = events.parent_facet("airflow", "dag.task", events.new_run_id(),
+                                 root=("airflow", "dag", events.new_run_id()))
+    schema = events.facet("SchemaDatasetFacet", {"fields": [{"name": "id", "type": "bigint"}]})
+    stats = events.facet("OutputStatisticsOutputDatasetFacet", {"rowCount": 10, "size": 1024})
+    nominal = events.facet("NominalTimeRunFacet", {"nominalStartTime": events.utc_now_iso()})
+    custom = events.custom_facet({"anything": [1, {"x": None}]}, schema_url="https://example.com/x.json")
+    for event_type in sorted(events.EVENT_TYPES):
+        v.validate(events.run_event(
+            event_type, run_id=run_id, job_namespace="ns", job_name="job",
+            inputs=[events.dataset("s3://bucket", "in", {"schema": schema})],
+            outputs=[events.dataset("postgres://db:5432", "public.out", output_facets={"outputStatistics": stats})],
+            run_facets={"parent": parent, "nominalTime": nominal, "custom": custom},
+            job_facets={"jobType": events.facet("JobTypeJobFacet", {
+                "processingType": "BATCH", "integration": "PYTHON", "jobType": "JOB"})},
+        ))
+    v.validate(events.dataset_event(events.dataset("s3://bucket", "in", {"schema": schema})))
+    v.validate(events.job_event(job_namespace="ns", job_name="job",
+                                outputs=[events.dataset("s3://bucket", "out")]))
+
+
+def test_facet_carries_the_spec_schema_url_and_producer():
+    got = events.facet("SchemaDatasetFacet", {"fields": []})
+    assert got == {
+        "fields": [],
+        "_producer": events.PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-2-0/SchemaDatasetFacet.json#/$defs/SchemaDatasetFacet",
+    }
+    with pytest.raises(ValueError, match="unknown standard facet 'SchemaFacet'"):
+        events.facet("SchemaFacet", {})
+
+
+def test_run_ids_are_uuid7_and_strictly_increasing():
+    ids = [events.new_run_id() for _ in range(5000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    parsed = uuid.UUID(ids[0])
+    assert parsed.version == 7 and parsed.variant == uuid.RFC_4122 and str(parsed) == ids[0]
+    # The first 48 bits are the creation time in milliseconds.
+    millis = int(ids[0].replace("-", "")[:12], 16)
+    assert abs(millis / 1000 - datetime.now(timezone.utc).timestamp()) < 60
+
+
+def test_times_are_utc_microseconds_with_z():
+    aware = datetime(2026, 11, 22, 11, 0, 0, 123456, tzinfo=timezone(timedelta(hours=1)))
+    assert events.iso(aware) == "2026-11-22T10:00:00.123456Z"
+    assert events.iso(0) == "1970-01-01T00:00:00.000000Z"
+    assert events.utc_now_iso().endswith("Z") and len(events.utc_now_iso()) == 27
+    with pytest.raises(ValueError, match="no timezone"):
+        events.iso(datetime(2026, 1, 1))
+
+
+def test_builders_reject_what_users_get_wrong():
+    with pytest.raises(ValueError, match="event_type"):
+        events.run_event("DONE", run_id=events.new_run_id(), job_namespace="n", job_name="j")
+    with pytest.raises(ValueError, match="run_id must be a UUID"):
+        events.run_event("START", run_id="run-1", job_namespace="n", job_name="j")
+    with pytest.raises(ValueError, match="schema_url"):
+        events.custom_facet({}, schema_url="")
+
+
+def test_parse_parent_id_keeps_slashes_in_the_job_name():
+    run_id = events.new_run_id()
+    assert events.parse_parent_id(f"airflow/dag/task/{run_id}") == ("airflow", "dag/task", run_id)
+    with pytest.raises(ValueError):
+        events.parse_parent_id("airflow/task")

@@ -1,0 +1,117 @@
+"""The explicit job API: START then COMPLETE or FAIL, parents, facets, decorator."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+
+from producer import LineageProducer, events
+from producer.job import current_run, lineage_job
+from tests.producer.support import decode
+from tests.support.kafka import read_topic
+from tests.support.spec import validator
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def producer(kafka, tmp_path):
+    p = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=kafka.new_topic("job"),
+                        journal_dir=tmp_path, namespace="team")
+    yield p
+    p.close()
+
+
+def _events(kafka, producer, expected: int) -> list[dict]:
+    assert producer.flush(10) == 0
+    docs = [decode(r.value) for r in read_topic(kafka.bootstrap_servers, producer.config.topic,
+                                                expected=expected)]
+    assert len(docs) == expected
+    v = validator()
+    for doc in docs:
+        v.validate(doc)
+    return sorted(docs, key=lambda d: d["eventTime"])
+
+
+def test_context_manager_emits_start_and_complete_with_everything(kafka, producer):
+    src = events.dataset("s3://raw", "orders")
+    out = events.dataset("postgres://db:5432", "public.orders")
+    custom = events.custom_facet({"owner": "me"}, schema_url="https://example.com/owner.json")
+    start = datetime(2026, 11, 22, 10, tzinfo=timezone.utc)
+    with lineage_job("nightly.load", producer=producer, inputs=[src], nominal_time=(start, 1795400000.0),
+                     job_type="JOB", run_facets={"owner": custom}) as run:
+        assert current_run() is run
+        run.add_output(out)
+    assert current_run() is None
+    first, last = _events(kafka, producer, 2)
+    assert (first["eventType"], last["eventType"]) == ("START", "COMPLETE")
+    assert first["run"]["runId"] == last["run"]["runId"] == run.run_id
+    assert uuid.UUID(run.run_id).version == 7
+    assert first["job"] == last["job"] and first["job"]["namespace"] == "team"
+    assert first["job"]["facets"]["jobType"]["jobType"] == "JOB"
+    assert first["run"]["facets"]["nominalTime"]["nominalStartTime"] == "2026-11-22T10:00:00.000000Z"
+    assert "nominalEndTime" in first["run"]["facets"]["nominalTime"]
+    assert first["run"]["facets"]["owner"]["owner"] == "me"
+    assert first["inputs"] == [src] and first["outputs"] == []
+    assert last["inputs"] == [src] and last["outputs"] == [out]
+
+
+def test_an_exception_emits_fail_with_the_stack_trace_and_propagates(kafka, producer):
+    with pytest.raises(ZeroDivisionError):
+        with lineage_job("bad.job", producer=producer):
+            1 / 0
+    _, fail = _events(kafka, producer, 2)
+    assert fail["eventType"] == "FAIL"
+    error = fail["run"]["facets"]["errorMessage"]
+    assert error["message"] == "ZeroDivisionError: division by zero"
+    assert error["programmingLanguage"] == "python"
+    assert "1 / 0" in error["stackTrace"] and "Traceback" in error["stackTrace"]
+
+
+def test_decorator_makes_one_run_per_call_and_nests_as_parent_and_root(kafka, producer):
+    @lineage_job(producer=producer, job_type="TASK")
+    def step(x):
+        return x * 2
+
+    @lineage_job(producer=producer, namespace="etl")
+    async def pipeline():
+        return step(1) + step(2)
+
+    with lineage_job("dag", producer=producer) as dag:
+        assert asyncio.run(pipeline()) == 6
+    docs = _events(kafka, producer, 8)
+    runs = {}
+    for doc in docs:
+        runs.setdefault(doc["run"]["runId"], []).append(doc)
+    assert len(runs) == 4 and all(len(v) == 2 for v in runs.values())
+    name = f"{__name__}.test_decorator_makes_one_run_per_call_and_nests_as_parent_and_root.<locals>"
+    steps = [v[0] for v in runs.values() if v[0]["job"]["name"] == f"{name}.step"]
+    [pipe] = [v[0] for v in runs.values() if v[0]["job"]["name"] == f"{name}.pipeline"]
+    assert pipe["job"]["namespace"] == "etl"
+    assert pipe["run"]["facets"]["parent"]["run"]["runId"] == dag.run_id
+    assert len(steps) == 2
+    for s in steps:
+        parent = s["run"]["facets"]["parent"]
+        assert parent["run"]["runId"] == pipe["run"]["runId"]
+        assert parent["root"]["run"]["runId"] == dag.run_id
+        assert parent["root"]["job"] == {"namespace": "team", "name": "dag"}
+
+
+def test_parent_comes_from_the_orchestrator_environment(kafka, producer, monkeypatch):
+    parent_id, root_id = events.new_run_id(), events.new_run_id()
+    monkeypatch.setenv("OPENLINEAGE_PARENT_ID", f"airflow/dag.task/{parent_id}")
+    monkeypatch.setenv("OPENLINEAGE_ROOT_PARENT_ID", f"airflow/dag/{root_id}")
+    with lineage_job("spawned", producer=producer):
+        pass
+    explicit = events.new_run_id()
+    with lineage_job("explicit", producer=producer, parent=f"sched/job/{explicit}"):
+        pass
+    docs = _events(kafka, producer, 4)
+    env_parent = docs[0]["run"]["facets"]["parent"]
+    assert env_parent["job"] == {"namespace": "airflow", "name": "dag.task"}
+    assert env_parent["run"]["runId"] == parent_id and env_parent["root"]["run"]["runId"] == root_id
+    assert docs[2]["run"]["facets"]["parent"]["run"]["runId"] == explicit
+    assert "root" not in docs[2]["run"]["facets"]["parent"]
