@@ -35,7 +35,6 @@ log = logging.getLogger("relay.app")
 
 _POLL_BATCH = 1000
 _POLL_TIMEOUT_S = 0.1
-_HANDLE_CHUNK = 64
 _EXPIRE_EVERY_S = 0.25
 _LAG_EVERY_S = 5.0
 
@@ -110,12 +109,8 @@ class Relay:
             messages = await self.source.poll(_POLL_BATCH, _POLL_TIMEOUT_S)
             now = time.monotonic()
             self.heartbeat = now
-            for start in range(0, len(messages), _HANDLE_CHUNK):
-                if start:
-                    # Let responses in: a long synchronous run leaves every connection idle.
-                    await asyncio.sleep(0)
-                for message in messages[start:start + _HANDLE_CHUNK]:
-                    self._handle(message, now)
+            for message in messages:
+                self._handle(message, now)
             if now >= next_expire:
                 for lane in self.lanes:
                     lane.expire(now)
