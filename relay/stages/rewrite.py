@@ -1,0 +1,448 @@
+"""Rewrite an event for one collector: namespace mapping, redaction, facet removal, size limit.
+
+A :class:`Rewriter` is built once per collector from its :class:`RewriteConfig`;
+:meth:`Rewriter.apply` turns the shared parsed event into the bytes that collector
+receives, or a rejection. It is pure and synchronous (no I/O, no clock).
+
+Contract of :meth:`Rewriter.apply`:
+
+* The input document is never mutated (several collectors share it). The rewritten tree
+  shares every subtree it did not change with the input, so a rewrite costs memory in
+  proportion to what it changes, plus the encoded output. With ``max_event_bytes``, an
+  event whose ``original`` bytes are over the limit is never encoded whole to measure it:
+  each facet is encoded once (one at a time) and the rest as a skeleton; without
+  ``original`` there is at most one trial encoding, released before the final one.
+* Steps, in order: credentials are redacted, configured facets are dropped, keys are
+  masked, namespaces are mapped (the ``from`` patterns see redacted namespaces), then the
+  size limit is applied.
+* A facet is only ever removed whole, and ``inputs``/``outputs`` are never touched by the
+  size limit, so the output stays valid against the OpenLineage spec if the input was
+  (masking a typed field of a *standard* facet, e.g. a number, is the one way to break it).
+* An event still over ``max_event_bytes`` after every facet ``shrink_order`` allows is
+  dropped is rejected with :data:`TOO_LARGE_FOR_COLLECTOR` and a detail naming the sizes.
+
+Redaction (``redact_credentials``) works on substrings of every string in the event's job,
+datasets and facets (JDBC URLs inside an error message included):
+
+* ``scheme://user:password@host`` loses ``user:password@``. Userinfo without a password is
+  kept: the naming conventions use it for Azure (``abfss://container@account.dfs...``).
+* Query or ``;`` parameters named in ``secret_query_params`` (case-insensitive) are removed,
+  e.g. ``?sv=...&sig=...`` (Azure SAS), ``X-Amz-Signature``, JDBC ``password=``.
+* Not caught: secrets in dict keys, URL-encoded separators, credentials without a URI shape.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from relay.stages.route import compile_glob
+
+#: Rejection reason: the event cannot be made to fit this collector's ``max_event_bytes``.
+TOO_LARGE_FOR_COLLECTOR = "too_large_for_collector"
+#: What a masked value becomes.
+MASK = "***"
+#: Facets the size limit keeps unless ``shrink_order`` names them exactly: lineage and identity.
+ESSENTIAL_FACETS = frozenset({"schema", "columnLineage", "parent", "dataSource", "jobType", "processing_engine"})
+DEFAULT_SECRET_QUERY_PARAMS: tuple[str, ...] = (
+    "password", "passwd", "pwd", "secret", "client_secret", "token", "access_token", "refresh_token",
+    "id_token", "api_key", "apikey", "access_key", "secret_key", "sessiontoken", "session_token",
+    # Azure SAS: sig is the secret; the rest dies with it and would make names unstable.
+    "sig", "signature", "sv", "ss", "srt", "sp", "se", "st", "spr", "sr", "si", "sdd",
+    "skoid", "sktid", "skt", "ske", "sks", "skv",
+    "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+    "x-goog-signature", "x-goog-credential",
+)
+
+_ENVELOPE = frozenset({"_producer", "_schemaURL", "_deleted"})
+# scheme://user:password@host. The password may contain '/' and '@' (AWS secret keys do)
+# but must not look like a port followed by a path (host:5432/db?a=b@c); what follows the
+# last '@' up to the path must be a host. Linear time on hostile input: a scheme starts
+# only at the start of a run of scheme characters, every part has a length cap, and a
+# password never spans another "://".
+_USERINFO = re.compile(
+    r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]{0,31}://)"
+    r"[^\s/?#@:\"'<>]{0,256}:"
+    r"(?![0-9]*(?:[/?#\s\"'<>]|$))"
+    r"(?:(?!://)[^\s\"'<>]){0,1024}?@"
+    r"(?=[^\s@/?#\"'<>]{0,1024}(?:[/?#\s\"'<>]|$))"
+)
+_EMPTY_QUERY = re.compile(r"\?[&;]+|\?(?=[#\s\"'<>]|$)")
+
+
+class _Frozen(BaseModel):
+    # Same pattern as relay.config: validated once, immutable, unknown keys rejected.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NamespaceMapping(_Frozen):
+    """``from`` (an exact namespace or an fnmatch glob, case-sensitive) becomes ``to``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    from_: str = Field(alias="from", min_length=1)
+    to: str = Field(min_length=1)
+
+
+class RewriteConfig(_Frozen):
+    """What to change in events for one collector. The default changes nothing."""
+
+    #: Ordered; the first matching entry wins. Applies to job namespaces (also in ``parent``).
+    namespace_map: tuple[NamespaceMapping, ...] = ()
+    #: Also map dataset namespaces (inputs, outputs, DatasetEvent, ``columnLineage`` sources).
+    map_dataset_namespaces: bool = False
+    redact_credentials: bool = False
+    #: Replaces the default list; names are case-insensitive.
+    secret_query_params: tuple[str, ...] = DEFAULT_SECRET_QUERY_PARAMS
+    #: Facet names (globs) removed from run, job, dataset, input and output facets.
+    drop_facets: tuple[str, ...] = ()
+    #: Keys (case-insensitive globs) whose values become "***" anywhere inside facets;
+    #: also ``{"name": <key>, "value": ...}`` pairs (the environmentVariables facet shape).
+    mask_keys: tuple[str, ...] = ()
+    max_event_bytes: int | None = Field(None, ge=1024)
+    #: Facet-name globs tried in order; within an entry the largest facets go first.
+    #: ESSENTIAL_FACETS are only dropped when an entry is exactly their name.
+    shrink_order: tuple[str, ...] = ("*",)
+
+    @field_validator("secret_query_params", "drop_facets", "mask_keys", "shrink_order")
+    @classmethod
+    def _no_blank(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not item for item in v):
+            raise ValueError("entries must be non-empty strings")
+        return v
+
+    @model_validator(mode="after")
+    def _meaningful(self) -> RewriteConfig:
+        if "shrink_order" in self.model_fields_set and self.max_event_bytes is None:
+            raise ValueError("shrink_order only applies with max_event_bytes; set max_event_bytes or remove it")
+        if "secret_query_params" in self.model_fields_set and not self.redact_credentials:
+            raise ValueError("secret_query_params only applies with redact_credentials: true")
+        if self.map_dataset_namespaces and not self.namespace_map:
+            raise ValueError("map_dataset_namespaces needs namespace_map entries")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteResult:
+    """``body`` to send, or ``None`` with ``rejection = (reason, detail)``. ``dropped`` names
+    each facet removed to fit ``max_event_bytes`` (one entry per instance; empty on
+    rejection, since nothing was sent), for the ``facets_dropped_for_size`` counter."""
+
+    body: bytes | None
+    dropped: list[str] = field(default_factory=list)
+    rejection: tuple[str, str] | None = None
+
+
+class Rewriter:
+    """Applies one collector's :class:`RewriteConfig`; see the module docstring."""
+
+    __slots__ = ("_ns_map", "_map_datasets", "_redact", "_params", "_drop", "_mask", "_scrub_on",
+                 "_touch_facets", "_max", "_shrink_order")
+
+    def __init__(self, config: RewriteConfig) -> None:
+        self._ns_map = tuple((compile_glob(m.from_), m.to) for m in config.namespace_map)
+        self._map_datasets = config.map_dataset_namespaces
+        self._redact = config.redact_credentials
+        self._params = None
+        if config.redact_credentials and config.secret_query_params:
+            names = "|".join(re.escape(name) for name in config.secret_query_params)
+            self._params = re.compile(rf"(?P<sep>[?&;])(?:{names})=[^&;#\s\"'<>]*", re.IGNORECASE)
+        self._drop = _any_glob(config.drop_facets, re.NOFLAG)
+        self._mask = _any_glob(config.mask_keys, re.IGNORECASE)
+        self._scrub_on = self._redact or self._mask is not None
+        self._touch_facets = self._scrub_on or self._drop is not None or bool(self._ns_map)
+        self._max = config.max_event_bytes
+        self._shrink_order = tuple(_shrink_entry(entry) for entry in config.shrink_order)
+
+    @property
+    def is_noop(self) -> bool:
+        """True when :meth:`apply` would change nothing: the caller may skip it."""
+        return not (self._ns_map or self._redact or self._drop or self._mask or self._max is not None)
+
+    def apply(self, event_doc: dict[str, Any], *, original: bytes | None = None) -> RewriteResult:
+        """Rewrite ``event_doc`` (never mutated) for this collector.
+
+        ``original``, the bytes ``event_doc`` was parsed from, is returned as the body when
+        nothing changes, so such events are forwarded byte-for-byte.
+        """
+        doc = self._rewrite(event_doc) if not self.is_noop else event_doc
+        limit = self._max
+        if original is not None and limit is not None and len(original) > limit:
+            # Known to be large: measure by parts rather than encode it whole to find out.
+            return self._fit(doc)
+        body = original if (doc is event_doc and original is not None) else orjson.dumps(doc)
+        if limit is None or len(body) <= limit:
+            return RewriteResult(body)
+        del body  # the fitted encoding replaces it; never hold two
+        return self._fit(doc)
+
+    # -- redaction, dropping, masking, mapping (copy-on-write) --
+
+    def _rewrite(self, doc: dict[str, Any]) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        run = doc.get("run")
+        if isinstance(run, dict):
+            facets = self._facets(run.get("facets"))
+            if facets is not run.get("facets"):
+                changes["run"] = {**run, "facets": facets}
+        job = doc.get("job")
+        if isinstance(job, dict):
+            new_job = self._holder(job, ("facets",), self._map_job)
+            if new_job is not job:
+                changes["job"] = new_job
+        dataset = doc.get("dataset")
+        if isinstance(dataset, dict):
+            new_dataset = self._holder(dataset, ("facets",), self._map_dataset)
+            if new_dataset is not dataset:
+                changes["dataset"] = new_dataset
+        for group, own in (("inputs", "inputFacets"), ("outputs", "outputFacets")):
+            items = doc.get(group)
+            if isinstance(items, list):
+                new_items = [
+                    self._holder(item, ("facets", own), self._map_dataset) if isinstance(item, dict) else item
+                    for item in items
+                ]
+                if any(new is not old for new, old in zip(new_items, items)):
+                    changes[group] = new_items
+        return {**doc, **changes} if changes else doc
+
+    def _holder(self, obj: dict[str, Any], facet_keys: tuple[str, ...], map_ns: Callable[[str], str]) -> dict[str, Any]:
+        """A job or dataset: its namespace, name and facets."""
+        changes: dict[str, Any] = {}
+        for key in ("namespace", "name"):
+            value = obj.get(key)
+            if isinstance(value, str):
+                new = self._redact_text(value) if self._redact else value
+                if key == "namespace":
+                    new = map_ns(new)
+                if new != value:
+                    changes[key] = new
+        for key in facet_keys:
+            facets = obj.get(key)
+            new_facets = self._facets(facets)
+            if new_facets is not facets:
+                changes[key] = new_facets
+        return {**obj, **changes} if changes else obj
+
+    def _facets(self, facets: Any) -> Any:
+        if not self._touch_facets or not isinstance(facets, dict) or not facets:
+            return facets
+        out: dict[str, Any] = {}
+        changed = False
+        for name, facet in facets.items():
+            if self._drop is not None and self._drop(name):
+                changed = True
+                continue
+            new = self._scrub(facet) if self._scrub_on else facet
+            if name == "parent" and self._ns_map:
+                new = _map_paths(new, (("job",), ("root", "job")), self._map_job)
+            elif name == "columnLineage" and self._map_datasets:
+                new = self._map_column_lineage(new)
+            changed = changed or new is not facet
+            out[name] = new
+        return out if changed else facets
+
+    def _scrub(self, value: Any) -> Any:
+        """Redact strings and mask keys, recursively; returns ``value`` itself if unchanged.
+        Recursion depth is bounded: decode_record rejects events nested over 254 levels."""
+        if isinstance(value, str):
+            return self._redact_text(value) if self._redact else value
+        if isinstance(value, dict):
+            out = None
+            mask = self._mask
+            name = value.get("name") if mask is not None else None
+            masked_pair = isinstance(name, str) and "value" in value and mask(name)
+            for key, item in value.items():
+                if key in _ENVELOPE:
+                    continue
+                if mask is not None and (mask(key) or (masked_pair and key == "value")):
+                    if item == MASK:
+                        continue
+                    new = MASK
+                else:
+                    new = self._scrub(item)
+                    if new is item:
+                        continue
+                if out is None:
+                    out = dict(value)
+                out[key] = new
+            return value if out is None else out
+        if isinstance(value, list):
+            new_list = [self._scrub(item) for item in value]
+            return new_list if any(n is not o for n, o in zip(new_list, value)) else value
+        return value
+
+    def _redact_text(self, text: str) -> str:
+        """``text`` itself when there is nothing to redact, so callers can test identity."""
+        out = text
+        if "://" in out and "@" in out:
+            redacted, count = _USERINFO.subn(r"\g<scheme>", out)
+            if count:
+                out = redacted
+        if self._params is not None and "=" in out:
+            redacted, count = self._params.subn(lambda m: "?" if m.group("sep") == "?" else "", out)
+            if count:
+                out = _EMPTY_QUERY.sub(lambda m: "?" if len(m.group()) > 1 else "", redacted)
+        return out
+
+    def _map_job(self, namespace: str) -> str:
+        for matches, target in self._ns_map:
+            if matches(namespace):
+                return target
+        return namespace
+
+    def _map_dataset(self, namespace: str) -> str:
+        return self._map_job(namespace) if self._map_datasets else namespace
+
+    def _map_column_lineage(self, facet: Any) -> Any:
+        if not isinstance(facet, dict):
+            return facet
+        changes: dict[str, Any] = {}
+        fields = facet.get("fields")
+        if isinstance(fields, dict):
+            new_fields = {name: _map_paths(spec, (), self._map_dataset, list_key="inputFields")
+                          for name, spec in fields.items()}
+            if any(new_fields[name] is not spec for name, spec in fields.items()):
+                changes["fields"] = new_fields
+        dataset_wide = facet.get("dataset")
+        if isinstance(dataset_wide, list):
+            new_wide = [_map_paths(item, ((),), self._map_dataset) for item in dataset_wide]
+            if any(n is not o for n, o in zip(new_wide, dataset_wide)):
+                changes["dataset"] = new_wide
+        return {**facet, **changes} if changes else facet
+
+    # -- size limit --
+
+    def _fit(self, doc: dict[str, Any]) -> RewriteResult:
+        """Encode ``doc`` within ``max_event_bytes``, dropping facets per ``shrink_order``.
+
+        Sizes are exact without encoding the whole event: each facet is encoded once (one
+        at a time) and the rest as a skeleton with every facets object emptied; compact
+        JSON adds ``"name":`` and one comma per extra member. Only the output is encoded whole.
+        """
+        limit = self._max
+        assert limit is not None
+        sites = list(_facet_sites(doc))
+        # Bytes a facet takes in its object: "name":<facet>, plus one comma while it has siblings.
+        candidates = [
+            (len(orjson.dumps(name)) + 1 + len(orjson.dumps(facet)), name, site)
+            for site, (_path, facets) in enumerate(sites)
+            for name, facet in facets.items()
+        ]
+        start_size = len(orjson.dumps(_without(doc, {path: None for path, _facets in sites})))
+        start_size += sum(size for size, _name, _site in candidates)
+        start_size += sum(len(facets) - 1 for _path, facets in sites if facets)
+        members = [len(facets) for _path, facets in sites]
+        taken: list[int] = []
+        taken_set: set[int] = set()
+        size = start_size
+        for matches in self._shrink_order:
+            if size <= limit:
+                break
+            order = sorted(
+                (i for i, (_, name, _) in enumerate(candidates) if i not in taken_set and matches(name)),
+                key=lambda i: -candidates[i][0],
+            )
+            for i in order:
+                if size <= limit:
+                    break
+                member_size, _name, site = candidates[i]
+                size -= member_size + (1 if members[site] > 1 else 0)
+                members[site] -= 1
+                taken.append(i)
+                taken_set.add(i)
+        names = [candidates[i][1] for i in taken]
+        if size > limit:
+            return self._too_large(start_size, size, names)
+        drops: dict[tuple[Any, ...], set[str] | None] = {}
+        for i in taken:
+            drops.setdefault(sites[candidates[i][2]][0], set()).add(candidates[i][1])
+        body = orjson.dumps(_without(doc, drops))
+        if len(body) > limit:  # the arithmetic above is exact; this is the re-measurement
+            return self._too_large(start_size, len(body), names)
+        return RewriteResult(body, names)
+
+    def _too_large(self, start: int, end: int, names: list[str]) -> RewriteResult:
+        shown = ", ".join(dict.fromkeys(names)) or "none allowed by shrink_order"
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        detail = (f"event is {start} bytes, over this collector's max_event_bytes of {self._max}; "
+                  f"still {end} bytes after dropping {len(names)} facet(s) ({shown})")
+        return RewriteResult(None, [], (TOO_LARGE_FOR_COLLECTOR, detail))
+
+
+def _any_glob(patterns: tuple[str, ...], flags: re.RegexFlag) -> Callable[[str], bool] | None:
+    if not patterns:
+        return None
+    match = re.compile("|".join(fnmatch.translate(p) for p in patterns), flags).match
+    return lambda value: match(value) is not None
+
+
+def _shrink_entry(entry: str) -> Callable[[str], bool]:
+    matches = compile_glob(entry)
+    return lambda name: name == entry if name in ESSENTIAL_FACETS else matches(name)
+
+
+def _map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[str], str],
+               list_key: str | None = None) -> Any:
+    """Map ``namespace`` of the objects at ``paths`` inside ``obj`` (or, with ``list_key``,
+    of each item of ``obj[list_key]``); copy-on-write."""
+    if not isinstance(obj, dict):
+        return obj
+    if list_key is not None:
+        items = obj.get(list_key)
+        if not isinstance(items, list):
+            return obj
+        new_items = [_map_paths(item, ((),), map_ns) for item in items]
+        return {**obj, list_key: new_items} if any(n is not o for n, o in zip(new_items, items)) else obj
+    for path in paths:
+        if not path:
+            namespace = obj.get("namespace")
+            if isinstance(namespace, str) and map_ns(namespace) != namespace:
+                obj = {**obj, "namespace": map_ns(namespace)}
+            continue
+        inner = obj.get(path[0])
+        new_inner = _map_paths(inner, (path[1:],), map_ns)
+        if new_inner is not inner:
+            obj = {**obj, path[0]: new_inner}
+    return obj
+
+
+def _facet_sites(doc: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """``(path, facets dict)`` for every place the spec puts facets."""
+    for holder in ("run", "job", "dataset"):
+        obj = doc.get(holder)
+        if isinstance(obj, dict) and isinstance(obj.get("facets"), dict):
+            yield (holder, "facets"), obj["facets"]
+    for group, own in (("inputs", "inputFacets"), ("outputs", "outputFacets")):
+        items = doc.get(group)
+        if isinstance(items, list):
+            for index, item in enumerate(items):
+                if isinstance(item, dict):
+                    for key in ("facets", own):
+                        if isinstance(item.get(key), dict):
+                            yield (group, index, key), item[key]
+
+
+def _without(doc: dict[str, Any], drops: dict[tuple[Any, ...], set[str] | None]) -> dict[str, Any]:
+    """``doc`` minus the named facets at each path (``None``: all of them); only the
+    containers on those paths are copied (shallowly), everything else is shared with ``doc``."""
+    out = dict(doc)
+    ours: set[int] = {id(out)}
+    for path, names in drops.items():
+        parent: Any = out
+        for key in path[:-1]:
+            child = parent[key]
+            if id(child) not in ours:
+                child = list(child) if isinstance(child, list) else dict(child)
+                ours.add(id(child))
+                parent[key] = child
+            parent = child
+        facets = parent[path[-1]]
+        parent[path[-1]] = {} if names is None else {k: v for k, v in facets.items() if k not in names}
+    return out

@@ -1,0 +1,433 @@
+"""Rewriter: per-collector namespace mapping, redaction, facet removal and size limit."""
+
+from __future__ import annotations
+
+import copy
+import random
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from relay.embedded.sample import CUSTOM_RUN_FACET_SCHEMA_URL, PRODUCER_URI, dataset_event, spark_run
+from relay.stages import rewrite
+from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, RewriteConfig, Rewriter
+from tests.support.spec import validator
+
+START = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
+MB = 1_000_000
+
+
+def run_events(columns: int = 8, **kwargs: object) -> list[dict]:
+    return spark_run("spark-prod", "orders_etl.insert.orders_daily", start=START, rng=random.Random(11),
+                     columns=columns, **kwargs)
+
+
+def custom_facet(**fields: object) -> dict:
+    return {"_producer": PRODUCER_URI, "_schemaURL": CUSTOM_RUN_FACET_SCHEMA_URL, **fields}
+
+
+def rewriter(**config: object) -> Rewriter:
+    return Rewriter(RewriteConfig.model_validate(config))
+
+
+def apply_ok(r: Rewriter, doc: dict) -> dict:
+    """Apply, check the result is sent and valid per the spec, return it parsed."""
+    result = r.apply(doc)
+    assert result.rejection is None and result.body is not None
+    out = orjson.loads(result.body)
+    validator().validate(out)
+    return out
+
+
+# -- no-op ---------------------------------------------------------------------------
+
+
+def test_empty_config_is_a_noop_that_keeps_the_bytes() -> None:
+    doc = run_events()[-1]
+    original = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    r = Rewriter(RewriteConfig())
+    assert r.is_noop
+    result = r.apply(doc, original=original)
+    assert result.body is original and result.dropped == [] and result.rejection is None
+    assert orjson.loads(r.apply(doc).body) == doc
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"namespace_map": [{"from": "a", "to": "b"}]},
+        {"redact_credentials": True},
+        {"drop_facets": ["x"]},
+        {"mask_keys": ["x"]},
+        {"max_event_bytes": 4096},
+    ],
+)
+def test_any_setting_makes_it_not_a_noop(config: dict) -> None:
+    assert not rewriter(**config).is_noop
+
+
+def test_unchanged_event_is_forwarded_byte_for_byte() -> None:
+    doc = run_events()[0]
+    original = orjson.dumps(doc)
+    result = rewriter(namespace_map=[{"from": "airflow-*", "to": "x"}]).apply(doc, original=original)
+    assert result.body is original
+
+
+# -- namespace mapping -----------------------------------------------------------------
+
+
+def test_namespace_map_first_match_wins_and_covers_parent_jobs() -> None:
+    r = rewriter(namespace_map=[
+        {"from": "spark-prod", "to": "default/spark/1714520000"},
+        {"from": "spark-*", "to": "default/spark/other"},
+        {"from": "airflow-*", "to": "default/airflow/1714520001"},
+    ])
+    parent = ("airflow-prod", "orders_dag.spark_orders", "0190e3c1-4c8e-7a2b-9f3d-0a1b2c3d4e5f")
+    root = ("airflow-prod", "orders_dag", "0190e3c1-4c8e-7a2b-9f3d-0a1b2c3d4e60")
+    doc = run_events(parent=parent, root=root)[-1]
+    out = apply_ok(r, doc)
+    assert out["job"]["namespace"] == "default/spark/1714520000"
+    assert out["run"]["facets"]["parent"]["job"]["namespace"] == "default/airflow/1714520001"
+    assert out["run"]["facets"]["parent"]["root"]["job"]["namespace"] == "default/airflow/1714520001"
+    # Dataset namespaces are left alone unless asked.
+    assert [d["namespace"] for d in out["inputs"]] == [d["namespace"] for d in doc["inputs"]]
+
+    other = spark_run("spark-analytics", "a.b", start=START, rng=random.Random(1))[0]
+    assert apply_ok(r, other)["job"]["namespace"] == "default/spark/other"
+    untouched = spark_run("flink", "a.b", start=START, rng=random.Random(1))[0]
+    assert apply_ok(r, untouched) == untouched
+
+
+def test_dataset_namespaces_are_mapped_everywhere_they_are_referenced() -> None:
+    r = rewriter(
+        namespace_map=[{"from": "s3://acme-lake-raw", "to": "s3://lake"}, {"from": "s3://acme-*", "to": "s3://wh"}],
+        map_dataset_namespaces=True,
+    )
+    doc = run_events()[-1]
+    out = apply_ok(r, doc)
+    assert {d["namespace"] for d in out["inputs"]} == {"s3://lake"}
+    assert {d["namespace"] for d in out["outputs"]} == {"s3://wh"}
+    lineage = out["outputs"][0]["facets"]["columnLineage"]
+    sources = [src for spec in lineage["fields"].values() for src in spec["inputFields"]] + lineage["dataset"]
+    assert sources and {src["namespace"] for src in sources} == {"s3://lake"}
+    assert out["job"]["namespace"] == "spark-prod"  # no job rule matched
+    ds = apply_ok(r, dataset_event("s3://acme-warehouse", "t", event_time=START))
+    assert ds["dataset"]["namespace"] == "s3://wh"
+
+
+# -- credentials ---------------------------------------------------------------------
+
+URIS_WITH_SECRETS = [
+    ("s3a://AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@acme-raw",
+     "s3a://acme-raw", ["AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI", "bPxRfiCYEXAMPLEKEY"]),
+    ("postgres://etl_user:pw-123@db.internal:5432/sales",
+     "postgres://db.internal:5432/sales", ["etl_user", "pw-123"]),
+    ("postgres://etl_user:p@ss@db.internal:5432/sales",
+     "postgres://db.internal:5432/sales", ["etl_user", "p@ss"]),
+    ("jdbc:postgresql://db.internal:5432/sales?user=etl&password=hunter2&ssl=true",
+     "jdbc:postgresql://db.internal:5432/sales?user=etl&ssl=true", ["hunter2"]),
+    ("jdbc:postgresql://db.internal/sales?password=hunter2",
+     "jdbc:postgresql://db.internal/sales", ["hunter2"]),
+    ("jdbc:sqlserver://sql.internal:1433;databaseName=dw;user=etl;password=s3cret",
+     "jdbc:sqlserver://sql.internal:1433;databaseName=dw;user=etl", ["s3cret"]),
+    ("https://acct.blob.core.windows.net/container?sv=2022-11-02&ss=b&srt=co&sp=rl"
+     "&se=2030-01-01T00:00:00Z&sig=AbCdEf%2BgHiJ%3D",
+     "https://acct.blob.core.windows.net/container", ["sig=", "AbCdEf"]),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAXX%2F20240501"
+     "&X-Amz-Signature=deadbeef00",
+     "https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4-HMAC-SHA256", ["AKIAXX", "deadbeef00"]),
+    ("mongodb://admin:Pa55w0rd@h1:27017,h2:27017/app?authSource=admin&TOKEN=abc123",
+     "mongodb://h1:27017,h2:27017/app?authSource=admin", ["Pa55w0rd", "abc123"]),
+    ("redis://:r3d1s@cache:6379", "redis://cache:6379", ["r3d1s"]),
+]
+
+
+@pytest.mark.parametrize("uri, clean, secrets", URIS_WITH_SECRETS)
+def test_credentials_are_stripped_everywhere(uri: str, clean: str, secrets: list[str]) -> None:
+    doc = run_events()[0]
+    dataset = doc["inputs"][0]
+    dataset["namespace"] = uri
+    dataset["name"] = uri
+    dataset["facets"]["dataSource"].update(name=uri, uri=uri)
+    doc["run"]["facets"]["connector_log"] = custom_facet(
+        attempts=[{"message": f"could not connect to {uri} (timeout)"}]
+    )
+    doc["job"]["facets"]["sql"] = {
+        "_producer": PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-1-0/SQLJobFacet.json#/$defs/SQLJobFacet",
+        "query": f"COPY INTO t FROM '{uri}'",
+    }
+    before = copy.deepcopy(doc)
+
+    result = rewriter(redact_credentials=True).apply(doc)
+    for secret in secrets:
+        assert secret not in result.body.decode()
+    out = orjson.loads(result.body)
+    validator().validate(out)
+    got = out["inputs"][0]
+    assert (got["namespace"], got["name"]) == (clean, clean)
+    assert (got["facets"]["dataSource"]["name"], got["facets"]["dataSource"]["uri"]) == (clean, clean)
+    assert out["run"]["facets"]["connector_log"]["attempts"][0]["message"] == f"could not connect to {clean} (timeout)"
+    assert out["job"]["facets"]["sql"]["query"] == f"COPY INTO t FROM '{clean}'"
+    assert doc == before
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "abfss://container@account.dfs.core.windows.net",  # naming convention, not a credential
+        "wasbs://container@account.blob.core.windows.net/path",
+        "postgres://readonly@db:5432",  # a user name alone is kept
+        "postgres://db:5432/sales?note=a@b",
+        "http://host:8080/a?email=ops@example.com",
+        "s3://bucket/path/with:colon",
+        "https://example.com/search?q=password",
+        "sessions",
+    ],
+)
+def test_strings_without_credentials_are_kept(text: str) -> None:
+    doc = run_events()[0]
+    doc["inputs"][0]["namespace"] = text
+    doc["run"]["facets"]["note"] = custom_facet(text=text)
+    out = orjson.loads(rewriter(redact_credentials=True).apply(doc).body)
+    assert out["inputs"][0]["namespace"] == text
+    assert out["run"]["facets"]["note"]["text"] == text
+
+
+def test_secret_query_params_are_configurable() -> None:
+    doc = dataset_event("https://api.example.com/v1?apikey=k1&session=s1", "t", event_time=START)
+    default = orjson.loads(rewriter(redact_credentials=True).apply(doc).body)
+    assert default["dataset"]["namespace"] == "https://api.example.com/v1?session=s1"
+    custom = orjson.loads(rewriter(redact_credentials=True, secret_query_params=["session"]).apply(doc).body)
+    assert custom["dataset"]["namespace"] == "https://api.example.com/v1?apikey=k1"
+
+
+# -- dropping and masking ------------------------------------------------------------
+
+
+def test_drop_facets_removes_them_from_every_place() -> None:
+    doc = run_events()[-1]
+    doc["job"]["facets"]["custom_owner"] = custom_facet(team="billing")
+    doc["outputs"][0]["facets"]["custom_quality"] = custom_facet(score=1)
+    doc["inputs"][0]["inputFacets"] = {"custom_scan": custom_facet(files=3)}
+    r = rewriter(drop_facets=["processing_engine", "outputStatistics", "dataSource", "custom_*"])
+    out = apply_ok(r, doc)
+    assert set(out["run"]["facets"]) == set(doc["run"]["facets"]) - {"processing_engine"}
+    assert set(out["job"]["facets"]) == {"jobType"}
+    assert set(out["outputs"][0]["facets"]) == {"schema", "columnLineage"}
+    assert out["outputs"][0]["outputFacets"] == {}
+    assert out["inputs"][0]["inputFacets"] == {}
+    assert all(set(d["facets"]) == {"schema"} for d in out["inputs"])
+    # Everything else is as it was.
+    assert out["outputs"][0]["facets"]["columnLineage"] == doc["outputs"][0]["facets"]["columnLineage"]
+    assert out["inputs"][0]["facets"]["schema"] == doc["inputs"][0]["facets"]["schema"]
+
+
+def test_mask_keys_anywhere_in_facets_case_insensitively() -> None:
+    doc = run_events()[0]
+    properties = doc["run"]["facets"]["spark_properties"]["properties"]
+    properties.update({
+        "spark.hadoop.fs.s3a.secret.key": "wJalrXUtnFEMI",
+        "SPARK.HADOOP.FS.S3A.ACCESS.KEY": "AKIAIOSFODNN7EXAMPLE",
+        "spark.jdbc.options": {"client_secret": {"v": "nested-secret"}, "user": "etl"},
+    })
+    doc["run"]["facets"]["environmentVariables"] = {
+        "_producer": PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-0-0/EnvironmentVariablesRunFacet.json"
+                      "#/$defs/EnvironmentVariablesRunFacet",
+        "environmentVariables": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "wJalr2"}, {"name": "HOME", "value": "/h"}],
+    }
+    r = rewriter(mask_keys=["*secret*", "spark.hadoop.fs.s3a.access.key", "AWS_*"])
+    out = apply_ok(r, doc)
+    got = out["run"]["facets"]["spark_properties"]["properties"]
+    assert got["spark.hadoop.fs.s3a.secret.key"] == MASK
+    assert got["SPARK.HADOOP.FS.S3A.ACCESS.KEY"] == MASK
+    assert got["spark.jdbc.options"] == {"client_secret": MASK, "user": "etl"}
+    assert got["spark.master"] == properties["spark.master"]
+    assert out["run"]["facets"]["environmentVariables"]["environmentVariables"] == [
+        {"name": "AWS_SECRET_ACCESS_KEY", "value": MASK}, {"name": "HOME", "value": "/h"}
+    ]
+    for secret in ("wJalr", "AKIAIOSFODNN7EXAMPLE", "nested-secret"):
+        assert secret not in orjson.dumps(out).decode()
+    # Facet envelopes are never masked, whatever the pattern.
+    assert rewriter(mask_keys=["*"]).apply(doc).body.count(b'"_producer":"https://') == orjson.dumps(doc).count(
+        b'"_producer":"https://'
+    )
+
+
+# -- size limit ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def huge_event() -> tuple[dict, bytes]:
+    """A ~21 MB COMPLETE event: a 20-column schema and columnLineage, a ~12 MB custom
+    run facet, a ~9 MB spark_properties facet and a small custom output facet."""
+    doc = run_events(columns=20)[-1]
+    facets = doc["run"]["facets"]
+    facets["huge_debug"] = custom_facet(tasks=[
+        {"stage": i // 100, "task": i, "host": f"worker-{i % 50}.cluster.local", "metric": "bytesRead", "value": i * 7}
+        for i in range(130_000)
+    ])
+    facets["spark_properties"] = custom_facet(properties={
+        f"spark.custom.setting.number_{i:06d}": f"value-{i}-" + "x" * 40 for i in range(100_000)
+    })
+    doc["outputs"][0]["facets"]["small_note"] = custom_facet(note="n" * 1_000)
+    body = orjson.dumps(doc)
+    assert len(body) > 20 * MB
+    return doc, body
+
+
+def lineage(doc: dict) -> tuple:
+    def datasets(group: str) -> list:
+        return [(d["namespace"], d["name"], d["facets"].get("schema"), d["facets"].get("columnLineage"))
+                for d in doc[group]]
+    return datasets("inputs"), datasets("outputs")
+
+
+def test_huge_event_is_shrunk_under_the_limit_keeping_lineage(huge_event, monkeypatch) -> None:
+    doc, original = huge_event
+    encoded: list[int] = []
+    real_dumps = orjson.dumps
+    monkeypatch.setattr(rewrite.orjson, "dumps", lambda *a, **k: encoded.append(len(out := real_dumps(*a, **k))) or out)
+
+    # drop_facets makes the rewritten tree differ from ``original``: its size is still
+    # worked out by parts, not by encoding it whole.
+    result = rewriter(max_event_bytes=5 * MB, drop_facets=["outputStatistics"]).apply(doc, original=original)
+
+    monkeypatch.undo()
+    assert result.rejection is None
+    assert len(result.body) < 5 * MB
+    assert result.dropped == ["huge_debug", "spark_properties"]  # largest first, then stop
+    out = orjson.loads(result.body)
+    validator().validate(out)
+    assert lineage(out) == lineage(doc)
+    assert len(out["outputs"][0]["facets"]["schema"]["fields"]) == 20
+    assert len(out["outputs"][0]["facets"]["columnLineage"]["fields"]) == 20
+    assert "small_note" in out["outputs"][0]["facets"]
+    assert set(out["run"]["facets"]) == set(doc["run"]["facets"]) - {"huge_debug", "spark_properties"}
+    assert "outputStatistics" not in out["outputs"][0]["outputFacets"]
+    # Bounded work and memory: the whole event is never encoded, each facet once.
+    assert max(encoded) < len(original) * 0.7
+    assert sum(encoded) < len(original) + len(result.body) + 10_000
+    assert orjson.dumps(doc) == original  # the shared input is untouched
+
+
+def test_shrink_order_is_followed(huge_event) -> None:
+    doc, original = huge_event
+    limit = 13 * MB
+    default = rewriter(max_event_bytes=limit).apply(doc, original=original)
+    assert default.dropped == ["huge_debug"]
+    ordered = rewriter(max_event_bytes=limit, shrink_order=["spark_properties", "*"]).apply(doc, original=original)
+    assert ordered.dropped == ["spark_properties"]
+    assert len(ordered.body) <= limit
+    only = rewriter(max_event_bytes=5 * MB, shrink_order=["spark_properties"]).apply(doc, original=original)
+    assert only.body is None and only.rejection[0] == TOO_LARGE_FOR_COLLECTOR
+
+
+def test_essential_facets_are_kept_unless_named() -> None:
+    doc = run_events(columns=3_000)[0]  # START: inputs with large schemas
+    compact = orjson.dumps(doc)
+    limit = len(compact) - 2_000  # more than the droppable spark_properties facet
+    rejected = rewriter(max_event_bytes=limit).apply(doc)
+    assert rejected.body is None and rejected.dropped == []
+    reason, detail = rejected.rejection
+    assert reason == TOO_LARGE_FOR_COLLECTOR
+    assert f"event is {len(compact)} bytes" in detail and f"max_event_bytes of {limit}" in detail
+    assert "spark_properties" in detail
+    assert doc == run_events(columns=3_000)[0]
+
+    result = rewriter(max_event_bytes=limit, shrink_order=["spark_properties", "schema"]).apply(doc)
+    assert result.dropped == ["spark_properties", "schema"]
+    out = orjson.loads(result.body)
+    validator().validate(out)
+    assert len(result.body) <= limit
+    assert sum("schema" in d["facets"] for d in out["inputs"]) == len(doc["inputs"]) - 1
+
+
+def test_event_that_cannot_shrink_enough_is_rejected() -> None:
+    doc = run_events()[0]
+    doc["inputs"] = [{"namespace": "s3://acme-lake-raw", "name": f"raw/part-{i:06d}"} for i in range(40_000)]
+    size = len(orjson.dumps(doc))
+    result = rewriter(max_event_bytes=MB).apply(doc)
+    assert result.body is None and result.dropped == []
+    reason, detail = result.rejection
+    assert reason == TOO_LARGE_FOR_COLLECTOR
+    assert str(size) in detail and str(MB) in detail
+    assert len(doc["inputs"]) == 40_000
+
+
+def test_whitespace_alone_is_not_a_reason_to_drop() -> None:
+    doc = run_events(columns=20)[-1]
+    pretty = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    compact = orjson.dumps(doc)
+    limit = (len(pretty) + len(compact)) // 2
+    result = rewriter(max_event_bytes=limit).apply(doc, original=pretty)
+    assert result.body == compact and result.dropped == []
+    assert rewriter(max_event_bytes=len(pretty)).apply(doc, original=pretty).body is pretty
+
+
+def test_everything_together_leaves_the_input_untouched(huge_event) -> None:
+    doc, original = huge_event
+    small = run_events()[-1]
+    small["inputs"][0]["namespace"] = "s3a://AKIA:secret@acme-lake-raw"
+    small["run"]["facets"]["debug"] = custom_facet(text="d" * 4_000)
+    before = copy.deepcopy(small)
+    r = rewriter(
+        namespace_map=[{"from": "spark-*", "to": "atlan"}, {"from": "s3a://*", "to": "s3://lake"}],
+        map_dataset_namespaces=True, redact_credentials=True, drop_facets=["outputStatistics"],
+        mask_keys=["spark.*"], max_event_bytes=8192,
+    )
+    result = r.apply(small)
+    assert result.rejection is None and result.dropped == ["debug"]
+    out = orjson.loads(result.body)
+    validator().validate(out)
+    assert out["job"]["namespace"] == "atlan" and out["inputs"][0]["namespace"] == "s3://lake"
+    assert small == before
+    # The huge event is masked and redacted, then rejected (20 columns of lineage do not
+    # fit in 8 KiB): nothing of that may leak into the shared input either.
+    assert r.apply(doc, original=original).rejection[0] == TOO_LARGE_FOR_COLLECTOR
+    assert orjson.dumps(doc) == original
+
+
+# -- configuration -------------------------------------------------------------------
+
+YAML_EXAMPLE = """
+namespace_map:
+  - {from: spark-prod, to: default/spark/1714520000}
+  - {from: "spark-*", to: default/spark/other}
+map_dataset_namespaces: false
+redact_credentials: true
+drop_facets: [spark_unknown, "spark.logicalPlan"]
+mask_keys: ["*secret*", "*password*", "spark.hadoop.fs.s3a.*.key"]
+max_event_bytes: 5000000
+shrink_order: [spark_properties, "*"]
+"""
+
+
+def test_documented_yaml_example_is_valid() -> None:
+    config = RewriteConfig.model_validate(yaml.safe_load(YAML_EXAMPLE))
+    assert config.namespace_map[0].from_ == "spark-prod"
+    assert config.shrink_order == ("spark_properties", "*")
+    assert not Rewriter(config).is_noop
+
+
+@pytest.mark.parametrize(
+    "config, where",
+    [
+        ({"drop_facet": ["x"]}, "drop_facet"),
+        ({"namespace_map": [{"from": "a"}]}, "to"),
+        ({"namespace_map": [{"from": "a", "to": ""}]}, "to"),
+        ({"max_event_bytes": 10}, "max_event_bytes"),
+        ({"shrink_order": ["x"]}, "max_event_bytes"),
+        ({"secret_query_params": ["x"]}, "redact_credentials"),
+        ({"map_dataset_namespaces": True}, "namespace_map"),
+        ({"mask_keys": [""]}, "mask_keys"),
+    ],
+)
+def test_bad_config_is_rejected_naming_the_key(config: dict, where: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        RewriteConfig.model_validate(config)
+    assert where in str(err.value)
