@@ -59,8 +59,7 @@ class Relay:
         self.dead_letters = DeadLetterWriter(bootstrap_servers=k.bootstrap_servers, topic=k.dlq_topic,
                                              properties=k.producer_properties, metrics=self.metrics)
         self.lanes = [
-            CollectorLane(HttpCollector(c, self.metrics.for_collector(c.name)), pipeline=config.pipeline,
-                          concurrency=c.concurrency, max_pending=c.max_pending,
+            CollectorLane(HttpCollector(c, self.metrics.for_collector(c.name)), c, pipeline=config.pipeline,
                           metrics=self.metrics.for_collector(c.name), dead_letters=self.dead_letters)
             for c in config.collectors
         ]

@@ -13,18 +13,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
+from relay.frozen import Frozen
 from relay.errors import ConfigError
+from relay.stages.rewrite import RewriteConfig
+from relay.stages.route import RouteConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RetryConfig(_Frozen):
+class RetryConfig(Frozen):
     """Retries on connection errors, timeouts, 408, 429 and 5xx: exponential backoff with
     full jitter, capped; a Retry-After header is honoured as a lower bound."""
 
@@ -34,7 +33,7 @@ class RetryConfig(_Frozen):
     max_attempts: int | None = Field(None, ge=1)
 
 
-class CollectorConfig(_Frozen):
+class CollectorConfig(Frozen):
     name: str
     url: str
     #: Path appended to ``url``; the OpenLineage HTTP default.
@@ -47,6 +46,10 @@ class CollectorConfig(_Frozen):
     headers: dict[str, str] = Field(default_factory=dict)
     token: SecretStr | None = None
     retry: RetryConfig = RetryConfig()
+    #: Which events this collector gets (job/dataset namespace and name globs, event types).
+    route: RouteConfig = RouteConfig()
+    #: Per-collector changes: namespace mapping, credential redaction, facet drop/mask, size cap.
+    rewrite: RewriteConfig = RewriteConfig()
 
     @field_validator("name")
     @classmethod
@@ -74,7 +77,7 @@ class CollectorConfig(_Frozen):
         return self.url + self.endpoint
 
 
-class KafkaConfig(_Frozen):
+class KafkaConfig(Frozen):
     bootstrap_servers: str
     topics: tuple[str, ...] = ("openlineage",)
     group_id: str = "lineage-relay"
@@ -98,13 +101,13 @@ class KafkaConfig(_Frozen):
         return v
 
 
-class DedupeConfig(_Frozen):
+class DedupeConfig(Frozen):
     enabled: bool = True
     ttl_s: float = Field(3600.0, gt=0)
     max_entries: int = Field(200_000, ge=1)
 
 
-class OrderingConfig(_Frozen):
+class OrderingConfig(Frozen):
     """Per run and per collector, the first event is the run's START; one terminal event."""
 
     enabled: bool = True
@@ -122,19 +125,19 @@ class OrderingConfig(_Frozen):
     finished_ttl_s: float = Field(3600.0, gt=0)
 
 
-class PipelineConfig(_Frozen):
+class PipelineConfig(Frozen):
     max_event_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     dedupe: DedupeConfig = DedupeConfig()
     ordering: OrderingConfig = OrderingConfig()
 
 
-class HttpServerConfig(_Frozen):
+class HttpServerConfig(Frozen):
     host: str = "0.0.0.0"
     #: 0 = pick a free port; None = no HTTP server.
     port: int | None = Field(9108, ge=0, le=65535)
 
 
-class RelayConfig(_Frozen):
+class RelayConfig(Frozen):
     kafka: KafkaConfig
     collectors: tuple[CollectorConfig, ...]
     pipeline: PipelineConfig = PipelineConfig()

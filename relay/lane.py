@@ -11,7 +11,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from relay.config import PipelineConfig
+import orjson
+
+from relay.config import CollectorConfig, PipelineConfig
 from relay.dispatch import RunOrderedDispatcher
 from relay.events import LineageEvent
 from relay.logs import log_event
@@ -19,17 +21,23 @@ from relay.metrics import CollectorMetrics
 from relay.sinks.base import Collector
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.stages.dedupe import Deduper
+from relay.stages.rewrite import Rewriter
+from relay.stages.route import Router
 from relay.stages.sequence import DeadLetter, Drop, Forward, RunSequencer
 
 log = logging.getLogger("relay.lane")
 
 
 class CollectorLane:
-    def __init__(self, collector: Collector, *, pipeline: PipelineConfig, concurrency: int, max_pending: int,
+    def __init__(self, collector: Collector, config: CollectorConfig, *, pipeline: PipelineConfig,
                  metrics: CollectorMetrics, dead_letters: DeadLetterWriter) -> None:
         self.name = collector.name
         self.collector = collector
-        self.max_pending = max_pending
+        self.max_pending = config.max_pending
+        router = Router(config.route)
+        self._router = None if router.routes_everything else router
+        rewriter = Rewriter(config.rewrite)
+        self._rewriter = None if rewriter.is_noop else rewriter
         self._metrics = metrics
         self._dlq = dead_letters
         d, o = pipeline.dedupe, pipeline.ordering
@@ -39,7 +47,7 @@ class CollectorLane:
             max_tracked_runs=o.max_tracked_runs, finished_ttl_s=o.finished_ttl_s,
             terminal_grace_s=o.terminal_grace_s,
             forward_other_after_terminal=o.forward_other_after_terminal) if o.enabled else None
-        self._dispatcher = RunOrderedDispatcher(self._deliver, concurrency)
+        self._dispatcher = RunOrderedDispatcher(self._deliver, config.concurrency)
 
     async def start(self) -> None:
         await self.collector.start()
@@ -54,6 +62,11 @@ class CollectorLane:
         return self._sequencer.held_count if self._sequencer else 0
 
     def offer(self, event: LineageEvent, now: float) -> None:
+        if self._router is not None:
+            reason = self._router.accepts(event)
+            if reason is not None:
+                self._metrics.dropped(reason).inc()
+                return
         if self._deduper is not None and self._deduper.check_and_remember(event.digest, now):
             self._metrics.deduplicated.inc()
             return
@@ -85,7 +98,16 @@ class CollectorLane:
                        collector=self.name, on_done=event.ticket.release)
 
     async def _deliver(self, event: LineageEvent) -> None:
-        failure = await self.collector.deliver(event.body)
+        body = event.body
+        if self._rewriter is not None:
+            result = self._rewriter.apply(orjson.loads(body), original=body)
+            if result.rejection is not None:
+                self._dead_letter(event, *result.rejection)
+                return
+            if result.dropped:
+                self._metrics.facets_dropped.inc(len(result.dropped))
+            body = result.body
+        failure = await self.collector.deliver(body)
         if failure is None:
             self._metrics.forwarded.inc()
             self._metrics.latency.observe(time.monotonic() - event.consumed_at)

@@ -21,6 +21,7 @@ class CollectorMetrics:
     held: Gauge
     pending: Gauge
     latency: Histogram
+    facets_dropped: Counter
     _dropped: Counter
     name: str
 
@@ -49,10 +50,13 @@ class RelayMetrics:
         self.latency = Histogram(p + "delivery_latency_seconds", "From consumption to collector acknowledgement",
                                  ["collector"], buckets=_LATENCY_BUCKETS, registry=r)
         self.commits = Counter(p + "offset_commits", "Offset commits made", registry=r)
+        self.facets_dropped = Counter(p + "facets_dropped_for_size", "Facets removed to fit a collector's size limit",
+                                      ["collector"], registry=r)
 
     def for_collector(self, name: str) -> CollectorMetrics:
         return CollectorMetrics(
             forwarded=self.forwarded.labels(collector=name), retried=self.retried.labels(collector=name),
             deduplicated=self.deduplicated.labels(collector=name), held=self.held.labels(collector=name),
             pending=self.pending.labels(collector=name), latency=self.latency.labels(collector=name),
+            facets_dropped=self.facets_dropped.labels(collector=name),
             _dropped=self.dropped, name=name)

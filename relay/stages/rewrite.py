@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from relay.frozen import Frozen
 from relay.stages.route import compile_glob
 
 #: Rejection reason: the event cannot be made to fit this collector's ``max_event_bytes``.
@@ -76,12 +77,7 @@ _USERINFO = re.compile(
 _EMPTY_QUERY = re.compile(r"\?[&;]+|\?(?=[#\s\"'<>]|$)")
 
 
-class _Frozen(BaseModel):
-    # Same pattern as relay.config: validated once, immutable, unknown keys rejected.
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class NamespaceMapping(_Frozen):
+class NamespaceMapping(Frozen):
     """``from`` (an exact namespace or an fnmatch glob, case-sensitive) becomes ``to``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -89,7 +85,7 @@ class NamespaceMapping(_Frozen):
     to: str = Field(min_length=1)
 
 
-class RewriteConfig(_Frozen):
+class RewriteConfig(Frozen):
     """What to change in events for one collector. The default changes nothing."""
 
     #: Ordered; the first matching entry wins. Applies to job namespaces (also in ``parent``).

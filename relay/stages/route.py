@@ -27,8 +27,9 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
+from relay.frozen import Frozen
 from relay.events import EVENT_TYPES, LineageEvent
 
 #: The reason an event is not forwarded to a collector whose routes exclude it
@@ -38,12 +39,7 @@ NOT_ROUTED = "not_routed"
 _GLOB_MAGIC = frozenset("*?[")
 
 
-class _Frozen(BaseModel):
-    # Same pattern as relay.config: validated once, immutable, unknown keys rejected.
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RouteRule(_Frozen):
+class RouteRule(Frozen):
     """One rule; see the module docstring for how its fields combine."""
 
     job_namespace: str | None = None
@@ -94,7 +90,7 @@ class RouteRule(_Frozen):
         return self
 
 
-class RouteConfig(_Frozen):
+class RouteConfig(Frozen):
     """``include``/``exclude`` rules for one collector; the default routes everything."""
 
     include: tuple[RouteRule, ...] = ()

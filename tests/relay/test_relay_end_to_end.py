@@ -170,3 +170,40 @@ def test_malformed_records_are_dead_lettered_and_valid_ones_delivered(kafka, col
     assert {canonical(e) for e in a.events()} == {canonical(e) for e in good}
     offsets = committed_offsets(kafka.bootstrap_servers, topic, config.kafka.group_id, 3)
     assert sum(o for o in offsets.values() if o > 0) == len(records), "nothing may stay uncommitted once dead-lettered"
+
+
+def test_routing_and_rewrite_per_collector(kafka, collectors, topics):
+    topic, dlq = topics
+    a, b = collectors
+    stream = sample_stream(40, seed=17)
+    docs = [orjson.loads(v) for _, v in stream]
+    prod = [d for d in docs if d["job"]["namespace"] == "spark-prod"]
+    assert 0 < len(prod) < len(docs)
+    # A credential in a dataSource URI that must never reach collector a.
+    leaky = dict(docs[0], eventType="START", run={"runId": "0190a5c4-0000-7000-8000-000000000001"},
+                 job={"namespace": "spark-prod", "name": "leaky.job"})
+    leaky["inputs"] = [{"namespace": "postgres://etl:hunter2@db:5432", "name": "shop.public.orders"}]
+    leaky_end = dict(leaky, eventType="COMPLETE", eventTime="2030-01-01T00:00:00Z")
+    produce(kafka.bootstrap_servers, topic, stream + [(b"k", orjson.dumps(leaky)), (b"k", orjson.dumps(leaky_end))])
+    config = relay_config(
+        kafka.bootstrap_servers, topic, {"a": a.url, "b": b.url}, group=kafka.new_group(), dlq=dlq)
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    data["collectors"][0]["route"] = {"include": [{"job_namespace": "spark-prod"}]}
+    data["collectors"][0]["rewrite"] = {"namespace_map": [{"from": "spark-prod", "to": "default/spark/prod"}],
+                                        "redact_credentials": True}
+    from relay.config import build_config
+
+    config = build_config(data)
+    with RelayThread(config) as relay:
+        assert b.wait_for(lambda c: c.count == len(docs) + 2, 30)
+        expected_a = len(prod) + 2
+        assert a.wait_for(lambda c: c.count == expected_a, 30)
+        assert relay.metric("lineage_relay_events_dropped_total", collector="a", reason="not_routed") == \
+            len(docs) + 2 - expected_a
+    assert {e["job"]["namespace"] for e in a.events()} == {"default/spark/prod"}
+    assert any(b"postgres://db:5432" in r.raw for r in a.received)  # the leaky run arrived, redacted
+    assert all(b"hunter2" not in r.raw for r in a.received)
+    assert any(b"hunter2" in r.raw for r in b.received)  # b has no redaction configured
+    assert_run_order(a.events())
+    for e in a.events():
+        validator().validate(e)
