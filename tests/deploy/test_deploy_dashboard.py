@@ -1,0 +1,144 @@
+"""The Grafana dashboard is valid JSON, queries only metrics the relay exports (names and
+label names read from a real ``RelayMetrics`` registry), and shows every one of them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from prometheus_client import Counter, Gauge, Histogram
+
+from relay.metrics import RelayMetrics
+from tests.deploy.deployfiles import DASHBOARD, ROOT
+
+METRIC = re.compile(r"\b(lineage_relay_[A-Za-z0-9_]+)\b")
+SELECTOR = re.compile(r"\b(lineage_relay_[A-Za-z0-9_]+)\{([^}]*)\}")
+GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_SUFFIXES = {Counter: ("_total",), Histogram: ("_bucket", "_sum", "_count"), Gauge: ("",)}
+
+
+def exported() -> dict[str, set[str]]:
+    """Series name the relay exports -> its label names. prometheus_client's registry
+    yields no samples for a labelled metric until a child exists, so names are derived
+    from each metric's type, as the exposition format writes them."""
+    metrics = RelayMetrics()
+    out: dict[str, set[str]] = {}
+    registered = {m.name for m in metrics.registry.collect()}
+    for metric in vars(metrics).values():
+        kind = type(metric)
+        if kind not in _SUFFIXES:
+            continue
+        base = metric._name  # noqa: SLF001 - the registered name, without the type's suffix
+        assert base in registered
+        labels = set(metric._labelnames)  # noqa: SLF001 - public only through samples
+        if kind is Histogram:
+            labels_bucket = labels | {"le"}
+            out[base + "_bucket"] = labels_bucket
+            out[base + "_sum"] = out[base + "_count"] = labels
+        else:
+            for suffix in _SUFFIXES[kind]:
+                out[base + suffix] = labels
+    return out
+
+
+EXPORTED = exported()
+
+
+def _panels(node: dict) -> list[dict]:
+    found = []
+    for panel in node.get("panels", []):
+        found.append(panel)
+        found.extend(_panels(panel))
+    return found
+
+
+def _queries(dashboard: dict) -> list[str]:
+    exprs = [t["expr"] for p in _panels(dashboard) for t in p.get("targets", []) if t.get("expr")]
+    for var in dashboard.get("templating", {}).get("list", []):
+        query = var.get("query")
+        if var.get("type") == "query":
+            exprs.append(query["query"] if isinstance(query, dict) else query)
+    return exprs
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def test_registry_has_the_metrics_the_readme_lists():
+    assert {"lineage_relay_events_consumed_total", "lineage_relay_delivery_latency_seconds_bucket",
+            "lineage_relay_consumer_lag", "lineage_relay_consumption_paused"} <= set(EXPORTED)
+
+
+def test_dashboard_is_importable(dashboard):
+    assert dashboard["title"] and dashboard["uid"]
+    assert isinstance(dashboard["schemaVersion"], int)
+    ids = [p["id"] for p in _panels(dashboard)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    names = {v["name"] for v in dashboard["templating"]["list"]}
+    assert "datasource" in names, "the importer picks the Prometheus data source"
+    for panel in _panels(dashboard):
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert panel["targets"], panel["title"]
+            refs = [t["refId"] for t in panel["targets"]]
+            assert len(refs) == len(set(refs)), panel["title"]
+
+
+def unknown_metrics(exprs: list[str]) -> set[str]:
+    return {name for expr in exprs for name in METRIC.findall(expr)} - set(EXPORTED)
+
+
+def test_every_queried_metric_exists(dashboard):
+    assert unknown_metrics(_queries(dashboard)) == set()
+
+
+def test_unknown_metric_is_caught():
+    assert unknown_metrics(['sum(rate(lineage_relay_events_forwarded{collector="m"}[5m]))']) == {
+        "lineage_relay_events_forwarded"}
+
+
+def test_selector_labels_exist_on_the_metric(dashboard):
+    # Prometheus adds job and instance when it scrapes.
+    for expr in _queries(dashboard):
+        for name, matchers in SELECTOR.findall(expr):
+            used = {m.split("=")[0].rstrip("!~").strip() for m in matchers.split(",") if m.strip()}
+            assert used <= EXPORTED[name] | {"job", "instance"}, f"{expr}: {used - EXPORTED[name]}"
+
+
+def test_grouping_labels_exist_on_the_metrics_grouped(dashboard):
+    for expr in _queries(dashboard):
+        names = set(METRIC.findall(expr))
+        available = set.union(*(EXPORTED[n] for n in names)) | {"job", "instance"} if names else set()
+        for group in GROUPING.findall(expr):
+            labels = {label.strip() for label in group.split(",") if label.strip()}
+            assert labels <= available, f"{expr}: {labels - available}"
+
+
+def documented_metrics() -> set[str]:
+    """The series README.md's "Metrics" section lists (``..._x`` = ``lineage_relay_x``;
+    a histogram is queried through its ``_bucket`` series)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Metrics", 1)[1].split("\n#", 1)[0]
+    names = set()
+    for item in re.findall(r"`([^`]+)`", section):
+        name = re.sub(r"^\.\.\._", "lineage_relay_", item.split("{", 1)[0])
+        if name.startswith("lineage_relay_"):
+            names.add(name if name in EXPORTED or name + "_bucket" not in EXPORTED else name + "_bucket")
+    return names
+
+
+def test_every_documented_metric_is_exported_and_has_a_panel(dashboard):
+    documented = documented_metrics()
+    assert len(documented) >= 12
+    assert documented - set(EXPORTED) == set(), "README.md lists metrics the relay does not export"
+    queried = {name for expr in _queries(dashboard) for name in METRIC.findall(expr)}
+    assert documented - queried == set(), "add a panel to deploy/grafana/lineage-relay-dashboard.json"
+
+
+def test_rates_are_taken_of_counters_only(dashboard):
+    for expr in _queries(dashboard):
+        for name in re.findall(r"\b(?:rate|increase)\(\s*(lineage_relay_[A-Za-z0-9_]+)", expr):
+            assert name.endswith(("_total", "_bucket", "_sum", "_count")), f"{expr}: rate() of gauge {name}"
