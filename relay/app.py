@@ -73,10 +73,16 @@ class Relay:
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         k = self.config.kafka
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, create_topic, k.bootstrap_servers, k.dlq_topic, 1)
-        except Exception as err:  # noqa: BLE001 - the topic may exist and we lack rights to create it
-            log_event(log, logging.WARNING, "dlq_topic_not_created", topic=k.dlq_topic, error=str(err))
+        if k.create_dlq_topic:
+            # Only connection settings are relevant to the admin client: take them from the
+            # producer properties (the dead-letter producer needs the same ones).
+            conn = {key: v for key, v in k.producer_properties.items()
+                    if key.startswith(("security.", "sasl.", "ssl.", "client."))}
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: create_topic(k.bootstrap_servers, k.dlq_topic, 1, client_properties=conn))
+            except Exception as err:  # noqa: BLE001 - it may exist and we may lack rights to create it
+                log_event(log, logging.WARNING, "dlq_topic_not_created", topic=k.dlq_topic, error=str(err))
         await self.dead_letters.start()
         for lane in self.lanes:
             await lane.start()

@@ -86,6 +86,9 @@ class KafkaConfig(Frozen):
     #: Extra librdkafka producer properties for the dead-letter producer.
     producer_properties: dict[str, str] = Field(default_factory=dict)
     dlq_topic: str = "openlineage.dlq"
+    #: Create the dead-letter topic at start-up when missing (1 partition); turn off where
+    #: topics are managed elsewhere.
+    create_dlq_topic: bool = True
     commit_interval_s: float = Field(1.0, gt=0)
 
     @field_validator("topics", mode="before")

@@ -72,6 +72,8 @@ class RecordingCollector:
         self.received: list[Received] = []
         self.attempts: list[Attempt] = []
         self.count = 0
+        #: Requests received whose answer is not sent yet (a test can wait for quiescence).
+        self.in_flight = 0
         self._script = _Script()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -117,6 +119,15 @@ class RecordingCollector:
 
     # -- server -------------------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.in_flight += 1
+        try:
+            return await self._handle_one(request)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _handle_one(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         now = time.monotonic()
         with self._lock:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 
 def create_topic(bootstrap_servers: str, name: str, partitions: int = 1,
-                 config: dict[str, str] | None = None, timeout_s: float = 15.0) -> None:
-    """Create a topic (idempotent: an existing topic is fine)."""
+                 config: dict[str, str] | None = None, timeout_s: float = 15.0,
+                 client_properties: dict[str, str] | None = None) -> None:
+    """Create a topic (idempotent: an existing topic is fine). ``client_properties``
+    carries the connection settings (security.protocol, sasl.*, ssl.*) the cluster needs."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient({**(client_properties or {}), "bootstrap.servers": bootstrap_servers})
     future = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
         operation_timeout=timeout_s, request_timeout=timeout_s,
