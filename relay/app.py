@@ -7,7 +7,11 @@ Guarantees:
   (all assigned partitions feed every collector) and resumes at half that;
 - graceful stop: :meth:`request_stop` stops consuming, drains deliveries for up to
   ``drain_timeout_s``, commits what was delivered and closes. Deliveries still running
-  then are abandoned uncommitted (re-delivered after restart).
+  then are abandoned uncommitted (re-delivered after restart);
+- run state (consolidated/coalesce collectors) is written to its changelog before the
+  offsets it absorbed are committed, restored when a partition is assigned and before any
+  of its records is handled, and written before a revoked partition is given up
+  (:mod:`relay.state`).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from relay.logs import log_event
 from relay.metrics import RelayMetrics
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.http import HttpCollector
-from relay.source.admin import create_topic
+from relay.source.admin import connection_properties, create_topic
 from relay.source.kafka import KafkaSource
 from relay.source.offsets import OffsetTracker, Partition
 from relay.stages.decode import decode_record
+from relay.state.changelog import RunStateChangelog
+from relay.state.store import RunStateStore
 
 log = logging.getLogger("relay.app")
 
@@ -37,6 +43,10 @@ _POLL_BATCH = 1000
 _POLL_TIMEOUT_S = 0.1
 _EXPIRE_EVERY_S = 0.25
 _LAG_EVERY_S = 5.0
+#: How long a commit or a revocation waits for run-state writes to be acknowledged.
+_STATE_SETTLE_S = 20.0
+#: Run-state writes not yet acknowledged (the broker is slow or down) before consumption pauses.
+_MAX_UNACKED_STATE_WRITES = 20_000
 
 
 def tune_gc() -> None:
@@ -63,9 +73,17 @@ class Relay:
                           metrics=self.metrics.for_collector(c.name), dead_letters=self.dead_letters)
             for c in config.collectors
         ]
+        self.state: RunStateStore | None = None
+        if config.keeps_run_state:
+            changelog = RunStateChangelog(
+                bootstrap_servers=k.bootstrap_servers, topic=k.run_state_topic, input_topic=k.topics[0],
+                create=k.create_state_topic, producer_properties=k.producer_properties,
+                consumer_properties=k.consumer_properties)
+            self.state = RunStateStore(changelog, [lane.table for lane in self.lanes if lane.table is not None],
+                                       self.metrics)
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,
                                   properties=k.consumer_properties, on_assign=self._on_assign,
-                                  on_revoke=self._on_revoke)
+                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._stop = asyncio.Event()
         self.started = False
         self.heartbeat = time.monotonic()
@@ -76,14 +94,15 @@ class Relay:
         if k.create_dlq_topic:
             # Only connection settings are relevant to the admin client: take them from the
             # producer properties (the dead-letter producer needs the same ones).
-            conn = {key: v for key, v in k.producer_properties.items()
-                    if key.startswith(("security.", "sasl.", "ssl.", "client."))}
+            conn = connection_properties(k.producer_properties)
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     None, lambda: create_topic(k.bootstrap_servers, k.dlq_topic, 1, client_properties=conn))
             except Exception as err:  # noqa: BLE001 - it may exist and we may lack rights to create it
                 log_event(log, logging.WARNING, "dlq_topic_not_created", topic=k.dlq_topic, error=str(err))
         await self.dead_letters.start()
+        if self.state is not None:
+            await self.state.start()
         for lane in self.lanes:
             await lane.start()
         await self.source.start()
@@ -120,6 +139,8 @@ class Relay:
                 for lane in self.lanes:
                     lane.expire(now)
                 next_expire = now + _EXPIRE_EVERY_S
+            if self.state is not None:
+                self.state.flush()  # what held runs forward is sent once this is acknowledged
             if now >= next_commit:
                 await self.commit()
                 next_commit = now + commit_every
@@ -146,9 +167,6 @@ class Relay:
                                    source=source, on_done=ticket.release)
         else:
             event: LineageEvent = result
-            # Nothing downstream reads the parsed tree; keeping thousands of them alive
-            # makes every garbage collection walk them (measured: -35% throughput).
-            event.doc = None
             event.ticket = ticket
             event.key = message.key()
             event.consumed_at = now
@@ -156,18 +174,27 @@ class Relay:
                 event.raw = value
             for lane in self.lanes:
                 lane.offer(event, now)
+            # Only routing and consolidators read the parsed tree (they keep what they need);
+            # keeping thousands of them alive in the delivery queues makes every garbage
+            # collection walk them (measured: -35% throughput).
+            event.doc = None
         ticket.release()
 
     async def _apply_backpressure(self) -> None:
+        unacked = self.state.changelog.unacked if self.state is not None else 0
         if self.source.paused:
-            if all(lane.pending <= lane.max_pending // 2 for lane in self.lanes):
+            if all(lane.pending <= lane.max_pending // 2 for lane in self.lanes) and \
+                    unacked <= _MAX_UNACKED_STATE_WRITES // 2:
                 await self.source.set_paused(False)
                 self.metrics.paused.set(0)
-        elif any(lane.pending >= lane.max_pending for lane in self.lanes):
+        elif any(lane.pending >= lane.max_pending for lane in self.lanes) or unacked >= _MAX_UNACKED_STATE_WRITES:
             await self.source.set_paused(True)
             self.metrics.paused.set(1)
 
     async def commit(self) -> None:
+        if self.state is not None:
+            # Captured events settle their tickets only once the state holding them is durable.
+            await self.state.settle(_STATE_SETTLE_S)
         offsets = self.tracker.committable()
         if offsets and await self.source.commit(offsets):
             self.tracker.mark_committed(offsets)
@@ -175,16 +202,23 @@ class Relay:
 
     # -- rebalancing (called on the loop by the source) -------------------------------
     async def _on_assign(self, partitions: list[Partition]) -> dict[Partition, int]:
+        if self.state is not None and partitions:
+            await self.state.restore([p for _, p in partitions], time.monotonic())
         return {}
 
     async def _on_revoke(self, partitions: list[Partition]) -> dict[Partition, int]:
-        revoked = set(partitions)
+        if self.state is not None and partitions:
+            # Written and acknowledged before the final commit and before the new owner reads it.
+            await self.state.settle(_STATE_SETTLE_S)
+        return self._give_up(partitions)
 
-        def owned(event: LineageEvent) -> bool:
-            src = event.source
-            return src is not None and (src.topic, src.partition) in revoked
+    async def _on_lost(self, partitions: list[Partition]) -> dict[Partition, int]:
+        # Another member may own them already: write nothing, commit nothing.
+        self._give_up(partitions)
+        return {}
 
-        dropped = sum(lane.revoke(owned) for lane in self.lanes)
+    def _give_up(self, partitions: list[Partition]) -> dict[Partition, int]:
+        dropped = sum(lane.revoke(set(partitions)) for lane in self.lanes)
         if dropped:
             log_event(log, logging.INFO, "revoked_events_released", events=dropped)
         return self.tracker.revoke(partitions)
@@ -193,8 +227,13 @@ class Relay:
         deadline = time.monotonic() + self.config.drain_timeout_s
         log_event(log, logging.INFO, "relay_draining", pending=sum(lane.pending for lane in self.lanes),
                   held=sum(lane.held for lane in self.lanes))
-        for lane in self.lanes:
-            await lane.drain(max(0.0, deadline - time.monotonic()))
+        # Held runs' output reaches the dispatcher once written; a terminal may wait for the
+        # write that follows its run's earlier deliveries, hence a second round.
+        for _ in range(2 if self.state is not None else 1):
+            if self.state is not None:
+                await self.state.settle(max(0.0, deadline - time.monotonic()))
+            for lane in self.lanes:
+                await lane.drain(max(0.0, deadline - time.monotonic()))
         while self.dead_letters.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # acks arrive from the producer thread
         abandoned = sum(lane.pending for lane in self.lanes)
@@ -203,4 +242,6 @@ class Relay:
             await lane.close()
         await self.source.close()
         await self.dead_letters.close()
+        if self.state is not None:
+            await self.state.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)

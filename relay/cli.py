@@ -1,4 +1,5 @@
-"""``lineage-relay``: run the relay, check a configuration, or run the embedded demo."""
+"""``lineage-relay``: run the relay, check a configuration, run the embedded demo, or operate
+(``replay``, ``dlq list|redrive``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import sys
 from typing import Any
 
 from relay.config import RelayConfig, build_config, load_yaml, merge
+from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
 from relay.logs import log_event, setup_logging
+from relay.ops import add_subcommands as add_ops_subcommands
 
 log = logging.getLogger("relay.cli")
 
@@ -54,6 +57,12 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
         for name, url in flag_collectors:
             by_name.setdefault(name, {"name": name})["url"] = url
         data["collectors"] = list(by_name.values())
+    for name, mode in _pairs(getattr(args, "collector_mode", None), "--collector-mode"):
+        named = [c for c in data.get("collectors") or [] if isinstance(c, dict) and c.get("name") == name]
+        if not named:
+            raise ConfigError(f"--collector-mode {name}={mode}: no collector named {name!r}; "
+                              f"add --collector {name}=URL or a collectors entry in the config file")
+        named[0]["mode"] = mode
     return build_config(data)
 
 
@@ -63,6 +72,8 @@ def _add_relay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", action="append", help="topic to consume (repeatable; default openlineage)")
     p.add_argument("--group-id", help="consumer group (default lineage-relay)")
     p.add_argument("--collector", action="append", metavar="NAME=URL", help="collector base URL (repeatable)")
+    p.add_argument("--collector-mode", action="append", metavar="NAME=MODE",
+                   help="delivery mode of a collector: passthrough (default), consolidated or coalesce (repeatable)")
     p.add_argument("--dlq-topic", help="dead-letter topic (default openlineage.dlq)")
     p.add_argument("--http-port", type=int, help="port for /healthz, /readyz, /metrics (0 = any free port)")
     p.add_argument("--consumer-property", action="append", metavar="KEY=VALUE",
@@ -100,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="embedded broker + relay + local collector + sample stream")
     demo.add_argument("--runs", type=int, default=12, help="sample runs to send (default 12)")
     demo.add_argument("--no-spark", action="store_true", help="send a synthetic stream instead of a PySpark job")
+    lineage_graph.add_parser(sub)  # graph: the demo's lineage as an HTML page, upstream/downstream answers
+    add_ops_subcommands(sub)  # replay, dlq list|redrive: all in relay/ops
     args = parser.parse_args(argv)
+    if getattr(args, "ops_handler", None) is not None:
+        return args.ops_handler(args)
 
     try:
         if args.command == "check-config":
@@ -111,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             from relay.embedded.demo import run_demo
 
             return run_demo(runs=args.runs, spark=not args.no_spark)
+        if args.command == "graph":
+            return lineage_graph.run(args)
         config = config_from_args(args)
     except ConfigError as err:
         print(f"lineage-relay: {err}", file=sys.stderr)

@@ -33,6 +33,38 @@ class RetryConfig(Frozen):
     max_attempts: int | None = Field(None, ge=1)
 
 
+class MissingStartConfig(Frozen):
+    """What happens to a run whose START never arrives (consolidated/coalesce modes)."""
+
+    #: How long after a run's first event its START may still come.
+    timeout_s: float = Field(30.0, gt=0)
+    #: ``synthesize``: make a START up from what was seen (marked with the
+    #: ``lineageRelay_synthesizedStart`` run facet); ``forward``: the run goes on without one.
+    policy: Literal["synthesize", "forward"] = "synthesize"
+
+
+class ConsolidationConfig(Frozen):
+    """Knobs of the ``consolidated`` and ``coalesce`` delivery modes (see the README)."""
+
+    #: consolidated: after the first terminal event, merge later facets for this long.
+    settle_s: float = Field(2.0, ge=0)
+    #: coalesce: RUNNING events within this window go out as one.
+    coalesce_window_s: float = Field(10.0, gt=0)
+    missing_start: MissingStartConfig = MissingStartConfig()
+    #: A child run's START waits this long for an unseen parent run's START.
+    parent_hold_s: float = Field(5.0, ge=0)
+    #: Open runs kept (memory bound); beyond it the least recently active run is flushed early.
+    max_open_runs: int = Field(100_000, ge=1)
+    #: A run without events for this long is flushed early (what it holds is sent).
+    run_ttl_s: float = Field(6 * 3600.0, gt=0)
+    #: Finished runs remembered, so that their late events are dropped, not a new run.
+    max_finished_runs: int = Field(100_000, ge=1)
+    finished_ttl_s: float = Field(3600.0, gt=0)
+
+
+DeliveryMode = Literal["passthrough", "consolidated", "coalesce"]
+
+
 class CollectorConfig(Frozen):
     name: str
     url: str
@@ -50,6 +82,18 @@ class CollectorConfig(Frozen):
     route: RouteConfig = RouteConfig()
     #: Per-collector changes: namespace mapping, credential redaction, facet drop/mask, size cap.
     rewrite: RewriteConfig = RewriteConfig()
+    #: ``passthrough``: every event as it comes (ordered per run); ``consolidated``: each run
+    #: as its START and one terminal event holding everything the run said; ``coalesce``:
+    #: like passthrough with a run's RUNNING events merged per ``coalesce_window_s``.
+    mode: DeliveryMode = "passthrough"
+    consolidation: ConsolidationConfig = ConsolidationConfig()
+
+    @model_validator(mode="after")
+    def _consolidation_needs_a_mode(self) -> CollectorConfig:
+        if self.mode == "passthrough" and "consolidation" in self.model_fields_set:
+            raise ValueError("consolidation: only used with mode consolidated or coalesce; "
+                             "set mode: consolidated (or coalesce), or remove consolidation")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -90,6 +134,15 @@ class KafkaConfig(Frozen):
     #: topics are managed elsewhere.
     create_dlq_topic: bool = True
     commit_interval_s: float = Field(1.0, gt=0)
+    #: Compacted changelog of open-run state for consolidated/coalesce collectors;
+    #: default ``<group_id>.run-state``. One partition per partition of the input topic.
+    state_topic: str | None = None
+    #: Create the state topic at start-up when missing (cleanup.policy=compact).
+    create_state_topic: bool = True
+
+    @property
+    def run_state_topic(self) -> str:
+        return self.state_topic or f"{self.group_id}.run-state"
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -158,7 +211,18 @@ class RelayConfig(Frozen):
             raise ValueError(f"collectors: names must be unique, repeated: {', '.join(dupes)}")
         if self.kafka.dlq_topic in self.kafka.topics:
             raise ValueError("kafka.dlq_topic: must differ from the consumed topics, or rejects would loop")
+        stateful = [c.name for c in self.collectors if c.mode != "passthrough"]
+        if stateful and len(self.kafka.topics) != 1:
+            raise ValueError(f"kafka.topics: collectors {', '.join(stateful)} keep run state partitioned like "
+                             "the input topic, so consume exactly one topic (run one relay per topic)")
+        if stateful and self.kafka.run_state_topic in (*self.kafka.topics, self.kafka.dlq_topic):
+            raise ValueError("kafka.state_topic: must differ from the consumed and dead-letter topics")
         return self
+
+    @property
+    def keeps_run_state(self) -> bool:
+        """Whether any collector holds runs (consolidated/coalesce), hence needs the state topic."""
+        return any(c.mode != "passthrough" for c in self.collectors)
 
 
 _FIX_HINTS = {

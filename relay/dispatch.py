@@ -3,7 +3,9 @@
 :class:`RunOrderedDispatcher` runs up to ``concurrency`` deliveries at once, but events
 that share a key (the run id) are delivered one at a time, in submission order: the
 next event of a run is sent only after the previous one was acknowledged (or given
-up on). Events without a run (dataset/job events) have no ordering constraint.
+up on). Events without a run (dataset/job events) have no ordering constraint. A run can
+also be made to wait for one event of another run (``submit(event, after=...)``), which is
+how a child run's START follows its parent's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ class RunOrderedDispatcher:
         self._concurrency = concurrency
         self._queues: dict[Any, deque[LineageEvent]] = {}
         self._ready: asyncio.Queue[Any] = asyncio.Queue()
+        # id(event) -> keys whose first event waits for that event to be done
+        self._gates: dict[int, list[Any]] = {}
         self._workers: list[asyncio.Task[None]] = []
         self.pending = 0
         self._idle = asyncio.Event()
@@ -30,16 +34,30 @@ class RunOrderedDispatcher:
     def start(self) -> None:
         self._workers = [asyncio.create_task(self._work(), name=f"deliver-{i}") for i in range(self._concurrency)]
 
-    def submit(self, event: LineageEvent) -> None:
+    def submit(self, event: LineageEvent, after: LineageEvent | None = None) -> None:
+        """Queue ``event`` behind its run's earlier events. With ``after`` (an event submitted
+        or still to be submitted here), a run with nothing queued starts only once ``after``
+        was delivered or removed; the caller must make sure it will be."""
         key = event.run_id if event.run_id is not None else object()
         self.pending += 1
         self._idle.clear()
         queue = self._queues.get(key)
         if queue is not None:
-            # The key is either being delivered or already waiting in _ready.
+            # The key is either being delivered, waiting in _ready or waiting at a gate.
             queue.append(event)
         else:
             self._queues[key] = deque((event,))
+            if after is None:
+                self._ready.put_nowait(key)
+            else:
+                self._gates.setdefault(id(after), []).append(key)
+
+    def forget_gate(self, event: LineageEvent) -> None:
+        """``event`` will never be submitted: runs waiting for it go on."""
+        self._open_gate(event)
+
+    def _open_gate(self, event: LineageEvent) -> None:
+        for key in self._gates.pop(id(event), ()):
             self._ready.put_nowait(key)
 
     async def _work(self) -> None:
@@ -54,6 +72,8 @@ class RunOrderedDispatcher:
             try:
                 await self._deliver(event)
             finally:
+                if self._gates:
+                    self._open_gate(event)
                 self.pending -= 1
                 if queue:
                     ready.put_nowait(key)
@@ -63,7 +83,8 @@ class RunOrderedDispatcher:
                     self._idle.set()
 
     def remove_where(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
-        """Take queued (not in-flight) events out, e.g. when their partition is revoked."""
+        """Take queued (not in-flight) events out, e.g. when their partition is revoked; runs
+        waiting for one of them go on."""
         removed = []
         for queue in self._queues.values():
             keep = [e for e in queue if not predicate(e)]
@@ -72,6 +93,9 @@ class RunOrderedDispatcher:
                 queue.clear()
                 queue.extend(keep)
         self.pending -= len(removed)
+        if self._gates:
+            for event in removed:
+                self._open_gate(event)
         if self.pending == 0:
             self._idle.set()
         # Keys whose queue emptied stay registered until their worker or _ready entry

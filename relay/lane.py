@@ -1,15 +1,21 @@
-"""One collector's lane: dedupe -> per-run ordering -> ordered concurrent delivery.
+"""One collector's lane: route -> dedupe -> per-run ordering -> ordered concurrent delivery.
+
+The per-run stage depends on the collector's ``mode``: ``passthrough`` orders each run with
+:class:`RunSequencer`; ``consolidated`` and ``coalesce`` hold runs in a
+:class:`RunConsolidator` instead (it puts the START first and nothing after the terminal
+itself), whose state a :class:`RunStateTable` makes durable (:mod:`relay.state`): what it
+forwards is sent once the state holding it is written, and a run's dedupe memory is its
+state's ``seen`` digests.
 
 Every event offered to a lane takes one obligation on its offset ticket, released when
-the lane is done with it: delivered, dead-lettered, or deliberately not forwarded
-(duplicate, after-terminal), each counted under its reason.
+the lane is done with it: delivered, dead-lettered, captured in durable run state, or
+deliberately not forwarded (duplicate, after-terminal), each counted under its reason.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import orjson
 
@@ -20,10 +26,14 @@ from relay.logs import log_event
 from relay.metrics import CollectorMetrics
 from relay.sinks.base import Collector
 from relay.sinks.deadletter import DeadLetterWriter
+from relay.source.offsets import Partition
+from relay.stages import run_state
+from relay.stages.consolidate import RunConsolidator
 from relay.stages.dedupe import Deduper
 from relay.stages.rewrite import Rewriter
 from relay.stages.route import Router
 from relay.stages.sequence import DeadLetter, Drop, Forward, RunSequencer
+from relay.state.table import RunStateTable
 
 log = logging.getLogger("relay.lane")
 
@@ -42,12 +52,23 @@ class CollectorLane:
         self._dlq = dead_letters
         d, o = pipeline.dedupe, pipeline.ordering
         self._deduper = Deduper(ttl_s=d.ttl_s, max_entries=d.max_entries) if d.enabled else None
-        self._sequencer = RunSequencer(
-            hold_timeout_s=o.hold_timeout_s, on_hold_timeout=o.on_hold_timeout, max_held_events=o.max_held_events,
-            max_tracked_runs=o.max_tracked_runs, finished_ttl_s=o.finished_ttl_s,
-            terminal_grace_s=o.terminal_grace_s,
-            forward_other_after_terminal=o.forward_other_after_terminal) if o.enabled else None
         self._dispatcher = RunOrderedDispatcher(self._deliver, config.concurrency)
+        self._sequencer = self._consolidator = self.table = None
+        if config.mode != "passthrough":
+            k = config.consolidation
+            self._consolidator = RunConsolidator(
+                mode=config.mode, settle_s=k.settle_s, coalesce_window_s=k.coalesce_window_s,
+                missing_start_timeout_s=k.missing_start.timeout_s, on_missing_start=k.missing_start.policy,
+                parent_hold_s=k.parent_hold_s, max_open_runs=k.max_open_runs, run_ttl_s=k.run_ttl_s,
+                max_finished_runs=k.max_finished_runs, finished_ttl_s=k.finished_ttl_s)
+            self.table = RunStateTable(self.name, self._consolidator, self._dispatcher.submit)
+            self._synthesized = 0
+        elif o.enabled:
+            self._sequencer = RunSequencer(
+                hold_timeout_s=o.hold_timeout_s, on_hold_timeout=o.on_hold_timeout,
+                max_held_events=o.max_held_events, max_tracked_runs=o.max_tracked_runs,
+                finished_ttl_s=o.finished_ttl_s, terminal_grace_s=o.terminal_grace_s,
+                forward_other_after_terminal=o.forward_other_after_terminal)
 
     async def start(self) -> None:
         await self.collector.start()
@@ -61,12 +82,23 @@ class CollectorLane:
     def held(self) -> int:
         return self._sequencer.held_count if self._sequencer else 0
 
+    @property
+    def open_runs(self) -> int:
+        return self._consolidator.open_runs if self._consolidator else 0
+
     def offer(self, event: LineageEvent, now: float) -> None:
         if self._router is not None:
             reason = self._router.accepts(event)
             if reason is not None:
                 self._metrics.dropped(reason).inc()
                 return
+        if self.table is not None and event.run_id is not None and event.kind == "run":
+            if self.table.is_duplicate(event):
+                self._metrics.deduplicated.inc()
+                return
+            event.ticket.acquire()
+            self._apply_run_actions(self._consolidator.offer(event, now))
+            return
         if self._deduper is not None and self._deduper.check_and_remember(event.digest, now):
             self._metrics.deduplicated.inc()
             return
@@ -80,7 +112,31 @@ class CollectorLane:
         if self._sequencer is not None:
             self._apply(self._sequencer.expire(now))
             self._metrics.held.set(self._sequencer.held_count)
+        if self._consolidator is not None:
+            self._apply_run_actions(self._consolidator.tick(now))
+            self._metrics.open_runs.set(self._consolidator.open_runs)
         self._metrics.pending.set(self._dispatcher.pending)
+
+    def _apply_run_actions(self, actions: list[run_state.Action]) -> None:
+        table = self.table
+        for action in actions:
+            kind = type(action)
+            if kind is run_state.Forward:
+                table.forwarded(action.event)  # sent once durable
+            elif kind is run_state.Release:
+                table.captured(action.event)  # its ticket settles once durable
+            elif kind is run_state.Drop:
+                self._metrics.dropped(action.reason).inc()
+                action.event.ticket.release()
+            else:
+                self._metrics.runs_expired(action.reason).inc()
+                table.touched(action.run_id)
+                log_event(log, logging.INFO, "run_expired", collector=self.name, run_id=action.run_id,
+                          reason=action.reason, detail=action.detail)
+        synthesized = self._consolidator.starts_synthesized
+        if synthesized != self._synthesized:
+            self._metrics.starts_synthesized.inc(synthesized - self._synthesized)
+            self._synthesized = synthesized
 
     def _apply(self, decisions: list) -> None:
         for decision in decisions:
@@ -95,7 +151,14 @@ class CollectorLane:
 
     def _dead_letter(self, event: LineageEvent, reason: str, detail: str) -> None:
         self._dlq.send(event.original, event.key, reason=reason, detail=detail, source=event.source,
-                       collector=self.name, on_done=event.ticket.release)
+                       collector=self.name, on_done=lambda: self._settled(event))
+
+    def _settled(self, event: LineageEvent) -> None:
+        """``event`` reached the collector or the dead-letter topic."""
+        if event.ticket is not None:  # None: built from a held run
+            event.ticket.release()
+        if self.table is not None and event.run_id is not None:
+            self.table.delivered(event)
 
     async def _deliver(self, event: LineageEvent) -> None:
         body = event.body
@@ -111,15 +174,26 @@ class CollectorLane:
         if failure is None:
             self._metrics.forwarded.inc()
             self._metrics.latency.observe(time.monotonic() - event.consumed_at)
-            event.ticket.release()
+            self._settled(event)
         else:
             log_event(log, logging.WARNING, "delivery_failed", collector=self.name, reason=failure.reason,
                       status=failure.status, source=str(event.source))
             self._dead_letter(event, failure.reason, failure.detail)
 
-    def revoke(self, owned_by_revoked: Callable[[LineageEvent], bool]) -> int:
-        """Drop queued and held events of revoked partitions (the new owner re-reads them)
-        and forget their digests so that a re-read here is not taken for a duplicate."""
+    def revoke(self, partitions: set[Partition]) -> int:
+        """Drop queued and held events of revoked partitions (the new owner re-reads them),
+        forget their runs' state (the new owner restores it) and their digests, so that a
+        re-read here is not taken for a duplicate."""
+        forgotten: set[str] = set()
+        if self.table is not None:
+            forgotten, abandoned = self.table.revoke({p for _, p in partitions})
+            for event in abandoned:
+                self._dispatcher.forget_gate(event)
+
+        def owned_by_revoked(event: LineageEvent) -> bool:
+            src = event.source
+            return (src is not None and (src.topic, src.partition) in partitions) or event.run_id in forgotten
+
         dropped = self._dispatcher.remove_where(owned_by_revoked)
         if self._sequencer is not None:
             dropped += self._sequencer.discard(owned_by_revoked)

@@ -22,11 +22,17 @@ class CollectorMetrics:
     pending: Gauge
     latency: Histogram
     facets_dropped: Counter
+    starts_synthesized: Counter
+    open_runs: Gauge
     _dropped: Counter
+    _runs_expired: Counter
     name: str
 
     def dropped(self, reason: str) -> Counter:
         return self._dropped.labels(collector=self.name, reason=reason)
+
+    def runs_expired(self, reason: str) -> Counter:
+        return self._runs_expired.labels(collector=self.name, reason=reason)
 
 
 class RelayMetrics:
@@ -52,6 +58,16 @@ class RelayMetrics:
         self.commits = Counter(p + "offset_commits", "Offset commits made", registry=r)
         self.facets_dropped = Counter(p + "facets_dropped_for_size", "Facets removed to fit a collector's size limit",
                                       ["collector"], registry=r)
+        self.runs_expired = Counter(p + "runs_expired", "Runs flushed before their end (run_ttl, max_open_runs)",
+                                    ["collector", "reason"], registry=r)
+        self.starts_synthesized = Counter(p + "starts_synthesized", "START events made up for runs without one",
+                                          ["collector"], registry=r)
+        self.open_runs = Gauge(p + "open_runs", "Runs held open by a consolidated/coalesce collector",
+                               ["collector"], registry=r)
+        self.state_writes = Counter(p + "run_state_writes", "Run-state changelog records acknowledged, by result",
+                                    ["result"], registry=r)
+        self.runs_restored = Counter(p + "runs_restored", "Run states read back from the changelog on assignment",
+                                     ["collector"], registry=r)
 
     def for_collector(self, name: str) -> CollectorMetrics:
         return CollectorMetrics(
@@ -59,4 +75,6 @@ class RelayMetrics:
             deduplicated=self.deduplicated.labels(collector=name), held=self.held.labels(collector=name),
             pending=self.pending.labels(collector=name), latency=self.latency.labels(collector=name),
             facets_dropped=self.facets_dropped.labels(collector=name),
-            _dropped=self.dropped, name=name)
+            starts_synthesized=self.starts_synthesized.labels(collector=name),
+            open_runs=self.open_runs.labels(collector=name),
+            _dropped=self.dropped, _runs_expired=self.runs_expired, name=name)

@@ -29,9 +29,11 @@ def kafka() -> KafkaHandle:
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     """One local[2] SparkSession for the whole run (starting one costs ~10 s)."""
     from pyspark.sql import SparkSession
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -40,6 +42,7 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.warehouse.dir", str(warehouse))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

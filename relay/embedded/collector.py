@@ -20,10 +20,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from relay.embedded.store import LineageStore
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ class _Script:
 
 class RecordingCollector:
     def __init__(self, *, path: str = "/api/v1/lineage", ok_status: int = 201, token: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0, record: bool = True, latency_s: float = 0.0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, record: bool = True, latency_s: float = 0.0,
+                 store: LineageStore | None = None) -> None:
         self.path = path
         #: Added to every successful answer, to model a collector's processing time.
         self.latency_s = latency_s
@@ -74,6 +78,8 @@ class RecordingCollector:
         self.count = 0
         #: Requests received whose answer is not sent yet (a test can wait for quiescence).
         self.in_flight = 0
+        #: Every accepted event is also added here; a store that fails makes the answer a 500.
+        self.store = store
         self._script = _Script()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -151,6 +157,8 @@ class RecordingCollector:
                     return self._answer(now, status, doc, "rejected by script")
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
+            if self.store is not None:
+                self.store.add(doc)
             with self._lock:
                 self.count += 1
                 if self.record:

@@ -4,7 +4,8 @@ Starts an embedded Kafka-protocol broker (Tansu), a local collector that records
 receives, and the relay between them; then a sample PySpark pipeline (or, with
 ``--no-spark``, a synthetic Spark-like stream with duplicates and out-of-order events)
 emits lineage through the producer. Prints what the collector received, per run, and
-writes every received event to ``demo-output/received.jsonl``.
+writes every received event to ``demo-output/received.jsonl``, the lineage they describe to
+``demo-output/lineage.sqlite`` (fresh each run) and its picture to ``demo-output/lineage.html``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import orjson
 from relay.config import build_config
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
+from relay.embedded.graph import example_query, render_graph_html
 from relay.embedded.runner import RelayThread
+from relay.embedded.store import LineageStore
 
 TOPIC = "openlineage"
 DLQ = "openlineage.dlq"
@@ -76,7 +79,9 @@ def summarize(events: list[dict[str, Any]]) -> list[str]:
 
 def run_demo(*, runs: int = 12, spark: bool = True) -> int:
     OUT.mkdir(exist_ok=True)
-    with EmbeddedBroker(log_path=OUT / "broker.log") as broker, RecordingCollector() as collector:
+    (OUT / "lineage.sqlite").unlink(missing_ok=True)  # the picture shows this run only
+    store = LineageStore(OUT / "lineage.sqlite")
+    with EmbeddedBroker(log_path=OUT / "broker.log") as broker, RecordingCollector(store=store) as collector:
         broker.create_topic(TOPIC, partitions=3)
         print(f"broker    : Tansu on {broker.bootstrap_servers}")
         print(f"collector : {collector.url}/api/v1/lineage (records what it receives)")
@@ -113,4 +118,10 @@ def run_demo(*, runs: int = 12, spark: bool = True) -> int:
           f"{int(dropped)} after-terminal events dropped, {int(dead)} dead-lettered):")
     print("\n".join(summarize(events)))
     print(f"\nevery received event: {OUT / 'received.jsonl'}")
+    (OUT / "lineage.html").write_text(render_graph_html(store, title="lineage-relay demo"), encoding="utf-8")
+    query = example_query(store)
+    store.close()
+    print(f"lineage graph: {OUT / 'lineage.html'} (open it in a browser; its data: {OUT / 'lineage.sqlite'})")
+    if query:
+        print(f"ask from a shell: lineage-relay graph --upstream {query}")
     return 0

@@ -1,6 +1,14 @@
-"""Kafka administration the relay needs: creating its dead-letter topic."""
+"""Kafka administration the relay needs: creating its dead-letter and run-state topics."""
 
 from __future__ import annotations
+
+_CONNECTION_KEYS = ("security.", "sasl.", "ssl.", "client.")
+
+
+def connection_properties(properties: dict[str, str]) -> dict[str, str]:
+    """The connection settings (security, SASL, SSL, client id) among client ``properties``:
+    what an admin client or a helper consumer needs to reach the same cluster."""
+    return {k: v for k, v in properties.items() if k.startswith(_CONNECTION_KEYS)}
 
 
 def create_topic(bootstrap_servers: str, name: str, partitions: int = 1,

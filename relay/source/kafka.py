@@ -44,12 +44,15 @@ class SourceError(RelayError):
 class KafkaSource:
     """Consumes ``topics`` in consumer group ``group_id`` with manual commits.
 
-    ``on_assign(partitions)`` and ``on_revoke(partitions)`` are coroutines run on the
-    event loop; ``on_revoke`` returns the offsets to commit before giving them up.
+    ``on_assign(partitions)``, ``on_revoke(partitions)`` and ``on_lost(partitions)`` are
+    coroutines run on the event loop before the consumer goes on; ``on_revoke`` returns the
+    offsets to commit before giving them up. Lost partitions (the group moved on without
+    us) commit nothing; ``on_lost`` defaults to ``on_revoke``.
     """
 
     def __init__(self, *, bootstrap_servers: str, group_id: str, topics: tuple[str, ...],
-                 properties: dict[str, str], on_assign: RebalanceHandler, on_revoke: RebalanceHandler) -> None:
+                 properties: dict[str, str], on_assign: RebalanceHandler, on_revoke: RebalanceHandler,
+                 on_lost: RebalanceHandler | None = None) -> None:
         conf: dict[str, Any] = {**_DEFAULTS, **properties, **_FORCED}
         conf["bootstrap.servers"] = bootstrap_servers
         conf["group.id"] = group_id
@@ -58,6 +61,7 @@ class KafkaSource:
         self._topics = list(topics)
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        self._on_lost = on_lost or on_revoke
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-consumer")
         self._consumer: Consumer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -106,7 +110,7 @@ class KafkaSource:
     def _lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # Lost, not revoked: another member may already own them, so commit nothing.
         parts = [(tp.topic, tp.partition) for tp in tps]
-        self._hand_over(self._on_revoke, parts)
+        self._hand_over(self._on_lost, parts)
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)

@@ -91,3 +91,53 @@ def test_console_script_reports_bad_flag_and_exits_nonzero():
                           "--collector", "marquez"], capture_output=True, text=True)
     assert out.returncode == 2
     assert "--collector 'marquez': expected NAME=VALUE" in out.stderr
+
+
+def _collector(**extra):
+    return {"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a", **extra}]}
+
+
+def test_delivery_mode_and_its_knobs():
+    cfg = build_config(_collector(mode="consolidated", consolidation={"settle_s": 5,
+                                                                      "missing_start": {"policy": "forward"}}))
+    c = cfg.collectors[0]
+    assert c.mode == "consolidated" and c.consolidation.settle_s == 5
+    assert c.consolidation.missing_start.policy == "forward" and c.consolidation.missing_start.timeout_s == 30
+    assert cfg.keeps_run_state and cfg.kafka.run_state_topic == "lineage-relay.run-state"
+    assert not build_config(_collector()).keeps_run_state
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"mode": "batch"}, r"collectors\.0\.mode: Input should be 'passthrough', 'consolidated' or 'coalesce'"),
+    ({"consolidation": {"settle_s": 1}}, r"consolidation: only used with mode consolidated or coalesce; set mode"),
+    ({"mode": "coalesce", "consolidation": {"setle_s": 1}}, r"collectors\.0\.consolidation\.setle_s.*fix: remove it"),
+    ({"mode": "coalesce", "consolidation": {"missing_start": {"policy": "wait"}}},
+     r"collectors\.0\.consolidation\.missing_start\.policy"),
+    ({"mode": "consolidated", "consolidation": {"max_open_runs": 0}}, r"consolidation\.max_open_runs"),
+])
+def test_bad_delivery_mode_settings_name_the_key(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(_collector(**extra))
+
+
+def test_a_held_mode_needs_exactly_one_input_topic():
+    data = _collector(mode="consolidated")
+    data["kafka"]["topics"] = ["a", "b"]
+    with pytest.raises(ConfigError, match=r"kafka\.topics: collectors m keep run state"):
+        build_config(data)
+
+
+def test_collector_mode_flag():
+    import argparse
+
+    from relay.cli import _add_relay_flags
+
+    p = argparse.ArgumentParser()
+    _add_relay_flags(p)
+    base = ["--bootstrap-servers", "127.0.0.1:9092", "--collector", "marquez=http://127.0.0.1:5000"]
+    cfg = config_from_args(p.parse_args([*base, "--collector-mode", "marquez=coalesce"]))
+    assert cfg.collectors[0].mode == "coalesce"
+    with pytest.raises(ConfigError, match=r"--collector-mode backup=consolidated: no collector named 'backup'"):
+        config_from_args(p.parse_args([*base, "--collector-mode", "backup=consolidated"]))
+    with pytest.raises(ConfigError, match=r"collectors\.0\.mode"):
+        config_from_args(p.parse_args([*base, "--collector-mode", "marquez=bulk"]))

@@ -65,3 +65,34 @@ async def test_remove_where_takes_queued_events_out():
     await dispatcher.stop()
     assert len(delivered) + len(removed) == len(evs)
     assert all(e.run_id != victim_run for e in delivered)
+
+
+async def test_a_run_submitted_after_an_event_of_another_run_waits_for_it():
+    evs = events(2)
+    parent = evs[0]
+    child = next(e for e in evs if e.run_id != parent.run_id)
+    parent_may_finish = asyncio.Event()
+    order = []
+
+    async def deliver(event):
+        if event is parent:
+            await parent_may_finish.wait()
+        order.append(event)
+
+    dispatcher = RunOrderedDispatcher(deliver, concurrency=4)
+    dispatcher.start()
+    dispatcher.submit(child, after=parent)  # the parent's event is not even submitted yet
+    dispatcher.submit(parent)
+    await asyncio.sleep(0.01)  # ok: give free workers the chance to (wrongly) take the child
+    assert order == []
+    parent_may_finish.set()
+    assert await dispatcher.wait_idle(5)
+    assert order == [parent, child]
+    # An event that will never come does not hold a run forever.
+    other = next(e for e in evs if e.run_id == child.run_id and e is not child)
+    never = events(1)[0]
+    dispatcher.submit(other, after=never)
+    dispatcher.forget_gate(never)
+    assert await dispatcher.wait_idle(5)
+    await dispatcher.stop()
+    assert order[-1] is other

@@ -77,3 +77,13 @@ class RelayProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def eventually(predicate, timeout_s: float) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)  # polling a condition with a deadline
+    return bool(predicate())

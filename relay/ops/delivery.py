@@ -1,0 +1,157 @@
+"""Deliver a finite set of events to one collector, in run order, as the relay would.
+
+:func:`plan` is pure: it turns events into *chains* (one per run, in the per-run order
+rule; one per event without a run) and names what it left out. :class:`BatchDelivery`
+sends chains through the relay's own :class:`HttpCollector` (same retries, same
+headers) after the collector's ``rewrite``: the events of a chain one at a time, up to
+the collector's ``concurrency`` chains at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import orjson
+
+from relay.config import CollectorConfig, RetryConfig
+from relay.events import LineageEvent
+from relay.metrics import RelayMetrics
+from relay.sinks.http import HttpCollector
+from relay.stages.rewrite import Rewriter
+
+#: Dropped by :func:`plan`: a later terminal event of a run that already has one.
+AFTER_TERMINAL = "after_terminal"
+
+_START, _MIDDLE, _TERMINAL = 0, 1, 2
+
+
+def _rank(event: LineageEvent) -> int:
+    if event.event_type == "START":
+        return _START
+    return _TERMINAL if event.is_terminal else _MIDDLE
+
+
+def _position(event: LineageEvent) -> tuple[str, int, int]:
+    src = event.source
+    return (src.topic, src.partition, src.offset) if src is not None else ("", -1, -1)
+
+
+@dataclass
+class Plan:
+    chains: list[list[LineageEvent]]
+    #: Events left out, with the reason (``after_terminal``).
+    dropped: list[tuple[LineageEvent, str]] = field(default_factory=list)
+
+    @property
+    def events(self) -> int:
+        return sum(len(chain) for chain in self.chains)
+
+
+def plan(events: Iterable[LineageEvent], *, ordered: bool = True) -> Plan:
+    """Group ``events`` into chains.
+
+    With ``ordered`` (the relay's ``pipeline.ordering.enabled``), each run's chain is
+    START first, then RUNNING/OTHER by ``eventTime``, then its earliest terminal event;
+    later terminal events are dropped (``after_terminal``), as the relay drops them.
+    Ties keep source order. Without ``ordered`` a run's chain keeps source order.
+    Chains are listed by their first event's source position; events without a run each
+    make their own chain. Dedupe is the caller's business.
+    """
+    runs: dict[str, list[LineageEvent]] = {}
+    chains: list[list[LineageEvent]] = []
+    for event in sorted(events, key=_position):
+        if event.run_id is None:
+            chains.append([event])
+            continue
+        chain = runs.get(event.run_id)
+        if chain is None:
+            chain = runs[event.run_id] = []
+            chains.append(chain)
+        chain.append(event)
+    dropped: list[tuple[LineageEvent, str]] = []
+    if ordered:
+        for chain in runs.values():
+            chain.sort(key=lambda e: (_rank(e), e.event_time, _position(e)))
+            terminals = [i for i, e in enumerate(chain) if _rank(e) == _TERMINAL]
+            for i in reversed(terminals[1:]):
+                dropped.append((chain.pop(i), AFTER_TERMINAL))
+    dropped.reverse()
+    return Plan(chains, dropped)
+
+
+@dataclass(frozen=True)
+class Failure:
+    event: LineageEvent
+    reason: str
+    detail: str
+
+
+#: Called when an event reached the collector (after retries).
+OnDelivered = Callable[[LineageEvent], None]
+#: Called when it did not; its chain goes on (the relay dead-letters and goes on too).
+OnFailed = Callable[[Failure], None]
+
+
+def collector_config(config: CollectorConfig, max_attempts: int | None) -> CollectorConfig:
+    """``config`` with ``retry.max_attempts`` replaced when ``max_attempts`` is given."""
+    if max_attempts is None:
+        return config
+    retry = RetryConfig(initial_backoff_s=config.retry.initial_backoff_s,
+                        max_backoff_s=config.retry.max_backoff_s, max_attempts=max_attempts)
+    return config.model_copy(update={"retry": retry})
+
+
+class BatchDelivery:
+    """Delivers chains to one collector. ``dry_run`` does everything but the POST
+    (the rewrite still runs, so events it would reject are reported)."""
+
+    def __init__(self, config: CollectorConfig, *, dry_run: bool = False) -> None:
+        self.config = config
+        self.dry_run = dry_run
+        rewriter = Rewriter(config.rewrite)
+        self._rewriter = None if rewriter.is_noop else rewriter
+        self._metrics = RelayMetrics()
+        self._http = HttpCollector(config, self._metrics.for_collector(config.name))
+
+    @property
+    def retries(self) -> int:
+        """Delivery attempts retried so far."""
+        value = self._metrics.registry.get_sample_value("lineage_relay_delivery_retries_total",
+                                                        {"collector": self.config.name})
+        return int(value or 0)
+
+    async def run(self, chains: list[list[LineageEvent]], *, on_delivered: OnDelivered,
+                  on_failed: OnFailed) -> None:
+        queue = deque(chains)
+
+        async def worker() -> None:
+            while queue:
+                for event in queue.popleft():
+                    failure = await self._deliver(event)
+                    if failure is None:
+                        on_delivered(event)
+                    else:
+                        on_failed(failure)
+
+        if not self.dry_run:
+            await self._http.start()
+        try:
+            workers = min(self.config.concurrency, len(chains))
+            await asyncio.gather(*(worker() for _ in range(workers)))
+        finally:
+            await self._http.close()
+
+    async def _deliver(self, event: LineageEvent) -> Failure | None:
+        body = event.body
+        if self._rewriter is not None:
+            result = self._rewriter.apply(orjson.loads(body), original=body)
+            if result.rejection is not None:
+                return Failure(event, *result.rejection)
+            body = result.body
+        if self.dry_run:
+            return None
+        outcome = await self._http.deliver(body)
+        return None if outcome is None else Failure(event, outcome.reason, outcome.detail)

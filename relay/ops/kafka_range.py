@@ -1,0 +1,256 @@
+"""Read a bounded range of a topic with ``assign()``: no group membership, no commits.
+
+Contract:
+
+* A range is per partition: ``[start, end)`` in offsets, optionally narrowed by record
+  timestamps. ``end`` is never beyond the end offset snapshotted when the range was
+  resolved, so reading always terminates, however fast the topic grows.
+* Timestamps follow ``offsets_for_times``: a range ``--from-time T`` starts at the first
+  record whose timestamp is >= T and includes everything after it; ``--to-time T`` stops
+  before the first record whose timestamp is >= T. Both are also checked on the records
+  themselves, so a broker that answers ``offsets_for_times`` coarsely (with the start of a
+  batch, or the log start) costs extra reading, never a wrong range.
+* End offsets are confirmed by a fetch: some Kafka-compatible brokers answer ListOffsets
+  with the last batch's base offset + 1, which would cut a range short.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from relay.config import KafkaConfig
+from relay.ops import OpsError
+
+_TIMEOUT_S = 15.0
+_STALL_S = 60.0
+_BATCH = 1000
+#: Consumer properties an assign-only reader must not take from the relay's config.
+_GROUP_KEYS = ("group.", "partition.assignment.strategy", "group.protocol", "enable.auto.", "auto.commit.",
+               "group.instance.id")
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    partition: int
+    start: int
+    #: Exclusive; never past the end offset seen when the range was resolved.
+    end: int
+    #: Skip records until the first one whose timestamp (ms) is >= from_ms.
+    from_ms: int | None = None
+    #: Stop at the first record whose timestamp (ms) is >= to_ms.
+    to_ms: int | None = None
+
+    @property
+    def size(self) -> int:
+        """Offsets covered: an upper bound on the records read from this partition."""
+        return max(0, self.end - self.start)
+
+
+def parse_refs(values: list[str] | None, flag: str) -> list[tuple[int, int]]:
+    """``["0:10", "1:5,1:7"]`` -> ``[(0, 10), (1, 5), (1, 7)]``; a message naming ``flag`` otherwise."""
+    out: list[tuple[int, int]] = []
+    for value in values or []:
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            part, sep, offset = item.partition(":")
+            try:
+                p, o = int(part), int(offset)
+            except ValueError:
+                p = o = -1
+            if not sep or p < 0 or o < 0:
+                raise OpsError(f"{flag} {item!r}: expected PARTITION:OFFSET with non-negative numbers, "
+                               f"e.g. {flag} 0:1200")
+            out.append((p, o))
+    return out
+
+
+def parse_offsets(values: list[str] | None, flag: str) -> dict[int, int]:
+    """One offset per partition: ``["0:10", "1:5,2:7"]`` -> ``{0: 10, 1: 5, 2: 7}``."""
+    out: dict[int, int] = {}
+    for p, o in parse_refs(values, flag):
+        if p in out and out[p] != o:
+            raise OpsError(f"{flag}: partition {p} is given twice ({out[p]} and {o})")
+        out[p] = o
+    return out
+
+
+def parse_time(text: str, flag: str) -> int:
+    """An ISO-8601 date-time with a UTC offset -> epoch milliseconds."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise OpsError(f"{flag} {text!r}: expected an ISO-8601 date-time such as 2024-05-01T10:00:00Z") from None
+    if when.tzinfo is None:
+        raise OpsError(f"{flag} {text!r}: add a UTC offset (Z or +HH:MM), a bare time is ambiguous")
+    return int(when.astimezone(timezone.utc).timestamp() * 1000)
+
+
+def open_consumer(kafka: KafkaConfig, group_id: str) -> Consumer:
+    """A consumer for ``assign()`` reads: the relay's connection settings, never its group.
+
+    ``group_id`` only names the client for commits made on purpose (``dlq redrive``);
+    the consumer never subscribes, so it never joins or rebalances a group."""
+    props = {k: v for k, v in kafka.consumer_properties.items() if not k.startswith(_GROUP_KEYS)}
+    # A short fetch wait: these reads end at a partition's end, where a fetch would idle.
+    conf: dict[str, Any] = {"fetch.wait.max.ms": "100", **props, "bootstrap.servers": kafka.bootstrap_servers, "group.id": group_id,
+                            "enable.auto.commit": False, "enable.auto.offset.store": False,
+                            "enable.partition.eof": True, "auto.offset.reset": "earliest"}
+    conf.setdefault("client.id", "lineage-relay-ops")
+    try:
+        return Consumer(conf)
+    except KafkaException as err:
+        raise OpsError(f"cannot create a Kafka consumer: {err}") from err
+
+
+def partitions_of(consumer: Consumer, topic: str, *, missing_ok: bool = False) -> list[int]:
+    """The topic's partitions; ``[]`` for a topic that does not exist when ``missing_ok``."""
+    try:
+        md = consumer.list_topics(topic, timeout=_TIMEOUT_S)
+    except KafkaException as err:
+        raise OpsError(f"cannot read metadata of topic {topic!r}: {err}") from err
+    meta = md.topics.get(topic)
+    if missing_ok and (meta is None or (meta.error is not None
+                                        and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)):
+        return []
+    if meta is None or meta.error is not None or not meta.partitions:
+        why = meta.error if meta is not None and meta.error is not None else "no such topic"
+        raise OpsError(f"topic {topic!r} is not available: {why}")
+    return sorted(meta.partitions)
+
+
+def watermarks(consumer: Consumer, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, high)}`` now; ``high`` is confirmed by fetching (see module doc)."""
+    marks: dict[int, tuple[int, int]] = {}
+    for p in partitions:
+        try:
+            marks[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S)
+        except KafkaException as err:
+            raise OpsError(f"cannot read the offsets of {topic}/{p}: {err}") from err
+    consumer.assign([TopicPartition(topic, p, max(lo, hi - 1)) for p, (lo, hi) in marks.items()])
+    try:
+        waiting = set(partitions)
+        deadline = time.monotonic() + _TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            for msg in consumer.consume(_BATCH, 0.1):
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF and msg.partition() in waiting:
+                    lo, hi = marks[msg.partition()]
+                    marks[msg.partition()] = (lo, max(hi, msg.offset()))
+                    waiting.discard(msg.partition())
+        if waiting:
+            raise OpsError(f"could not confirm the end of {topic} partitions {sorted(waiting)} "
+                           f"within {_TIMEOUT_S:g}s; is the broker reachable?")
+    finally:
+        consumer.unassign()
+    return marks
+
+
+def resolve(consumer: Consumer, topic: str, *, from_offsets: dict[int, int] | None = None,
+            from_ms: int | None = None, to_offsets: dict[int, int] | None = None,
+            to_ms: int | None = None) -> list[PartitionRange]:
+    """Turn a user's range into per-partition offset ranges (``to_offsets`` inclusive).
+
+    Partitions: those named by ``from_offsets``, else by ``to_offsets``, else all of the
+    topic. With neither ``to_offsets`` nor ``to_ms`` the range ends at the snapshot."""
+    existing = partitions_of(consumer, topic)
+    named = from_offsets or to_offsets
+    if from_offsets and to_offsets and set(from_offsets) != set(to_offsets):
+        raise OpsError(f"--from-offset names partitions {sorted(from_offsets)} but --to-offset names "
+                       f"{sorted(to_offsets)}; give both for the same partitions")
+    partitions = sorted(named) if named else existing
+    unknown = sorted(set(partitions) - set(existing))
+    if unknown:
+        raise OpsError(f"topic {topic!r} has partitions {existing}, not {unknown}")
+    marks = watermarks(consumer, topic, partitions)
+    starts: dict[int, int] = {p: marks[p][0] for p in partitions}
+    if from_offsets:
+        starts = dict(from_offsets)
+    elif from_ms is not None:
+        try:
+            found = consumer.offsets_for_times([TopicPartition(topic, p, from_ms) for p in partitions],
+                                               timeout=_TIMEOUT_S)
+        except KafkaException as err:
+            raise OpsError(f"cannot look up offsets by time in {topic}: {err}") from err
+        # -1: no record at or after the time; the partition contributes nothing.
+        starts = {tp.partition: (tp.offset if tp.offset >= 0 else marks[tp.partition][1]) for tp in found}
+    ranges = []
+    for p in partitions:
+        low, high = marks[p]
+        end = min(high, to_offsets[p] + 1) if to_offsets else high
+        ranges.append(PartitionRange(p, max(low, starts[p]), end, from_ms=from_ms, to_ms=to_ms))
+    return ranges
+
+
+def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
+         progress: Callable[[int], None] = lambda n: None) -> Iterator[Message]:
+    """Yield every record in ``ranges``, partition by partition in offset order.
+
+    ``progress(n)`` is told how many offsets were covered (records yielded, skipped by
+    timestamp, or a partition's remainder when it ends early), adding up to the sum of
+    the ranges' ``size``. The consumer is left unassigned."""
+    pending = {r.partition: r for r in ranges if r.size > 0}
+    started = {p: r.from_ms is None for p, r in pending.items()}
+    covered = {p: r.start for p, r in pending.items()}
+    if not pending:
+        return
+    consumer.assign([TopicPartition(topic, p, r.start) for p, r in pending.items()])
+
+    def finish(p: int) -> None:
+        r = pending.pop(p)
+        progress(r.end - covered[p])
+        consumer.pause([TopicPartition(topic, p)])
+
+    def cover(p: int, offset: int) -> None:
+        progress(offset + 1 - covered[p])
+        covered[p] = offset + 1
+
+    try:
+        last_progress = time.monotonic()
+        while pending:
+            messages = consumer.consume(_BATCH, 0.1)
+            if not messages and time.monotonic() - last_progress > _STALL_S:
+                where = ", ".join(f"{topic}/{p} at {covered[p]} (end {r.end})" for p, r in pending.items())
+                raise OpsError(f"no records arrived for {_STALL_S:g}s while reading {where}")
+            for msg in messages:
+                p = msg.partition()
+                r = pending.get(p)
+                if r is None:
+                    continue
+                last_progress = time.monotonic()
+                offset = msg.offset()
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if offset >= r.end:
+                            finish(p)
+                        continue
+                    if err.fatal() or not err.retriable():
+                        raise OpsError(f"reading {topic}/{p} failed: {err}")
+                    continue
+                if offset < covered[p]:
+                    continue  # a stale fetch from before assign(); already covered
+                if offset >= r.end:
+                    finish(p)
+                    continue
+                _kind, ts = msg.timestamp()
+                if r.to_ms is not None and ts >= r.to_ms:
+                    finish(p)
+                    continue
+                cover(p, offset)
+                if not started[p]:
+                    if ts < (r.from_ms or 0):
+                        continue
+                    started[p] = True
+                yield msg
+                if offset + 1 >= r.end:
+                    finish(p)
+    finally:
+        consumer.unassign()

@@ -1,0 +1,172 @@
+"""What ``dlq redrive`` has already re-driven, so that a record is re-driven once.
+
+Two parts, both written only after the record reached its destination:
+
+* the **position** of the consumer group ``<group_id>.dlq-redrive`` on the dead-letter
+  topic: every record below it was re-driven. It is what a redrive starts reading from.
+* **markers** in ``<dlq_topic>.redriven`` (compacted, key ``<dlq topic>/<partition>/<offset>``):
+  one per record re-driven *above* the position. A selective redrive (``--reason``,
+  ``--offsets``) or a failed delivery leaves records behind it, so the position cannot
+  pass them; the markers remember the selected records re-driven beyond them. A consumer
+  group's commit metadata could hold this, but not every Kafka-compatible broker keeps it.
+
+A marker is produced (and acknowledged) right after its record's delivery, before the
+position is committed, so a crash in between costs at most the deliveries in flight:
+delivery is at-least-once, collectors and the relay treat an event's repeat as a repeat.
+Two redrives running at the same time are not coordinated; run one at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from relay.config import KafkaConfig
+from relay.ops import OpsError
+from relay.ops.kafka_range import PartitionRange, partitions_of, read, watermarks
+from relay.source.admin import create_topic
+
+_TIMEOUT_S = 15.0
+_CONNECTION_KEYS = ("security.", "sasl.", "ssl.", "client.")
+
+
+def group_id(kafka: KafkaConfig) -> str:
+    return f"{kafka.group_id}.dlq-redrive"
+
+
+def marker_topic(kafka: KafkaConfig) -> str:
+    return f"{kafka.dlq_topic}.redriven"
+
+
+def advance(position: int, offsets: Iterable[int], done: Callable[[int], bool]) -> int:
+    """The new position: past every record, in offset order from ``position``, that is
+    done, up to the first that is not. ``offsets`` are the records that exist (sorted);
+    offsets with no record (compaction, retention) are skipped over."""
+    for offset in offsets:
+        if offset < position:
+            continue
+        if not done(offset):
+            break
+        position = offset + 1
+    return position
+
+
+class RedriveLedger:
+    """The redrive state of one dead-letter topic: load it, consult it, extend it."""
+
+    def __init__(self, kafka: KafkaConfig, consumer: Consumer) -> None:
+        self.kafka = kafka
+        self.topic = kafka.dlq_topic
+        self.group_id = group_id(kafka)
+        self.marker_topic = marker_topic(kafka)
+        self._consumer = consumer
+        #: partition -> committed position (None: nothing committed yet).
+        self.positions: dict[int, int | None] = {}
+        self._marked: set[tuple[int, int]] = set()
+        self._producer: Producer | None = None
+        self._unacked = 0
+        self._errors: list[str] = []
+
+    def load(self, partitions: list[int]) -> None:
+        try:
+            got = self._consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=_TIMEOUT_S)
+        except KafkaException as err:
+            raise OpsError(f"cannot read the position of group {self.group_id}: {err}") from err
+        self.positions = {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+        self._marked = self._read_markers()
+
+    def _read_markers(self) -> set[tuple[int, int]]:
+        partitions = partitions_of(self._consumer, self.marker_topic, missing_ok=True)
+        if not partitions:
+            return set()  # no redrive has written markers yet
+        marks = watermarks(self._consumer, self.marker_topic, partitions)
+        ranges = [PartitionRange(p, lo, hi) for p, (lo, hi) in marks.items()]
+        prefix = f"{self.topic}/"
+        marked: set[tuple[int, int]] = set()
+        for msg in read(self._consumer, self.marker_topic, ranges):
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            if not key.startswith(prefix) or msg.value() is None:
+                continue  # another topic's, or a tombstone
+            partition, _, offset = key[len(prefix):].partition("/")
+            if partition.isdigit() and offset.isdigit():
+                marked.add((int(partition), int(offset)))
+        return marked
+
+    def start_offset(self, partition: int, low: int) -> int:
+        """Where a redrive reads from: the position, or the log start."""
+        position = self.positions.get(partition)
+        return low if position is None else max(low, position)
+
+    def is_done(self, partition: int, offset: int) -> bool:
+        position = self.positions.get(partition)
+        return (position is not None and offset < position) or (partition, offset) in self._marked
+
+    # -- writing -----------------------------------------------------------------------
+    def open_for_writing(self) -> None:
+        props = self.kafka.producer_properties
+        conn = {k: v for k, v in props.items() if k.startswith(_CONNECTION_KEYS)}
+        try:
+            create_topic(self.kafka.bootstrap_servers, self.marker_topic, 1, {"cleanup.policy": "compact"},
+                         client_properties=conn)
+        except KafkaException as err:
+            raise OpsError(f"cannot create the redrive marker topic {self.marker_topic}: {err}; "
+                           f"create it (compacted) or grant the right to") from err
+        conf: dict[str, Any] = {**props, "bootstrap.servers": self.kafka.bootstrap_servers,
+                                "enable.idempotence": True, "acks": "all", "linger.ms": 20}
+        self._producer = Producer(conf)
+
+    def mark(self, partition: int, offset: int, how: str) -> None:
+        """Remember that record ``partition:offset`` was re-driven (``how``: where to)."""
+        assert self._producer is not None, "open_for_writing() first"
+        self._marked.add((partition, offset))
+        value = orjson.dumps({"redriven_at": datetime.now(timezone.utc).isoformat(), "to": how})
+
+        def acked(err: KafkaError | None, _msg: Any) -> None:
+            self._unacked -= 1
+            if err is not None:
+                self._errors.append(f"{partition}:{offset}: {err}")
+
+        self._unacked += 1
+        while True:
+            try:
+                self._producer.produce(self.marker_topic, key=f"{self.topic}/{partition}/{offset}".encode(),
+                                       value=value, on_delivery=acked)
+                break
+            except BufferError:
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def checkpoint(self, read_offsets: dict[int, list[int]], lows: dict[int, int]) -> dict[int, int]:
+        """Wait for every marker, then commit the group position over what is done.
+
+        ``read_offsets``: the offsets of the records read, per partition, ascending.
+        Returns the committed positions. Raises if a marker could not be written (the
+        position is then not moved, so nothing is forgotten)."""
+        if self._producer is not None:
+            deadline = time.monotonic() + 60
+            while self._unacked and time.monotonic() < deadline:
+                self._producer.flush(1.0)
+            if self._unacked or self._errors:
+                raise OpsError(f"{self._unacked + len(self._errors)} redrive marker(s) were not written "
+                               f"(first error: {self._errors[:1]}); the records may be re-driven again")
+        commits: dict[int, int] = {}
+        for partition, offsets in read_offsets.items():
+            start = self.start_offset(partition, lows.get(partition, 0))
+            new = advance(start, offsets, lambda o, p=partition: self.is_done(p, o))
+            committed = self.positions.get(partition)
+            if new != committed and not (committed is None and new == start):
+                commits[partition] = new
+        if commits:
+            try:
+                self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in commits.items()],
+                                      asynchronous=False)
+            except KafkaException as err:
+                raise OpsError(f"cannot commit the redrive position of group {self.group_id}: {err}; "
+                               f"the markers still prevent a second delivery") from err
+            self.positions.update(commits)
+        return commits

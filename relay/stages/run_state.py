@@ -1,0 +1,149 @@
+"""What :class:`~relay.stages.consolidate.RunConsolidator` returns and what it keeps per run.
+
+* The actions ``offer``/``tick`` return: :class:`Forward`, :class:`Release`, :class:`Drop`,
+  :class:`Expired`.
+* :class:`RunRecord`: one open run, and its save/restore as JSON data
+  (:meth:`RunRecord.to_state` / :meth:`RunRecord.from_state`).
+* :func:`built_event`: a LineageEvent for a document built from valid events.
+* A closed run (finished, or expired while open) is remembered by its id and outcome
+  only; :func:`closed_state` / :func:`read_closed_state` save and read that.
+
+Saved states carry ``"v": STATE_VERSION``; a state of another version is refused with
+ValueError, never half-read. Times in a state are the writer's ``now`` seconds; whoever
+restores shifts them into its own clock. Pure data: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import orjson
+
+from relay.events import LineageEvent
+from relay.stages.decode import decode_record
+from relay.stages.merge import RunMerger
+
+STATE_VERSION = 1
+
+# Where a run stands with its START.
+WAITING, EMITTED, SKIPPED = "waiting", "emitted", "skipped"
+#: Outcome of a run in the recently-closed set; else EMITTED/SKIPPED (expired while open).
+FINISHED = "finished"
+_OUTCOMES = (EMITTED, SKIPPED, FINISHED)
+_TIME_SLOTS = frozenset({"first_seen", "touched", "ready_at", "settle_until", "running_until"})
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send ``event`` now; ``event.ticket is None`` if the consolidator built it."""
+
+    event: LineageEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """``event`` is captured in its run's state; settle its ticket once that is persisted."""
+
+    event: LineageEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """``event`` is not sent: ``reason`` is ``after_terminal`` (its run was already emitted)."""
+
+    event: LineageEvent
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """Run ``run_id`` left early (``run_ttl``/``max_open_runs``); the actions after it flush it."""
+
+    run_id: str
+    reason: str
+    detail: str
+
+
+Action: TypeAlias = Forward | Release | Drop | Expired
+
+
+class RunRecord:
+    """One open run. Times are the caller's ``now`` seconds; everything is JSON data."""
+
+    __slots__ = ("run_id", "parent", "first_seen", "touched", "start", "start_doc", "ready_at",
+                 "merged", "pending", "settle_until", "held", "running", "running_until")
+
+    def __init__(self, run_id: str, now: float, start: str) -> None:
+        self.run_id = run_id
+        self.parent: str | None = None
+        self.first_seen = now
+        self.touched = now
+        self.start = start
+        self.start_doc: dict[str, Any] | None = None  # a real START waiting for its parent
+        self.ready_at: float | None = None  # when a START became ready to emit
+        self.merged: RunMerger | None = None  # consolidated: the whole run
+        self.pending = 0  # events folded into ``merged`` and not yet emitted in any form
+        self.settle_until: float | None = None
+        self.held: list[list[Any]] = []  # coalesce, before the START decision: [micros, doc]
+        self.running: RunMerger | None = None  # coalesce: RUNNINGs not yet emitted
+        self.running_until: float | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        state = {slot: getattr(self, slot) for slot in self.__slots__}
+        for slot in ("merged", "running"):
+            state[slot] = state[slot].to_state() if state[slot] is not None else None
+        return {"v": STATE_VERSION, **state}
+
+    @classmethod
+    def from_state(cls, run_id: str, state: dict[str, Any], shift: float) -> RunRecord:
+        if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
+            raise ValueError(f"run state for {run_id} is not a version {STATE_VERSION} run state")
+        run = cls(run_id, 0.0, WAITING)
+        try:
+            for slot in cls.__slots__[1:]:
+                value = state[slot]
+                if slot in ("merged", "running") and value is not None:
+                    value = RunMerger.from_state(value)
+                elif slot in _TIME_SLOTS and value is not None:
+                    value = float(value) + shift
+                setattr(run, slot, value)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"malformed run state for {run_id}: {err!r}") from err
+        if run.start not in (WAITING, EMITTED, SKIPPED):
+            raise ValueError(f"malformed run state for {run_id}: start={run.start!r}")
+        return run
+
+    def deadlines(self, timeout_s: float, hold_s: float) -> list[float]:
+        times = [self.settle_until, self.running_until]
+        if self.start == WAITING:
+            times.append(self.first_seen + timeout_s)
+            if self.ready_at is not None:
+                times += [self.ready_at + hold_s, self.ready_at + hold_s + timeout_s]
+        return [t for t in times if t is not None]
+
+
+def closed_state(outcome: str, at: float) -> dict[str, Any]:
+    """The saved form of a closed run: how it ended (``finished``, or expired open with its
+    START ``emitted``/``skipped``) and when, in the writer's clock."""
+    return {"v": STATE_VERSION, "closed": outcome, "at": at}
+
+
+def read_closed_state(run_id: str, state: Any) -> tuple[str, float] | None:
+    """``(outcome, at)`` of a :func:`closed_state`; None for an open run's state."""
+    if not isinstance(state, dict) or "closed" not in state:
+        return None
+    if state.get("v") != STATE_VERSION or state["closed"] not in _OUTCOMES \
+            or not isinstance(state.get("at"), (int, float)):
+        raise ValueError(f"malformed closed-run state for {run_id}: {state!r}")
+    return state["closed"], float(state["at"])
+
+
+def built_event(doc: dict[str, Any], now: float) -> LineageEvent:
+    """A LineageEvent (no ``ticket``, no ``source``) for a document built from valid events,
+    consumed at ``now``."""
+    event = decode_record(orjson.dumps(doc), max_bytes=1 << 62)
+    if not isinstance(event, LineageEvent):  # only a bug in merging can get here
+        raise AssertionError(f"built an undecodable event: {event.reason}: {event.detail}")
+    event.consumed_at = now
+    return event

@@ -1,0 +1,51 @@
+"""Run state that survives: a compacted Kafka changelog of what consolidated/coalesce
+collectors hold open.
+
+A ``consolidated`` or ``coalesce`` collector holds runs open for minutes or hours
+(:class:`~relay.stages.consolidate.RunConsolidator`): captured events, the merged view, whether
+the START went out. That state, its undelivered output and its dedupe memory live in memory
+and in a changelog topic, so that ``kill -9`` and partition moves between replicas lose
+nothing and do not start a run twice.
+
+Layout
+    Topic ``kafka.state_topic`` (default ``<group_id>.run-state``), ``cleanup.policy=compact``,
+    created at start-up with as many partitions as the input topic. Co-partitioned: the state
+    of a run first seen on input partition ``p`` lives in state partition ``p``, so whoever
+    owns input partition ``p`` owns its state. Key ``<collector>/<run_id>``; value JSON
+    ``{"v": 1, "state": <RunConsolidator.to_state>, "seen": <hex digests>, "outbox": [...]}``
+    (:mod:`relay.state.table`); a tombstone once the run is forgotten.
+
+Write-ahead, then send
+    An event a collector must receive for a held run (the START, a built terminal, a merged
+    RUNNING...) goes into the run's ``outbox`` and is handed to the dispatcher only once a
+    state record containing it is acknowledged by the broker (``acks=all``, idempotent
+    producer). A run's record is rewritten after its outbox is delivered (at the next commit,
+    unless a terminal waits for it, see below). So the changelog
+    never claims "START sent" for a START that could be lost; after a crash the new owner
+    re-sends the outbox (at-least-once: duplicates of the last outputs). A terminal event
+    waits until a written outbox holds nothing before it, so a re-sent outbox never puts a
+    START or RUNNING after a terminal the collector already has.
+
+Offsets
+    An event captured in state (:class:`~relay.stages.run_state.Release`) keeps its offset
+    ticket until a state record holding it is acknowledged; a forwarded one until it is
+    delivered (it was durable before it was sent). The commit (:meth:`Relay.commit`) first
+    writes every dirty run and waits for the acknowledgements, so a committed offset never
+    runs ahead of the state that absorbed it. A re-read event after a restart is recognised
+    by its digest in the run's ``seen`` list (the dedupe memory of held runs, durable with
+    the state), or merged again, which changes nothing.
+
+Rebalancing
+    On assignment, before any record of the partition is processed, the partition's state
+    is read from the beginning to the end of state partition ``p`` (its own consumer, no
+    group) and restored; timers restart as if each run's last event came at restore time.
+    On revocation, dirty runs are written and acknowledged before the final offset commit,
+    then the partition's runs are forgotten. On a lost partition (session timeout) nothing
+    is written: another member may already own it.
+
+Not guaranteed
+    Runs whose events arrive on several input partitions are owned by the first one's
+    partition only. A state larger than the producer's ``message.max.bytes`` is kept in
+    memory only (counted as ``run_state_writes_total{result="too_large"}``). Adding input
+    partitions needs the same number added to the state topic.
+"""

@@ -1,0 +1,191 @@
+"""The run-state changelog topic: create and check it, write records, read a partition back.
+
+:class:`RunStateChangelog` owns one idempotent producer (``acks=all``) whose delivery reports
+are served by its own thread and handed to the event loop, and opens a group-less consumer
+for each partition it reads. Writes never block the loop; :meth:`wait_acked` waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from relay.errors import RelayError
+from relay.logs import log_event
+from relay.source.admin import connection_properties, create_topic
+
+log = logging.getLogger("relay.state.changelog")
+
+#: Write outcomes handed to ``on_done``.
+OK, FAILED, TOO_LARGE = "ok", "failed", "too_large"
+_READ_TIMEOUT_S = 120.0
+
+
+class StateError(RelayError):
+    """The state topic is missing, mis-partitioned or unreadable."""
+
+
+class RunStateChangelog:
+    def __init__(self, *, bootstrap_servers: str, topic: str, input_topic: str, create: bool,
+                 producer_properties: dict[str, str], consumer_properties: dict[str, str]) -> None:
+        self.topic = topic
+        self._input_topic = input_topic
+        self._create = create
+        self._bootstrap = bootstrap_servers
+        self._producer_conf: dict[str, Any] = {
+            "enable.idempotence": True, "acks": "all", "linger.ms": 5, "compression.type": "zstd",
+            **producer_properties, "bootstrap.servers": bootstrap_servers}
+        self._reader_conf: dict[str, Any] = {
+            **connection_properties(consumer_properties), "bootstrap.servers": bootstrap_servers,
+            "group.id": f"{topic}.restore", "enable.auto.commit": False, "enable.partition.eof": False}
+        self._admin_conf = connection_properties(producer_properties)
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-state")
+        self._producer: Producer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.partitions = 0
+        self.unacked = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def start(self) -> None:
+        """Create the topic when missing (compacted, as many partitions as the input topic) and
+        check it; raises :class:`StateError` naming the fix."""
+        self._loop = asyncio.get_running_loop()
+        self.partitions = await self._loop.run_in_executor(self._executor, self._ensure_topic)
+        self._producer = Producer(self._producer_conf)
+        self._thread = threading.Thread(target=self._poll_forever, name="run-state-producer", daemon=True)
+        self._thread.start()
+
+    def _ensure_topic(self) -> int:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({**self._admin_conf, "bootstrap.servers": self._bootstrap})
+        wanted = _partition_count(admin, self._input_topic)
+        if wanted is None:
+            raise StateError(f"kafka.topics: input topic {self._input_topic!r} does not exist; consolidated/"
+                             "coalesce collectors partition their state like it, so create it first")
+        have = _partition_count(admin, self.topic)
+        if have is None and self._create:
+            create_topic(self._bootstrap, self.topic, wanted, {"cleanup.policy": "compact"},
+                         client_properties=self._admin_conf)
+            have = _partition_count(admin, self.topic)
+        if have is None:
+            raise StateError(f"kafka.state_topic: {self.topic!r} does not exist; create it (cleanup.policy=compact, "
+                             f"{wanted} partitions) or set kafka.create_state_topic: true")
+        if have != wanted:
+            raise StateError(f"kafka.state_topic: {self.topic!r} has {have} partitions but {self._input_topic!r} has "
+                             f"{wanted}; state of input partition p lives in state partition p, so give it "
+                             f"{wanted} partitions or name another kafka.state_topic")
+        log_event(log, logging.INFO, "run_state_topic_ready", topic=self.topic, partitions=have)
+        return have
+
+    def _poll_forever(self) -> None:
+        while not self._stop.is_set():
+            assert self._producer is not None
+            self._producer.poll(0.1)
+
+    # -- writing -----------------------------------------------------------------------
+
+    def write(self, partition: int, key: bytes, value: bytes | None, on_done: Callable[[str], None]) -> None:
+        """Produce one record (``value`` None: a tombstone); ``on_done(OK | FAILED | TOO_LARGE)``
+        runs on the loop once the broker answered."""
+        assert self._producer is not None and self._loop is not None
+        loop = self._loop
+        self.unacked += 1
+        self._idle.clear()
+
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            status = OK if err is None else TOO_LARGE if err.code() == KafkaError.MSG_SIZE_TOO_LARGE else FAILED
+            if err is not None:
+                log_event(log, logging.ERROR, "run_state_write_failed", topic=self.topic, partition=partition,
+                          error=str(err))
+            loop.call_soon_threadsafe(self._done, on_done, status)
+        try:
+            self._producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivered)
+        except BufferError:
+            loop.call_soon(self._done, on_done, FAILED)
+        except KafkaException as err:
+            too_large = err.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+            log_event(log, logging.ERROR, "run_state_write_failed", topic=self.topic, partition=partition,
+                      error=str(err))
+            loop.call_soon(self._done, on_done, TOO_LARGE if too_large else FAILED)
+
+    def _done(self, on_done: Callable[[str], None], status: str) -> None:
+        self.unacked -= 1
+        if self.unacked == 0:
+            self._idle.set()
+        on_done(status)
+
+    async def wait_acked(self, timeout_s: float) -> bool:
+        """Wait until every write so far was answered; False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def read_partition(self, partition: int) -> dict[bytes, bytes]:
+        """The latest value of every key in ``partition``, from its beginning to its current
+        end (tombstoned keys left out)."""
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._executor, self._read, partition)
+
+    def _read(self, partition: int) -> dict[bytes, bytes]:
+        consumer = Consumer(self._reader_conf)
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=10)
+            latest: dict[bytes, bytes] = {}
+            if high <= low:
+                return latest
+            consumer.assign([TopicPartition(self.topic, partition, low)])
+            position, deadline = low, time.monotonic() + _READ_TIMEOUT_S
+            while position < high:
+                if time.monotonic() > deadline:
+                    raise StateError(f"reading {self.topic}/{partition} stalled at offset {position} of {high}")
+                for message in consumer.consume(1000, 0.5):
+                    if message.error() is not None:
+                        if message.error().code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise StateError(f"reading {self.topic}/{partition}: {message.error()}")
+                    position = message.offset() + 1
+                    key = message.key()
+                    if key is None:
+                        continue
+                    if message.value() is None:
+                        latest.pop(key, None)
+                    else:
+                        latest[key] = message.value()
+            return latest
+        except KafkaException as err:
+            raise StateError(f"reading {self.topic}/{partition}: {err}") from err
+        finally:
+            consumer.close()
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await asyncio.get_running_loop().run_in_executor(self._executor, producer.flush, timeout_s)
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=2)
+        self._executor.shutdown(wait=False)
+
+
+def _partition_count(admin: Any, topic: str) -> int | None:
+    # All topics, not list_topics(topic): asking for one may auto-create it with the
+    # broker's default partition count.
+    metadata = admin.list_topics(timeout=10).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        return None
+    return len(metadata.partitions)

@@ -1,0 +1,73 @@
+"""The relay's run-state store: every stateful collector's :class:`RunStateTable` written to,
+and restored from, one :class:`RunStateChangelog`. See :mod:`relay.state` for the design."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from functools import partial
+
+from relay.logs import log_event
+from relay.metrics import RelayMetrics
+from relay.state.changelog import FAILED, TOO_LARGE, RunStateChangelog
+from relay.state.table import RunStateTable, StateWrite
+
+log = logging.getLogger("relay.state")
+
+
+class RunStateStore:
+    def __init__(self, changelog: RunStateChangelog, tables: list[RunStateTable], metrics: RelayMetrics) -> None:
+        self.changelog = changelog
+        self._tables = {table.collector: table for table in tables}
+        self._metrics = metrics
+
+    async def start(self) -> None:
+        await self.changelog.start()
+
+    def flush(self, include_deliveries: bool = False) -> None:
+        """Write every dirty run (non-blocking); acknowledgements settle tickets and send
+        outboxes. ``include_deliveries``: also runs changed only by deliveries."""
+        for table in self._tables.values():
+            for write in table.take_writes(include_deliveries):
+                self.changelog.write(write.partition, write.key, write.value, partial(self._written, table, write))
+
+    def _written(self, table: RunStateTable, write: StateWrite, status: str) -> None:
+        self._metrics.state_writes.labels(result=status).inc()
+        if status == TOO_LARGE:
+            # Kept in memory only; stalling the partition forever would be worse.
+            log_event(log, logging.WARNING, "run_state_not_persisted", collector=table.collector,
+                      run_id=write.run_id, bytes=len(write.value or b""))
+        table.written(write, ok=status != FAILED)
+
+    async def settle(self, timeout_s: float) -> bool:
+        """Write every changed run and wait for the broker's answers; False on timeout."""
+        self.flush(include_deliveries=True)
+        return await self.changelog.wait_acked(timeout_s)
+
+    async def restore(self, partitions: list[int], now: float) -> None:
+        """Read the state of newly assigned ``partitions`` back into the tables."""
+        for partition in partitions:
+            records = await self.changelog.read_partition(partition)
+            restored: Counter[str] = Counter()
+            unknown = unreadable = 0
+            for key, value in records.items():
+                collector, _, run_id = key.decode("utf-8", "replace").partition("/")
+                table = self._tables.get(collector)
+                if table is None or not run_id:
+                    unknown += 1  # a collector no longer configured (or not stateful any more)
+                    continue
+                try:
+                    table.restore(run_id, partition, value, now)
+                except ValueError as err:
+                    unreadable += 1
+                    log_event(log, logging.WARNING, "run_state_unreadable", key=key.decode("utf-8", "replace"),
+                              error=str(err)[:300])
+                    continue
+                restored[collector] += 1
+            for collector, count in restored.items():
+                self._metrics.runs_restored.labels(collector=collector).inc(count)
+            log_event(log, logging.INFO, "run_state_restored", partition=partition, runs=sum(restored.values()),
+                      unknown_collector=unknown, unreadable=unreadable)
+
+    async def close(self) -> None:
+        await self.changelog.close()

@@ -1,0 +1,263 @@
+"""One collector's durable run state: which changelog records to write, and what an
+acknowledgement settles. Pure bookkeeping beside a :class:`RunConsolidator`: no I/O, no clock.
+
+Contract (see :mod:`relay.state` for the design):
+
+* :meth:`RunStateTable.forwarded` events are handed to ``submit`` only after a write of
+  their run that contains them is acknowledged (:meth:`written`), in the order forwarded.
+* :meth:`captured` events' tickets are released when a write of their run made after the
+  capture is acknowledged.
+* A run's record is written only from :meth:`take_writes`; a run changed since its last
+  write is "dirty". A delivery that nothing waits for (no event of the run is waiting for a
+  write) makes it dirty only for the next ``take_writes(include_deliveries=True)`` (the
+  commit's): until then a restore would re-send the delivered event, a duplicate, and the
+  relay writes half as often. A closed run whose outbox is delivered is written once more (its outcome,
+  so that a restored consolidator still drops its late events) and tombstoned once the
+  consolidator forgets it.
+* A terminal event is handed over only once an acknowledged write shows nothing before it
+  in its run's outbox: if it was delivered, no restore can re-send a START or RUNNING
+  before it (the outbox is re-sent by the same rule after a restore).
+* A child run's START is submitted to wait for its parent's START when that one is still
+  in the parent's outbox (parent first, across runs delivered concurrently).
+* :meth:`revoke` forgets the runs of partitions that moved away; acknowledgements of their
+  writes still release tickets but send nothing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from relay.events import LineageEvent
+from relay.stages.consolidate import RunConsolidator
+from relay.stages.run_state import built_event, read_closed_state
+
+RECORD_VERSION = 1
+_DIGEST_BYTES = 16
+
+
+class StateWrite:
+    """One changelog record to produce; ``value`` None is a tombstone."""
+
+    __slots__ = ("partition", "key", "value", "run_id", "slot", "tickets", "to_send", "final")
+
+    def __init__(self, partition: int, key: bytes, value: bytes | None, run_id: str, slot: _Slot | None,
+                 tickets: list, to_send: list[LineageEvent], final: bool) -> None:
+        self.partition, self.key, self.value, self.run_id = partition, key, value, run_id
+        self.slot, self.tickets, self.to_send, self.final = slot, tickets, to_send, final
+
+
+class _Slot:
+    """What the table keeps per run beside the consolidator's own state. The three queues
+    are ``()`` while empty (most runs, most of the time: a list per run adds up)."""
+
+    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing")
+
+    def __init__(self, partition: int, seen: bytes = b"") -> None:
+        self.partition = partition
+        self.seen = seen  # digests of events accepted into the run, concatenated
+        self.outbox: list[LineageEvent] | tuple = ()  # forwarded, not yet delivered: written with the state
+        self.unsent: list[LineageEvent] | tuple = ()  # in the outbox, no acknowledged write holds them yet
+        self.waiters: list | tuple = ()  # tickets of captured events, for the next acknowledged write
+        self.writing = 0  # writes in flight
+
+
+class RunStateTable:
+    def __init__(self, collector: str, consolidator: RunConsolidator,
+                 submit: Callable[[LineageEvent, LineageEvent | None], None]) -> None:
+        """``submit(event, after)`` hands ``event`` to delivery, behind ``after`` if not None."""
+        self.collector = collector
+        self._consolidator = consolidator
+        self._submit = submit
+        self._prefix = f"{collector}/".encode()
+        self._slots: dict[str, _Slot] = {}
+        self._dirty: dict[str, None] = {}  # an ordered set
+        self._delivered: dict[str, None] = {}  # dirty only by deliveries nothing waits for
+        # Closed runs written with their outcome, slot gone; tombstoned once the
+        # consolidator forgets them (finished_ttl_s, max_finished_runs): oldest first.
+        self._closed: OrderedDict[str, int] = OrderedDict()
+
+    @property
+    def runs(self) -> int:
+        """Runs with state beyond the consolidator's (open, or closed with output pending)."""
+        return len(self._slots)
+
+    def key(self, run_id: str) -> bytes:
+        return self._prefix + run_id.encode()
+
+    # -- what the lane reports -----------------------------------------------------------
+
+    def is_duplicate(self, event: LineageEvent) -> bool:
+        """Whether the run already accepted an event with this content."""
+        slot = self._slots.get(event.run_id)
+        if slot is None:
+            return False
+        seen, digest = slot.seen, event.digest
+        at = seen.find(digest)
+        while at != -1:
+            if at % _DIGEST_BYTES == 0:
+                return True
+            at = seen.find(digest, at + 1)
+        return False
+
+    def captured(self, event: LineageEvent) -> None:
+        """``event`` (with its ticket) is now part of its run's state."""
+        slot = self._slot(event)
+        slot.seen += event.digest
+        slot.waiters = [*slot.waiters, event.ticket]
+        self._dirty[event.run_id] = None
+
+    def forwarded(self, event: LineageEvent) -> None:
+        """``event`` must reach the collector: it is sent once a write holding it is durable."""
+        slot = self._slot(event)
+        if slot is None:  # a built event of a run this table never saw: nothing to persist it with
+            self._send(event)
+            return
+        if event.ticket is not None:
+            slot.seen += event.digest
+        slot.outbox = [*slot.outbox, event]
+        slot.unsent = [*slot.unsent, event]
+        self._dirty[event.run_id] = None
+
+    def touched(self, run_id: str) -> None:
+        """The consolidator changed ``run_id``'s state without forwarding or capturing."""
+        if run_id in self._slots:
+            self._dirty[run_id] = None
+
+    def delivered(self, event: LineageEvent) -> None:
+        """``event`` reached the collector, or the dead-letter topic: out of the outbox."""
+        slot = self._slots.get(event.run_id)
+        if slot is not None and event in slot.outbox:
+            slot.outbox = [e for e in slot.outbox if e is not event] or ()
+            (self._dirty if slot.unsent else self._delivered)[event.run_id] = None
+
+    def _send(self, event: LineageEvent) -> None:
+        after = None
+        if event.event_type == "START" and event.parent_run_id is not None:
+            parent = self._slots.get(event.parent_run_id)
+            if parent is not None:
+                after = next((e for e in parent.outbox if e.event_type == "START"), None)
+        self._submit(event, after)
+
+    def _slot(self, event: LineageEvent) -> _Slot | None:
+        slot = self._slots.get(event.run_id)
+        if slot is None and event.source is not None:
+            slot = self._slots[event.run_id] = _Slot(event.source.partition)
+        return slot
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def take_writes(self, include_deliveries: bool = False) -> list[StateWrite]:
+        """Records for every dirty run and every forgotten closed run, in that order."""
+        writes: list[StateWrite] = []
+        consolidator = self._consolidator
+        if include_deliveries:
+            self._dirty.update(self._delivered)
+            self._delivered.clear()
+        for run_id in self._dirty:
+            self._delivered.pop(run_id, None)
+            slot = self._slots.get(run_id)
+            if slot is None:
+                continue
+            state = consolidator.to_state(run_id)
+            closed = state is None or "closed" in state
+            outbox = slot.outbox
+            if state is None and not outbox:
+                value = None
+            else:
+                record: dict[str, Any] = {"v": RECORD_VERSION, "state": state}
+                if not closed:
+                    record["seen"] = slot.seen.hex()
+                if outbox:
+                    record["outbox"] = [orjson.Fragment(event.body) for event in outbox]
+                value = orjson.dumps(record)
+            unsent = slot.unsent
+            ready = next((i for i, event in enumerate(unsent) if event.is_terminal and event is not outbox[0]),
+                         len(unsent))
+            writes.append(StateWrite(slot.partition, self.key(run_id), value, run_id, slot, slot.waiters,
+                                     unsent[:ready], closed and not outbox))
+            slot.waiters, slot.unsent = (), unsent[ready:] or ()
+            slot.writing += 1
+        self._dirty.clear()
+        closed_runs = self._closed
+        while closed_runs:
+            run_id, partition = next(iter(closed_runs.items()))
+            if run_id not in self._slots:  # not reopened
+                state = consolidator.to_state(run_id)
+                if state is not None and "closed" in state:
+                    break  # still remembered; the ones behind it closed later
+                if state is None:
+                    writes.append(StateWrite(partition, self.key(run_id), None, run_id, None, [], [], True))
+            del closed_runs[run_id]
+        return writes
+
+    def written(self, write: StateWrite, ok: bool) -> None:
+        """The broker acknowledged ``write`` (``ok``) or it failed (it is made again)."""
+        slot = write.slot
+        if slot is None:  # a tombstone
+            if not ok:
+                self._closed[write.run_id] = write.partition
+                self._closed.move_to_end(write.run_id, last=False)
+            return
+        slot.writing -= 1
+        current = self._slots.get(write.run_id) is slot
+        if not ok:
+            if current:
+                slot.waiters = [*write.tickets, *slot.waiters]
+                slot.unsent = [*write.to_send, *slot.unsent]
+                self._dirty[write.run_id] = None
+            return
+        for ticket in write.tickets:
+            ticket.release()
+        if not current:
+            return
+        for event in write.to_send:
+            self._send(event)
+        if write.final and not slot.writing and not slot.outbox and write.run_id not in self._dirty \
+                and write.run_id not in self._delivered:
+            del self._slots[write.run_id]
+            if write.value is not None:
+                self._closed[write.run_id] = slot.partition
+
+    # -- rebalancing -----------------------------------------------------------------------
+
+    def revoke(self, partitions: set[int]) -> tuple[set[str], list[LineageEvent]]:
+        """Forget the runs of ``partitions`` (here and in the consolidator); return their ids
+        and their undelivered output (which other runs may have been told to wait for)."""
+        gone = {run_id for run_id, slot in self._slots.items() if slot.partition in partitions}
+        gone.update(run_id for run_id, partition in self._closed.items() if partition in partitions)
+        abandoned: list[LineageEvent] = []
+        for run_id in gone:
+            slot = self._slots.pop(run_id, None)
+            if slot is not None:
+                abandoned += slot.outbox
+            self._closed.pop(run_id, None)
+            self._dirty.pop(run_id, None)
+            self._delivered.pop(run_id, None)
+            self._consolidator.forget(run_id)
+        return gone, abandoned
+
+    def restore(self, run_id: str, partition: int, value: bytes, now: float) -> None:
+        """Take back a run from its changelog record; its outbox is sent again.
+        Raises ValueError for a record this version cannot read."""
+        try:
+            record = orjson.loads(value)
+        except orjson.JSONDecodeError as err:
+            raise ValueError(f"run state for {run_id} is not JSON: {err}") from err
+        if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:
+            raise ValueError(f"run state for {run_id} is not a version {RECORD_VERSION} record")
+        state = record.get("state")
+        if state is not None:
+            self._consolidator.restore(run_id, state, now)
+        outbox = [built_event(doc, now) for doc in record.get("outbox") or ()]
+        if outbox or (state is not None and read_closed_state(run_id, state) is None):
+            slot = self._slots[run_id] = _Slot(partition, bytes.fromhex(record.get("seen") or ""))
+            slot.outbox, slot.unsent = outbox or (), list(outbox) or ()
+            self._closed.pop(run_id, None)
+            if outbox:
+                self._dirty[run_id] = None  # re-sent after the next write, by the same rules
+        elif state is not None:
+            self._closed[run_id] = partition

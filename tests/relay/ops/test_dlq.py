@@ -1,0 +1,164 @@
+"""``lineage-relay dlq list|redrive`` against a real broker, a real relay and real HTTP
+collectors: a record the relay dead-lettered is re-driven after a fix exactly once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from relay.cli import main as cli
+from relay.config import RelayConfig
+from relay.embedded.collector import RecordingCollector
+from relay.embedded.sample import sample_stream
+from tests.support.kafka import committed_offsets, produce, read_topic
+from tests.support.relay import RelayThread, relay_config
+
+pytestmark = pytest.mark.kafka
+
+MALFORMED = b'{"eventTime": "2024-01-01T00:00:00Z", '
+
+
+def canonical(doc: dict) -> bytes:
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def summary_value(out: str, name: str) -> int:
+    match = re.search(rf"^\s+{re.escape(name)}\s+(\d+)$", out, re.MULTILINE)
+    assert match, f"no {name!r} in summary:\n{out}"
+    return int(match.group(1))
+
+
+def received(collector: RecordingCollector, doc: dict) -> int:
+    return sum(canonical(e) == canonical(doc) for e in collector.events())
+
+
+@pytest.fixture
+def setup(kafka, tmp_path):
+    """A topic, its dead-letter topic, collector ``a`` and a config file for both the
+    relay (in-process) and the CLI."""
+    topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
+    with RecordingCollector() as a:
+        config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url}, group=kafka.new_group(), dlq=dlq)
+        path = tmp_path / "relay.yaml"
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True, exclude_defaults=True)))
+        yield config, str(path), a
+
+
+def dead_letter(kafka, config: RelayConfig, a: RecordingCollector, records: list[tuple[bytes, bytes]],
+                *, delivered: int, dead: int) -> None:
+    """Run the relay over ``records`` until ``a`` has ``delivered`` events and the
+    dead-letter topic ``dead`` records; stop it."""
+    produce(kafka.bootstrap_servers, config.kafka.topics[0], records)
+    with RelayThread(config):
+        assert a.wait_for(lambda c: c.count == delivered, 30), f"a got {a.count} of {delivered}"
+        got = read_topic(kafka.bootstrap_servers, config.kafka.dlq_topic, expected=dead, timeout_s=30)
+        assert len(got) == dead
+
+
+def test_a_fixed_record_is_redriven_once_and_other_reasons_stay_pending(kafka, setup, capsys):
+    config, path, a = setup
+    stream = sample_stream(6, seed=11)
+    victim = orjson.loads(stream[4][1])
+    a.reject_when(lambda doc: 400 if doc == victim else None)
+    # The malformed record is dead-lettered first, so it sits before the victim in the
+    # dead-letter topic: a --reason redrive must get past it without forgetting it.
+    dead_letter(kafka, config, a, [(b"bad", MALFORMED)], delivered=0, dead=1)
+    dead_letter(kafka, config, a, stream, delivered=len(stream) - 1, dead=2)
+    relay_offsets = committed_offsets(kafka.bootstrap_servers, config.kafka.topics[0], config.kafka.group_id, 1)
+
+    code, out, _ = run_cli(capsys, "dlq", "list", "--config", path)
+    assert code == 0
+    assert re.search(r"^collector_rejected\s+1 record\(s\)\s+1 pending .*collectors: a$", out, re.MULTILINE), out
+    assert re.search(r"^invalid_json\s+1 record\(s\)\s+1 pending .*collectors: -$", out, re.MULTILINE), out
+    code, out, _ = run_cli(capsys, "dlq", "list", "--config", path, "--reason", "collector_rejected", "--show")
+    assert code == 0 and "invalid_json" not in out
+    assert f"--- 0:1 collector_rejected [pending] collector=a source={config.kafka.topics[0]}/0/5 " in out
+    assert "detail: HTTP 400: rejected by script" in out and victim["run"]["runId"] in out
+
+    a.reject_when(lambda doc: None)  # the collector is fixed
+    code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--reason", "collector_rejected")
+    assert code == 0, out + err
+    assert summary_value(out, "re-driven") == 1 and summary_value(out, "not selected") == 1
+    assert received(a, victim) == 1 and a.count == len(stream)
+    assert "dlq: re-driving" in err
+
+    # Again, without a filter: the victim is not sent again; the malformed record still
+    # cannot be delivered, says so, and stays pending.
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path)
+    assert code == 1
+    assert summary_value(out, "already re-driven") == 1 and summary_value(out, "re-driven") == 0
+    assert "FAILED 0:0 (invalid_json" in out and "still not a valid event (invalid_json)" in out
+    assert received(a, victim) == 1 and a.count == len(stream)
+
+    code, out, _ = run_cli(capsys, "dlq", "list", "--config", path)
+    assert re.search(r"^collector_rejected\s+1 record\(s\)\s+0 pending", out, re.MULTILINE), out
+    assert re.search(r"^invalid_json\s+1 record\(s\)\s+1 pending", out, re.MULTILINE), out
+    # The relay's own consumer group was not touched.
+    assert committed_offsets(kafka.bootstrap_servers, config.kafka.topics[0], config.kafka.group_id, 1) == relay_offsets
+
+
+def test_selected_offsets_are_remembered_beyond_the_redrive_position(kafka, setup, capsys):
+    config, path, a = setup
+    stream = sample_stream(6, seed=12, running_per_run=(0, 0))
+    first, second = orjson.loads(stream[2][1]), orjson.loads(stream[7][1])
+    a.reject_when(lambda doc: 400 if doc in (first, second) else None)
+    dead_letter(kafka, config, a, stream, delivered=len(stream) - 2, dead=2)
+    dead = read_topic(kafka.bootstrap_servers, config.kafka.dlq_topic, expected=2)
+    ref = {orjson.loads(r.value)["eventTime"]: f"{r.partition}:{r.offset}" for r in dead}
+    a.reject_when(lambda doc: None)
+
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--dry-run")
+    assert code == 0 and summary_value(out, "would re-drive") == 2
+    assert a.count == len(stream) - 2
+
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--offsets", ref[second["eventTime"]])
+    assert code == 0 and summary_value(out, "re-driven") == 1
+    assert received(a, second) == 1 and received(a, first) == 0
+
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path)
+    assert code == 0 and summary_value(out, "re-driven") == 1
+    assert summary_value(out, "already re-driven") == 1
+    assert received(a, second) == 1 and received(a, first) == 1
+
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path)
+    assert code == 0 and summary_value(out, "re-driven") == 0 and summary_value(out, "records scanned") == 0
+    assert a.count == len(stream)
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--offsets", "0:99")
+    assert code == 1 and "NOT FOUND (no such dead-letter record): 0:99" in out
+
+
+def test_redrive_to_topic_hands_the_record_back_to_the_relay_once(kafka, setup, capsys):
+    config, path, a = setup
+    topic = config.kafka.topics[0]
+    stream = sample_stream(4, seed=13)
+    victim = orjson.loads(stream[3][1])
+    a.reject_when(lambda doc: 400 if doc == victim else None)
+    dead_letter(kafka, config, a, stream, delivered=len(stream) - 1, dead=1)
+    a.reject_when(lambda doc: None)
+
+    code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--to-topic")
+    assert code == 0, out + err
+    assert summary_value(out, "re-driven") == 1
+    records = read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 1)
+    assert len(records) == len(stream) + 1
+    back = records[-1]
+    assert back.value == stream[3][1] and back.key == stream[3][0]
+    assert back.headers["redriven_from"] == f"{config.kafka.dlq_topic}/0/0".encode()
+
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--to-topic")
+    assert code == 0 and summary_value(out, "re-driven") == 0
+    # The relay picks the record up where its group left off: the victim arrives once.
+    with RelayThread(config):
+        assert a.wait_for(lambda c: c.count == len(stream), 30)
+    assert received(a, victim) == 1
+    assert len(read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 2, timeout_s=2)) == len(stream) + 1
