@@ -1,0 +1,195 @@
+"""The only module that talks to the JVM: one action's QueryExecution -> plain data.
+
+Cost is bounded per action: the plan crosses py4j once, as JSON (``TreeNode.toJSON``), and
+a handful of calls per input leaf and per write target fetch what the JSON leaves out
+(paths, tables, JDBC URLs, metrics). Everything returned is plain Python, so the event
+building in :mod:`producer.spark.capture` is testable without Spark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Analysed-plan roots that write data, by how their target is found.
+FILE_WRITES = {"InsertIntoHadoopFsRelationCommand"}
+TABLE_CREATES = {"CreateDataSourceTableAsSelectCommand", "CreateHiveTableAsSelectCommand",
+                 "OptimizedCreateHiveTableAsSelectCommand"}
+TABLE_INSERTS = {"InsertIntoHiveTable"}
+SOURCE_SAVES = {"SaveIntoDataSourceCommand"}
+V2_WRITES = {"AppendData", "OverwriteByExpression", "OverwritePartitionsDynamic"}
+V2_CREATES = {"CreateTableAsSelect", "ReplaceTableAsSelect", "AtomicCreateTableAsSelect"}
+WRITE_COMMANDS = FILE_WRITES | TABLE_CREATES | TABLE_INSERTS | SOURCE_SAVES | V2_WRITES | V2_CREATES
+
+
+@dataclass
+class Relation:
+    """Where data lives: a path, a catalog table (with its location), a JDBC table or a
+    DataSourceV2 table name."""
+
+    paths: list[str] = field(default_factory=list)
+    table: str | None = None          # db.table
+    location: str | None = None       # a catalog table's storage location
+    jdbc_url: str | None = None
+    jdbc_table: str | None = None
+    v2_name: str | None = None
+    fmt: str | None = None
+
+
+@dataclass
+class ActionSnapshot:
+    func: str
+    command: str
+    query_json: str | None = None
+    leaves: list[Relation | None] = field(default_factory=list)
+    output: Relation | None = None
+    mode: str | None = None
+    metrics: dict[str, int] = field(default_factory=dict)
+    started_ms: int | None = None
+    error: str | None = None
+    stack: str | None = None
+    plan_bytes: int = 0
+
+
+def _opt(value: Any) -> Any:
+    return value.get() if value is not None and value.isDefined() else None
+
+
+def _seq(gateway: Any, seq: Any) -> list[Any]:
+    return list(gateway.jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq))
+
+
+def _catalog_table(table: Any) -> Relation:
+    ident = table.identifier()
+    db = _opt(ident.database())
+    name = f"{db}.{ident.table()}" if db else ident.table()
+    loc = _opt(table.storage().locationUri())
+    return Relation(table=name, location=loc.toString() if loc is not None else None,
+                    fmt=_opt(table.provider()))
+
+
+def _logical_relation(gateway: Any, leaf: Any) -> Relation | None:
+    relation = leaf.relation()
+    kind = relation.getClass().getSimpleName()
+    table = _opt(leaf.catalogTable())
+    if kind == "HadoopFsRelation":
+        rel = _catalog_table(table) if table is not None else Relation()
+        rel.paths = [p.toString() for p in _seq(gateway, relation.location().rootPaths())]
+        rel.fmt = rel.fmt or relation.fileFormat().toString().lower()
+        return rel
+    if kind == "JDBCRelation":
+        options = relation.jdbcOptions()
+        return Relation(jdbc_url=options.url(), jdbc_table=options.tableOrQuery())
+    if table is not None:
+        return _catalog_table(table)
+    return None
+
+
+def relation_of(gateway: Any, node: Any) -> Relation | None:
+    """A plan leaf (or write target) as a :class:`Relation`, or None when it is not data
+    at rest (an in-memory DataFrame, a range)."""
+    kind = node.getClass().getSimpleName()
+    if kind == "LogicalRelation":
+        return _logical_relation(gateway, node)
+    if kind == "HiveTableRelation":
+        return _catalog_table(node.tableMeta())
+    if kind in ("DataSourceV2Relation", "DataSourceV2ScanRelation"):
+        rel = node if kind == "DataSourceV2Relation" else node.relation()
+        name = rel.table().name()
+        return None if name.startswith("noop") else Relation(v2_name=name)
+    return None
+
+
+def _table_location(session: Any, table: Any) -> str | None:
+    try:
+        meta = session.sessionState().catalog().getTableMetadata(table.identifier())
+        return meta.location().toString()
+    except Exception:  # noqa: BLE001 - the table may not exist (failed CTAS)
+        return None
+
+
+def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputBytes", "numFiles")) -> dict[str, int]:
+    out: dict[str, int] = {}
+    # Adaptive query execution wraps the write (DataWritingCommandExec) in its final plan
+    # and a result query stage.
+    for _ in range(4):
+        kind = plan.getClass().getSimpleName()
+        if kind == "AdaptiveSparkPlanExec":
+            plan = plan.executedPlan()
+        elif kind.endswith("QueryStageExec"):
+            plan = plan.plan()
+        else:
+            break
+    metrics = plan.metrics()
+    for name in names:
+        metric = _opt(metrics.get(name))
+        if metric is not None:
+            out[name] = int(metric.value())
+    return out
+
+
+def _started_ms(qe: Any) -> int | None:
+    try:
+        summary = _opt(qe.tracker().phases().get("analysis"))
+        return int(summary.startTimeMs()) if summary is not None else None
+    except Exception:  # noqa: BLE001 - older/other Spark: the caller falls back to the duration
+        return None
+
+
+def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: int,
+             error: Any = None) -> ActionSnapshot:
+    """Everything lineage needs from one finished (or failed) action."""
+    analyzed = qe.analyzed()
+    command = analyzed.getClass().getSimpleName()
+    snap = ActionSnapshot(func=func, command=command, started_ms=_started_ms(qe))
+    query = analyzed
+    if command in FILE_WRITES:
+        table = _opt(analyzed.catalogTable())
+        snap.output = _catalog_table(table) if table is not None else Relation()
+        snap.output.paths = [analyzed.outputPath().toString()]
+        snap.output.fmt = snap.output.fmt or analyzed.fileFormat().toString().lower()
+        snap.mode = analyzed.mode().toString()
+        query = analyzed.query()
+    elif command in TABLE_CREATES:
+        snap.output = _catalog_table(analyzed.tableDesc() if command != "CreateDataSourceTableAsSelectCommand"
+                                     else analyzed.table())
+        snap.mode = "Create"
+        query = analyzed.query()
+    elif command in TABLE_INSERTS:
+        snap.output = _catalog_table(analyzed.table())
+        snap.mode = "Overwrite" if analyzed.overwrite() else "Append"
+        query = analyzed.query()
+    elif command in SOURCE_SAVES:
+        options = analyzed.options()
+        source = analyzed.dataSource().getClass().getSimpleName()
+        if "Jdbc" in source:
+            snap.output = Relation(jdbc_url=_opt(options.get("url")), jdbc_table=_opt(options.get("dbtable")))
+        elif _opt(options.get("path")) is not None:
+            snap.output = Relation(paths=[_opt(options.get("path"))], fmt=source)
+        snap.mode = analyzed.mode().toString()
+        query = analyzed.query()
+    elif command in V2_WRITES:
+        snap.output = relation_of(gateway, analyzed.table())
+        snap.mode = "Append" if command == "AppendData" else "Overwrite"
+        query = analyzed.query()
+    elif command in V2_CREATES:
+        snap.output = Relation(v2_name=analyzed.name().toString())
+        snap.mode = "Create"
+        query = analyzed.query()
+    if snap.output is not None and command in TABLE_CREATES and snap.output.location is None:
+        snap.output.location = _table_location(session, analyzed.table() if command ==
+                                                "CreateDataSourceTableAsSelectCommand" else analyzed.tableDesc())
+
+    plan_json = query.toJSON()
+    snap.plan_bytes = len(plan_json)
+    snap.query_json = plan_json if len(plan_json) <= max_plan_bytes else None
+    snap.leaves = [relation_of(gateway, leaf) for leaf in _seq(gateway, query.collectLeaves())]
+    if error is None:
+        try:
+            snap.metrics = _metrics(qe.executedPlan())
+        except Exception:  # noqa: BLE001 - metrics are a nicety
+            snap.metrics = {}
+    else:
+        snap.error = str(error.getMessage() or error.toString())
+        snap.stack = gateway.jvm.org.apache.spark.util.Utils.exceptionString(error)
+    return snap

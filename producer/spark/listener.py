@@ -1,0 +1,224 @@
+"""The runtime: a py4j ``QueryExecutionListener`` plus the application run's lifecycle.
+
+Guarantees:
+
+* Nothing here raises into the job. Every callback is wrapped; a failure to capture becomes
+  a log line (and, when the run itself can still be reported, an ``extractionError`` facet).
+* Spark calls the listener on its listener-bus thread, after the action: the job's own
+  thread never waits for lineage work. Emission is :meth:`LineageProducer.emit` (queue only).
+* Event order per run: START before COMPLETE/FAIL, and every action's events before the
+  application's COMPLETE (``SparkContext.stop`` drains the listener bus before we emit it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from producer import events
+from producer.spark import capture, jvm
+from producer.spark.capture import CaptureSettings
+
+log = logging.getLogger("producer.spark")
+
+Parent = tuple[str, str, str]
+
+
+class SparkLineage:
+    """Lineage capture for one SparkSession; build it with :func:`producer.spark.enable_lineage`."""
+
+    def __init__(self, spark: Any, sender: Any, settings: CaptureSettings, *, parent: Parent | None = None,
+                 root: Parent | None = None, read_only_actions: bool = False,
+                 max_plan_bytes: int = 32 * 1024 * 1024) -> None:
+        self.spark = spark
+        self.sender = sender
+        self.settings = settings
+        self.parent, self.root = parent, root
+        self.read_only_actions = read_only_actions
+        self.max_plan_bytes = max_plan_bytes
+        self.app_run_id = events.new_run_id()
+        self.actions_captured = 0
+        self.capture_errors = 0
+        self._lock = threading.Lock()
+        self._ended = False
+        self._nested_writes: dict[str, dict[str, int]] = {}
+        self._listener: _Listener | None = None
+        self._uncaught: BaseException | None = None
+        self._prev_excepthook = None
+        self._orig_stop = None
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> SparkLineage:
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        sc = self.spark.sparkContext
+        gateway = sc._gateway
+        ensure_callback_server_started(gateway)
+        self._listener = _Listener(self, gateway)
+        self.spark._jsparkSession.listenerManager().register(self._listener)
+        self._emit_app("START")
+        # The application ends at SparkContext.stop (SparkSession.stop calls it) or at exit.
+        self._orig_stop = sc.stop
+
+        def stop(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return self._orig_stop(*args, **kwargs)
+            finally:
+                self.end()
+        sc.stop = stop
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+        return self
+
+    def stop_capture(self) -> None:
+        """Unregister the listener (no application event is emitted)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                self.spark._jsparkSession.listenerManager().unregister(listener)
+            except Exception:  # noqa: BLE001 - the session may be stopped already
+                pass
+        if self._orig_stop is not None:
+            try:
+                del self.spark.sparkContext.stop
+            except AttributeError:
+                pass
+        if sys.excepthook == self._excepthook and self._prev_excepthook is not None:
+            sys.excepthook = self._prev_excepthook
+        atexit.unregister(self._at_exit)
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Emit the application's COMPLETE (or FAIL with ``error``), once."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        try:
+            if error is None:
+                self._emit_app("COMPLETE")
+            else:
+                stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+                self._emit_app("FAIL", capture.error_facet(f"{type(error).__name__}: {error}", stack, "PYTHON"))
+        finally:
+            self.stop_capture()
+
+    def _excepthook(self, exc_type: type, exc: BaseException, tb: Any) -> None:
+        self._uncaught = exc
+        (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+    def _at_exit(self) -> None:
+        try:
+            self.end(self._uncaught)
+        except Exception:  # noqa: BLE001 - never raise at interpreter exit
+            log.exception("lineage: could not emit the application's end")
+
+    # -- events -------------------------------------------------------------------------
+    def _app_parent_facets(self) -> dict:
+        if self.parent is None:
+            return {}
+        root = self.root if self.root is not None else None
+        return {"parent": events.parent_facet(*self.parent, root=root)}
+
+    def _emit_app(self, event_type: str, extra: dict | None = None) -> None:
+        run_facets = {**self._app_parent_facets(), **capture.engine_facets(self.settings), **(extra or {})}
+        self.sender.emit(events.run_event(
+            event_type, run_id=self.app_run_id, job_namespace=self.settings.namespace,
+            job_name=self.settings.app_job_name, run_facets=run_facets,
+            job_facets=capture.job_type("APPLICATION")))
+
+    def _child_parent(self) -> dict:
+        root = self.root or self.parent or (self.settings.namespace, self.settings.app_job_name, self.app_run_id)
+        return {"parent": events.parent_facet(self.settings.namespace, self.settings.app_job_name,
+                                              self.app_run_id, root=root)}
+
+    def on_action(self, gateway: Any, func: str, qe: Any, duration_ns: int | None, error: Any) -> None:
+        """One action finished (``error`` is the Java exception when it failed)."""
+        ended = time.time()
+        try:
+            if func == "file source write":
+                self._remember_nested_write(qe)
+                return
+            snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe,
+                                max_plan_bytes=self.max_plan_bytes, error=error)
+        except Exception as err:  # noqa: BLE001 - capture must never break the job
+            self.capture_errors += 1
+            log.warning("lineage: could not read action %r: %s", func, err)
+            return
+        if snap.output is None and not self.read_only_actions:
+            return
+        if snap.output is not None and not snap.metrics and error is None:
+            for path in [snap.output.location, *snap.output.paths]:
+                if path and path in self._nested_writes:
+                    snap.metrics = self._nested_writes.pop(path)
+                    break
+        try:
+            lineage = capture.analyse(snap, self.settings)
+        except Exception as err:  # noqa: BLE001
+            self.capture_errors += 1
+            log.warning("lineage: could not analyse action %r: %s", func, err)
+            return
+        started = (snap.started_ms / 1000.0 if snap.started_ms else
+                   ended - (duration_ns or 0) / 1e9)
+        run_id = events.new_run_id()
+        run_facets = {**self._child_parent(), **capture.engine_facets(self.settings), **lineage.run_facets}
+        job_facets = capture.job_type("SQL_JOB")
+        common = dict(run_id=run_id, job_namespace=self.settings.namespace, job_name=lineage.job_name,
+                      inputs=lineage.inputs, job_facets=job_facets)
+        self.sender.emit(events.run_event("START", event_time=events.iso(min(started, ended)),
+                                          run_facets=run_facets, outputs=[_without_stats(o) for o in lineage.outputs],
+                                          **common))
+        end_facets = dict(run_facets)
+        if error is not None:
+            end_facets.update(capture.error_facet(snap.error or "action failed", snap.stack))
+        self.sender.emit(events.run_event("FAIL" if error is not None else "COMPLETE",
+                                          event_time=events.iso(ended), run_facets=end_facets,
+                                          outputs=lineage.outputs, **common))
+        self.actions_captured += 1
+
+    def _remember_nested_write(self, qe: Any) -> None:
+        # CTAS and saveAsTable run an inner file write first; its metrics belong to the
+        # outer command, which reports the table. Bounded: a handful of entries.
+        analyzed = qe.analyzed()
+        if analyzed.getClass().getSimpleName() not in jvm.FILE_WRITES:
+            return
+        metrics = jvm._metrics(qe.executedPlan())
+        if len(self._nested_writes) > 16:
+            self._nested_writes.clear()
+        self._nested_writes[analyzed.outputPath().toString()] = metrics
+
+
+def _without_stats(output: dict) -> dict:
+    return {k: v for k, v in output.items() if k != "outputFacets"}
+
+
+class _Listener:
+    """``org.apache.spark.sql.util.QueryExecutionListener`` implemented in Python via py4j."""
+
+    def __init__(self, owner: SparkLineage, gateway: Any) -> None:
+        self._owner = owner
+        self._gateway = gateway
+
+    def onSuccess(self, func_name: str, qe: Any, duration_ns: int) -> None:  # noqa: N802 - Java interface
+        try:
+            self._owner.on_action(self._gateway, func_name, qe, duration_ns, None)
+        except Exception:  # noqa: BLE001
+            log.exception("lineage: listener failed")
+
+    def onFailure(self, func_name: str, qe: Any, exception: Any) -> None:  # noqa: N802 - Java interface
+        try:
+            self._owner.on_action(self._gateway, func_name, qe, None, exception)
+        except Exception:  # noqa: BLE001
+            log.exception("lineage: listener failed")
+
+    class Java:
+        implements = ["org.apache.spark.sql.util.QueryExecutionListener"]
