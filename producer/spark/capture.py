@@ -105,7 +105,7 @@ def _attr_schema(exprs: list[Node]) -> list[dict]:
 
 def _dataset_facets(ref: DatasetRef, schema: list[dict] | None) -> dict:
     facets: dict[str, Any] = {
-        "dataSource": events.facet("DatasourceDatasetFacet", {"name": ref.namespace, "uri": ref.namespace}),
+        "dataSource": events.facet("DatasourceDatasetFacet", {"name": ref.namespace, "uri": _source_uri(ref.namespace)}),
     }
     if schema:
         facets["schema"] = events.facet("SchemaDatasetFacet", {"fields": schema})
@@ -113,6 +113,12 @@ def _dataset_facets(ref: DatasetRef, schema: list[dict] | None) -> dict:
         facets["symlinks"] = events.facet("SymlinksDatasetFacet", {"identifiers": [
             {"namespace": ref.symlink[0], "name": ref.symlink[1], "type": "TABLE"}]})
     return facets
+
+
+def _source_uri(namespace: str) -> str:
+    # The facet's uri must be an absolute URI; the local file system's namespace is the bare
+    # scheme ``file`` (naming spec), whose URI form is ``file:///``.
+    return namespace if ":" in namespace else f"{namespace}:///"
 
 
 _LIFECYCLE = {"Overwrite": "OVERWRITE", "Create": "CREATE", "ErrorIfExists": "CREATE"}
@@ -149,6 +155,18 @@ def _output_names(query: Node | None) -> list[tuple[str, Any]]:
         if not node.children:
             return []
         node = node.children[0]
+
+
+def _output_schema(snap: ActionSnapshot, query: Node | None) -> list[dict] | None:
+    """The written schema: Spark's own StructType when we have it (exact types), else
+    what the plan's output expressions say."""
+    if snap.output_schema_json:
+        try:
+            struct = orjson.loads(snap.output_schema_json)
+            return _schema_fields([(f["name"], f["type"]) for f in struct.get("fields", [])])
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            pass
+    return _schema_fields(_output_names(query)) if query is not None else None
 
 
 def _output_type(expr: Node) -> Any:
@@ -203,7 +221,7 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     column_names = [n for n, _ in _output_names(query)]
     if out_refs:
         ref = out_refs[0]
-        facets = _dataset_facets(ref, _schema_fields(_output_names(query)) if query is not None else None)
+        facets = _dataset_facets(ref, _output_schema(snap, query))
         if settings.column_lineage and query is not None:
             try:
                 result = columns.trace(query, lambda i, _leaf: leaf_ds[i] if i < len(leaf_ds) else None)

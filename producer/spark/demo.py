@@ -122,7 +122,8 @@ def run_demo_pipeline(*, bootstrap_servers: str, topic: str, workdir: Path) -> i
              .config("spark.sql.warehouse.dir", paths["warehouse"])
              .config("spark.openlineage.namespace", "demo")
              .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    # FATAL: the pipeline's deliberately failing action would otherwise print Spark's stack trace.
+    spark.sparkContext.setLogLevel("FATAL")
     producer = LineageProducer(bootstrap_servers=bootstrap_servers, topic=topic)
     emitted = 0
 

@@ -27,6 +27,8 @@ from producer.spark.capture import CaptureSettings
 log = logging.getLogger("producer.spark")
 
 Parent = tuple[str, str, str]
+# QueryExecutionListener function names of actions that write data.
+_WRITE_FUNCS = frozenset({"save", "insertInto", "saveAsTable", "command", "saveAsTextFile"})
 
 
 class SparkLineage:
@@ -104,6 +106,7 @@ class SparkLineage:
                 return
             self._ended = True
         try:
+            self._drain()
             if error is None:
                 self._emit_app("COMPLETE")
             else:
@@ -111,6 +114,17 @@ class SparkLineage:
                 self._emit_app("FAIL", capture.error_facet(f"{type(error).__name__}: {error}", stack, "PYTHON"))
         finally:
             self.stop_capture()
+
+    def _drain(self, timeout_ms: int = 10_000) -> None:
+        """Let Spark's listener bus deliver the last actions' callbacks, so their runs are
+        emitted before the application's end (a no-op once the context is stopped, since
+        ``SparkContext.stop`` drains it itself)."""
+        try:
+            sc = self.spark.sparkContext
+            if sc._jsc is not None and not sc._jsc.sc().isStopped():
+                sc._jsc.sc().listenerBus().waitUntilEmpty(timeout_ms)
+        except Exception as err:  # noqa: BLE001 - best effort at shutdown
+            log.debug("lineage: could not drain the listener bus: %s", err)
 
     def _excepthook(self, exc_type: type, exc: BaseException, tb: Any) -> None:
         self._uncaught = exc
@@ -153,6 +167,8 @@ class SparkLineage:
         except Exception as err:  # noqa: BLE001 - capture must never break the job
             self.capture_errors += 1
             log.warning("lineage: could not read action %r: %s", func, err)
+            if func in _WRITE_FUNCS:
+                self._emit_unreadable(func, f"could not read the action: {err!r}", ended, duration_ns, error)
             return
         if snap.output is None and not self.read_only_actions:
             return
@@ -166,6 +182,7 @@ class SparkLineage:
         except Exception as err:  # noqa: BLE001
             self.capture_errors += 1
             log.warning("lineage: could not analyse action %r: %s", func, err)
+            self._emit_unreadable(func, f"could not analyse the action: {err!r}", ended, duration_ns, error)
             return
         started = (snap.started_ms / 1000.0 if snap.started_ms else
                    ended - (duration_ns or 0) / 1e9)
@@ -184,6 +201,32 @@ class SparkLineage:
                                           event_time=events.iso(ended), run_facets=end_facets,
                                           outputs=lineage.outputs, **common))
         self.actions_captured += 1
+
+    def _emit_unreadable(self, func: str, message: str, ended: float, duration_ns: int | None, error: Any) -> None:
+        """A write we could not read still becomes a run, named after the action, carrying
+        an ``extractionError`` facet, so the gap is visible in the collector."""
+        try:
+            run_id = events.new_run_id()
+            run_facets = {**self._child_parent(), **capture.engine_facets(self.settings),
+                          "extractionError": events.facet("ExtractionErrorRunFacet", {
+                              "totalTasks": 1, "failedTasks": 1,
+                              "errors": [{"errorMessage": message, "stackTrace": traceback.format_exc(limit=5)}]})}
+            common = dict(run_id=run_id, job_namespace=self.settings.namespace,
+                          job_name=f"{self.settings.app_job_name}.{capture.snake(func)}",
+                          job_facets=capture.job_type("SQL_JOB"))
+            self.sender.emit(events.run_event("START", event_time=events.iso(ended - (duration_ns or 0) / 1e9),
+                                              run_facets=run_facets, **common))
+            end_facets = dict(run_facets)
+            if error is not None:
+                try:
+                    detail = str(error.getMessage())
+                except Exception:  # noqa: BLE001 - the Java object may be unusable
+                    detail = "action failed"
+                end_facets.update(capture.error_facet(detail, None))
+            self.sender.emit(events.run_event("FAIL" if error is not None else "COMPLETE",
+                                              event_time=events.iso(ended), run_facets=end_facets, **common))
+        except Exception:  # noqa: BLE001
+            log.exception("lineage: could not report a capture error")
 
     def _remember_nested_write(self, qe: Any) -> None:
         # CTAS and saveAsTable run an inner file write first; its metrics belong to the

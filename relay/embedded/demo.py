@@ -22,7 +22,7 @@ from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.graph import example_query, render_graph_html
 from relay.embedded.runner import RelayThread
-from relay.embedded.store import LineageStore
+from relay.embedded.store import LineageStore, qualified_name
 
 TOPIC = "openlineage"
 DLQ = "openlineage.dlq"
@@ -65,11 +65,12 @@ def summarize(events: list[dict[str, Any]]) -> list[str]:
         r = runs[e["run"]["runId"]]
         r["job"] = f'{e["job"]["namespace"]}/{e["job"]["name"]}'
         r["types"].append(e.get("eventType", "-"))
-        r["inputs"].update(f'{d["namespace"]}/{d["name"]}' for d in e.get("inputs", []))
-        r["outputs"].update(f'{d["namespace"]}/{d["name"]}' for d in e.get("outputs", []))
+        r["inputs"].update(qualified_name(d["namespace"], d["name"]) for d in e.get("inputs", []))
+        r["outputs"].update(qualified_name(d["namespace"], d["name"]) for d in e.get("outputs", []))
     lines = []
     for run_id, r in runs.items():
-        lines.append(f'  {r["job"]}  run {run_id[:8]}  {" -> ".join(r["types"])}')
+        # UUIDv7 ids share their leading (time) digits: the tail tells runs apart.
+        lines.append(f'  {r["job"]}  run …{run_id[-8:]}  {" -> ".join(r["types"])}')
         for name in sorted(r["inputs"]):
             lines.append(f"      in : {name}")
         for name in sorted(r["outputs"]):

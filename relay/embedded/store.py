@@ -150,9 +150,15 @@ class _Extract:
     column_edges: list[tuple[str, str, str, str, str, str, str, str | None]] = field(default_factory=list)
 
 
+def qualified_name(namespace: str, name: str) -> str:
+    """One readable id per dataset or job: ``s3://bucket/key``, ``file:/data/x`` (a name that
+    is an absolute path joins its scheme-only namespace with ``:``), ``demo/job``."""
+    return f"{namespace}:{name}" if name.startswith("/") and "/" not in namespace else f"{namespace}/{name}"
+
+
 def _ref(obj: Any) -> tuple[str, str, str] | None:
     if isinstance(obj, dict) and isinstance(obj.get("namespace"), str) and isinstance(obj.get("name"), str):
-        return f'{obj["namespace"]}/{obj["name"]}', obj["namespace"], obj["name"]
+        return qualified_name(obj["namespace"], obj["name"]), obj["namespace"], obj["name"]
     return None
 
 

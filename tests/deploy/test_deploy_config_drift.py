@@ -257,8 +257,12 @@ def test_spark_example_enables_lineage_with_the_producer_api():
     tree = ast.parse((EXAMPLES / "spark" / "lineage_example.py").read_text())
     imports = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert ("producer.spark", "enable_lineage") in imports
-    spark = pytest.importorskip("producer.spark", reason="producer.spark is not in this tree yet (issue 7, producer half)")
-    assert callable(getattr(spark, "enable_lineage", None))
+    import inspect
+
+    from producer.spark import enable_lineage
+    used = {kw.arg for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "enable_lineage"
+            for kw in n.keywords}
+    assert used <= set(inspect.signature(enable_lineage).parameters), "the example passes arguments that do not exist"
 
 
 def test_openlineage_yml_builds_our_transport_config():

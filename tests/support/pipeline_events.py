@@ -41,7 +41,9 @@ GOLD_CUSTOMER_LTV = table("gold", "customer_ltv")
 
 
 def ds_id(dataset: tuple[str, str]) -> str:
-    return f"{dataset[0]}/{dataset[1]}"
+    """The store's id: ``file:/data/x`` for a local path, ``namespace/name`` otherwise."""
+    namespace, name = dataset
+    return f"file:{name}" if namespace == "file" else f"{namespace}/{name}"
 
 
 def job_id(name: str) -> str:

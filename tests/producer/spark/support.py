@@ -1,0 +1,35 @@
+"""Helpers for the PySpark capture tests: a recording sender and a listener-bus drain."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class Recorder:
+    """Anything with ``emit(dict)`` works as the capture's sender; this one keeps the events
+    and can forward them to a real producer as well."""
+
+    def __init__(self, forward: Any = None) -> None:
+        self.events: list[dict] = []
+        self.config = getattr(forward, "config", None)
+        self._forward = forward
+        self._lock = threading.Lock()
+
+    def emit(self, event: dict) -> None:
+        with self._lock:
+            self.events.append(event)
+        if self._forward is not None:
+            self._forward.emit(event)
+
+    def runs(self) -> dict[str, list[dict]]:
+        by_run: dict[str, list[dict]] = {}
+        for e in self.events:
+            by_run.setdefault(e["run"]["runId"], []).append(e)
+        return by_run
+
+
+def drain(spark: Any, timeout_s: float = 60.0) -> None:
+    """Wait until Spark's listener bus has delivered every queued event (so every action's
+    lineage callback has run). Raises if that does not happen within ``timeout_s``."""
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(timeout_s * 1000))

@@ -1,0 +1,131 @@
+"""Capture must never change or break the job: injected failures inside capture leave the
+job's result as it was and show up as an ``extractionError`` run facet."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from producer.spark import capture, columns, disable_lineage, enable_lineage, jvm
+from tests.producer.spark.support import Recorder, drain
+from tests.support.spec import validator
+
+pytestmark = pytest.mark.spark
+
+ROWS = [(1, "a", 10.0), (2, "b", 20.0), (3, "a", 5.5)]
+
+
+def _write(spark, path: str) -> list[tuple]:
+    """A small action that writes (aggregate + rename), then the job's own view of the result."""
+    from pyspark.sql import functions as F
+
+    df = spark.createDataFrame(ROWS, "id INT, key STRING, amount DOUBLE")
+    df.groupBy("key").agg(F.sum("amount").alias("total")).write.mode("overwrite").parquet(path)
+    return sorted(tuple(r) for r in spark.read.parquet(path).collect())
+
+
+@pytest.fixture
+def captured(spark):
+    """Capture on for one test, off again afterwards (the session is shared)."""
+    recorder = Recorder()
+    lineage = enable_lineage(spark, producer=recorder, namespace="safety", app_name="safety")
+    try:
+        yield recorder, lineage
+    finally:
+        drain(spark)
+        disable_lineage(spark)
+
+
+def _terminal_runs(recorder: Recorder) -> list[dict]:
+    return [e for e in recorder.events if e["eventType"] in ("COMPLETE", "FAIL") and e["job"]["name"] != "safety"]
+
+
+def test_a_failing_column_lineage_analysis_leaves_the_result_and_reports_an_extraction_error(
+        spark, tmp_path, monkeypatch, captured):
+    baseline = _write(spark, str(tmp_path / "baseline"))  # capture on, nothing injected
+    drain(spark)
+
+    def broken_trace(*_args, **_kwargs):
+        raise RuntimeError("injected column lineage failure")
+    monkeypatch.setattr(columns, "trace", broken_trace)
+    result = _write(spark, str(tmp_path / "injected"))
+    drain(spark)
+
+    recorder, lineage = captured
+    assert result == baseline == [("a", 15.5), ("b", 20.0)]
+    ok, broken = _terminal_runs(recorder)
+    assert "extractionError" not in ok["run"]["facets"]
+    assert "columnLineage" in ok["outputs"][0]["facets"]
+    error = broken["run"]["facets"]["extractionError"]
+    assert error["failedTasks"] == 1
+    assert "injected column lineage failure" in error["errors"][0]["errorMessage"]
+    # the rest of the lineage is still there
+    assert broken["eventType"] == "COMPLETE"
+    assert broken["outputs"][0]["name"].endswith("/injected")
+    assert [f["name"] for f in broken["outputs"][0]["facets"]["schema"]["fields"]] == ["key", "total"]
+    assert "columnLineage" not in broken["outputs"][0]["facets"]
+    for event in recorder.events:
+        validator().validate(event)
+
+
+def test_an_unreadable_action_is_still_a_run_with_the_error_and_a_log_line(
+        spark, tmp_path, monkeypatch, captured, caplog):
+    def broken_snapshot(*_args, **_kwargs):
+        raise RuntimeError("injected plan read failure")
+    monkeypatch.setattr(jvm, "snapshot", broken_snapshot)
+    with caplog.at_level(logging.WARNING, logger="producer.spark"):
+        result = _write(spark, str(tmp_path / "out"))
+        drain(spark)
+
+    recorder, lineage = captured
+    assert result == [("a", 15.5), ("b", 20.0)]
+    assert lineage.capture_errors >= 1
+    assert any("injected plan read failure" in r.getMessage() for r in caplog.records)
+    runs = _terminal_runs(recorder)
+    assert len(runs) == 1, "one run for the write; the read-back collect() writes nothing"
+    error = runs[0]["run"]["facets"]["extractionError"]
+    assert "injected plan read failure" in error["errors"][0]["errorMessage"]
+    assert runs[0]["run"]["facets"]["parent"]["job"]["name"] == "safety"
+    for event in recorder.events:
+        validator().validate(event)
+
+
+def test_an_analysis_crash_is_reported_not_raised(spark, tmp_path, monkeypatch, captured):
+    def broken_analyse(*_args, **_kwargs):
+        raise MemoryError("injected analysis crash")
+    monkeypatch.setattr(capture, "analyse", broken_analyse)
+    assert _write(spark, str(tmp_path / "out")) == [("a", 15.5), ("b", 20.0)]
+    drain(spark)
+    recorder, lineage = captured
+    runs = _terminal_runs(recorder)
+    assert len(runs) == 1
+    assert "injected analysis crash" in runs[0]["run"]["facets"]["extractionError"]["errors"][0]["errorMessage"]
+
+
+def test_a_sender_that_raises_never_reaches_the_job(spark, tmp_path):
+    class Exploding:
+        config = None
+        calls = 0
+
+        def emit(self, event: dict) -> None:
+            Exploding.calls += 1
+            if event["job"]["name"] != "boom":  # let the application START through
+                raise ConnectionError("injected sender failure")
+
+    enable_lineage(spark, producer=Exploding(), namespace="safety", app_name="boom")
+    try:
+        assert _write(spark, str(tmp_path / "out")) == [("a", 15.5), ("b", 20.0)]
+        drain(spark)
+        assert Exploding.calls >= 2, "the action's START was attempted"
+    finally:
+        disable_lineage(spark)
+
+
+def test_one_setting_disables_capture(spark, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENLINEAGE_DISABLED", "true")
+    recorder = Recorder()
+    assert enable_lineage(spark, producer=recorder) is None
+    _write(spark, str(tmp_path / "out"))
+    drain(spark)
+    assert recorder.events == []
