@@ -6,6 +6,15 @@
    and delivering them (decode, validate, dedupe, ordering, commit included);
 3. naive: the hand-rolled loop people write: consume one record, `requests` POST it.
 
+The batch case does the same against the spec's ``POST /lineage/batch``: the batch
+ceiling POSTs the events pre-serialised as JSON arrays of ``BATCH_EVENTS`` with
+``BATCH_REQUESTS`` requests in flight (the relay's batch settings), and the relay delivers
+to a ``batch:`` collector.
+
+A last run delivers to a no-op collector kind (plugged in by dotted path) with the batch
+settings: what the relay's pipeline alone (consume, decode, validate, dedupe, order,
+dispatch, commit) can do, the bound on any collector.
+
 The collector runs in its own process. Figures are events/s from the first delivery to
 the last, so consumer-group join time is not counted. Last line: one JSON object.
 """
@@ -33,16 +42,43 @@ from relay.app import Relay, tune_gc  # noqa: E402
 from relay.config import build_config  # noqa: E402
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker, free_port  # noqa: E402
 from relay.embedded.sample import sample_stream  # noqa: E402
+from relay.sinks.kinds import CollectorKind  # noqa: E402
 from tests.support.kafka import produce  # noqa: E402
 
 CONCURRENCY = 32
+BATCH_EVENTS = 200
+BATCH_REQUESTS = 4
+BATCH_PATH = "/api/v1/lineage/batch"
+
+
+class _Noop:
+    """Acknowledges every event at once: no HTTP, no collector."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def deliver(self, body: bytes) -> None:
+        return None
+
+
+class NoopKind(CollectorKind):
+    kind = "noop"
+
+    @classmethod
+    def build(cls, config, metrics):  # noqa: ANN001, ANN206 - the CollectorKind signature
+        return _Noop(config.name)
 
 
 class CollectorProcess:
     def __init__(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "relay.embedded.collector", "--port", str(self.port)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "relay.embedded.collector", "--port", str(self.port),
+                                      "--batch-path", BATCH_PATH],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -77,12 +113,38 @@ async def post_ceiling(url: str, bodies: list[bytes]) -> float:
         return len(bodies) / (time.perf_counter() - start)
 
 
-def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int) -> float:
+async def batch_ceiling(url: str, bodies: list[bytes]) -> float:
+    """The batch endpoint's ceiling: pre-built JSON arrays, BATCH_REQUESTS in flight."""
+    batches = [b"[" + b",".join(bodies[i:i + BATCH_EVENTS]) + b"]" for i in range(0, len(bodies), BATCH_EVENTS)]
+    connector = aiohttp.TCPConnector(limit=BATCH_REQUESTS)
+    async with aiohttp.ClientSession(connector=connector, headers={"Content-Type": "application/json"}) as session:
+        it = iter(batches)
+
+        async def worker() -> None:
+            for body in it:
+                async with session.post(url, data=body) as resp:
+                    await resp.read()
+                    assert resp.status == 204, resp.status
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(BATCH_REQUESTS)))
+        return len(bodies) / (time.perf_counter() - start)
+
+
+def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *, batch: bool = False,
+              noop: bool = False) -> float:
     base = collector.count()
+    target: dict = {"name": "local", "url": collector.url, "concurrency": CONCURRENCY}
+    if batch or noop:
+        # concurrency left to its batch default: max_events x max_requests events in flight.
+        target = {"name": "local", "url": collector.url,
+                  "batch": {"max_events": BATCH_EVENTS, "max_requests": BATCH_REQUESTS}}
+    if noop:
+        target["type"] = f"{__name__}.NoopKind"
     config = build_config({
         "kafka": {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": f"bench-relay-{time.time_ns()}",
                   "dlq_topic": topic + ".dlq", "consumer_properties": dict(FAST_GROUP_PROPERTIES)},
-        "collectors": [{"name": "local", "url": collector.url, "concurrency": CONCURRENCY}],
+        "collectors": [target],
         "http": {"port": None},
     })
 
@@ -108,7 +170,7 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int) -
 
     first, last = asyncio.run(main())
     delivered = collector.count() - base
-    if delivered < n:
+    if delivered < n and not noop:
         raise RuntimeError(f"collector received {delivered} of {n}")
     return (n - 1) / (last - first)
 
@@ -163,12 +225,28 @@ def main() -> None:
             ceiling, relay = statistics.median(ceilings), statistics.median(relays)
             print(f"post ceiling: {ceiling:,.0f} events/s (median)")
             print(f"relay:        {relay:,.0f} events/s (median)")
+            batch_target = collector.url + BATCH_PATH
+            batch_ceilings, batch_relays = [], []
+            for r in range(args.rounds):
+                batch_ceilings.append(asyncio.run(batch_ceiling(batch_target, [v for _, v in stream])))
+                batch_relays.append(relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True))
+                print(f"batch round {r + 1}: batch POST ceiling {batch_ceilings[-1]:,.0f} events/s, "
+                      f"relay to batch collector {batch_relays[-1]:,.0f} events/s")
+            batch_ceiling_eps, batch_relay = statistics.median(batch_ceilings), statistics.median(batch_relays)
+            print(f"batch ceiling: {batch_ceiling_eps:,.0f} events/s (median; {BATCH_EVENTS} events per POST, "
+                  f"{BATCH_REQUESTS} in flight)")
+            print(f"batch relay:   {batch_relay:,.0f} events/s (median)")
+            pipeline = relay_eps(broker.bootstrap_servers, topic, collector, n, noop=True)
+            print(f"pipeline alone (no-op collector, batch settings): {pipeline:,.0f} events/s")
             naive = naive_eps(broker.bootstrap_servers, topic, target, min(n, args.naive_events))
             print(f"naive loop:   {naive:,.0f} events/s")
         finally:
             collector.stop()
     figures = {"relay_eps": round(relay, 1), "post_ceiling_eps": round(ceiling, 1), "naive_eps": round(naive, 1),
-               "ratio_vs_ceiling": round(relay / ceiling, 3), "ratio_vs_naive": round(relay / naive, 2)}
+               "ratio_vs_ceiling": round(relay / ceiling, 3), "ratio_vs_naive": round(relay / naive, 2),
+               "batch_relay_eps": round(batch_relay, 1), "batch_ceiling_eps": round(batch_ceiling_eps, 1),
+               "ratio_vs_batch_ceiling": round(batch_relay / batch_ceiling_eps, 3),
+               "pipeline_eps": round(pipeline, 1)}
     print(json.dumps(figures))
 
 

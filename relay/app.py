@@ -29,7 +29,7 @@ from relay.lane import CollectorLane
 from relay.logs import log_event
 from relay.metrics import RelayMetrics
 from relay.sinks.deadletter import DeadLetterWriter
-from relay.sinks.http import HttpCollector
+from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
 from relay.source.kafka import KafkaSource
 from relay.source.offsets import OffsetTracker, Partition
@@ -69,7 +69,7 @@ class Relay:
         self.dead_letters = DeadLetterWriter(bootstrap_servers=k.bootstrap_servers, topic=k.dlq_topic,
                                              properties=k.producer_properties, metrics=self.metrics)
         self.lanes = [
-            CollectorLane(HttpCollector(c, self.metrics.for_collector(c.name)), c, pipeline=config.pipeline,
+            CollectorLane(build_collector(c, self.metrics.for_collector(c.name)), c, pipeline=config.pipeline,
                           metrics=self.metrics.for_collector(c.name), dead_letters=self.dead_letters)
             for c in config.collectors
         ]

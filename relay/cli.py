@@ -133,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lineage-relay: {err}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except ConfigError as err:  # found at start-up: a token file or TLS file that cannot be read
+        print(f"lineage-relay: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -44,7 +44,7 @@ class CollectorLane:
         self.name = collector.name
         self.collector = collector
         self.max_pending = config.max_pending
-        router = Router(config.route)
+        router = Router(config.route, config.event_kinds)
         self._router = None if router.routes_everything else router
         rewriter = Rewriter(config.rewrite)
         self._rewriter = None if rewriter.is_noop else rewriter

@@ -26,6 +26,7 @@ class CollectorMetrics:
     open_runs: Gauge
     _dropped: Counter
     _runs_expired: Counter
+    _batch_requests: Counter
     name: str
 
     def dropped(self, reason: str) -> Counter:
@@ -33,6 +34,9 @@ class CollectorMetrics:
 
     def runs_expired(self, reason: str) -> Counter:
         return self._runs_expired.labels(collector=self.name, reason=reason)
+
+    def batch_requests(self, result: str) -> Counter:
+        return self._batch_requests.labels(collector=self.name, result=result)
 
 
 class RelayMetrics:
@@ -66,6 +70,8 @@ class RelayMetrics:
                                ["collector"], registry=r)
         self.state_writes = Counter(p + "run_state_writes", "Run-state changelog records acknowledged, by result",
                                     ["result"], registry=r)
+        self.batch_requests = Counter(p + "batch_requests", "Batch POSTs answered, by result (ok, partial, retry, "
+                                      "refused, unattributed)", ["collector", "result"], registry=r)
         self.runs_restored = Counter(p + "runs_restored", "Run states read back from the changelog on assignment",
                                      ["collector"], registry=r)
 
@@ -77,4 +83,4 @@ class RelayMetrics:
             facets_dropped=self.facets_dropped.labels(collector=name),
             starts_synthesized=self.starts_synthesized.labels(collector=name),
             open_runs=self.open_runs.labels(collector=name),
-            _dropped=self.dropped, _runs_expired=self.runs_expired, name=name)
+            _dropped=self.dropped, _runs_expired=self.runs_expired, _batch_requests=self.batch_requests, name=name)

@@ -3,6 +3,10 @@
 It follows the OpenLineage HTTP contract as Marquez implements it: ``POST <path>`` with
 a JSON body; 201 on success, 415 without a JSON content type, 400 for a body that is not
 a JSON object, 401 when a token is configured and the Bearer header does not match.
+With ``batch_path`` it also serves the spec's ``POST /lineage/batch``: a JSON array of
+events; 204 when every event was taken, else 200 with ``{"status": "partial_success",
+"summary": {...}, "failed_events": [{"index", "reason", "retriable"}]}`` (an event
+:meth:`reject_when` refuses fails alone; retriable when its status is 408, 429 or 5xx).
 Faults are scripted per request (:meth:`RecordingCollector.fail_next`), for a period
 (:meth:`set_outage`), or by content (:meth:`reject_when`), including slow answers and
 connection resets.
@@ -65,8 +69,11 @@ class _Script:
 class RecordingCollector:
     def __init__(self, *, path: str = "/api/v1/lineage", ok_status: int = 201, token: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, record: bool = True, latency_s: float = 0.0,
-                 store: LineageStore | None = None) -> None:
+                 store: LineageStore | None = None, batch_path: str | None = None) -> None:
         self.path = path
+        self.batch_path = batch_path
+        #: Batch requests answered (any status).
+        self.batches = 0
         #: Added to every successful answer, to model a collector's processing time.
         self.latency_s = latency_s
         self.ok_status = ok_status
@@ -175,6 +182,64 @@ class RecordingCollector:
         self._note(now, fault.status, raw)
         return web.Response(status=fault.status, text=fault.body, headers=headers)
 
+    async def _handle_batch(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.in_flight += 1
+            self.batches += 1
+        try:
+            return await self._handle_batch_one(request)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _handle_batch_one(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        now = time.monotonic()
+        with self._lock:
+            fault = self._script.next_faults.popleft() if self._script.next_faults else self._script.outage
+            rejector = self._script.rejector
+        if fault is not None:
+            if fault.delay_s:
+                await asyncio.sleep(fault.delay_s)
+            if fault.reset and request.transport is not None:
+                request.transport.close()
+                return web.Response(status=fault.status)
+            headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+            return web.Response(status=fault.status, text=fault.body, headers=headers)
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.Response(status=401, text="unauthorized")
+        if not request.content_type.startswith("application/json"):
+            return web.Response(status=415, text="expected application/json")
+        try:
+            docs = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return web.Response(status=400, text="body is not JSON")
+        if not isinstance(docs, list) or not all(isinstance(d, dict) for d in docs):
+            return web.Response(status=400, text="batch body is not a JSON array of event objects")
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        failed = []
+        for index, doc in enumerate(docs):
+            status = rejector(doc) if rejector is not None else None
+            if status is not None:
+                failed.append({"index": index, "reason": f"rejected by script with {status}",
+                               "retriable": status in (408, 429) or status >= 500})
+                self._note(now, status, doc)
+                continue
+            if self.store is not None:
+                self.store.add(doc)
+            with self._lock:
+                self.count += 1
+                if self.record:
+                    self.received.append(Received(doc, orjson.dumps(doc), dict(request.headers), now))
+            self._note(now, self.ok_status, doc)
+        if not failed:
+            return web.Response(status=204)
+        retriable = sum(1 for f in failed if f["retriable"])
+        summary = {"received": len(docs), "successful": len(docs) - len(failed), "failed": len(failed),
+                   "retriable": retriable, "non_retriable": len(failed) - retriable}
+        return web.json_response({"status": "partial_success", "summary": summary, "failed_events": failed})
+
     def _note(self, now: float, status: int | None, raw_or_doc: Any) -> None:
         doc = raw_or_doc
         if isinstance(raw_or_doc, bytes):
@@ -195,11 +260,13 @@ class RecordingCollector:
         return web.Response(status=status, text=text)
 
     async def _stats(self, _request: web.Request) -> web.Response:
-        return web.json_response({"count": self.count})
+        return web.json_response({"count": self.count, "batches": self.batches})
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post(self.path, self._handle)
+        if self.batch_path is not None:
+            app.router.add_post(self.batch_path, self._handle_batch)
         app.router.add_get("/stats", self._stats)
         return app
 
@@ -243,9 +310,11 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--path", default="/api/v1/lineage")
+    parser.add_argument("--batch-path", help="also serve the spec's batch endpoint here, e.g. /api/v1/lineage/batch")
     parser.add_argument("--record", action="store_true", help="keep every event in memory")
     args = parser.parse_args()
-    collector = RecordingCollector(path=args.path, host=args.host, port=args.port, record=args.record)
+    collector = RecordingCollector(path=args.path, host=args.host, port=args.port, record=args.record,
+                                   batch_path=args.batch_path)
     try:
         import uvloop  # type: ignore[import-not-found]
         uvloop.install()

@@ -2,9 +2,9 @@
 
 :func:`plan` is pure: it turns events into *chains* (one per run, in the per-run order
 rule; one per event without a run) and names what it left out. :class:`BatchDelivery`
-sends chains through the relay's own :class:`HttpCollector` (same retries, same
-headers) after the collector's ``rewrite``: the events of a chain one at a time, up to
-the collector's ``concurrency`` chains at once.
+sends chains through the collector the relay would build for it (its kind, same retries,
+same credentials, batches where it has ``batch``) after the collector's ``rewrite``: the
+events of a chain one at a time, up to the collector's ``concurrency`` chains at once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import orjson
 from relay.config import CollectorConfig, RetryConfig
 from relay.events import LineageEvent
 from relay.metrics import RelayMetrics
-from relay.sinks.http import HttpCollector
+from relay.sinks.kinds import build_collector
 from relay.stages.rewrite import Rewriter
 
 #: Dropped by :func:`plan`: a later terminal event of a run that already has one.
@@ -114,7 +114,7 @@ class BatchDelivery:
         rewriter = Rewriter(config.rewrite)
         self._rewriter = None if rewriter.is_noop else rewriter
         self._metrics = RelayMetrics()
-        self._http = HttpCollector(config, self._metrics.for_collector(config.name))
+        self._http = build_collector(config, self._metrics.for_collector(config.name))
 
     @property
     def retries(self) -> int:

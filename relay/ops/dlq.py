@@ -238,7 +238,7 @@ def to_collectors(config: RelayConfig, chosen: list[DeadLetter], args: argparse.
     marked once every collector it was meant for has it."""
     by_name = {c.name: c for c in config.collectors}
     dlq = config.kafka.dlq_topic
-    routers = [(c.name, Router(c.route)) for c in config.collectors]
+    routers = [(c.name, Router(c.route, c.event_kinds)) for c in config.collectors]
     remaining: dict[tuple[int, int], int] = {}
     # collector -> digest -> records carrying that content (sent once, settles all).
     per_collector: dict[str, dict[bytes, list[DeadLetter]]] = defaultdict(dict)

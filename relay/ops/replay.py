@@ -132,7 +132,7 @@ def request_from_args(args: argparse.Namespace, config: RelayConfig) -> ReplayRe
 def collect(config: RelayConfig, request: ReplayRequest, summary: ReplaySummary,
             consumer: Consumer, stream: TextIO) -> list[LineageEvent]:
     """Read the range; return the events to deliver (decoded, routed, deduplicated)."""
-    router = Router(request.collector.route)
+    router = Router(request.collector.route, request.collector.event_kinds)
     seen: set[bytes] = set()
     kept: list[LineageEvent] = []
     total = sum(r.size for r in summary.ranges)

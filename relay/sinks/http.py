@@ -4,6 +4,12 @@ Retries (tenacity) on connection errors, timeouts, 408, 429 and 5xx with capped
 exponential backoff and full jitter; a Retry-After header sets a collector-wide
 "not before" time, so no other request to that collector overruns it. Any other 4xx
 is permanent: the event is returned as :class:`Undeliverable` for the dead-letter topic.
+Which statuses mean what is the collector kind's ``classify`` (:mod:`relay.sinks.kinds`);
+with a ``token_file``, a 401 re-reads the file and is retried, so a rotated secret is
+picked up without restart (and a wrong one pauses delivery instead of dead-lettering).
+
+The connection (session, TLS, credentials, the Retry-After gate) is shared with
+:class:`~relay.sinks.batch.BatchCollector` through :meth:`HttpCollector.exchange`.
 """
 
 from __future__ import annotations
@@ -12,15 +18,18 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
-from yarl import URL
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
+from yarl import URL
 
 from relay import __version__
 from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
+from relay.sinks.auth import TokenSource, auth_header_value, ssl_context
 from relay.sinks.base import Undeliverable
 from relay.sinks.retry import Verdict, backoff, classify, retry_after
 
@@ -28,30 +37,53 @@ log = logging.getLogger("relay.sinks.http")
 _SNIPPET = 300
 
 
-class _Retriable(Exception):
+class Retriable(Exception):
+    """An attempt that deserves another try: no answer, or a retriable status."""
+
     def __init__(self, detail: str, status: int | None, wait_s: float | None) -> None:
         super().__init__(detail)
         self.detail, self.status, self.wait_s = detail, status, wait_s
 
 
+@dataclass(slots=True)
+class Reply:
+    """A collector's answer: the whole body for 2xx, the first bytes otherwise."""
+
+    status: int
+    body: bytes
+    #: Seconds from a Retry-After header, when the answer carried one.
+    wait_s: float | None = None
+
+    @property
+    def snippet(self) -> str:
+        return self.body[:_SNIPPET].decode("utf-8", "replace")
+
+
 class HttpCollector:
-    def __init__(self, config: CollectorConfig, metrics: CollectorMetrics) -> None:
+    def __init__(self, config: CollectorConfig, metrics: CollectorMetrics,
+                 classify_status: Callable[[int | None], Verdict] = classify) -> None:
         self.name = config.name
         self.config = config
         self._metrics = metrics
+        self._classify = classify_status
         # Parsed once: parsing the URL string was a measurable share of each POST.
         self._target = URL(config.target)
         self._session: aiohttp.ClientSession | None = None
         self._not_before = 0.0
         self._rand = random.Random()
+        self._tokens = TokenSource(config)
+        self._auth: dict[str, str] | None = None  # per-request header of a rotating token
+        self._auth_token: str | None = None
         headers = {"Content-Type": "application/json", "User-Agent": f"lineage-relay/{__version__}",
                    **config.headers}
-        if config.token is not None:
-            headers["Authorization"] = f"Bearer {config.token.get_secret_value()}"
+        token = self._tokens.current()
+        if token is not None and not self._tokens.rotates:
+            headers[config.auth_header] = auth_header_value(config, token)
         self._headers = headers
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.config.concurrency, keepalive_timeout=30, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=self.config.concurrency, keepalive_timeout=30, ttl_dns_cache=300,
+                                         ssl=ssl_context(self.config) or True)
         # Collectors set no cookies and answer small bodies: skipping the cookie jar,
         # compression negotiation and decompression is measurably cheaper per POST.
         self._session = aiohttp.ClientSession(
@@ -64,69 +96,91 @@ class HttpCollector:
             await self._session.close()
             self._session = None
 
-    async def _attempt(self, body: bytes) -> Undeliverable | None:
-        """One POST. Raises _Retriable for what deserves another try."""
+    def _auth_headers(self) -> dict[str, str] | None:
+        if not self._tokens.rotates:
+            return None
+        token = self._tokens.current()
+        if token != self._auth_token:
+            self._auth_token = token
+            self._auth = {self.config.auth_header: auth_header_value(self.config, token)} if token else None
+        return self._auth
+
+    def verdict(self, status: int | None) -> Verdict:
+        """The kind's verdict, except that a 401 is retried when the token comes from a
+        file (re-read by :meth:`exchange`): fixing the file resumes delivery."""
+        if status == 401 and self._tokens.rotates:
+            return Verdict.RETRY
+        return self._classify(status)
+
+    async def exchange(self, url: URL, body: bytes) -> Reply:
+        """One POST to ``url``, after any Retry-After wait. Raises :class:`Retriable` when
+        there is no answer (connection error, reset, timeout)."""
         wait = self._not_before - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
         assert self._session is not None
         try:
-            async with self._session.post(self._target, data=body) as resp:
+            async with self._session.post(url, data=body, headers=self._auth_headers()) as resp:
                 status = resp.status
-                verdict = classify(status)
-                if verdict is Verdict.SUCCESS:
-                    await resp.read()
-                    return None
-                snippet = (await resp.content.read(_SNIPPET)).decode("utf-8", "replace")
-                if verdict is Verdict.REJECT:
-                    return Undeliverable("collector_rejected", f"HTTP {status}: {snippet}", status)
+                if 200 <= status < 300:
+                    return Reply(status, await resp.read())
+                reply = Reply(status, await resp.content.read(_SNIPPET))
+                if status == 401:
+                    self._tokens.refresh()
                 after = retry_after(resp.headers.get("Retry-After"))
-                if after:
+                if after and self.verdict(status) is Verdict.RETRY:
+                    reply.wait_s = after
                     self._not_before = max(self._not_before, time.monotonic() + after)
-                raise _Retriable(f"HTTP {status}: {snippet}", status, after)
+                return reply
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-            raise _Retriable(f"{type(err).__name__}: {err}", None, None) from err
+            raise Retriable(f"{type(err).__name__}: {err}", None, None) from err
+
+    async def _attempt(self, body: bytes) -> Undeliverable | None:
+        """One POST of one event. Raises Retriable for what deserves another try."""
+        reply = await self.exchange(self._target, body)
+        verdict = self.verdict(reply.status)
+        if verdict is Verdict.SUCCESS:
+            return None
+        if verdict is Verdict.REJECT:
+            return Undeliverable("collector_rejected", f"HTTP {reply.status}: {reply.snippet}", reply.status)
+        raise Retriable(f"HTTP {reply.status}: {reply.snippet}", reply.status, reply.wait_s)
+
+    def backoff_s(self, attempt: int, wait_s: float | None) -> float:
+        """How long to wait after failed attempt number ``attempt`` (1-based): full jitter,
+        at least what a Retry-After asked for."""
+        jitter = backoff(attempt, initial_s=self.config.retry.initial_backoff_s,
+                         cap_s=self.config.retry.max_backoff_s, rand=self._rand.random)
+        return max(jitter, wait_s or 0.0)
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        jitter = backoff(state.attempt_number + 1, initial_s=self.config.retry.initial_backoff_s,
-                         cap_s=self.config.retry.max_backoff_s, rand=self._rand.random)
-        after = getattr(exc, "wait_s", None) or 0.0
-        return max(jitter, after)
+        return self.backoff_s(state.attempt_number + 1, getattr(exc, "wait_s", None))
 
     def _before_sleep(self, state: RetryCallState) -> None:
         self._metrics.retried.inc()
         exc = state.outcome.exception() if state.outcome else None
         log_event(log, logging.WARNING, "delivery_retry", collector=self.name,
-                  attempt=state.attempt_number, status=getattr(exc, "status", None),
+                  attempt=state.attempt_number + 1, status=getattr(exc, "status", None),
                   detail=getattr(exc, "detail", str(exc))[:200])
 
     async def deliver(self, body: bytes) -> Undeliverable | None:
         try:
             # Fast path: most deliveries succeed first time; skip the retry machinery.
             return await self._attempt(body)
-        except _Retriable as first:
+        except Retriable as first:
             failure = first
         max_attempts = self.config.retry.max_attempts
         if max_attempts == 1:
             return Undeliverable("retries_exhausted", f"after 1 attempt: {failure.detail}", failure.status)
-        self._before_sleep_once(failure)
-        await asyncio.sleep(self._wait_first(failure))
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(max_attempts - 1) if max_attempts else stop_never,
-            wait=self._wait, retry=retry_if_exception_type(_Retriable),
-            before_sleep=self._before_sleep, reraise=True)
-        try:
-            return await retrying(self._attempt, body)
-        except _Retriable as last:
-            return Undeliverable("retries_exhausted", f"after {max_attempts} attempts: {last.detail}", last.status)
-
-    def _before_sleep_once(self, failure: _Retriable) -> None:
         self._metrics.retried.inc()
         log_event(log, logging.WARNING, "delivery_retry", collector=self.name, attempt=1,
                   status=failure.status, detail=failure.detail[:200])
-
-    def _wait_first(self, failure: _Retriable) -> float:
-        jitter = backoff(1, initial_s=self.config.retry.initial_backoff_s,
-                         cap_s=self.config.retry.max_backoff_s, rand=self._rand.random)
-        return max(jitter, failure.wait_s or 0.0)
+        await asyncio.sleep(self.backoff_s(1, failure.wait_s))
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(max_attempts - 1) if max_attempts else stop_never,
+            wait=self._wait, retry=retry_if_exception_type(Retriable),
+            before_sleep=self._before_sleep, reraise=True)
+        try:
+            return await retrying(self._attempt, body)
+        except Retriable as last:
+            return Undeliverable("retries_exhausted", f"after {max_attempts} attempts: {last.detail}", last.status)

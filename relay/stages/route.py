@@ -17,6 +17,9 @@ A rule matches when every field it gives matches (an absent field matches anythi
 * ``kinds``: the event is one of these kinds (``run``, ``dataset``, ``job``).
 
 Rules see the event as its producer sent it, before any per-collector rewrite.
+
+Before any rule, an event of a kind the collector does not take (its ``event_kinds``,
+which its collector kind defaults) is refused with :data:`UNSUPPORTED_EVENT_KIND`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from relay.events import EVENT_TYPES, LineageEvent
 #: The reason an event is not forwarded to a collector whose routes exclude it
 #: (a metric label; the event is not dead-lettered, it was simply not meant for it).
 NOT_ROUTED = "not_routed"
+#: The reason an event is not forwarded to a collector that does not take its kind (e.g.
+#: a DatasetEvent to a collector that only takes RunEvents; see ``event_kinds``).
+UNSUPPORTED_EVENT_KIND = "unsupported_event_kind"
+_ALL_KINDS = frozenset({"run", "dataset", "job"})
 
 _GLOB_MAGIC = frozenset("*?[")
 
@@ -144,19 +151,26 @@ class Router:
     (then ``event.body`` is parsed once per call). Patterns are compiled here, not per event.
     """
 
-    __slots__ = ("_include", "_exclude")
+    __slots__ = ("_include", "_exclude", "_kinds")
 
-    def __init__(self, config: RouteConfig) -> None:
+    def __init__(self, config: RouteConfig, event_kinds: tuple[str, ...] | None = None) -> None:
         self._include = tuple(_CompiledRule(rule) for rule in config.include)
         self._exclude = tuple(_CompiledRule(rule) for rule in config.exclude)
+        kinds = frozenset(event_kinds) if event_kinds is not None else _ALL_KINDS
+        #: The event kinds the collector takes, or None when it takes them all.
+        self._kinds = None if kinds >= _ALL_KINDS else kinds
 
     @property
     def routes_everything(self) -> bool:
-        """True when there are no rules at all: the caller may skip :meth:`accepts`."""
-        return not self._include and not self._exclude
+        """True when there are no rules and every event kind is taken: the caller may skip
+        :meth:`accepts`."""
+        return not self._include and not self._exclude and self._kinds is None
 
     def accepts(self, event: LineageEvent) -> str | None:
-        """``None`` when ``event`` is routed to this collector, else the reason ``not_routed``."""
+        """``None`` when ``event`` is routed to this collector, else the reason:
+        ``unsupported_event_kind`` (the collector does not take its kind) or ``not_routed``."""
+        if self._kinds is not None and event.kind not in self._kinds:
+            return UNSUPPORTED_EVENT_KIND
         namespaces: list[str] | None = None
         if self._include:
             for rule in self._include:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -72,8 +73,6 @@ async def test_retry_after_blocks_every_request_to_that_collector(server):
     http, _ = collector_for(server, token="tok")
     await http.start()
     try:
-        import asyncio
-
         t0 = time.monotonic()
         first = asyncio.create_task(http.deliver(BODY))
         while not server.attempts:  # the 429 has been answered
@@ -88,3 +87,37 @@ async def test_retry_after_blocks_every_request_to_that_collector(server):
     assert len(ok_times) == 2
     assert min(ok_times) - server.attempts[0].at >= 1.0, "a request overran the collector's Retry-After"
     assert second_started - t0 < 1.0
+
+
+async def test_401_with_a_token_file_rereads_it_and_delivers_once_fixed(server, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("stale")
+    http, metrics = collector_for(server, token_file=str(token_file))
+    await http.start()
+    try:
+        delivery = asyncio.create_task(http.deliver(BODY))
+        while len(server.attempts) < 2:  # refused at least twice: retried, not dead-lettered
+            await asyncio.sleep(0.005)
+        token_file.write_text("tok\n")
+        assert await asyncio.wait_for(delivery, 10) is None
+    finally:
+        await http.close()
+    statuses = [a.status for a in server.attempts]
+    assert statuses[-1] == 201 and set(statuses[:-1]) == {401}
+    assert server.received[0].headers["Authorization"] == "Bearer tok"
+
+
+async def test_custom_auth_header_and_scheme():
+    bare = RecordingCollector(token=None).start()
+    try:
+        http, _ = collector_for(bare, token="k-123", auth_header="X-API-Key", auth_scheme="",
+                                headers={"X-Tenant": "data"})
+        await http.start()
+        try:
+            assert await http.deliver(BODY) is None
+        finally:
+            await http.close()
+        headers = bare.received[0].headers
+        assert headers["X-API-Key"] == "k-123" and headers["X-Tenant"] == "data" and "Authorization" not in headers
+    finally:
+        bare.stop()

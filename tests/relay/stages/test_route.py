@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from relay.embedded.sample import dataset_event, job_event, spark_run
 from relay.events import LineageEvent
 from relay.stages.decode import decode_record
-from relay.stages.route import NOT_ROUTED, RouteConfig, Router
+from relay.stages.route import NOT_ROUTED, UNSUPPORTED_EVENT_KIND, RouteConfig, Router
 
 START = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
 
@@ -171,3 +171,15 @@ def test_config_is_frozen() -> None:
     with pytest.raises(ValidationError):
         config.include = ()  # type: ignore[misc]
     assert config.include[0].event_types is None
+
+
+def test_event_kinds_the_collector_does_not_take_are_refused_before_any_rule() -> None:
+    dataset = decoded(dataset_event("s3://x", "t", event_time=START))
+    job = decoded(job_event("ns", "j", event_time=START))
+    runs_only = Router(RouteConfig.model_validate({"include": [{"kinds": ["dataset", "job"]}]}), ("run",))
+    assert not runs_only.routes_everything
+    assert runs_only.accepts(dataset) == UNSUPPORTED_EVENT_KIND
+    assert runs_only.accepts(job) == UNSUPPORTED_EVENT_KIND
+    assert runs_only.accepts(run_events()["START"]) == NOT_ROUTED  # taken by kind, not by the rule
+    everything = Router(RouteConfig(), ("job", "run", "dataset"))
+    assert everything.routes_everything and everything.accepts(dataset) is None

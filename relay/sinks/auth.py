@@ -1,0 +1,127 @@
+"""Where a collector's credentials come from: the bearer token and the TLS context.
+
+:class:`TokenSource` gives the token to send. An inline token or one from ``token_env`` is
+fixed for the process's life; a ``token_file`` (a mounted secret) is re-read when it
+changes: its identity (inode, mtime, size) is checked at most once per ``check_every_s``,
+and at once when the collector answers 401, so a rotated secret is used without restart.
+
+Secrets never print: nothing here logs a token or puts it in an exception message, and
+:meth:`TokenSource.__repr__` shows where the token comes from, not what it is.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import time
+from collections.abc import Callable
+
+from relay.config import CollectorConfig
+from relay.errors import ConfigError
+
+#: A token file is stat()ed at most this often (plus on every 401).
+CHECK_EVERY_S = 1.0
+
+
+class TokenSource:
+    """The current token of one collector (``None``: it sends no credentials)."""
+
+    def __init__(self, config: CollectorConfig, *, clock: Callable[[], float] = time.monotonic,
+                 check_every_s: float = CHECK_EVERY_S) -> None:
+        self._where = f"collectors.{config.name}"
+        self._file = config.token_file
+        self._clock = clock
+        self._check_every_s = check_every_s
+        self._next_check = 0.0
+        self._stamp: tuple[int, int, int] | None = None
+        self._token: str | None = None
+        if config.token is not None:
+            self._token = config.token.get_secret_value()
+        elif config.token_env is not None:
+            value = os.environ.get(config.token_env)
+            if not value:
+                raise ConfigError(f"{self._where}.token_env: environment variable {config.token_env} is not set "
+                                  "or empty; export it (e.g. from a Secret) or use token_file")
+            self._token = value.strip()
+        #: True when the token can change while the relay runs.
+        self.rotates = self._file is not None
+        if self._file is not None:
+            self._read(initial=True)
+
+    def __repr__(self) -> str:
+        source = f"file {self._file}" if self._file else ("fixed" if self._token else "none")
+        return f"TokenSource({self._where}, {source})"
+
+    def current(self) -> str | None:
+        """The token to send now; for a token file, re-read if it changed (cheap: one
+        ``stat`` per ``check_every_s`` at most)."""
+        if self._file is not None:
+            now = self._clock()
+            if now >= self._next_check:
+                self._next_check = now + self._check_every_s
+                self._read()
+        return self._token
+
+    def refresh(self) -> bool:
+        """Re-read a token file now (the collector refused the token). True if it changed."""
+        if self._file is None:
+            return False
+        self._next_check = self._clock() + self._check_every_s
+        return self._read()
+
+    def _read(self, *, initial: bool = False) -> bool:
+        assert self._file is not None
+        try:
+            st = os.stat(self._file)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp:
+                return False
+            with open(self._file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as err:
+            if initial:
+                raise ConfigError(f"{self._where}.token_file: cannot read {self._file} ({err.strerror}); "
+                                  "mount the secret there or fix the path") from None
+            return False  # mid-rotation (file briefly absent): keep the last token
+        if not token:
+            if initial:
+                raise ConfigError(f"{self._where}.token_file: {self._file} is empty; write the token into it")
+            return False
+        self._stamp = stamp
+        changed = token != self._token
+        self._token = token
+        return changed
+
+
+def auth_header_value(config: CollectorConfig, token: str) -> str:
+    return f"{config.auth_scheme} {token}" if config.auth_scheme else token
+
+
+def ssl_context(config: CollectorConfig) -> ssl.SSLContext | None:
+    """The TLS context for ``config.tls``, or None for the defaults (system CAs, verified).
+
+    Raises :class:`ConfigError` naming the key when a file cannot be loaded."""
+    tls = config.tls
+    if tls.ca_bundle is None and tls.client_cert is None and tls.verify:
+        return None
+    where = f"collectors.{config.name}.tls"
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_bundle)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"{where}.ca_bundle: cannot load {tls.ca_bundle} ({_why(err)}); "
+                          "give a readable PEM file of the CA certificate(s)") from None
+    if not tls.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if tls.client_cert is not None:
+        try:
+            context.load_cert_chain(tls.client_cert, tls.client_key)
+        except (OSError, ssl.SSLError) as err:
+            raise ConfigError(f"{where}.client_cert: cannot load {tls.client_cert}"
+                              f"{' with ' + tls.client_key if tls.client_key else ''} ({_why(err)}); "
+                              "give PEM files of the client certificate and its unencrypted key") from None
+    return context
+
+
+def _why(err: Exception) -> str:
+    return getattr(err, "strerror", None) or getattr(err, "reason", None) or type(err).__name__

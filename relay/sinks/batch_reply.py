@@ -1,0 +1,110 @@
+"""What a batch endpoint's answer means for each event in the batch: pure, no I/O.
+
+The OpenLineage spec's ``POST /lineage/batch`` answers 204 (all received), or 200 with
+``{"status": "success" | "partial_success", "summary": {...}, "failed_events": [{"index",
+"reason", "retriable"}]}``. OpenMetadata answers the same shape with ``failedEvents`` and
+``status: "failure"`` when nothing went in; both spellings are read.
+
+:func:`read_batch_reply` turns one answer into one :class:`EventOutcome` per event:
+
+* 2xx: each event listed as failed is ``retry`` when ``retriable`` is true, ``reject``
+  (dead letter) otherwise (also when the flag is missing: an unknown failure is not retried
+  forever); every other event is delivered. A reply that reports failures without saying
+  which events failed (no list, or entries without a valid index) cannot be attributed:
+  every event not known to have failed is re-sent alone (``single``; at-least-once).
+* a retriable status (408, 429, 5xx; see the kind's classify): every event is ``retry``.
+* a permanent status (other 4xx): the batch as a whole was refused, perhaps for one bad
+  event; every event is re-sent alone on the single-event endpoint (``single``), so only
+  the bad one is dead-lettered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import orjson
+
+from relay.sinks.retry import Verdict
+
+Outcome = Literal["delivered", "retry", "reject", "single"]
+
+
+@dataclass(frozen=True, slots=True)
+class EventOutcome:
+    outcome: Outcome
+    detail: str = ""
+    #: The HTTP status when the batch as a whole was answered with an error.
+    status: int | None = None
+
+
+DELIVERED = EventOutcome("delivered")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReading:
+    """Per-event outcomes, in batch order, and what was odd about the reply (for the log)."""
+
+    outcomes: list[EventOutcome]
+    #: ``ok`` | ``partial`` | ``retry`` | ``refused`` | ``unattributed``: a metric label.
+    result: str
+    note: str = ""
+
+
+def read_batch_reply(status: int, body: bytes, count: int,
+                     classify: Callable[[int | None], Verdict]) -> BatchReading:
+    verdict = classify(status)
+    if verdict is Verdict.RETRY:
+        outcome = EventOutcome("retry", f"batch answered HTTP {status}: {_snippet(body)}", status)
+        return BatchReading([outcome] * count, "retry")
+    if verdict is Verdict.REJECT:
+        outcome = EventOutcome("single", f"batch refused with HTTP {status}: {_snippet(body)}", status)
+        return BatchReading([outcome] * count, "refused")
+    reply = _json_object(body)
+    if reply is None:
+        return BatchReading([DELIVERED] * count, "ok")
+    failed = reply.get("failed_events", reply.get("failedEvents"))
+    state = reply.get("status")
+    if not isinstance(failed, list) or not failed:
+        if state in ("partial_success", "failure") or _summary_failed(reply) > 0:
+            outcome = EventOutcome("single", f"batch reply says {state or 'some failed'} without listing "
+                                             "failed events; sending each event alone")
+            return BatchReading([outcome] * count, "unattributed", "failures not listed")
+        return BatchReading([DELIVERED] * count, "ok")
+    outcomes = [DELIVERED] * count
+    ignored = 0
+    for entry in failed:
+        index = entry.get("index") if isinstance(entry, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
+            ignored += 1
+            continue
+        reason = entry.get("reason")
+        detail = f"batch item {index} failed: {reason if isinstance(reason, str) else 'no reason given'}"
+        outcomes[index] = EventOutcome("retry" if entry.get("retriable") is True else "reject", detail)
+    if ignored:
+        # Some failures cannot be placed: whatever is not known to have failed goes again, alone.
+        resend = EventOutcome("single", f"{ignored} failed batch items had no valid index; sending alone")
+        outcomes = [resend if o is DELIVERED else o for o in outcomes]
+        return BatchReading(outcomes, "unattributed", f"{ignored} failed_events entries without a valid index")
+    return BatchReading(outcomes, "partial")
+
+
+def _json_object(body: bytes) -> dict | None:
+    if not body.strip():
+        return None
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _summary_failed(reply: dict) -> int:
+    summary = reply.get("summary")
+    failed = summary.get("failed") if isinstance(summary, dict) else None
+    return failed if isinstance(failed, int) and not isinstance(failed, bool) else 0
+
+
+def _snippet(body: bytes) -> str:
+    return body[:300].decode("utf-8", "replace")

@@ -1,0 +1,73 @@
+"""``type: atlan``: Atlan's OpenLineage ingestion.
+
+``POST https://<tenant>.atlan.com/events/openlineage/<connector>/api/v1/lineage`` with the
+Atlan API key as ``Authorization: Bearer <key>`` (required). Give ``tenant`` and
+``connector`` (e.g. ``spark``, ``airflow``) and the URL is built; ``url`` replaces the
+``https://<tenant>.atlan.com`` part (a proxy, a test server).
+
+Atlan only makes lineage of a run from its START and one terminal event (COMPLETE, FAIL
+or ABORT), so the default ``mode`` is ``consolidated``: each run goes as its START and
+one terminal event holding everything the run said. It takes RunEvents only. Job
+namespaces must equal the Atlan connection name: map them with ``rewrite.namespace_map``.
+Default size limit: 5 MB per event (shrunk by dropping facets first, see ``rewrite``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from pydantic import model_validator
+
+from relay.config import CollectorConfig, DeliveryMode, EventKind
+from relay.sinks.kinds.base import CollectorKind
+
+_TENANT = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_CONNECTOR = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def endpoint_for(connector: str) -> str:
+    return f"/events/openlineage/{connector}/api/v1/lineage"
+
+
+class AtlanConfig(CollectorConfig):
+    supports_batch: ClassVar[bool] = False
+    needs_token: ClassVar[bool] = True
+    default_max_event_bytes: ClassVar[int | None] = 5_000_000
+
+    type: str = "atlan"
+    #: ``acme`` for https://acme.atlan.com (or give ``url``).
+    tenant: str | None = None
+    #: The OpenLineage connector in the path, e.g. ``spark`` or ``airflow``.
+    connector: str
+    mode: DeliveryMode = "consolidated"
+    event_kinds: tuple[EventKind, ...] = ("run",)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_from_tenant(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        tenant, connector = data.get("tenant"), data.get("connector")
+        if tenant is not None and data.get("url") is not None:
+            raise ValueError("tenant and url: give one; tenant builds https://<tenant>.atlan.com")
+        if isinstance(tenant, str):
+            if not _TENANT.match(tenant):
+                raise ValueError(f"tenant: {tenant!r} is not an Atlan tenant name; use the first label of "
+                                 "<tenant>.atlan.com, e.g. acme")
+            data = {**data, "url": f"https://{tenant}.atlan.com"}
+        elif data.get("url") is None:
+            raise ValueError("tenant: type atlan needs tenant (https://<tenant>.atlan.com) or url")
+        if isinstance(connector, str):
+            if not _CONNECTOR.match(connector):
+                raise ValueError(f"connector: {connector!r} must be a path segment such as spark or airflow")
+            if "endpoint" not in data:
+                data = {**data, "endpoint": endpoint_for(connector)}
+        return data
+
+
+class AtlanKind(CollectorKind):
+    kind = "atlan"
+    config_class = AtlanConfig
+    success_statuses = frozenset({200, 201, 202})
+    permanent_statuses = frozenset({400, 401, 403, 404, 413, 422})

@@ -1,0 +1,116 @@
+"""BatchCollector against a real aiohttp collector on loopback that follows the spec's
+``POST /lineage/batch`` contract (204, or 200 with ``failed_events``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import orjson
+import pytest
+
+from relay.config import CollectorConfig
+from relay.embedded.collector import RecordingCollector
+from relay.metrics import RelayMetrics
+from relay.sinks.batch import BatchCollector
+
+
+def event(i: int) -> bytes:
+    return orjson.dumps({"eventTime": "2024-01-01T00:00:00Z", "producer": "p", "schemaURL": "s",
+                         "eventType": "START", "run": {"runId": f"run-{i}"}, "job": {"namespace": "n", "name": "j"}})
+
+
+def batch_collector(server: RecordingCollector, **batch) -> tuple[BatchCollector, RelayMetrics]:
+    metrics = RelayMetrics()
+    cfg = CollectorConfig(name="b", url=server.url, batch={"linger_ms": 20, **batch},
+                          retry={"initial_backoff_s": 0.01, "max_backoff_s": 0.05})
+    return BatchCollector(cfg, metrics.for_collector("b")), metrics
+
+
+@pytest.fixture
+def server():
+    with RecordingCollector(batch_path="/api/v1/lineage/batch") as s:
+        yield s
+
+
+async def deliver_all(collector: BatchCollector, bodies: list[bytes]):
+    await collector.start()
+    try:
+        return await asyncio.gather(*(collector.deliver(b) for b in bodies))
+    finally:
+        await collector.close()
+
+
+async def test_concurrent_events_go_out_as_json_array_batches_within_max_events(server):
+    collector, metrics = batch_collector(server, max_events=5)
+    results = await deliver_all(collector, [event(i) for i in range(12)])
+    assert results == [None] * 12
+    assert server.count == 12 and server.batches == 3  # 5 + 5 + 2
+    assert sorted(e["run"]["runId"] for e in server.events()) == sorted(f"run-{i}" for i in range(12))
+    assert metrics.registry.get_sample_value("lineage_relay_batch_requests_total",
+                                             {"collector": "b", "result": "ok"}) == 3
+
+
+async def test_max_bytes_splits_batches(server):
+    bodies = [orjson.dumps({**orjson.loads(event(i)), "pad": "x" * 300}) for i in range(6)]
+    assert 2 * (len(bodies[0]) + 1) + 16 <= 1024 < 3 * (len(bodies[0]) + 1) + 16
+    collector, _ = batch_collector(server, max_events=100, max_bytes=1024)
+    assert await deliver_all(collector, bodies) == [None] * 6
+    assert server.count == 6 and server.batches == 3  # two events fit in 1024 bytes, three do not
+
+
+async def test_partial_success_retries_only_the_retriable_and_rejects_the_permanent(server):
+    tries: Counter[str] = Counter()
+
+    def script(doc):
+        run = doc["run"]["runId"]
+        tries[run] += 1
+        if run == "run-2" and tries[run] <= 2:
+            return 503  # retriable twice, then taken
+        if run == "run-4":
+            return 422  # never taken
+        return None
+
+    server.reject_when(script)
+    collector, metrics = batch_collector(server, max_events=10)
+    results = await deliver_all(collector, [event(i) for i in range(6)])
+    assert [r is None for r in results] == [True, True, True, True, False, True]
+    assert results[4].reason == "collector_rejected" and "rejected by script with 422" in results[4].detail
+    assert tries == {"run-0": 1, "run-1": 1, "run-2": 3, "run-3": 1, "run-4": 1, "run-5": 1}
+    assert Counter(e["run"]["runId"] for e in server.events()) == {f"run-{i}": 1 for i in (0, 1, 2, 3, 5)}
+    assert metrics.registry.get_sample_value("lineage_relay_delivery_retries_total", {"collector": "b"}) == 2
+
+
+async def test_a_batch_refused_whole_is_sent_event_by_event(server):
+    server.fail_next(1, 400)
+    collector, _ = batch_collector(server, max_events=10)
+    assert await deliver_all(collector, [event(i) for i in range(4)]) == [None] * 4
+    assert server.count == 4
+    assert server.batches == 1  # the refused one; then each event went to /api/v1/lineage
+
+
+async def test_whole_batch_outage_is_retried_after_retry_after(server):
+    server.fail_next(1, 503, retry_after="1")
+    collector, _ = batch_collector(server, max_events=10)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await deliver_all(collector, [event(i) for i in range(3)]) == [None] * 3
+    assert loop.time() - t0 >= 1.0
+    assert server.count == 3
+
+
+async def test_max_attempts_gives_up_with_retries_exhausted(server):
+    server.reject_when(lambda doc: 500 if doc["run"]["runId"] == "run-1" else None)
+    metrics = RelayMetrics()
+    cfg = CollectorConfig(name="b", url=server.url, batch={"linger_ms": 5},
+                          retry={"initial_backoff_s": 0.01, "max_backoff_s": 0.02, "max_attempts": 3})
+    results = await deliver_all(BatchCollector(cfg, metrics.for_collector("b")), [event(0), event(1)])
+    assert results[0] is None
+    assert results[1].reason == "retries_exhausted" and "after 3 attempts" in results[1].detail
+
+
+async def test_an_event_bigger_than_max_bytes_goes_alone(server):
+    big = orjson.dumps({**orjson.loads(event(0)), "pad": "x" * 4000})
+    collector, _ = batch_collector(server, max_bytes=2048)
+    assert await deliver_all(collector, [big, event(1)]) == [None, None]
+    assert server.count == 2 and server.batches == 1

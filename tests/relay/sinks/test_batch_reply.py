@@ -1,0 +1,53 @@
+"""read_batch_reply: what one batch answer means for each event (pure, plain data)."""
+
+from __future__ import annotations
+
+import orjson
+
+from relay.sinks.batch_reply import read_batch_reply
+from relay.sinks.retry import classify
+
+
+def outcomes(status: int, body: object, count: int) -> list[str]:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    return [o.outcome for o in read_batch_reply(status, raw, count, classify).outcomes]
+
+
+def test_204_and_plain_success_deliver_every_event():
+    assert outcomes(204, b"", 3) == ["delivered"] * 3
+    assert outcomes(200, {"status": "success", "summary": {"received": 3, "successful": 3, "failed": 0}}, 3) \
+        == ["delivered"] * 3
+    assert outcomes(200, b"not json", 2) == ["delivered"] * 2
+
+
+def test_partial_success_per_the_spec_retries_only_retriable_failures():
+    reply = {"status": "partial_success",
+             "summary": {"received": 4, "successful": 2, "failed": 2, "retriable": 1, "non_retriable": 1},
+             "failed_events": [{"index": 1, "reason": "Timeout", "retriable": True},
+                               {"index": 3, "reason": "Unsupported event type", "retriable": False}]}
+    reading = read_batch_reply(200, orjson.dumps(reply), 4, classify)
+    assert [o.outcome for o in reading.outcomes] == ["delivered", "retry", "delivered", "reject"]
+    assert reading.result == "partial"
+    assert "Unsupported event type" in reading.outcomes[3].detail
+
+
+def test_openmetadata_spelling_and_missing_retriable_flag_is_permanent():
+    reply = {"status": "partial_success", "summary": {"received": 2, "successful": 1, "failed": 1},
+             "failedEvents": [{"index": 0, "reason": "cannot resolve dataset"}]}
+    assert outcomes(200, reply, 2) == ["reject", "delivered"]
+
+
+def test_failures_that_cannot_be_placed_send_the_rest_alone():
+    assert outcomes(200, {"status": "partial_success", "summary": {"received": 2, "failed": 1}}, 2) \
+        == ["single", "single"]
+    reply = {"status": "partial_success", "failed_events": [{"index": 7, "retriable": True},
+                                                           {"index": 0, "retriable": True}]}
+    assert outcomes(200, reply, 2) == ["retry", "single"]
+
+
+def test_whole_batch_statuses():
+    assert outcomes(503, b"busy", 2) == ["retry", "retry"]
+    assert outcomes(429, b"", 1) == ["retry"]
+    refused = read_batch_reply(400, b"bad event in batch", 2, classify)
+    assert [o.outcome for o in refused.outcomes] == ["single", "single"]
+    assert refused.outcomes[0].status == 400 and refused.result == "refused"
