@@ -12,7 +12,9 @@ the KIP-848 group protocol is unsupported (use the classic protocol).
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
 import subprocess
 import time
 from pathlib import Path
@@ -46,6 +48,18 @@ def tansu_binary() -> Path:
     return path
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, ask for SIGKILL when the process that started the
+    broker dies, so a killed test run or demo never leaves a broker behind."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,7 +82,7 @@ class EmbeddedBroker:
         self._proc = subprocess.Popen(
             [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
