@@ -23,6 +23,8 @@ import orjson
 from relay.events import LineageEvent
 from relay.stages.decode import decode_record
 from relay.stages.merge import RunMerger
+# The same two actions as the sequencer's (one class each, so callers match them once).
+from relay.stages.sequence import Drop, Forward  # noqa: F401 - re-exported
 
 STATE_VERSION = 1
 
@@ -35,25 +37,10 @@ _TIME_SLOTS = frozenset({"first_seen", "touched", "ready_at", "settle_until", "r
 
 
 @dataclass(frozen=True, slots=True)
-class Forward:
-    """Send ``event`` now; ``event.ticket is None`` if the consolidator built it."""
-
-    event: LineageEvent
-
-
-@dataclass(frozen=True, slots=True)
 class Release:
     """``event`` is captured in its run's state; settle its ticket once that is persisted."""
 
     event: LineageEvent
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """``event`` is not sent: ``reason`` is ``after_terminal`` (its run was already emitted)."""
-
-    event: LineageEvent
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,8 @@ HoldPolicy = Literal["forward", "dead_letter"]
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Send ``event`` to the collector now."""
+    """Send ``event`` to the collector now (``event.ticket is None`` when the run
+    consolidator built it)."""
 
     event: LineageEvent
 
