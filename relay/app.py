@@ -3,8 +3,12 @@
 Guarantees:
 - at-least-once: an offset is committed only when every record at or below it reached
   every collector (or the dead-letter topic), or was deliberately not forwarded;
-- bounded memory: when a lane has ``max_pending`` undelivered events, consumption pauses
-  (all assigned partitions feed every collector) and resumes at half that;
+- bounded memory: when a lane has ``max_pending`` undelivered events, or the records not
+  yet settled weigh ``pipeline.max_pending_bytes``, consumption pauses (all assigned
+  partitions feed every collector) and resumes at half that. What the relay holds is then
+  at most that, the batch that crossed it and the next one (fetched and decoded while one
+  is handled; each bounded by the consumer's ``queued.max.messages.kbytes``), and the one
+  event being decoded or rewritten;
 - graceful stop: :meth:`request_stop` stops consuming, drains deliveries for up to
   ``drain_timeout_s``, commits what was delivered and closes. Deliveries still running
   then are abandoned uncommitted (re-delivered after restart);
@@ -21,6 +25,7 @@ import gc
 import logging
 import time
 
+import orjson
 from confluent_kafka import KafkaError
 
 from relay.config import RelayConfig
@@ -34,6 +39,7 @@ from relay.source.admin import connection_properties, create_topic
 from relay.source.kafka import KafkaSource
 from relay.source.offsets import OffsetTracker, Partition
 from relay.stages.decode import decode_record
+from relay.stages.decode_worker import DecodeWorker
 from relay.state.changelog import RunStateChangelog
 from relay.state.store import RunStateStore
 
@@ -47,6 +53,9 @@ _LAG_EVERY_S = 5.0
 _STATE_SETTLE_S = 20.0
 #: Run-state writes not yet acknowledged (the broker is slow or down) before consumption pauses.
 _MAX_UNACKED_STATE_WRITES = 20_000
+#: A dead letter carries the original record, whatever its size: the dead-letter producer
+#: and topic take what the consumer can receive (librdkafka's receive.message.max.bytes).
+_DLQ_MAX_MESSAGE_BYTES = "100000000"
 
 
 def tune_gc() -> None:
@@ -66,13 +75,21 @@ class Relay:
         self.metrics = metrics or RelayMetrics()
         k = config.kafka
         self.tracker = OffsetTracker()
-        self.dead_letters = DeadLetterWriter(bootstrap_servers=k.bootstrap_servers, topic=k.dlq_topic,
-                                             properties=k.producer_properties, metrics=self.metrics)
+        self.dead_letters = DeadLetterWriter(
+            bootstrap_servers=k.bootstrap_servers, topic=k.dlq_topic, metrics=self.metrics,
+            properties={"message.max.bytes": _DLQ_MAX_MESSAGE_BYTES, **k.producer_properties})
         self.lanes = [
             CollectorLane(build_collector(c, self.metrics.for_collector(c.name)), c, pipeline=config.pipeline,
                           metrics=self.metrics.for_collector(c.name), dead_letters=self.dead_letters)
             for c in config.collectors
         ]
+        self.decoder = DecodeWorker(max_bytes=config.pipeline.max_event_bytes) \
+            if config.pipeline.decode_worker else None
+        # Stages that read the parsed tree: consolidators, and routes by dataset namespace
+        # (the decode worker keeps its tree, so it is parsed here once for all lanes).
+        self._needs_doc = config.keeps_run_state or any(
+            rule.dataset_namespace is not None for c in config.collectors
+            for rule in (*c.route.include, *c.route.exclude))
         self.state: RunStateStore | None = None
         if config.keeps_run_state:
             changelog = RunStateChangelog(
@@ -97,10 +114,13 @@ class Relay:
             conn = connection_properties(k.producer_properties)
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: create_topic(k.bootstrap_servers, k.dlq_topic, 1, client_properties=conn))
+                    None, lambda: create_topic(k.bootstrap_servers, k.dlq_topic, 1, client_properties=conn,
+                                               config={"max.message.bytes": _DLQ_MAX_MESSAGE_BYTES}))
             except Exception as err:  # noqa: BLE001 - it may exist and we may lack rights to create it
                 log_event(log, logging.WARNING, "dlq_topic_not_created", topic=k.dlq_topic, error=str(err))
         await self.dead_letters.start()
+        if self.decoder is not None:
+            self.decoder.start()
         if self.state is not None:
             await self.state.start()
         for lane in self.lanes:
@@ -128,50 +148,83 @@ class Relay:
     async def _loop(self) -> None:
         commit_every = self.config.kafka.commit_interval_s
         next_commit = next_expire = next_lag = time.monotonic()
-        while not self._stop.is_set():
-            await self._apply_backpressure()
-            messages = await self.source.poll(_POLL_BATCH, _POLL_TIMEOUT_S)
-            now = time.monotonic()
-            self.heartbeat = now
-            for message in messages:
-                self._handle(message, now)
-            if now >= next_expire:
-                for lane in self.lanes:
-                    lane.expire(now)
-                next_expire = now + _EXPIRE_EVERY_S
-            if self.state is not None:
-                self.state.flush()  # what held runs forward is sent once this is acknowledged
-            if now >= next_commit:
-                await self.commit()
-                next_commit = now + commit_every
-            if now >= next_lag:
-                for (topic, partition), lag in (await self.source.lag()).items():
-                    self.metrics.lag.labels(topic=topic, partition=str(partition)).set(lag)
-                next_lag = now + _LAG_EVERY_S
+        batch = self._fetch()
+        try:
+            while not self._stop.is_set():
+                (records, decoded), generation = await batch
+                if decoded is None:  # no decode worker: here, which costs less than on the
+                    decoded = self._decode_here(records)  # consumer's thread (GIL contention)
+                await self._apply_backpressure()
+                # The next batch is consumed and decoded while this one is handled.
+                batch = self._fetch()
+                now = time.monotonic()
+                self.heartbeat = now
+                if records:
+                    self.metrics.consumed.inc(len(records))
+                    revoked = self.source.revoked_since(generation)
+                    for message, result in zip(records, decoded):
+                        if revoked and (message.topic(), message.partition()) in revoked:
+                            continue  # its new owner reads it (again)
+                        self._handle(message, result, now)
+                # A consumed message keeps librdkafka's copy of the record until it is freed.
+                del records, decoded
+                if now >= next_expire:
+                    for lane in self.lanes:
+                        lane.expire(now)
+                    next_expire = now + _EXPIRE_EVERY_S
+                if self.state is not None:
+                    self.state.flush()  # what held runs forward is sent once this is acknowledged
+                if now >= next_commit:
+                    await self.commit()
+                    next_commit = now + commit_every
+                if now >= next_lag:
+                    for (topic, partition), lag in (await self.source.lag()).items():
+                        self.metrics.lag.labels(topic=topic, partition=str(partition)).set(lag)
+                    next_lag = now + _LAG_EVERY_S
+        finally:
+            # Fetched but not handled, hence never tracked: read again after a restart.
+            await asyncio.gather(batch, return_exceptions=True)
 
-    def _handle(self, message, now: float) -> None:
-        err = message.error()
-        if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
+    def _fetch(self) -> asyncio.Future:
+        return self.source.poll_soon(_POLL_BATCH, _POLL_TIMEOUT_S, then=self._decode)
+
+    def _decode(self, messages: list) -> tuple[list, list[LineageEvent | Rejection] | None]:
+        """On the consumer's thread: the records among ``messages`` (consumer errors are
+        logged and skipped) and, with a decode worker, their decoding."""
+        records = []
+        for message in messages:
+            err = message.error()
+            if err is None:
+                records.append(message)
+            elif err.code() != KafkaError._PARTITION_EOF:
                 log_event(log, logging.WARNING, "consume_error", error=str(err))
-            return
-        self.metrics.consumed.inc()
+        if self.decoder is None:
+            return records, None
+        return records, self.decoder.decode([m.value() for m in records]) if records else []
+
+    def _decode_here(self, records: list) -> list[LineageEvent | Rejection]:
+        max_bytes = self.config.pipeline.max_event_bytes
+        return [decode_record(m.value(), max_bytes=max_bytes) for m in records]
+
+    def _handle(self, message, result: LineageEvent | Rejection, now: float) -> None:
         topic, partition, offset = message.topic(), message.partition(), message.offset()
-        ticket = self.tracker.track((topic, partition), offset)
-        source = SourceRef(topic, partition, offset)
         value = message.value()
-        result = decode_record(value, max_bytes=self.config.pipeline.max_event_bytes, source=source)
+        ticket = self.tracker.track((topic, partition), offset, len(value) if value else 0)
+        source = SourceRef(topic, partition, offset)
         if type(result) is Rejection:
             ticket.acquire()
             self.dead_letters.send(value, message.key(), reason=result.reason, detail=result.detail,
                                    source=source, on_done=ticket.release)
         else:
             event: LineageEvent = result
+            event.source = source
             event.ticket = ticket
             event.key = message.key()
             event.consumed_at = now
             if event.body is not value:
                 event.raw = value
+            if self._needs_doc and event.doc is None:
+                event.doc = orjson.loads(event.body)
             for lane in self.lanes:
                 lane.offer(event, now)
             # Only routing and consolidators read the parsed tree (they keep what they need);
@@ -182,12 +235,14 @@ class Relay:
 
     async def _apply_backpressure(self) -> None:
         unacked = self.state.changelog.unacked if self.state is not None else 0
+        pending_bytes, max_bytes = self.tracker.pending_bytes, self.config.pipeline.max_pending_bytes
         if self.source.paused:
             if all(lane.pending <= lane.max_pending // 2 for lane in self.lanes) and \
-                    unacked <= _MAX_UNACKED_STATE_WRITES // 2:
+                    unacked <= _MAX_UNACKED_STATE_WRITES // 2 and pending_bytes <= max_bytes // 2:
                 await self.source.set_paused(False)
                 self.metrics.paused.set(0)
-        elif any(lane.pending >= lane.max_pending for lane in self.lanes) or unacked >= _MAX_UNACKED_STATE_WRITES:
+        elif any(lane.pending >= lane.max_pending for lane in self.lanes) or unacked >= _MAX_UNACKED_STATE_WRITES \
+                or pending_bytes >= max_bytes:
             await self.source.set_paused(True)
             self.metrics.paused.set(1)
 
@@ -242,6 +297,8 @@ class Relay:
             await lane.close()
         await self.source.close()
         await self.dead_letters.close()
+        if self.decoder is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.decoder.close)
         if self.state is not None:
             await self.state.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)

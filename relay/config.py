@@ -322,7 +322,14 @@ class OrderingConfig(Frozen):
 
 
 class PipelineConfig(Frozen):
-    max_event_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    #: Larger records are dead-lettered (too_large). Real events reach 23 MB.
+    max_event_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    #: Bytes of consumed records not yet delivered everywhere (or dead-lettered); above it
+    #: consumption pauses, resuming at half. Bounds memory when events are large.
+    max_pending_bytes: int = Field(128 * 1024 * 1024, ge=1024 * 1024)
+    #: Decode (parse, validate, digest) in a child process, on another core; false: on the
+    #: event loop's thread (one process, slower).
+    decode_worker: bool = True
     dedupe: DedupeConfig = DedupeConfig()
     ordering: OrderingConfig = OrderingConfig()
 

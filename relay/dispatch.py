@@ -81,6 +81,9 @@ class RunOrderedDispatcher:
                     del queues[key]
                 if self.pending == 0:
                     self._idle.set()
+            # Hold nothing while waiting for the next key: an idle worker's last event
+            # (up to max_event_bytes) would otherwise stay alive, uncounted.
+            del event, queue
 
     def remove_where(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Take queued (not in-flight) events out, e.g. when their partition is revoked; runs

@@ -23,6 +23,7 @@ from relay.config import CollectorConfig, PipelineConfig
 from relay.dispatch import RunOrderedDispatcher
 from relay.events import LineageEvent
 from relay.logs import log_event
+from relay.memory import release_after
 from relay.metrics import CollectorMetrics
 from relay.sinks.base import Collector
 from relay.sinks.deadletter import DeadLetterWriter
@@ -164,6 +165,7 @@ class CollectorLane:
         body = event.body
         if self._rewriter is not None:
             result = self._rewriter.apply(orjson.loads(body), original=body)
+            release_after(len(body))
             if result.rejection is not None:
                 self._dead_letter(event, *result.rejection)
                 return

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -21,6 +21,14 @@ from relay.logs import log_event
 from relay.source.offsets import Partition
 
 log = logging.getLogger("relay.source")
+
+#: What librdkafka may fetch in one response (``fetch.max.bytes``, a third of its default):
+#: with events of tens of MB this memory counts, and for small events it costs nothing
+#: measurable. A record larger than a fetch is still fetched whole; records of up to
+#: librdkafka's ``receive.message.max.bytes`` (100 MB) are received. What it may hold
+#: fetched ahead is ``queued.max.messages.kbytes`` (64 MiB by default; halving it halved
+#: the relay's intake of small events).
+FETCH_BYTES = 16 * 1024 * 1024
 
 #: Defaults that make a manual-commit, at-least-once consumer; user properties win
 #: except for the ones the relay's guarantees depend on (see _FORCED).
@@ -31,10 +39,12 @@ _DEFAULTS = {
     "max.poll.interval.ms": "300000",
     "partition.assignment.strategy": "cooperative-sticky",
     "fetch.wait.max.ms": "100",
+    "fetch.max.bytes": str(FETCH_BYTES),
 }
 _FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
 
 RebalanceHandler = Callable[[list[Partition]], Awaitable[dict[Partition, int]]]
+T = TypeVar("T")
 
 
 class SourceError(RelayError):
@@ -66,6 +76,10 @@ class KafkaSource:
         self._consumer: Consumer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.assignment: set[Partition] = set()
+        #: Counts revocations (and losses); a batch polled at one generation must skip the
+        #: partitions :meth:`revoked_since` names (see :meth:`poll_soon`).
+        self.generation = 0
+        self._revoked_at: dict[Partition, int] = {}
         self.paused = False
         self._cooperative = conf["partition.assignment.strategy"] == "cooperative-sticky"
 
@@ -99,6 +113,7 @@ class KafkaSource:
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]
+        self._mark_revoked(parts)
         offsets = self._hand_over(self._on_revoke, parts)
         if offsets:
             self._commit_now(offsets)
@@ -110,11 +125,17 @@ class KafkaSource:
     def _lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # Lost, not revoked: another member may already own them, so commit nothing.
         parts = [(tp.topic, tp.partition) for tp in tps]
+        self._mark_revoked(parts)
         self._hand_over(self._on_lost, parts)
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)
         log_event(log, logging.WARNING, "partitions_lost", partitions=_fmt(parts))
+
+    def _mark_revoked(self, parts: list[Partition]) -> None:
+        self.generation += 1
+        for part in parts:
+            self._revoked_at[part] = self.generation
 
     def _commit_now(self, offsets: dict[Partition, int]) -> None:
         assert self._consumer is not None
@@ -128,9 +149,31 @@ class KafkaSource:
                 raise
 
     # -- loop side -------------------------------------------------------------------
-    async def poll(self, max_records: int, timeout_s: float) -> list[Message]:
-        assert self._consumer is not None
-        return await self._call(self._consumer.consume, max_records, timeout_s)
+    def poll_soon(self, max_records: int, timeout_s: float,
+                  then: Callable[[list[Message]], T]) -> asyncio.Future[tuple[T, int]]:
+        """Start polling now, on the consumer's thread, and run ``then(messages)`` there
+        too; the future gives its result and the :attr:`generation` the messages belong to.
+
+        The caller can handle one batch while the next is fetched (and, through ``then``,
+        decoded). A revocation may then happen in between: before handling a batch, skip
+        the records of ``revoked_since(generation)``, which may have moved to another member
+        (or come back with older offsets) since they were polled.
+        """
+        consumer = self._consumer
+        assert consumer is not None
+
+        def job() -> tuple[T, int]:
+            messages = consumer.consume(max_records, timeout_s)
+            generation = self.generation  # rebalance callbacks run inside consume, on this thread
+            return then(messages), generation
+        return asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def revoked_since(self, generation: int) -> set[Partition]:
+        """Partitions revoked or lost after ``generation``."""
+        if generation == self.generation:
+            return set()
+        # A copy: the consumer's thread may add to it meanwhile (a revocation in progress).
+        return {part for part, revoked in list(self._revoked_at.items()) if revoked > generation}
 
     async def commit(self, offsets: dict[Partition, int]) -> bool:
         """Commit synchronously; False (logged) when the broker refused, e.g. mid-rebalance."""

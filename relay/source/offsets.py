@@ -5,6 +5,10 @@ partition has settled, i.e. reached every collector it was routed to, or the
 dead-letter topic, or was deliberately not forwarded (duplicate, after-terminal).
 Each record gets a :class:`Ticket`; whoever takes on an obligation for the record
 calls ``acquire()`` and later ``release()``. Pure bookkeeping: no I/O, no clock.
+
+The tracker also sums the sizes of the records not settled yet (:attr:`OffsetTracker.pending_bytes`),
+what the relay holds in memory for them, so that consumption can pause on bytes, not only
+on a count of events (a few 20 MB events weigh more than thousands of small ones).
 """
 
 from __future__ import annotations
@@ -15,10 +19,20 @@ from typing import Hashable
 Partition = tuple[str, int]
 
 
-class _PartitionLog:
-    __slots__ = ("tickets", "watermark", "committed")
+class _Pending:
+    """Bytes of unsettled records, shared by a tracker's partition logs."""
+
+    __slots__ = ("bytes",)
 
     def __init__(self) -> None:
+        self.bytes = 0
+
+
+class _PartitionLog:
+    __slots__ = ("tickets", "watermark", "committed", "pending")
+
+    def __init__(self, pending: _Pending) -> None:
+        self.pending = pending
         self.tickets: deque[Ticket] = deque()
         #: Next offset to commit (one past the highest settled contiguous offset), or None.
         self.watermark: int | None = None
@@ -34,11 +48,12 @@ class Ticket:
     """One consumed record's outstanding obligations. Created holding one (the
     dispatcher's own), so it cannot settle while it is still being fanned out."""
 
-    __slots__ = ("offset", "remaining", "_log")
+    __slots__ = ("offset", "remaining", "size", "_log")
 
-    def __init__(self, offset: int, log: _PartitionLog) -> None:
+    def __init__(self, offset: int, log: _PartitionLog, size: int = 0) -> None:
         self.offset = offset
         self.remaining = 1
+        self.size = size
         self._log = log
 
     def acquire(self) -> None:
@@ -48,6 +63,7 @@ class Ticket:
         self.remaining -= 1
         if self.remaining == 0:
             log = self._log
+            log.pending.bytes -= self.size
             if log.tickets and log.tickets[0] is self:
                 log.advance()
 
@@ -61,12 +77,21 @@ class OffsetTracker:
 
     def __init__(self) -> None:
         self._logs: dict[Hashable, _PartitionLog] = {}
+        self._pending = _Pending()
 
-    def track(self, partition: Partition, offset: int) -> Ticket:
+    @property
+    def pending_bytes(self) -> int:
+        """Sum of ``size`` over the tracked records not settled yet (revoked ones excluded)."""
+        return self._pending.bytes
+
+    def track(self, partition: Partition, offset: int, size: int = 0) -> Ticket:
+        """A ticket for the record at ``offset``; ``size`` (its bytes) counts in
+        :attr:`pending_bytes` until the ticket settles or its partition is revoked."""
         log = self._logs.get(partition)
         if log is None:
-            log = self._logs[partition] = _PartitionLog()
-        ticket = Ticket(offset, log)
+            log = self._logs[partition] = _PartitionLog(self._pending)
+        ticket = Ticket(offset, log, size)
+        self._pending.bytes += size
         log.tickets.append(ticket)
         return ticket
 
@@ -91,7 +116,13 @@ class OffsetTracker:
         final = {}
         for partition in partitions:
             log = self._logs.pop(partition, None)
-            if log is not None and log.watermark is not None and log.watermark != log.committed:
+            if log is None:
+                continue
+            for ticket in log.tickets:
+                if ticket.remaining > 0:  # an orphan from now on: its release must not count
+                    self._pending.bytes -= ticket.size
+                    ticket.size = 0
+            if log.watermark is not None and log.watermark != log.committed:
                 final[partition] = log.watermark
         return final
 

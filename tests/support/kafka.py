@@ -56,10 +56,12 @@ def start_kafka() -> tuple[KafkaHandle, Any]:
 
 
 def produce(bootstrap_servers: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
-            headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> int:
-    """Produce (key, value) pairs and wait until every one is acknowledged."""
+            headers: list[tuple[str, bytes]] | None = None, partition: int | None = None,
+            config: dict[str, Any] | None = None) -> int:
+    """Produce (key, value) pairs and wait until every one is acknowledged. ``config`` adds
+    producer properties (e.g. ``message.max.bytes`` for records over librdkafka's 1 MB default)."""
     producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
-                         "linger.ms": 5})
+                         "linger.ms": 5, **(config or {})})
     failures: list[KafkaError] = []
     count = 0
 
@@ -81,7 +83,7 @@ def produce(bootstrap_servers: str, topic: str, records: Iterable[tuple[bytes | 
                 producer.poll(0.1)
         count += 1
         producer.poll(0)
-    remaining = producer.flush(30)
+    remaining = producer.flush(60)
     assert remaining == 0 and not failures, f"produce failed: {remaining} unsent, errors {failures[:3]}"
     return count
 

@@ -54,3 +54,22 @@ def test_partitions_are_independent():
     fast = tracker.track(("t", 1), 7)
     fast.release()
     assert tracker.committable() == {("t", 1): 8}
+
+
+def test_pending_bytes_count_records_until_they_settle_or_are_revoked():
+    tracker = OffsetTracker()
+    a = tracker.track(P, 0, 100)
+    b = tracker.track(P, 1, 20)
+    c = tracker.track(("t", 1), 0, 5)
+    assert tracker.pending_bytes == 125
+    b.acquire()
+    b.release()
+    assert tracker.pending_bytes == 125  # still held by a collector
+    b.release()
+    assert tracker.pending_bytes == 105  # settled out of order: counted off at once
+    tracker.revoke([P])
+    assert tracker.pending_bytes == 5
+    a.release()  # an orphan settling later changes nothing
+    assert tracker.pending_bytes == 5
+    c.release()
+    assert tracker.pending_bytes == 0

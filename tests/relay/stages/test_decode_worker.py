@@ -1,0 +1,107 @@
+"""DecodeWorker: decode_record's answers from a child process, and never a lost batch."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+import orjson
+import psutil
+import pytest
+
+from producer.codec import avro
+from relay.embedded.sample import spark_run
+from relay.events import LineageEvent, Rejection
+from relay.stages import decode_worker
+from relay.stages.decode import AVRO_MARKER, decode_record
+from relay.stages.decode_worker import DecodeWorker
+
+MAX = 1 << 20
+
+
+def values() -> list[bytes | None]:
+    """Valid run events (JSON and Avro), and one record for each kind of rejection."""
+    events = spark_run("spark-prod", "etl.orders", start=datetime(2024, 5, 1, tzinfo=UTC), rng=random.Random(3))
+    good = [orjson.dumps(e) for e in events]
+    return [
+        *good,
+        avro.encode(events[0]),
+        None,
+        b"",
+        b"\xff\xfe not utf-8",
+        b'{"eventTime": ',
+        b"[1, 2]",
+        orjson.dumps({**events[0], "eventType": "DONE"}),
+        b"x" * (MAX + 1),
+        good[1],  # a duplicate: same answer twice
+    ]
+
+
+def same(got: LineageEvent | Rejection, want: LineageEvent | Rejection) -> bool:
+    if type(want) is Rejection:
+        return got == want
+    want.doc = None
+    return type(got) is LineageEvent and all(
+        getattr(got, f) == getattr(want, f) for f in LineageEvent.__dataclass_fields__)
+
+
+def decode_all(worker: DecodeWorker, batch: list[bytes | None]) -> list:
+    worker.start()
+    try:
+        return worker.decode(batch)
+    finally:
+        worker.close()
+
+
+def test_answers_exactly_what_decode_record_does():
+    batch = values()
+    got = decode_all(DecodeWorker(max_bytes=MAX), batch)
+    assert len(got) == len(batch)
+    for value, result in zip(batch, got):
+        assert same(result, decode_record(value, max_bytes=MAX)), value[:80] if value else value
+    # JSON events keep the record's own bytes; Avro ones carry their JSON re-encoding.
+    assert got[0].body is batch[0]
+    avro_at = next(i for i, v in enumerate(batch) if v and v.startswith(AVRO_MARKER))
+    assert orjson.loads(got[avro_at].body) == orjson.loads(batch[0])
+
+
+def test_batches_over_the_chunk_size_go_in_several_chunks(monkeypatch):
+    sent: list[int] = []
+    real = decode_worker._write_values
+    monkeypatch.setattr(decode_worker, "_write_values", lambda pipe, vs: sent.append(len(vs)) or real(pipe, vs))
+    batch = values()[:4] * 50
+    size = sum(len(v) for v in batch[:4])
+    got = decode_all(DecodeWorker(max_bytes=MAX, chunk_bytes=size * 10), batch)
+    assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(got, batch)] == [True] * len(batch)
+    assert len(sent) == 5 and sum(sent) == len(batch)
+
+
+def test_a_dead_child_costs_nothing_but_a_log_line(caplog):
+    batch = values()
+
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        first = worker.decode(batch)
+        child = worker._proc
+        child.kill()
+        child.wait()
+        # The batch the death interrupts is decoded here; the next gets a new child.
+        second = worker.decode(batch)
+        third = worker.decode(batch)
+        got, pids, in_process = first + second + third, [child.pid, worker._proc.pid], worker.in_process
+    finally:
+        worker.close()
+    want = [decode_record(v, max_bytes=MAX) for v in batch] * 3
+    assert [same(g, w) for g, w in zip(got, want)] == [True] * len(want)
+    assert pids[0] != pids[1] and not in_process
+    assert "decode_worker_failed" in caplog.text
+
+
+def test_the_child_exits_with_its_parent_input():
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    pid = worker._proc.pid
+    worker.close()
+    with pytest.raises(psutil.NoSuchProcess):
+        psutil.Process(pid).status()
