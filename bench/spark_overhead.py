@@ -2,8 +2,9 @@
 
 A 20-action job (each action reads a csv, joins, filters, aggregates and writes parquet:
 the kind of action capture has to analyse) runs repeatedly on one local[2] session, with
-capture off and on, alternating (off, on, off, on, ...) so drift in the machine hits both
-alike. Capture sends through the real producer to an embedded broker (Tansu).
+capture off and on, alternating in ABBA order (off, on, on, off, off, on, ...) so drift in
+the machine (and the JVM still warming up) hits both alike, after untimed warm-up rounds of
+both modes. Capture sends through the real producer to an embedded broker (Tansu).
 
 Figures, from medians over the rounds:
 
@@ -71,6 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per mode (default 5)")
     parser.add_argument("--actions", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds per mode first (default 3)")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -102,14 +104,15 @@ def main() -> int:
                                    journal_dir=str(work / "journal"))
         try:
             # warm-up: JIT, file system caches, the py4j callback server, the producer
-            enable_lineage(spark, producer=producer, app_name="overhead")
-            _job(spark, paths, 3)
-            _drain(spark)
-            disable_lineage(spark)
-            _job(spark, paths, 3)
+            for _ in range(args.warmup):
+                enable_lineage(spark, producer=producer, app_name="overhead")
+                _job(spark, paths, args.actions)
+                _drain(spark)
+                disable_lineage(spark)
+                _job(spark, paths, args.actions)
             callback_s, callbacks = 0.0, 0
             for r in range(args.rounds):
-                for mode in ("off", "on"):
+                for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
                     if mode == "on":
                         enable_lineage(spark, producer=producer, app_name="overhead")
                     t0 = time.perf_counter()

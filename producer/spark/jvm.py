@@ -1,6 +1,7 @@
 """The only module that talks to the JVM: one action's QueryExecution -> plain data.
 
-Cost is bounded per action: the plan crosses py4j once, as JSON (``TreeNode.toJSON``), and
+Cost is bounded per action: the plan crosses py4j once, as JSON (``TreeNode.toJSON``'s text,
+read in pieces that py4j returns without a stall, see :func:`plan_json`), and
 a handful of calls per input leaf and per write target fetch what the JSON leaves out
 (paths, tables, JDBC URLs, metrics). Everything returned is plain Python, so the event
 building in :mod:`producer.spark.capture` is testable without Spark.
@@ -57,10 +58,41 @@ def _opt(value: Any) -> Any:
 
 
 def _seq(gateway: Any, seq: Any) -> list[Any]:
-    # Indexing by size() avoids py4j's iterator protocol, which ends every loop with a Java
-    # NoSuchElementException that PySpark converts at a cost of ~40 ms.
-    java_list = gateway.jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq)
-    return [java_list.get(i) for i in range(java_list.size())]
+    # Indexing by length() avoids py4j's iterator protocol, which ends every loop with a Java
+    # NoSuchElementException that PySpark converts at a cost of ~40 ms; and each py4j call
+    # is a round trip, so no converter first.
+    return [seq.apply(i) for i in range(seq.length())]
+
+
+#: Joins a Scala Seq's strings in one py4j call; no path contains it.
+_SEP = "\u001f"
+
+
+#: py4j answers with one message written through an 8 KiB buffer; a longer answer stalls
+#: ~40 ms on loopback (Nagle's algorithm on the JVM's side meets the delayed ACK on ours).
+#: Text is therefore read in pieces that fit, up to this length; above it, at once (one
+#: stall costs less than that many round trips).
+_PIECE_CHARS = 2000
+_PIECED_UP_TO = 400_000
+
+
+def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]:
+    """``plan.toJSON()`` (the same text) and its length; None when it exceeds ``max_chars``
+    (then it is never sent over py4j)."""
+    try:
+        module = getattr(gateway.jvm.org.json4s.jackson, "JsonMethods$")
+        writer = gateway.jvm.java.io.StringWriter()
+        getattr(module, "MODULE$").mapper().writeValue(writer, plan.jsonValue())
+        text = writer.getBuffer()
+        length = text.length()
+    except Exception:  # noqa: BLE001 - another json4s: the plain call, stall and all
+        whole = plan.toJSON()
+        return (whole if len(whole) <= max_chars else None), len(whole)
+    if length > max_chars:
+        return None, length
+    if length <= _PIECE_CHARS or length > _PIECED_UP_TO:
+        return text.toString(), length
+    return "".join(text.substring(i, min(length, i + _PIECE_CHARS)) for i in range(0, length, _PIECE_CHARS)), length
 
 
 def _catalog_table(table: Any) -> Relation:
@@ -78,7 +110,8 @@ def _logical_relation(gateway: Any, leaf: Any) -> Relation | None:
     table = _opt(leaf.catalogTable())
     if kind == "HadoopFsRelation":
         rel = _catalog_table(table) if table is not None else Relation()
-        rel.paths = [p.toString() for p in _seq(gateway, relation.location().rootPaths())]
+        joined = relation.location().rootPaths().mkString(_SEP)
+        rel.paths = joined.split(_SEP) if joined else []
         rel.fmt = rel.fmt or relation.fileFormat().toString().lower()
         return rel
     if kind == "JDBCRelation":
@@ -184,11 +217,9 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
         snap.output.location = _table_location(session, analyzed.table() if command ==
                                                 "CreateDataSourceTableAsSelectCommand" else analyzed.tableDesc())
 
-    plan_json = query.toJSON()
+    snap.query_json, snap.plan_bytes = plan_json(gateway, query, max_plan_bytes)
     if snap.output is not None:
         snap.output_schema_json = query.schema().json()
-    snap.plan_bytes = len(plan_json)
-    snap.query_json = plan_json if len(plan_json) <= max_plan_bytes else None
     snap.leaves = [relation_of(gateway, leaf) for leaf in _seq(gateway, query.collectLeaves())]
     if error is None:
         try:

@@ -50,6 +50,7 @@ class SparkLineage:
         self._ended = False
         self._nested_writes: dict[str, dict[str, int]] = {}
         self._listener: _Listener | None = None
+        self._jlistener: Any = None
         self._uncaught: BaseException | None = None
         self._prev_excepthook = None
         self._orig_stop = None
@@ -66,7 +67,7 @@ class SparkLineage:
         gateway = sc._gateway
         ensure_callback_server_started(gateway)
         self._listener = _Listener(self, gateway)
-        self.spark._jsparkSession.listenerManager().register(self._listener)
+        self._jlistener = _register(gateway, self.spark._jsparkSession.listenerManager(), self._listener)
         self._emit_app("START")
         # The application ends at SparkContext.stop (SparkSession.stop calls it) or at exit.
         self._orig_stop = sc.stop
@@ -86,10 +87,13 @@ class SparkLineage:
         """Unregister the listener (no application event is emitted)."""
         listener, self._listener = self._listener, None
         if listener is not None:
+            listener.detach()  # a no-op from now on, even if it could not be unregistered
             try:
-                self.spark._jsparkSession.listenerManager().unregister(listener)
-            except Exception:  # noqa: BLE001 - the session may be stopped already
-                pass
+                _unregister(self.spark.sparkContext._gateway, self.spark._jsparkSession.listenerManager(),
+                            listener, self._jlistener)
+            except Exception as err:  # noqa: BLE001 - the session may be stopped already
+                log.debug("lineage: could not unregister the listener: %s", err)
+            self._jlistener = None
         if self._orig_stop is not None:
             try:
                 del self.spark.sparkContext.stop
@@ -244,22 +248,63 @@ def _without_stats(output: dict) -> dict:
     return {k: v for k, v in output.items() if k != "outputFacets"}
 
 
+def _listener_method(manager: Any, name: str) -> Any:
+    for method in manager.getClass().getMethods():
+        if method.getName() == name and method.getParameterCount() == 1:
+            return method
+    raise LookupError(f"ExecutionListenerManager.{name}(QueryExecutionListener) not found")
+
+
+def _register(gateway: Any, manager: Any, listener: _Listener) -> Any:
+    """Register ``listener``; returns a Java array holding its one Java proxy.
+
+    py4j makes a new Java proxy each time a Python object is passed to Java, so
+    ``manager.unregister(listener)`` would look for a proxy that was never registered and
+    leave the listener in place (every enable/disable cycle would then add one). The proxy
+    is made once, kept in a Java array, and register/unregister are called by reflection
+    with that array as their arguments, so it never comes back to Python."""
+    proxies = gateway.jvm.java.util.ArrayList()
+    proxies.add(listener)  # the one Java proxy
+    holder = proxies.toArray()
+    _listener_method(manager, "register").invoke(manager, holder)
+    return holder
+
+
+def _unregister(gateway: Any, manager: Any, listener: _Listener, holder: Any) -> None:
+    if holder is not None:
+        _listener_method(manager, "unregister").invoke(manager, holder)
+    # py4j's pool keeps every Python object ever passed to Java; let this one go.
+    pool = gateway.gateway_property.pool
+    with pool.lock:
+        for key in [k for k, v in pool.dict.items() if v is listener]:
+            del pool.dict[key]
+
+
 class _Listener:
     """``org.apache.spark.sql.util.QueryExecutionListener`` implemented in Python via py4j."""
 
     def __init__(self, owner: SparkLineage, gateway: Any) -> None:
-        self._owner = owner
+        self._owner: SparkLineage | None = owner
         self._gateway = gateway
 
+    def detach(self) -> None:
+        self._owner = None
+
     def onSuccess(self, func_name: str, qe: Any, duration_ns: int) -> None:  # noqa: N802 - Java interface
+        owner = self._owner
+        if owner is None:
+            return
         try:
-            self._owner.on_action(self._gateway, func_name, qe, duration_ns, None)
+            owner.on_action(self._gateway, func_name, qe, duration_ns, None)
         except Exception:  # noqa: BLE001
             log.exception("lineage: listener failed")
 
     def onFailure(self, func_name: str, qe: Any, exception: Any) -> None:  # noqa: N802 - Java interface
+        owner = self._owner
+        if owner is None:
+            return
         try:
-            self._owner.on_action(self._gateway, func_name, qe, None, exception)
+            owner.on_action(self._gateway, func_name, qe, None, exception)
         except Exception:  # noqa: BLE001
             log.exception("lineage: listener failed")
 

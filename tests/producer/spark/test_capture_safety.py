@@ -129,3 +129,25 @@ def test_one_setting_disables_capture(spark, tmp_path, monkeypatch):
     _write(spark, str(tmp_path / "out"))
     drain(spark)
     assert recorder.events == []
+
+
+def test_disable_stops_capture_and_enable_disable_cycles_do_not_pile_up_listeners(spark, tmp_path):
+    """A job (or a notebook) may switch capture off and on again: once off, nothing more is
+    captured, and each new capture sees each action once (a listener left registered
+    would keep analysing every action, slowing the job more with each cycle)."""
+    recorders = []
+    for cycle in range(3):
+        recorder = Recorder()
+        recorders.append(recorder)
+        enable_lineage(spark, producer=recorder, namespace="safety", app_name=f"cycle{cycle}")
+        try:
+            _write(spark, str(tmp_path / f"out{cycle}"))
+            drain(spark)
+        finally:
+            disable_lineage(spark)
+    seen = [len(r.events) for r in recorders]
+    _write(spark, str(tmp_path / "after"))  # capture off
+    drain(spark)
+    assert [len(r.events) for r in recorders] == seen, "a disabled capture still received events"
+    for recorder in recorders:
+        assert len(_terminal_runs(recorder)) == 1, [e["eventType"] for e in recorder.events]
