@@ -10,8 +10,11 @@ Figures, from medians over the rounds:
 
 * ``off_s`` / ``on_s``: job wall time, including waiting for Spark's listener bus to be
   empty at the end (so lineage work still queued counts against "on");
-* ``overhead_pct``: (on - off) / off;
-* ``per_action_ms``: (on - off) / actions, the wall time capture adds per action;
+* ``overhead_pct``: the median over rounds of (on - off) within the round, over ``off_s``
+  (pairing by round removes most of the drift between rounds);
+* ``overhead_spread_pct``: half the interquartile range of those paired differences, over
+  ``off_s``: the noise of this run (an off-vs-off run shows how large it is on its own);
+* ``per_action_ms``: that median difference / actions, the wall time capture adds per action;
 * ``capture_ms_per_action``: time spent inside the listener callback per action (it runs
   on Spark's listener thread, after the action, not on the job's thread).
 
@@ -70,7 +73,7 @@ def _drain(spark) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per mode (default 5)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds per mode (default 10)")
     parser.add_argument("--actions", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds per mode first (default 3)")
     args = parser.parse_args()
@@ -127,17 +130,21 @@ def main() -> int:
             producer.close()
             spark.stop()
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    diffs = [b - a for a, b in zip(times["off"], times["on"])]
+    diff = statistics.median(diffs)
+    q1, _, q3 = statistics.quantiles(diffs, n=4) if len(diffs) >= 2 else (diff, diff, diff)
     result = {
         "actions": args.actions,
         "off_s": round(off, 3),
         "on_s": round(on, 3),
-        "overhead_pct": round((on - off) / off * 100, 2),
-        "per_action_ms": round((on - off) / args.actions * 1000, 2),
+        "overhead_pct": round(diff / off * 100, 2),
+        "overhead_spread_pct": round((q3 - q1) / 2 / off * 100, 2),
+        "per_action_ms": round(diff / args.actions * 1000, 2),
         "capture_ms_per_action": round(callback_s / max(callbacks, 1) * 1000, 2),
         "rounds": args.rounds,
     }
     print(f"capture off: median {off:.3f} s; on: median {on:.3f} s; overhead {result['overhead_pct']} % "
-          f"({result['per_action_ms']} ms per action; {result['capture_ms_per_action']} ms inside the listener "
+          f"(+/- {result['overhead_spread_pct']}; {result['per_action_ms']} ms per action; {result['capture_ms_per_action']} ms inside the listener "
           f"callback per action, off the job's thread)")
     print(json.dumps(result))
     return 0

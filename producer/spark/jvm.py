@@ -72,17 +72,30 @@ _SEP = "\u001f"
 #: ~40 ms on loopback (Nagle's algorithm on the JVM's side meets the delayed ACK on ours).
 #: Text is therefore read in pieces that fit, up to this length; above it, at once (one
 #: stall costs less than that many round trips).
-_PIECE_CHARS = 2000
+_PIECE_CHARS = 4000  # py4j doubles backslashes: 8,000 bytes at most for ASCII JSON
 _PIECED_UP_TO = 400_000
+
+
+def _json_tools(gateway: Any) -> tuple[Any, Any]:
+    """json4s' Jackson mapper and the StringWriter class, looked up once per gateway (each
+    ``gateway.jvm.a.b.C`` lookup is a py4j round trip per dotted name)."""
+    entry = _JSON_TOOLS.get(id(gateway))
+    if entry is None or entry[0] is not gateway:  # (a py4j gateway answers any attribute)
+        module = getattr(getattr(gateway.jvm.org.json4s.jackson, "JsonMethods$"), "MODULE$")
+        entry = _JSON_TOOLS[id(gateway)] = (gateway, module.mapper(), gateway.jvm.java.io.StringWriter)
+    return entry[1], entry[2]
+
+
+_JSON_TOOLS: dict[int, tuple[Any, Any, Any]] = {}
 
 
 def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]:
     """``plan.toJSON()`` (the same text) and its length; None when it exceeds ``max_chars``
     (then it is never sent over py4j)."""
     try:
-        module = getattr(gateway.jvm.org.json4s.jackson, "JsonMethods$")
-        writer = gateway.jvm.java.io.StringWriter()
-        getattr(module, "MODULE$").mapper().writeValue(writer, plan.jsonValue())
+        mapper, string_writer = _json_tools(gateway)
+        writer = string_writer()
+        mapper.writeValue(writer, plan.jsonValue())
         text = writer.getBuffer()
         length = text.length()
     except Exception:  # noqa: BLE001 - another json4s: the plain call, stall and all

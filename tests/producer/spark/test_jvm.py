@@ -34,3 +34,12 @@ def test_a_plan_above_the_limit_is_not_read_but_its_size_is_reported(spark):
     size = len(plan.toJSON())
     assert jvm.plan_json(spark.sparkContext._gateway, plan, max_chars=size - 1) == (None, size)
     assert jvm.plan_json(spark.sparkContext._gateway, plan, max_chars=size)[0] is not None
+
+
+def test_the_stall_free_path_is_the_one_taken(spark):
+    """plan_json falls back to ``toJSON`` (one ~40 ms stall per action) if json4s' mapper
+    cannot be reached; on the Spark we ship with, it must be reachable."""
+    mapper, string_writer = jvm._json_tools(spark.sparkContext._gateway)
+    writer = string_writer()
+    mapper.writeValue(writer, _plan(spark, 1).jsonValue())
+    assert writer.getBuffer().length() > 0
