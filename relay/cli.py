@@ -15,6 +15,7 @@ from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
 from relay.logs import log_event, setup_logging
 from relay.ops import add_subcommands as add_ops_subcommands
+from relay.state.changelog import StateError
 
 log = logging.getLogger("relay.cli")
 
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.log_level)
     try:
         asyncio.run(serve(config))
-    except ConfigError as err:  # found at start-up: a token file or TLS file that cannot be read
-        print(f"lineage-relay: {err}", file=sys.stderr)
+    except (ConfigError, StateError) as err:  # found at start-up: a token or TLS file that cannot
+        print(f"lineage-relay: {err}", file=sys.stderr)  # be read, an input topic to create first
         return 2
     return 0
 

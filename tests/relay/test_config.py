@@ -141,3 +141,18 @@ def test_collector_mode_flag():
         config_from_args(p.parse_args([*base, "--collector-mode", "backup=consolidated"]))
     with pytest.raises(ConfigError, match=r"collectors\.0\.mode"):
         config_from_args(p.parse_args([*base, "--collector-mode", "marquez=bulk"]))
+
+
+@pytest.mark.kafka
+def test_a_held_mode_with_a_missing_input_topic_fails_at_start_up_naming_it(kafka, tmp_path):
+    """Held runs are partitioned like the input topic, so it must exist first: one line
+    that names the key and the fix, exit 2, no traceback."""
+    config = tmp_path / "relay.yaml"
+    config.write_text(f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n  topics: [never-created-topic]\n"
+                      f"  group_id: {kafka.new_group()}\n"
+                      "collectors:\n  - name: c\n    url: http://127.0.0.1:9\n    mode: consolidated\n")
+    out = subprocess.run([sys.executable, "-m", "relay", "run", "--config", str(config), "--http-port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "kafka.topics" in out.stderr and "never-created-topic" in out.stderr and "create it" in out.stderr
