@@ -97,38 +97,31 @@ class CollectorProcess:
         self.proc.wait()
 
 
-async def post_ceiling(url: str, bodies: list[bytes]) -> float:
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+async def _post_all(url: str, payloads: list[bytes], concurrency: int, status: int) -> float:
+    """Seconds to POST every payload with ``concurrency`` requests in flight."""
+    connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, headers={"Content-Type": "application/json"}) as session:
-        it = iter(bodies)
+        it = iter(payloads)
 
         async def worker() -> None:
             for body in it:
                 async with session.post(url, data=body) as resp:
                     await resp.read()
-                    assert resp.status == 201, resp.status
+                    assert resp.status == status, resp.status
 
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-        return len(bodies) / (time.perf_counter() - start)
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - start
+
+
+async def post_ceiling(url: str, bodies: list[bytes]) -> float:
+    return len(bodies) / await _post_all(url, bodies, CONCURRENCY, 201)
 
 
 async def batch_ceiling(url: str, bodies: list[bytes]) -> float:
     """The batch endpoint's ceiling: pre-built JSON arrays, BATCH_REQUESTS in flight."""
     batches = [b"[" + b",".join(bodies[i:i + BATCH_EVENTS]) + b"]" for i in range(0, len(bodies), BATCH_EVENTS)]
-    connector = aiohttp.TCPConnector(limit=BATCH_REQUESTS)
-    async with aiohttp.ClientSession(connector=connector, headers={"Content-Type": "application/json"}) as session:
-        it = iter(batches)
-
-        async def worker() -> None:
-            for body in it:
-                async with session.post(url, data=body) as resp:
-                    await resp.read()
-                    assert resp.status == 204, resp.status
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(BATCH_REQUESTS)))
-        return len(bodies) / (time.perf_counter() - start)
+    return len(bodies) / await _post_all(url, batches, BATCH_REQUESTS, 204)
 
 
 def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *, batch: bool = False,

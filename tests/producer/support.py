@@ -53,4 +53,4 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(0.01)  # ok: the poll interval of a wait with a deadline

@@ -85,7 +85,7 @@ _CHILD = textwrap.dedent("""
         p.emit(seq_event(i))
     deadline = time.monotonic() + 20
     while p.stats.journaled < {count} and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.01)  # ok: polls a condition with a deadline (in the child process)
     print("journaled", p.stats.journaled, flush=True)
     {ending}
 """)
@@ -99,7 +99,7 @@ def _run_child(tmp_path: Path, topic: str, count: int, ending: str) -> subproces
 
 def test_a_second_process_resends_the_journal_a_killed_one_left(kafka, tmp_path):
     topic = kafka.new_topic("crash", partitions=2)
-    child = _run_child(tmp_path, topic, 250, "time.sleep(60)")
+    child = _run_child(tmp_path, topic, 250, "time.sleep(60)")  # ok: the child only waits to be killed
     try:
         assert child.stdout.readline().split() == ["journaled", "250"]
     finally:

@@ -28,6 +28,14 @@ def server():
         yield s
 
 
+async def until(condition, what: str, timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` until true; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        await asyncio.sleep(0.005)  # ok: the poll interval of a wait with a deadline
+
+
 async def test_retries_resets_timeouts_and_5xx_until_delivered(server):
     server.fail_next(1, reset=True)
     server.fail_next(1, 502)
@@ -75,8 +83,7 @@ async def test_retry_after_blocks_every_request_to_that_collector(server):
     try:
         t0 = time.monotonic()
         first = asyncio.create_task(http.deliver(BODY))
-        while not server.attempts:  # the 429 has been answered
-            await asyncio.sleep(0.005)
+        await until(lambda: server.attempts, "the 429 to be answered")
         await asyncio.sleep(0.05)  # ok: let the 429 reach the client before the second request
         second_started = time.monotonic()
         assert await http.deliver(BODY + b" ") is None
@@ -96,8 +103,7 @@ async def test_401_with_a_token_file_rereads_it_and_delivers_once_fixed(server, 
     await http.start()
     try:
         delivery = asyncio.create_task(http.deliver(BODY))
-        while len(server.attempts) < 2:  # refused at least twice: retried, not dead-lettered
-            await asyncio.sleep(0.005)
+        await until(lambda: len(server.attempts) >= 2, "two refusals (retried, not dead-lettered)")
         token_file.write_text("tok\n")
         assert await asyncio.wait_for(delivery, 10) is None
     finally:
