@@ -18,7 +18,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from relay.frozen import Frozen
 from relay.errors import ConfigError
 from relay.stages.rewrite import RewriteConfig
-from relay.stages.route import RouteConfig
+from relay.stages.route import RouteConfig, kinds_list
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -243,11 +243,7 @@ class CollectorConfig(Frozen):
     @field_validator("event_kinds", mode="before")
     @classmethod
     def _event_kinds(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = (v,)
-        if isinstance(v, (list, tuple)) and not v:
-            raise ValueError("must list at least one of run, dataset, job")
-        return v
+        return kinds_list(v, "must list at least one of run, dataset, job")
 
     @property
     def target(self) -> str:

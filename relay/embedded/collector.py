@@ -89,10 +89,7 @@ class RecordingCollector:
         self.store = store
         self._script = _Script()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._ready = threading.Event()
+        self._server: AppThread | None = None
 
     # -- fault scripting (thread-safe) ----------------------------------------------
     def fail_next(self, n: int, status: int = 503, *, retry_after: str | None = None, delay_s: float = 0.0,
@@ -270,39 +267,65 @@ class RecordingCollector:
         app.router.add_get("/stats", self._stats)
         return app
 
-    async def _serve(self) -> None:
-        self._runner = web.AppRunner(self.build_app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
     def start(self) -> RecordingCollector:
-        def target() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve())
-            self._ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
-            self._loop.close()
-
-        self._thread = threading.Thread(target=target, name="recording-collector", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("recording collector did not start")
+        self._server = AppThread(self.build_app(), self.host, self.port, name="recording-collector")
+        self.port = self._server.start()
         return self
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     def __enter__(self) -> RecordingCollector:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class AppThread:
+    """An aiohttp application served on its own thread and event loop, so that synchronous
+    code (tests, the demo) can run a real HTTP server next to it."""
+
+    def __init__(self, app: web.Application, host: str, port: int, *, name: str) -> None:
+        self._app, self._host, self._port, self._name = app, host, port, name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 10.0) -> int:
+        """Serve; returns the bound port (the one asked for, or the free one given for 0)."""
+        ready = threading.Event()
+        runner = web.AppRunner(self._app, access_log=None)
+        bound: list[int] = []
+
+        async def serve() -> None:
+            await runner.setup()
+            site = web.TCPSite(runner, self._host, self._port)
+            await site.start()
+            bound.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+        def target() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(serve())
+            finally:
+                ready.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=target, name=self._name, daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout_s) or not bound:
+            raise RuntimeError(f"{self._name} did not start on {self._host}:{self._port}")
+        return bound[0]
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._thread = None
 
 
 def main() -> None:

@@ -46,6 +46,16 @@ _ALL_KINDS = frozenset({"run", "dataset", "job"})
 _GLOB_MAGIC = frozenset("*?[")
 
 
+def kinds_list(v: Any, if_empty: str) -> Any:
+    """An event-kinds setting as written (``run`` or ``[run, job]``), before validation: a
+    single kind becomes a list of one; an empty list is refused with ``if_empty``."""
+    if isinstance(v, str):
+        v = (v,)
+    if isinstance(v, (list, tuple)) and not v:
+        raise ValueError(if_empty)
+    return v
+
+
 class RouteRule(Frozen):
     """One rule; see the module docstring for how its fields combine."""
 
@@ -82,11 +92,7 @@ class RouteRule(Frozen):
     @field_validator("kinds", mode="before")
     @classmethod
     def _kinds(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = (v,)
-        if isinstance(v, (list, tuple)) and not v:
-            raise ValueError("must list at least one of run, dataset, job (or leave the key out)")
-        return v
+        return kinds_list(v, "must list at least one of run, dataset, job (or leave the key out)")
 
     @model_validator(mode="after")
     def _not_empty(self) -> RouteRule:

@@ -21,7 +21,6 @@ envelope) and the event kinds the service takes. What it accepted is in
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from relay.embedded.collector import AppThread
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,7 @@ class KindServer:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+        self._server: AppThread | None = None
 
     @property
     def url(self) -> str:
@@ -174,31 +172,14 @@ class KindServer:
         if self.contract.batch_path is not None:
             app.router.add_post(self.contract.batch_path, self._batch)
 
-        async def serve() -> None:
-            self._runner = web.AppRunner(app, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-        def target() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(serve())
-            self._ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())  # type: ignore[union-attr]
-            self._loop.close()
-
-        self._thread = threading.Thread(target=target, name="kind-server", daemon=True)
-        self._thread.start()
-        assert self._ready.wait(10), "kind server did not start"
+        self._server = AppThread(app, "127.0.0.1", self.port, name="kind-server")
+        self.port = self._server.start()
         return self
 
     def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     def received(self) -> list[dict[str, Any]]:
         with self._lock:
