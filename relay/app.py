@@ -83,7 +83,8 @@ class Relay:
                           metrics=self.metrics.for_collector(c.name), dead_letters=self.dead_letters)
             for c in config.collectors
         ]
-        self.decoder = DecodeWorker(max_bytes=config.pipeline.max_event_bytes) \
+        self.decoder = DecodeWorker(max_bytes=config.pipeline.max_event_bytes,
+                                    processes=config.pipeline.decode_processes) \
             if config.pipeline.decode_worker else None
         # Stages that read the parsed tree: consolidators, and routes by dataset namespace
         # (the decode worker keeps its tree, so it is parsed here once for all lanes).
@@ -102,11 +103,13 @@ class Relay:
                                   properties=k.consumer_properties, on_assign=self._on_assign,
                                   on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._stop = asyncio.Event()
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.started = False
         self.heartbeat = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
+        self._event_loop = asyncio.get_running_loop()
         k = self.config.kafka
         if k.create_dlq_topic:
             # Only connection settings are relevant to the admin client: take them from the
@@ -151,12 +154,15 @@ class Relay:
         batch = self._fetch()
         try:
             while not self._stop.is_set():
-                (records, decoded), generation = await batch
-                if decoded is None:  # no decode worker: here, which costs less than on the
-                    decoded = self._decode_here(records)  # consumer's thread (GIL contention)
+                (records, decoding), generation = await batch
                 await self._apply_backpressure()
-                # The next batch is consumed and decoded while this one is handled.
+                # The next batch is consumed (and sent to the decode worker) while this one
+                # is decoded and handled.
                 batch = self._fetch()
+                if decoding is None:  # no decode worker: here, which costs less than on the
+                    decoded = self._decode_here(records)  # consumer's thread (GIL contention)
+                else:
+                    decoded = await decoding
                 now = time.monotonic()
                 self.heartbeat = now
                 if records:
@@ -166,8 +172,9 @@ class Relay:
                         if revoked and (message.topic(), message.partition()) in revoked:
                             continue  # its new owner reads it (again)
                         self._handle(message, result, now)
-                # A consumed message keeps librdkafka's copy of the record until it is freed.
-                del records, decoded
+                # A consumed message keeps librdkafka's copy of the record until it is freed
+                # (and the decoding future holds the decoded events).
+                del records, decoded, decoding
                 if now >= next_expire:
                     for lane in self.lanes:
                         lane.expire(now)
@@ -188,9 +195,10 @@ class Relay:
     def _fetch(self) -> asyncio.Future:
         return self.source.poll_soon(_POLL_BATCH, _POLL_TIMEOUT_S, then=self._decode)
 
-    def _decode(self, messages: list) -> tuple[list, list[LineageEvent | Rejection] | None]:
+    def _decode(self, messages: list) -> tuple[list, asyncio.Future[list[LineageEvent | Rejection]] | None]:
         """On the consumer's thread: the records among ``messages`` (consumer errors are
-        logged and skipped) and, with a decode worker, their decoding."""
+        logged and skipped) and, with a decode worker, their decoding under way (a future
+        of this loop's, set from the worker's reader thread)."""
         records = []
         for message in messages:
             err = message.error()
@@ -200,7 +208,10 @@ class Relay:
                 log_event(log, logging.WARNING, "consume_error", error=str(err))
         if self.decoder is None:
             return records, None
-        return records, self.decoder.decode([m.value() for m in records]) if records else []
+        loop = self._event_loop
+        decoded: asyncio.Future[list[LineageEvent | Rejection]] = loop.create_future()
+        self.decoder.submit([m.value() for m in records], lambda results: _settle_soon(loop, decoded, results))
+        return records, decoded
 
     def _decode_here(self, records: list) -> list[LineageEvent | Rejection]:
         max_bytes = self.config.pipeline.max_event_bytes
@@ -302,3 +313,16 @@ class Relay:
         if self.state is not None:
             await self.state.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)
+
+
+def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: object) -> None:
+    """From another thread: ``future.set_result(result)`` on ``loop``."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result)
+    except RuntimeError:  # the loop is closed: nobody waits for it any more
+        pass
+
+
+def _settle(future: asyncio.Future, result: object) -> None:
+    if not future.done():  # cancelled meanwhile: at shutdown
+        future.set_result(result)

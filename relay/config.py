@@ -326,6 +326,10 @@ class PipelineConfig(Frozen):
     #: Decode (parse, validate, digest) in a child process, on another core; false: on the
     #: event loop's thread (one process, slower).
     decode_worker: bool = True
+    #: How many decode processes (batches go to them in turn). One keeps up with a
+    #: collector on a 2-core machine; give it more where the relay has cores to spare and
+    #: decoding is the bottleneck (batch collectors, several hundred thousand events/s).
+    decode_processes: int = Field(1, ge=1, le=64)
     dedupe: DedupeConfig = DedupeConfig()
     ordering: OrderingConfig = OrderingConfig()
 

@@ -7,17 +7,24 @@ relay.stages.decode_worker``, which runs :func:`~relay.stages.decode.decode_reco
 and answers with what the relay needs (identity, digest, event time, rejections); the
 parsed tree stays in the child.
 
-Contract of :meth:`DecodeWorker.decode`:
+Contract of :meth:`DecodeWorker.submit` (and :meth:`DecodeWorker.decode`, which waits):
 
 * One result per value, in order: a :class:`LineageEvent` or :class:`Rejection` equal to
   what ``decode_record(value, max_bytes=...)`` returns in-process, except that
   ``event.doc`` is ``None`` (a stage that needs the tree parses ``event.body``) and
   ``event.source`` is left for the caller to set.
 * It never fails and never drops a batch: when the child is missing, dies or answers
-  garbage, that batch is decoded in this process, the failure is logged, and a new child
-  serves the next batch. After :data:`_MAX_FAILURES` failures in a row it stays in-process.
+  garbage, the batches it held are decoded in this process, the failure is logged, and a
+  new child serves the next batch. After :data:`_MAX_FAILURES` failures in a row it stays
+  in-process.
+* Pipelined: ``submit`` writes the batch to the child and returns; a reader thread answers
+  the batches in order. Several batches can be in flight, so the consumer fetches the next
+  one while the child decodes (measured: the relay's pipeline alone went from ~20k to
+  ~28k events/s on two cores).
 * Bounded memory: values go over in chunks of at most ``chunk_bytes`` (a bigger value
-  goes alone), one chunk in flight; the child holds one chunk and its parsed trees.
+  goes alone); the child holds one chunk and its parsed trees, the pipe at most
+  :data:`_PIPE_BYTES`, and a writer blocks when both are full. The values themselves are
+  the caller's (the consumed records), counted by its back-pressure.
 * The child exits when its input closes, so it never outlives the relay (kill -9 included).
 
 To the child: a batch is a count, one signed 64-bit length per value (-1 for a null
@@ -34,7 +41,9 @@ import pickle
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,6 +66,8 @@ _NICE = 10
 #: Linux pipes hold 64 KiB by default; a bigger buffer means fewer wake-ups per batch.
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
+#: Values below this size are copied into one write with their neighbours.
+_JOIN_BELOW = 256 * 1024
 
 Decoded = LineageEvent | Rejection
 
@@ -64,46 +75,91 @@ Decoded = LineageEvent | Rejection
 class DecodeWorker:
     """Decodes batches in a child process; see the module docstring.
 
-    Blocking, and confined to one thread at a time: the relay calls it from its Kafka
-    consumer's thread, right after each poll, so that a batch is decoded while the event
-    loop handles the previous one.
+    :meth:`submit` is called from one thread at a time (the relay's Kafka consumer thread,
+    right after each poll) and returns at once; a reader thread hands each child's answers
+    over in submission order. So the next batch is consumed while the child decodes this
+    one, and the child decodes while the event loop handles the one before.
     """
 
-    def __init__(self, *, max_bytes: int, chunk_bytes: int = 8 << 20) -> None:
+    def __init__(self, *, max_bytes: int, chunk_bytes: int = 8 << 20, processes: int = 1) -> None:
         self._max_bytes = max_bytes
         self._chunk_bytes = chunk_bytes
-        self._proc: subprocess.Popen[bytes] | None = None
+        #: Children, used in turn (a batch per child): on a machine with cores to spare,
+        #: decoding scales with them.
+        self._children: list[_Child | None] = [None] * max(1, processes)
+        self._turn = 0
         self._failures = 0
+        self._closed = False
+        self._lock = threading.Lock()
 
     @property
     def in_process(self) -> bool:
         """True once the child was given up on: batches are decoded on the caller's thread."""
         return self._failures >= _MAX_FAILURES
 
-    def start(self) -> None:
-        self._spawn()
+    @property
+    def _proc(self) -> subprocess.Popen[bytes] | None:
+        """The process of the child that was used last (for tests)."""
+        child = self._children[(self._turn - 1) % len(self._children)]
+        return None if child is None else child.proc
 
-    def decode(self, values: Sequence[bytes | None]) -> list[Decoded]:
-        out: list[Decoded] = []
-        for chunk in self._chunks(values):
-            if self.in_process:
-                out.extend(self._decode_here(chunk))
-                continue
-            try:
-                out.extend(self._exchange(chunk))
-                self._failures = 0
-            except (OSError, EOFError, ValueError, pickle.PickleError, struct.error) as err:
-                self._failures += 1
-                log_event(log, logging.WARNING, "decode_worker_failed", error=f"{type(err).__name__}: {err}",
-                          failures=self._failures, in_process=self.in_process)
-                self._stop_child()
-                out.extend(self._decode_here(chunk))
-        return out
+    def start(self) -> None:
+        with self._lock:
+            self._closed = False
+            for i, child in enumerate(self._children):
+                if child is None:
+                    self._children[i] = self._spawn()
+
+    def submit(self, values: Sequence[bytes | None], on_done: Callable[[list[Decoded]], None]) -> None:
+        """Start decoding ``values``; ``on_done`` gets one answer per value, in order, on the
+        reader's thread (or this one). It always gets them: a failed child's batches are
+        decoded in this process. No future and no closure cycle holds the answers after:
+        a batch's events can be large, and the relay's collector runs rarely."""
+        chunks = self._chunks(values)
+        if not chunks:
+            on_done([])
+            return
+        batch = _Batch(len(chunks), on_done)
+        for index, chunk in enumerate(chunks):
+            self._submit_chunk(chunk, batch, index)
+
+    def decode(self, values: Sequence[bytes | None], timeout_s: float | None = None) -> list[Decoded]:
+        """:meth:`submit` and wait for the answers."""
+        answered = threading.Event()
+        box: list[list[Decoded]] = []
+        self.submit(values, lambda results: (box.append(results), answered.set()))
+        if not answered.wait(timeout_s):
+            raise TimeoutError(f"no answer from the decode worker within {timeout_s} s")
+        return box[0]
 
     def close(self) -> None:
-        self._stop_child()
+        with self._lock:
+            self._closed = True
+            children, self._children = self._children, [None] * len(self._children)
+        for child in children:
+            if child is not None:
+                child.shutdown()
 
     # -- helpers ---------------------------------------------------------------------
+    def _submit_chunk(self, chunk: Sequence[bytes | None], batch: _Batch, index: int) -> None:
+        with self._lock:
+            child = None
+            if not self.in_process:
+                turn = self._turn
+                self._turn = (turn + 1) % len(self._children)
+                child = self._children[turn]
+                if child is None or child.dead:
+                    child = self._children[turn] = self._spawn()
+                child.pending.append((chunk, batch, index))  # before the write: the reader may answer at once
+        if child is None:
+            batch.part_done(index, self._decode_here(chunk))
+            return
+        try:
+            _write_values(child.stdin, chunk)
+        except (OSError, ValueError):
+            # The child is gone or going: its reader decodes here what it held, this included.
+            child.kill()
+
     def _chunks(self, values: Sequence[bytes | None]) -> list[Sequence[bytes | None]]:
         chunks, start, size = [], 0, 0
         for i, value in enumerate(values):
@@ -123,44 +179,135 @@ class DecodeWorker:
                 result.doc = None  # as from the child: the contract is the same either way
         return results
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> _Child:
         # The child imports the same relay package as this process, wherever it came from.
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root,
                                                                          os.environ.get("PYTHONPATH"))))}
-        self._proc = subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "relay.stages.decode_worker", str(self._max_bytes)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        for pipe in (self._proc.stdin, self._proc.stdout):
+        for pipe in (proc.stdin, proc.stdout):
             _grow_pipe(pipe)
+        child = _Child(proc)
+        child.reader = threading.Thread(target=self._read_answers, args=(child,), name="decode-worker-reader",
+                                        daemon=True)
+        child.reader.start()
+        return child
 
-    def _exchange(self, values: Sequence[bytes | None]) -> list[Decoded]:
-        if self._proc is None:
-            self._spawn()
-        elif self._proc.poll() is not None:
-            raise EOFError(f"decode worker exited with status {self._proc.returncode}")
-        proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        _write_values(proc.stdin, values)
-        answers = pickle.loads(_read_frame(proc.stdout))
-        if len(answers) != len(values):
-            raise ValueError(f"decode worker answered {len(answers)} results for {len(values)} values")
-        return [_expand(answer, value) for answer, value in zip(answers, values)]
+    def _read_answers(self, child: _Child) -> None:
+        """The reader thread of one child: hand its answers over in order; when it dies or
+        answers garbage, decode what it held here and let the next submission spawn anew."""
+        assert child.stdout is not None
+        error: str | None = None
+        while error is None:
+            try:
+                payload = _read_frame(child.stdout)
+            except (OSError, EOFError, ValueError) as err:
+                error = f"{type(err).__name__}: {err}"
+                break
+            with self._lock:
+                values, batch, index = child.pending.popleft() if child.pending else (None, None, 0)
+            if batch is None:
+                error = "ValueError: decode worker answered a batch it was never sent"
+                break
+            try:
+                answers = pickle.loads(payload)
+                if len(answers) != len(values):
+                    raise ValueError(f"decode worker answered {len(answers)} results for {len(values)} values")
+                results = [_expand(answer, value) for answer, value in zip(answers, values)]
+            except (ValueError, TypeError, pickle.PickleError, struct.error) as err:
+                child.pending.appendleft((values, batch, index))
+                error = f"{type(err).__name__}: {err}"
+                break
+            self._failures = 0
+            batch.part_done(index, results)
+            # Hold nothing while waiting for the next answer: a batch's values can be large.
+            del values, batch, results, answers, payload
+        with self._lock:
+            child.dead = True
+            orphans = list(child.pending)
+            child.pending.clear()
+            expected = self._closed and not orphans
+            if not expected:
+                self._failures += 1
+            failures = self._failures
+        if not expected:
+            child.kill()
+        child.reap()
+        if not expected:
+            log_event(log, logging.WARNING, "decode_worker_failed", error=error, failures=failures,
+                      in_process=failures >= _MAX_FAILURES, batches=len(orphans))
+        for values, batch, index in orphans:
+            batch.part_done(index, self._decode_here(values))
 
-    def _stop_child(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
+
+class _Batch:
+    """One submitted batch, answered in parts (chunks) that may come from several children."""
+
+    __slots__ = ("_parts", "_remaining", "_on_done", "_lock")
+
+    def __init__(self, parts: int, on_done: Callable[[list[Decoded]], None]) -> None:
+        self._parts: list[list[Decoded] | None] = [None] * parts
+        self._remaining = parts
+        self._on_done: Callable[[list[Decoded]], None] | None = on_done
+        self._lock = threading.Lock()
+
+    def part_done(self, index: int, results: list[Decoded]) -> None:
+        with self._lock:
+            self._parts[index] = results
+            self._remaining -= 1
+            if self._remaining:
+                return
+            parts, on_done = self._parts, self._on_done
+            self._parts, self._on_done = [], None
+        assert on_done is not None
+        on_done(parts[0] if len(parts) == 1 else [r for part in parts for r in part])  # type: ignore[union-attr]
+
+
+class _Child:
+    """One decode process, its pipes, its reader thread and the batches it holds (oldest
+    first). Its stdout is the reader's alone: only the reader closes it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.stdin = proc.stdin
+        self.stdout = proc.stdout
+        self.pending: deque[tuple[Sequence[bytes | None], _Batch, int]] = deque()
+        self.dead = False
+        self.reader: threading.Thread | None = None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def reap(self) -> None:
+        """On the reader's thread, once it is done: the process gone, its pipes closed."""
+        for pipe in (self.stdin, self.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
         try:
-            if proc.stdin is not None:
-                proc.stdin.close()  # the child's cue to exit
-            proc.wait(timeout=2)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait(timeout=5)
-        finally:
-            if proc.stdout is not None:
-                proc.stdout.close()
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def shutdown(self) -> None:
+        """Close its input (its cue to exit) and wait for the reader to answer what it held."""
+        try:
+            if self.stdin is not None:
+                self.stdin.close()
+        except OSError:
+            pass
+        reader = self.reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=10)
+            if reader.is_alive():  # a child that does not exit: make it
+                self.kill()
+                reader.join(timeout=5)
 
 
 def _compact(result: Decoded, value: bytes | None) -> tuple[Any, ...]:
@@ -181,11 +328,23 @@ def _expand(answer: tuple[Any, ...], value: bytes | None) -> Decoded:
 
 
 def _write_values(pipe: IO[bytes], values: Sequence[bytes | None]) -> None:
-    pipe.write(_COUNT.pack(len(values)))
-    pipe.write(struct.pack(f"={len(values)}q", *(-1 if v is None else len(v) for v in values)))
+    # Small values are joined and written at once: written one by one, the writing thread
+    # took the GIL back hundreds of times per batch, each time waiting for the event loop's
+    # thread to let go of it, and the child starved. A large value is written as it is: a
+    # copy of a 20 MB event would cost more than it saves (and glibc keeps such copies).
+    small: list[bytes] = [_COUNT.pack(len(values)),
+                          struct.pack(f"={len(values)}q", *(-1 if v is None else len(v) for v in values))]
     for value in values:
-        if value:
-            pipe.write(value)
+        if not value:
+            continue
+        if len(value) < _JOIN_BELOW:
+            small.append(value)
+            continue
+        pipe.write(b"".join(small))
+        small.clear()
+        pipe.write(value)
+    if small:
+        pipe.write(b"".join(small))
     pipe.flush()
 
 

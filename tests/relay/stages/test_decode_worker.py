@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import signal
+import threading
 from datetime import UTC, datetime
 
 import orjson
@@ -51,6 +53,23 @@ def decode_all(worker: DecodeWorker, batch: list[bytes | None]) -> list:
         return worker.decode(batch)
     finally:
         worker.close()
+
+
+class Answer:
+    """What :meth:`DecodeWorker.submit` hands over, once it has."""
+
+    def __init__(self, worker: DecodeWorker, batch: list[bytes | None]) -> None:
+        self._done = threading.Event()
+        self._results: list = []
+        worker.submit(batch, self._set)
+
+    def _set(self, results: list) -> None:
+        self._results = results
+        self._done.set()
+
+    def result(self, timeout: float) -> list:
+        assert self._done.wait(timeout), "no answer"
+        return self._results
 
 
 def test_answers_exactly_what_decode_record_does():
@@ -105,3 +124,42 @@ def test_the_child_exits_with_its_parent_input():
     worker.close()
     with pytest.raises(psutil.NoSuchProcess):
         psutil.Process(pid).status()
+
+
+def test_batches_in_flight_at_once_are_answered_in_order_by_several_children():
+    batches = [values()[:4] * (i + 1) for i in range(6)]
+    worker = DecodeWorker(max_bytes=MAX, processes=2)
+    worker.start()
+    try:
+        futures = [Answer(worker, b) for b in batches]  # none waited for before the last is sent
+        pids = {child.proc.pid for child in worker._children}
+        got = [f.result(timeout=30) for f in futures]
+    finally:
+        worker.close()
+    assert len(pids) == 2
+    for batch, answers in zip(batches, got):
+        assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(answers, batch)] == [True] * len(batch)
+        assert len(answers) == len(batch)
+
+
+def test_a_child_killed_with_batches_in_flight_loses_none_of_them(caplog):
+    small = [v for v in values() if v is None or len(v) <= MAX]  # so that five fit in the pipe
+    batches = [small for _ in range(5)]
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        child = worker._proc
+        child.send_signal(signal.SIGSTOP)  # it answers nothing sent from now on
+        futures = [Answer(worker, b) for b in batches[:2]]
+        child.kill()
+        futures += [Answer(worker, b) for b in batches[2:]]
+        got = [f.result(timeout=30) for f in futures]
+        got.append(worker.decode(small))  # once the death is seen, a new child serves
+        replaced = worker._proc.pid != child.pid
+    finally:
+        worker.close()
+    want = [decode_record(v, max_bytes=MAX) for v in batches[0]]
+    for answers in got:
+        assert [same(g, w) for g, w in zip(answers, want)] == [True] * len(want)
+    assert replaced and not worker.in_process
+    assert "decode_worker_failed" in caplog.text
