@@ -52,6 +52,8 @@ def test_missing_env_var_names_it(tmp_path, monkeypatch):
       "collectors": [{"name": "m", "url": "http://a"}]}, r"kafka\.dlq_topic"),
     ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
       "pipeline": {"ordering": {"on_hold_timeout": "explode"}}}, r"pipeline\.ordering\.on_hold_timeout"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
+      "pipeline": {"decode_processes": 0}}, r"pipeline\.decode_processes"),
 ])
 def test_bad_config_names_the_key(patch, message):
     with pytest.raises(ConfigError, match=message):

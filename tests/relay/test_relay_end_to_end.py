@@ -49,7 +49,8 @@ def topics(kafka):
     return kafka.new_topic("ol", partitions=3), kafka.new_topic("dlq")
 
 
-def test_two_collectors_get_every_unique_event_once_in_run_order(kafka, collectors, topics):
+@pytest.mark.parametrize("decode_processes", [1, 2])
+def test_two_collectors_get_every_unique_event_once_in_run_order(kafka, collectors, topics, decode_processes):
     topic, dlq = topics
     stream = sample_stream(700, seed=7, duplicate_ratio=0.10, out_of_order_ratio=0.08)
     unique = {canonical(orjson.loads(v)) for _, v in stream}
@@ -57,7 +58,8 @@ def test_two_collectors_get_every_unique_event_once_in_run_order(kafka, collecto
     produce(kafka.bootstrap_servers, topic, stream)
     a, b = collectors
     config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url, "b": b.url},
-                          group=kafka.new_group(), dlq=dlq, pipeline={"ordering": {"terminal_grace_s": 1.0}})
+                          group=kafka.new_group(), dlq=dlq,
+                          pipeline={"ordering": {"terminal_grace_s": 1.0}, "decode_processes": decode_processes})
     with RelayThread(config) as relay:
         for c in (a, b):
             assert c.wait_for(lambda c: c.count >= len(unique), 90), f"got {c.count} of {len(unique)}"
