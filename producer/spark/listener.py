@@ -295,7 +295,9 @@ class _Listener:
         if owner is None:
             return
         try:
-            owner.on_action(self._gateway, func_name, qe, duration_ns, None)
+            with jvm.released_together(self._gateway):
+                jvm.adopt(qe)
+                owner.on_action(self._gateway, func_name, qe, duration_ns, None)
         except Exception:  # noqa: BLE001
             log.exception("lineage: listener failed")
 
@@ -304,7 +306,10 @@ class _Listener:
         if owner is None:
             return
         try:
-            owner.on_action(self._gateway, func_name, qe, None, exception)
+            with jvm.released_together(self._gateway):
+                jvm.adopt(qe)
+                jvm.adopt(exception)
+                owner.on_action(self._gateway, func_name, qe, None, exception)
         except Exception:  # noqa: BLE001
             log.exception("lineage: listener failed")
 
