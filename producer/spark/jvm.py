@@ -9,6 +9,7 @@ building in :mod:`producer.spark.capture` is testable without Spark.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -291,6 +292,14 @@ def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputByt
         else:
             break
     metrics = plan.metrics()
+    # All of them in one call, as "name -> SQLMetric(id: 1, name: Some(...), value: 42)"
+    # (four round trips per metric otherwise); another format: one by one.
+    for entry in metrics.mkString(_SEP).split(_SEP):
+        match = _METRIC.fullmatch(entry)
+        if match is not None and match.group(1) in names:
+            out[match.group(1)] = int(match.group(2))
+    if out:
+        return out
     for name in names:
         metric = _opt(metrics.get(name))
         if metric is not None:
@@ -298,9 +307,18 @@ def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputByt
     return out
 
 
+_METRIC = re.compile(r"(\w+) -> SQLMetric\(.*value: (-?\d+)\)", re.DOTALL)
+#: "analysis -> PhaseSummary(<start ms>, <end ms>)" among the tracker's phases.
+_ANALYSIS_PHASE = re.compile(r"(?:^|\u001f)analysis -> PhaseSummary\((\d+), ?-?\d+\)")
+
+
 def _started_ms(qe: Any) -> int | None:
     try:
-        summary = _opt(qe.tracker().phases().get("analysis"))
+        phases = qe.tracker().phases()
+        match = _ANALYSIS_PHASE.search(phases.mkString(_SEP))  # one call, not four
+        if match is not None:
+            return int(match.group(1))
+        summary = _opt(phases.get("analysis"))
         return int(summary.startTimeMs()) if summary is not None else None
     except Exception:  # noqa: BLE001 - older/other Spark: the caller falls back to the duration
         return None
