@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 # -- one release per action for the Java objects it made ---------------------------------
 # Every Java object that crosses py4j is kept alive on the JVM's side until Python lets it
 # go, which py4j does one object at a time: a "delete" round trip per object (measured: 86
@@ -177,13 +179,6 @@ def _opt(value: Any) -> Any:
     return value.get() if value is not None and value.isDefined() else None
 
 
-def _seq(gateway: Any, seq: Any) -> list[Any]:
-    # Indexing by length() avoids py4j's iterator protocol, which ends every loop with a Java
-    # NoSuchElementException that PySpark converts at a cost of ~40 ms; and each py4j call
-    # is a round trip, so no converter first.
-    return [seq.apply(i) for i in range(seq.length())]
-
-
 #: Joins a Scala Seq's strings in one py4j call; no path contains it.
 _SEP = "\u001f"
 
@@ -229,6 +224,20 @@ def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]
     return "".join(text.substring(i, min(length, i + _PIECE_CHARS)) for i in range(0, length, _PIECE_CHARS)), length
 
 
+def _leaf_kinds(query_json: str | None, count: int) -> list[str | None]:
+    """The simple class names of the plan's leaves, in ``collectLeaves()`` order (both are
+    pre-order walks of the children), from its JSON; None for each when unknown."""
+    if query_json is not None:
+        try:
+            kinds = [node["class"].rpartition(".")[2] for node in orjson.loads(query_json)
+                     if node.get("num-children") == 0]
+        except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+            kinds = []
+        if len(kinds) == count:
+            return kinds
+    return [None] * count
+
+
 def _catalog_table(table: Any) -> Relation:
     ident = table.identifier()
     db = _opt(ident.database())
@@ -256,10 +265,17 @@ def _logical_relation(gateway: Any, leaf: Any) -> Relation | None:
     return None
 
 
-def relation_of(gateway: Any, node: Any) -> Relation | None:
+#: Leaf classes that can be data at rest; any other leaf (a local relation, a range) is not.
+_RELATION_KINDS = frozenset({"LogicalRelation", "HiveTableRelation", "DataSourceV2Relation",
+                             "DataSourceV2ScanRelation"})
+
+
+def relation_of(gateway: Any, node: Any, kind: str | None = None) -> Relation | None:
     """A plan leaf (or write target) as a :class:`Relation`, or None when it is not data
-    at rest (an in-memory DataFrame, a range)."""
-    kind = node.getClass().getSimpleName()
+    at rest (an in-memory DataFrame, a range). ``kind``: its class's simple name, when
+    known (from the plan's JSON), saves asking."""
+    if kind is None:
+        kind = node.getClass().getSimpleName()
     if kind == "LogicalRelation":
         return _logical_relation(gateway, node)
     if kind == "HiveTableRelation":
@@ -371,7 +387,14 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     snap.query_json, snap.plan_bytes = plan_json(gateway, query, max_plan_bytes)
     if snap.output is not None:
         snap.output_schema_json = query.schema().json()
-    snap.leaves = [relation_of(gateway, leaf) for leaf in _seq(gateway, query.collectLeaves())]
+    # Indexed by length()/apply(): py4j's iterator protocol ends every loop with a Java
+    # NoSuchElementException that PySpark converts at a cost of ~40 ms.
+    leaves = query.collectLeaves()
+    count = leaves.length()
+    kinds = _leaf_kinds(snap.query_json, count)
+    # A leaf that cannot be data at rest (known from the JSON) is not even fetched.
+    snap.leaves = [relation_of(gateway, leaves.apply(i), kind) if kind is None or kind in _RELATION_KINDS else None
+                   for i, kind in enumerate(kinds)]
     if error is None:
         try:
             snap.metrics = _metrics(qe.executedPlan())
