@@ -224,17 +224,25 @@ def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]
     return "".join(text.substring(i, min(length, i + _PIECE_CHARS)) for i in range(0, length, _PIECE_CHARS)), length
 
 
-def _leaf_kinds(query_json: str | None, count: int) -> list[str | None]:
-    """The simple class names of the plan's leaves, in ``collectLeaves()`` order (both are
-    pre-order walks of the children), from its JSON; None for each when unknown."""
+@dataclass(frozen=True)
+class LeafInfo:
+    """A plan leaf as its JSON describes it."""
+
+    kind: str  # the class's simple name
+    has_table: bool  # a catalog table is attached (the JSON has "catalogTable" only then)
+
+
+def _leaf_infos(query_json: str | None, count: int) -> list[LeafInfo | None]:
+    """The plan's leaves in ``collectLeaves()`` order (both are pre-order walks of the
+    children), from its JSON; None for each when unknown."""
     if query_json is not None:
         try:
-            kinds = [node["class"].rpartition(".")[2] for node in orjson.loads(query_json)
-                     if node.get("num-children") == 0]
+            infos = [LeafInfo(node["class"].rpartition(".")[2], node.get("catalogTable") is not None)
+                     for node in orjson.loads(query_json) if node.get("num-children") == 0]
         except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
-            kinds = []
-        if len(kinds) == count:
-            return kinds
+            infos = []
+        if len(infos) == count:
+            return infos
     return [None] * count
 
 
@@ -247,10 +255,10 @@ def _catalog_table(table: Any) -> Relation:
                     fmt=_opt(table.provider()))
 
 
-def _logical_relation(gateway: Any, leaf: Any) -> Relation | None:
+def _logical_relation(gateway: Any, leaf: Any, has_table: bool | None = None) -> Relation | None:
     relation = leaf.relation()
     kind = relation.getClass().getSimpleName()
-    table = _opt(leaf.catalogTable())
+    table = _opt(leaf.catalogTable()) if has_table is not False else None
     if kind == "HadoopFsRelation":
         rel = _catalog_table(table) if table is not None else Relation()
         joined = relation.location().rootPaths().mkString(_SEP)
@@ -270,14 +278,13 @@ _RELATION_KINDS = frozenset({"LogicalRelation", "HiveTableRelation", "DataSource
                              "DataSourceV2ScanRelation"})
 
 
-def relation_of(gateway: Any, node: Any, kind: str | None = None) -> Relation | None:
+def relation_of(gateway: Any, node: Any, leaf: LeafInfo | None = None) -> Relation | None:
     """A plan leaf (or write target) as a :class:`Relation`, or None when it is not data
-    at rest (an in-memory DataFrame, a range). ``kind``: its class's simple name, when
-    known (from the plan's JSON), saves asking."""
-    if kind is None:
-        kind = node.getClass().getSimpleName()
+    at rest (an in-memory DataFrame, a range). ``leaf``: what the plan's JSON tells about
+    it, which saves asking."""
+    kind = leaf.kind if leaf is not None else node.getClass().getSimpleName()
     if kind == "LogicalRelation":
-        return _logical_relation(gateway, node)
+        return _logical_relation(gateway, node, leaf.has_table if leaf is not None else None)
     if kind == "HiveTableRelation":
         return _catalog_table(node.tableMeta())
     if kind in ("DataSourceV2Relation", "DataSourceV2ScanRelation"):
@@ -391,10 +398,10 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     # NoSuchElementException that PySpark converts at a cost of ~40 ms.
     leaves = query.collectLeaves()
     count = leaves.length()
-    kinds = _leaf_kinds(snap.query_json, count)
+    infos = _leaf_infos(snap.query_json, count)
     # A leaf that cannot be data at rest (known from the JSON) is not even fetched.
-    snap.leaves = [relation_of(gateway, leaves.apply(i), kind) if kind is None or kind in _RELATION_KINDS else None
-                   for i, kind in enumerate(kinds)]
+    snap.leaves = [relation_of(gateway, leaves.apply(i), info) if info is None or info.kind in _RELATION_KINDS
+                   else None for i, info in enumerate(infos)]
     if error is None:
         try:
             snap.metrics = _metrics(qe.executedPlan())
