@@ -77,7 +77,8 @@ def main() -> int:
     # target; more rounds steady the median.
     parser.add_argument("--rounds", type=int, default=20, help="timed rounds per mode (default 20)")
     parser.add_argument("--actions", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds per mode first (default 3)")
+    # 8: with 3, job times still fell ~20 % over the timed rounds (the JVM warming up).
+    parser.add_argument("--warmup", type=int, default=8, help="untimed rounds per mode first (default 8)")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
