@@ -19,7 +19,9 @@ Figures, from medians over the rounds:
   on Spark's listener thread, after the action, not on the job's thread).
 
 Targets (issue 5): overhead under 3 %, under 10 ms per action.
-Usage: ``python bench/spark_overhead.py [--rounds N] [--actions N]``. Last line: JSON.
+Usage: ``python bench/spark_overhead.py [--rounds N] [--actions N] [--control]``; with
+``--control`` capture stays off in the "on" rounds too, so the figures show the noise of
+the machine alone. Last line: JSON.
 """
 
 from __future__ import annotations
@@ -79,7 +81,10 @@ def main() -> int:
     parser.add_argument("--actions", type=int, default=20)
     # 8: with 3, job times still fell ~20 % over the timed rounds (the JVM warming up).
     parser.add_argument("--warmup", type=int, default=8, help="untimed rounds per mode first (default 8)")
+    parser.add_argument("--control", action="store_true",
+                        help="capture off in both modes: the figures are then this machine's noise alone")
     args = parser.parse_args()
+    capture_on = not args.control
 
     from pyspark.sql import SparkSession
 
@@ -119,13 +124,13 @@ def main() -> int:
             callback_s, callbacks = 0.0, 0
             for r in range(args.rounds):
                 for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
-                    if mode == "on":
+                    if mode == "on" and capture_on:
                         enable_lineage(spark, producer=producer, app_name="overhead")
                     t0 = time.perf_counter()
                     _job(spark, paths, args.actions)
                     _drain(spark)
                     times[mode].append(time.perf_counter() - t0)
-                    if mode == "on":
+                    if mode == "on" and capture_on:
                         disable_lineage(spark)
                     print(f"round {r + 1}/{args.rounds} {mode:>3}: {times[mode][-1]:.3f} s", flush=True)
             assert producer.flush(30) == 0
@@ -145,6 +150,7 @@ def main() -> int:
         "per_action_ms": round(diff / args.actions * 1000, 2),
         "capture_ms_per_action": round(callback_s / max(callbacks, 1) * 1000, 2),
         "rounds": args.rounds,
+        "control": args.control,
     }
     print(f"capture off: median {off:.3f} s; on: median {on:.3f} s; overhead {result['overhead_pct']} % "
           f"(+/- {result['overhead_spread_pct']}; {result['per_action_ms']} ms per action; {result['capture_ms_per_action']} ms inside the listener "
