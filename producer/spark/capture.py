@@ -188,7 +188,7 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     query: Node | None = None
     if snap.query_json is not None:
         try:
-            query = parse_plan(orjson.loads(snap.query_json))
+            query = parse_plan(snap.query_nodes)
         except (ValueError, orjson.JSONDecodeError) as err:
             errors.append({"errorMessage": f"plan JSON unreadable: {err}"})
     elif snap.plan_bytes:

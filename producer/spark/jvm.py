@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -42,28 +43,31 @@ def _install_tracking() -> None:
 
     def __init__(self: Any, target_id: str, gateway_client: Any) -> None:
         original(self, target_id, gateway_client)
-        ids = getattr(_tracking, "ids", None)
-        if ids is not None:
-            ThreadSafeFinalizer.remove_finalizer(
-                f"{gateway_client.address}{gateway_client.port}{target_id}")
-            ids.append(target_id)
+        _take_over(gateway_client, target_id)
 
     JavaObject.__init__ = __init__
     _PATCHED.append(True)
 
 
-def adopt(obj: Any) -> None:
-    """Release ``obj`` (a Java object made before the block, e.g. a callback's argument)
-    with the block's objects instead of on its own."""
+def _take_over(client: Any, target_id: str) -> None:
+    """Inside a tracking block: drop the object's py4j finalizer (its key as py4j builds
+    it) and keep its id for the block's release."""
     ids = getattr(_tracking, "ids", None)
-    target_id = getattr(obj, "_target_id", None)
-    client = getattr(obj, "_gateway_client", None)
-    if ids is None or target_id is None or client is None:
+    if ids is None:
         return
     from py4j.finalizer import ThreadSafeFinalizer
 
     ThreadSafeFinalizer.remove_finalizer(f"{client.address}{client.port}{target_id}")
     ids.append(target_id)
+
+
+def adopt(obj: Any) -> None:
+    """Release ``obj`` (a Java object made before the block, e.g. a callback's argument)
+    with the block's objects instead of on its own."""
+    target_id = getattr(obj, "_target_id", None)
+    client = getattr(obj, "_gateway_client", None)
+    if target_id is not None and client is not None:
+        _take_over(client, target_id)
 
 
 @contextmanager
@@ -85,7 +89,6 @@ class _Bindings:
             self.keys = gateway.java_gateway_server.getGateway().getBindings().keySet()
             self.tokenizer = gateway.jvm.java.util.StringTokenizer
             self.as_list = gateway.jvm.java.util.Collections.list
-        self.gateway = gateway
         self.leftover: list[str] = []  # the last release's own tokenizer and list
 
     def release(self, ids: list[str]) -> None:
@@ -101,7 +104,16 @@ class _Bindings:
             _tracking.ids = None
 
 
-_BINDINGS: dict[int, _Bindings] = {}
+_BINDINGS: dict[int, tuple[Any, _Bindings]] = {}
+
+
+def _per_gateway(cache: dict[int, tuple[Any, Any]], gateway: Any, build: Any) -> Any:
+    """``build(gateway)``, made once per gateway. Keyed by identity: a py4j gateway answers
+    any attribute, so nothing can be stored on it."""
+    entry = cache.get(id(gateway))
+    if entry is None or entry[0] is not gateway:
+        entry = cache[id(gateway)] = (gateway, build(gateway))
+    return entry[1]
 
 
 @contextmanager
@@ -112,11 +124,9 @@ def released_together(gateway: Any) -> Iterator[None]:
         yield
         return
     _install_tracking()
-    entry = _BINDINGS.get(id(gateway))
     ids: list[str] = []
     try:
-        if entry is None or entry.gateway is not gateway:
-            entry = _BINDINGS[id(gateway)] = _Bindings(gateway)
+        entry = _per_gateway(_BINDINGS, gateway, _Bindings)
     except Exception:  # noqa: BLE001 - no bulk release here: py4j's own, object by object
         yield
         return
@@ -174,6 +184,12 @@ class ActionSnapshot:
     plan_bytes: int = 0
     output_schema_json: str | None = None  # the written query's StructType, exact types
 
+    @cached_property
+    def query_nodes(self) -> list[dict[str, Any]] | None:
+        """``query_json`` parsed, once for the leaf lookup and the analysis; raises
+        ``orjson.JSONDecodeError`` when it is not JSON."""
+        return None if self.query_json is None else orjson.loads(self.query_json)
+
 
 def _opt(value: Any) -> Any:
     return value.get() if value is not None and value.isDefined() else None
@@ -194,15 +210,15 @@ _PIECED_UP_TO = 400_000
 def _json_tools(gateway: Any) -> tuple[Any, Any]:
     """json4s' Jackson mapper and the StringWriter class, looked up once per gateway (each
     ``gateway.jvm.a.b.C`` lookup is a py4j round trip per dotted name)."""
-    entry = _JSON_TOOLS.get(id(gateway))
-    if entry is None or entry[0] is not gateway:  # (a py4j gateway answers any attribute)
+    def build(gateway: Any) -> tuple[Any, Any]:
         with untracked():  # kept across actions
             module = getattr(getattr(gateway.jvm.org.json4s.jackson, "JsonMethods$"), "MODULE$")
-            entry = _JSON_TOOLS[id(gateway)] = (gateway, module.mapper(), gateway.jvm.java.io.StringWriter)
-    return entry[1], entry[2]
+            return module.mapper(), gateway.jvm.java.io.StringWriter
+
+    return _per_gateway(_JSON_TOOLS, gateway, build)
 
 
-_JSON_TOOLS: dict[int, tuple[Any, Any, Any]] = {}
+_JSON_TOOLS: dict[int, tuple[Any, tuple[Any, Any]]] = {}
 
 
 def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]:
@@ -232,18 +248,16 @@ class LeafInfo:
     has_table: bool  # a catalog table is attached (the JSON has "catalogTable" only then)
 
 
-def _leaf_infos(query_json: str | None, count: int) -> list[LeafInfo | None]:
+def _leaf_infos(snap: ActionSnapshot, count: int) -> list[LeafInfo | None]:
     """The plan's leaves in ``collectLeaves()`` order (both are pre-order walks of the
     children), from its JSON; None for each when unknown."""
-    if query_json is not None:
-        try:
-            infos = [LeafInfo(node["class"].rpartition(".")[2], node.get("catalogTable") is not None)
-                     for node in orjson.loads(query_json) if node.get("num-children") == 0]
-        except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
-            infos = []
-        if len(infos) == count:
-            return infos
-    return [None] * count
+    try:
+        nodes = snap.query_nodes or []
+        infos = [LeafInfo(node["class"].rpartition(".")[2], node.get("catalogTable") is not None)
+                 for node in nodes if node.get("num-children") == 0]
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+        infos = []
+    return infos if len(infos) == count else [None] * count
 
 
 def _catalog_table(table: Any) -> Relation:
@@ -398,7 +412,7 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     # NoSuchElementException that PySpark converts at a cost of ~40 ms.
     leaves = query.collectLeaves()
     count = leaves.length()
-    infos = _leaf_infos(snap.query_json, count)
+    infos = _leaf_infos(snap, count)
     # A leaf that cannot be data at rest (known from the JSON) is not even fetched.
     snap.leaves = [relation_of(gateway, leaves.apply(i), info) if info is None or info.kind in _RELATION_KINDS
                    else None for i, info in enumerate(infos)]

@@ -114,7 +114,7 @@ class DecodeWorker:
         """Start decoding ``values``; ``on_done`` gets one answer per value, in order, on the
         reader's thread (or this one). It always gets them: a failed child's batches are
         decoded in this process. No future and no closure cycle holds the answers after:
-        a batch's events can be large, and the relay's collector runs rarely."""
+        a batch's events can be large, and the relay's garbage collector runs rarely."""
         chunks = self._chunks(values)
         if not chunks:
             on_done([])
