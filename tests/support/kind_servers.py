@@ -194,7 +194,7 @@ class KindServer:
         while time.monotonic() < deadline:
             if predicate(self):
                 return True
-            time.sleep(0.02)  # polling a condition with a deadline
+            time.sleep(0.02)  # ok: poll interval of a wait with a deadline
         return bool(predicate(self))
 
     def __enter__(self) -> KindServer:

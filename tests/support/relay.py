@@ -57,7 +57,7 @@ class RelayProcess:
                     return self
             except requests.RequestException:
                 pass
-            time.sleep(0.05)  # polling readiness with a deadline
+            time.sleep(0.05)  # ok: poll interval of a readiness wait with a deadline
         raise AssertionError("relay process never became ready")
 
     def metrics_text(self) -> str:
@@ -85,5 +85,5 @@ def eventually(predicate, timeout_s: float) -> bool:
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(0.05)  # polling a condition with a deadline
+        time.sleep(0.05)  # ok: poll interval of a wait with a deadline
     return bool(predicate())

@@ -4,12 +4,12 @@ job's result as it was and show up as an ``extractionError`` run facet."""
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
 from producer.spark import capture, columns, disable_lineage, enable_lineage, jvm
 from tests.producer.spark.support import Recorder, drain
+from tests.support.relay import eventually
 from tests.support.spec import validator
 
 pytestmark = pytest.mark.spark
@@ -186,10 +186,12 @@ def test_capture_releases_its_java_objects_together_and_leaves_none_behind(spark
             drain(spark)
             gc.collect()
         # py4j sends the job's deletes from a background thread: wait for them to land.
-        deadline = time.monotonic() + 20
-        while bindings.size() - before > 4 and time.monotonic() < deadline:
+
+        def settled() -> bool:
             gc.collect()
-            time.sleep(0.05)  # poll interval of the deadline wait above
+            return bindings.size() - before <= 4
+
+        eventually(settled, 20)
         after = bindings.size()
     finally:
         disable_lineage(spark)
@@ -198,5 +200,5 @@ def test_capture_releases_its_java_objects_together_and_leaves_none_behind(spark
     assert after - before <= 4, (before, after)
     # Of the deletes py4j sent meanwhile, none was for an object capture made: those went
     # in one call per action. (The job's own objects are still deleted one by one.)
-    captured_ids = set(jvm._BINDINGS[id(gateway)].leftover)
+    captured_ids = set(jvm._BINDINGS[id(gateway)][1].leftover)
     assert not captured_ids & {target for _, target in deletes}
