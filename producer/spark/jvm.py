@@ -335,8 +335,11 @@ def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputByt
         match = _METRIC.fullmatch(entry)
         if match is not None and match.group(1) in names:
             out[match.group(1)] = int(match.group(2))
-    if out:
-        return out
+    return out or _metrics_one_by_one(metrics, names)
+
+
+def _metrics_one_by_one(metrics: Any, names: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
     for name in names:
         metric = _opt(metrics.get(name))
         if metric is not None:
@@ -353,12 +356,14 @@ def _started_ms(qe: Any) -> int | None:
     try:
         phases = qe.tracker().phases()
         match = _ANALYSIS_PHASE.search(phases.mkString(_SEP))  # one call, not four
-        if match is not None:
-            return int(match.group(1))
-        summary = _opt(phases.get("analysis"))
-        return int(summary.startTimeMs()) if summary is not None else None
+        return int(match.group(1)) if match is not None else _analysis_start_asked(phases)
     except Exception:  # noqa: BLE001 - older/other Spark: the caller falls back to the duration
         return None
+
+
+def _analysis_start_asked(phases: Any) -> int | None:
+    summary = _opt(phases.get("analysis"))
+    return int(summary.startTimeMs()) if summary is not None else None
 
 
 def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: int,
