@@ -146,14 +146,14 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
     async def main() -> tuple[float, float]:
         relay = Relay(config)
         task = asyncio.create_task(relay.run())
-        forwarded = relay.metrics.forwarded.labels(collector="local")
+        delivered = relay.metrics.deliveries("local")
         first = None
         deadline = time.monotonic() + 300
         # The relay's own acknowledged-delivery counter: no extra HTTP traffic during the run.
-        while forwarded._value.get() < n:
+        while delivered.count < n:
             if time.monotonic() > deadline or task.done():
-                raise RuntimeError(f"relay delivered {forwarded._value.get()} of {n}")
-            if first is None and forwarded._value.get() > 0:
+                raise RuntimeError(f"relay delivered {delivered.count} of {n}")
+            if first is None and delivered.count > 0:
                 first = time.monotonic()
             await asyncio.sleep(0.005)
         last = time.monotonic()

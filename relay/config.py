@@ -330,6 +330,12 @@ class PipelineConfig(Frozen):
     #: collector on a 2-core machine; give it more where the relay has cores to spare and
     #: decoding is the bottleneck (batch collectors, several hundred thousand events/s).
     decode_processes: int = Field(1, ge=1, le=64)
+    #: CPU priority of the decode processes. ``low``: below the relay's (nice 10). ``idle``:
+    #: only CPU nobody else wants (Linux SCHED_IDLE), so decoding never delays delivery.
+    #: ``auto``: ``idle`` when every collector gets one POST per event (delivery is then
+    #: the bottleneck and decoding runs far ahead of it), else ``low`` (batch collectors
+    #: wait on decoding).
+    decode_priority: Literal["auto", "low", "idle"] = "auto"
     dedupe: DedupeConfig = DedupeConfig()
     ordering: OrderingConfig = OrderingConfig()
 

@@ -6,6 +6,11 @@ next event of a run is sent only after the previous one was acknowledged (or giv
 up on). Events without a run (dataset/job events) have no ordering constraint. A run can
 also be made to wait for one event of another run (``submit(event, after=...)``), which is
 how a child run's START follows its parent's.
+
+A delivery is ``settle(event, await deliver(prepare(event)))`` (``prepare`` returning
+None means the event was taken care of otherwise). The three parts are separate so that
+the delivering task's coroutine chain is only the dispatcher's worker and the collector:
+each level of it is paid again every time the task resumes.
 """
 
 from __future__ import annotations
@@ -18,12 +23,28 @@ from typing import Any
 from relay.events import LineageEvent
 
 
+def _same(event: LineageEvent) -> LineageEvent:
+    return event
+
+
+def _nothing(event: LineageEvent, result: object) -> None:
+    return None
+
+
 class RunOrderedDispatcher:
-    def __init__(self, deliver: Callable[[LineageEvent], Awaitable[None]], concurrency: int) -> None:
+    def __init__(self, deliver: Callable[[Any], Awaitable[Any]], concurrency: int, *,
+                 prepare: Callable[[LineageEvent], Any] = _same,
+                 settle: Callable[[LineageEvent, Any], None] = _nothing) -> None:
         self._deliver = deliver
+        self._prepare = prepare
+        self._settle = settle
         self._concurrency = concurrency
         self._queues: dict[Any, deque[LineageEvent]] = {}
-        self._ready: asyncio.Queue[Any] = asyncio.Queue()
+        # Keys whose next event can go; idle workers wait on a future each (handed a key
+        # directly), so ``_ready`` is empty whenever a worker is idle. Cheaper per event
+        # than an asyncio.Queue.
+        self._ready: deque[Any] = deque()
+        self._idle_workers: deque[asyncio.Future[Any]] = deque()
         # id(event) -> keys whose first event waits for that event to be done
         self._gates: dict[int, list[Any]] = {}
         self._workers: list[asyncio.Task[None]] = []
@@ -48,7 +69,7 @@ class RunOrderedDispatcher:
         else:
             self._queues[key] = deque((event,))
             if after is None:
-                self._ready.put_nowait(key)
+                self._make_ready(key)
             else:
                 self._gates.setdefault(id(after), []).append(key)
 
@@ -58,32 +79,51 @@ class RunOrderedDispatcher:
 
     def _open_gate(self, event: LineageEvent) -> None:
         for key in self._gates.pop(id(event), ()):
-            self._ready.put_nowait(key)
+            self._make_ready(key)
+
+    def _make_ready(self, key: Any) -> None:
+        idle = self._idle_workers
+        while idle:
+            waiter = idle.popleft()
+            if not waiter.done():  # done: its worker was cancelled
+                waiter.set_result(key)
+                return
+        self._ready.append(key)
 
     async def _work(self) -> None:
-        queues, ready = self._queues, self._ready
+        queues, ready, idle = self._queues, self._ready, self._idle_workers
+        prepare, deliver, settle = self._prepare, self._deliver, self._settle
+        loop = asyncio.get_running_loop()
         while True:
-            key = await ready.get()
+            if ready:
+                key = ready.popleft()
+            else:
+                waiter = loop.create_future()
+                idle.append(waiter)
+                key = await waiter
+                del waiter
             queue = queues[key]
             if not queue:  # emptied by remove_where while waiting
                 del queues[key]
                 continue
             event = queue.popleft()
             try:
-                await self._deliver(event)
+                item = prepare(event)
+                if item is not None:
+                    settle(event, await deliver(item))
             finally:
                 if self._gates:
                     self._open_gate(event)
                 self.pending -= 1
-                if queue:
-                    ready.put_nowait(key)
+                if queue:  # this worker takes it again unless other runs were waiting
+                    ready.append(key)
                 else:
                     del queues[key]
                 if self.pending == 0:
                     self._idle.set()
             # Hold nothing while waiting for the next key: an idle worker's last event
             # (up to max_event_bytes) would otherwise stay alive, uncounted.
-            del event, queue
+            del event, queue, item
 
     def remove_where(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Take queued (not in-flight) events out, e.g. when their partition is revoked; runs

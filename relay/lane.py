@@ -25,7 +25,7 @@ from relay.events import LineageEvent
 from relay.logs import log_event
 from relay.memory import release_after
 from relay.metrics import CollectorMetrics
-from relay.sinks.base import Collector
+from relay.sinks.base import Collector, Undeliverable
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.source.offsets import Partition
 from relay.stages import run_state
@@ -50,10 +50,12 @@ class CollectorLane:
         rewriter = Rewriter(config.rewrite)
         self._rewriter = None if rewriter.is_noop else rewriter
         self._metrics = metrics
+        self._delivered_stats = metrics.delivered
         self._dlq = dead_letters
         d, o = pipeline.dedupe, pipeline.ordering
         self._deduper = Deduper(ttl_s=d.ttl_s, max_entries=d.max_entries) if d.enabled else None
-        self._dispatcher = RunOrderedDispatcher(self._deliver, config.concurrency)
+        self._dispatcher = RunOrderedDispatcher(collector.deliver, config.concurrency, prepare=self._prepare,
+                                                settle=self._delivered)
         self._sequencer = self._consolidator = self.table = None
         if config.mode != "passthrough":
             k = config.consolidation
@@ -161,21 +163,25 @@ class CollectorLane:
         if self.table is not None and event.run_id is not None:
             self.table.delivered(event)
 
-    async def _deliver(self, event: LineageEvent) -> None:
+    def _prepare(self, event: LineageEvent) -> bytes | None:
+        """The body to send for ``event`` (rewritten for this collector), or None when the
+        rewrite refused it (then it is dead-lettered)."""
         body = event.body
-        if self._rewriter is not None:
-            result = self._rewriter.apply(orjson.loads(body), original=body)
-            release_after(len(body))
-            if result.rejection is not None:
-                self._dead_letter(event, *result.rejection)
-                return
-            if result.dropped:
-                self._metrics.facets_dropped.inc(len(result.dropped))
-            body = result.body
-        failure = await self.collector.deliver(body)
+        if self._rewriter is None:
+            return body
+        result = self._rewriter.apply(orjson.loads(body), original=body)
+        release_after(len(body))
+        if result.rejection is not None:
+            self._dead_letter(event, *result.rejection)
+            return None
+        if result.dropped:
+            self._metrics.facets_dropped.inc(len(result.dropped))
+        return result.body
+
+    def _delivered(self, event: LineageEvent, failure: Undeliverable | None) -> None:
+        """The collector's verdict on ``event``'s body (see :meth:`_prepare`)."""
         if failure is None:
-            self._metrics.forwarded.inc()
-            self._metrics.latency.observe(time.monotonic() - event.consumed_at)
+            self._delivered_stats.record(time.monotonic() - event.consumed_at)
             self._settled(event)
         else:
             log_event(log, logging.WARNING, "delivery_failed", collector=self.name, reason=failure.reason,

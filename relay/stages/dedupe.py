@@ -22,13 +22,15 @@ class Deduper:
       digest stream that repeats forever is still let through once per ``ttl_s``.
     * Memory is bounded by ``max_entries``; when full, the oldest digest is evicted (a
       later copy of it is then let through rather than the relay growing).
-    * Expired digests are purged lazily from the oldest end, amortised O(1) per call.
+    * Expired digests are purged lazily from the oldest end, amortised O(1) per call, at
+      most every ``ttl_s / 100`` (and at least every second): an expired digest found
+      before its purge is treated as unseen.
 
     Not guaranteed: exactness across restarts (state is in memory only). ``now`` must
     not go backwards, or purging stops early (correctness of answers is unaffected).
     """
 
-    __slots__ = ("_ttl_s", "_max_entries", "_seen")
+    __slots__ = ("_ttl_s", "_max_entries", "_seen", "_purge_every_s", "_next_purge")
 
     def __init__(self, ttl_s: float, max_entries: int) -> None:
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not (
@@ -41,16 +43,21 @@ class Deduper:
         self._max_entries = max_entries
         # digest -> time first seen; insertion order is age order, oldest first.
         self._seen: OrderedDict[bytes, float] = OrderedDict()
+        # Purging on every call cost ~1 us per event for a loop that finds nothing to do.
+        self._purge_every_s = min(self._ttl_s / 100, 1.0)
+        self._next_purge = -math.inf
 
     def check_and_remember(self, digest: bytes, now: float) -> bool:
         """Return True if ``digest`` was seen within the TTL (drop the event); otherwise
         remember it as seen at ``now`` and return False (forward the event)."""
-        self._purge(now)
+        if now >= self._next_purge:
+            self._purge(now)
+            self._next_purge = now + self._purge_every_s
         seen_at = self._seen.get(digest)
         if seen_at is not None:
             if now - seen_at < self._ttl_s:
                 return True
-            # Expired but not purged yet (now went backwards earlier): start a new TTL.
+            # Expired but not purged yet: start a new TTL.
             del self._seen[digest]
         self._seen[digest] = now
         if len(self._seen) > self._max_entries:
@@ -66,6 +73,7 @@ class Deduper:
         return len(self._seen)
 
     def _purge(self, now: float) -> None:
+        """Forget digests seen ``ttl_s`` or more before ``now``."""
         seen = self._seen
         cutoff = now - self._ttl_s
         # OrderedDict, not dict: popping the head of a plain dict leaves dummies that

@@ -54,6 +54,8 @@ def test_missing_env_var_names_it(tmp_path, monkeypatch):
       "pipeline": {"ordering": {"on_hold_timeout": "explode"}}}, r"pipeline\.ordering\.on_hold_timeout"),
     ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
       "pipeline": {"decode_processes": 0}}, r"pipeline\.decode_processes"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
+      "pipeline": {"decode_priority": "fast"}}, r"pipeline\.decode_priority"),
 ])
 def test_bad_config_names_the_key(patch, message):
     with pytest.raises(ConfigError, match=message):
@@ -158,3 +160,21 @@ def test_a_held_mode_with_a_missing_input_topic_fails_at_start_up_naming_it(kafk
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert "kafka.topics" in out.stderr and "never-created-topic" in out.stderr and "create it" in out.stderr
+
+
+def test_decode_priority_auto_is_idle_only_when_every_collector_posts_each_event():
+    from relay.app import decode_priority
+    from relay.metrics import RelayMetrics
+    from relay.sinks.kinds import build_collector
+
+    def collectors(*specs):
+        config = build_config({"kafka": {"bootstrap_servers": "x"}, "collectors": list(specs)})
+        return [build_collector(c, RelayMetrics().for_collector(c.name)) for c in config.collectors]
+
+    per_event = collectors({"name": "m", "type": "marquez", "url": "http://a"}, {"name": "h", "url": "http://b"})
+    with_batch = collectors({"name": "m", "url": "http://a"},
+                            {"name": "b", "url": "http://b", "batch": {"max_events": 100}})
+    assert decode_priority("auto", per_event) == "idle"
+    assert decode_priority("auto", with_batch) == "low"
+    assert decode_priority("low", per_event) == "low"
+    assert decode_priority("idle", with_batch) == "idle"

@@ -96,3 +96,28 @@ async def test_a_run_submitted_after_an_event_of_another_run_waits_for_it():
     assert await dispatcher.wait_idle(5)
     await dispatcher.stop()
     assert order[-1] is other
+
+
+async def test_prepare_and_settle_wrap_each_delivery_and_a_prepared_none_is_not_delivered():
+    evs = events(6)
+    sent, settled = [], []
+
+    async def send(body):
+        sent.append(body)
+        return len(body)
+
+    def prepare(event):
+        return None if event.event_type == "RUNNING" else event.body
+
+    dispatcher = RunOrderedDispatcher(send, concurrency=3, prepare=prepare,
+                                      settle=lambda event, result: settled.append((event, result)))
+    dispatcher.start()
+    for e in evs:
+        dispatcher.submit(e)
+    assert await dispatcher.wait_idle(30)
+    await dispatcher.stop()
+    delivered = [e for e in evs if e.event_type != "RUNNING"]
+    assert 0 < len(delivered) < len(evs)
+    assert sorted(sent) == sorted(e.body for e in delivered)
+    assert sorted(((id(e), r) for e, r in settled)) == sorted((id(e), len(e.body)) for e in delivered)
+    assert dispatcher.pending == 0

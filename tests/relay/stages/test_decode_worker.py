@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -163,3 +164,25 @@ def test_a_child_killed_with_batches_in_flight_loses_none_of_them(caplog):
         assert [same(g, w) for g, w in zip(answers, want)] == [True] * len(want)
     assert replaced and not worker.in_process
     assert "decode_worker_failed" in caplog.text
+
+
+@pytest.mark.parametrize("priority", ["low", "idle"])
+def test_the_child_runs_at_the_priority_asked_and_decodes_the_same(priority):
+    worker = DecodeWorker(max_bytes=MAX, priority=priority)
+    worker.start()
+    try:
+        vals = values()
+        got = worker.decode(vals)
+        assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(got, vals)] == [True] * len(vals)
+        assert not worker.in_process
+        pid = worker._proc.pid
+        assert os.getpriority(os.PRIO_PROCESS, pid) >= decode_worker._NICE
+        # "idle": only CPU nobody else wants; "low": a normal, lower-priority process.
+        assert os.sched_getscheduler(pid) == (os.SCHED_IDLE if priority == "idle" else os.SCHED_OTHER)
+    finally:
+        worker.close()
+
+
+def test_an_unknown_priority_is_refused():
+    with pytest.raises(ValueError, match="priority"):
+        DecodeWorker(max_bytes=MAX, priority="realtime")
