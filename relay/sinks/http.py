@@ -124,10 +124,13 @@ class HttpCollector:
             await asyncio.sleep(wait)
         assert self._session is not None
         try:
-            async with self._session.post(url, data=body, headers=self._auth_headers()) as resp:
+            resp = await self._session.post(url, data=body, headers=self._auth_headers())
+            try:
                 if 200 <= resp.status < 300:
                     return Reply(resp.status, await resp.read())
                 return await self._refusal(resp)
+            finally:
+                resp.release()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise Retriable(f"{type(err).__name__}: {err}", None, None) from err
 
@@ -180,17 +183,22 @@ class HttpCollector:
         # coroutine level between the delivering task and aiohttp is paid again every time
         # the task resumes (measured: ~4% of the relay's CPU per event for the two levels
         # of _attempt and exchange). Later attempts go through the retry machinery.
+        # `await session.post()` and `release()` (aiohttp's documented alternative to
+        # `async with`) spare the four coroutines of the context managers' enter and exit.
         session = self._session
         try:
             if session is None or self._not_before > time.monotonic():
                 return await self._attempt(body)
             try:
-                async with session.post(self._target, data=body, headers=self._auth_headers()) as resp:
+                resp = await session.post(self._target, data=body, headers=self._auth_headers())
+                try:
                     status = resp.status
                     if status in self._successes:
                         await resp.read()
                         return None
                     reply = Reply(status, await resp.read()) if 200 <= status < 300 else await self._refusal(resp)
+                finally:
+                    resp.release()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
                 raise Retriable(f"{type(err).__name__}: {err}", None, None) from err
             return self._judge(reply)
