@@ -21,7 +21,8 @@ _SUFFIXES = {Counter: ("_total",), Histogram: ("_bucket", "_sum", "_count"), Gau
 def exported() -> dict[str, set[str]]:
     """Series name the relay exports -> its label names. prometheus_client's registry
     yields no samples for a labelled metric until a child exists, so names are derived
-    from each metric's type, as the exposition format writes them."""
+    from each metric's type, as the exposition format writes them; those of custom
+    collectors from their samples."""
     metrics = RelayMetrics()
     out: dict[str, set[str]] = {}
     registered = {m.name for m in metrics.registry.collect()}
@@ -39,6 +40,12 @@ def exported() -> dict[str, set[str]]:
         else:
             for suffix in _SUFFIXES[kind]:
                 out[base + suffix] = labels
+    # Series exported by custom collectors (the per-collector delivery numbers), from
+    # their samples once a collector exists.
+    metrics.for_collector("c")
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, set(sample.labels))
     return out
 
 
