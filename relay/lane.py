@@ -50,7 +50,6 @@ class CollectorLane:
         rewriter = Rewriter(config.rewrite)
         self._rewriter = None if rewriter.is_noop else rewriter
         self._metrics = metrics
-        self._delivered_stats = metrics.delivered
         self._dlq = dead_letters
         d, o = pipeline.dedupe, pipeline.ordering
         self._deduper = Deduper(ttl_s=d.ttl_s, max_entries=d.max_entries) if d.enabled else None
@@ -181,7 +180,7 @@ class CollectorLane:
     def _delivered(self, event: LineageEvent, failure: Undeliverable | None) -> None:
         """The collector's verdict on ``event``'s body (see :meth:`_prepare`)."""
         if failure is None:
-            self._delivered_stats.record(time.monotonic() - event.consumed_at)
+            self._metrics.delivered.record(time.monotonic() - event.consumed_at)
             self._settled(event)
         else:
             log_event(log, logging.WARNING, "delivery_failed", collector=self.name, reason=failure.reason,

@@ -26,16 +26,19 @@ class Deliveries:
     ``lineage_relay_delivery_latency_seconds`` by :class:`_DeliveriesExport` at scrape time.
     """
 
-    __slots__ = ("count", "sum_s", "buckets")
+    __slots__ = ("sum_s", "buckets")
 
     def __init__(self) -> None:
-        self.count = 0
         self.sum_s = 0.0
         #: Per bucket of _LATENCY_BUCKETS, then +Inf; not cumulative.
         self.buckets = [0] * (len(_LATENCY_BUCKETS) + 1)
 
+    @property
+    def count(self) -> int:
+        """Deliveries acknowledged (the forwarded counter)."""
+        return sum(self.buckets)
+
     def record(self, latency_s: float) -> None:
-        self.count += 1
         self.sum_s += latency_s
         self.buckets[bisect_left(_LATENCY_BUCKETS, latency_s)] += 1  # a bucket is "<= bound"
 

@@ -37,12 +37,20 @@ log = logging.getLogger("relay.sinks.http")
 _SNIPPET = 300
 
 
+#: What aiohttp raises when there is no answer: the attempt deserves another try.
+_NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
 class Retriable(Exception):
     """An attempt that deserves another try: no answer, or a retriable status."""
 
     def __init__(self, detail: str, status: int | None, wait_s: float | None) -> None:
         super().__init__(detail)
         self.detail, self.status, self.wait_s = detail, status, wait_s
+
+
+def _no_answer(err: BaseException) -> Retriable:
+    return Retriable(f"{type(err).__name__}: {err}", None, None)
 
 
 @dataclass(slots=True)
@@ -126,18 +134,19 @@ class HttpCollector:
         try:
             resp = await self._session.post(url, data=body, headers=self._auth_headers())
             try:
-                if 200 <= resp.status < 300:
-                    return Reply(resp.status, await resp.read())
-                return await self._refusal(resp)
+                return await self._reply(resp)
             finally:
                 resp.release()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-            raise Retriable(f"{type(err).__name__}: {err}", None, None) from err
+        except _NO_ANSWER as err:
+            raise _no_answer(err) from err
 
-    async def _refusal(self, resp: aiohttp.ClientResponse) -> Reply:
-        """A non-2xx answer: its first bytes; a 401 re-reads the token file; a Retry-After
-        on a retriable status holds back every request to this collector."""
+    async def _reply(self, resp: aiohttp.ClientResponse) -> Reply:
+        """The answer: the whole body of a 2xx; of anything else its first bytes, and a 401
+        re-reads the token file, a Retry-After on a retriable status holds back every
+        request to this collector."""
         status = resp.status
+        if 200 <= status < 300:
+            return Reply(status, await resp.read())
         reply = Reply(status, await resp.content.read(_SNIPPET))
         if status == 401:
             self._tokens.refresh()
@@ -192,15 +201,14 @@ class HttpCollector:
             try:
                 resp = await session.post(self._target, data=body, headers=self._auth_headers())
                 try:
-                    status = resp.status
-                    if status in self._successes:
+                    if resp.status in self._successes:  # no Reply to build and judge
                         await resp.read()
                         return None
-                    reply = Reply(status, await resp.read()) if 200 <= status < 300 else await self._refusal(resp)
+                    reply = await self._reply(resp)
                 finally:
                     resp.release()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-                raise Retriable(f"{type(err).__name__}: {err}", None, None) from err
+            except _NO_ANSWER as err:
+                raise _no_answer(err) from err
             return self._judge(reply)
         except Retriable as first:
             failure = first
