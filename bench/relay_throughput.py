@@ -52,7 +52,8 @@ BATCH_PATH = "/api/v1/lineage/batch"
 
 
 class _Noop:
-    """Acknowledges every event at once: no HTTP, no collector."""
+    """Acknowledges every event at once: no HTTP, no collector. It calls back, as the batch
+    collector does, so the pipeline is driven the way the batch case drives it."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -63,6 +64,9 @@ class _Noop:
 
     async def deliver(self, body: bytes) -> None:
         return None
+
+    def deliver_soon(self, body: bytes, done, token) -> None:  # noqa: ANN001 - see relay.sinks.base
+        asyncio.get_running_loop().call_soon(done, token, None)
 
 
 class NoopKind(CollectorKind):

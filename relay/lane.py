@@ -54,7 +54,8 @@ class CollectorLane:
         d, o = pipeline.dedupe, pipeline.ordering
         self._deduper = Deduper(ttl_s=d.ttl_s, max_entries=d.max_entries) if d.enabled else None
         self._dispatcher = RunOrderedDispatcher(collector.deliver, config.concurrency, prepare=self._prepare,
-                                                settle=self._delivered)
+                                                settle=self._delivered,
+                                                deliver_soon=getattr(collector, "deliver_soon", None))
         self._sequencer = self._consolidator = self.table = None
         if config.mode != "passthrough":
             k = config.consolidation

@@ -3,6 +3,12 @@
 A collector takes one event's JSON body and either delivers it, possibly after retries,
 or gives up with an :class:`Undeliverable` that names why (the pipeline dead-letters it).
 It never drops an event silently and never raises anything else except cancellation.
+
+A collector may also offer ``deliver_soon(body, done, token) -> Any``: the same delivery
+without a coroutine per event. It queues ``body`` and later calls ``done(token, verdict)``
+exactly once, on the event loop and never from inside ``deliver_soon`` itself, with what
+``deliver`` would have returned; when the collector is closed first, it never calls it.
+The pipeline then uses it instead of ``deliver`` (see :class:`~relay.sinks.batch.BatchCollector`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ are gathered into one batch, sent when it holds ``max_events`` events, when the 
 would take it over ``max_bytes``, or ``linger_ms`` after its first event; at most
 ``max_requests`` batches are in flight.
 
+:meth:`BatchCollector.deliver_soon` is the same without a coroutine per event: it queues
+the event and calls ``done(token, verdict)`` once, from the event loop, when ``deliver``
+would have returned (retries included). The dispatcher uses it: a task resumption, a
+future and a wake-up per event cost more than the event's share of the batch's POST
+(measured: ~30% of the event loop's time in the batch case).
+
 What this guarantees, and why:
 
 * **Order per run.** The dispatcher (:mod:`relay.dispatch`) calls ``deliver`` for a run's
@@ -34,6 +40,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from yarl import URL
 
@@ -58,11 +65,34 @@ def json_array(bodies: list[bytes]) -> bytes:
     return b"[" + b",".join(bodies) + b"]"
 
 
+#: Called once per event with the caller's token and the verdict: None (delivered) or why not.
+Done = Callable[[Any, "Undeliverable | None"], None]
+
+
 @dataclass(slots=True, eq=False)
 class _Item:
     body: bytes
-    done: asyncio.Future[tuple[EventOutcome, float | None]]
+    done: Done
+    token: Any
     at: float
+    attempt: int = 1
+    #: Set when the caller stopped waiting (its ``deliver`` was cancelled): not sent.
+    dropped: bool = False
+
+
+def _set_verdict(future: asyncio.Future[Undeliverable | None], verdict: Undeliverable | None) -> None:
+    if not future.done():
+        future.set_result(verdict)
+
+
+def _abandon(item: _Item) -> None:
+    """No verdict will come for ``item``: a ``deliver`` waiting for it is cancelled."""
+    _no_verdict(item.done, item.token)
+
+
+def _no_verdict(done: Done, token: Any) -> None:
+    if done is _set_verdict and not token.done():
+        token.cancel()
 
 
 class BatchCollector:
@@ -86,7 +116,9 @@ class BatchCollector:
         self._full = asyncio.Event()
         self._slots: asyncio.Semaphore | None = None
         self._flusher: asyncio.Task[None] | None = None
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Task[Any]] = set()
+        #: Events waiting out their backoff before they go into a later batch.
+        self._backing_off: dict[_Item, asyncio.TimerHandle] = {}
 
     async def start(self) -> None:
         await self.single.start()
@@ -99,42 +131,86 @@ class BatchCollector:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._flusher = None
+        # Queued and backing-off events are abandoned: no verdict comes for them (at-least-once:
+        # their offsets are not committed), and a waiting ``deliver`` is cancelled.
+        for item, handle in self._backing_off.items():
+            handle.cancel()
+            _abandon(item)
+        self._backing_off.clear()
         for item in self._queue:
-            item.done.cancel()
+            _abandon(item)
         self._queue.clear()
         await self.single.close()
 
     async def deliver(self, body: bytes) -> Undeliverable | None:
-        if len(body) + _ENVELOPE_BYTES > self._max_bytes:
-            return await self.single.deliver(body)
-        max_attempts = self.config.retry.max_attempts
-        attempt = 1
-        while True:
-            outcome, wait_s = await self._submit(body)
-            kind = outcome.outcome
-            if kind == "delivered":
-                return None
-            if kind == "single":
-                return await self.single.deliver(body)
-            if kind == "reject":
-                return Undeliverable("collector_rejected", outcome.detail, outcome.status)
-            if max_attempts is not None and attempt >= max_attempts:
-                return Undeliverable("retries_exhausted", f"after {attempt} attempts: {outcome.detail}",
-                                     outcome.status)
-            # Logged once per batch by _send; counted here per event, like single deliveries.
-            self._metrics.retried.inc()
-            await asyncio.sleep(self.single.backoff_s(attempt, wait_s))
-            attempt += 1
+        future: asyncio.Future[Undeliverable | None] = asyncio.get_running_loop().create_future()
+        item = self.deliver_soon(body, _set_verdict, future)
+        try:
+            return await future
+        finally:
+            if item is not None and not future.done():
+                item.dropped = True  # cancelled: whoever waits for it re-reads it (revocation, shutdown)
 
-    def _submit(self, body: bytes) -> asyncio.Future[tuple[EventOutcome, float | None]]:
+    def deliver_soon(self, body: bytes, done: Done, token: Any) -> _Item | None:
+        """Queue ``body``; ``done(token, verdict)`` follows once, on the event loop, never
+        from inside this call. Returns the queued item (None when it went alone)."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[EventOutcome, float | None]] = loop.create_future()
-        self._queue.append(_Item(body, done, loop.time()))
-        self._queued_bytes += len(body) + 1
+        if len(body) + _ENVELOPE_BYTES > self._max_bytes:
+            self._alone(body, done, token)
+            return None
+        item = _Item(body, done, token, loop.time())
+        self._enqueue(item)
+        return item
+
+    def _enqueue(self, item: _Item) -> None:
+        self._queue.append(item)
+        self._queued_bytes += len(item.body) + 1
         self._arrived.set()
         if len(self._queue) >= self._max_events or self._queued_bytes + _ENVELOPE_BYTES >= self._max_bytes:
             self._full.set()
-        return done
+
+    def _alone(self, body: bytes, done: Done, token: Any) -> None:
+        """Deliver ``body`` to the single-event endpoint (retries included), then ``done``."""
+        task = asyncio.create_task(self.single.deliver(body))
+        self._sending.add(task)
+
+        def finished(task: asyncio.Task[Undeliverable | None]) -> None:
+            self._sending.discard(task)
+            if task.cancelled():  # closing
+                _no_verdict(done, token)
+            else:
+                done(token, task.result())
+
+        task.add_done_callback(finished)
+
+    def _settle(self, item: _Item, outcome: EventOutcome, wait_s: float | None) -> None:
+        """What ``deliver`` does with one event's outcome in a batch reply."""
+        kind = outcome.outcome
+        if kind == "delivered":
+            item.done(item.token, None)
+        elif kind == "single":
+            self._alone(item.body, item.done, item.token)
+        elif kind == "reject":
+            item.done(item.token, Undeliverable("collector_rejected", outcome.detail, outcome.status))
+        else:
+            max_attempts = self.config.retry.max_attempts
+            if max_attempts is not None and item.attempt >= max_attempts:
+                item.done(item.token, Undeliverable("retries_exhausted",
+                                                    f"after {item.attempt} attempts: {outcome.detail}",
+                                                    outcome.status))
+                return
+            # Logged once per batch by _send; counted here per event, like single deliveries.
+            self._metrics.retried.inc()
+            delay = self.single.backoff_s(item.attempt, wait_s)
+            item.attempt += 1
+            self._backing_off[item] = asyncio.get_running_loop().call_later(delay, self._again, item)
+
+    def _again(self, item: _Item) -> None:
+        """``item``'s backoff is over: into the next batch."""
+        del self._backing_off[item]
+        if not item.dropped:
+            item.at = asyncio.get_running_loop().time()
+            self._enqueue(item)
 
     async def _flush_forever(self) -> None:
         assert self._slots is not None
@@ -174,7 +250,7 @@ class BatchCollector:
                 break
             queue.popleft()
             self._queued_bytes -= cost
-            if item.done.done():  # its deliver() was cancelled (revocation, shutdown)
+            if item.dropped:  # its deliver() was cancelled (revocation, shutdown)
                 continue
             batch.append(item)
             size += cost
@@ -192,6 +268,10 @@ class BatchCollector:
             else:
                 wait_s = reply.wait_s
                 reading = read_batch_reply(reply.status, reply.body, len(batch), self.single.verdict)
+        except asyncio.CancelledError:  # closing: no verdict comes for these
+            for item in batch:
+                _abandon(item)
+            raise
         except Exception as err:  # noqa: BLE001 - never leave a deliver() waiting forever
             log_event(log, logging.ERROR, "batch_send_error", collector=self.name, error=repr(err)[:300])
             reading = BatchReading([EventOutcome("retry", f"batch: {type(err).__name__}")] * len(batch), "retry")
@@ -204,6 +284,10 @@ class BatchCollector:
             log_event(log, logging.WARNING, "batch_not_all_delivered", collector=self.name,
                       result=reading.result, events=len(batch), failed=failed, detail=first[:200],
                       note=reading.note or None)
+        settle = self._settle
         for item, outcome in zip(batch, reading.outcomes):
-            if not item.done.done():
-                item.done.set_result((outcome, wait_s))
+            if not item.dropped:
+                try:
+                    settle(item, outcome, wait_s)
+                except Exception as err:  # noqa: BLE001 - one failing caller must not strand the others
+                    log_event(log, logging.ERROR, "batch_settle_error", collector=self.name, error=repr(err)[:300])

@@ -1,10 +1,14 @@
-"""RunOrderedDispatcher: concurrency across runs, strict order within a run."""
+"""RunOrderedDispatcher: concurrency across runs, strict order within a run; the same
+behaviour with worker tasks (``deliver``) and with a collector that calls back
+(``deliver_soon``)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections import defaultdict
+
+import pytest
 
 from relay.dispatch import RunOrderedDispatcher
 from relay.stages.decode import decode_record
@@ -15,7 +19,31 @@ def events(n_runs: int):
     return [decode_record(v, max_bytes=1 << 24) for _, v in sample_stream(n_runs, seed=9)]
 
 
-async def test_runs_in_parallel_events_of_a_run_in_order():
+@pytest.fixture(params=["workers", "callbacks"])
+def make(request):
+    """Builds a dispatcher around an async ``deliver``, in the parametrised mode. In
+    callback mode the collector's side runs ``deliver`` as a task and calls back when it
+    is done, as a batch collector does when a batch's answer comes."""
+    tasks: set[asyncio.Task] = set()
+
+    def build(deliver, concurrency, **kw):
+        if request.param == "workers":
+            return RunOrderedDispatcher(deliver, concurrency, **kw)
+
+        def deliver_soon(item, done, token):
+            task = asyncio.ensure_future(deliver(item))
+            tasks.add(task)
+            task.add_done_callback(lambda t: (tasks.discard(t), t.cancelled() or done(token, t.result())))
+
+        async def never(item):
+            raise AssertionError("callback mode must not call deliver")
+
+        return RunOrderedDispatcher(never, concurrency, deliver_soon=deliver_soon, **kw)
+
+    return build
+
+
+async def test_runs_in_parallel_events_of_a_run_in_order(make):
     evs = events(40)
     active: dict[str, int] = defaultdict(int)
     seen: dict[str, list] = defaultdict(list)
@@ -31,7 +59,7 @@ async def test_runs_in_parallel_events_of_a_run_in_order():
         seen[event.run_id].append(event)
         active[event.run_id] -= 1
 
-    dispatcher = RunOrderedDispatcher(deliver, concurrency=8)
+    dispatcher = make(deliver, concurrency=8)
     dispatcher.start()
     for e in evs:
         dispatcher.submit(e)
@@ -43,7 +71,7 @@ async def test_runs_in_parallel_events_of_a_run_in_order():
     assert dispatcher.pending == 0
 
 
-async def test_remove_where_takes_queued_events_out():
+async def test_remove_where_takes_queued_events_out(make):
     evs = events(3)
     gate = asyncio.Event()
     delivered = []
@@ -52,11 +80,11 @@ async def test_remove_where_takes_queued_events_out():
         await gate.wait()
         delivered.append(event)
 
-    dispatcher = RunOrderedDispatcher(deliver, concurrency=1)
+    dispatcher = make(deliver, concurrency=1)
     dispatcher.start()
     for e in evs:
         dispatcher.submit(e)
-    await asyncio.sleep(0)  # ok: let the single worker take the first event
+    await asyncio.sleep(0)  # ok: let the single worker take the first event (a callback dispatcher did already)
     victim_run = next(e.run_id for e in reversed(evs) if e.run_id != evs[0].run_id)
     removed = dispatcher.remove_where(lambda e: e.run_id == victim_run)
     assert removed and all(e.run_id == victim_run for e in removed)
@@ -67,7 +95,7 @@ async def test_remove_where_takes_queued_events_out():
     assert all(e.run_id != victim_run for e in delivered)
 
 
-async def test_a_run_submitted_after_an_event_of_another_run_waits_for_it():
+async def test_a_run_submitted_after_an_event_of_another_run_waits_for_it(make):
     evs = events(2)
     parent = evs[0]
     child = next(e for e in evs if e.run_id != parent.run_id)
@@ -79,7 +107,7 @@ async def test_a_run_submitted_after_an_event_of_another_run_waits_for_it():
             await parent_may_finish.wait()
         order.append(event)
 
-    dispatcher = RunOrderedDispatcher(deliver, concurrency=4)
+    dispatcher = make(deliver, concurrency=4)
     dispatcher.start()
     dispatcher.submit(child, after=parent)  # the parent's event is not even submitted yet
     dispatcher.submit(parent)
@@ -98,7 +126,7 @@ async def test_a_run_submitted_after_an_event_of_another_run_waits_for_it():
     assert order[-1] is other
 
 
-async def test_prepare_and_settle_wrap_each_delivery_and_a_prepared_none_is_not_delivered():
+async def test_prepare_and_settle_wrap_each_delivery_and_a_prepared_none_is_not_delivered(make):
     evs = events(6)
     sent, settled = [], []
 
@@ -109,7 +137,7 @@ async def test_prepare_and_settle_wrap_each_delivery_and_a_prepared_none_is_not_
     def prepare(event):
         return None if event.event_type == "RUNNING" else event.body
 
-    dispatcher = RunOrderedDispatcher(send, concurrency=3, prepare=prepare,
+    dispatcher = make(send, concurrency=3, prepare=prepare,
                                       settle=lambda event, result: settled.append((event, result)))
     dispatcher.start()
     for e in evs:
@@ -121,3 +149,36 @@ async def test_prepare_and_settle_wrap_each_delivery_and_a_prepared_none_is_not_
     assert sorted(sent) == sorted(e.body for e in delivered)
     assert sorted(((id(e), r) for e, r in settled)) == sorted((id(e), len(e.body)) for e in delivered)
     assert dispatcher.pending == 0
+
+
+async def test_callbacks_a_failing_settle_does_not_hold_the_run_and_late_verdicts_after_stop_are_ignored():
+    evs = [e for e in events(10) if e.run_id is not None]
+    run = max({e.run_id for e in evs}, key=lambda r: sum(e.run_id == r for e in evs))
+    of_run = [e for e in evs if e.run_id == run]
+    assert len(of_run) >= 3
+    calls: list = []
+    pending: list = []
+
+    def deliver_soon(item, done, token):
+        pending.append((done, token, item))
+
+    def settle(event, result):
+        calls.append(event)
+        if event is of_run[0]:
+            raise RuntimeError("settle broke")
+
+    async def never(item):
+        raise AssertionError("callback mode must not call deliver")
+
+    dispatcher = RunOrderedDispatcher(never, 8, settle=settle, deliver_soon=deliver_soon)
+    dispatcher.start()
+    for e in of_run:
+        dispatcher.submit(e)
+    assert [item for _, _, item in pending] == [of_run[0]]  # one event of a run at a time
+    done, token, _ = pending.pop()
+    done(token, None)  # settle raises: logged, and the run goes on
+    assert [item for _, _, item in pending] == [of_run[1]]
+    done, token, _ = pending.pop()
+    await dispatcher.stop()
+    done(token, None)  # after stop: ignored, nothing more is handed over
+    assert calls == [of_run[0]] and pending == []

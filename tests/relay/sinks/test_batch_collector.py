@@ -114,3 +114,34 @@ async def test_an_event_bigger_than_max_bytes_goes_alone(server):
     collector, _ = batch_collector(server, max_bytes=2048)
     assert await deliver_all(collector, [big, event(1)]) == [None, None]
     assert server.count == 2 and server.batches == 1
+
+
+async def test_deliver_soon_calls_back_once_per_event_never_from_inside_the_call(server):
+    server.reject_when(lambda doc: 422 if doc["run"]["runId"] == "run-1" else None)
+    collector, _ = batch_collector(server, max_events=3)
+    await collector.start()
+    verdicts: dict[int, list] = {i: [] for i in range(3)}
+    try:
+        for i in range(3):
+            collector.deliver_soon(event(i), lambda token, verdict: verdicts[token].append(verdict), i)
+        assert all(v == [] for v in verdicts.values())  # nothing called back synchronously
+        async with asyncio.timeout(10):
+            while any(not v for v in verdicts.values()):
+                await asyncio.sleep(0.01)
+    finally:
+        await collector.close()
+    assert verdicts[0] == [None] and verdicts[2] == [None]
+    assert len(verdicts[1]) == 1 and verdicts[1][0].reason == "collector_rejected"
+
+
+async def test_close_cancels_a_delivery_still_queued(server):
+    collector, _ = batch_collector(server, max_events=100, linger_ms=60_000)
+    await collector.start()
+    waiting = asyncio.create_task(collector.deliver(event(0)))
+    async with asyncio.timeout(5):
+        while not collector._queue:
+            await asyncio.sleep(0.005)
+    await collector.close()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiting, 5)
+    assert server.count == 0

@@ -186,3 +186,22 @@ def test_the_child_runs_at_the_priority_asked_and_decodes_the_same(priority):
 def test_an_unknown_priority_is_refused():
     with pytest.raises(ValueError, match="priority"):
         DecodeWorker(max_bytes=MAX, priority="realtime")
+
+
+@pytest.mark.parametrize("writer", ["writev", "partial writev", "no writev"])
+def test_values_cross_the_pipe_unchanged_however_the_kernel_takes_them(monkeypatch, writer):
+    if writer == "partial writev":
+        def stingy_writev(fd, buffers):  # takes at most 1000 bytes per call, as a busy pipe may
+            return os.write(fd, b"".join(bytes(b) for b in buffers)[:1000])
+        monkeypatch.setattr(decode_worker, "_writev", stingy_writev)
+    elif writer == "no writev":
+        monkeypatch.setattr(decode_worker, "_writev", None)
+    batch = [b"a" * 10, None, b"", b"b" * (decode_worker._JOIN_BELOW + 7), b"c", b"d" * 70_000, None]
+    read_fd, write_fd = os.pipe()
+    got: list = []
+    with os.fdopen(read_fd, "rb") as inp, os.fdopen(write_fd, "wb") as out:
+        reader = threading.Thread(target=lambda: got.append(decode_worker._read_values(inp)))
+        reader.start()
+        decode_worker._write_values(out, batch)
+        reader.join(timeout=10)
+    assert got == [[b"a" * 10, None, b"", b"b" * (decode_worker._JOIN_BELOW + 7), b"c", b"d" * 70_000, None]]
