@@ -154,7 +154,7 @@ class RunOrderedDispatcher:
             self._pump()
 
     def _done(self, key: Any, queue: deque[LineageEvent], event: LineageEvent) -> None:
-        """Callback mode: ``event`` is done with; its run's next event may go."""
+        """``event`` is done with: runs waiting for it, and its own run's next event, may go."""
         if self._gates:
             self._open_gate(event)
         self.pending -= 1
@@ -187,15 +187,9 @@ class RunOrderedDispatcher:
                 if item is not None:
                     settle(event, await deliver(item))
             finally:
-                if self._gates:
-                    self._open_gate(event)
-                self.pending -= 1
-                if queue:  # this worker takes it again unless other runs were waiting
-                    ready.append(key)
-                else:
-                    del queues[key]
-                if self.pending == 0:
-                    self._idle.set()
+                # The run's next event goes behind runs already waiting (this worker, or
+                # another, takes it when its turn comes).
+                self._done(key, queue, event)
             # Hold nothing while waiting for the next key: an idle worker's last event
             # (up to max_event_bytes) would otherwise stay alive, uncounted.
             del event, queue, item

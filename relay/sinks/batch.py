@@ -85,12 +85,8 @@ def _set_verdict(future: asyncio.Future[Undeliverable | None], verdict: Undelive
         future.set_result(verdict)
 
 
-def _abandon(item: _Item) -> None:
-    """No verdict will come for ``item``: a ``deliver`` waiting for it is cancelled."""
-    _no_verdict(item.done, item.token)
-
-
 def _no_verdict(done: Done, token: Any) -> None:
+    """No verdict will come for this event: a ``deliver`` waiting for it is cancelled."""
     if done is _set_verdict and not token.done():
         token.cancel()
 
@@ -135,10 +131,10 @@ class BatchCollector:
         # their offsets are not committed), and a waiting ``deliver`` is cancelled.
         for item, handle in self._backing_off.items():
             handle.cancel()
-            _abandon(item)
+            _no_verdict(item.done, item.token)
         self._backing_off.clear()
         for item in self._queue:
-            _abandon(item)
+            _no_verdict(item.done, item.token)
         self._queue.clear()
         await self.single.close()
 
@@ -270,7 +266,7 @@ class BatchCollector:
                 reading = read_batch_reply(reply.status, reply.body, len(batch), self.single.verdict)
         except asyncio.CancelledError:  # closing: no verdict comes for these
             for item in batch:
-                _abandon(item)
+                _no_verdict(item.done, item.token)
             raise
         except Exception as err:  # noqa: BLE001 - never leave a deliver() waiting forever
             log_event(log, logging.ERROR, "batch_send_error", collector=self.name, error=repr(err)[:300])

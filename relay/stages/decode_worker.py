@@ -70,7 +70,8 @@ PRIORITIES = ("low", "idle")
 #: Linux pipes hold 64 KiB by default; a bigger buffer means fewer wake-ups per batch.
 _PIPE_BYTES = 1 << 20
 _F_SETPIPE_SZ = 1031
-#: Values below this size are copied into one write with their neighbours.
+#: The child reads values below this size together with their neighbours (one read, then
+#: cut up); a bigger one alone, so that it is not copied again.
 _JOIN_BELOW = 256 * 1024
 
 Decoded = LineageEvent | Rejection
@@ -338,26 +339,18 @@ def _expand(answer: tuple[Any, ...], value: bytes | None) -> Decoded:
 def _write_values(pipe: IO[bytes], values: Sequence[bytes | None]) -> None:
     # Written with writev, straight from the consumed records: no copy of the batch (joined,
     # 8000 records of 3.5 KB took ~5 ms under the GIL, the event loop's time), and the GIL
-    # is released while the pipe drains. Without writev: small values are joined (one by
-    # one, the writer took the GIL back hundreds of times per batch), large ones go alone.
-    header = [_COUNT.pack(len(values)),
-              struct.pack(f"={len(values)}q", *(-1 if v is None else len(v) for v in values))]
+    # is released while the pipe drains. Where there is no writev, the same buffers go
+    # through the pipe's own buffering.
+    buffers: list[bytes | memoryview] = [
+        _COUNT.pack(len(values)),
+        struct.pack(f"={len(values)}q", *(-1 if v is None else len(v) for v in values)),
+        *(v for v in values if v)]
     if _writev is not None:
         pipe.flush()
-        _writev_all(pipe.fileno(), [*header, *(v for v in values if v)])
+        _writev_all(pipe.fileno(), buffers)
         return
-    small: list[bytes] = header
-    for value in values:
-        if not value:
-            continue
-        if len(value) < _JOIN_BELOW:
-            small.append(value)
-            continue
-        pipe.write(b"".join(small))
-        small.clear()
-        pipe.write(value)
-    if small:
-        pipe.write(b"".join(small))
+    for buffer in buffers:
+        pipe.write(buffer)
     pipe.flush()
 
 
@@ -381,8 +374,8 @@ def _writev_all(fd: int, buffers: list[bytes | memoryview]) -> None:
 def _read_values(pipe: IO[bytes]) -> list[bytes | None]:
     count = _COUNT.unpack(_read_exactly(pipe, _COUNT.size))[0]
     lengths = struct.unpack(f"={count}q", _read_exactly(pipe, 8 * count))
-    # Values below _JOIN_BELOW were written together: read them in one call and cut them
-    # out (one read per value cost more than the copy); a large one is read alone.
+    # A run of values below _JOIN_BELOW is read in one call and cut up (one read per value
+    # cost more than the copy); a large value is read alone, not copied again.
     values: list[bytes | None] = []
     run_start = 0
     for i, n in enumerate(lengths):

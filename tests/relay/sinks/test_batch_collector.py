@@ -121,13 +121,18 @@ async def test_deliver_soon_calls_back_once_per_event_never_from_inside_the_call
     collector, _ = batch_collector(server, max_events=3)
     await collector.start()
     verdicts: dict[int, list] = {i: [] for i in range(3)}
+    all_in = asyncio.Event()
+
+    def done(token, verdict):
+        verdicts[token].append(verdict)
+        if all(verdicts.values()):
+            all_in.set()
+
     try:
         for i in range(3):
-            collector.deliver_soon(event(i), lambda token, verdict: verdicts[token].append(verdict), i)
+            collector.deliver_soon(event(i), done, i)
         assert all(v == [] for v in verdicts.values())  # nothing called back synchronously
-        async with asyncio.timeout(10):
-            while any(not v for v in verdicts.values()):
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(all_in.wait(), 10)
     finally:
         await collector.close()
     assert verdicts[0] == [None] and verdicts[2] == [None]
@@ -140,7 +145,7 @@ async def test_close_cancels_a_delivery_still_queued(server):
     waiting = asyncio.create_task(collector.deliver(event(0)))
     async with asyncio.timeout(5):
         while not collector._queue:
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # ok: poll interval of a wait with a deadline (the task queues it)
     await collector.close()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(waiting, 5)
