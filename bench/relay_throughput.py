@@ -11,6 +11,11 @@ ceiling POSTs the events pre-serialised as JSON arrays of ``BATCH_EVENTS`` with
 ``BATCH_REQUESTS`` requests in flight (the relay's batch settings), and the relay delivers
 to a ``batch:`` collector.
 
+For the batch rounds it also prints the CPU each process used per event (Linux ``/proc``):
+the relay's own process (event loop, consumer and reader threads), its decode worker, the
+collector and the broker. All of them share the machine's cores, so on a small machine
+the relay reaches about the collector's share of the CPU times the ceiling.
+
 A last run delivers to a no-op collector kind (plugged in by dotted path) with the batch
 settings: what the relay's pipeline alone (consume, decode, validate, dedupe, order,
 dispatch, commit) can do, the bound on any collector.
@@ -128,8 +133,22 @@ async def batch_ceiling(url: str, bodies: list[bytes]) -> float:
     return len(bodies) / await _post_all(url, batches, BATCH_REQUESTS, 204)
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used; 0.0 where
+    ``/proc`` does not tell (not Linux, or the process is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *, batch: bool = False,
-              noop: bool = False) -> float:
+              noop: bool = False, broker_pid: int | None = None, cpu: dict[str, list[float]] | None = None) -> float:
+    """Events/s from the first delivery to the last. With ``cpu``, appends to it the CPU
+    microseconds per event each process used over that same window."""
     base = collector.count()
     target: dict = {"name": "local", "url": collector.url, "concurrency": CONCURRENCY}
     if batch or noop:
@@ -146,6 +165,13 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
     })
 
     tune_gc()  # as `lineage-relay run` does
+    snapshots: list[dict[str, float]] = []
+
+    def snapshot(relay: Relay) -> dict[str, float]:
+        """CPU seconds used so far by each process of the run."""
+        return {"relay": time.process_time(),
+                "decode_worker": sum(cpu_seconds(pid) for pid in relay.decoder.pids) if relay.decoder else 0.0,
+                "collector": cpu_seconds(collector.proc.pid), "broker": cpu_seconds(broker_pid)}
 
     async def main() -> tuple[float, float]:
         relay = Relay(config)
@@ -159,13 +185,19 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
                 raise RuntimeError(f"relay delivered {delivered.count} of {n}")
             if first is None and delivered.count > 0:
                 first = time.monotonic()
+                snapshots.append(snapshot(relay))
             await asyncio.sleep(0.005)
         last = time.monotonic()
+        snapshots.append(snapshot(relay))  # before the stop: the decode worker exits with the relay
         relay.request_stop()
         await task
         return first, last
 
     first, last = asyncio.run(main())
+    if cpu is not None:
+        # Over the same window as the events/s: from the first delivery to the last.
+        for name, start in snapshots[0].items():
+            cpu.setdefault(name, []).append((snapshots[1][name] - start) / (n - 1) * 1e6)
     delivered = collector.count() - base
     if delivered < n and not noop:
         raise RuntimeError(f"collector received {delivered} of {n}")
@@ -224,15 +256,20 @@ def main() -> None:
             print(f"relay:        {relay:,.0f} events/s (median)")
             batch_target = collector.url + BATCH_PATH
             batch_ceilings, batch_relays = [], []
+            batch_cpu: dict[str, list[float]] = {}
             for r in range(args.rounds):
                 batch_ceilings.append(asyncio.run(batch_ceiling(batch_target, [v for _, v in stream])))
-                batch_relays.append(relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True))
+                batch_relays.append(relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
+                                              broker_pid=broker.pid, cpu=batch_cpu))
                 print(f"batch round {r + 1}: batch POST ceiling {batch_ceilings[-1]:,.0f} events/s, "
                       f"relay to batch collector {batch_relays[-1]:,.0f} events/s")
             batch_ceiling_eps, batch_relay = statistics.median(batch_ceilings), statistics.median(batch_relays)
             print(f"batch ceiling: {batch_ceiling_eps:,.0f} events/s (median; {BATCH_EVENTS} events per POST, "
                   f"{BATCH_REQUESTS} in flight)")
             print(f"batch relay:   {batch_relay:,.0f} events/s (median)")
+            cpu_us = {name: round(statistics.median(values), 1) for name, values in batch_cpu.items()}
+            print("batch case, CPU per event (median of the rounds, µs): "
+                  + ", ".join(f"{name} {us}" for name, us in cpu_us.items()))
             pipeline = relay_eps(broker.bootstrap_servers, topic, collector, n, noop=True)
             print(f"pipeline alone (no-op collector, batch settings): {pipeline:,.0f} events/s")
             naive = naive_eps(broker.bootstrap_servers, topic, target, min(n, args.naive_events))
@@ -243,7 +280,7 @@ def main() -> None:
                "ratio_vs_ceiling": round(relay / ceiling, 3), "ratio_vs_naive": round(relay / naive, 2),
                "batch_relay_eps": round(batch_relay, 1), "batch_ceiling_eps": round(batch_ceiling_eps, 1),
                "ratio_vs_batch_ceiling": round(batch_relay / batch_ceiling_eps, 3),
-               "pipeline_eps": round(pipeline, 1)}
+               "pipeline_eps": round(pipeline, 1), "batch_cpu_us_per_event": cpu_us}
     print(json.dumps(figures))
 
 

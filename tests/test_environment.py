@@ -10,6 +10,9 @@ def test_tansu_binary_present_and_starts():
     assert tansu_binary().is_file()
     with EmbeddedBroker() as broker:
         assert broker.running
+        pid = broker.pid
+        assert pid is not None and open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0] == bytes(tansu_binary())
+    assert broker.pid is None
 
 
 def test_java_17_or_newer():

@@ -111,6 +111,11 @@ class EmbeddedBroker:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs (for resource figures)."""
+        return self._proc.pid if self.running else None  # type: ignore[union-attr]
+
     def create_topic(self, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
         create_topic(self.bootstrap_servers, name, partitions, config)
 

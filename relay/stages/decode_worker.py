@@ -107,6 +107,12 @@ class DecodeWorker:
         return self._failures >= _MAX_FAILURES
 
     @property
+    def pids(self) -> list[int]:
+        """Process ids of the live children (for resource figures)."""
+        with self._lock:
+            return [c.proc.pid for c in self._children if c is not None and not c.dead]
+
+    @property
     def _proc(self) -> subprocess.Popen[bytes] | None:
         """The process of the child that was used last (for tests)."""
         child = self._children[(self._turn - 1) % len(self._children)]

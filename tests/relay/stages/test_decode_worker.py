@@ -122,7 +122,9 @@ def test_the_child_exits_with_its_parent_input():
     worker = DecodeWorker(max_bytes=MAX)
     worker.start()
     pid = worker._proc.pid
+    assert worker.pids == [pid]  # what the throughput bench reads the CPU of
     worker.close()
+    assert worker.pids == []
     with pytest.raises(psutil.NoSuchProcess):
         psutil.Process(pid).status()
 
