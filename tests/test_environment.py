@@ -3,6 +3,8 @@
 import shutil
 import subprocess
 
+import psutil
+
 from relay.embedded.broker import EmbeddedBroker, tansu_binary
 
 
@@ -10,8 +12,7 @@ def test_tansu_binary_present_and_starts():
     assert tansu_binary().is_file()
     with EmbeddedBroker() as broker:
         assert broker.running
-        pid = broker.pid
-        assert pid is not None and open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0] == bytes(tansu_binary())
+        assert broker.pid is not None and psutil.Process(broker.pid).cmdline()[0] == str(tansu_binary())
     assert broker.pid is None
 
 
