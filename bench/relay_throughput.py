@@ -11,10 +11,18 @@ ceiling POSTs the events pre-serialised as JSON arrays of ``BATCH_EVENTS`` with
 ``BATCH_REQUESTS`` requests in flight (the relay's batch settings), and the relay delivers
 to a ``batch:`` collector.
 
-For the batch rounds it also prints the CPU each process used per event: the relay's own
-process (event loop, consumer and reader threads), its decode worker, the collector and
-the broker. All of them share the machine's cores: on a small machine, what the relay's
-processes and the broker use per event is CPU the collector does not get.
+Each relay run sits between two ceiling runs (ceiling, relay, ceiling, relay, ...,
+ceiling), and its ratio is taken against the mean of those two: this machine's speed
+drifts within minutes (a batch ceiling of 23,000 events/s in one run, 55,000 in another
+the same hour). The ratios reported are the medians of these paired ratios; the events/s
+reported are the medians of each series.
+
+It also prints the CPU each process used per event: the relay's own process (event loop,
+consumer and reader threads), its decode worker, the collector and the broker, and for
+the single-event case the ceiling's client and the collector during the ceiling runs.
+All of them share the machine's cores: on a small machine, what the relay's processes and
+the broker use per event beyond what the ceiling's client uses is CPU the collector does
+not get.
 
 A last run delivers to a no-op collector kind (plugged in by dotted path) with the batch
 settings: what the relay's pipeline alone (consume, decode, validate, dedupe, order,
@@ -228,17 +236,38 @@ def naive_eps(bootstrap: str, topic: str, url: str, n: int) -> float:
     return (n - 1) / (time.perf_counter() - start)
 
 
+def paired_ratios(ceilings: list[float], relays: list[float]) -> list[float]:
+    """Each relay round against the mean of the ceilings measured right before and right
+    after it (``ceilings`` has one more entry than ``relays``): this machine's speed drifts
+    within minutes, and a ratio of two medians taken at different moments carries the drift."""
+    return [relay / ((before + after) / 2) for relay, before, after in zip(relays, ceilings, ceilings[1:])]
+
+
+def alternate(rounds: int, ceiling, relay, label: str) -> tuple[list[float], list[float], list[float]]:  # noqa: ANN001
+    """ceiling, relay, ceiling, ..., ceiling: the figures of each and the paired ratios."""
+    ceilings, relays = [ceiling()], []
+    for r in range(rounds):
+        relays.append(relay())
+        ceilings.append(ceiling())
+        ratio = paired_ratios(ceilings[-2:], relays[-1:])[0]
+        print(f"{label} round {r + 1}: ceiling {ceilings[-2]:,.0f} -> relay {relays[-1]:,.0f} -> ceiling "
+              f"{ceilings[-1]:,.0f} events/s; ratio {ratio:.3f}")
+    return ceilings, relays, paired_ratios(ceilings, relays)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=30_000)
     parser.add_argument("--naive-events", type=int, default=5_000)
-    parser.add_argument("--rounds", type=int, default=3, help="ceiling/relay pairs, alternated; medians reported")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="relay runs per case, each between two ceiling runs; medians reported")
     args = parser.parse_args()
 
     runs = max(1, args.events // 4)
     stream = sample_stream(runs, seed=1, running_per_run=(1, 3))[: args.events]
     n = len(stream)
-    avg = sum(len(v) for _, v in stream) / n
+    bodies = [v for _, v in stream]
+    avg = sum(len(v) for v in bodies) / n
     print(f"events: {n}, average size {avg:.0f} bytes, concurrency {CONCURRENCY}, cpus {os.cpu_count()}")
     with EmbeddedBroker() as broker:
         topic = "bench-openlineage"
@@ -247,29 +276,38 @@ def main() -> None:
         collector = CollectorProcess()
         try:
             target = collector.url + "/api/v1/lineage"
-            # This machine's speed drifts; alternating the two and taking medians keeps
-            # the ratio honest.
-            ceilings, relays = [], []
-            for r in range(args.rounds):
-                ceilings.append(asyncio.run(post_ceiling(target, [v for _, v in stream])))
-                relays.append(relay_eps(broker.bootstrap_servers, topic, collector, n))
-                print(f"round {r + 1}: post ceiling {ceilings[-1]:,.0f} events/s, relay {relays[-1]:,.0f} events/s")
-            ceiling, relay = statistics.median(ceilings), statistics.median(relays)
-            print(f"post ceiling: {ceiling:,.0f} events/s (median)")
-            print(f"relay:        {relay:,.0f} events/s (median)")
+            single_cpu: dict[str, list[float]] = {}
+
+            def single_ceiling() -> float:
+                start, collector_start = time.process_time(), cpu_seconds(collector.proc.pid)
+                eps = asyncio.run(post_ceiling(target, bodies))
+                single_cpu.setdefault("ceiling_client", []).append((time.process_time() - start) / n * 1e6)
+                single_cpu.setdefault("ceiling_collector", []).append(
+                    (cpu_seconds(collector.proc.pid) - collector_start) / n * 1e6)
+                return eps
+
+            ceilings, relays, ratios = alternate(
+                args.rounds, single_ceiling,
+                lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, broker_pid=broker.pid,
+                                  cpu=single_cpu), "single")
+            ceiling, relay, ratio = (statistics.median(x) for x in (ceilings, relays, ratios))
+            print(f"post ceiling: {ceiling:,.0f} events/s, relay {relay:,.0f} events/s (medians); "
+                  f"ratio {ratio:.3f} (median of the paired rounds)")
+            single_us = {name: round(statistics.median(values), 1) for name, values in single_cpu.items()}
+            print("single case, CPU per event (median of the rounds, µs): "
+                  + ", ".join(f"{name} {us}" for name, us in single_us.items()))
+
             batch_target = collector.url + BATCH_PATH
-            batch_ceilings, batch_relays = [], []
             batch_cpu: dict[str, list[float]] = {}
-            for r in range(args.rounds):
-                batch_ceilings.append(asyncio.run(batch_ceiling(batch_target, [v for _, v in stream])))
-                batch_relays.append(relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
-                                              broker_pid=broker.pid, cpu=batch_cpu))
-                print(f"batch round {r + 1}: batch POST ceiling {batch_ceilings[-1]:,.0f} events/s, "
-                      f"relay to batch collector {batch_relays[-1]:,.0f} events/s")
-            batch_ceiling_eps, batch_relay = statistics.median(batch_ceilings), statistics.median(batch_relays)
-            print(f"batch ceiling: {batch_ceiling_eps:,.0f} events/s (median; {BATCH_EVENTS} events per POST, "
-                  f"{BATCH_REQUESTS} in flight)")
-            print(f"batch relay:   {batch_relay:,.0f} events/s (median)")
+            batch_ceilings, batch_relays, batch_ratios = alternate(
+                args.rounds, lambda: asyncio.run(batch_ceiling(batch_target, bodies)),
+                lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
+                                  broker_pid=broker.pid, cpu=batch_cpu), "batch")
+            batch_ceiling_eps, batch_relay, batch_ratio = (
+                statistics.median(x) for x in (batch_ceilings, batch_relays, batch_ratios))
+            print(f"batch ceiling: {batch_ceiling_eps:,.0f} events/s ({BATCH_EVENTS} events per POST, "
+                  f"{BATCH_REQUESTS} in flight), relay {batch_relay:,.0f} events/s (medians); "
+                  f"ratio {batch_ratio:.3f} (median of the paired rounds)")
             cpu_us = {name: round(statistics.median(values), 1) for name, values in batch_cpu.items()}
             print("batch case, CPU per event (median of the rounds, µs): "
                   + ", ".join(f"{name} {us}" for name, us in cpu_us.items()))
@@ -280,10 +318,13 @@ def main() -> None:
         finally:
             collector.stop()
     figures = {"relay_eps": round(relay, 1), "post_ceiling_eps": round(ceiling, 1), "naive_eps": round(naive, 1),
-               "ratio_vs_ceiling": round(relay / ceiling, 3), "ratio_vs_naive": round(relay / naive, 2),
+               "ratio_vs_ceiling": round(ratio, 3), "ratio_vs_naive": round(relay / naive, 2),
                "batch_relay_eps": round(batch_relay, 1), "batch_ceiling_eps": round(batch_ceiling_eps, 1),
-               "ratio_vs_batch_ceiling": round(batch_relay / batch_ceiling_eps, 3),
-               "pipeline_eps": round(pipeline, 1), "batch_cpu_us_per_event": cpu_us}
+               "ratio_vs_batch_ceiling": round(batch_ratio, 3),
+               "ratios_vs_ceiling": [round(r, 3) for r in ratios],
+               "ratios_vs_batch_ceiling": [round(r, 3) for r in batch_ratios],
+               "pipeline_eps": round(pipeline, 1), "single_cpu_us_per_event": single_us,
+               "batch_cpu_us_per_event": cpu_us}
     print(json.dumps(figures))
 
 
