@@ -18,11 +18,14 @@ the same hour). The ratios reported are the medians of these paired ratios; the 
 reported are the medians of each series.
 
 It also prints the CPU each process used per event: the relay's own process (event loop,
-consumer and reader threads), its decode worker, the collector and the broker, and for
-the single-event case the ceiling's client and the collector during the ceiling runs.
-All of them share the machine's cores: on a small machine, what the relay's processes and
-the broker use per event beyond what the ceiling's client uses is CPU the collector does
-not get.
+consumer and reader threads), its decode worker, the collector and the broker, and the
+ceiling's client and the collector during the ceiling runs. All of them share the
+machine's cores: on a small machine, what the relay's processes and the broker use per
+event beyond what the ceiling's client uses is CPU the collector does not get. From these
+figures it prints what the cores allow the relay, as a ratio to the ceiling, at the CPU
+per event measured, and the same for a relay whose own process costs no more than the bare
+client (decode worker, broker and collector as measured): where that limit is under a
+target, no relay that decodes the events and reads them from this broker meets it here.
 
 A last run delivers to a no-op collector kind (plugged in by dotted path) with the batch
 settings: what the relay's pipeline alone (consume, decode, validate, dedupe, order,
@@ -236,6 +239,19 @@ def naive_eps(bootstrap: str, topic: str, url: str, n: int) -> float:
     return (n - 1) / (time.perf_counter() - start)
 
 
+def cpu_bounds(us: dict[str, float], ceiling_eps: float) -> tuple[float, float]:
+    """What the CPU per event allows on this machine's cores, as ratios to the ceiling: the
+    events/s the cores can give the relay at its measured CPU per event (its process,
+    decode worker, broker and the collector), and the same with a relay process that costs
+    no more than the ceiling's bare client (the bound for any relay that decodes the events
+    and reads them from this broker). The relay's CPU is counted from its start (start-up
+    included), so both are slight underestimates."""
+    cores = os.cpu_count() or 1
+    relay = us["relay"] + us["decode_worker"] + us["broker"] + us["collector"]
+    lean = relay - us["relay"] + min(us["relay"], us["ceiling_client"])
+    return cores * 1e6 / relay / ceiling_eps, cores * 1e6 / lean / ceiling_eps
+
+
 def paired_ratios(ceilings: list[float], relays: list[float]) -> list[float]:
     """Each relay round against the mean of the ceilings measured right before and right
     after it (``ceilings`` has one more entry than ``relays``): this machine's speed drifts
@@ -299,8 +315,16 @@ def main() -> None:
 
             batch_target = collector.url + BATCH_PATH
             batch_cpu: dict[str, list[float]] = {}
+            def batch_ceiling_run() -> float:
+                start, collector_start = time.process_time(), cpu_seconds(collector.proc.pid)
+                eps = asyncio.run(batch_ceiling(batch_target, bodies))
+                batch_cpu.setdefault("ceiling_client", []).append((time.process_time() - start) / n * 1e6)
+                batch_cpu.setdefault("ceiling_collector", []).append(
+                    (cpu_seconds(collector.proc.pid) - collector_start) / n * 1e6)
+                return eps
+
             batch_ceilings, batch_relays, batch_ratios = alternate(
-                args.rounds, lambda: asyncio.run(batch_ceiling(batch_target, bodies)),
+                args.rounds, batch_ceiling_run,
                 lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
                                   broker_pid=broker.pid, cpu=batch_cpu), "batch")
             batch_ceiling_eps, batch_relay, batch_ratio = (
@@ -317,6 +341,11 @@ def main() -> None:
             print(f"naive loop:   {naive:,.0f} events/s")
         finally:
             collector.stop()
+    single_bound, single_limit = cpu_bounds(single_us, ceiling)
+    batch_bound, batch_limit = cpu_bounds(cpu_us, batch_ceiling_eps)
+    print(f"what {os.cpu_count()} cores allow at the CPU per event measured, against the ceilings: single "
+          f"{single_bound:.3f} ({single_limit:.3f} with a relay process as cheap as the bare client), batch "
+          f"{batch_bound:.3f} ({batch_limit:.3f})")
     figures = {"relay_eps": round(relay, 1), "post_ceiling_eps": round(ceiling, 1), "naive_eps": round(naive, 1),
                "ratio_vs_ceiling": round(ratio, 3), "ratio_vs_naive": round(relay / naive, 2),
                "batch_relay_eps": round(batch_relay, 1), "batch_ceiling_eps": round(batch_ceiling_eps, 1),
@@ -324,7 +353,11 @@ def main() -> None:
                "ratios_vs_ceiling": [round(r, 3) for r in ratios],
                "ratios_vs_batch_ceiling": [round(r, 3) for r in batch_ratios],
                "pipeline_eps": round(pipeline, 1), "single_cpu_us_per_event": single_us,
-               "batch_cpu_us_per_event": cpu_us}
+               "batch_cpu_us_per_event": cpu_us,
+               "cpu_bound_ratio_vs_ceiling": round(single_bound, 3),
+               "cpu_bound_limit_vs_ceiling": round(single_limit, 3),
+               "cpu_bound_ratio_vs_batch_ceiling": round(batch_bound, 3),
+               "cpu_bound_limit_vs_batch_ceiling": round(batch_limit, 3)}
     print(json.dumps(figures))
 
 
