@@ -145,6 +145,16 @@ async def batch_ceiling(url: str, bodies: list[bytes]) -> float:
     return len(bodies) / await _post_all(url, batches, BATCH_REQUESTS, 204)
 
 
+def measured(ceiling, collector: CollectorProcess, n: int, cpu: dict[str, list[float]]) -> float:  # noqa: ANN001
+    """Runs the coroutine ``ceiling()`` returns (a ceiling's events/s) and appends the CPU
+    microseconds per event its client and the collector used to ``cpu``."""
+    start, collector_start = time.process_time(), cpu_seconds(collector.proc.pid)
+    eps = asyncio.run(ceiling())
+    cpu.setdefault("ceiling_client", []).append((time.process_time() - start) / n * 1e6)
+    cpu.setdefault("ceiling_collector", []).append((cpu_seconds(collector.proc.pid) - collector_start) / n * 1e6)
+    return eps
+
+
 def cpu_seconds(pid: int | None) -> float:
     """CPU seconds (user + system, all threads) process ``pid`` has used; 0.0 for no
     process or one that is gone."""
@@ -294,16 +304,8 @@ def main() -> None:
             target = collector.url + "/api/v1/lineage"
             single_cpu: dict[str, list[float]] = {}
 
-            def single_ceiling() -> float:
-                start, collector_start = time.process_time(), cpu_seconds(collector.proc.pid)
-                eps = asyncio.run(post_ceiling(target, bodies))
-                single_cpu.setdefault("ceiling_client", []).append((time.process_time() - start) / n * 1e6)
-                single_cpu.setdefault("ceiling_collector", []).append(
-                    (cpu_seconds(collector.proc.pid) - collector_start) / n * 1e6)
-                return eps
-
             ceilings, relays, ratios = alternate(
-                args.rounds, single_ceiling,
+                args.rounds, lambda: measured(lambda: post_ceiling(target, bodies), collector, n, single_cpu),
                 lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, broker_pid=broker.pid,
                                   cpu=single_cpu), "single")
             ceiling, relay, ratio = (statistics.median(x) for x in (ceilings, relays, ratios))
@@ -315,16 +317,8 @@ def main() -> None:
 
             batch_target = collector.url + BATCH_PATH
             batch_cpu: dict[str, list[float]] = {}
-            def batch_ceiling_run() -> float:
-                start, collector_start = time.process_time(), cpu_seconds(collector.proc.pid)
-                eps = asyncio.run(batch_ceiling(batch_target, bodies))
-                batch_cpu.setdefault("ceiling_client", []).append((time.process_time() - start) / n * 1e6)
-                batch_cpu.setdefault("ceiling_collector", []).append(
-                    (cpu_seconds(collector.proc.pid) - collector_start) / n * 1e6)
-                return eps
-
             batch_ceilings, batch_relays, batch_ratios = alternate(
-                args.rounds, batch_ceiling_run,
+                args.rounds, lambda: measured(lambda: batch_ceiling(batch_target, bodies), collector, n, batch_cpu),
                 lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
                                   broker_pid=broker.pid, cpu=batch_cpu), "batch")
             batch_ceiling_eps, batch_relay, batch_ratio = (
