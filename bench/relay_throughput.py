@@ -24,8 +24,8 @@ machine's cores: on a small machine, what the relay's processes and the broker u
 event beyond what the ceiling's client uses is CPU the collector does not get. From these
 figures it prints what the cores allow the relay, as a ratio to the ceiling, at the CPU
 per event measured, and the same for a relay whose own process costs no more than the bare
-client (decode worker, broker and collector as measured): where that limit is under a
-target, no relay that decodes the events and reads them from this broker meets it here.
+client (decode worker, broker and collector as measured): a rough bound, for telling a
+relay that wastes CPU from a machine that has too little of it.
 
 A last run delivers to a no-op collector kind (plugged in by dotted path) with the batch
 settings: what the relay's pipeline alone (consume, decode, validate, dedupe, order,
@@ -253,12 +253,12 @@ def cpu_bounds(us: dict[str, float], ceiling_eps: float) -> tuple[float, float]:
     """What the CPU per event allows on this machine's cores, as ratios to the ceiling: the
     events/s the cores can give the relay at its measured CPU per event (its process,
     decode worker, broker and the collector), and the same with a relay process that costs
-    no more than the ceiling's bare client (the bound for any relay that decodes the events
-    and reads them from this broker). The relay's CPU is counted from its start (start-up
-    included), so both are slight underestimates."""
+    no more than the ceiling's bare client. The relay's CPU is counted from its start
+    (start-up included), so both are slight underestimates; and both move with the
+    machine's speed, as the ceiling does."""
     cores = os.cpu_count() or 1
-    relay = us["relay"] + us["decode_worker"] + us["broker"] + us["collector"]
-    lean = relay - us["relay"] + min(us["relay"], us["ceiling_client"])
+    others = us["decode_worker"] + us["broker"] + us["collector"]
+    relay, lean = us["relay"] + others, min(us["relay"], us["ceiling_client"]) + others
     return cores * 1e6 / relay / ceiling_eps, cores * 1e6 / lean / ceiling_eps
 
 
