@@ -15,7 +15,8 @@ Each relay run sits between two ceiling runs (ceiling, relay, ceiling, relay, ..
 ceiling), and its ratio is taken against the mean of those two: this machine's speed
 drifts within minutes (a batch ceiling of 23,000 events/s in one run, 55,000 in another
 the same hour). The ratios reported are the medians of these paired ratios; the events/s
-reported are the medians of each series.
+reported are the medians of each series. The relay / naive ratio is paired the same way
+(naive, relay, naive, ...; ``--naive-rounds``).
 
 It also prints the CPU each process used per event: the relay's own process (event loop,
 consumer and reader threads), its decode worker, the collector and the broker, and the
@@ -269,14 +270,16 @@ def paired_ratios(ceilings: list[float], relays: list[float]) -> list[float]:
     return [relay / ((before + after) / 2) for relay, before, after in zip(relays, ceilings, ceilings[1:])]
 
 
-def alternate(rounds: int, ceiling, relay, label: str) -> tuple[list[float], list[float], list[float]]:  # noqa: ANN001
-    """ceiling, relay, ceiling, ..., ceiling: the figures of each and the paired ratios."""
+def alternate(rounds: int, ceiling, relay, label: str,  # noqa: ANN001
+              baseline: str = "ceiling") -> tuple[list[float], list[float], list[float]]:
+    """ceiling, relay, ceiling, ..., ceiling (or another baseline in the ceiling's place):
+    the figures of each and the paired ratios."""
     ceilings, relays = [ceiling()], []
     for r in range(rounds):
         relays.append(relay())
         ceilings.append(ceiling())
         ratio = paired_ratios(ceilings[-2:], relays[-1:])[0]
-        print(f"{label} round {r + 1}: ceiling {ceilings[-2]:,.0f} -> relay {relays[-1]:,.0f} -> ceiling "
+        print(f"{label} round {r + 1}: {baseline} {ceilings[-2]:,.0f} -> relay {relays[-1]:,.0f} -> {baseline} "
               f"{ceilings[-1]:,.0f} events/s; ratio {ratio:.3f}")
     return ceilings, relays, paired_ratios(ceilings, relays)
 
@@ -285,6 +288,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=30_000)
     parser.add_argument("--naive-events", type=int, default=5_000)
+    parser.add_argument("--naive-rounds", type=int, default=3,
+                        help="relay runs each between two naive runs, for the relay / naive ratio")
     parser.add_argument("--rounds", type=int, default=5,
                         help="relay runs per case, each between two ceiling runs; medians reported")
     args = parser.parse_args()
@@ -331,8 +336,15 @@ def main() -> None:
                   + ", ".join(f"{name} {us}" for name, us in cpu_us.items()))
             pipeline = relay_eps(broker.bootstrap_servers, topic, collector, n, noop=True)
             print(f"pipeline alone (no-op collector, batch settings): {pipeline:,.0f} events/s")
-            naive = naive_eps(broker.bootstrap_servers, topic, target, min(n, args.naive_events))
-            print(f"naive loop:   {naive:,.0f} events/s")
+            # Paired too: one naive run is short, and a median of relay runs against it would
+            # carry the machine's drift (one run of this bench measured 4.8x that way).
+            naives, naive_relays, naive_ratios = alternate(
+                args.naive_rounds, lambda: naive_eps(broker.bootstrap_servers, topic, target,
+                                                     min(n, args.naive_events)),
+                lambda: relay_eps(broker.bootstrap_servers, topic, collector, n), "naive", baseline="naive")
+            naive, naive_ratio = statistics.median(naives), statistics.median(naive_ratios)
+            print(f"naive loop:   {naive:,.0f} events/s, relay {statistics.median(naive_relays):,.0f} events/s "
+                  f"(medians); relay / naive {naive_ratio:.2f} (median of the paired rounds)")
         finally:
             collector.stop()
     single_bound, single_limit = cpu_bounds(single_us, ceiling)
@@ -341,11 +353,12 @@ def main() -> None:
           f"{single_bound:.3f} ({single_limit:.3f} with a relay process as cheap as the bare client), batch "
           f"{batch_bound:.3f} ({batch_limit:.3f})")
     figures = {"relay_eps": round(relay, 1), "post_ceiling_eps": round(ceiling, 1), "naive_eps": round(naive, 1),
-               "ratio_vs_ceiling": round(ratio, 3), "ratio_vs_naive": round(relay / naive, 2),
+               "ratio_vs_ceiling": round(ratio, 3), "ratio_vs_naive": round(naive_ratio, 2),
                "batch_relay_eps": round(batch_relay, 1), "batch_ceiling_eps": round(batch_ceiling_eps, 1),
                "ratio_vs_batch_ceiling": round(batch_ratio, 3),
                "ratios_vs_ceiling": [round(r, 3) for r in ratios],
                "ratios_vs_batch_ceiling": [round(r, 3) for r in batch_ratios],
+               "ratios_vs_naive": [round(r, 2) for r in naive_ratios],
                "pipeline_eps": round(pipeline, 1), "single_cpu_us_per_event": single_us,
                "batch_cpu_us_per_event": cpu_us,
                "cpu_bound_ratio_vs_ceiling": round(single_bound, 3),
