@@ -22,7 +22,8 @@ Contract of :meth:`DecodeWorker.submit` (and :meth:`DecodeWorker.decode`, which 
   one while the child decodes (measured on two cores: the pipeline alone 20.1k -> 21.6k
   events/s, to a batch collector 17.0k -> 19.1k, the child now busy ~90% of the time).
 * Bounded memory: values go over in chunks of at most ``chunk_bytes`` (a bigger value
-  goes alone); the child holds one chunk and its parsed trees, the pipe at most
+  goes alone); the child holds one chunk (its small values in a buffer it reuses, at
+  most ``chunk_bytes``, see :class:`_Inbox`) and its parsed trees, the pipe at most
   :data:`_PIPE_BYTES`, and a writer blocks when both are full. The values themselves are
   the caller's (the consumed records), counted by its back-pressure.
 * The child exits when its input closes, so it never outlives the relay (kill -9 included).
