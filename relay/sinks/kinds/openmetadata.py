@@ -15,12 +15,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 from relay.config import BatchConfig, CollectorConfig, EventKind
+from relay.sinks.batch import enclose
 from relay.sinks.kinds.base import CollectorKind
 
 
 def events_object(bodies: list[bytes]) -> bytes:
     """OpenMetadata's batch body: ``{"events": [...]}``."""
-    return b'{"events":[' + b",".join(bodies) + b"]}"
+    return enclose(b'{"events":[', bodies, b"]}")
 
 
 class OpenMetadataConfig(CollectorConfig):

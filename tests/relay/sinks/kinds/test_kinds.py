@@ -11,7 +11,7 @@ import pytest
 from relay.config import build_config
 from relay.errors import ConfigError
 from relay.metrics import RelayMetrics
-from relay.sinks.batch import BatchCollector
+from relay.sinks.batch import BatchCollector, json_array
 from relay.sinks.http import HttpCollector
 from relay.sinks.kinds import build_collector
 from relay.sinks.kinds.atlan import AtlanKind
@@ -85,6 +85,14 @@ def test_openmetadata_batches_by_default_with_its_envelope():
     assert single.batch is None and single.concurrency == 32
     assert "needs credentials" in rejected(type="openmetadata", url="http://om:8585")
     assert OpenMetadataKind.classify(200) is Verdict.SUCCESS and OpenMetadataKind.classify(403) is Verdict.REJECT
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 200])
+def test_batch_envelopes_hold_every_event_in_order_and_parse(count):
+    bodies = [orjson.dumps({"eventType": "START", "run": {"runId": str(i)}}) for i in range(count)]
+    assert orjson.loads(json_array(bodies)) == [orjson.loads(b) for b in bodies]
+    assert orjson.loads(events_object(bodies)) == {"events": [orjson.loads(b) for b in bodies]}
+    assert json_array(bodies) == b"[" + b",".join(bodies) + b"]"
 
 
 def test_generic_batch_endpoint_follows_the_spec_layout():

@@ -1,0 +1,147 @@
+"""Request time limits (relay.sinks.deadlines): a slow answer times out, and only the
+request that is over time; a cancellation from elsewhere is never taken for a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from relay.embedded.collector import RecordingCollector
+from relay.sinks.deadlines import Deadlines
+from tests.relay.sinks.test_http_collector import BODY, collector_for, until
+
+
+@pytest.fixture
+def server():
+    with RecordingCollector(token="tok") as s:
+        yield s
+
+
+async def test_a_slow_answer_times_out_at_the_limit_not_when_it_comes(server):
+    server.fail_next(1, delay_s=2.0)
+    http, _ = collector_for(server, token="tok", timeout_s=0.4, retry={"max_attempts": 1})
+    await http.start()
+    try:
+        started = time.monotonic()
+        failure = await http.deliver(BODY)
+        took = time.monotonic() - started
+    finally:
+        await http.close()
+    assert failure is not None and failure.reason == "retries_exhausted"
+    assert "no answer within 0.4 s" in failure.detail
+    assert 0.4 <= took < 1.5, took
+
+
+async def test_only_the_request_over_time_times_out(server):
+    """Eight requests at once; the one the collector sits on times out, the seven others
+    are answered and succeed, and later requests on the same collector are not affected."""
+    server.fail_next(1, delay_s=2.0)
+    http, _ = collector_for(server, token="tok", timeout_s=0.5, retry={"max_attempts": 1})
+    await http.start()
+    try:
+        results = await asyncio.gather(*(http.deliver(BODY + b" " * i) for i in range(8)))
+        later = [await http.deliver(BODY) for _ in range(3)]
+    finally:
+        await http.close()
+    failed = [r for r in results if r is not None]
+    assert len(failed) == 1 and "no answer within 0.5 s" in failed[0].detail
+    assert later == [None, None, None]
+    assert server.count == 10
+
+
+async def test_a_timed_out_request_is_retried_and_delivered(server):
+    server.fail_next(1, delay_s=2.0)
+    http, metrics = collector_for(server, token="tok", timeout_s=0.3)
+    await http.start()
+    try:
+        assert await http.deliver(BODY) is None
+    finally:
+        await http.close()
+    assert server.count == 1
+    assert metrics.registry.get_sample_value("lineage_relay_delivery_retries_total", {"collector": "c"}) == 1
+
+
+async def test_cancelling_a_delivery_is_not_taken_for_a_timeout(server):
+    """Shutdown cancels deliveries still running: that must stop them, not retry them."""
+    server.fail_next(1, delay_s=2.0)
+    http, metrics = collector_for(server, token="tok", timeout_s=10.0)
+    await http.start()
+    try:
+        delivery = asyncio.create_task(http.deliver(BODY))
+        await until(lambda: server.in_flight == 1, "the request to reach the collector")
+        delivery.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await delivery
+    finally:
+        await http.close()
+    assert metrics.registry.get_sample_value("lineage_relay_delivery_retries_total", {"collector": "c"}) == 0
+
+
+class _CancelledTooAtExpiry(Deadlines):
+    """Somebody else cancels the task in the same turn of the loop as the timeout."""
+
+    victim: asyncio.Task | None = None
+
+    def _expire(self) -> None:
+        super()._expire()
+        if self.victim is not None:
+            self.victim.cancel()
+
+
+async def _request(deadlines: Deadlines, outcome: list[str]) -> None:
+    task = deadlines.begin()
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        if deadlines.expired(task):
+            outcome.append("timed out")
+            return
+        outcome.append("cancelled")
+        raise
+    finally:
+        deadlines.end(task)
+
+
+async def test_a_cancellation_at_the_moment_of_the_timeout_still_cancels():
+    deadlines = _CancelledTooAtExpiry(0.05)
+    outcome: list[str] = []
+    task = asyncio.create_task(_request(deadlines, outcome))
+    deadlines.victim = task
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert outcome == ["cancelled"]
+    assert deadlines.in_flight == 0
+
+
+async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_timeout():
+    """A starts at 0 and never gets an answer; B starts at 0.25 and is answered at 0.65:
+    A's timeout at 0.5 must not touch B (whose own limit is 0.75)."""
+    deadlines = Deadlines(0.5)
+    outcome: list[str] = []
+
+    async def answered_after(delay_s: float, label: str) -> None:
+        task = deadlines.begin()
+        try:
+            await asyncio.sleep(delay_s)
+        finally:
+            deadlines.end(task)
+        outcome.append(label)
+
+    async def a() -> None:
+        await _request(deadlines, outcome)  # times out
+        assert asyncio.current_task().cancelling() == 0, "the timeout's cancellation was not taken back"
+        await answered_after(0.01, "A again")  # the same task goes on with another request
+
+    async def b() -> None:
+        await asyncio.sleep(0.25)
+        await answered_after(0.4, "B")
+
+    started = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(a(), b()), 5)
+    assert sorted(outcome) == ["A again", "B", "timed out"]
+    assert outcome.index("timed out") < outcome.index("B")
+    assert time.monotonic() - started >= 0.5
+    assert deadlines.in_flight == 0
+    deadlines.close()
