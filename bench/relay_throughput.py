@@ -26,7 +26,11 @@ event beyond what the ceiling's client uses is CPU the collector does not get. F
 figures it prints what the cores allow the relay, as a ratio to the ceiling, at the CPU
 per event measured, and the same for a relay whose own process costs no more than the bare
 client (decode worker, broker and collector as measured): a rough bound, for telling a
-relay that wastes CPU from a machine that has too little of it.
+relay that wastes CPU from a machine that has too little of it. The same figures for the
+steady middle of each relay run (10% to 90% of the events delivered) leave start-up out
+and add the share of the machine's CPU nobody used meanwhile (waits between the
+processes); work done ahead of the deliveries (fetching, decoding) falls partly before
+that window, so there the broker's and decode worker's shares read low.
 
 A last run delivers to a no-op collector kind (plugged in by dotted path) with the batch
 settings: what the relay's pipeline alone (consume, decode, validate, dedupe, order,
@@ -156,6 +160,17 @@ def measured(ceiling, collector: CollectorProcess, n: int, cpu: dict[str, list[f
     return eps
 
 
+def machine_idle() -> tuple[float, float] | None:
+    """(idle, total) CPU time of the whole machine so far, in clock ticks; None where there
+    is no /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            ticks = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return float(ticks[3] + ticks[4]), float(sum(ticks))  # idle + iowait
+
+
 def cpu_seconds(pid: int | None) -> float:
     """CPU seconds (user + system, all threads) process ``pid`` has used; 0.0 for no
     process or one that is gone."""
@@ -169,12 +184,16 @@ def cpu_seconds(pid: int | None) -> float:
 
 
 def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *, batch: bool = False,
-              noop: bool = False, broker_pid: int | None = None, cpu: dict[str, list[float]] | None = None) -> float:
+              noop: bool = False, broker_pid: int | None = None, cpu: dict[str, list[float]] | None = None,
+              steady: dict[str, list[float]] | None = None) -> float:
     """Events/s from the first delivery to the last. With ``cpu``, appends to it the CPU
     microseconds per event each process used from the relay's start to the last delivery:
     the consumer fetches and the decode worker decodes ahead of the deliveries, so a window
     from the first delivery would miss part of their work (start-up is included instead,
-    ~0.2 s of CPU in all)."""
+    ~0.2 s of CPU in all). With ``steady``, appends the same for the steady middle of the
+    run (from 10% to 90% of the events delivered: no start-up, no drain; the broker's share
+    is low there, as the consumer fetched ahead), and ``idle_share``: the share of the
+    machine's CPU time nobody used meanwhile."""
     base = collector.count()
     target: dict = {"name": "local", "url": collector.url, "concurrency": CONCURRENCY}
     if batch or noop:
@@ -192,6 +211,7 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
 
     tune_gc()  # as `lineage-relay run` does
     snapshots: list[dict[str, float]] = []
+    window: list[tuple[int, dict[str, float], tuple[float, float] | None]] = []
 
     def snapshot(relay: Relay) -> dict[str, float]:
         """CPU seconds used so far by each process of the run."""
@@ -205,6 +225,8 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
         task = asyncio.create_task(relay.run())
         delivered = relay.metrics.deliveries("local")
         first = None
+        marks = iter((n // 10, n - n // 10))  # the steady middle: from 10% to 90% delivered
+        mark = next(marks)
         deadline = time.monotonic() + 300
         # The relay's own acknowledged-delivery counter: no extra HTTP traffic during the run.
         while delivered.count < n:
@@ -212,6 +234,9 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
                 raise RuntimeError(f"relay delivered {delivered.count} of {n}")
             if first is None and delivered.count > 0:
                 first = time.monotonic()
+            if mark is not None and delivered.count >= mark:
+                window.append((delivered.count, snapshot(relay), machine_idle()))
+                mark = next(marks, None)
             await asyncio.sleep(0.005)
         last = time.monotonic()
         snapshots.append(snapshot(relay))  # before the stop: the decode worker exits with the relay
@@ -223,6 +248,12 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
     if cpu is not None:
         for name, start in snapshots[0].items():
             cpu.setdefault(name, []).append((snapshots[1][name] - start) / n * 1e6)
+    if steady is not None and len(window) == 2:
+        (count0, cpu0, idle0), (count1, cpu1, idle1) = window
+        for name, start in cpu0.items():
+            steady.setdefault(name, []).append((cpu1[name] - start) / (count1 - count0) * 1e6)
+        if idle0 is not None and idle1 is not None and idle1[1] > idle0[1]:
+            steady.setdefault("idle_share", []).append((idle1[0] - idle0[0]) / (idle1[1] - idle0[1]))
     delivered = collector.count() - base
     if delivered < n and not noop:
         raise RuntimeError(f"collector received {delivered} of {n}")
@@ -261,6 +292,18 @@ def cpu_bounds(us: dict[str, float], ceiling_eps: float) -> tuple[float, float]:
     others = us["decode_worker"] + us["broker"] + us["collector"]
     relay, lean = us["relay"] + others, min(us["relay"], us["ceiling_client"]) + others
     return cores * 1e6 / relay / ceiling_eps, cores * 1e6 / lean / ceiling_eps
+
+
+def steady_figures(steady: dict[str, list[float]]) -> dict[str, float]:
+    """Medians over the rounds of what :func:`relay_eps` gathered in ``steady``."""
+    return {name: round(statistics.median(values), 3 if name == "idle_share" else 1)
+            for name, values in steady.items() if values}
+
+
+def describe_steady(us: dict[str, float]) -> str:
+    cpu = ", ".join(f"{name} {value}" for name, value in us.items() if name != "idle_share")
+    idle = f"; machine CPU idle {us['idle_share']:.0%}" if "idle_share" in us else ""
+    return f"CPU per event (medians, µs) {cpu}{idle}"
 
 
 def paired_ratios(ceilings: list[float], relays: list[float]) -> list[float]:
@@ -308,24 +351,28 @@ def main() -> None:
         try:
             target = collector.url + "/api/v1/lineage"
             single_cpu: dict[str, list[float]] = {}
+            single_steady: dict[str, list[float]] = {}
 
             ceilings, relays, ratios = alternate(
                 args.rounds, lambda: measured(lambda: post_ceiling(target, bodies), collector, n, single_cpu),
                 lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, broker_pid=broker.pid,
-                                  cpu=single_cpu), "single")
+                                  cpu=single_cpu, steady=single_steady), "single")
             ceiling, relay, ratio = (statistics.median(x) for x in (ceilings, relays, ratios))
             print(f"post ceiling: {ceiling:,.0f} events/s, relay {relay:,.0f} events/s (medians); "
                   f"ratio {ratio:.3f} (median of the paired rounds)")
             single_us = {name: round(statistics.median(values), 1) for name, values in single_cpu.items()}
             print("single case, CPU per event (median of the rounds, µs): "
                   + ", ".join(f"{name} {us}" for name, us in single_us.items()))
+            single_steady_us = steady_figures(single_steady)
+            print("single case, steady middle of the relay runs: " + describe_steady(single_steady_us))
 
             batch_target = collector.url + BATCH_PATH
             batch_cpu: dict[str, list[float]] = {}
+            batch_steady: dict[str, list[float]] = {}
             batch_ceilings, batch_relays, batch_ratios = alternate(
                 args.rounds, lambda: measured(lambda: batch_ceiling(batch_target, bodies), collector, n, batch_cpu),
                 lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
-                                  broker_pid=broker.pid, cpu=batch_cpu), "batch")
+                                  broker_pid=broker.pid, cpu=batch_cpu, steady=batch_steady), "batch")
             batch_ceiling_eps, batch_relay, batch_ratio = (
                 statistics.median(x) for x in (batch_ceilings, batch_relays, batch_ratios))
             print(f"batch ceiling: {batch_ceiling_eps:,.0f} events/s ({BATCH_EVENTS} events per POST, "
@@ -334,8 +381,11 @@ def main() -> None:
             cpu_us = {name: round(statistics.median(values), 1) for name, values in batch_cpu.items()}
             print("batch case, CPU per event (median of the rounds, µs): "
                   + ", ".join(f"{name} {us}" for name, us in cpu_us.items()))
+            batch_steady_us = steady_figures(batch_steady)
+            print("batch case, steady middle of the relay runs: " + describe_steady(batch_steady_us))
             pipeline = relay_eps(broker.bootstrap_servers, topic, collector, n, noop=True)
-            print(f"pipeline alone (no-op collector, batch settings): {pipeline:,.0f} events/s")
+            print(f"pipeline alone (no-op collector, batch settings): {pipeline:,.0f} events/s, "
+                  f"{pipeline / batch_ceiling_eps:.3f} x the batch ceiling")
             # Paired too: one naive run is short, and a median of relay runs against it would
             # carry the machine's drift (one run of this bench measured 4.8x that way).
             naives, naive_relays, naive_ratios = alternate(
@@ -361,6 +411,8 @@ def main() -> None:
                "ratios_vs_naive": [round(r, 2) for r in naive_ratios],
                "pipeline_eps": round(pipeline, 1), "single_cpu_us_per_event": single_us,
                "batch_cpu_us_per_event": cpu_us,
+               "single_steady_cpu_us_per_event": single_steady_us, "batch_steady_cpu_us_per_event": batch_steady_us,
+               "ratio_pipeline_vs_batch_ceiling": round(pipeline / batch_ceiling_eps, 3),
                "cpu_bound_ratio_vs_ceiling": round(single_bound, 3),
                "cpu_bound_limit_vs_ceiling": round(single_limit, 3),
                "cpu_bound_ratio_vs_batch_ceiling": round(batch_bound, 3),
