@@ -148,6 +148,34 @@ def test_batches_in_flight_at_once_are_answered_in_order_by_several_children():
         assert len(answers) == len(batch)
 
 
+def test_a_child_reading_ahead_never_decodes_a_chunk_overwritten_by_the_next():
+    """One child, many batches of many chunks in flight: it reads the next chunk while it
+    decodes one, into the other of two reused buffers. Each event is distinct (its own run
+    id and size), so a buffer refilled under the decoder would give a wrong answer."""
+    rng = random.Random(7)
+    base = orjson.loads(values()[0])
+    batches = []
+    for b in range(12):
+        batch = []
+        for i in range(40):
+            event = {**base, "run": {**base["run"], "runId": f"{b:08x}-0000-4000-8000-{i:012x}"},
+                     "padding": "x" * rng.randrange(0, 3000)}
+            batch.append(orjson.dumps(event))
+        batches.append(batch)
+    worker = DecodeWorker(max_bytes=MAX, chunk_bytes=16 * 1024)  # several chunks per batch
+    worker.start()
+    try:
+        futures = [Answer(worker, b) for b in batches]  # none waited for before the last is sent
+        got = [f.result(timeout=30) for f in futures]
+        pids = worker.pids
+    finally:
+        worker.close()
+    assert len(pids) == 1
+    for batch, answers in zip(batches, got):
+        assert len(answers) == len(batch)
+        assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(answers, batch)] == [True] * len(batch)
+
+
 def test_a_child_killed_with_batches_in_flight_loses_none_of_them(caplog):
     small = [v for v in values() if v is None or len(v) <= MAX]  # so that five fit in the pipe
     batches = [small for _ in range(5)]
