@@ -4,11 +4,13 @@ Guarantees:
 - at-least-once: an offset is committed only when every record at or below it reached
   every collector (or the dead-letter topic), or was deliberately not forwarded;
 - bounded memory: when a lane has ``max_pending`` undelivered events, or the records not
-  yet settled weigh ``pipeline.max_pending_bytes``, consumption pauses (all assigned
-  partitions feed every collector) and resumes at half that. What the relay holds is then
-  at most that, the batch that crossed it and the next one (fetched and decoded while one
-  is handled; each bounded by the consumer's ``queued.max.messages.kbytes``), and the one
-  event being decoded or rewritten;
+  yet settled weigh ``pipeline.max_pending_bytes``, consumption stops (all assigned
+  partitions feed every collector) and goes on at half that: held off first (no polls;
+  what the consumer fetched ahead waits in its queue), the partitions paused if that lasts
+  :data:`_HOLD_S`. What the relay holds is then at most that, the batch that crossed it
+  and the next one (fetched and decoded while one is handled, or waiting in the consumer's
+  queue; each bounded by its ``queued.max.messages.kbytes``), and the one event being
+  decoded or rewritten;
 - graceful stop: :meth:`request_stop` stops consuming, drains deliveries for up to
   ``drain_timeout_s``, commits what was delivered and closes. Deliveries still running
   then are abandoned uncommitted (re-delivered after restart);
@@ -65,6 +67,10 @@ _EXPIRE_EVERY_S = 0.25
 _LAG_EVERY_S = 5.0
 #: How long a commit or a revocation waits for run-state writes to be acknowledged.
 _STATE_SETTLE_S = 20.0
+#: How long consumption is held off at a limit (see Relay._apply_backpressure) before the
+#: partitions are paused, and how often the hold checks whether the pipeline drained.
+_HOLD_S = 3.0
+_HOLD_CHECK_S = 0.005
 #: Run-state writes not yet acknowledged (the broker is slow or down) before consumption pauses.
 _MAX_UNACKED_STATE_WRITES = 20_000
 #: A dead letter carries the original record, whatever its size: the dead-letter producer
@@ -267,17 +273,46 @@ class Relay:
         ticket.release()
 
     async def _apply_backpressure(self) -> None:
-        unacked = self.state.changelog.unacked if self.state is not None else 0
-        pending_bytes, max_bytes = self.tracker.pending_bytes, self.config.pipeline.max_pending_bytes
+        """Stop taking records while a lane, the pending record bytes or the unacknowledged
+        run-state writes are at their limit, until they are down to half.
+
+        First by holding off: no poll, while what librdkafka fetched ahead (bounded by
+        ``queued.max.messages.kbytes``) waits in its queue, and consumption goes on at once
+        when the pipeline has drained. Only a hold longer than :data:`_HOLD_S` (a collector
+        down, a slow one) pauses the partitions, so that polls go on (group membership,
+        rebalances) and librdkafka frees what it holds. A pause alone cost every backlog's
+        drain dearly: librdkafka purges its queue and, once resumed, fetched nothing for
+        0.5-1 s (its broker thread wakes on its own timer), ~40% of the time when each
+        drain to half took ~0.2 s (measured draining 120,000 events to a batch collector:
+        ~30,000 -> ~42,000 events/s, the machine ~35% -> ~9% idle)."""
         if self.source.paused:
-            if all(lane.pending <= lane.max_pending // 2 for lane in self.lanes) and \
-                    unacked <= _MAX_UNACKED_STATE_WRITES // 2 and pending_bytes <= max_bytes // 2:
+            if self._drained():
                 await self.source.set_paused(False)
                 self.metrics.paused.set(0)
-        elif any(lane.pending >= lane.max_pending for lane in self.lanes) or unacked >= _MAX_UNACKED_STATE_WRITES \
-                or pending_bytes >= max_bytes:
-            await self.source.set_paused(True)
-            self.metrics.paused.set(1)
+            return
+        if not self._at_limit():
+            return
+        self.metrics.paused.set(1)
+        deadline = time.monotonic() + _HOLD_S
+        while not self._drained():
+            if time.monotonic() >= deadline:
+                await self.source.set_paused(True)
+                return
+            if self._stop.is_set():
+                break
+            await asyncio.sleep(_HOLD_CHECK_S)
+        self.metrics.paused.set(0)
+
+    def _at_limit(self) -> bool:
+        unacked = self.state.changelog.unacked if self.state is not None else 0
+        return any(lane.pending >= lane.max_pending for lane in self.lanes) or unacked >= _MAX_UNACKED_STATE_WRITES \
+            or self.tracker.pending_bytes >= self.config.pipeline.max_pending_bytes
+
+    def _drained(self) -> bool:
+        unacked = self.state.changelog.unacked if self.state is not None else 0
+        return all(lane.pending <= lane.max_pending // 2 for lane in self.lanes) \
+            and unacked <= _MAX_UNACKED_STATE_WRITES // 2 \
+            and self.tracker.pending_bytes <= self.config.pipeline.max_pending_bytes // 2
 
     async def commit(self) -> None:
         if self.state is not None:
