@@ -4,7 +4,6 @@ partitions only when the hold lasts (a collector down), resuming once it has dra
 from __future__ import annotations
 
 import logging
-import time
 
 import orjson
 import pytest
@@ -12,22 +11,13 @@ import pytest
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.kafka import produce
-from tests.support.relay import RelayThread, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka
 
 
 def canonical_set(stream: list[tuple[bytes, bytes]]) -> set[bytes]:
     return {orjson.dumps(orjson.loads(v), option=orjson.OPT_SORT_KEYS) for _, v in stream}
-
-
-def wait_until(predicate, timeout_s: float) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_a_backlog_over_a_lanes_limit_drains_without_pausing_the_partitions(kafka, caplog):
@@ -59,13 +49,13 @@ def test_a_collector_down_longer_than_the_hold_pauses_consumption_then_resumes(k
         config = relay_config(kafka.bootstrap_servers, topic, {"c": collector.url}, group=kafka.new_group(),
                               dlq=dlq, collector={"max_pending": 20})
         with RelayThread(config) as relay:
-            assert wait_until(lambda: relay.relay is not None and relay.relay.source.paused
+            assert eventually(lambda: relay.relay is not None and relay.relay.source.paused
                               and relay.metric("lineage_relay_consumption_paused") == 1, 30), \
                 "consumption was never paused while the collector was down"
             assert collector.count == 0
             collector.clear_outage()
             assert collector.wait_for(lambda c: c.count >= len(stream), 60), f"got {collector.count}"
-            assert wait_until(lambda: not relay.relay.source.paused
+            assert eventually(lambda: not relay.relay.source.paused
                               and relay.metric("lineage_relay_consumption_paused") == 0, 10)
     assert "consumption_paused" in caplog.text and "consumption_resumed" in caplog.text
     assert {orjson.dumps(e, option=orjson.OPT_SORT_KEYS) for e in collector.events()} == canonical_set(stream)

@@ -93,7 +93,7 @@ class _CancelledTooAtExpiry(Deadlines):
 async def _request(deadlines: Deadlines, outcome: list[str]) -> None:
     task = deadlines.begin()
     try:
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # ok: a request that never gets an answer
     except asyncio.CancelledError:
         if deadlines.expired(task):
             outcome.append("timed out")
@@ -124,7 +124,7 @@ async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_
     async def answered_after(delay_s: float, label: str) -> None:
         task = deadlines.begin()
         try:
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(delay_s)  # ok: the collector's answer time being modelled
         finally:
             deadlines.end(task)
         outcome.append(label)
@@ -135,7 +135,7 @@ async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_
         await answered_after(0.01, "A again")  # the same task goes on with another request
 
     async def b() -> None:
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.25)  # ok: B's request starts later on the timeline under test
         await answered_after(0.4, "B")
 
     started = time.monotonic()
