@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import attrgetter
 
 import orjson
 
@@ -37,6 +38,7 @@ from relay.stages.sequence import DeadLetter, Drop, Forward, RunSequencer
 from relay.state.table import RunStateTable
 
 log = logging.getLogger("relay.lane")
+_body = attrgetter("body")
 
 
 class CollectorLane:
@@ -53,7 +55,10 @@ class CollectorLane:
         self._dlq = dead_letters
         d, o = pipeline.dedupe, pipeline.ordering
         self._deduper = Deduper(ttl_s=d.ttl_s, max_entries=d.max_entries) if d.enabled else None
-        self._dispatcher = RunOrderedDispatcher(collector.deliver, config.concurrency, prepare=self._prepare,
+        # Without a rewrite, an event's body is what it sends (a C-level getter: no Python
+        # call per event).
+        self._dispatcher = RunOrderedDispatcher(collector.deliver, config.concurrency,
+                                                prepare=self._prepare if self._rewriter is not None else _body,
                                                 settle=self._delivered,
                                                 deliver_soon=getattr(collector, "deliver_soon", None))
         self._sequencer = self._consolidator = self.table = None
@@ -106,10 +111,11 @@ class CollectorLane:
             self._metrics.deduplicated.inc()
             return
         event.ticket.acquire()
-        if self._sequencer is None:
+        sequencer = self._sequencer
+        if sequencer is None or sequencer.admit(event, now):
             self._dispatcher.submit(event)
             return
-        self._apply(self._sequencer.offer(event, now))
+        self._apply(sequencer.offer(event, now))
 
     def expire(self, now: float) -> None:
         if self._sequencer is not None:
@@ -182,6 +188,10 @@ class CollectorLane:
         """The collector's verdict on ``event``'s body (see :meth:`_prepare`)."""
         if failure is None:
             self._metrics.delivered.record(time.monotonic() - event.consumed_at)
+            ticket = event.ticket
+            if ticket is not None and self.table is None:  # _settled, inlined for the common case
+                ticket.release()
+                return
             self._settled(event)
         else:
             log_event(log, logging.WARNING, "delivery_failed", collector=self.name, reason=failure.reason,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Callable, Literal, TypeAlias
 
-from relay.events import LineageEvent
+from relay.events import TERMINAL_TYPES, LineageEvent
 
 # Decision reason codes: stable, used as the dead-letter header and a metric label.
 AFTER_TERMINAL = "after_terminal"
@@ -56,6 +56,8 @@ class DeadLetter:
 Decision: TypeAlias = Forward | Drop | DeadLetter
 
 _by_event_time = attrgetter("event_time")
+#: What :class:`RunSequencer` holds for a run it does not track.
+_UNKNOWN = object()
 
 
 class _Hold:
@@ -157,6 +159,30 @@ class RunSequencer:
     def tracked_runs(self) -> int:
         """Runs whose started/finished state is remembered."""
         return len(self._runs)
+
+    def admit(self, event: LineageEvent, now: float) -> bool:
+        """:meth:`offer` for the common case, without building decisions: True when
+        ``event`` is to be forwarded now and nothing else became due (then offer must not
+        be called for it); False, having changed nothing, when only :meth:`offer` can
+        decide. The common case is an event of an open run (no early terminal waiting out
+        its grace), a START of a run with nothing held, and an event without a run."""
+        run_id = event.run_id
+        if run_id is None:
+            return True
+        runs = self._runs
+        state = runs.get(run_id, _UNKNOWN)
+        if state is None:  # open
+            terminal = event.event_type in TERMINAL_TYPES
+            if terminal and run_id in self._grace:
+                return False
+            runs.move_to_end(run_id)
+            if terminal:
+                self._finish(run_id, now)
+            return True
+        if state is _UNKNOWN and event.event_type == "START" and run_id not in self._holds:
+            self._start(run_id)
+            return True
+        return False
 
     def offer(self, event: LineageEvent, now: float) -> list[Decision]:
         """Decide ``event`` if possible and return every decision that became due."""

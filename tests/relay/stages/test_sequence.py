@@ -465,3 +465,45 @@ def test_other_after_terminal_is_forwarded_unless_disabled():
         seq.offer(event(run, "START", second=1), 0.0)
         seq.offer(event(run, "COMPLETE", second=2), 0.0)
         assert _types(seq.offer(event(run, "OTHER", second=3), 0.0)) == [(expected, "OTHER")]
+
+
+# -- admit: offer's common case without building decisions ------------------------------
+
+ADMIT_CONFIGS = {
+    **CONFIGS,
+    "grace": dict(hold_timeout_s=30.0, on_hold_timeout="forward", terminal_grace_s=5.0),
+    "few-tracked-runs": dict(hold_timeout_s=30.0, on_hold_timeout="forward", max_tracked_runs=2,
+                             finished_ttl_s=4.0, forward_other_after_terminal=True),
+}
+
+
+def _shown(decisions) -> list[tuple]:
+    return [(type(d).__name__, id(d.event), getattr(d, "reason", None)) for d in decisions]
+
+
+@pytest.mark.parametrize("config", list(ADMIT_CONFIGS))
+def test_admit_then_offer_decides_exactly_as_offer_alone(config):
+    """What the lane does (admit, and offer only when admit says no) gives the decisions,
+    in the same order, and the state that offer alone gives: admit is only a shortcut."""
+    options = ADMIT_CONFIGS[config]
+    rng = random.Random(f"admit-{config}")
+    admitted = 0
+    for _ in range(300):
+        alone, shortcut = sequencer(**options), sequencer(**options)
+        stream = random_stream(rng) + random_stream(rng)  # also runs seen before (tracked, finished)
+        now = 0.0
+        for e in stream:
+            now += rng.uniform(0, 2)
+            expected = alone.offer(e, now)
+            if shortcut.admit(e, now):
+                admitted += 1
+                got = [Forward(e)]
+            else:
+                got = shortcut.offer(e, now)
+            assert _shown(got) == _shown(expected)
+            if rng.random() < 0.2:
+                assert _shown(shortcut.expire(now)) == _shown(alone.expire(now))
+            assert (shortcut.held_count, shortcut.held_runs, shortcut.tracked_runs) == \
+                (alone.held_count, alone.held_runs, alone.tracked_runs)
+        assert _shown(shortcut.expire(now + 2e6)) == _shown(alone.expire(now + 2e6))
+    assert admitted > 1000, "the shortcut is taken for the common case"
