@@ -29,3 +29,8 @@ def create_topic(bootstrap_servers: str, name: str, partitions: int = 1,
     except KafkaException as err:
         if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
+    finally:
+        # A failed future keeps its exception, whose traceback holds this frame: the client
+        # (its threads, its connection) lived on until the next cyclic collection, which a
+        # relay process runs rarely (relay.app.tune_gc).
+        del future, admin
