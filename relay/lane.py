@@ -188,10 +188,6 @@ class CollectorLane:
         """The collector's verdict on ``event``'s body (see :meth:`_prepare`)."""
         if failure is None:
             self._metrics.delivered.record(time.monotonic() - event.consumed_at)
-            ticket = event.ticket
-            if ticket is not None and self.table is None:  # _settled, inlined for the common case
-                ticket.release()
-                return
             self._settled(event)
         else:
             log_event(log, logging.WARNING, "delivery_failed", collector=self.name, reason=failure.reason,

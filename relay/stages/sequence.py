@@ -161,11 +161,12 @@ class RunSequencer:
         return len(self._runs)
 
     def admit(self, event: LineageEvent, now: float) -> bool:
-        """:meth:`offer` for the common case, without building decisions: True when
-        ``event`` is to be forwarded now and nothing else became due (then offer must not
-        be called for it); False, having changed nothing, when only :meth:`offer` can
-        decide. The common case is an event of an open run (no early terminal waiting out
-        its grace), a START of a run with nothing held, and an event without a run."""
+        """:meth:`offer` for the common case, without building decisions (the lane's
+        per-event path): True when ``event`` is to be forwarded now and nothing else became
+        due (then offer must not be called for it); False, having changed nothing, when only
+        :meth:`offer` can decide. The common case is an event of an open run (no early
+        terminal waiting out its grace), a START of a run with nothing held, and an event
+        without a run; offer begins with it."""
         run_id = event.run_id
         if run_id is None:
             return True
@@ -186,9 +187,10 @@ class RunSequencer:
 
     def offer(self, event: LineageEvent, now: float) -> list[Decision]:
         """Decide ``event`` if possible and return every decision that became due."""
-        run_id = event.run_id
-        if run_id is None:
+        if self.admit(event, now):
             return [Forward(event)]
+        run_id = event.run_id
+        assert run_id is not None  # admit forwards every event without a run
         runs = self._runs
         if run_id in runs:
             runs.move_to_end(run_id)
@@ -196,20 +198,15 @@ class RunSequencer:
                 if event.event_type == "OTHER" and self._forward_other_after_terminal:
                     return [Forward(event)]  # the spec allows OTHER after the terminal
                 return [Drop(event, AFTER_TERMINAL)]
-            grace = self._grace.get(run_id)
-            if grace is not None and event.is_terminal:
-                if event.event_time < grace[0].event_time:
-                    self._grace[run_id] = (event, grace[1])
-                    return [Drop(grace[0], AFTER_TERMINAL)]
-                return [Drop(event, AFTER_TERMINAL)]
-            if event.is_terminal:
-                self._finish(run_id, now)
-            return [Forward(event)]
-        if event.event_type == "START":
-            hold = self._holds.pop(run_id, None)
+            # Open, and admit left it: a terminal while an early one waits out its grace.
+            grace = self._grace[run_id]
+            if event.event_time < grace[0].event_time:
+                self._grace[run_id] = (event, grace[1])
+                return [Drop(grace[0], AFTER_TERMINAL)]
+            return [Drop(event, AFTER_TERMINAL)]
+        if event.event_type == "START":  # admit left it: the run holds events
+            hold = self._holds.pop(run_id)
             self._start(run_id)
-            if hold is None:
-                return [Forward(event)]
             self._held_count -= len(hold.events)
             return [Forward(event), *self._release_in_order(run_id, hold.events, now, self._terminal_grace_s)]
         hold = self._holds.get(run_id)

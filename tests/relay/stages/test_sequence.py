@@ -477,33 +477,32 @@ ADMIT_CONFIGS = {
 }
 
 
-def _shown(decisions) -> list[tuple]:
-    return [(type(d).__name__, id(d.event), getattr(d, "reason", None)) for d in decisions]
+def _state(seq: RunSequencer) -> tuple:
+    return (list(seq._runs.items()), list(seq._finished.items()), seq._held_count,
+            [(run, [id(e) for e in hold.events], list(hold.arrivals)) for run, hold in seq._holds.items()],
+            [(run, id(terminal), until) for run, (terminal, until) in seq._grace.items()])
 
 
 @pytest.mark.parametrize("config", list(ADMIT_CONFIGS))
-def test_admit_then_offer_decides_exactly_as_offer_alone(config):
-    """What the lane does (admit, and offer only when admit says no) gives the decisions,
-    in the same order, and the state that offer alone gives: admit is only a shortcut."""
+def test_admit_takes_the_common_case_and_otherwise_changes_nothing(config):
+    """The lane calls offer only when admit says no, so a no must leave the sequencer as it
+    was (offer, which begins with admit, then decides from the same state)."""
     options = ADMIT_CONFIGS[config]
     rng = random.Random(f"admit-{config}")
-    admitted = 0
+    admitted = declined = 0
     for _ in range(300):
-        alone, shortcut = sequencer(**options), sequencer(**options)
+        seq = sequencer(**options)
         stream = random_stream(rng) + random_stream(rng)  # also runs seen before (tracked, finished)
         now = 0.0
         for e in stream:
             now += rng.uniform(0, 2)
-            expected = alone.offer(e, now)
-            if shortcut.admit(e, now):
+            before = _state(seq)
+            if seq.admit(e, now):
                 admitted += 1
-                got = [Forward(e)]
             else:
-                got = shortcut.offer(e, now)
-            assert _shown(got) == _shown(expected)
+                declined += 1
+                assert _state(seq) == before, f"admit declined {e.event_type} of run {e.run_id} but changed state"
+                seq.offer(e, now)
             if rng.random() < 0.2:
-                assert _shown(shortcut.expire(now)) == _shown(alone.expire(now))
-            assert (shortcut.held_count, shortcut.held_runs, shortcut.tracked_runs) == \
-                (alone.held_count, alone.held_runs, alone.tracked_runs)
-        assert _shown(shortcut.expire(now + 2e6)) == _shown(alone.expire(now + 2e6))
-    assert admitted > 1000, "the shortcut is taken for the common case"
+                seq.expire(now)
+    assert admitted > 1000 and declined > 100, (admitted, declined)
