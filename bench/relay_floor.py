@@ -39,12 +39,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker  # noqa: E402
-from relay.embedded.sample import sample_stream  # noqa: E402
 from relay.source.kafka import _DEFAULTS as CONSUMER_DEFAULTS  # noqa: E402
 from relay.stages.decode import decode_fields  # noqa: E402
 from relay_throughput import (  # noqa: E402
-    BATCH_EVENTS, BATCH_PATH, BATCH_REQUESTS, CollectorProcess, batch_ceiling, cpu_seconds, measured)
-from tests.support.kafka import produce  # noqa: E402
+    BATCH_EVENTS, BATCH_PATH, BATCH_REQUESTS, CollectorProcess, batch_ceiling, bench_stream, cpu_seconds, load_topic,
+    measured)
 
 #: As the relay polls (relay.app._POLL_BATCH).
 POLL_BATCH = 8000
@@ -92,15 +91,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    stream = sample_stream(max(1, args.events // 4), seed=1, running_per_run=(1, 3))[: args.events]
+    stream, bodies = bench_stream(args.events)
     n = len(stream)
-    bodies = [v for _, v in stream]
     print(f"events: {n}, average size {sum(map(len, bodies)) / n:.0f} bytes, cpus {os.cpu_count()}")
     figures: dict[str, list[float]] = {}
     with EmbeddedBroker() as broker:
         topic = "floor-openlineage"
-        broker.create_topic(topic, partitions=4)
-        produce(broker.bootstrap_servers, topic, stream)
+        load_topic(broker, topic, stream)
         collector = CollectorProcess()
         try:
             for r in range(args.rounds):

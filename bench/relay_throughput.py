@@ -156,6 +156,19 @@ async def batch_ceiling(url: str, bodies: list[bytes]) -> float:
     return len(bodies) / await _post_all(url, batches, BATCH_REQUESTS, 204)
 
 
+def bench_stream(events: int) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """The benches' records (key, value) and their values: ``events`` Spark-like events,
+    1-3 RUNNING per run, 3.5 KB on average."""
+    stream = sample_stream(max(1, events // 4), seed=1, running_per_run=(1, 3))[:events]
+    return stream, [v for _, v in stream]
+
+
+def load_topic(broker: EmbeddedBroker, topic: str, stream: list[tuple[bytes, bytes]]) -> None:
+    """``topic`` with 4 partitions, holding ``stream``."""
+    broker.create_topic(topic, partitions=4)
+    produce(broker.bootstrap_servers, topic, stream)
+
+
 def measured(ceiling, collector: CollectorProcess, n: int, cpu: dict[str, list[float]]) -> float:  # noqa: ANN001
     """Runs the coroutine ``ceiling()`` returns (a ceiling's events/s) and appends the CPU
     microseconds per event its client and the collector used to ``cpu``."""
@@ -341,16 +354,13 @@ def main() -> None:
                         help="relay runs per case, each between two ceiling runs; medians reported")
     args = parser.parse_args()
 
-    runs = max(1, args.events // 4)
-    stream = sample_stream(runs, seed=1, running_per_run=(1, 3))[: args.events]
+    stream, bodies = bench_stream(args.events)
     n = len(stream)
-    bodies = [v for _, v in stream]
     avg = sum(len(v) for v in bodies) / n
     print(f"events: {n}, average size {avg:.0f} bytes, concurrency {CONCURRENCY}, cpus {os.cpu_count()}")
     with EmbeddedBroker() as broker:
         topic = "bench-openlineage"
-        broker.create_topic(topic, partitions=4)
-        produce(broker.bootstrap_servers, topic, stream)
+        load_topic(broker, topic, stream)
         collector = CollectorProcess()
         try:
             target = collector.url + "/api/v1/lineage"
