@@ -127,3 +127,55 @@ async def test_custom_auth_header_and_scheme():
         assert headers["X-API-Key"] == "k-123" and headers["X-Tenant"] == "data" and "Authorization" not in headers
     finally:
         bare.stop()
+
+
+async def test_connections_are_reused_whatever_the_success_answer_carries():
+    """Keep-alive holds for every kind of 2xx answer: an empty body (Marquez's 201), a
+    JSON body, and a body that comes after the headers (read before the connection goes
+    back to the pool). Each answer's body is consumed: the next request on the connection
+    gets its own answer, and no connection beyond the concurrency is ever opened."""
+    from aiohttp import web
+
+    peers: list[tuple[str, object]] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        kind = request.query["kind"]
+        peers.append((kind, request.transport.get_extra_info("peername") if request.transport else None))
+        if kind == "empty":
+            return web.Response(status=201)
+        if kind == "json":
+            return web.json_response({"status": "ok", "pad": "x" * 20_000}, status=200)
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await asyncio.sleep(0.02)  # ok: the body comes in a later packet than the headers
+        await response.write(b'{"late": true}')
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/api/v1/lineage", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        for kind in ("empty", "json", "late"):
+            cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{port}", endpoint=f"/api/v1/lineage?kind={kind}",
+                                  concurrency=4)
+            http = HttpCollector(cfg, RelayMetrics().for_collector("c"))
+            await http.start()
+            try:
+                for _ in range(3):  # one at a time, then four at once, twice
+                    assert await http.deliver(BODY) is None
+                    assert await asyncio.gather(*(http.deliver(BODY) for _ in range(4))) == [None] * 4
+            finally:
+                await http.close()
+    finally:
+        await runner.cleanup()
+    for kind in ("empty", "json", "late"):
+        answered = [peer for k, peer in peers if k == kind]
+        assert len(answered) == 15, (kind, len(answered))
+        assert None not in answered and len(set(answered)) <= 4, (kind, len(set(answered)))
