@@ -26,7 +26,9 @@ event beyond what the ceiling's client uses is CPU the collector does not get. F
 figures it prints what the cores allow the relay, as a ratio to the ceiling, at the CPU
 per event measured, and the same for a relay whose own process costs no more than the bare
 client (decode worker, broker and collector as measured): a rough bound, for telling a
-relay that wastes CPU from a machine that has too little of it. The same figures for the
+relay that wastes CPU from a machine that has too little of it. It also prints the
+reverse: the CPU per event the relay's own process may use for the issues' targets (0.85
+of the POST ceiling, 0.7 of the batch ceiling), the others as measured. The same figures for the
 steady middle of each relay run (10% to 90% of the events delivered) leave start-up out
 and add the share of the machine's CPU nobody used meanwhile (waits between the
 processes); work done ahead of the deliveries (fetching, decoding) falls partly before
@@ -77,6 +79,9 @@ CONCURRENCY = 32
 BATCH_EVENTS = 200
 BATCH_REQUESTS = 4
 BATCH_PATH = "/api/v1/lineage/batch"
+#: The issues' targets, as ratios to the ceilings (for the CPU budgets printed at the end).
+SINGLE_TARGET = 0.85
+BATCH_TARGET = 0.7
 
 
 class _Noop:
@@ -311,6 +316,15 @@ def cpu_bounds(us: dict[str, float], ceiling_eps: float) -> tuple[float, float]:
     return cores * 1e6 / relay / ceiling_eps, cores * 1e6 / lean / ceiling_eps
 
 
+def relay_budget(us: dict[str, float], ceiling_eps: float, target: float) -> float:
+    """The relay process's CPU per event (µs) at which this machine's cores, with the decode
+    worker, broker and collector as measured, would allow exactly ``target`` x the ceiling:
+    how far the relay's own process is from what the target needs (negative: the others
+    alone use more than the cores have)."""
+    cores = os.cpu_count() or 1
+    return cores * 1e6 / (target * ceiling_eps) - (us["decode_worker"] + us["broker"] + us["collector"])
+
+
 def steady_figures(steady: dict[str, list[float]]) -> dict[str, float]:
     """Medians over the rounds of what :func:`relay_eps` gathered in ``steady``."""
     return {name: round(statistics.median(values), 3 if name == "idle_share" else 1)
@@ -416,6 +430,11 @@ def main() -> None:
     print(f"what {os.cpu_count()} cores allow at the CPU per event measured, against the ceilings: single "
           f"{single_bound:.3f} ({single_limit:.3f} with a relay process as cheap as the bare client), batch "
           f"{batch_bound:.3f} ({batch_limit:.3f})")
+    single_budget = relay_budget(single_us, ceiling, SINGLE_TARGET)
+    batch_budget = relay_budget(cpu_us, batch_ceiling_eps, BATCH_TARGET)
+    print(f"the relay's process may use, for the targets with the others as measured: single {single_budget:.1f} "
+          f"µs per event for {SINGLE_TARGET} (measured {single_us['relay']}), batch {batch_budget:.1f} for "
+          f"{BATCH_TARGET} (measured {cpu_us['relay']})")
     figures = {"relay_eps": round(relay, 1), "post_ceiling_eps": round(ceiling, 1), "naive_eps": round(naive, 1),
                "ratio_vs_ceiling": round(ratio, 3), "ratio_vs_naive": round(naive_ratio, 2),
                "batch_relay_eps": round(batch_relay, 1), "batch_ceiling_eps": round(batch_ceiling_eps, 1),
@@ -430,7 +449,8 @@ def main() -> None:
                "cpu_bound_ratio_vs_ceiling": round(single_bound, 3),
                "cpu_bound_limit_vs_ceiling": round(single_limit, 3),
                "cpu_bound_ratio_vs_batch_ceiling": round(batch_bound, 3),
-               "cpu_bound_limit_vs_batch_ceiling": round(batch_limit, 3)}
+               "cpu_bound_limit_vs_batch_ceiling": round(batch_limit, 3),
+               "relay_us_budget_single": round(single_budget, 1), "relay_us_budget_batch": round(batch_budget, 1)}
     print(json.dumps(figures))
 
 
