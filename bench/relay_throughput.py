@@ -72,6 +72,7 @@ from relay.app import Relay, tune_gc  # noqa: E402
 from relay.config import build_config  # noqa: E402
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker, free_port  # noqa: E402
 from relay.embedded.sample import sample_stream  # noqa: E402
+from relay.memory import tune_malloc  # noqa: E402
 from relay.sinks.kinds import CollectorKind  # noqa: E402
 from tests.support.kafka import produce  # noqa: E402
 
@@ -235,6 +236,7 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
     })
 
     tune_gc()  # as `lineage-relay run` does
+    tune_malloc()
     snapshots: list[dict[str, float]] = []
     window: list[tuple[int, float, dict[str, float], tuple[float, float] | None]] = []
 

@@ -84,9 +84,11 @@ def _add_relay_flags(p: argparse.ArgumentParser) -> None:
 
 async def serve(config: RelayConfig) -> None:
     from relay.app import Relay, tune_gc
+    from relay.memory import tune_malloc
     from relay.server import start_server
 
     tune_gc()
+    tune_malloc()
     relay = Relay(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

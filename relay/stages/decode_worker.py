@@ -539,6 +539,8 @@ if __name__ == "__main__":
     gc.set_threshold(20_000, 20, 20)
     # The input thread needs the GIL only between reads: hand it over quickly.
     sys.setswitchinterval(_CHILD_SWITCH_S)
+    from relay.memory import tune_malloc
+    tune_malloc()
     os.nice(_NICE)
     if sys.argv[2:] == ["idle"] and hasattr(os, "SCHED_IDLE"):
         try:
