@@ -40,13 +40,12 @@ _TRIM = _malloc_trim()
 #: and how much free memory the top of the heap may keep before it is given back.
 _M_MMAP_THRESHOLD = -3
 _M_TRIM_THRESHOLD = -1
-#: Buffers this large (record values of huge events, their rewrites, fetch responses) are
-#: mapped on their own and unmapped when freed. glibc raises its threshold after each
-#: such free (up to 32 MiB), after which 20 MB buffers came from the heap and stayed
-#: mapped there between events, fragmented.
+#: Buffers this large (record values of huge events and their JSON dumps) are mapped on
+#: their own and unmapped when freed. glibc raises its threshold after each such free (up
+#: to 32 MiB), after which 20 MB buffers came from the heap and stayed mapped there between
+#: events, fragmented. Just above the consumer's fetch size (16 MiB), which keeps reusing
+#: the heap as before.
 MMAP_THRESHOLD_BYTES = 17 * 1024 * 1024
-
-
 #: Setting the threshold stops glibc from adjusting both thresholds; its trim threshold
 #: would stay at 128 KiB, and the heap would shrink and grow again (page faults) with
 #: every poll batch: ~1 µs per event with a batch collector. Twice the mapping threshold
