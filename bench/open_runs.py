@@ -35,7 +35,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from relay.app import tune_gc  # noqa: E402
+from relay.app import tune_process  # noqa: E402
 from relay.config import CollectorConfig, PipelineConfig  # noqa: E402
 from relay.embedded.sample import spark_run  # noqa: E402
 from relay.events import SourceRef  # noqa: E402
@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=TEMPLATES,
                         help="distinct jobs (own tables and schemas); runs of one job share facet values")
     args = parser.parse_args()
-    tune_gc()  # as `lineage-relay run` does
+    tune_process()  # as `lineage-relay run` does
     sample = next(records(1, 1))
     print(f"runs: {args.runs} of {min(args.jobs, args.runs)} jobs, events: {2 * args.runs}, START {len(sample[0])} "
           f"bytes, RUNNING {len(sample[1])} bytes, {COLUMNS}-column schema facets")

@@ -68,11 +68,10 @@ from confluent_kafka import Consumer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from relay.app import Relay, tune_gc  # noqa: E402
+from relay.app import Relay, tune_process  # noqa: E402
 from relay.config import build_config  # noqa: E402
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker, free_port  # noqa: E402
 from relay.embedded.sample import sample_stream  # noqa: E402
-from relay.memory import tune_malloc  # noqa: E402
 from relay.sinks.kinds import CollectorKind  # noqa: E402
 from tests.support.kafka import produce  # noqa: E402
 
@@ -235,8 +234,7 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
         "http": {"port": None},
     })
 
-    tune_gc()  # as `lineage-relay run` does
-    tune_malloc()
+    tune_process()  # as `lineage-relay run` does
     snapshots: list[dict[str, float]] = []
     window: list[tuple[int, float, dict[str, float], tuple[float, float] | None]] = []
 
@@ -305,6 +303,11 @@ def naive_eps(bootstrap: str, topic: str, url: str, n: int) -> float:
     return (n - 1) / (time.perf_counter() - start)
 
 
+def _others(us: dict[str, float]) -> float:
+    """CPU per event (µs) of everything in a relay run but the relay's own process."""
+    return us["decode_worker"] + us["broker"] + us["collector"]
+
+
 def cpu_bounds(us: dict[str, float], ceiling_eps: float) -> tuple[float, float]:
     """What the CPU per event allows on this machine's cores, as ratios to the ceiling: the
     events/s the cores can give the relay at its measured CPU per event (its process,
@@ -312,8 +315,7 @@ def cpu_bounds(us: dict[str, float], ceiling_eps: float) -> tuple[float, float]:
     no more than the ceiling's bare client. The relay's CPU is counted from its start
     (start-up included), so both are slight underestimates; and both move with the
     machine's speed, as the ceiling does."""
-    cores = os.cpu_count() or 1
-    others = us["decode_worker"] + us["broker"] + us["collector"]
+    cores, others = os.cpu_count() or 1, _others(us)
     relay, lean = us["relay"] + others, min(us["relay"], us["ceiling_client"]) + others
     return cores * 1e6 / relay / ceiling_eps, cores * 1e6 / lean / ceiling_eps
 
@@ -323,8 +325,7 @@ def relay_budget(us: dict[str, float], ceiling_eps: float, target: float) -> flo
     worker, broker and collector as measured, would allow exactly ``target`` x the ceiling:
     how far the relay's own process is from what the target needs (negative: the others
     alone use more than the cores have)."""
-    cores = os.cpu_count() or 1
-    return cores * 1e6 / (target * ceiling_eps) - (us["decode_worker"] + us["broker"] + us["collector"])
+    return (os.cpu_count() or 1) * 1e6 / (target * ceiling_eps) - _others(us)
 
 
 def steady_figures(steady: dict[str, list[float]]) -> dict[str, float]:

@@ -34,6 +34,7 @@ from relay.config import RelayConfig
 from relay.events import LineageEvent, Rejection, SourceRef
 from relay.lane import CollectorLane
 from relay.logs import log_event
+from relay.memory import tune_malloc
 from relay.metrics import RelayMetrics
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.http import HttpCollector
@@ -86,7 +87,7 @@ _GC_FULL_EVERY = 10
 
 
 def tune_gc() -> None:
-    """Process-wide GC settings for a relay process (the CLI calls this).
+    """Process-wide GC settings for a relay process (see :func:`tune_process`).
 
     Events are acyclic JSON, freed by reference counting: a whole bench run of 120,000
     events leaves 300-600 objects in cycles (start-up and shutdown). The cyclic collector
@@ -104,6 +105,14 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(_GC_YOUNG_OBJECTS, 20, 20)
+
+
+def tune_process() -> None:
+    """What a relay process sets for itself at start-up (the CLI calls this): the garbage
+    collector (:func:`tune_gc`) and glibc's handling of huge buffers
+    (:func:`relay.memory.tune_malloc`)."""
+    tune_gc()
+    tune_malloc()
 
 
 class Relay:

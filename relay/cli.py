@@ -83,12 +83,10 @@ def _add_relay_flags(p: argparse.ArgumentParser) -> None:
 
 
 async def serve(config: RelayConfig) -> None:
-    from relay.app import Relay, tune_gc
-    from relay.memory import tune_malloc
+    from relay.app import Relay, tune_process
     from relay.server import start_server
 
-    tune_gc()
-    tune_malloc()
+    tune_process()
     relay = Relay(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -170,11 +170,10 @@ class CollectorLane:
             self.table.delivered(event)
 
     def _prepare(self, event: LineageEvent) -> bytes | None:
-        """The body to send for ``event`` (rewritten for this collector), or None when the
-        rewrite refused it (then it is dead-lettered)."""
+        """The body to send for ``event``, rewritten for this collector (the dispatcher's
+        ``prepare`` only when there is a rewrite), or None when the rewrite refused it (then
+        it is dead-lettered)."""
         body = event.body
-        if self._rewriter is None:
-            return body
         result = self._rewriter.apply(orjson.loads(body), original=body)
         release_after(len(body))
         if result.rejection is not None:

@@ -6,7 +6,8 @@ moment and the next huge event's peak lands on top of it. :func:`release_after` 
 glibc's ``malloc_trim`` after an event at least :data:`TRIM_AFTER_BYTES` large (a few ms,
 next to the ~100 ms such an event takes); elsewhere it does nothing.
 
-:func:`tune_malloc` (called by ``lineage-relay run`` and by the decode worker) makes
+:func:`tune_malloc` (called by ``lineage-relay run``, through ``relay.app.tune_process``, and
+by the decode worker) makes
 buffers of 17 MiB and more always get their own mapping, so a freed 20 MB record or dump
 leaves nothing resident. glibc otherwise raises its threshold after freeing one, later
 ones came from the heap, and the relay's peak in tests/relay/test_relay_oversize.py
@@ -24,17 +25,20 @@ import sys
 TRIM_AFTER_BYTES = 4 * 1024 * 1024
 
 
-def _malloc_trim():  # noqa: ANN202 - a ctypes function or None
+def _glibc():  # noqa: ANN202 - a ctypes library or None
+    """The C library when it is glibc (it has malloc_trim and mallopt), else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to do
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - not glibc (e.g. musl): AttributeError
+        return libc
+    except (OSError, AttributeError):
         return None
 
 
-_TRIM = _malloc_trim()
+_GLIBC = _glibc()
+_TRIM = _GLIBC.malloc_trim if _GLIBC is not None else None
 
 #: glibc's ``mallopt`` parameters: the size from which allocations get their own mapping,
 #: and how much free memory the top of the heap may keep before it is given back.
@@ -56,14 +60,9 @@ TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 def tune_malloc() -> None:
     """Process-wide, for a relay or decode process: big buffers always get their own
     mapping (see :data:`MMAP_THRESHOLD_BYTES`), the heap keeps what it had kept before."""
-    if _TRIM is None:
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        pass
+    if _GLIBC is not None:
+        _GLIBC.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        _GLIBC.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 def release_after(size: int) -> None:

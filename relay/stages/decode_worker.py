@@ -52,7 +52,7 @@ from typing import IO, Any
 
 from relay.events import LineageEvent, Rejection
 from relay.logs import log_event
-from relay.memory import release_after
+from relay.memory import release_after, tune_malloc
 from relay.stages.decode import decode_fields, decode_record, event_time_from_text
 
 log = logging.getLogger("relay.decode_worker")
@@ -539,7 +539,6 @@ if __name__ == "__main__":
     gc.set_threshold(20_000, 20, 20)
     # The input thread needs the GIL only between reads: hand it over quickly.
     sys.setswitchinterval(_CHILD_SWITCH_S)
-    from relay.memory import tune_malloc
     tune_malloc()
     os.nice(_NICE)
     if sys.argv[2:] == ["idle"] and hasattr(os, "SCHED_IDLE"):
