@@ -106,6 +106,20 @@ class BatchConfig(Frozen):
         return v
 
 
+class AdaptiveConcurrencyConfig(Frozen):
+    """Requests in flight to a collector, learnt from its answers (:mod:`relay.sinks.adaptive`):
+    between ``min`` and the collector's ceiling (``concurrency``, or ``batch.max_requests``),
+    growing while answers come back fast, shrinking when they slow down or on 429, 5xx and
+    timeouts."""
+
+    min: int = Field(1, ge=1)
+    #: Where the limit starts; default: 4 (or ``min``, or the ceiling, whichever bounds it).
+    initial: int | None = Field(None, ge=1)
+    #: A success slower than this times the lowest recent latency means the collector is
+    #: queueing: the limit shrinks. Batch requests ignore latency (their size sets it).
+    latency_tolerance: float = Field(2.0, gt=1)
+
+
 class CollectorConfig(Frozen):
     """One collector. ``type`` picks its kind (:mod:`relay.sinks.kinds`): ``http`` (this
     class, the generic OpenLineage HTTP endpoint), ``marquez``, ``atlan``, ``datahub``,
@@ -157,6 +171,9 @@ class CollectorConfig(Frozen):
     consolidation: ConsolidationConfig = ConsolidationConfig()
     #: Send events in batches to the collector's batch endpoint (kinds that have one).
     batch: BatchConfig | None = None
+    #: Learn how many requests the collector takes at once instead of always sending up
+    #: to the ceiling (off by default).
+    adaptive_concurrency: AdaptiveConcurrencyConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -193,6 +210,16 @@ class CollectorConfig(Frozen):
         if self.batch is not None and not type(self).supports_batch:
             raise ValueError(f"batch: type {self.type} has no batch endpoint; remove batch (a server that takes "
                              "the spec's POST .../lineage/batch can be configured as type: http with batch)")
+        adaptive = self.adaptive_concurrency
+        if adaptive is not None:
+            ceiling, key = (self.batch.max_requests, "batch.max_requests") if self.batch is not None \
+                else (self.concurrency, "concurrency")
+            if adaptive.min > ceiling:
+                raise ValueError(f"adaptive_concurrency.min: {adaptive.min} is above {key} ({ceiling}), the "
+                                 f"ceiling; lower adaptive_concurrency.min or raise {key}")
+            if adaptive.initial is not None and not adaptive.min <= adaptive.initial <= ceiling:
+                raise ValueError(f"adaptive_concurrency.initial: {adaptive.initial} is outside min..{key} "
+                                 f"({adaptive.min}..{ceiling}); set it within them or leave it out")
         if type(self).needs_token and self.token is None and self.token_env is None and self.token_file is None:
             raise ValueError(f"token: type {self.type} needs credentials; set token: ${{VAR}}, "
                              "token_env: VAR or token_file: /path/to/mounted/secret")

@@ -84,6 +84,13 @@ class CollectorMetrics:
     _runs_expired: Counter
     _batch_requests: Counter
     name: str
+    _concurrency_limit: Gauge | None = None
+
+    def concurrency_limit(self) -> Gauge:
+        """Requests in flight the collector is allowed now (created by the collectors that
+        have such a limit: an HTTP collector, fixed or adaptive)."""
+        assert self._concurrency_limit is not None
+        return self._concurrency_limit.labels(collector=self.name)
 
     def dropped(self, reason: str) -> Counter:
         return self._dropped.labels(collector=self.name, reason=reason)
@@ -123,6 +130,9 @@ class RelayMetrics:
                                           ["collector"], registry=r)
         self.open_runs = Gauge(p + "open_runs", "Runs held open by a consolidated/coalesce collector",
                                ["collector"], registry=r)
+        self.concurrency_limit = Gauge(p + "collector_concurrency_limit",
+                                       "Requests in flight a collector is allowed now (adaptive_concurrency)",
+                                       ["collector"], registry=r)
         self.state_writes = Counter(p + "run_state_writes", "Run-state changelog records acknowledged, by result",
                                     ["result"], registry=r)
         self.batch_requests = Counter(p + "batch_requests", "Batch POSTs answered, by result (ok, partial, retry, "
@@ -142,4 +152,5 @@ class RelayMetrics:
             facets_dropped=self.facets_dropped.labels(collector=name),
             starts_synthesized=self.starts_synthesized.labels(collector=name),
             open_runs=self.open_runs.labels(collector=name),
+            _concurrency_limit=self.concurrency_limit,
             _dropped=self.dropped, _runs_expired=self.runs_expired, _batch_requests=self.batch_requests, name=name)

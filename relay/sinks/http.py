@@ -29,6 +29,7 @@ from relay import __version__
 from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
+from relay.sinks.adaptive import AdaptiveLimit, Outcome
 from relay.sinks.auth import TokenSource, auth_header_value, ssl_context
 from relay.sinks.base import Undeliverable
 from relay.sinks.deadlines import Deadlines
@@ -95,6 +96,24 @@ class HttpCollector:
         self._headers = headers
         #: 2xx statuses the kind counts as success (a kind may refuse some 2xx).
         self._successes = frozenset(s for s in range(200, 300) if classify_status(s) is Verdict.SUCCESS)
+        #: With adaptive_concurrency, every request waits for room under the learnt limit
+        #: (requests are then batch POSTs when the collector batches: their size, not the
+        #: collector's load, sets their latency, so only overload signals count).
+        self._gate: AdaptiveLimit | None = None
+        adaptive = config.adaptive_concurrency
+        ceiling = config.batch.max_requests if config.batch is not None else config.concurrency
+        limit_gauge = metrics.concurrency_limit()
+        if adaptive is not None:
+            self._gate = AdaptiveLimit(minimum=adaptive.min, maximum=ceiling, initial=adaptive.initial,
+                                       latency_tolerance=adaptive.latency_tolerance,
+                                       use_latency=config.batch is None, on_change=limit_gauge.set)
+        else:
+            limit_gauge.set(ceiling)
+
+    @property
+    def gate(self) -> AdaptiveLimit | None:
+        """The adaptive limit on requests in flight, or None (a fixed ``concurrency``)."""
+        return self._gate
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.config.concurrency, keepalive_timeout=30, ttl_dns_cache=300,
@@ -134,9 +153,36 @@ class HttpCollector:
     async def exchange(self, url: URL, body: bytes) -> Reply:
         """One POST to ``url``, after any Retry-After wait. Raises :class:`Retriable` when
         there is no answer (connection error, reset, timeout)."""
+        assert self._session is not None
+        gate = self._gate
+        if gate is None:
+            await self._hold_back()
+            return await self._post(url, body)
+        # Room first, then the Retry-After check: a 429 may have come while this waited.
+        sent = await gate.acquire()
+        outcome = Outcome.NEUTRAL  # cancelled before an answer: says nothing about the collector
+        try:
+            if await self._hold_back():
+                sent = (time.monotonic(), sent[1])  # its latency starts now
+            outcome = Outcome.OVERLOAD  # unless an answer says otherwise: no answer, a timeout
+            reply = await self._post(url, body)
+            outcome = self._outcome(reply.status)
+            return reply
+        except asyncio.CancelledError:
+            outcome = Outcome.NEUTRAL  # a stop, not the collector
+            raise
+        finally:
+            gate.release(sent, outcome)
+
+    async def _hold_back(self) -> bool:
+        """Wait out a Retry-After the collector asked for; True when there was one."""
         wait = self._not_before - time.monotonic()
         if wait > 0:
             await asyncio.sleep(wait)
+            return True
+        return False
+
+    async def _post(self, url: URL, body: bytes) -> Reply:
         assert self._session is not None
         deadlines = self._deadlines
         task = deadlines.begin()
@@ -154,6 +200,15 @@ class HttpCollector:
             raise
         finally:
             deadlines.end(task)
+
+    def _outcome(self, status: int) -> Outcome:
+        """What an answer says about the collector's load (see relay.sinks.adaptive)."""
+        verdict = self.verdict(status)
+        if verdict is Verdict.SUCCESS:
+            return Outcome.OK
+        if status in (408, 429) or status >= 500:
+            return Outcome.OVERLOAD
+        return Outcome.NEUTRAL
 
     def _timed_out(self) -> Retriable:
         return Retriable(f"TimeoutError: no answer within {self.config.timeout_s:g} s", None, None)
@@ -214,7 +269,7 @@ class HttpCollector:
         # `async with`) spare the four coroutines of the context managers' enter and exit.
         session = self._session
         try:
-            if session is None or self._not_before > time.monotonic():
+            if session is None or self._gate is not None or self._not_before > time.monotonic():
                 return await self._attempt(body)
             deadlines = self._deadlines
             task = deadlines.begin()
