@@ -73,6 +73,8 @@ class AdaptiveLimit:
         start = initial if initial is not None else min(maximum, max(minimum, 4))
         self.limit = float(min(maximum, max(minimum, start)))
         self.in_flight = 0
+        #: Decreases so far (overload or latency).
+        self.decreases = 0
         self._tolerance = latency_tolerance if use_latency else math.inf
         self._on_change = on_change
         self._clock = clock
@@ -85,6 +87,11 @@ class AdaptiveLimit:
         self._reported = int(self.limit)
         if on_change is not None:
             on_change(self._reported)
+
+    @property
+    def uses_latency(self) -> bool:
+        """Whether slow answers shrink the limit (not for batch requests: see the module)."""
+        return self._tolerance != math.inf
 
     @property
     def baseline_s(self) -> float:
@@ -142,6 +149,7 @@ class AdaptiveLimit:
         if sent_at < self._last_decrease:
             return  # sent before the last decrease: that one already answered for it
         self._last_decrease = now
+        self.decreases += 1
         self._set(self.limit * factor)
 
     def _set(self, limit: float) -> None:

@@ -150,3 +150,20 @@ async def test_close_cancels_a_delivery_still_queued(server):
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(waiting, 5)
     assert server.count == 0
+
+
+async def test_adaptive_concurrency_limits_batch_requests_on_overload_signals_only(server):
+    server.fail_next(2, 503)
+    metrics = RelayMetrics()
+    cfg = CollectorConfig(name="b", url=server.url, batch={"linger_ms": 20, "max_events": 5, "max_requests": 4},
+                          retry={"initial_backoff_s": 0.01, "max_backoff_s": 0.05}, adaptive_concurrency={})
+    collector = BatchCollector(cfg, metrics.for_collector("b"))
+    gate = collector.single.gate
+    assert gate is not None and gate.maximum == 4 and not gate.uses_latency  # a batch's size sets its latency
+    assert await deliver_all(collector, [event(i) for i in range(40)]) == [None] * 40
+    assert server.count == 40
+    assert metrics.registry.get_sample_value("lineage_relay_batch_requests_total",
+                                             {"collector": "b", "result": "retry"}) == 2  # the two 503s
+    assert gate.decreases >= 1 and 1 <= gate.limit <= 4  # the 503s shrank it
+    assert metrics.registry.get_sample_value("lineage_relay_collector_concurrency_limit",
+                                             {"collector": "b"}) == int(gate.limit)
