@@ -37,6 +37,8 @@ from relay.sinks.retry import Verdict, backoff, classify, retry_after
 
 log = logging.getLogger("relay.sinks.http")
 _SNIPPET = 300
+#: An adaptive limit that shrinks is logged at most this often per collector.
+_LIMIT_LOG_EVERY_S = 10.0
 
 
 #: What aiohttp raises when there is no answer: the attempt deserves another try.
@@ -100,6 +102,7 @@ class HttpCollector:
         #: (requests are then batch POSTs when the collector batches: their size, not the
         #: collector's load, sets their latency, so only overload signals count).
         self._gate: AdaptiveLimit | None = None
+        self._next_limit_log = 0.0
         adaptive = config.adaptive_concurrency
         ceiling = config.batch.max_requests if config.batch is not None else config.concurrency
         limit_gauge = metrics.concurrency_limit()
@@ -172,7 +175,20 @@ class HttpCollector:
             outcome = Outcome.NEUTRAL  # a stop, not the collector
             raise
         finally:
+            decreases = gate.decreases
             gate.release(sent, outcome)
+            if gate.decreases != decreases:
+                self._limit_reduced(outcome)
+
+    def _limit_reduced(self, outcome: Outcome) -> None:
+        """Logs that the adaptive limit shrank, at most every :data:`_LIMIT_LOG_EVERY_S`."""
+        now = time.monotonic()
+        if now < self._next_limit_log:
+            return
+        self._next_limit_log = now + _LIMIT_LOG_EVERY_S
+        assert self._gate is not None
+        log_event(log, logging.INFO, "collector_concurrency_reduced", collector=self.name,
+                  limit=int(self._gate.limit), cause="overload" if outcome is Outcome.OVERLOAD else "latency")
 
     async def _hold_back(self) -> bool:
         """Wait out a Retry-After the collector asked for; True when there was one."""

@@ -4,6 +4,7 @@ loopback collectors that queue or shed load beyond what they can take at once.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 
 import pytest
@@ -250,11 +251,17 @@ async def test_a_queueing_collector_gets_about_what_it_can_serve_at_once_not_the
     assert metrics.registry.get_sample_value("lineage_relay_collector_concurrency_limit", {"collector": "f"}) == 32
 
 
-async def test_a_collector_that_sheds_load_with_429_gets_far_fewer_requests_it_must_refuse():
+async def test_a_collector_that_sheds_load_with_429_gets_far_fewer_requests_it_must_refuse(caplog):
     with BusyCollector(workers=4, service_s=0.010, shed=True) as fixed_server:
         await deliver_all(fixed_server.url, 300, adaptive=False)
-    with BusyCollector(workers=4, service_s=0.010, shed=True) as server:
-        await deliver_all(server.url, 300, adaptive=True)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="relay.sinks.http"):
+        with BusyCollector(workers=4, service_s=0.010, shed=True) as server:
+            http, _ = await deliver_all(server.url, 300, adaptive=True)
+    # Logged with why, rate-limited: operators see why a collector gets fewer requests.
+    reduced = [r for r in caplog.records if r.getMessage() == "collector_concurrency_reduced"]
+    assert 1 <= len(reduced) < http.gate.decreases, (len(reduced), http.gate.decreases)
+    assert reduced[0].fields["cause"] == "overload" and reduced[0].fields["collector"] == "c"
     assert server.ok == fixed_server.ok == 300  # everything delivered either way (429 is retried)
     assert fixed_server.shed_count >= 300  # the fixed ceiling: more refusals than events
     assert server.shed_count * 4 <= fixed_server.shed_count, (server.shed_count, fixed_server.shed_count)
