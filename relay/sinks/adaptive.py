@@ -17,7 +17,7 @@ as TCP congestion control and Netflix's concurrency-limits do:
   connection errors multiply it by :data:`OVERLOAD_DECREASE`.
 * A decrease happens once per round trip: only an answer to a request sent after the last
   decrease can cause another (the requests in flight at the time answer with the old
-  state), so one burst of slow answers halves the limit once, not once per request.
+  state), so one burst of slow answers shrinks the limit once, not once per request.
 * The baseline is the lowest latency of the last :data:`BASELINE_WINDOWS` windows of
   :data:`WINDOW` answers: it follows a collector whose normal latency changes, and one
   slow period does not become the norm.
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from enum import Enum
 
 #: Factor applied to the limit on an overload signal (429, 5xx, timeout, no connection).
-OVERLOAD_DECREASE = 0.5
+OVERLOAD_DECREASE = 0.75
 #: Factor applied to the limit on an answer slower than the tolerance allows.
 LATENCY_DECREASE = 0.9
 #: Answers per baseline window, and windows the baseline remembers.
