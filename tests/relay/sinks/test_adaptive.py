@@ -13,16 +13,9 @@ from relay.metrics import RelayMetrics
 from relay.sinks.adaptive import LATENCY_DECREASE, OVERLOAD_DECREASE, WINDOW, AdaptiveLimit, Outcome
 from relay.sinks.http import HttpCollector
 from tests.support.busy_collector import BusyCollector
+from tests.support.clock import Clock
 
 BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def limit_with(clock: Clock, **kw) -> tuple[AdaptiveLimit, list[int]]:

@@ -22,16 +22,9 @@ from relay.errors import ConfigError
 from relay.metrics import RelayMetrics
 from relay.sinks.auth import TokenSource, ssl_context
 from relay.sinks.http import HttpCollector
+from tests.support.clock import Clock
 
 BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def config(**kw) -> CollectorConfig:
