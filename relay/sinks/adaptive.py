@@ -11,8 +11,9 @@ as TCP congestion control and Netflix's concurrency-limits do:
   ``latency_tolerance`` times the baseline latency adds ``1 / limit`` (about one more
   request in flight per round trip), while the limit is in use (at least half of it in
   flight when the request went out): a quiet collector does not earn a limit it never tried.
-* **Decrease on latency**: a success slower than that multiplies the limit by
-  :data:`LATENCY_DECREASE`; the collector is queueing requests.
+* **Decrease on latency**: a success slower than that (and by more than
+  :data:`LATENCY_SLACK_S`) multiplies the limit by :data:`LATENCY_DECREASE`; the collector
+  is queueing requests.
 * **Decrease on overload**: 429, 503 and the other retriable statuses, timeouts and
   connection errors multiply it by :data:`OVERLOAD_DECREASE`.
 * A decrease happens once per round trip: only an answer to a request sent after the last
@@ -40,6 +41,10 @@ from enum import Enum
 OVERLOAD_DECREASE = 0.75
 #: Factor applied to the limit on an answer slower than the tolerance allows.
 LATENCY_DECREASE = 0.9
+#: A slow answer must also be this much slower than the baseline: a collector answering in
+#: well under a millisecond (loopback, a cache) shows jitter of several times that from
+#: the relay's own event loop alone, which says nothing about the collector's load.
+LATENCY_SLACK_S = 0.005
 #: Answers per baseline window, and windows the baseline remembers.
 WINDOW = 100
 BASELINE_WINDOWS = 10
@@ -128,7 +133,8 @@ class AdaptiveLimit:
         if outcome is Outcome.OK:
             latency = now - sent_at
             self._sample(latency)
-            if latency > self._tolerance * self.baseline_s:
+            baseline = self.baseline_s
+            if latency > self._tolerance * baseline and latency > baseline + LATENCY_SLACK_S:
                 self._decrease(sent_at, now, LATENCY_DECREASE)
             elif in_flight_then >= self.limit / 2:
                 self._set(self.limit + 1 / self.limit)

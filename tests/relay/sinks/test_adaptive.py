@@ -92,6 +92,18 @@ async def test_answers_slower_than_the_tolerance_shrink_the_limit_and_neutral_on
     assert limit.limit == shrunk
 
 
+async def test_jitter_of_a_few_milliseconds_over_a_tiny_baseline_is_not_a_slow_answer():
+    clock = Clock()
+    limit, _ = limit_with(clock, initial=10)
+    flow = Flow(limit, clock)
+    await flow.round(0.0003)  # a loopback collector: 0.3 ms
+    grown = limit.limit
+    await flow.round(0.003)  # 10x that, but 3 ms: the relay's own loop, not the collector
+    assert limit.limit > grown
+    await flow.round(0.030)  # 30 ms: queueing
+    assert limit.limit < grown
+
+
 async def test_the_baseline_forgets_old_windows_so_a_new_normal_latency_is_adopted():
     clock = Clock()
     limit, _ = limit_with(clock, initial=1, maximum=1)
