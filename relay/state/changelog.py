@@ -62,7 +62,9 @@ class RunStateChangelog:
         self._loop = asyncio.get_running_loop()
         self.partitions = await self._loop.run_in_executor(self._executor, self._ensure_topic)
         self._producer = Producer(self._producer_conf)
-        self._thread = threading.Thread(target=self._poll_forever, name="run-state-producer", daemon=True)
+        # The thread keeps its own reference: close() drops self._producer before the last flush.
+        self._thread = threading.Thread(target=self._poll_forever, args=(self._producer,), name="run-state-producer",
+                                        daemon=True)
         self._thread.start()
 
     def _ensure_topic(self) -> int:
@@ -88,10 +90,9 @@ class RunStateChangelog:
         log_event(log, logging.INFO, "run_state_topic_ready", topic=self.topic, partitions=have)
         return have
 
-    def _poll_forever(self) -> None:
+    def _poll_forever(self, producer: Producer) -> None:
         while not self._stop.is_set():
-            assert self._producer is not None
-            self._producer.poll(0.1)
+            producer.poll(0.1)
 
     # -- writing -----------------------------------------------------------------------
 
