@@ -83,13 +83,12 @@ class CollectorMetrics:
     _dropped: Counter
     _runs_expired: Counter
     _batch_requests: Counter
+    _concurrency_limit: Gauge
     name: str
-    _concurrency_limit: Gauge | None = None
 
     def concurrency_limit(self) -> Gauge:
         """Requests in flight the collector is allowed now (created by the collectors that
         have such a limit: an HTTP collector, fixed or adaptive)."""
-        assert self._concurrency_limit is not None
         return self._concurrency_limit.labels(collector=self.name)
 
     def dropped(self, reason: str) -> Counter:
@@ -131,7 +130,8 @@ class RelayMetrics:
         self.open_runs = Gauge(p + "open_runs", "Runs held open by a consolidated/coalesce collector",
                                ["collector"], registry=r)
         self.concurrency_limit = Gauge(p + "collector_concurrency_limit",
-                                       "Requests in flight a collector is allowed now (adaptive_concurrency)",
+                                       "Requests in flight a collector is allowed now (learnt with "
+                                       "adaptive_concurrency, else its fixed ceiling)",
                                        ["collector"], registry=r)
         self.state_writes = Counter(p + "run_state_writes", "Run-state changelog records acknowledged, by result",
                                     ["result"], registry=r)

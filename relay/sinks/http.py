@@ -156,7 +156,6 @@ class HttpCollector:
     async def exchange(self, url: URL, body: bytes) -> Reply:
         """One POST to ``url``, after any Retry-After wait. Raises :class:`Retriable` when
         there is no answer (connection error, reset, timeout)."""
-        assert self._session is not None
         gate = self._gate
         if gate is None:
             await self._hold_back()
@@ -218,13 +217,13 @@ class HttpCollector:
             deadlines.end(task)
 
     def _outcome(self, status: int) -> Outcome:
-        """What an answer says about the collector's load (see relay.sinks.adaptive)."""
-        verdict = self.verdict(status)
+        """What an answer says about the collector's load (see relay.sinks.adaptive): what
+        the kind retries (408, 429, 5xx) is overload. The kind's own verdict, not
+        :meth:`verdict`: a 401 retried for a token file says nothing about load."""
+        verdict = self._classify(status)
         if verdict is Verdict.SUCCESS:
             return Outcome.OK
-        if status in (408, 429) or status >= 500:
-            return Outcome.OVERLOAD
-        return Outcome.NEUTRAL
+        return Outcome.OVERLOAD if verdict is Verdict.RETRY else Outcome.NEUTRAL
 
     def _timed_out(self) -> Retriable:
         return Retriable(f"TimeoutError: no answer within {self.config.timeout_s:g} s", None, None)
