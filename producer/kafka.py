@@ -46,6 +46,7 @@ import os
 import threading
 import time
 import weakref
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -142,7 +143,7 @@ class LineageProducer(Sender):
     def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
         props = props or self.config.kafka_properties()
         try:
-            return Producer({**props, "error_cb": self._on_error, "on_delivery": self._on_delivery,
+            return Producer({**props, "error_cb": self._on_error,
                              "logger": _RDKAFKA_LOG})
         except KafkaException as err:
             raise ConfigError(f"properties: librdkafka rejected the configuration: {err.args[0].str()} "
@@ -173,7 +174,11 @@ class LineageProducer(Sender):
                     return
                 if not self._spilling:
                     try:
-                        self._producer.produce(self._topic, value, key)
+                        # The emit number rides with the record to its delivery report:
+                        # reclaimed records are journaled in emit order, whatever order
+                        # librdkafka reports them in (positional: cheaper than keywords).
+                        self._producer.produce(self._topic, value, key, -1,
+                                               partial(self._on_delivery, self._direct_sent))
                         self._direct_sent += 1
                         return
                     except BufferError:

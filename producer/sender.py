@@ -9,9 +9,9 @@ State machine, per loop (``_step``):
 1. poll librdkafka (serves delivery reports and errors);
 2. entering journal mode (all brokers down, a failed delivery, a full queue, a fatal
    error, or records outstanding with no delivery report for 5 s -- doubling to 60 s):
-   *reclaim* -- purge librdkafka and collect every record it held, in delivery report
-   order, ahead of anything emitted since; after a fatal error or a stall, build a new
-   librdkafka producer;
+   *reclaim* -- purge librdkafka and collect every record it held, in emit order, ahead
+   of anything emitted since (after a fatal error, the answers to requests already sent
+   are awaited first); after a fatal error or a stall, build a new librdkafka producer;
 3. *persist*: append reclaimed records, then the spill queue, to the journal (fsync);
 4. in journal mode, *replay*: send the oldest journal's next batch and wait for all of
    it to be acknowledged before committing and sending the next (a failed batch is
@@ -78,7 +78,11 @@ class Sender:
         # _lock; this thread), so no lock. len(producer) also counts queued error events.
         self._direct_sent = 0
         self._direct_done = 0
-        self._returned: list[Record] = []   # taken back from librdkafka, oldest first
+        # Taken back from librdkafka: (emit number, key, value). librdkafka may report a
+        # partition's queued records before its in-flight (older) ones -- a fatal error
+        # purges the queue at once, a purge reports in-flight requests before records
+        # waiting for a retry -- so _persist sorts them by emit number.
+        self._returned: list[tuple[int, bytes | None, bytes]] = []
         self._in_transit = 0                # popped from _spill, not yet in the journal
         self._need_reclaim = False
         self._want_journal: str | None = None
@@ -112,7 +116,7 @@ class Sender:
 
     # --- librdkafka callbacks (run on the sender thread, inside poll) ------------------
 
-    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+    def _on_delivery(self, seq: int, err: KafkaError | None, msg: Any) -> None:
         self._direct_done += 1
         self._last_report_at = time.monotonic()
         try:
@@ -122,7 +126,7 @@ class Sender:
                 self._drop("rejected_by_broker", err.str(), key=msg.key())
             else:
                 self._delivery_failures += 1
-                self._returned.append((msg.key(), msg.value()))
+                self._returned.append((seq, msg.key(), msg.value()))
                 if not self._spilling:
                     self._want_journal = f"delivery_failed:{err.name()}"
         except Exception as cb_err:  # noqa: BLE001 - an exception here would surface in poll()
@@ -183,7 +187,7 @@ class Sender:
                 self._begin_journal_mode_locked(self._want_journal)
             self._want_journal = None
         if self._need_reclaim or replace:
-            self._reclaim()
+            self._reclaim(settle_in_flight=self._fatal is not None)
         if replace:
             self._rebuild()
         self._persist()
@@ -201,19 +205,32 @@ class Sender:
     def _direct_outstanding(self) -> int:
         return self._direct_sent - self._direct_done
 
-    def _reclaim(self) -> None:
+    def _reclaim(self, settle_in_flight: bool = False) -> None:
         """Take back every record librdkafka holds; their delivery reports put the direct
-        ones, in order, on ``_returned`` (ahead of anything emitted since)."""
+        ones, in order, on ``_returned`` (ahead of anything emitted since).
+
+        ``settle_in_flight`` (a fatal error, before the instance is replaced): purge only
+        the queues first and wait for the answers to requests already on the wire. A
+        purged in-flight request is only forgotten, not withdrawn: the broker may still
+        write it after the new instance's resend of the same records (a reorder), and a
+        broker that restarted may hand the new instance the old one's producer id, so
+        the old instance's late requests would count as the new one's.
+        """
         self._need_reclaim = False
+        if settle_in_flight:
+            self._purge_and_wait(in_flight=False)
+        self._purge_and_wait(in_flight=True)
+        if self._direct_outstanding():
+            self._error("reclaim_incomplete", f"{self._direct_outstanding()} records still in librdkafka")
+
+    def _purge_and_wait(self, in_flight: bool) -> None:
         try:
-            self._producer.purge(in_queue=True, in_flight=True)
+            self._producer.purge(in_queue=True, in_flight=in_flight)
         except KafkaException as err:
             self._error("purge_failed", err)
         deadline = time.monotonic() + RECLAIM_TIMEOUT_S
         while self._direct_outstanding() + self._replay_outstanding > 0 and time.monotonic() < deadline:
             self._poll(0.05)
-        if self._direct_outstanding():
-            self._error("reclaim_incomplete", f"{self._direct_outstanding()} records still in librdkafka")
 
     def _rebuild(self) -> None:
         # A fatal error (e.g. the broker forgot our producer id) poisons the instance.
@@ -247,7 +264,9 @@ class Sender:
         if not self._returned and not self._spill:
             return
         with self._lock:
-            batch = self._returned + list(self._spill)
+            self._returned.sort(key=_emit_number)
+            batch = [(key, value) for _, key, value in self._returned]
+            batch += self._spill
             self._returned = []
             self._spill.clear()
             self._in_transit = len(batch)
@@ -347,6 +366,10 @@ class Sender:
             self._errors += 1
         extra = " ".join(f"{k}={v}" for k, v in fields.items())
         log.error("event=%s topic=%s detail=%s %s", what, self._topic, detail, extra)
+
+
+def _emit_number(returned: tuple[int, bytes | None, bytes]) -> int:
+    return returned[0]
 
 
 def _should_log(count: int) -> bool:

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 
 from producer import LineageProducer
 from relay.embedded.broker import EmbeddedBroker, free_port
@@ -72,6 +73,50 @@ def test_broker_killed_mid_stream_and_restarted_delivers_everything(broker, tmp_
         assert p.stats.journaled >= 200
     after = read_topic(broker.bootstrap_servers, "mid-stream", expected=400)
     assert_all_arrived_in_order(before + after, range(600))
+
+
+def _unread_request_bytes(port: int) -> int:
+    """Bytes clients sent to ``port`` that the (stopped) broker has not read: requests on
+    the wire. Linux only: reads the receive queues in /proc/net/tcp."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].split(":")[1], 16)
+        if local_port == port and fields[3] == "01":          # ESTABLISHED, server side
+            total += int(fields[4].split(":")[1], 16)
+    return total
+
+
+def _state(pid: int) -> str:
+    """A process's scheduler state (``T``: stopped), from /proc/<pid>/stat."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_fatal_error_journals_what_librdkafka_held_in_emit_order(broker, tmp_path):
+    """After a fatal error the sender waits for the answers to requests on the wire, and
+    librdkafka reports the queued (newer) records first, the in-flight (older) ones when
+    they time out: the journal must still hold them in emit order."""
+    broker.start()
+    broker.create_topic("fatal", 1)
+    props = {"max.in.flight.requests.per.connection": "1", "batch.num.messages": "10"}
+    with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="fatal", journal_dir=tmp_path,
+                         properties={**FAST_RECONNECT, **props}) as p:
+        p.emit(seq_event(0))
+        assert p.flush(15) == 0                       # connected, producer id assigned
+        os.kill(broker._proc.pid, signal.SIGSTOP)
+        wait_for(lambda: _state(broker._proc.pid) == "T", 10, "the broker stopped")
+        for i in range(1, 101):
+            p.emit(seq_event(i))
+        # One request of at most 10 records is on the wire, the other 90 wait behind it.
+        wait_for(lambda: _unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
+        p._on_error(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "injected", fatal=True))
+        wait_for(lambda: p.stats.journaled == 100, 20, "every held record journaled")
+        broker.stop()                                 # the stale request dies with it
+        broker.start()
+        broker.create_topic("fatal", 1)
+        assert p.flush(30) == 0
+    records = read_topic(broker.bootstrap_servers, "fatal", expected=100)
+    assert_all_arrived_in_order(records, range(1, 101))
 
 
 _CHILD = textwrap.dedent("""
