@@ -230,7 +230,8 @@ class LineageProducer(Sender):
             self._closed = True
             self._space.notify_all()
         self._stop.set()
-        self._sender.join(RECLAIM_TIMEOUT_S + 5)
+        # A fatal error's reclaim may take two of its waits (answers, then the purge).
+        self._sender.join(2 * RECLAIM_TIMEOUT_S + 5)
         _LIVE.discard(self)
         s = self.stats
         log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
