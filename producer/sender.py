@@ -10,8 +10,8 @@ State machine, per loop (``_step``):
 2. entering journal mode (all brokers down, a failed delivery, a full queue, a fatal
    error, or records outstanding with no delivery report for 5 s -- doubling to 60 s):
    *reclaim* -- purge librdkafka and collect every record it held, in emit order, ahead
-   of anything emitted since (after a fatal error, the answers to requests already sent
-   are awaited first); after a fatal error or a stall, build a new librdkafka producer;
+   of anything emitted since; after a fatal error or a stall, await the answers to
+   requests already sent (bounded) first, then build a new librdkafka producer;
 3. *persist*: append reclaimed records, then the spill queue, to the journal (fsync);
 4. in journal mode, *replay*: send the oldest journal's next batch and wait for all of
    it to be acknowledged before committing and sending the next (a failed batch is
@@ -187,7 +187,7 @@ class Sender:
                 self._begin_journal_mode_locked(self._want_journal)
             self._want_journal = None
         if self._need_reclaim or replace:
-            self._reclaim(settle_in_flight=self._fatal is not None)
+            self._reclaim(settle_in_flight=replace)
         if replace:
             self._rebuild()
         self._persist()
@@ -209,12 +209,13 @@ class Sender:
         """Take back every record librdkafka holds; their delivery reports put the direct
         ones, in order, on ``_returned`` (ahead of anything emitted since).
 
-        ``settle_in_flight`` (a fatal error, before the instance is replaced): purge only
-        the queues first and wait for the answers to requests already on the wire. A
-        purged in-flight request is only forgotten, not withdrawn: the broker may still
-        write it after the new instance's resend of the same records (a reorder), and a
-        broker that restarted may hand the new instance the old one's producer id, so
-        the old instance's late requests would count as the new one's.
+        ``settle_in_flight`` (a fatal error or a stall, before the instance is replaced):
+        purge only the queues first and wait for the answers to requests already on the
+        wire. A purged in-flight request is only forgotten, not withdrawn: the broker may
+        still write it after the new instance's resend of the same records (a reorder),
+        and a broker that restarted may hand the new instance the old one's producer id,
+        so the old instance's late requests would count as the new one's. (A stalled
+        instance gets no answer for ``_stall_s`` already; a slow broker may still answer.)
         """
         self._need_reclaim = False
         if settle_in_flight:
