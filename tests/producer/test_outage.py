@@ -119,6 +119,32 @@ def test_a_fatal_error_journals_what_librdkafka_held_in_emit_order(broker, tmp_p
     assert_all_arrived_in_order(records, range(1, 101))
 
 
+def test_a_broker_that_pauses_past_the_stall_period_answers_before_the_resend(broker, tmp_path):
+    """No delivery report for the stall period: the producer replaces its librdkafka
+    instance, but first waits a while for the answer to the request on the wire. A broker
+    that wakes up meanwhile answers it, so it is neither resent nor written twice."""
+    broker.start()
+    broker.create_topic("paused", 1)
+    props = {"max.in.flight.requests.per.connection": "1", "batch.num.messages": "10"}
+    with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="paused", journal_dir=tmp_path,
+                         properties={**FAST_RECONNECT, **props}) as p:
+        p.emit(seq_event(0))
+        assert p.flush(15) == 0
+        os.kill(broker._proc.pid, signal.SIGSTOP)
+        wait_for(lambda: _state(broker._proc.pid) == "T", 10, "the broker stopped")
+        for i in range(1, 101):
+            p.emit(seq_event(i))
+        wait_for(lambda: _unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
+        wait_for(lambda: p.stats.mode == "journal", 20, "the stall noticed")
+        os.kill(broker._proc.pid, signal.SIGCONT)
+        assert p.flush(30) == 0
+        assert p.stats.journaled >= 80, "the queued records went through the journal"
+    # Read for a while past the 101 expected: a request written twice adds up to 10 more.
+    records = read_topic(broker.bootstrap_servers, "paused", expected=111, timeout_s=3)
+    assert_all_arrived_in_order(records, range(101))
+    assert len(records) == 101, f"{len(records) - 101} records written twice"
+
+
 _CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
