@@ -92,23 +92,33 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-def test_a_fatal_error_journals_what_librdkafka_held_in_emit_order(broker, tmp_path):
-    """After a fatal error the sender waits for the answers to requests on the wire, and
-    librdkafka reports the queued (newer) records first, the in-flight (older) ones when
-    they time out: the journal must still hold them in emit order."""
+def _held_behind_a_stopped_broker(broker: EmbeddedBroker, topic: str, journal_dir: Path) -> LineageProducer:
+    """A producer that delivered event 0, then emitted events 1-100 to its broker stopped
+    (SIGSTOP): one request of at most 10 of them is on the wire, the rest wait behind it."""
     broker.start()
-    broker.create_topic("fatal", 1)
+    broker.create_topic(topic, 1)
     props = {"max.in.flight.requests.per.connection": "1", "batch.num.messages": "10"}
-    with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="fatal", journal_dir=tmp_path,
-                         properties={**FAST_RECONNECT, **props}) as p:
+    p = LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic=topic, journal_dir=journal_dir,
+                        properties={**FAST_RECONNECT, **props})
+    try:
         p.emit(seq_event(0))
         assert p.flush(15) == 0                       # connected, producer id assigned
         os.kill(broker._proc.pid, signal.SIGSTOP)
         wait_for(lambda: _state(broker._proc.pid) == "T", 10, "the broker stopped")
         for i in range(1, 101):
             p.emit(seq_event(i))
-        # One request of at most 10 records is on the wire, the other 90 wait behind it.
         wait_for(lambda: _unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
+    except BaseException:
+        p.close(timeout_s=0)
+        raise
+    return p
+
+
+def test_a_fatal_error_journals_what_librdkafka_held_in_emit_order(broker, tmp_path):
+    """After a fatal error the sender waits for the answers to requests on the wire, and
+    librdkafka reports the queued (newer) records first, the in-flight (older) ones when
+    they time out: the journal must still hold them in emit order."""
+    with _held_behind_a_stopped_broker(broker, "fatal", tmp_path) as p:
         p._on_error(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "injected", fatal=True))
         wait_for(lambda: p.stats.journaled == 100, 20, "every held record journaled")
         broker.stop()                                 # the stale request dies with it
@@ -123,18 +133,7 @@ def test_a_broker_that_pauses_past_the_stall_period_answers_before_the_resend(br
     """No delivery report for the stall period: the producer replaces its librdkafka
     instance, but first waits a while for the answer to the request on the wire. A broker
     that wakes up meanwhile answers it, so it is neither resent nor written twice."""
-    broker.start()
-    broker.create_topic("paused", 1)
-    props = {"max.in.flight.requests.per.connection": "1", "batch.num.messages": "10"}
-    with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="paused", journal_dir=tmp_path,
-                         properties={**FAST_RECONNECT, **props}) as p:
-        p.emit(seq_event(0))
-        assert p.flush(15) == 0
-        os.kill(broker._proc.pid, signal.SIGSTOP)
-        wait_for(lambda: _state(broker._proc.pid) == "T", 10, "the broker stopped")
-        for i in range(1, 101):
-            p.emit(seq_event(i))
-        wait_for(lambda: _unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
+    with _held_behind_a_stopped_broker(broker, "paused", tmp_path) as p:
         wait_for(lambda: p.stats.mode == "journal", 20, "the stall noticed")
         os.kill(broker._proc.pid, signal.SIGCONT)
         assert p.flush(30) == 0
