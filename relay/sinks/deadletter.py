@@ -7,22 +7,23 @@ value = the original bytes, unchanged; key = the original key; headers ``reason`
 
 A write counts as done only when the broker acknowledged it; failed writes are retried
 until they succeed, so a record's offset is never committed before its dead letter exists.
+The producer is replaced after a fatal error (see :class:`ProducerHost`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from relay.events import SourceRef
 from relay.logs import log_event
 from relay.metrics import RelayMetrics
+from relay.source.producer import ProducerHost
 
 log = logging.getLogger("relay.sinks.deadletter")
 _DETAIL_MAX = 2000
@@ -36,24 +37,14 @@ class DeadLetterWriter:
                                 "compression.type": "zstd", **properties}
         conf["bootstrap.servers"] = bootstrap_servers
         self.topic = topic
-        self._conf = conf
+        self._host = ProducerHost(conf, "dlq-producer")
         self._metrics = metrics
-        self._producer: Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.in_flight = 0
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._producer = Producer(self._conf)
-        self._thread = threading.Thread(target=self._poll_forever, name="dlq-producer", daemon=True)
-        self._thread.start()
-
-    def _poll_forever(self) -> None:
-        while not self._stop.is_set():
-            assert self._producer is not None
-            self._producer.poll(0.1)
+        self._host.start()
 
     def send(self, value: bytes | None, key: bytes | None, *, reason: str, detail: str,
              source: SourceRef | None, on_done: Callable[[], None], collector: str | None = None) -> None:
@@ -69,7 +60,10 @@ class DeadLetterWriter:
 
     def _produce(self, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
                  reason: str, on_done: Callable[[], None]) -> None:
-        assert self._producer is not None and self._loop is not None
+        producer = self._host.producer
+        if producer is None:  # closed: the record's offset is not committed, it comes again
+            return
+        assert self._loop is not None
         loop = self._loop
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
@@ -80,9 +74,12 @@ class DeadLetterWriter:
                 loop.call_soon_threadsafe(loop.call_later, _RESEND_DELAY_S, self._produce,
                                           value, key, headers, reason, on_done)
         try:
-            self._producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=delivered)
+            producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=delivered)
         except BufferError:
             loop.call_later(0.05, self._produce, value, key, headers, reason, on_done)
+        except KafkaException as err:  # a fatal producer, until its replacement
+            log_event(log, logging.ERROR, "dead_letter_write_failed", error=str(err), reason=reason)
+            loop.call_later(_RESEND_DELAY_S, self._produce, value, key, headers, reason, on_done)
 
     def _acked(self, reason: str, on_done: Callable[[], None]) -> None:
         self.in_flight -= 1
@@ -90,11 +87,6 @@ class DeadLetterWriter:
         on_done()
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        if self._producer is None:
+        if self._host.producer is None:
             return
-        producer = self._producer
-        await asyncio.get_running_loop().run_in_executor(None, producer.flush, timeout_s)
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=2)
-        self._producer = None
+        await asyncio.get_running_loop().run_in_executor(None, self._host.close, timeout_s)

@@ -1,25 +1,26 @@
 """The run-state changelog topic: create and check it, write records, read a partition back.
 
 :class:`RunStateChangelog` owns one idempotent producer (``acks=all``) whose delivery reports
-are served by its own thread and handed to the event loop, and opens a group-less consumer
-for each partition it reads. Writes never block the loop; :meth:`wait_acked` waits for them.
+are served by its own thread and handed to the event loop (a :class:`ProducerHost`, which
+replaces it after a fatal error), and opens a group-less consumer for each partition it
+reads. Writes never block the loop; :meth:`wait_acked` waits for them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from relay.errors import RelayError
 from relay.logs import log_event
 from relay.source.admin import connection_properties, create_topic
+from relay.source.producer import ProducerHost
 
 log = logging.getLogger("relay.state.changelog")
 
@@ -47,10 +48,8 @@ class RunStateChangelog:
             "group.id": f"{topic}.restore", "enable.auto.commit": False, "enable.partition.eof": False}
         self._admin_conf = connection_properties(producer_properties)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-state")
-        self._producer: Producer | None = None
+        self._host = ProducerHost(self._producer_conf, "run-state-producer")
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.partitions = 0
         self.unacked = 0
         self._idle = asyncio.Event()
@@ -61,11 +60,7 @@ class RunStateChangelog:
         check it; raises :class:`StateError` naming the fix."""
         self._loop = asyncio.get_running_loop()
         self.partitions = await self._loop.run_in_executor(self._executor, self._ensure_topic)
-        self._producer = Producer(self._producer_conf)
-        # The thread keeps its own reference: close() drops self._producer before the last flush.
-        self._thread = threading.Thread(target=self._poll_forever, args=(self._producer,), name="run-state-producer",
-                                        daemon=True)
-        self._thread.start()
+        self._host.start()
 
     def _ensure_topic(self) -> int:
         from confluent_kafka.admin import AdminClient
@@ -90,16 +85,13 @@ class RunStateChangelog:
         log_event(log, logging.INFO, "run_state_topic_ready", topic=self.topic, partitions=have)
         return have
 
-    def _poll_forever(self, producer: Producer) -> None:
-        while not self._stop.is_set():
-            producer.poll(0.1)
-
     # -- writing -----------------------------------------------------------------------
 
     def write(self, partition: int, key: bytes, value: bytes | None, on_done: Callable[[str], None]) -> None:
         """Produce one record (``value`` None: a tombstone); ``on_done(OK | FAILED | TOO_LARGE)``
         runs on the loop once the broker answered."""
-        assert self._producer is not None and self._loop is not None
+        producer = self._host.producer
+        assert producer is not None and self._loop is not None
         loop = self._loop
         self.unacked += 1
         self._idle.clear()
@@ -111,7 +103,7 @@ class RunStateChangelog:
                           error=str(err))
             loop.call_soon_threadsafe(self._done, on_done, status)
         try:
-            self._producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivered)
+            producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivered)
         except BufferError:
             loop.call_soon(self._done, on_done, FAILED)
         except KafkaException as err:
@@ -174,12 +166,7 @@ class RunStateChangelog:
             consumer.close()
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        if self._producer is not None:
-            producer, self._producer = self._producer, None
-            await asyncio.get_running_loop().run_in_executor(self._executor, producer.flush, timeout_s)
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout=2)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._host.close, timeout_s)
         self._executor.shutdown(wait=False)
 
 

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError
 from producer import LineageProducer
 from relay.embedded.broker import EmbeddedBroker, free_port
 from tests.producer.support import FAST_RECONNECT, assert_all_arrived_in_order, seq_event, wait_for
-from tests.support.kafka import read_topic
+from tests.support.kafka import process_state, read_topic, unread_request_bytes
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,23 +75,6 @@ def test_broker_killed_mid_stream_and_restarted_delivers_everything(broker, tmp_
     assert_all_arrived_in_order(before + after, range(600))
 
 
-def _unread_request_bytes(port: int) -> int:
-    """Bytes clients sent to ``port`` that the (stopped) broker has not read: requests on
-    the wire. Linux only: reads the receive queues in /proc/net/tcp."""
-    total = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local_port = int(fields[1].split(":")[1], 16)
-        if local_port == port and fields[3] == "01":          # ESTABLISHED, server side
-            total += int(fields[4].split(":")[1], 16)
-    return total
-
-
-def _state(pid: int) -> str:
-    """A process's scheduler state (``T``: stopped), from /proc/<pid>/stat."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 def _held_behind_a_stopped_broker(broker: EmbeddedBroker, topic: str, journal_dir: Path) -> LineageProducer:
     """A producer that delivered event 0, then emitted events 1-100 to its broker stopped
     (SIGSTOP): one request of at most 10 of them is on the wire, the rest wait behind it."""
@@ -104,10 +87,10 @@ def _held_behind_a_stopped_broker(broker: EmbeddedBroker, topic: str, journal_di
         p.emit(seq_event(0))
         assert p.flush(15) == 0                       # connected, producer id assigned
         os.kill(broker._proc.pid, signal.SIGSTOP)
-        wait_for(lambda: _state(broker._proc.pid) == "T", 10, "the broker stopped")
+        wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
         for i in range(1, 101):
             p.emit(seq_event(i))
-        wait_for(lambda: _unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
+        wait_for(lambda: unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
     except BaseException:
         p.close(timeout_s=0)
         raise

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -129,3 +130,20 @@ def committed_offsets(bootstrap_servers: str, topic: str, group_id: str, partiti
         return {tp.partition: tp.offset for tp in got}
     finally:
         consumer.close()
+
+
+def unread_request_bytes(port: int) -> int:
+    """Bytes clients sent to ``port`` that the (stopped) broker has not read: requests on
+    the wire. Linux only: reads the receive queues in /proc/net/tcp."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].split(":")[1], 16)
+        if local_port == port and fields[3] == "01":          # ESTABLISHED, server side
+            total += int(fields[4].split(":")[1], 16)
+    return total
+
+
+def process_state(pid: int) -> str:
+    """A process's scheduler state (``T``: stopped), from /proc/<pid>/stat."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

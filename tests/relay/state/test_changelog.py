@@ -34,11 +34,11 @@ async def test_close_while_flushing_leaves_the_poll_thread_to_end_cleanly(kafka,
         def __getattr__(self, name: str):  # noqa: ANN204
             return getattr(self._producer, name)
 
-    changelog._producer = SlowFlush(changelog._producer)
+    changelog._host.producer = SlowFlush(changelog._host.producer)
     answers: list[str] = []
     for i in range(20):
         changelog.write(i % 2, f"run-{i}".encode(), b"{}", answers.append)
-    thread = changelog._thread
+    thread = changelog._host._thread
     await changelog.close()
     assert thread is not None and not thread.is_alive()
     assert failures == []

@@ -1,0 +1,94 @@
+"""A Kafka producer for the relay's own topics (dead letters, run state), polled by a thread
+of its own and replaced when librdkafka reports a fatal error.
+
+A fatal error (e.g. the broker forgot the idempotent producer's id, or a sequence gap it
+cannot repair) leaves a librdkafka producer refusing every record for good: without a new
+one the relay would retry its dead letters and state writes forever and commit nothing.
+:class:`ProducerHost` then, on its poll thread:
+
+1. purges the records still queued (their delivery reports fail: the writers retry them),
+2. waits, up to :data:`SETTLE_S`, for the answers to requests already sent -- a purged
+   in-flight request is only forgotten, not withdrawn: the broker could still write it
+   after its retry, and a stale run-state record would then win over a newer one,
+3. purges what is left and starts a new producer, which the writers use from then on.
+
+``produce()`` on the old producer meanwhile raises :class:`KafkaException`; the writers
+treat that as a failed write and retry it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from relay.logs import log_event
+
+log = logging.getLogger("relay.source.producer")
+
+#: How long a fatal producer's in-flight requests may take to be answered before they are
+#: given up on (then again for the purge's reports).
+SETTLE_S = 5.0
+
+
+class ProducerHost:
+    """``producer``: the live producer (None before :meth:`start` and after :meth:`close`)."""
+
+    def __init__(self, conf: dict[str, Any], name: str) -> None:
+        self._conf = {**conf, "error_cb": self._on_error}
+        self.name = name
+        self.producer: Producer | None = None
+        #: Producers replaced after a fatal error so far.
+        self.replaced = 0
+        self._fatal: KafkaError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        producer = self.producer = Producer(self._conf)
+        # The thread keeps its own reference: close() drops self.producer before the last flush.
+        self._thread = threading.Thread(target=self._poll_forever, args=(producer,), name=self.name, daemon=True)
+        self._thread.start()
+
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback, on the poll thread (inside poll or flush)."""
+        if err.fatal():
+            self._fatal = err
+
+    def _poll_forever(self, producer: Producer) -> None:
+        while not self._stop.is_set():
+            producer.poll(0.1)
+            if self._fatal is not None and not self._stop.is_set():
+                producer = self._replace(producer)
+
+    def _replace(self, old: Producer) -> Producer:
+        err, self._fatal = self._fatal, None
+        log_event(log, logging.ERROR, "kafka_producer_fatal", producer=self.name, error=str(err),
+                  in_librdkafka=len(old))
+        for in_flight in (False, True):
+            try:
+                old.purge(in_queue=True, in_flight=in_flight)
+            except KafkaException as purge_err:
+                log_event(log, logging.WARNING, "kafka_producer_purge_failed", producer=self.name,
+                          error=str(purge_err))
+            deadline = time.monotonic() + SETTLE_S
+            while len(old) and time.monotonic() < deadline:
+                old.poll(0.05)  # serves the delivery reports: the writers retry what failed
+        new = Producer(self._conf)
+        if self.producer is old:  # else close() took it meanwhile: the new one is not used
+            self.producer = new
+        self.replaced += 1
+        log_event(log, logging.WARNING, "kafka_producer_replaced", producer=self.name, replaced=self.replaced)
+        return new
+
+    def close(self, timeout_s: float) -> None:
+        """Flush for up to ``timeout_s`` (blocking: run it off the event loop), then stop."""
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            producer.flush(timeout_s)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)

@@ -1,0 +1,110 @@
+"""ProducerHost against a real broker: a fatal librdkafka error replaces the producer, and
+requests already on the wire are answered before anything is retried."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import pytest
+from confluent_kafka import KafkaError
+
+from relay.embedded.broker import EmbeddedBroker, free_port
+from relay.source.producer import ProducerHost
+from tests.producer.support import wait_for
+from tests.support.kafka import process_state, read_topic, unread_request_bytes
+
+pytestmark = pytest.mark.kafka
+FATAL = KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "injected", fatal=True)
+
+
+class Writer:
+    """What the relay's writers do: a failed record is produced again (here at once,
+    through whatever producer the host has by then)."""
+
+    def __init__(self, host: ProducerHost, topic: str) -> None:
+        self.host, self.topic = host, topic
+        self.acked: list[bytes] = []
+        self.failures = 0
+        self._lock = threading.Lock()
+        self._retry: list[bytes] = []
+
+    def write(self, value: bytes) -> None:
+        producer = self.host.producer
+        assert producer is not None
+        producer.produce(self.topic, value, on_delivery=self._delivered)
+
+    def _delivered(self, err, msg) -> None:  # noqa: ANN001
+        with self._lock:
+            if err is None:
+                self.acked.append(msg.value())
+            else:
+                self.failures += 1
+                self._retry.append(msg.value())
+
+    def retry_failed(self) -> None:
+        with self._lock:
+            values, self._retry = self._retry, []
+        for value in values:
+            self.write(value)
+
+
+def test_a_fatal_error_replaces_the_producer_and_writes_go_on(kafka, caplog):
+    topic = kafka.new_topic("host")
+    host = ProducerHost({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 5}, "test-producer")
+    host.start()
+    try:
+        writer = Writer(host, topic)
+        writer.write(b"before")
+        wait_for(lambda: writer.acked == [b"before"], 15, "the first write acknowledged")
+        first = host.producer
+        with caplog.at_level(logging.WARNING, logger="relay.source.producer"):
+            host._on_error(FATAL)                      # as librdkafka reports it, inside poll
+            wait_for(lambda: host.replaced == 1, 20, "the producer replaced")
+        assert host.producer is not first
+        assert [r.getMessage() for r in caplog.records if "kafka_producer" in r.getMessage()] != []
+        writer.write(b"after")
+        wait_for(lambda: writer.acked == [b"before", b"after"], 15, "a write through the new producer")
+    finally:
+        host.close(5)
+    assert [r.value for r in read_topic(kafka.bootstrap_servers, topic, expected=2)] == [b"before", b"after"]
+
+
+def test_requests_on_the_wire_are_answered_before_the_retry(tmp_path):
+    """The broker is stopped with one request on the wire and more records queued behind
+    it, and wakes up while the host waits for that request's answer. The queued records
+    fail and are retried through the new producer; the one on the wire succeeds and is not
+    retried, so nothing is written twice."""
+    broker = EmbeddedBroker(port=free_port())
+    broker.start()
+    try:
+        broker.create_topic("wire", 1)
+        host = ProducerHost({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
+                             "acks": "all", "max.in.flight.requests.per.connection": 1,
+                             "batch.num.messages": 10}, "test-producer")
+        host.start()
+        try:
+            writer = Writer(host, "wire")
+            writer.write(b"0")
+            wait_for(lambda: writer.acked == [b"0"], 15, "the first write acknowledged")
+            os.kill(broker._proc.pid, signal.SIGSTOP)
+            wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
+            for i in range(1, 51):
+                writer.write(str(i).encode())
+            wait_for(lambda: unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
+            host._on_error(FATAL)
+            wait_for(lambda: writer.failures >= 40, 10, "the queued records failed")
+            os.kill(broker._proc.pid, signal.SIGCONT)
+            wait_for(lambda: host.replaced == 1, 20, "the producer replaced")
+            assert writer.failures <= 49, "the record on the wire was answered, not failed"
+            writer.retry_failed()
+            wait_for(lambda: len(writer.acked) == 51, 20, "every record acknowledged once")
+        finally:
+            host.close(5)
+        records = read_topic(broker.bootstrap_servers, "wire", expected=61, timeout_s=3)
+        assert sorted(int(r.value) for r in records) == list(range(51)), "each record written once"
+    finally:
+        broker.stop()
