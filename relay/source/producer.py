@@ -62,7 +62,14 @@ class ProducerHost:
         while not self._stop.is_set():
             producer.poll(0.1)
             if self._fatal is not None and not self._stop.is_set():
-                producer = self._replace(producer)
+                fatal = self._fatal
+                try:
+                    producer = self._replace(producer)
+                except Exception as err:  # noqa: BLE001 - this thread must go on: it serves the reports
+                    log_event(log, logging.ERROR, "kafka_producer_replace_failed", producer=self.name,
+                              error=repr(err)[:300])
+                    self._fatal = fatal   # tried again after a pause
+                    self._stop.wait(1.0)
 
     def _replace(self, old: Producer) -> Producer:
         err, self._fatal = self._fatal, None

@@ -9,9 +9,10 @@ import signal
 import threading
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.embedded.broker import EmbeddedBroker, free_port
+import relay.source.producer as producer_module
 from relay.source.producer import ProducerHost
 from tests.producer.support import wait_for
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
@@ -71,6 +72,32 @@ def test_a_fatal_error_replaces_the_producer_and_writes_go_on(kafka, caplog):
     finally:
         host.close(5)
     assert [r.value for r in read_topic(kafka.bootstrap_servers, topic, expected=2)] == [b"before", b"after"]
+
+
+def test_a_replacement_that_fails_is_tried_again(kafka, monkeypatch):
+    """The new producer cannot be made at first (e.g. out of memory): the poll thread logs
+    it, keeps serving the old producer's reports, and tries again."""
+    topic = kafka.new_topic("host-retry")
+    host = ProducerHost({"bootstrap.servers": kafka.bootstrap_servers}, "test-producer")
+    host.start()
+    try:
+        made: list[object] = []
+
+        def flaky(conf):  # noqa: ANN001, ANN202
+            made.append(conf)
+            if len(made) == 1:
+                raise KafkaException(KafkaError(KafkaError._FAIL, "injected"))
+            return Producer(conf)
+
+        monkeypatch.setattr(producer_module, "Producer", flaky)
+        host._on_error(FATAL)
+        wait_for(lambda: host.replaced == 1, 20, "the producer replaced at the second try")
+        assert len(made) == 2
+        writer = Writer(host, topic)
+        writer.write(b"after")
+        wait_for(lambda: writer.acked == [b"after"], 15, "a write through the new producer")
+    finally:
+        host.close(5)
 
 
 def test_requests_on_the_wire_are_answered_before_the_retry(tmp_path):
