@@ -144,7 +144,8 @@ class Relay:
             changelog = RunStateChangelog(
                 bootstrap_servers=k.bootstrap_servers, topic=k.run_state_topic, input_topic=k.topics[0],
                 create=k.create_state_topic, producer_properties=k.producer_properties,
-                consumer_properties=k.consumer_properties)
+                consumer_properties=k.consumer_properties,
+                on_producer_replaced=self.metrics.producers_replaced.labels(producer="run_state").inc)
             self.state = RunStateStore(changelog, [lane.table for lane in self.lanes if lane.table is not None],
                                        self.metrics)
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,

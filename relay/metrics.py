@@ -139,6 +139,9 @@ class RelayMetrics:
                                       "refused, unattributed)", ["collector", "result"], registry=r)
         self.runs_restored = Counter(p + "runs_restored", "Run states read back from the changelog on assignment",
                                      ["collector"], registry=r)
+        self.producers_replaced = Counter(p + "kafka_producers_replaced", "The relay's Kafka producers (dead_letter, "
+                                          "run_state) replaced after a fatal librdkafka error", ["producer"],
+                                          registry=r)
 
     def deliveries(self, collector: str) -> Deliveries:
         """``collector``'s acknowledged deliveries (``.count`` is the forwarded counter)."""

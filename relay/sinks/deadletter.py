@@ -37,7 +37,8 @@ class DeadLetterWriter:
                                 "compression.type": "zstd", **properties}
         conf["bootstrap.servers"] = bootstrap_servers
         self.topic = topic
-        self._host = ProducerHost(conf, "dlq-producer")
+        self._host = ProducerHost(conf, "dlq-producer",
+                                  on_replaced=metrics.producers_replaced.labels(producer="dead_letter").inc)
         self._metrics = metrics
         self._loop: asyncio.AbstractEventLoop | None = None
         self.in_flight = 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -35,11 +36,13 @@ SETTLE_S = 5.0
 
 
 class ProducerHost:
-    """``producer``: the live producer (None before :meth:`start` and after :meth:`close`)."""
+    """``producer``: the live producer (None before :meth:`start` and after :meth:`close`).
+    ``on_replaced`` is called (on the poll thread) each time a new producer took over."""
 
-    def __init__(self, conf: dict[str, Any], name: str) -> None:
+    def __init__(self, conf: dict[str, Any], name: str, on_replaced: Callable[[], None] | None = None) -> None:
         self._conf = {**conf, "error_cb": self._on_error}
         self.name = name
+        self._on_replaced = on_replaced
         self.producer: Producer | None = None
         #: Producers replaced after a fatal error so far.
         self.replaced = 0
@@ -88,6 +91,8 @@ class ProducerHost:
         if self.producer is old:  # else close() took it meanwhile: the new one is not used
             self.producer = new
         self.replaced += 1
+        if self._on_replaced is not None:
+            self._on_replaced()
         log_event(log, logging.WARNING, "kafka_producer_replaced", producer=self.name, replaced=self.replaced)
         return new
 

@@ -35,7 +35,8 @@ class StateError(RelayError):
 
 class RunStateChangelog:
     def __init__(self, *, bootstrap_servers: str, topic: str, input_topic: str, create: bool,
-                 producer_properties: dict[str, str], consumer_properties: dict[str, str]) -> None:
+                 producer_properties: dict[str, str], consumer_properties: dict[str, str],
+                 on_producer_replaced: Callable[[], None] | None = None) -> None:
         self.topic = topic
         self._input_topic = input_topic
         self._create = create
@@ -48,7 +49,7 @@ class RunStateChangelog:
             "group.id": f"{topic}.restore", "enable.auto.commit": False, "enable.partition.eof": False}
         self._admin_conf = connection_properties(producer_properties)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-state")
-        self._host = ProducerHost(self._producer_conf, "run-state-producer")
+        self._host = ProducerHost(self._producer_conf, "run-state-producer", on_replaced=on_producer_replaced)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.partitions = 0
         self.unacked = 0

@@ -3,15 +3,19 @@ requests already on the wire are answered before anything is retried."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import threading
+import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.embedded.broker import EmbeddedBroker, free_port
+from relay.metrics import RelayMetrics
+from relay.sinks.deadletter import DeadLetterWriter
 import relay.source.producer as producer_module
 from relay.source.producer import ProducerHost
 from tests.producer.support import wait_for
@@ -135,3 +139,32 @@ def test_requests_on_the_wire_are_answered_before_the_retry(tmp_path):
         assert sorted(int(r.value) for r in records) == list(range(51)), "each record written once"
     finally:
         broker.stop()
+
+
+async def _until(predicate, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.01)  # ok: the poll interval of a wait with a deadline
+
+
+async def test_the_dead_letter_writer_goes_on_after_a_fatal_error_and_counts_it(kafka):
+    topic = kafka.new_topic("dlq-fatal")
+    metrics = RelayMetrics()
+    writer = DeadLetterWriter(bootstrap_servers=kafka.bootstrap_servers, topic=topic, properties={}, metrics=metrics)
+    await writer.start()
+    replaced = ("lineage_relay_kafka_producers_replaced_total", {"producer": "dead_letter"})
+    assert metrics.registry.get_sample_value(*replaced) == 0
+    try:
+        writer._host._on_error(FATAL)
+        await _until(lambda: writer._host.replaced == 1, 20, "the producer replaced")
+        done: list[int] = []
+        writer.send(b"not json", b"run:ns/job", reason="invalid_json", detail="Expecting value", source=None,
+                    on_done=lambda: done.append(1))
+        await _until(lambda: done == [1], 15, "the dead letter acknowledged")
+    finally:
+        await writer.close()
+    assert metrics.registry.get_sample_value(*replaced) == 1
+    [record] = read_topic(kafka.bootstrap_servers, topic, expected=1)
+    assert record.value == b"not json" and record.headers["reason"] == b"invalid_json"
