@@ -46,8 +46,8 @@ import os
 import threading
 import time
 import weakref
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer

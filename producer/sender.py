@@ -264,10 +264,10 @@ class Sender:
         """Move ``_returned`` then the spill queue, in that order, into the journal."""
         if not self._returned and not self._spill:
             return
+        # Sorted outside the lock emit() takes: only this thread adds to _returned.
+        returned = [(key, value) for _, key, value in sorted(self._returned, key=_emit_number)]
         with self._lock:
-            self._returned.sort(key=_emit_number)
-            batch = [(key, value) for _, key, value in self._returned]
-            batch += self._spill
+            batch = returned + list(self._spill)
             self._returned = []
             self._spill.clear()
             self._in_transit = len(batch)
