@@ -40,7 +40,7 @@ from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.http import HttpCollector
 from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
-from relay.source.kafka import KafkaSource
+from relay.source.kafka import KafkaSource, SourceError
 from relay.source.offsets import OffsetTracker, Partition
 from relay.stages.decode import decode_record
 from relay.stages.decode_worker import DecodeWorker
@@ -264,6 +264,13 @@ class Relay:
             err = message.error()
             if err is None:
                 records.append(message)
+            elif err.fatal():
+                # The consumer is unusable for good (e.g. fenced by a member with the same
+                # group.instance.id): stop, so that a restart makes a new one, rather than
+                # go on consuming nothing. What was delivered is committed on the way out.
+                raise SourceError(f"the Kafka consumer hit a fatal error: {err.str()}; a restart makes a new "
+                                  "consumer (with static membership, give each replica its own "
+                                  "group.instance.id)")
             elif err.code() != KafkaError._PARTITION_EOF:
                 log_event(log, logging.WARNING, "consume_error", error=str(err))
         if self.decoder is None:

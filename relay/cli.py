@@ -15,6 +15,7 @@ from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
 from relay.logs import log_event, setup_logging
 from relay.ops import add_subcommands as add_ops_subcommands
+from relay.source.kafka import SourceError
 from relay.state.changelog import StateError
 
 log = logging.getLogger("relay.cli")
@@ -139,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, StateError) as err:  # found at start-up: a token or TLS file that cannot
         print(f"lineage-relay: {err}", file=sys.stderr)  # be read, an input topic to create first
         return 2
+    except SourceError as err:  # the consumer failed for good (after the drain and last commit)
+        log_event(log, logging.ERROR, "relay_failed", error=str(err))
+        print(f"lineage-relay: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
