@@ -267,7 +267,7 @@ class Relay:
             elif err.fatal():
                 # The consumer is unusable for good (e.g. fenced by a member with the same
                 # group.instance.id): stop, so that a restart makes a new one, rather than
-                # go on consuming nothing. What was delivered is committed on the way out.
+                # go on consuming nothing. The last commit is tried on the way out.
                 raise SourceError(f"the Kafka consumer hit a fatal error: {err.str()}; a restart makes a new "
                                   "consumer (with static membership, give each replica its own "
                                   "group.instance.id)")

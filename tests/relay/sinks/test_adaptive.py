@@ -222,8 +222,10 @@ async def test_a_collector_that_sheds_load_with_429_gets_far_fewer_requests_it_m
     # Logged with why, once per _LIMIT_LOG_EVERY_S however often it shrank: operators see
     # why a collector gets fewer requests, without a line per 429.
     reduced = [r for r in caplog.records if r.getMessage() == "collector_concurrency_reduced"]
-    assert http.gate.decreases >= 3
-    assert 1 <= len(reduced) <= 1 + int(elapsed // _LIMIT_LOG_EVERY_S), (len(reduced), elapsed)
+    allowed = 1 + int(elapsed // _LIMIT_LOG_EVERY_S)  # one line per started period
+    assert allowed < http.gate.decreases, "the run was too long to show the rate limit"
+    assert reduced, "a shrinking limit is logged"
+    assert len(reduced) <= allowed, (len(reduced), elapsed, http.gate.decreases)
     assert reduced[0].fields["cause"] == "overload" and reduced[0].fields["collector"] == "c"
     assert server.ok == fixed_server.ok == 300  # everything delivered either way (429 is retried)
     assert fixed_server.shed_count >= 300  # the fixed ceiling: more refusals than events

@@ -18,8 +18,8 @@ from relay.metrics import RelayMetrics
 from relay.sinks.deadletter import DeadLetterWriter
 import relay.source.producer as producer_module
 from relay.source.producer import ProducerHost
-from tests.producer.support import wait_for
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
+from tests.support.relay import eventually
 
 pytestmark = pytest.mark.kafka
 FATAL = KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "injected", fatal=True)
@@ -64,15 +64,15 @@ def test_a_fatal_error_replaces_the_producer_and_writes_go_on(kafka, caplog):
     try:
         writer = Writer(host, topic)
         writer.write(b"before")
-        wait_for(lambda: writer.acked == [b"before"], 15, "the first write acknowledged")
+        assert eventually(lambda: writer.acked == [b"before"], 15), "the first write acknowledged"
         first = host.producer
         with caplog.at_level(logging.WARNING, logger="relay.source.producer"):
             host._on_error(FATAL)                      # as librdkafka reports it, inside poll
-            wait_for(lambda: host.replaced == 1, 20, "the producer replaced")
+            assert eventually(lambda: host.replaced == 1, 20), "the producer replaced"
         assert host.producer is not first
         assert [r.getMessage() for r in caplog.records if "kafka_producer" in r.getMessage()] != []
         writer.write(b"after")
-        wait_for(lambda: writer.acked == [b"before", b"after"], 15, "a write through the new producer")
+        assert eventually(lambda: writer.acked == [b"before", b"after"], 15), "a write through the new producer"
     finally:
         host.close(5)
     assert [r.value for r in read_topic(kafka.bootstrap_servers, topic, expected=2)] == [b"before", b"after"]
@@ -95,11 +95,11 @@ def test_a_replacement_that_fails_is_tried_again(kafka, monkeypatch):
 
         monkeypatch.setattr(producer_module, "Producer", flaky)
         host._on_error(FATAL)
-        wait_for(lambda: host.replaced == 1, 20, "the producer replaced at the second try")
+        assert eventually(lambda: host.replaced == 1, 20), "the producer replaced at the second try"
         assert len(made) == 2
         writer = Writer(host, topic)
         writer.write(b"after")
-        wait_for(lambda: writer.acked == [b"after"], 15, "a write through the new producer")
+        assert eventually(lambda: writer.acked == [b"after"], 15), "a write through the new producer"
     finally:
         host.close(5)
 
@@ -120,19 +120,19 @@ def test_requests_on_the_wire_are_answered_before_the_retry(tmp_path):
         try:
             writer = Writer(host, "wire")
             writer.write(b"0")
-            wait_for(lambda: writer.acked == [b"0"], 15, "the first write acknowledged")
+            assert eventually(lambda: writer.acked == [b"0"], 15), "the first write acknowledged"
             os.kill(broker._proc.pid, signal.SIGSTOP)
-            wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
+            assert eventually(lambda: process_state(broker._proc.pid) == "T", 10), "the broker stopped"
             for i in range(1, 51):
                 writer.write(str(i).encode())
-            wait_for(lambda: unread_request_bytes(broker.port) > 0, 10, "a request on the wire")
+            assert eventually(lambda: unread_request_bytes(broker.port) > 0, 10), "a request on the wire"
             host._on_error(FATAL)
-            wait_for(lambda: writer.failures >= 40, 10, "the queued records failed")
+            assert eventually(lambda: writer.failures >= 40, 10), "the queued records failed"
             os.kill(broker._proc.pid, signal.SIGCONT)
-            wait_for(lambda: host.replaced == 1, 20, "the producer replaced")
+            assert eventually(lambda: host.replaced == 1, 20), "the producer replaced"
             assert writer.failures <= 49, "the record on the wire was answered, not failed"
             writer.retry_failed()
-            wait_for(lambda: len(writer.acked) == 51, 20, "every record acknowledged once")
+            assert eventually(lambda: len(writer.acked) == 51, 20), "every record acknowledged once"
         finally:
             host.close(5)
         records = read_topic(broker.bootstrap_servers, "wire", expected=61, timeout_s=3)
