@@ -264,10 +264,12 @@ class Relay:
             err = message.error()
             if err is None:
                 records.append(message)
-            elif err.fatal():
+            elif err.code() == KafkaError._FATAL or err.fatal():
                 # The consumer is unusable for good (e.g. fenced by a member with the same
                 # group.instance.id): stop, so that a restart makes a new one, rather than
                 # go on consuming nothing. The last commit is tried on the way out.
+                # librdkafka hands a consumer's fatal error over as a message whose code is
+                # _FATAL and whose fatal() is False (the underlying error is in its text).
                 raise SourceError(f"the Kafka consumer hit a fatal error: {err.str()}; a restart makes a new "
                                   "consumer (with static membership, give each replica its own "
                                   "group.instance.id)")

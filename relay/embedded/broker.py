@@ -67,20 +67,26 @@ def free_port() -> int:
 
 
 class EmbeddedBroker:
-    """A Tansu broker on ``127.0.0.1:<port>``. Use as a context manager or start()/stop()."""
+    """A Tansu broker on ``127.0.0.1:<port>``. Use as a context manager or start()/stop().
 
-    def __init__(self, port: int | None = None, *, log_path: Path | None = None) -> None:
+    ``advertised_port``: the port the broker tells clients to connect to, when it differs
+    from ``port`` (a proxy in front of it); ``bootstrap_servers`` then names that port."""
+
+    def __init__(self, port: int | None = None, *, log_path: Path | None = None,
+                 advertised_port: int | None = None) -> None:
         self.port = port or free_port()
-        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self.advertised_port = advertised_port or self.port
+        self.bootstrap_servers = f"127.0.0.1:{self.advertised_port}"
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         binary = tansu_binary()
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}"
         log = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
         )
@@ -94,7 +100,7 @@ class EmbeddedBroker:
             except OSError:
                 time.sleep(0.02)
         self.stop()
-        raise BrokerUnavailable(f"Tansu did not listen on {self.bootstrap_servers} within {timeout_s}s")
+        raise BrokerUnavailable(f"Tansu did not listen on 127.0.0.1:{self.port} within {timeout_s}s")
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

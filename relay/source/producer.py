@@ -14,6 +14,10 @@ one the relay would retry its dead letters and state writes forever and commit n
 
 ``produce()`` on the old producer meanwhile raises :class:`KafkaException`; the writers
 treat that as a failed write and retry it.
+
+confluent-kafka raises a producer's fatal error from ``poll()`` (as a
+:class:`KafkaException` whose error is fatal) rather than passing it to ``error_cb``; both
+ways are handled.
 """
 
 from __future__ import annotations
@@ -61,9 +65,23 @@ class ProducerHost:
         if err.fatal():
             self._fatal = err
 
+    def _poll(self, producer: Producer, timeout_s: float) -> None:
+        """Serve ``producer``'s reports; a fatal error raised from poll() is noted, and any
+        other error is logged: this thread must go on serving reports."""
+        try:
+            producer.poll(timeout_s)
+        except KafkaException as err:
+            kafka_err = err.args[0] if err.args and isinstance(err.args[0], KafkaError) else None
+            if kafka_err is not None and kafka_err.fatal():
+                self._fatal = kafka_err
+                return
+            log_event(log, logging.ERROR, "kafka_producer_poll_failed", producer=self.name, error=str(err)[:300])
+        except Exception as err:  # noqa: BLE001 - e.g. a delivery callback that raised
+            log_event(log, logging.ERROR, "kafka_producer_poll_failed", producer=self.name, error=repr(err)[:300])
+
     def _poll_forever(self, producer: Producer) -> None:
         while not self._stop.is_set():
-            producer.poll(0.1)
+            self._poll(producer, 0.1)
             if self._fatal is not None and not self._stop.is_set():
                 fatal = self._fatal
                 try:
@@ -86,7 +104,8 @@ class ProducerHost:
                           error=str(purge_err))
             deadline = time.monotonic() + SETTLE_S
             while len(old) and time.monotonic() < deadline:
-                old.poll(0.05)  # serves the delivery reports: the writers retry what failed
+                self._poll(old, 0.05)  # serves the delivery reports: the writers retry what failed
+        self._fatal = None  # the old producer's, raised again while it was served
         new = Producer(self._conf)
         if self.producer is old:  # else close() took it meanwhile: the new one is not used
             self.producer = new
@@ -100,7 +119,10 @@ class ProducerHost:
         """Flush for up to ``timeout_s`` (blocking: run it off the event loop), then stop."""
         producer, self.producer = self.producer, None
         if producer is not None:
-            producer.flush(timeout_s)
+            try:
+                producer.flush(timeout_s)
+            except KafkaException as err:  # a fatal producer: what it holds is not committed, it comes again
+                log_event(log, logging.ERROR, "kafka_producer_flush_failed", producer=self.name, error=str(err)[:300])
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)

@@ -19,6 +19,7 @@ from relay.sinks.deadletter import DeadLetterWriter
 import relay.source.producer as producer_module
 from relay.source.producer import ProducerHost
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
+from tests.support.kafka_proxy import OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE, proxied_broker
 from tests.support.relay import eventually
 
 pytestmark = pytest.mark.kafka
@@ -56,26 +57,38 @@ class Writer:
             self.write(value)
 
 
-def test_a_fatal_error_replaces_the_producer_and_writes_go_on(kafka, caplog):
-    topic = kafka.new_topic("host")
-    host = ProducerHost({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 5}, "test-producer")
-    host.start()
-    try:
-        writer = Writer(host, topic)
-        writer.write(b"before")
-        assert eventually(lambda: writer.acked == [b"before"], 15), "the first write acknowledged"
-        first = host.producer
-        with caplog.at_level(logging.WARNING, logger="relay.source.producer"):
-            host._on_error(FATAL)                      # as librdkafka reports it, inside poll
-            assert eventually(lambda: host.replaced == 1, 20), "the producer replaced"
-        assert host.producer is not first
-        assert [r.getMessage() for r in caplog.records if "kafka_producer" in r.getMessage()] != []
-        writer.write(b"after")
-        assert eventually(lambda: writer.acked == [b"before", b"after"], 15), "a write through the new producer"
-    finally:
-        host.close(5)
-    assert [r.value for r in read_topic(kafka.bootstrap_servers, topic, expected=2)] == [b"before", b"after"]
+def test_a_fatal_error_replaces_the_producer_and_writes_go_on(caplog):
+    """A real fatal error: the broker answers a produce request with an out-of-order
+    sequence number, which librdkafka's idempotent producer cannot repair (confluent-kafka
+    then raises it from poll(), not through error_cb)."""
+    with proxied_broker() as (broker, proxy):
+        broker.create_topic("host", 1)
+        host = ProducerHost({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
+                             "acks": "all", "linger.ms": 5}, "test-producer")
+        host.start()
+        try:
+            writer = Writer(host, "host")
+            writer.write(b"before")
+            assert eventually(lambda: writer.acked == [b"before"], 15), "the first write acknowledged"
+            first = host.producer
+            proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER)
+            with caplog.at_level(logging.WARNING, logger="relay.source.producer"):
+                writer.write(b"refused")
+                assert eventually(lambda: host.replaced == 1, 20), "the producer replaced"
+            assert proxy.injected == [(PRODUCE, proxy.injected[0][1], OUT_OF_ORDER_SEQUENCE_NUMBER)]
+            assert host.producer is not first and writer.failures == 1
+            fatal = [r.fields for r in caplog.records if r.getMessage() == "kafka_producer_fatal"]
+            assert len(fatal) == 1 and "OUT_OF_ORDER_SEQUENCE_NUMBER" in fatal[0]["error"]
+            writer.retry_failed()
+            writer.write(b"after")
+            assert eventually(lambda: writer.acked == [b"before", b"refused", b"after"], 15), \
+                "writes through the new producer"
+        finally:
+            host.close(5)
+        # The broker wrote the record whose answer the proxy turned into an error: the retry
+        # writes it again (at least once, as for any lost answer).
+        records = read_topic(broker.bootstrap_servers, "host", expected=5, timeout_s=3)
+        assert [r.value for r in records] == [b"before", b"refused", b"refused", b"after"]
 
 
 def test_a_replacement_that_fails_is_tried_again(kafka, monkeypatch):
@@ -149,22 +162,50 @@ async def _until(predicate, timeout_s: float, what: str) -> None:  # noqa: ANN00
         await asyncio.sleep(0.01)  # ok: the poll interval of a wait with a deadline
 
 
-async def test_the_dead_letter_writer_goes_on_after_a_fatal_error_and_counts_it(kafka):
-    topic = kafka.new_topic("dlq-fatal")
-    metrics = RelayMetrics()
-    writer = DeadLetterWriter(bootstrap_servers=kafka.bootstrap_servers, topic=topic, properties={}, metrics=metrics)
-    await writer.start()
-    replaced = ("lineage_relay_kafka_producers_replaced_total", {"producer": "dead_letter"})
-    assert metrics.registry.get_sample_value(*replaced) == 0
-    try:
-        writer._host._on_error(FATAL)
-        await _until(lambda: writer._host.replaced == 1, 20, "the producer replaced")
-        done: list[int] = []
-        writer.send(b"not json", b"run:ns/job", reason="invalid_json", detail="Expecting value", source=None,
-                    on_done=lambda: done.append(1))
-        await _until(lambda: done == [1], 15, "the dead letter acknowledged")
-    finally:
-        await writer.close()
-    assert metrics.registry.get_sample_value(*replaced) == 1
-    [record] = read_topic(kafka.bootstrap_servers, topic, expected=1)
-    assert record.value == b"not json" and record.headers["reason"] == b"invalid_json"
+async def test_the_dead_letter_writer_goes_on_after_a_fatal_error_and_counts_it(monkeypatch):
+    """The broker's answer makes the dead-letter producer fatal. Its first replacement
+    fails, so for a second produce() itself raises: the dead letter sent meanwhile is
+    retried, as is the one whose answer was an error, and each is acknowledged once."""
+    made: list[object] = []
+
+    def flaky(conf):  # noqa: ANN001, ANN202
+        made.append(conf)
+        if len(made) == 1:
+            raise KafkaException(KafkaError(KafkaError._FAIL, "injected"))
+        return Producer(conf)
+
+    with proxied_broker() as (broker, proxy):
+        broker.create_topic("dlq", 1)
+        metrics = RelayMetrics()
+        writer = DeadLetterWriter(bootstrap_servers=broker.bootstrap_servers, topic="dlq", properties={},
+                                  metrics=metrics)
+        await writer.start()
+        replaced = ("lineage_relay_kafka_producers_replaced_total", {"producer": "dead_letter"})
+        assert metrics.registry.get_sample_value(*replaced) == 0
+        done: list[str] = []
+
+        def send(value: bytes, reason: str) -> None:
+            writer.send(value, b"run:ns/job", reason=reason, detail="d", source=None,
+                        on_done=lambda: done.append(reason))
+        try:
+            send(b"first", "invalid_json")
+            await _until(lambda: done == ["invalid_json"], 15, "the first dead letter acknowledged")
+            monkeypatch.setattr(producer_module, "Producer", flaky)
+            proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER)
+            send(b"refused", "too_large")
+            await _until(lambda: len(made) == 1, 20, "the fatal error noticed and a replacement tried")
+            fatal = writer._host.producer
+            assert fatal is not None
+            with pytest.raises(KafkaException):
+                fatal.produce("dlq", b"probe")          # what the writer meets now
+            send(b"meanwhile", "missing_field")
+            await _until(lambda: sorted(done) == ["invalid_json", "missing_field", "too_large"], 20,
+                         "both dead letters acknowledged after the replacement")
+        finally:
+            await writer.close()
+        assert metrics.registry.get_sample_value(*replaced) == 1
+        # The broker had written the dead letter whose answer was turned into an error.
+        records = read_topic(broker.bootstrap_servers, "dlq", expected=5, timeout_s=3)
+        assert sorted((r.value, r.headers["reason"]) for r in records) == [
+            (b"first", b"invalid_json"), (b"meanwhile", b"missing_field"),
+            (b"refused", b"too_large"), (b"refused", b"too_large")]

@@ -1,0 +1,187 @@
+"""A Kafka-protocol proxy for fault injection: it sits between clients and a real broker,
+reads the protocol's framing, and can replace the error code of chosen responses.
+
+Some failures cannot be caused on demand with a real broker, such as a consumer fenced by
+another member with the same ``group.instance.id``, or an idempotent producer's sequence
+refused. The proxy makes the broker's answer carry that error, so the client's own error
+handling runs, as it would in production.
+
+The broker must advertise the proxy's address (``EmbeddedBroker(advertised_port=...)``), so
+that clients reach every broker connection through it.
+
+Only what the tests need is decoded: the request header (api key, version, correlation id)
+and the first error code of the responses named in :data:`ERROR_OFFSET`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from relay.embedded.broker import EmbeddedBroker, free_port
+
+#: Kafka api keys used here.
+PRODUCE, OFFSET_COMMIT, HEARTBEAT, INIT_PRODUCER_ID = 0, 8, 12, 22
+#: The first version of each api whose messages use the flexible (tagged-field) encoding.
+FLEXIBLE_FROM = {PRODUCE: 9, OFFSET_COMMIT: 8, HEARTBEAT: 4, INIT_PRODUCER_ID: 2}
+
+#: Kafka error codes used by the tests.
+OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID = 45, 47, 59
+FENCED_INSTANCE_ID = 82
+
+
+def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _skip_tagged_fields(data: bytes, pos: int) -> int:
+    count, pos = _uvarint(data, pos)
+    for _ in range(count):
+        _, pos = _uvarint(data, pos)        # tag
+        size, pos = _uvarint(data, pos)
+        pos += size
+    return pos
+
+
+def _produce_error_offset(body: bytes, pos: int, flexible: bool) -> int:
+    """The offset of the first partition's error code in a ProduceResponse body."""
+    if flexible:
+        _, pos = _uvarint(body, pos)          # topics (compact array)
+        name_len, pos = _uvarint(body, pos)   # compact string: length + 1
+        pos += name_len - 1
+        _, pos = _uvarint(body, pos)          # partitions (compact array)
+    else:
+        pos += 4                              # topics array length
+        (name_len,) = struct.unpack_from(">h", body, pos)
+        pos += 2 + name_len
+        pos += 4                              # partitions array length
+    return pos + 4                            # past the partition index
+
+
+#: Where the error code sits in a response body (after the response header), by api key.
+ERROR_OFFSET: dict[int, Callable[[bytes, int, int, bool], int]] = {
+    HEARTBEAT: lambda body, pos, version, flexible: pos + (4 if version >= 1 else 0),
+    INIT_PRODUCER_ID: lambda body, pos, version, flexible: pos + 4,
+    PRODUCE: lambda body, pos, version, flexible: _produce_error_offset(body, pos, flexible),
+}
+
+
+class KafkaFaultProxy:
+    """Listens on ``127.0.0.1:port`` and forwards to ``127.0.0.1:upstream_port``.
+
+    ``requests`` counts the requests seen by (api key, version); ``injected`` lists the
+    (api key, version, error code) of each response rewritten."""
+
+    def __init__(self, upstream_port: int, port: int) -> None:
+        self.upstream_port, self.port = upstream_port, port
+        self.requests: Counter[tuple[int, int]] = Counter()
+        self.injected: list[tuple[int, int, int]] = []
+        self._faults: dict[int, list[int]] = {}    # api key -> [error code, responses left]
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kafka-fault-proxy", daemon=True)
+
+    def start(self) -> KafkaFaultProxy:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", self.port), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> KafkaFaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def answer_with_error(self, api_key: int, error_code: int, times: int = 1) -> None:
+        """The next ``times`` responses to ``api_key`` requests carry ``error_code``."""
+        with self._lock:
+            self._faults[api_key] = [error_code, times]
+
+    def seen(self, api_key: int) -> int:
+        with self._lock:
+            return sum(n for (key, _), n in self.requests.items() if key == api_key)
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            broker_reader, broker_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            client_writer.close()
+            return
+        pending: dict[int, tuple[int, int]] = {}   # correlation id -> (api key, version)
+        try:
+            await asyncio.gather(
+                self._pump(client_reader, broker_writer, lambda frame: self._request(frame, pending)),
+                self._pump(broker_reader, client_writer, lambda frame: self._response(frame, pending)))
+        except asyncio.CancelledError:  # stop(): the connection is dropped
+            client_writer.close()
+            broker_writer.close()
+
+    @staticmethod
+    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    handle: Callable[[bytes], bytes]) -> None:
+        try:
+            while True:
+                size = await reader.readexactly(4)
+                frame = await reader.readexactly(struct.unpack(">i", size)[0])
+                writer.write(size + handle(frame))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _request(self, frame: bytes, pending: dict[int, tuple[int, int]]) -> bytes:
+        api_key, version, correlation = struct.unpack_from(">hhi", frame)
+        pending[correlation] = (api_key, version)
+        with self._lock:
+            self.requests[(api_key, version)] += 1
+        return frame
+
+    def _response(self, frame: bytes, pending: dict[int, tuple[int, int]]) -> bytes:
+        (correlation,) = struct.unpack_from(">i", frame)
+        api_key, version = pending.pop(correlation, (-1, -1))
+        with self._lock:
+            fault = self._faults.get(api_key)
+            if fault is None or fault[1] <= 0:
+                return frame
+            fault[1] -= 1
+            self.injected.append((api_key, version, fault[0]))
+            error_code = fault[0]
+        flexible = version >= FLEXIBLE_FROM[api_key]
+        pos = _skip_tagged_fields(frame, 4) if flexible else 4
+        at = ERROR_OFFSET[api_key](frame, pos, version, flexible)
+        return frame[:at] + struct.pack(">h", error_code) + frame[at + 2:]
+
+
+@contextmanager
+def proxied_broker() -> Iterator[tuple[EmbeddedBroker, KafkaFaultProxy]]:
+    """A Tansu broker whose clients all go through a :class:`KafkaFaultProxy`
+    (``broker.bootstrap_servers`` names the proxy)."""
+    port = free_port()
+    with EmbeddedBroker(advertised_port=port) as broker, KafkaFaultProxy(broker.port, port) as proxy:
+        yield broker, proxy
