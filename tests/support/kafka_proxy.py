@@ -31,7 +31,7 @@ FLEXIBLE_FROM = {PRODUCE: 9, OFFSET_COMMIT: 8, HEARTBEAT: 4, INIT_PRODUCER_ID: 2
 
 #: Kafka error codes used by the tests.
 OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID = 45, 47, 59
-FENCED_INSTANCE_ID = 82
+REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID = 27, 82
 
 
 def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
@@ -54,8 +54,9 @@ def _skip_tagged_fields(data: bytes, pos: int) -> int:
     return pos
 
 
-def _produce_error_offset(body: bytes, pos: int, flexible: bool) -> int:
-    """The offset of the first partition's error code in a ProduceResponse body."""
+def _partition_error_offset(body: bytes, pos: int, flexible: bool) -> int:
+    """The offset of the first partition's error code in a response body that starts (at
+    ``pos``) with a topics array of partition arrays (ProduceResponse, OffsetCommitResponse)."""
     if flexible:
         _, pos = _uvarint(body, pos)          # topics (compact array)
         name_len, pos = _uvarint(body, pos)   # compact string: length + 1
@@ -73,7 +74,9 @@ def _produce_error_offset(body: bytes, pos: int, flexible: bool) -> int:
 ERROR_OFFSET: dict[int, Callable[[bytes, int, int, bool], int]] = {
     HEARTBEAT: lambda body, pos, version, flexible: pos + (4 if version >= 1 else 0),
     INIT_PRODUCER_ID: lambda body, pos, version, flexible: pos + 4,
-    PRODUCE: lambda body, pos, version, flexible: _produce_error_offset(body, pos, flexible),
+    PRODUCE: lambda body, pos, version, flexible: _partition_error_offset(body, pos, flexible),
+    OFFSET_COMMIT: lambda body, pos, version, flexible: _partition_error_offset(
+        body, pos + (4 if version >= 3 else 0), flexible),
 }
 
 
