@@ -28,6 +28,23 @@ _PERMANENT = frozenset({
 })
 
 
+# Answers after which the idempotent producer instance cannot go on writing. librdkafka
+# reports them as failed deliveries (not as a fatal error) and bumps the producer epoch on
+# its own; a broker without that bump (KIP-360; Tansu is one) then refuses the instance for
+# good. A new instance gets a new producer id.
+_POISON = frozenset({
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.PRODUCER_FENCED,
+})
+
+
+def poisons_instance(code: int) -> bool:
+    """Whether a delivery error means the producer instance must be replaced."""
+    return code in _POISON
+
+
 def classify(code: int) -> Literal["retry", "reject"]:
     """RETRY or REJECT for a librdkafka delivery error code."""
     return REJECT if code in _PERMANENT else RETRY

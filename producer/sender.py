@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from producer.delivery import REJECT, classify
+from producer.delivery import REJECT, classify, poisons_instance
 from producer.errors import JournalError
 from producer.journal import Journal, Record
 
@@ -129,6 +129,8 @@ class Sender:
                 self._returned.append((seq, msg.key(), msg.value()))
                 if not self._spilling:
                     self._want_journal = f"delivery_failed:{err.name()}"
+                if poisons_instance(err.code()) and self._fatal is None:
+                    self._fatal = err           # replaced, as after a fatal error
         except Exception as cb_err:  # noqa: BLE001 - an exception here would surface in poll()
             self._error("delivery_callback_failed", cb_err)
 
@@ -142,6 +144,8 @@ class Sender:
             self._drop("rejected_by_broker", err.str(), key=msg.key())
         else:
             self._replay_failed = True
+            if poisons_instance(err.code()) and self._fatal is None:
+                self._fatal = err
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

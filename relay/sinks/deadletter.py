@@ -72,6 +72,7 @@ class DeadLetterWriter:
                 loop.call_soon_threadsafe(self._acked, reason, on_done)
             else:
                 log_event(log, logging.ERROR, "dead_letter_write_failed", error=str(err), reason=reason)
+                self._host.delivery_failed(err)
                 loop.call_soon_threadsafe(loop.call_later, _RESEND_DELAY_S, self._produce,
                                           value, key, headers, reason, on_done)
         try:

@@ -17,7 +17,10 @@ treat that as a failed write and retry it.
 
 confluent-kafka raises a producer's fatal error from ``poll()`` (as a
 :class:`KafkaException` whose error is fatal) rather than passing it to ``error_cb``; both
-ways are handled.
+ways are handled. Some answers about the producer id (:data:`SPOILING`) only fail the
+delivery: librdkafka then bumps the producer epoch on its own, and a broker without that
+bump (KIP-360; Tansu is one) refuses the producer for good. The writers report their failed
+deliveries to :meth:`ProducerHost.delivery_failed`, which treats those as fatal.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ log = logging.getLogger("relay.source.producer")
 #: How long a fatal producer's in-flight requests may take to be answered before they are
 #: given up on (then again for the purge's reports).
 SETTLE_S = 5.0
+
+#: Delivery errors after which the producer is replaced, as after a fatal error.
+SPOILING = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_PRODUCER_EPOCH,
+                      KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.PRODUCER_FENCED})
 
 
 class ProducerHost:
@@ -63,6 +70,11 @@ class ProducerHost:
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback, on the poll thread (inside poll or flush)."""
         if err.fatal():
+            self._fatal = err
+
+    def delivery_failed(self, err: KafkaError) -> None:
+        """A writer's failed delivery (called from its delivery callback, on the poll thread)."""
+        if err.code() in SPOILING and self._fatal is None:
             self._fatal = err
 
     def _poll(self, producer: Producer, timeout_s: float) -> None:

@@ -102,6 +102,7 @@ class RunStateChangelog:
             if err is not None:
                 log_event(log, logging.ERROR, "run_state_write_failed", topic=self.topic, partition=partition,
                           error=str(err))
+                self._host.delivery_failed(err)
             loop.call_soon_threadsafe(self._done, on_done, status)
         try:
             producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivered)

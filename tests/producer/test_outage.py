@@ -16,7 +16,8 @@ from producer import LineageProducer
 from relay.embedded.broker import EmbeddedBroker, free_port
 from tests.producer.support import FAST_RECONNECT, assert_all_arrived_in_order, seq_event, wait_for
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
-from tests.support.kafka_proxy import OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE, proxied_broker
+from tests.support.kafka_proxy import (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE,
+                                      UNKNOWN_PRODUCER_ID, proxied_broker)
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,23 +114,27 @@ def test_a_fatal_error_journals_what_librdkafka_held_in_emit_order(broker, tmp_p
     assert_all_arrived_in_order(records, range(1, 101))
 
 
-def test_a_real_fatal_error_from_the_broker_loses_nothing_and_keeps_emit_order(tmp_path):
-    """The broker answers a produce request with an out-of-order sequence number, which
-    librdkafka's idempotent producer cannot repair: it goes fatal (confluent-kafka raises
-    that from poll()). The sender journals what the instance held, replaces it and resends:
-    every event arrives, in emit order per key (the refused request had been written by
-    the broker, so its records arrive twice)."""
+@pytest.mark.parametrize("error_code", [OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID],
+                         ids=["out_of_order_sequence", "invalid_producer_epoch", "unknown_producer_id"])
+def test_an_answer_that_spoils_the_producer_id_loses_nothing_and_keeps_emit_order(tmp_path, error_code):
+    """The broker answers one produce request with an error about the idempotent
+    producer's id. An out-of-order sequence is fatal (confluent-kafka raises it from
+    poll()); the other two fail the delivery, librdkafka bumps the epoch on its own, and a
+    broker without that bump (Tansu) refuses the instance for good. Either way the sender
+    journals what the instance held, replaces it and resends: every event arrives, in emit
+    order per key, nothing dropped (the broker had written the refused request, so its
+    records may arrive twice)."""
     with proxied_broker() as (broker, proxy):
         broker.create_topic("refused", 2)
         with _producer(broker.bootstrap_servers, "refused", tmp_path) as p:
             for i in range(100):
                 p.emit(seq_event(i))
             assert p.flush(15) == 0
-            proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER)
+            proxy.answer_with_error(PRODUCE, error_code)
             for i in range(100, 300):
                 p.emit(seq_event(i))
-            assert p.flush(30) == 0
-            assert [code for _, _, code in proxy.injected] == [OUT_OF_ORDER_SEQUENCE_NUMBER]
+            assert p.flush(30) == 0, p.stats
+            assert [code for _, _, code in proxy.injected] == [error_code]
             assert p.stats.delivery_failures > 0 and p.stats.journaled > 0, p.stats
             assert p.stats.dropped == {}, p.stats
         records = read_topic(broker.bootstrap_servers, "refused", expected=400, timeout_s=5)

@@ -19,7 +19,8 @@ from relay.sinks.deadletter import DeadLetterWriter
 import relay.source.producer as producer_module
 from relay.source.producer import ProducerHost
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
-from tests.support.kafka_proxy import OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE, proxied_broker
+from tests.support.kafka_proxy import (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE,
+                                      UNKNOWN_PRODUCER_ID, proxied_broker)
 from tests.support.relay import eventually
 
 pytestmark = pytest.mark.kafka
@@ -209,3 +210,34 @@ async def test_the_dead_letter_writer_goes_on_after_a_fatal_error_and_counts_it(
         assert sorted((r.value, r.headers["reason"]) for r in records) == [
             (b"first", b"invalid_json"), (b"meanwhile", b"missing_field"),
             (b"refused", b"too_large"), (b"refused", b"too_large")]
+
+
+@pytest.mark.parametrize("error_code", [INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID],
+                         ids=["invalid_producer_epoch", "unknown_producer_id"])
+async def test_an_answer_that_spoils_the_producer_id_replaces_the_dead_letter_producer(error_code):
+    """These answers only fail the delivery; librdkafka bumps the epoch on its own and a
+    broker without that bump (Tansu) refuses the producer from then on. The writer's retry
+    would fail for good: the host replaces the producer, and the dead letter is written."""
+    with proxied_broker() as (broker, proxy):
+        broker.create_topic("dlq", 1)
+        metrics = RelayMetrics()
+        writer = DeadLetterWriter(bootstrap_servers=broker.bootstrap_servers, topic="dlq", properties={},
+                                  metrics=metrics)
+        await writer.start()
+        done: list[str] = []
+
+        def send(value: bytes, reason: str) -> None:
+            writer.send(value, None, reason=reason, detail="d", source=None, on_done=lambda: done.append(reason))
+        try:
+            send(b"first", "invalid_json")
+            await _until(lambda: done == ["invalid_json"], 15, "the first dead letter acknowledged")
+            proxy.answer_with_error(PRODUCE, error_code)
+            send(b"refused", "too_large")
+            await _until(lambda: done == ["invalid_json", "too_large"], 30, "the refused dead letter written")
+        finally:
+            await writer.close()
+        assert writer._host.replaced == 1
+        assert metrics.registry.get_sample_value("lineage_relay_kafka_producers_replaced_total",
+                                                 {"producer": "dead_letter"}) == 1
+        records = read_topic(broker.bootstrap_servers, "dlq", expected=4, timeout_s=3)
+        assert [r.value for r in records][:1] == [b"first"] and {r.value for r in records} == {b"first", b"refused"}
