@@ -142,6 +142,9 @@ class RelayMetrics:
         self.producers_replaced = Counter(p + "kafka_producers_replaced", "The relay's Kafka producers (dead_letter, "
                                           "run_state) replaced after a fatal librdkafka error", ["producer"],
                                           registry=r)
+        self.dead_letter_values_omitted = Counter(
+            p + "dead_letter_values_omitted", "Dead letters written without their value: the dead-letter topic "
+            "refused the original record as too large", ["reason"], registry=r)
 
     def deliveries(self, collector: str) -> Deliveries:
         """``collector``'s acknowledged deliveries (``.count`` is the forwarded counter)."""

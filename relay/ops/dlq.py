@@ -7,6 +7,10 @@ cause was fixed, either straight to a collector (the one named in the record, or
 every collector whose route takes it) or back to the input topic (``--to-topic``), where
 the relay processes it like any new record.
 
+A dead letter written without its value (header ``value_omitted``: the dead-letter topic
+refused it as too large) is re-driven from the original, read back from the source topic
+at ``source``; one no longer there (retention) is a failure naming where it was.
+
 Once: a record is re-driven at most once, across runs (see :mod:`relay.ops.ledger`);
 records that fail again stay pending for the next redrive. Both commands read with
 ``assign()`` and never touch the relay's consumer group.
@@ -54,6 +58,8 @@ class DeadLetter:
     collector: str | None
     relay_time: str
     redriven: bool = False
+    #: The original's size when it was written without its value (else None).
+    value_omitted: int | None = None
 
     @property
     def ref(self) -> str:
@@ -62,9 +68,17 @@ class DeadLetter:
     @classmethod
     def from_message(cls, msg: Message) -> DeadLetter:
         headers = {k: (v or b"").decode("utf-8", "replace") for k, v in (msg.headers() or [])}
+        omitted = headers.get("value_omitted")
         return cls(msg.partition(), msg.offset(), msg.key(), msg.value(), headers.get("reason", "(none)"),
                    headers.get("detail", ""), headers.get("source", ""), headers.get("collector") or None,
-                   headers.get("relay_time", ""))
+                   headers.get("relay_time", ""), value_omitted=int(omitted) if omitted and omitted.isdigit() else None)
+
+    def source_position(self) -> tuple[str, int, int] | None:
+        """``source`` as (topic, partition, offset), when it names one."""
+        parts = self.source.rsplit("/", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            return None
+        return parts[0], int(parts[1]), int(parts[2])
 
 
 def scan(config: RelayConfig, consumer: Consumer, ledger: RedriveLedger, *, from_position: bool,
@@ -115,6 +129,9 @@ def render_list(topic: str, records: list[DeadLetter], ledger: RedriveLedger, *,
             value = (r.value or b"").decode("utf-8", "replace")
             if len(value) > _SHOW_VALUE_CHARS:
                 value = value[:_SHOW_VALUE_CHARS] + f"... ({len(r.value or b'')} bytes)"
+            if r.value_omitted is not None:
+                value = (f"(omitted: {r.value_omitted} bytes, too large for the dead-letter topic; "
+                         f"the original is at {r.source or '?'})")
             lines += [f"--- {r.ref} {r.reason} [{state}] collector={r.collector or '-'} source={r.source or '-'} "
                       f"at={r.relay_time or '-'}",
                       f"    detail: {r.detail}",
@@ -192,6 +209,35 @@ def select(records: list[DeadLetter], args: argparse.Namespace, ledger: RedriveL
             else:
                 summary.missing.append(f"{p}:{o}")
     return chosen
+
+
+def fetch_originals(consumer: Consumer, chosen: list[DeadLetter], summary: RedriveSummary) -> list[DeadLetter]:
+    """``chosen``, each dead letter written without its value given the original's, read
+    back from the source topic; one no longer there is a failure (and left out)."""
+    out = []
+    for record in chosen:
+        if record.value_omitted is None or record.value is not None:
+            out.append(record)
+            continue
+        position = record.source_position()
+        if position is None:
+            summary.failures.append((record, f"its value was omitted ({record.value_omitted} bytes) and its "
+                                             f"source {record.source!r} names no record to read it from"))
+            continue
+        topic, partition, offset = position
+        (low, high), = watermarks(consumer, topic, [partition]).values()
+        original = None
+        if low <= offset < high:
+            original = next((m for m in read(consumer, topic, [PartitionRange(partition, offset, offset + 1)])
+                             if m.offset() == offset), None)
+        if original is None or original.value() is None:
+            summary.failures.append((record, f"its value was omitted ({record.value_omitted} bytes) and the "
+                                             f"original is no longer at {record.source} (offsets {low}..{high - 1} "
+                                             f"remain): it cannot be re-driven"))
+            continue
+        record.value = original.value()
+        out.append(record)
+    return out
 
 
 def to_topic(config: RelayConfig, chosen: list[DeadLetter], ledger: RedriveLedger | None,
@@ -327,6 +373,7 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
             keep_value=lambda r: (not r.redriven and args.reason in (None, r.reason)
                                   and (wanted is None or (r.partition, r.offset) in wanted)))
         chosen = select(records, args, ledger, summary)
+        chosen = fetch_originals(consumer, chosen, summary)
         writer = None if args.dry_run else ledger
         if writer is not None and chosen:
             writer.open_for_writing()

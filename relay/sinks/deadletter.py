@@ -8,6 +8,12 @@ value = the original bytes, unchanged; key = the original key; headers ``reason`
 A write counts as done only when the broker acknowledged it; failed writes are retried
 until they succeed, so a record's offset is never committed before its dead letter exists.
 The producer is replaced after a fatal error (see :class:`ProducerHost`).
+
+A dead letter the broker refuses as too large (a dead-letter topic created with a smaller
+``max.message.bytes`` than the records it must hold) is tried once more as it is -- it may
+only have shared a batch with a bigger one -- and then written without its value, with
+header ``value_omitted`` = the original size in bytes: the original stays in the source
+topic at ``source`` (within its retention), and the relay does not stall on it for ever.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ from relay.source.producer import ProducerHost
 log = logging.getLogger("relay.sinks.deadletter")
 _DETAIL_MAX = 2000
 _RESEND_DELAY_S = 1.0
+#: Size refusals of a dead letter before it is written without its value.
+_SIZE_REFUSALS = 2
+#: The broker's refusals for size, and librdkafka's own (-181, over message.max.bytes).
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, -181})
 
 
 class DeadLetterWriter:
@@ -60,12 +70,23 @@ class DeadLetterWriter:
         self._produce(value, key, headers, reason, on_done)
 
     def _produce(self, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
-                 reason: str, on_done: Callable[[], None]) -> None:
+                 reason: str, on_done: Callable[[], None], size_refusals: int = 0) -> None:
         producer = self._host.producer
         if producer is None:  # closed: the record's offset is not committed, it comes again
             return
         assert self._loop is not None
         loop = self._loop
+
+        def retry(err: KafkaError) -> None:
+            """On the loop: send again in a while (without the value after size refusals)."""
+            refusals = size_refusals + (err.code() in _TOO_LARGE)
+            args = (value, key, headers, reason, on_done, refusals)
+            if refusals >= _SIZE_REFUSALS and value is not None:
+                log_event(log, logging.ERROR, "dead_letter_value_omitted", reason=reason, bytes=len(value),
+                          error=str(err))
+                self._metrics.dead_letter_values_omitted.labels(reason=reason).inc()
+                args = (None, key, [*headers, ("value_omitted", str(len(value)).encode())], reason, on_done, 0)
+            loop.call_later(_RESEND_DELAY_S, self._produce, *args)
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
             if err is None:
@@ -73,15 +94,14 @@ class DeadLetterWriter:
             else:
                 log_event(log, logging.ERROR, "dead_letter_write_failed", error=str(err), reason=reason)
                 self._host.delivery_failed(err)
-                loop.call_soon_threadsafe(loop.call_later, _RESEND_DELAY_S, self._produce,
-                                          value, key, headers, reason, on_done)
+                loop.call_soon_threadsafe(retry, err)
         try:
             producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=delivered)
         except BufferError:
-            loop.call_later(0.05, self._produce, value, key, headers, reason, on_done)
-        except KafkaException as err:  # a fatal producer, until its replacement
+            loop.call_later(0.05, self._produce, value, key, headers, reason, on_done, size_refusals)
+        except KafkaException as err:  # a fatal producer until its replacement, or a record over message.max.bytes
             log_event(log, logging.ERROR, "dead_letter_write_failed", error=str(err), reason=reason)
-            loop.call_later(_RESEND_DELAY_S, self._produce, value, key, headers, reason, on_done)
+            retry(err.args[0])
 
     def _acked(self, reason: str, on_done: Callable[[], None]) -> None:
         self.in_flight -= 1

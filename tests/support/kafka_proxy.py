@@ -9,8 +9,17 @@ handling runs, as it would in production.
 The broker must advertise the proxy's address (``EmbeddedBroker(advertised_port=...)``), so
 that clients reach every broker connection through it.
 
-Only what the tests need is decoded: the request header (api key, version, correlation id)
-and the first error code of the responses named in :data:`ERROR_OFFSET`.
+Two kinds of fault:
+
+* :meth:`KafkaFaultProxy.answer_with_error`: the broker handles the request, and its answer
+  is given the error code (a write then happened although the client is told otherwise);
+* :meth:`KafkaFaultProxy.refuse_produce`: the broker never writes the request's records
+  (its partition index is turned into one that does not exist, and restored in the answer,
+  which carries the error code), as a broker refuses a record batch over its size limit.
+
+Only what the tests need is decoded: the request header (api key, version, correlation id),
+the first partition of a produce request, and the first error code of the responses named
+in :data:`ERROR_OFFSET`.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ PRODUCE, OFFSET_COMMIT, HEARTBEAT, INIT_PRODUCER_ID = 0, 8, 12, 22
 FLEXIBLE_FROM = {PRODUCE: 9, OFFSET_COMMIT: 8, HEARTBEAT: 4, INIT_PRODUCER_ID: 2}
 
 #: Kafka error codes used by the tests.
+MESSAGE_TOO_LARGE = 10
 OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID = 45, 47, 59
 REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID = 27, 82
 
@@ -70,6 +80,29 @@ def _partition_error_offset(body: bytes, pos: int, flexible: bool) -> int:
     return pos + 4                            # past the partition index
 
 
+def _produce_request_partition_offset(frame: bytes, version: int) -> int:
+    """The offset of the first partition index in a ProduceRequest (v3-v12)."""
+    pos = 8                                   # api key, version, correlation id
+    (client_len,) = struct.unpack_from(">h", frame, pos)
+    pos += 2 + max(client_len, 0)             # client id: a nullable string in every header
+    if version >= FLEXIBLE_FROM[PRODUCE]:
+        pos = _skip_tagged_fields(frame, pos)
+        txn_len, pos = _uvarint(frame, pos)   # transactional id: compact nullable string
+        pos += max(txn_len - 1, 0) + 2 + 4    # acks, timeout
+        _, pos = _uvarint(frame, pos)         # topics
+        name_len, pos = _uvarint(frame, pos)
+        pos += name_len - 1
+        _, pos = _uvarint(frame, pos)         # partitions
+        return pos
+    (txn_len,) = struct.unpack_from(">h", frame, pos)
+    pos += 2 + max(txn_len, 0) + 2 + 4 + 4    # transactional id, acks, timeout, topics
+    (name_len,) = struct.unpack_from(">h", frame, pos)
+    return pos + 2 + name_len + 4             # name, partitions
+
+
+#: A partition index no topic has.
+_NO_PARTITION = 0x7FFFFFF0
+
 #: Where the error code sits in a response body (after the response header), by api key.
 ERROR_OFFSET: dict[int, Callable[[bytes, int, int, bool], int]] = {
     HEARTBEAT: lambda body, pos, version, flexible: pos + (4 if version >= 1 else 0),
@@ -91,6 +124,8 @@ class KafkaFaultProxy:
         self.requests: Counter[tuple[int, int]] = Counter()
         self.injected: list[tuple[int, int, int]] = []
         self._faults: dict[int, list[int]] = {}    # api key -> [error code, responses left]
+        self._refusals: list[int] = []              # [error code, produce requests left]
+        self._refused: dict[int, tuple[int, int]] = {}  # correlation id -> (partition, error code)
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -124,6 +159,12 @@ class KafkaFaultProxy:
         """The next ``times`` responses to ``api_key`` requests carry ``error_code``."""
         with self._lock:
             self._faults[api_key] = [error_code, times]
+
+    def refuse_produce(self, error_code: int, times: int = 1) -> None:
+        """The next ``times`` produce requests are not written (their first partition's
+        records; send to one-partition topics) and are answered with ``error_code``."""
+        with self._lock:
+            self._refusals = [error_code, times]
 
     def seen(self, api_key: int) -> int:
         with self._lock:
@@ -163,11 +204,26 @@ class KafkaFaultProxy:
         pending[correlation] = (api_key, version)
         with self._lock:
             self.requests[(api_key, version)] += 1
-        return frame
+            if api_key != PRODUCE or not self._refusals or self._refusals[1] <= 0:
+                return frame
+            self._refusals[1] -= 1
+            error_code = self._refusals[0]
+        at = _produce_request_partition_offset(frame, version)
+        (partition,) = struct.unpack_from(">i", frame, at)
+        self._refused[correlation] = (partition, error_code)
+        return frame[:at] + struct.pack(">i", _NO_PARTITION) + frame[at + 4:]
 
     def _response(self, frame: bytes, pending: dict[int, tuple[int, int]]) -> bytes:
         (correlation,) = struct.unpack_from(">i", frame)
         api_key, version = pending.pop(correlation, (-1, -1))
+        refused = self._refused.pop(correlation, None)
+        if refused is not None:
+            partition, error_code = refused
+            flexible = version >= FLEXIBLE_FROM[api_key]
+            at = ERROR_OFFSET[api_key](frame, _skip_tagged_fields(frame, 4) if flexible else 4, version, flexible)
+            with self._lock:
+                self.injected.append((api_key, version, error_code))
+            return frame[:at - 4] + struct.pack(">ih", partition, error_code) + frame[at + 2:]
         with self._lock:
             fault = self._faults.get(api_key)
             if fault is None or fault[1] <= 0:

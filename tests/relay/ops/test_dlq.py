@@ -15,6 +15,7 @@ from relay.config import RelayConfig
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.kafka import committed_offsets, produce, read_topic
+from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, proxied_broker
 from tests.support.relay import RelayThread, relay_config
 
 pytestmark = pytest.mark.kafka
@@ -162,3 +163,33 @@ def test_redrive_to_topic_hands_the_record_back_to_the_relay_once(kafka, setup, 
         assert a.wait_for(lambda c: c.count == len(stream), 30)
     assert received(a, victim) == 1
     assert len(read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 2, timeout_s=2)) == len(stream) + 1
+
+
+def test_a_dead_letter_written_without_its_value_is_redriven_from_the_source_topic(tmp_path, capsys):
+    """The dead-letter topic refused the dead letter as too large (through a fault proxy),
+    so the relay wrote it without its value. ``list --show`` says where the original is,
+    and ``redrive`` reads it back from the source topic and delivers it."""
+    with proxied_broker() as (broker, proxy), RecordingCollector() as a:
+        broker.create_topic("ol", 1)
+        config = relay_config(broker.bootstrap_servers, "ol", {"a": a.url}, group="g", dlq="dlq")
+        path = tmp_path / "relay.yaml"
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True, exclude_defaults=True)))
+        stream = sample_stream(6, seed=12)
+        victim = orjson.loads(stream[3][1])
+        a.reject_when(lambda doc: 400 if doc == victim else None)
+        produce(broker.bootstrap_servers, "ol", stream)
+        proxy.refuse_produce(MESSAGE_TOO_LARGE, times=2)
+        with RelayThread(config):
+            assert a.wait_for(lambda c: c.count == len(stream) - 1, 30)
+            [dead] = read_topic(broker.bootstrap_servers, "dlq", expected=1, timeout_s=30)
+        assert dead.value is None and dead.headers["value_omitted"] == str(len(stream[3][1])).encode()
+
+        code, out, _ = run_cli(capsys, "dlq", "list", "--config", str(path), "--show")
+        assert code == 0
+        assert (f"value: (omitted: {len(stream[3][1])} bytes, too large for the dead-letter topic; "
+                f"the original is at ol/0/3)") in out, out
+        a.reject_when(lambda doc: None)
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path))
+        assert code == 0, out + err
+        assert summary_value(out, "re-driven") == 1
+        assert received(a, victim) == 1 and a.count == len(stream)
