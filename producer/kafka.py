@@ -142,6 +142,8 @@ class LineageProducer(Sender):
 
     def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
         props = props or self.config.kafka_properties()
+        if self._batch_bytes is not None:   # reduced after the broker refused a batch as too large
+            props = {**props, "batch.size": str(self._batch_bytes)}
         try:
             return Producer({**props, "error_cb": self._on_error,
                              "logger": _RDKAFKA_LOG})

@@ -12,6 +12,9 @@ State machine, per loop (``_step``):
    *reclaim* -- purge librdkafka and collect every record it held, in emit order, ahead
    of anything emitted since; after a fatal error or a stall, await the answers to
    requests already sent (bounded) first, then build a new librdkafka producer;
+   a batch the broker refused for its size also rebuilds it, with half the batch size
+   (librdkafka does not split a batch: a record fitting on its own must not be lost
+   with the batch it shared; one refused while it was alone is dropped, counted);
 3. *persist*: append reclaimed records, then the spill queue, to the journal (fsync);
 4. in journal mode, *replay*: send the oldest journal's next batch and wait for all of
    it to be acknowledged before committing and sending the next (a failed batch is
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from producer.delivery import REJECT, classify, poisons_instance
+from producer.delivery import REJECT, batch_too_large, classify, poisons_instance
 from producer.errors import JournalError
 from producer.journal import Journal, Record
 
@@ -88,6 +91,10 @@ class Sender:
         self._want_journal: str | None = None
         self._fatal: KafkaError | None = None
         self._stalled = False
+        # librdkafka's batch.size now (None: as configured) and the record size that made
+        # the broker refuse a batch (a rebuild halves it); see _shrinks_batch.
+        self._batch_bytes: int | None = None
+        self._refused_batch: int | None = None
         self._stall_s = _STALL_S[0]
         self._quiet_since = time.monotonic()  # last time nothing awaited a delivery report
         self._last_report_at = 0.0            # last delivery report of any kind
@@ -116,13 +123,27 @@ class Sender:
 
     # --- librdkafka callbacks (run on the sender thread, inside poll) ------------------
 
+    def _configured_batch_bytes(self) -> int:
+        return int(self.config.kafka_properties().get("batch.size", 1_000_000))
+
+    def _shrinks_batch(self, err: KafkaError, size: int) -> bool:
+        """A batch refused for its size, holding this record of ``size`` bytes: if the
+        record may have shared it (it is under batch.size), ask for smaller batches and
+        keep the record; else it was alone, and is itself too large."""
+        if not batch_too_large(err.code()):
+            return False
+        if size >= (self._batch_bytes or self._configured_batch_bytes()):
+            return False
+        self._refused_batch = max(self._refused_batch or 0, size)
+        return True
+
     def _on_delivery(self, seq: int, err: KafkaError | None, msg: Any) -> None:
         self._direct_done += 1
         self._last_report_at = time.monotonic()
         try:
             if err is None:
                 self._delivered += 1
-            elif classify(err.code()) == REJECT:
+            elif classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
                 self._drop("rejected_by_broker", err.str(), key=msg.key())
             else:
                 self._delivery_failures += 1
@@ -139,7 +160,7 @@ class Sender:
         self._last_report_at = time.monotonic()
         if err is None:
             return
-        if classify(err.code()) == REJECT:
+        if classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
             self._replay_rejected += 1
             self._drop("rejected_by_broker", err.str(), key=msg.key())
         else:
@@ -182,9 +203,10 @@ class Sender:
         busy = self._spilling and (self._spill or self._replay is None)
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
         self._check_stall()
-        replace = self._fatal is not None or self._stalled
+        replace = self._fatal is not None or self._stalled or self._refused_batch is not None
         if replace and self._want_journal is None:
-            self._want_journal = "fatal_error" if self._fatal is not None else "stalled"
+            self._want_journal = ("fatal_error" if self._fatal is not None else "stalled" if self._stalled
+                                  else "batch_too_large")
         if self._want_journal is not None:
             # Before reclaiming, so nothing new goes into the instance being emptied.
             with self._lock:
@@ -239,8 +261,16 @@ class Sender:
 
     def _rebuild(self) -> None:
         # A fatal error (e.g. the broker forgot our producer id) poisons the instance.
-        cause = self._fatal if self._fatal is not None else f"no delivery report for {self._stall_s}s"
+        cause = (self._fatal if self._fatal is not None else f"no delivery report for {self._stall_s}s"
+                 if self._stalled else "a batch refused as too large")
         log.warning("event=producer_rebuilt topic=%s cause=%s", self._topic, cause)
+        if self._refused_batch is not None:
+            before = self._batch_bytes or self._configured_batch_bytes()
+            self._batch_bytes = max(1, before // 2)
+            log.warning("event=batch_size_reduced topic=%s batch_size=%d was=%d largest_refused_record=%d "
+                        "hint=the topic's max.message.bytes is under batch.size: set batch.size below it",
+                        self._topic, self._batch_bytes, before, self._refused_batch)
+            self._refused_batch = None
         if self._stalled:
             self._stall_s = min(self._stall_s * 2, _STALL_S[1])
             self._stalled = False

@@ -1,0 +1,69 @@
+"""A broker refusing a record batch as too large (a topic whose max.message.bytes is under
+the producer's batch.size): librdkafka fails every record of the batch, and does not split
+it. The producer keeps those records, halves batch.size and sends them again; only a record
+refused while it was alone in its batch is dropped (counted under rejected_by_broker).
+
+The broker's refusals come from a fault proxy: it keeps the request from being written and
+answers MESSAGE_TOO_LARGE, as Kafka does."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from producer import LineageProducer, events
+from tests.producer.support import FAST_RECONNECT, assert_all_arrived_in_order, seq_event
+from tests.support.kafka import read_topic
+from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, proxied_broker
+
+pytestmark = pytest.mark.kafka
+#: One batch for the events emitted together.
+BATCHING = {**FAST_RECONNECT, "linger.ms": "200"}
+
+
+def test_a_batch_refused_as_too_large_is_sent_again_in_smaller_batches(tmp_path, caplog):
+    with proxied_broker() as (broker, proxy):
+        broker.create_topic("batches", 1)
+        with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="batches", journal_dir=tmp_path,
+                             properties=BATCHING) as p:
+            p.emit(seq_event(0))
+            assert p.flush(15) == 0
+            proxy.refuse_produce(MESSAGE_TOO_LARGE)
+            with caplog.at_level(logging.WARNING, logger="producer"):
+                for i in range(1, 61):
+                    p.emit(seq_event(i))
+                assert p.flush(30) == 0, p.stats
+            assert [code for _, _, code in proxy.injected] == [MESSAGE_TOO_LARGE]
+            assert p.stats.dropped == {} and p.stats.delivery_failures > 1, p.stats
+        assert any("event=batch_size_reduced" in r.getMessage() and "batch_size=500000" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        records = read_topic(broker.bootstrap_servers, "batches", expected=62, timeout_s=3)
+    assert len(records) == 61, "each event written once: the refused batch was not written"
+    assert_all_arrived_in_order(records, range(61))
+
+
+def test_a_record_refused_while_alone_in_its_batch_is_dropped_and_counted(tmp_path):
+    """600 KB, under the default batch.size (1 MB): refused once, it may have shared its
+    batch, so it is kept and sent again with batch.size 500 KB, now alone. Refused again,
+    it is itself too large: dropped, counted; the events after it are delivered."""
+    big = events.run_event("START", run_id=events.new_run_id(), job_namespace="tests", job_name="big",
+                           run_facets={"blob": events.custom_facet({"x": "y" * 600_000},
+                                                                   schema_url="https://example.com/blob.json")})
+    with proxied_broker() as (broker, proxy):
+        broker.create_topic("alone", 1)
+        with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="alone", journal_dir=tmp_path,
+                             properties=FAST_RECONNECT) as p:
+            p.emit(seq_event(0))
+            assert p.flush(15) == 0
+            proxy.refuse_produce(MESSAGE_TOO_LARGE, times=2)
+            p.emit(big)
+            assert p.flush(30) == 0, p.stats
+            for i in range(1, 31):
+                p.emit(seq_event(i))
+            assert p.flush(30) == 0, p.stats
+            assert [code for _, _, code in proxy.injected] == [MESSAGE_TOO_LARGE] * 2
+            assert p.stats.dropped == {"rejected_by_broker": 1}, p.stats
+        records = read_topic(broker.bootstrap_servers, "alone", expected=32, timeout_s=3)
+    assert len(records) == 31
+    assert_all_arrived_in_order(records, range(31))
