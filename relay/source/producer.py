@@ -41,9 +41,11 @@ log = logging.getLogger("relay.source.producer")
 #: given up on (then again for the purge's reports).
 SETTLE_S = 5.0
 
-#: Delivery errors after which the producer is replaced, as after a fatal error.
+#: Delivery errors after which the producer is replaced, as after a fatal error. A batch
+#: refused for its size leaves a gap in the sequence too: librdkafka bumps the epoch.
 SPOILING = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_PRODUCER_EPOCH,
-                      KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.PRODUCER_FENCED})
+                      KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.PRODUCER_FENCED,
+                      KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
 class ProducerHost:

@@ -26,6 +26,7 @@ log = logging.getLogger("relay.state.changelog")
 
 #: Write outcomes handed to ``on_done``.
 OK, FAILED, TOO_LARGE = "ok", "failed", "too_large"
+_BATCH_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 _READ_TIMEOUT_S = 120.0
 
 
@@ -50,6 +51,8 @@ class RunStateChangelog:
         self._admin_conf = connection_properties(producer_properties)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-state")
         self._host = ProducerHost(self._producer_conf, "run-state-producer", on_replaced=on_producer_replaced)
+        #: Keys whose last write the broker refused as too large (see write()).
+        self._size_refused: set[bytes] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.partitions = 0
         self.unacked = 0
@@ -98,7 +101,18 @@ class RunStateChangelog:
         self._idle.clear()
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
-            status = OK if err is None else TOO_LARGE if err.code() == KafkaError.MSG_SIZE_TOO_LARGE else FAILED
+            status = OK if err is None else FAILED
+            if err is not None and err.code() in _BATCH_TOO_LARGE:
+                # The broker refused the record's batch for its size: a record that shared
+                # it may fit on its own, so it is written again once (FAILED: its run stays
+                # dirty) before it counts as too large (on the poll thread, as every report).
+                if key in self._size_refused:
+                    self._size_refused.discard(key)
+                    status = TOO_LARGE
+                else:
+                    self._size_refused.add(key)
+            elif err is None:
+                self._size_refused.discard(key)
             if err is not None:
                 log_event(log, logging.ERROR, "run_state_write_failed", topic=self.topic, partition=partition,
                           error=str(err))

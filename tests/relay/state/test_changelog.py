@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
-from relay.state.changelog import OK, RunStateChangelog
+from relay.state.changelog import FAILED, OK, TOO_LARGE, RunStateChangelog
+from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, proxied_broker
 
 pytestmark = pytest.mark.kafka
 
@@ -43,3 +45,32 @@ async def test_close_while_flushing_leaves_the_poll_thread_to_end_cleanly(kafka,
     assert thread is not None and not thread.is_alive()
     assert failures == []
     assert await changelog.wait_acked(5) and answers == [OK] * 20
+
+
+@pytest.mark.parametrize("refusals", [1, 2], ids=["refused_once", "refused_twice"])
+async def test_a_state_write_refused_as_too_large_is_tried_again_before_it_counts_as_too_large(refusals):
+    """The broker refuses a record batch for its size (through a fault proxy): each record
+    in it may fit on its own, so the first refusal is a plain failure (the run is written
+    again); only a second one in a row makes it too large (kept in memory only)."""
+    with proxied_broker() as (broker, proxy):
+        broker.create_topic("in", 1)
+        changelog = RunStateChangelog(bootstrap_servers=broker.bootstrap_servers, topic="in.state",
+                                      input_topic="in", create=True, producer_properties={}, consumer_properties={})
+        await changelog.start()
+        try:
+            answers: list[str] = []
+            proxy.refuse_produce(MESSAGE_TOO_LARGE, times=refusals)
+            for _ in range(10):       # as the store does: a failed run is written again
+                changelog.write(0, b"c/run-1", b'{"state": 1}', answers.append)
+                assert await changelog.wait_acked(15)
+                if answers[-1] != FAILED:
+                    break
+            # The refusal also replaces the producer: a write may fail meanwhile.
+            assert answers[0] == FAILED and set(answers[:-1]) == {FAILED}, answers
+            assert answers[-1] == (OK if refusals == 1 else TOO_LARGE), answers
+            deadline = time.monotonic() + 15
+            while changelog._host.replaced == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)  # ok: the poll interval of a wait with a deadline
+            assert changelog._host.replaced >= 1, "the refusal replaces the producer"
+        finally:
+            await changelog.close()
