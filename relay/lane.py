@@ -195,8 +195,9 @@ class CollectorLane:
 
     def revoke(self, partitions: set[Partition]) -> int:
         """Drop queued and held events of revoked partitions (the new owner re-reads them),
-        forget their runs' state (the new owner restores it) and their digests, so that a
-        re-read here is not taken for a duplicate."""
+        forget their runs' state (the new owner restores it), their digests and what the
+        sequencer learnt from forwarding them, so that a re-read here is neither taken for
+        a duplicate nor dropped as after the run's terminal."""
         forgotten: set[str] = set()
         if self.table is not None:
             forgotten, abandoned = self.table.revoke({p for _, p in partitions})
@@ -209,6 +210,7 @@ class CollectorLane:
 
         dropped = self._dispatcher.remove_where(owned_by_revoked)
         if self._sequencer is not None:
+            self._sequencer.rollback(dropped)   # forwarded, not delivered: offered again later
             dropped += self._sequencer.discard(owned_by_revoked)
         if self._deduper is not None:
             for event in dropped:

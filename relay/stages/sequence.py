@@ -274,6 +274,25 @@ class RunSequencer:
             self._holds = OrderedDict(sorted(self._holds.items(), key=lambda kv: kv[1].since))
         return removed
 
+    def rollback(self, released: list[LineageEvent]) -> None:
+        """Undo what forwarding ``released`` recorded: they were forwarded, then taken back
+        before delivery (their partition revoked or lost), and will be offered again when
+        it is read again, here or by another replica. A run whose START is among them is
+        forgotten (it begins afresh: what is read again is held until its START); a run
+        whose terminal is among them is open again. Without this, a partition assigned
+        back to this replica would have those events dropped as ``after_terminal`` and
+        their offsets committed: lost."""
+        for event in released:
+            run_id = event.run_id
+            if run_id is None or run_id not in self._runs:
+                continue
+            if event.event_type == "START":
+                del self._runs[run_id]
+                self._finished.pop(run_id, None)
+            elif event.is_terminal and self._runs[run_id] is not None:
+                self._runs[run_id] = None
+                self._finished.pop(run_id, None)
+
     def _release_hold(self, run_id: str, now: float, reason: str) -> list[Decision]:
         """End a hold without a START, by the on_hold_timeout policy."""
         hold = self._holds.pop(run_id)

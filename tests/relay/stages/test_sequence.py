@@ -307,6 +307,47 @@ def test_partial_discard_restarts_the_hold_clock_at_the_oldest_remaining_event()
     assert [d.event for d in seq.expire(50.5)] == [second]
 
 
+# --- rollback (forwarded, then taken back on revoke) ------------------------------------
+
+
+def test_a_terminal_taken_back_reopens_the_run_so_its_reread_events_are_forwarded():
+    """START delivered; RUNNING and COMPLETE forwarded but taken back from the delivery
+    queue when the partition was lost. Read again, they must be forwarded, not dropped
+    as after the terminal."""
+    seq = sequencer()
+    start, running, complete = event(1, "START", 0), event(1, "RUNNING", 1), event(1, "COMPLETE", 2)
+    assert forwarded(seq.offer(start, 0.0) + seq.offer(running, 0.1) + seq.offer(complete, 0.2)) == \
+        [start, running, complete]
+    seq.rollback([running, complete])
+    again_running, again_complete = event(1, "RUNNING", 1), event(1, "COMPLETE", 2)
+    assert forwarded(seq.offer(again_running, 5.0) + seq.offer(again_complete, 5.1)) == \
+        [again_running, again_complete]
+    [late] = seq.offer(event(1, "COMPLETE", 3, tag="late"), 6.0)
+    assert isinstance(late, Drop) and late.reason == AFTER_TERMINAL
+
+
+def test_a_start_taken_back_makes_the_run_begin_afresh():
+    """The run's START and COMPLETE were both taken back; the topic holds COMPLETE before
+    START. Read again, COMPLETE is held until START comes, so START still goes first."""
+    seq = sequencer()
+    start, complete = event(1, "START", 0), event(1, "COMPLETE", 2)
+    assert forwarded(seq.offer(complete, 0.0) + seq.offer(start, 0.1)) == [start, complete]
+    seq.rollback([start, complete])
+    again_complete, again_start = event(1, "COMPLETE", 2), event(1, "START", 0)
+    assert seq.offer(again_complete, 5.0) == []
+    assert forwarded(seq.offer(again_start, 5.1)) == [again_start, again_complete]
+
+
+def test_rollback_of_events_of_unknown_runs_changes_nothing():
+    seq = sequencer()
+    start = event(1, "START", 0)
+    seq.offer(start, 0.0)
+    seq.rollback([event(2, "COMPLETE", 1), dataset_event(), event(1, "RUNNING", 1)])
+    assert seq.tracked_runs == 1
+    assert forwarded(seq.offer(event(1, "COMPLETE", 2), 1.0))
+    assert seq.offer(event(1, "RUNNING", 3), 1.1)[0].reason == AFTER_TERMINAL
+
+
 # --- construction ---------------------------------------------------------------------
 
 
