@@ -68,6 +68,9 @@ _EXPIRE_EVERY_S = 0.25
 _LAG_EVERY_S = 5.0
 #: How long a commit or a revocation waits for run-state writes to be acknowledged.
 _STATE_SETTLE_S = 20.0
+#: At most this long, a revocation waits for deliveries under way (with the state settle
+#: above, within the 60 s the consumer thread gives a rebalance handler).
+_REVOKE_WAIT_MAX_S = 30.0
 #: How long consumption is held off at a limit (see Relay._apply_backpressure) before the
 #: partitions are paused, and how often the hold checks whether the pipeline drained.
 _HOLD_S = 3.0
@@ -383,7 +386,29 @@ class Relay:
         if self.state is not None and partitions:
             # Written and acknowledged before the final commit and before the new owner reads it.
             await self.state.settle(_STATE_SETTLE_S)
-        return self._give_up(partitions)
+        if not partitions:
+            return {}
+        self._release(partitions)
+        # The new owner reads these partitions once this returns, and delivers their runs
+        # again from the last commit. A delivery of ours still under way (a retry against a
+        # failing collector) could land after the new owner's later events of the same run:
+        # a START after its COMPLETE. So wait for those, up to drain_timeout_s; what they
+        # deliver meanwhile is committed below, and not sent again.
+        # (Not on the way out: the drain waited already.)
+        parts = set(partitions)
+        wait_s = 0.0 if self._stop.is_set() else min(self.config.drain_timeout_s, _REVOKE_WAIT_MAX_S)
+        deadline = time.monotonic() + wait_s
+        sending = sum(lane.sending(parts) for lane in self.lanes)
+        if sending and wait_s:
+            log_event(log, logging.INFO, "revoke_waiting_for_deliveries", events=sending, timeout_s=wait_s)
+            while sending and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # verdicts arrive on this loop
+                sending = sum(lane.sending(parts) for lane in self.lanes)
+            if sending:
+                log_event(log, logging.WARNING, "revoke_deliveries_abandoned", events=sending,
+                          hint="still being retried after drain_timeout_s: the new owner sends them again, "
+                               "and a run's earlier event may then land after its later ones")
+        return self.tracker.revoke(partitions)
 
     async def _on_lost(self, partitions: list[Partition]) -> dict[Partition, int]:
         # Another member may own them already: write nothing, commit nothing.
@@ -391,10 +416,14 @@ class Relay:
         return {}
 
     def _give_up(self, partitions: list[Partition]) -> dict[Partition, int]:
+        self._release(partitions)
+        return self.tracker.revoke(partitions)
+
+    def _release(self, partitions: list[Partition]) -> None:
+        """Take back the queued and held events of ``partitions`` (read again later)."""
         dropped = sum(lane.revoke(set(partitions)) for lane in self.lanes)
         if dropped:
             log_event(log, logging.INFO, "revoked_events_released", events=dropped)
-        return self.tracker.revoke(partitions)
 
     async def _shutdown(self) -> None:
         deadline = time.monotonic() + self.config.drain_timeout_s

@@ -63,6 +63,8 @@ class RunOrderedDispatcher:
         self._idle_workers: deque[asyncio.Future[Any]] = deque()
         # id(event) -> keys whose first event waits for that event to be done
         self._gates: dict[int, list[Any]] = {}
+        # id(event) -> event, for the events being delivered (see sending_where).
+        self._sending: dict[int, LineageEvent] = {}
         self._workers: list[asyncio.Task[None]] = []
         self.pending = 0
         self._idle = asyncio.Event()
@@ -135,6 +137,7 @@ class RunOrderedDispatcher:
                         self._done(key, queue, event)
                 if item is not None:
                     self._in_flight += 1
+                    self._sending[id(event)] = event
                     deliver_soon(item, self._verdict, (key, queue, event))
         finally:
             self._pumping = False
@@ -145,6 +148,7 @@ class RunOrderedDispatcher:
             return
         key, queue, event = token
         self._in_flight -= 1
+        self._sending.pop(id(event), None)
         try:
             self._settle(event, result)
         except Exception as err:  # noqa: BLE001 - the run's next events must still go
@@ -167,7 +171,7 @@ class RunOrderedDispatcher:
 
     async def _work(self) -> None:
         queues, ready, idle = self._queues, self._ready, self._idle_workers
-        prepare, deliver, settle = self._prepare, self._deliver, self._settle
+        prepare, deliver, settle, sending = self._prepare, self._deliver, self._settle, self._sending
         loop = asyncio.get_running_loop()
         while True:
             if ready:
@@ -182,17 +186,23 @@ class RunOrderedDispatcher:
                 del queues[key]
                 continue
             event = queue.popleft()
+            sending[id(event)] = event
             try:
                 item = prepare(event)
                 if item is not None:
                     settle(event, await deliver(item))
             finally:
+                del sending[id(event)]
                 # The run's next event goes behind runs already waiting (this worker, or
                 # another, takes it when its turn comes).
                 self._done(key, queue, event)
             # Hold nothing while waiting for the next key: an idle worker's last event
             # (up to max_event_bytes) would otherwise stay alive, uncounted.
             del event, queue, item
+
+    def sending_where(self, predicate: Callable[[LineageEvent], bool]) -> int:
+        """Events being delivered (handed to the collector, verdict not in yet) that match."""
+        return sum(1 for event in self._sending.values() if predicate(event))
 
     def remove_where(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Take queued (not in-flight) events out, e.g. when their partition is revoked; runs

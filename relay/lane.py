@@ -217,6 +217,13 @@ class CollectorLane:
                 self._deduper.forget(event.digest)
         return len(dropped)
 
+    def sending(self, partitions: set[Partition]) -> int:
+        """Events of ``partitions`` being delivered (handed to the collector, no verdict yet)."""
+        def of_partitions(event: LineageEvent) -> bool:
+            src = event.source
+            return src is not None and (src.topic, src.partition) in partitions
+        return self._dispatcher.sending_where(of_partitions)
+
     async def drain(self, timeout_s: float) -> bool:
         return await self._dispatcher.wait_idle(timeout_s)
 

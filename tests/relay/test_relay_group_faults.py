@@ -1,5 +1,5 @@
-"""Consumer-group faults caused through a fault proxy in front of a real broker, with events
-still waiting for delivery: the relay loses nothing and keeps run order.
+"""Consumer-group faults with events still waiting for delivery: the relay loses nothing and
+keeps run order.
 
 Partitions lost (the broker forgot the member: UNKNOWN_MEMBER_ID on a heartbeat) while the
 collector is down: the relay takes back what it had queued for them, the group assigns the
@@ -9,9 +9,13 @@ the terminal it had taken back) and committed: 71 of 217 events lost."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import orjson
 import pytest
 
+from relay.embedded.broker import EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.relay.test_relay_end_to_end import assert_run_order
@@ -51,9 +55,60 @@ def test_partitions_lost_with_events_pending_lose_nothing():
     assert_run_order(collector.events())
 
 
-def committed(broker) -> int:  # noqa: ANN001
-    return sum(max(0, o) for o in committed_offsets(broker.bootstrap_servers, "events", "g", 2).values())
+def committed(broker, partitions: int = 2) -> int:  # noqa: ANN001
+    return sum(max(0, o) for o in committed_offsets(broker.bootstrap_servers, "events", "g", partitions).values())
 
 
 def canonical(doc: dict) -> bytes:
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
+#: The collector stays down this long after the rebalance began: under the first replica's
+#: wait (drain_timeout_s, 30 s here); without that wait the new owner takes over in ~3 s
+#: and retries alongside it (an 8 s outage did not show the reorder, 20 s and more did).
+OUTAGE_AFTER_REBALANCE_S = 20.0
+
+
+def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog):
+    """A second replica joins while the collector answers 503: the first gives up half of
+    its partitions with deliveries still being retried. It waits for those before handing
+    the partitions over; otherwise a retried START could land after the COMPLETE the new
+    owner sends once the collector is back (16 of 80 runs, measured before the wait).
+
+    The new owner never saw the START of runs the first replica had begun: it holds their
+    later events until hold_timeout_s (2 s here) and then forwards them."""
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 4)
+        first, second = sample_stream(40, seed=7), sample_stream(40, seed=8)
+        produce(broker.bootstrap_servers, "events", first)
+
+        def config():  # noqa: ANN202
+            return relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                                pipeline={"ordering": {"hold_timeout_s": 2.0}}, drain_timeout_s=30)
+        a = RelayThread(config()).start()
+        b = None
+        try:
+            assert collector.wait_for(lambda c: c.count == len(first), 60), "the first part delivered"
+            collector.set_outage(503)
+            produce(broker.bootstrap_servers, "events", second)
+            total = len(first) + len(second)
+            assert eventually(lambda: a.metric("lineage_relay_events_consumed_total") >= total, 30)
+            with caplog.at_level(logging.INFO, logger="relay"):
+                b = RelayThread(config()).start()
+                # The first round of the (cooperative) rebalance: a gives up two partitions.
+                assert eventually(lambda: any(r.getMessage() == "partitions_assigned" for r in caplog.records), 40)
+                # The outage goes on for a while: long enough for the new owner to take over and
+                # retry too (when the first replica did not wait), shorter than its wait.
+                time.sleep(OUTAGE_AFTER_REBALANCE_S)  # ok: the outage's length, part of the scenario
+            collector.clear_outage()
+            assert eventually(lambda: b.metric("lineage_relay_events_consumed_total") > 0, 40), "b took over"
+            unique = {canonical(orjson.loads(v)) for _, v in first + second}
+            assert collector.wait_for(lambda c: {canonical(e) for e in c.events()} >= unique, 60), \
+                f"{len(unique - {canonical(e) for e in collector.events()})} events never delivered"
+            assert eventually(lambda: committed(broker, 4) == total, 30)
+        finally:
+            a.stop()
+            if b is not None:
+                b.stop()
+    assert_run_order(collector.events())
+    assert any(r.getMessage() == "revoke_waiting_for_deliveries" for r in caplog.records)
