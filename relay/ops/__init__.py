@@ -17,6 +17,12 @@ class OpsError(RelayError):
     """An operations command cannot proceed; the message says why and what to do."""
 
 
+def kafka_error_text(err: BaseException) -> str:
+    """The librdkafka error behind a KafkaException, as one line."""
+    inner = err.args[0] if err.args else None
+    return inner.str() if hasattr(inner, "str") else str(err)
+
+
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
     """Add ``replay`` and ``dlq`` (with ``list``/``redrive``) to the CLI."""
     from relay.ops import dlq, replay

@@ -21,18 +21,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
 from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError
 from relay.events import LineageEvent, Rejection, SourceRef
 from relay.logs import setup_logging
-from relay.ops import OpsError
+from relay.ops import OpsError, kafka_error_text
 from relay.ops.delivery import BatchDelivery, Failure, collector_config, plan
 from relay.ops.kafka_range import PartitionRange, open_consumer, parse_refs, partitions_of, read, watermarks
 from relay.ops.ledger import RedriveLedger, group_id
@@ -262,19 +263,27 @@ def to_topic(config: RelayConfig, chosen: list[DeadLetter], ledger: RedriveLedge
             summary.redriven += 1
             ledger.mark(record.partition, record.offset, f"topic:{topic}")
 
-    for record in chosen:
-        source_topic = record.source.rsplit("/", 2)[0] if record.source.count("/") >= 2 else ""
-        topic = source_topic if source_topic in topics else topics[0]
-        headers = [("redriven_from", f"{dlq}/{record.partition}/{record.offset}".encode())]
-        while True:
-            try:
-                producer.produce(topic, key=record.key, value=record.value, headers=headers,
-                                 on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err))
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-    if producer.flush(60):
+    try:
+        for record in chosen:
+            source_topic = record.source.rsplit("/", 2)[0] if record.source.count("/") >= 2 else ""
+            topic = source_topic if source_topic in topics else topics[0]
+            headers = [("redriven_from", f"{dlq}/{record.partition}/{record.offset}".encode())]
+            while True:
+                try:
+                    producer.produce(topic, key=record.key, value=record.value, headers=headers,
+                                     on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err))
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            producer.poll(0)
+        # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly.
+        deadline = time.monotonic() + 60
+        while len(producer) and time.monotonic() < deadline:
+            producer.poll(0.1)
+    except KafkaException as err:  # e.g. made fatal by the broker's answer
+        raise OpsError(f"producing to the input topic failed: {kafka_error_text(err)}; what was re-driven "
+                       "before it is remembered: run redrive again") from err
+    if len(producer):
         raise OpsError("some records were not acknowledged by the broker within 60s; run redrive again")
 
 
@@ -409,6 +418,10 @@ def main(args: argparse.Namespace) -> int:
         return run_redrive(args, config, sys.stderr)
     except OpsError as err:
         print(f"{name}: {err}", file=sys.stderr)
+        return 2
+    except KafkaException as err:  # e.g. a producer made fatal by the broker's answer
+        print(f"{name}: Kafka error: {kafka_error_text(err)}; what was re-driven before it is remembered: "
+              "run the command again", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)

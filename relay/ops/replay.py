@@ -29,13 +29,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 
 from relay.config import CollectorConfig, RelayConfig, load_config
 from relay.errors import ConfigError
 from relay.events import LineageEvent, Rejection, SourceRef
 from relay.logs import setup_logging
-from relay.ops import OpsError
+from relay.ops import OpsError, kafka_error_text
 from relay.ops.delivery import BatchDelivery, Failure, collector_config, plan
 from relay.ops.kafka_range import PartitionRange, open_consumer, parse_offsets, parse_time, read, resolve
 from relay.ops.progress import ProgressBar
@@ -205,6 +205,9 @@ def main(args: argparse.Namespace) -> int:
         summary = replay(config, request)
     except OpsError as err:
         print(f"lineage-relay replay: {err}", file=sys.stderr)
+        return 2
+    except KafkaException as err:
+        print(f"lineage-relay replay: Kafka error: {kafka_error_text(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lineage-relay replay: interrupted; events already delivered stay delivered", file=sys.stderr)

@@ -15,7 +15,7 @@ from relay.config import RelayConfig
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.kafka import committed_offsets, produce, read_topic
-from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, proxied_broker
+from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE, proxied_broker
 from tests.support.relay import RelayThread, relay_config
 
 pytestmark = pytest.mark.kafka
@@ -193,3 +193,29 @@ def test_a_dead_letter_written_without_its_value_is_redriven_from_the_source_top
         assert code == 0, out + err
         assert summary_value(out, "re-driven") == 1
         assert received(a, victim) == 1 and a.count == len(stream)
+
+
+def test_a_producer_made_fatal_by_the_broker_fails_redrive_with_the_reason_and_a_rerun_finishes(tmp_path, capsys):
+    """The broker answers the re-driven record with an out-of-order sequence (through a
+    fault proxy): the redrive producer is fatal. The command says so and exits 2 (it raised
+    out of the command before); run again, it re-drives the record."""
+    with proxied_broker() as (broker, proxy), RecordingCollector() as a:
+        broker.create_topic("ol", 1)
+        config = relay_config(broker.bootstrap_servers, "ol", {"a": a.url}, group="g", dlq="dlq")
+        path = tmp_path / "relay.yaml"
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True, exclude_defaults=True)))
+        stream = sample_stream(4, seed=13)
+        victim = orjson.loads(stream[3][1])
+        a.reject_when(lambda doc: 400 if doc == victim else None)
+        produce(broker.bootstrap_servers, "ol", stream)
+        with RelayThread(config):
+            assert a.wait_for(lambda c: c.count == len(stream) - 1, 30)
+            assert len(read_topic(broker.bootstrap_servers, "dlq", expected=1, timeout_s=30)) == 1
+        proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER)
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--to-topic")
+        assert code == 2, out + err
+        assert "lineage-relay dlq redrive: producing to the input topic failed:" in err
+        assert "sequence desynchronization" in err and "run redrive again" in err
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--to-topic")
+        assert code == 0, out + err
+        assert summary_value(out, "re-driven") == 1
