@@ -9,6 +9,7 @@ answers MESSAGE_TOO_LARGE, as Kafka does."""
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import pytest
 
@@ -22,13 +23,21 @@ pytestmark = pytest.mark.kafka
 BATCHING = {**FAST_RECONNECT, "linger.ms": "200"}
 
 
+@contextmanager
+def connected_producer(broker, topic: str, journal_dir, properties: dict[str, str]):  # noqa: ANN001, ANN201
+    """A producer to a new one-partition ``topic`` that delivered event 0 (connected, with
+    its producer id)."""
+    broker.create_topic(topic, 1)
+    with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic=topic, journal_dir=journal_dir,
+                         properties=properties) as p:
+        p.emit(seq_event(0))
+        assert p.flush(15) == 0
+        yield p
+
+
 def test_a_batch_refused_as_too_large_is_sent_again_in_smaller_batches(tmp_path, caplog):
     with proxied_broker() as (broker, proxy):
-        broker.create_topic("batches", 1)
-        with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="batches", journal_dir=tmp_path,
-                             properties=BATCHING) as p:
-            p.emit(seq_event(0))
-            assert p.flush(15) == 0
+        with connected_producer(broker, "batches", tmp_path, BATCHING) as p:
             proxy.refuse_produce(MESSAGE_TOO_LARGE)
             with caplog.at_level(logging.WARNING, logger="producer"):
                 for i in range(1, 61):
@@ -51,11 +60,7 @@ def test_a_record_refused_while_alone_in_its_batch_is_dropped_and_counted(tmp_pa
                            run_facets={"blob": events.custom_facet({"x": "y" * 600_000},
                                                                    schema_url="https://example.com/blob.json")})
     with proxied_broker() as (broker, proxy):
-        broker.create_topic("alone", 1)
-        with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="alone", journal_dir=tmp_path,
-                             properties=FAST_RECONNECT) as p:
-            p.emit(seq_event(0))
-            assert p.flush(15) == 0
+        with connected_producer(broker, "alone", tmp_path, FAST_RECONNECT) as p:
             proxy.refuse_produce(MESSAGE_TOO_LARGE, times=2)
             p.emit(big)
             assert p.flush(30) == 0, p.stats

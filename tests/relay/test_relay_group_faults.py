@@ -34,11 +34,7 @@ def test_partitions_lost_with_events_pending_lose_nothing():
         relay = RelayThread(relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g",
                                          dlq="dlq")).start()
         try:
-            assert collector.wait_for(lambda c: c.count == len(first), 60), "the first part delivered"
-            collector.set_outage(503)
-            produce(broker.bootstrap_servers, "events", second)
-            total = len(first) + len(second)
-            assert eventually(lambda: relay.metric("lineage_relay_events_consumed_total") >= total, 30)
+            total = pending_behind_an_outage(broker, collector, relay, first, second)
             proxy.answer_with_error(HEARTBEAT, UNKNOWN_MEMBER_ID)
             assert eventually(lambda: proxy.injected, 10), "the heartbeat answered with the error"
             assert eventually(lambda: relay.metric("lineage_relay_events_consumed_total") > total, 30), \
@@ -53,6 +49,17 @@ def test_partitions_lost_with_events_pending_lose_nothing():
         finally:
             relay.stop()
     assert_run_order(collector.events())
+
+
+def pending_behind_an_outage(broker, collector, relay, first, second) -> int:  # noqa: ANN001
+    """Once ``relay`` delivered ``first``, the collector goes down and ``second`` is
+    produced; returns the events in all, once the relay consumed them (now pending)."""
+    assert collector.wait_for(lambda c: c.count == len(first), 60), "the first part delivered"
+    collector.set_outage(503)
+    produce(broker.bootstrap_servers, "events", second)
+    total = len(first) + len(second)
+    assert eventually(lambda: relay.metric("lineage_relay_events_consumed_total") >= total, 30)
+    return total
 
 
 def committed(broker, partitions: int = 2) -> int:  # noqa: ANN001
@@ -88,11 +95,7 @@ def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog):
         a = RelayThread(config()).start()
         b = None
         try:
-            assert collector.wait_for(lambda c: c.count == len(first), 60), "the first part delivered"
-            collector.set_outage(503)
-            produce(broker.bootstrap_servers, "events", second)
-            total = len(first) + len(second)
-            assert eventually(lambda: a.metric("lineage_relay_events_consumed_total") >= total, 30)
+            total = pending_behind_an_outage(broker, collector, a, first, second)
             with caplog.at_level(logging.INFO, logger="relay"):
                 b = RelayThread(config()).start()
                 # The first round of the (cooperative) rebalance: a gives up two partitions.

@@ -4,6 +4,7 @@ collectors: a record the relay dead-lettered is re-driven after a fix exactly on
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -165,19 +166,28 @@ def test_redrive_to_topic_hands_the_record_back_to_the_relay_once(kafka, setup, 
     assert len(read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 2, timeout_s=2)) == len(stream) + 1
 
 
-def test_a_dead_letter_written_without_its_value_is_redriven_from_the_source_topic(tmp_path, capsys):
-    """The dead-letter topic refused the dead letter as too large (through a fault proxy),
-    so the relay wrote it without its value. ``list --show`` says where the original is,
-    and ``redrive`` reads it back from the source topic and delivers it."""
+@contextmanager
+def proxied_setup(tmp_path: Path, stream: list[tuple[bytes, bytes]], *, victim: int):
+    """A broker behind a fault proxy with topic ``ol`` holding ``stream``, collector ``a``
+    refusing ``stream[victim]`` (400), and the relay's config (and its file)."""
+    doomed = orjson.loads(stream[victim][1])
     with proxied_broker() as (broker, proxy), RecordingCollector() as a:
         broker.create_topic("ol", 1)
         config = relay_config(broker.bootstrap_servers, "ol", {"a": a.url}, group="g", dlq="dlq")
         path = tmp_path / "relay.yaml"
         path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True, exclude_defaults=True)))
-        stream = sample_stream(6, seed=12)
-        victim = orjson.loads(stream[3][1])
-        a.reject_when(lambda doc: 400 if doc == victim else None)
+        a.reject_when(lambda doc: 400 if doc == doomed else None)
         produce(broker.bootstrap_servers, "ol", stream)
+        yield broker, proxy, a, config, path
+
+
+def test_a_dead_letter_written_without_its_value_is_redriven_from_the_source_topic(tmp_path, capsys):
+    """The dead-letter topic refused the dead letter as too large (through a fault proxy),
+    so the relay wrote it without its value. ``list --show`` says where the original is,
+    and ``redrive`` reads it back from the source topic and delivers it."""
+    stream = sample_stream(6, seed=12)
+    with proxied_setup(tmp_path, stream, victim=3) as (broker, proxy, a, config, path):
+        victim = orjson.loads(stream[3][1])
         proxy.refuse_produce(MESSAGE_TOO_LARGE, times=2)
         with RelayThread(config):
             assert a.wait_for(lambda c: c.count == len(stream) - 1, 30)
@@ -199,15 +209,8 @@ def test_a_producer_made_fatal_by_the_broker_fails_redrive_with_the_reason_and_a
     """The broker answers the re-driven record with an out-of-order sequence (through a
     fault proxy): the redrive producer is fatal. The command says so and exits 2 (it raised
     out of the command before); run again, it re-drives the record."""
-    with proxied_broker() as (broker, proxy), RecordingCollector() as a:
-        broker.create_topic("ol", 1)
-        config = relay_config(broker.bootstrap_servers, "ol", {"a": a.url}, group="g", dlq="dlq")
-        path = tmp_path / "relay.yaml"
-        path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True, exclude_defaults=True)))
-        stream = sample_stream(4, seed=13)
-        victim = orjson.loads(stream[3][1])
-        a.reject_when(lambda doc: 400 if doc == victim else None)
-        produce(broker.bootstrap_servers, "ol", stream)
+    stream = sample_stream(4, seed=13)
+    with proxied_setup(tmp_path, stream, victim=3) as (broker, proxy, a, config, path):
         with RelayThread(config):
             assert a.wait_for(lambda c: c.count == len(stream) - 1, 30)
             assert len(read_topic(broker.bootstrap_servers, "dlq", expected=1, timeout_s=30)) == 1

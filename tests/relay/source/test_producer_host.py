@@ -58,6 +58,20 @@ class Writer:
             self.write(value)
 
 
+class FailsFirst:
+    """Stands in for ``Producer``: the first new producer cannot be made (e.g. out of
+    memory), the next ones can. ``made`` holds the configurations asked for."""
+
+    def __init__(self) -> None:
+        self.made: list[object] = []
+
+    def __call__(self, conf):  # noqa: ANN001, ANN204
+        self.made.append(conf)
+        if len(self.made) == 1:
+            raise KafkaException(KafkaError(KafkaError._FAIL, "injected"))
+        return Producer(conf)
+
+
 def test_a_fatal_error_replaces_the_producer_and_writes_go_on(caplog):
     """A real fatal error: the broker answers a produce request with an out-of-order
     sequence number, which librdkafka's idempotent producer cannot repair (confluent-kafka
@@ -99,14 +113,8 @@ def test_a_replacement_that_fails_is_tried_again(kafka, monkeypatch):
     host = ProducerHost({"bootstrap.servers": kafka.bootstrap_servers}, "test-producer")
     host.start()
     try:
-        made: list[object] = []
-
-        def flaky(conf):  # noqa: ANN001, ANN202
-            made.append(conf)
-            if len(made) == 1:
-                raise KafkaException(KafkaError(KafkaError._FAIL, "injected"))
-            return Producer(conf)
-
+        flaky = FailsFirst()
+        made = flaky.made
         monkeypatch.setattr(producer_module, "Producer", flaky)
         host._on_error(FATAL)
         assert eventually(lambda: host.replaced == 1, 20), "the producer replaced at the second try"
@@ -163,31 +171,39 @@ async def _until(predicate, timeout_s: float, what: str) -> None:  # noqa: ANN00
         await asyncio.sleep(0.01)  # ok: the poll interval of a wait with a deadline
 
 
+class DeadLetters:
+    """A started DeadLetterWriter to topic ``dlq`` (one partition) of ``broker``; ``done``
+    lists the reasons of the dead letters acknowledged, in order."""
+
+    def __init__(self, broker: EmbeddedBroker) -> None:
+        broker.create_topic("dlq", 1)
+        self.metrics = RelayMetrics()
+        self.writer = DeadLetterWriter(bootstrap_servers=broker.bootstrap_servers, topic="dlq", properties={},
+                                       metrics=self.metrics)
+        self.done: list[str] = []
+
+    @classmethod
+    async def started(cls, broker: EmbeddedBroker) -> DeadLetters:
+        dead = cls(broker)
+        await dead.writer.start()
+        return dead
+
+    def send(self, value: bytes, reason: str) -> None:
+        self.writer.send(value, b"run:ns/job", reason=reason, detail="d", source=None,
+                         on_done=lambda: self.done.append(reason))
+
+
 async def test_the_dead_letter_writer_goes_on_after_a_fatal_error_and_counts_it(monkeypatch):
     """The broker's answer makes the dead-letter producer fatal. Its first replacement
     fails, so for a second produce() itself raises: the dead letter sent meanwhile is
     retried, as is the one whose answer was an error, and each is acknowledged once."""
-    made: list[object] = []
-
-    def flaky(conf):  # noqa: ANN001, ANN202
-        made.append(conf)
-        if len(made) == 1:
-            raise KafkaException(KafkaError(KafkaError._FAIL, "injected"))
-        return Producer(conf)
-
+    flaky = FailsFirst()
+    made = flaky.made
     with proxied_broker() as (broker, proxy):
-        broker.create_topic("dlq", 1)
-        metrics = RelayMetrics()
-        writer = DeadLetterWriter(bootstrap_servers=broker.bootstrap_servers, topic="dlq", properties={},
-                                  metrics=metrics)
-        await writer.start()
+        dead = await DeadLetters.started(broker)
+        writer, metrics, done, send = dead.writer, dead.metrics, dead.done, dead.send
         replaced = ("lineage_relay_kafka_producers_replaced_total", {"producer": "dead_letter"})
         assert metrics.registry.get_sample_value(*replaced) == 0
-        done: list[str] = []
-
-        def send(value: bytes, reason: str) -> None:
-            writer.send(value, b"run:ns/job", reason=reason, detail="d", source=None,
-                        on_done=lambda: done.append(reason))
         try:
             send(b"first", "invalid_json")
             await _until(lambda: done == ["invalid_json"], 15, "the first dead letter acknowledged")
@@ -219,15 +235,8 @@ async def test_an_answer_that_spoils_the_producer_id_replaces_the_dead_letter_pr
     broker without that bump (Tansu) refuses the producer from then on. The writer's retry
     would fail for good: the host replaces the producer, and the dead letter is written."""
     with proxied_broker() as (broker, proxy):
-        broker.create_topic("dlq", 1)
-        metrics = RelayMetrics()
-        writer = DeadLetterWriter(bootstrap_servers=broker.bootstrap_servers, topic="dlq", properties={},
-                                  metrics=metrics)
-        await writer.start()
-        done: list[str] = []
-
-        def send(value: bytes, reason: str) -> None:
-            writer.send(value, None, reason=reason, detail="d", source=None, on_done=lambda: done.append(reason))
+        dead = await DeadLetters.started(broker)
+        writer, metrics, done, send = dead.writer, dead.metrics, dead.done, dead.send
         try:
             send(b"first", "invalid_json")
             await _until(lambda: done == ["invalid_json"], 15, "the first dead letter acknowledged")
