@@ -30,6 +30,15 @@ class SourceRef(NamedTuple):
     def __str__(self) -> str:
         return f"{self.topic}/{self.partition}/{self.offset}"
 
+    @classmethod
+    def parse(cls, text: str) -> SourceRef | None:
+        """The inverse of ``str()`` (e.g. a dead letter's ``source`` header); None when
+        ``text`` is not ``topic/partition/offset``."""
+        parts = text.rsplit("/", 2)
+        if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or not parts[2].isdigit():
+            return None
+        return cls(parts[0], int(parts[1]), int(parts[2]))
+
 
 @dataclass(slots=True, eq=False)
 class LineageEvent:

@@ -74,13 +74,6 @@ class DeadLetter:
                    headers.get("detail", ""), headers.get("source", ""), headers.get("collector") or None,
                    headers.get("relay_time", ""), value_omitted=int(omitted) if omitted and omitted.isdigit() else None)
 
-    def source_position(self) -> tuple[str, int, int] | None:
-        """``source`` as (topic, partition, offset), when it names one."""
-        parts = self.source.rsplit("/", 2)
-        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-            return None
-        return parts[0], int(parts[1]), int(parts[2])
-
 
 def scan(config: RelayConfig, consumer: Consumer, ledger: RedriveLedger, *, from_position: bool,
          keep_value: Callable[[DeadLetter], bool], stream: TextIO,
@@ -220,7 +213,7 @@ def fetch_originals(consumer: Consumer, chosen: list[DeadLetter], summary: Redri
         if record.value_omitted is None or record.value is not None:
             out.append(record)
             continue
-        position = record.source_position()
+        position = SourceRef.parse(record.source)
         if position is None:
             summary.failures.append((record, f"its value was omitted ({record.value_omitted} bytes) and its "
                                              f"source {record.source!r} names no record to read it from"))
@@ -265,8 +258,8 @@ def to_topic(config: RelayConfig, chosen: list[DeadLetter], ledger: RedriveLedge
 
     try:
         for record in chosen:
-            source_topic = record.source.rsplit("/", 2)[0] if record.source.count("/") >= 2 else ""
-            topic = source_topic if source_topic in topics else topics[0]
+            source = SourceRef.parse(record.source)
+            topic = source.topic if source is not None and source.topic in topics else topics[0]
             headers = [("redriven_from", f"{dlq}/{record.partition}/{record.offset}".encode())]
             while True:
                 try:

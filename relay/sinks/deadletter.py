@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, KafkaException
 from relay.events import SourceRef
 from relay.logs import log_event
 from relay.metrics import RelayMetrics
-from relay.source.producer import ProducerHost
+from relay.source.producer import BATCH_TOO_LARGE, ProducerHost
 
 log = logging.getLogger("relay.sinks.deadletter")
 _DETAIL_MAX = 2000
@@ -37,7 +37,7 @@ _RESEND_DELAY_S = 1.0
 #: Size refusals of a dead letter before it is written without its value.
 _SIZE_REFUSALS = 2
 #: The broker's refusals for size, and librdkafka's own (-181, over message.max.bytes).
-_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, -181})
+_TOO_LARGE = BATCH_TOO_LARGE | {-181}
 
 
 class DeadLetterWriter:

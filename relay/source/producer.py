@@ -41,11 +41,15 @@ log = logging.getLogger("relay.source.producer")
 #: given up on (then again for the purge's reports).
 SETTLE_S = 5.0
 
+#: The broker's refusals of a record batch for its size (the topic's max.message.bytes).
+#: They fail every record of the batch, each of which may fit on its own: the writers try
+#: a refused record once more before they give up on it.
+BATCH_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+
 #: Delivery errors after which the producer is replaced, as after a fatal error. A batch
 #: refused for its size leaves a gap in the sequence too: librdkafka bumps the epoch.
 SPOILING = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.INVALID_PRODUCER_EPOCH,
-                      KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.PRODUCER_FENCED,
-                      KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+                      KafkaError.UNKNOWN_PRODUCER_ID, KafkaError.PRODUCER_FENCED}) | BATCH_TOO_LARGE
 
 
 class ProducerHost:

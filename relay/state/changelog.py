@@ -20,13 +20,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from relay.errors import RelayError
 from relay.logs import log_event
 from relay.source.admin import connection_properties, create_topic
-from relay.source.producer import ProducerHost
+from relay.source.producer import BATCH_TOO_LARGE, ProducerHost
 
 log = logging.getLogger("relay.state.changelog")
 
 #: Write outcomes handed to ``on_done``.
 OK, FAILED, TOO_LARGE = "ok", "failed", "too_large"
-_BATCH_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 _READ_TIMEOUT_S = 120.0
 
 
@@ -102,7 +101,7 @@ class RunStateChangelog:
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
             status = OK if err is None else FAILED
-            if err is not None and err.code() in _BATCH_TOO_LARGE:
+            if err is not None and err.code() in BATCH_TOO_LARGE:
                 # The broker refused the record's batch for its size: a record that shared
                 # it may fit on its own, so it is written again once (FAILED: its run stays
                 # dirty) before it counts as too large (on the poll thread, as every report).
