@@ -14,6 +14,10 @@ Guarantees:
 - graceful stop: :meth:`request_stop` stops consuming, drains deliveries for up to
   ``drain_timeout_s``, commits what was delivered and closes. Deliveries still running
   then are abandoned uncommitted (re-delivered after restart);
+- rebalance: partitions given up in a rebalance have their queued and held events taken
+  back, their deliveries under way waited for (up to ``drain_timeout_s``, 30 s at most)
+  and then stopped, and what was delivered committed, before the new owner reads them;
+  lost partitions (another member may own them already) are given up at once;
 - run state (consolidated/coalesce collectors) is written to its changelog before the
   offsets it absorbed are committed, restored when a partition is assigned and before any
   of its records is handled, and written before a revoked partition is given up
@@ -404,16 +408,24 @@ class Relay:
             while sending and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # verdicts arrive on this loop
                 sending = sum(lane.sending(parts) for lane in self.lanes)
-            if sending:
-                log_event(log, logging.WARNING, "revoke_deliveries_abandoned", events=sending,
-                          hint="still being retried after drain_timeout_s: the new owner sends them again, "
-                               "and a run's earlier event may then land after its later ones")
+        # Still under way: stopped, so that no retry of ours lands after the new owner's
+        # later events of the same run; the new owner sends them again.
+        self._abort(parts, "revoke_deliveries_aborted")
         return self.tracker.revoke(partitions)
 
     async def _on_lost(self, partitions: list[Partition]) -> dict[Partition, int]:
-        # Another member may own them already: write nothing, commit nothing.
+        # Another member may own them already: write nothing, commit nothing, and stop our
+        # deliveries of them at once (the new owner may be sending the same runs already).
         self._give_up(partitions)
+        self._abort(set(partitions), "lost_deliveries_aborted")
         return {}
+
+    def _abort(self, partitions: set[Partition], message: str) -> None:
+        aborted = sum(lane.abort(partitions) for lane in self.lanes)
+        if aborted:
+            log_event(log, logging.WARNING, message, events=aborted,
+                      hint="stopped while still being retried: the partitions' new owner sends them again "
+                           "(a request already on its way may still reach the collector: a duplicate)")
 
     def _give_up(self, partitions: list[Partition]) -> dict[Partition, int]:
         self._release(partitions)

@@ -17,6 +17,9 @@ A collector that can call back (``deliver_soon(item, done, token)``, then
 ``concurrency`` events are handed to it at once, and each verdict settles its event and
 hands over the run's next one right away. A batch collector gains the most: per event,
 no task wake-up and no future (its share of the POST is small).
+
+Deliveries under way can be stopped (:meth:`RunOrderedDispatcher.abort_where`): the relay
+does so for the events of partitions another member now owns, which it sends again.
 """
 
 from __future__ import annotations
@@ -63,8 +66,13 @@ class RunOrderedDispatcher:
         self._idle_workers: deque[asyncio.Future[Any]] = deque()
         # id(event) -> keys whose first event waits for that event to be done
         self._gates: dict[int, list[Any]] = {}
-        # id(event) -> event, for the events being delivered (see sending_where).
-        self._sending: dict[int, LineageEvent] = {}
+        # id(event) -> (event, what stops its delivery, key, queue) for the events being
+        # delivered (see sending_where and abort_where): the worker task delivering it, or
+        # what ``deliver_soon`` returned.
+        self._sending: dict[int, tuple[LineageEvent, Any, Any, deque[LineageEvent]]] = {}
+        # Worker mode: ids of events whose delivery abort_where cancelled, until their
+        # worker has seen the cancellation.
+        self._aborted: set[int] = set()
         self._workers: list[asyncio.Task[None]] = []
         self.pending = 0
         self._idle = asyncio.Event()
@@ -137,8 +145,8 @@ class RunOrderedDispatcher:
                         self._done(key, queue, event)
                 if item is not None:
                     self._in_flight += 1
-                    self._sending[id(event)] = event
-                    deliver_soon(item, self._verdict, (key, queue, event))
+                    handle = deliver_soon(item, self._verdict, (key, queue, event))
+                    self._sending[id(event)] = (event, handle, key, queue)
         finally:
             self._pumping = False
 
@@ -147,8 +155,9 @@ class RunOrderedDispatcher:
         if self._stopped:
             return
         key, queue, event = token
+        if self._sending.pop(id(event), None) is None:
+            return  # aborted (abort_where): its run went on already
         self._in_flight -= 1
-        self._sending.pop(id(event), None)
         try:
             self._settle(event, result)
         except Exception as err:  # noqa: BLE001 - the run's next events must still go
@@ -173,6 +182,8 @@ class RunOrderedDispatcher:
         queues, ready, idle = self._queues, self._ready, self._idle_workers
         prepare, deliver, settle, sending = self._prepare, self._deliver, self._settle, self._sending
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
         while True:
             if ready:
                 key = ready.popleft()
@@ -186,11 +197,17 @@ class RunOrderedDispatcher:
                 del queues[key]
                 continue
             event = queue.popleft()
-            sending[id(event)] = event
+            sending[id(event)] = (event, task, key, queue)
             try:
                 item = prepare(event)
                 if item is not None:
                     settle(event, await deliver(item))
+            except asyncio.CancelledError:
+                if not self._aborted or id(event) not in self._aborted:
+                    raise
+                self._aborted.discard(id(event))
+                if task.uncancel():
+                    raise  # stopped as well
             finally:
                 del sending[id(event)]
                 # The run's next event goes behind runs already waiting (this worker, or
@@ -202,7 +219,36 @@ class RunOrderedDispatcher:
 
     def sending_where(self, predicate: Callable[[LineageEvent], bool]) -> int:
         """Events being delivered (handed to the collector, verdict not in yet) that match."""
-        return sum(1 for event in self._sending.values() if predicate(event))
+        return sum(1 for event, *_ in self._sending.values() if predicate(event))
+
+    def abort_where(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
+        """Stop delivering the events being delivered that match (no more retries), e.g.
+        when their partition moved to another member, which sends them again: a retry of
+        ours landing later could put a run's START after the COMPLETE the new owner sent.
+        They get no verdict (``settle`` is not called) and their runs' next events may go;
+        returns them. A request already on its way may still reach the collector.
+
+        A worker's delivery is cancelled (the worker goes on with the next event); in
+        callback mode, ``cancel()`` is called on what ``deliver_soon`` returned, when it has
+        one, and a verdict that still comes is ignored."""
+        aborted = []
+        for eid, (event, handle, key, queue) in list(self._sending.items()):
+            if not predicate(event) or eid in self._aborted:
+                continue
+            aborted.append(event)
+            if self._deliver_soon is None:
+                self._aborted.add(eid)
+                handle.cancel()  # the worker task: it sees the cancellation in deliver()
+                continue
+            del self._sending[eid]
+            cancel = getattr(handle, "cancel", None)
+            if cancel is not None:
+                cancel()
+            self._in_flight -= 1
+            self._done(key, queue, event)
+        if aborted and self._deliver_soon is not None:
+            self._pump()
+        return aborted
 
     def remove_where(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Take queued (not in-flight) events out, e.g. when their partition is revoked; runs

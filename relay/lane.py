@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from operator import attrgetter
 
 import orjson
@@ -62,6 +63,8 @@ class CollectorLane:
                                                 settle=self._delivered,
                                                 deliver_soon=getattr(collector, "deliver_soon", None))
         self._sequencer = self._consolidator = self.table = None
+        #: Runs whose state the last revoke gave up (see _moved).
+        self._moved_runs: set[str] = set()
         if config.mode != "passthrough":
             k = config.consolidation
             self._consolidator = RunConsolidator(
@@ -203,26 +206,45 @@ class CollectorLane:
             forgotten, abandoned = self.table.revoke({p for _, p in partitions})
             for event in abandoned:
                 self._dispatcher.forget_gate(event)
-
-        def owned_by_revoked(event: LineageEvent) -> bool:
-            src = event.source
-            return (src is not None and (src.topic, src.partition) in partitions) or event.run_id in forgotten
-
+        self._moved_runs = forgotten
+        owned_by_revoked = self._moved(partitions)
         dropped = self._dispatcher.remove_where(owned_by_revoked)
         if self._sequencer is not None:
             self._sequencer.rollback(dropped)   # forwarded, not delivered: offered again later
             dropped += self._sequencer.discard(owned_by_revoked)
-        if self._deduper is not None:
-            for event in dropped:
-                self._deduper.forget(event.digest)
+        self._forget(dropped)
         return len(dropped)
+
+    def _moved(self, partitions: set[Partition]) -> Callable[[LineageEvent], bool]:
+        """Whether an event belongs to ``partitions``, or to a run whose state the last
+        :meth:`revoke` gave up (consolidated events built from run state have no source)."""
+        moved_runs = self._moved_runs
+
+        def moved(event: LineageEvent) -> bool:
+            src = event.source
+            return (src is not None and (src.topic, src.partition) in partitions) or event.run_id in moved_runs
+        return moved
+
+    def _forget(self, events: list[LineageEvent]) -> None:
+        """Taken back before delivery: their digests are no longer "seen"."""
+        if self._deduper is not None:
+            for event in events:
+                self._deduper.forget(event.digest)
 
     def sending(self, partitions: set[Partition]) -> int:
         """Events of ``partitions`` being delivered (handed to the collector, no verdict yet)."""
-        def of_partitions(event: LineageEvent) -> bool:
-            src = event.source
-            return src is not None and (src.topic, src.partition) in partitions
-        return self._dispatcher.sending_where(of_partitions)
+        return self._dispatcher.sending_where(self._moved(partitions))
+
+    def abort(self, partitions: set[Partition]) -> int:
+        """Stop delivering (no more retries) the events of ``partitions`` under way, after
+        :meth:`revoke`: another member sends them again, and a retry of ours landing after
+        its later events of the same run would break the run's order. Taken back like the
+        queued ones (see :meth:`revoke`); returns how many."""
+        aborted = self._dispatcher.abort_where(self._moved(partitions))
+        if self._sequencer is not None:
+            self._sequencer.rollback(aborted)
+        self._forget(aborted)
+        return len(aborted)
 
     async def drain(self, timeout_s: float) -> bool:
         return await self._dispatcher.wait_idle(timeout_s)

@@ -8,6 +8,8 @@ A collector may also offer ``deliver_soon(body, done, token) -> Any``: the same 
 without a coroutine per event. It queues ``body`` and later calls ``done(token, verdict)``
 exactly once, on the event loop and never from inside ``deliver_soon`` itself, with what
 ``deliver`` would have returned; when the collector is closed first, it never calls it.
+It may return a handle whose ``cancel()`` stops that delivery (no more retries, no
+verdict): the pipeline stops deliveries of partitions that moved to another member.
 The pipeline then uses it instead of ``deliver`` (see :class:`~relay.sinks.batch.BatchCollector`).
 """
 

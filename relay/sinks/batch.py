@@ -85,8 +85,18 @@ class _Item:
     token: Any
     at: float
     attempt: int = 1
-    #: Set when the caller stopped waiting (its ``deliver`` was cancelled): not sent.
+    #: Set when the caller stopped waiting (its ``deliver`` was cancelled, or :meth:`cancel`):
+    #: not sent again, and no verdict.
     dropped: bool = False
+
+    #: The task delivering it alone (the batch could not say what became of it), if any.
+    alone: asyncio.Task[Any] | None = None
+
+    def cancel(self) -> None:
+        """The caller no longer wants this event delivered (see ``deliver_soon``)."""
+        self.dropped = True
+        if self.alone is not None:
+            self.alone.cancel()
 
 
 def _set_verdict(future: asyncio.Future[Undeliverable | None], verdict: Undeliverable | None) -> None:
@@ -149,20 +159,20 @@ class BatchCollector:
 
     async def deliver(self, body: bytes) -> Undeliverable | None:
         future: asyncio.Future[Undeliverable | None] = asyncio.get_running_loop().create_future()
-        item = self.deliver_soon(body, _set_verdict, future)
+        handle = self.deliver_soon(body, _set_verdict, future)
         try:
             return await future
         finally:
-            if item is not None and not future.done():
-                item.dropped = True  # cancelled: whoever waits for it re-reads it (revocation, shutdown)
+            if not future.done():
+                handle.cancel()  # cancelled: whoever waits for it re-reads it (revocation, shutdown)
 
-    def deliver_soon(self, body: bytes, done: Done, token: Any) -> _Item | None:
+    def deliver_soon(self, body: bytes, done: Done, token: Any) -> _Item | asyncio.Task[Any]:
         """Queue ``body``; ``done(token, verdict)`` follows once, on the event loop, never
-        from inside this call. Returns the queued item (None when it went alone)."""
+        from inside this call. Returns what stops the delivery (``cancel()``, then no
+        verdict comes): the queued item, or the task of an event that goes alone."""
         loop = asyncio.get_running_loop()
         if len(body) + _ENVELOPE_BYTES > self._max_bytes:
-            self._alone(body, done, token)
-            return None
+            return self._alone(body, done, token)
         item = _Item(body, done, token, loop.time())
         self._enqueue(item)
         return item
@@ -174,19 +184,21 @@ class BatchCollector:
         if len(self._queue) >= self._max_events or self._queued_bytes + _ENVELOPE_BYTES >= self._max_bytes:
             self._full.set()
 
-    def _alone(self, body: bytes, done: Done, token: Any) -> None:
-        """Deliver ``body`` to the single-event endpoint (retries included), then ``done``."""
+    def _alone(self, body: bytes, done: Done, token: Any) -> asyncio.Task[Any]:
+        """Deliver ``body`` to the single-event endpoint (retries included), then ``done``;
+        cancelling the task returned means no verdict."""
         task = asyncio.create_task(self.single.deliver(body))
         self._sending.add(task)
 
         def finished(task: asyncio.Task[Undeliverable | None]) -> None:
             self._sending.discard(task)
-            if task.cancelled():  # closing
+            if task.cancelled():  # closing, or the caller's cancel()
                 _no_verdict(done, token)
             else:
                 done(token, task.result())
 
         task.add_done_callback(finished)
+        return task
 
     def _settle(self, item: _Item, outcome: EventOutcome, wait_s: float | None) -> None:
         """What ``deliver`` does with one event's outcome in a batch reply."""
@@ -194,7 +206,7 @@ class BatchCollector:
         if kind == "delivered":
             item.done(item.token, None)
         elif kind == "single":
-            self._alone(item.body, item.done, item.token)
+            item.alone = self._alone(item.body, item.done, item.token)
         elif kind == "reject":
             item.done(item.token, Undeliverable("collector_rejected", outcome.detail, outcome.status))
         else:

@@ -34,6 +34,7 @@ def make(request):
             task = asyncio.ensure_future(deliver(item))
             tasks.add(task)
             task.add_done_callback(lambda t: (tasks.discard(t), t.cancelled() or done(token, t.result())))
+            return task  # cancel() stops the delivery: no verdict
 
         async def never(item):
             raise AssertionError("callback mode must not call deliver")
@@ -93,6 +94,111 @@ async def test_remove_where_takes_queued_events_out(make):
     await dispatcher.stop()
     assert len(delivered) + len(removed) == len(evs)
     assert all(e.run_id != victim_run for e in delivered)
+
+
+def runs_of(evs, n: int):
+    """``n`` run ids with at least two events each, and those events by run."""
+    by_run: dict[str, list] = defaultdict(list)
+    for e in evs:
+        if e.run_id is not None:
+            by_run[e.run_id].append(e)
+    runs = [r for r, of in by_run.items() if len(of) >= 2][:n]
+    assert len(runs) == n
+    return runs, by_run
+
+
+async def test_abort_where_stops_deliveries_under_way_and_their_runs_go_on(make):
+    """A delivery being retried (here: never answered) is stopped: it sees the cancellation,
+    gets no verdict, and its run's next event goes; the other runs are untouched."""
+    (stuck_run, other_run), by_run = runs_of(events(12), 2)
+    stuck_first = by_run[stuck_run][0]
+    started, stopped, delivered, settled = [], [], [], []
+
+    async def deliver(event):
+        if event is stuck_first:
+            started.append(event)
+            try:
+                await asyncio.Event().wait()  # a collector that never answers
+            except asyncio.CancelledError:
+                stopped.append(event)
+                raise
+        delivered.append(event)
+        return "ok"
+
+    dispatcher = make(deliver, concurrency=1, settle=lambda e, r: settled.append(e))
+    dispatcher.start()
+    for e in by_run[stuck_run] + by_run[other_run]:
+        dispatcher.submit(e)
+    assert await wait_until(lambda: started)
+    assert dispatcher.sending_where(lambda e: True) == 1
+    assert dispatcher.sending_where(lambda e: e is stuck_first) == 1
+    assert dispatcher.abort_where(lambda e: e.run_id == other_run) == []  # not under way
+    assert dispatcher.abort_where(lambda e: e.run_id == stuck_run) == [stuck_first]
+    assert dispatcher.abort_where(lambda e: e.run_id == stuck_run) == []  # once
+    # The single worker (or slot) is free again: everything else is delivered, in order.
+    assert await dispatcher.wait_idle(10)
+    assert await wait_until(lambda: stopped), "the delivery saw the cancellation"
+    await dispatcher.stop()
+    assert stopped == [stuck_first]
+    assert stuck_first not in settled and stuck_first not in delivered
+    assert [e for e in delivered if e.run_id == stuck_run] == by_run[stuck_run][1:]
+    assert [e for e in delivered if e.run_id == other_run] == by_run[other_run]
+    assert settled == delivered
+    assert dispatcher.pending == 0
+
+
+async def test_an_abort_and_a_stop_together_stop_the_workers():
+    evs = events(4)
+    started = asyncio.Event()
+
+    async def deliver(event):
+        started.set()
+        await asyncio.Event().wait()
+
+    dispatcher = RunOrderedDispatcher(deliver, 2)
+    dispatcher.start()
+    dispatcher.submit(evs[0])
+    await asyncio.wait_for(started.wait(), 5)
+    assert dispatcher.abort_where(lambda e: True) == [evs[0]]
+    await asyncio.wait_for(dispatcher.stop(), 5)  # the stop's cancellation is not swallowed
+
+
+async def test_callbacks_an_abort_without_a_handle_ignores_the_late_verdict():
+    """A collector whose deliver_soon returns nothing cannot be stopped: its verdict, when
+    it comes, is ignored (the run went on already, and pending is not counted twice)."""
+    (run,), by_run = runs_of(events(6), 1)
+    pending, settled = [], []
+
+    def deliver_soon(item, done, token):
+        pending.append((done, token, item))
+
+    async def never(item):
+        raise AssertionError("callback mode must not call deliver")
+
+    dispatcher = RunOrderedDispatcher(never, 4, settle=lambda e, r: settled.append(e), deliver_soon=deliver_soon)
+    dispatcher.start()
+    first, second = by_run[run][:2]
+    dispatcher.submit(first)
+    dispatcher.submit(second)
+    assert dispatcher.abort_where(lambda e: e is first) == [first]
+    assert [item for _, _, item in pending] == [first, second]  # the run's next went at once
+    done, token, _ = pending.pop(0)
+    done(token, None)  # the aborted delivery's late verdict
+    assert settled == [] and dispatcher.pending == 1
+    done, token, _ = pending.pop(0)
+    done(token, None)
+    assert settled == [second] and dispatcher.pending == 0
+    await dispatcher.stop()
+
+
+async def wait_until(condition, timeout_s: float = 5.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
 
 
 async def test_a_run_submitted_after_an_event_of_another_run_waits_for_it(make):

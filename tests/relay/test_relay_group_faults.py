@@ -71,16 +71,22 @@ def canonical(doc: dict) -> bytes:
 
 
 #: The collector stays down this long after the rebalance began: under the first replica's
-#: wait (drain_timeout_s, 30 s here); without that wait the new owner takes over in ~3 s
+#: wait (drain_timeout_s, 30 s in the first case); without that wait the new owner takes over in ~3 s
 #: and retries alongside it (an 8 s outage did not show the reorder, 20 s and more did).
 OUTAGE_AFTER_REBALANCE_S = 20.0
 
 
-def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog):
+@pytest.mark.parametrize(("drain_timeout_s", "message"), [
+    (30, "revoke_waiting_for_deliveries"),  # the wait outlasts the outage
+    (2, "revoke_deliveries_aborted"),       # the outage outlasts the wait
+], ids=["waited-for", "stopped"])
+def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog, drain_timeout_s, message):
     """A second replica joins while the collector answers 503: the first gives up half of
     its partitions with deliveries still being retried. It waits for those before handing
     the partitions over; otherwise a retried START could land after the COMPLETE the new
-    owner sends once the collector is back (16 of 80 runs, measured before the wait).
+    owner sends once the collector is back (16 of 80 runs, measured before the wait). When
+    the outage outlasts the wait (drain_timeout_s), it stops those deliveries instead of
+    retrying them alongside the new owner (before: runs like START, COMPLETE, START).
 
     The new owner never saw the START of runs the first replica had begun: it holds their
     later events until hold_timeout_s (2 s here) and then forwards them."""
@@ -91,7 +97,7 @@ def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog):
 
         def config():  # noqa: ANN202
             return relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
-                                pipeline={"ordering": {"hold_timeout_s": 2.0}}, drain_timeout_s=30)
+                                pipeline={"ordering": {"hold_timeout_s": 2.0}}, drain_timeout_s=drain_timeout_s)
         a = RelayThread(config()).start()
         b = None
         try:
@@ -114,4 +120,4 @@ def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog):
             if b is not None:
                 b.stop()
     assert_run_order(collector.events())
-    assert any(r.getMessage() == "revoke_waiting_for_deliveries" for r in caplog.records)
+    assert any(r.getMessage() == message for r in caplog.records)

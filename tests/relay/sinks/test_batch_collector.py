@@ -152,6 +152,39 @@ async def test_close_cancels_a_delivery_still_queued(server):
     assert server.count == 0
 
 
+@pytest.mark.parametrize("alone", [False, True], ids=["in-batches", "alone"])
+async def test_cancelling_deliver_soon_stops_the_retries_and_the_verdict(server, alone):
+    """What deliver_soon returns stops that delivery: an event being retried (in batches,
+    or alone for its size) is not sent again and gets no verdict; the others go on."""
+    server.reject_when(lambda doc: 503 if doc["run"]["runId"] == "run-0" else None)  # for ever
+    collector, _ = batch_collector(server, max_events=10, max_bytes=2048)
+    first = orjson.dumps({**orjson.loads(event(0)), "pad": "x" * 4000}) if alone else event(0)
+    await collector.start()
+    verdicts: list = []
+
+    def attempts() -> int:
+        return sum(a.run_id == "run-0" for a in server.attempts)
+
+    try:
+        handle = collector.deliver_soon(first, lambda token, verdict: verdicts.append(token), 0)
+        async with asyncio.timeout(10):
+            while attempts() < 2:
+                await asyncio.sleep(0.005)  # ok: poll interval of a wait with a deadline (retries under way)
+        handle.cancel()
+        tried = attempts()
+        async with asyncio.timeout(10):
+            # Its backoff over (or its task cancelled): it was not queued again.
+            while collector._backing_off or (alone and not handle.done()):
+                await asyncio.sleep(0.005)  # ok: poll interval of a wait with a deadline
+        for i in range(1, 4):  # later batches go, without it
+            assert await collector.deliver(event(i)) is None
+    finally:
+        await collector.close()
+    assert attempts() <= tried + 1  # at most the request already on its way
+    assert verdicts == []
+    assert not collector._queue and server.count == 3
+
+
 async def test_adaptive_concurrency_limits_batch_requests_on_overload_signals_only(server):
     server.fail_next(2, 503)
     metrics = RelayMetrics()
