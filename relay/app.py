@@ -44,6 +44,7 @@ from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.http import HttpCollector
 from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
+from relay.source.lookback import Lookback
 from relay.source.kafka import KafkaSource, SourceError
 from relay.source.offsets import OffsetTracker, Partition
 from relay.stages.decode import decode_record
@@ -155,6 +156,15 @@ class Relay:
                 on_producer_replaced=self.metrics.producers_replaced.labels(producer="run_state").inc)
             self.state = RunStateStore(changelog, [lane.table for lane in self.lanes if lane.table is not None],
                                        self.metrics)
+        learners = [lane for lane in self.lanes if lane.learns_from_lookback]
+        self.lookback: Lookback | None = None
+        if learners and config.pipeline.lookback.max_records:
+            def prime(event: LineageEvent, now: float) -> None:
+                for lane in learners:
+                    lane.prime(event, now)
+                self.metrics.lookback_events.inc()
+            self.lookback = Lookback(k, config.pipeline.lookback, max_bytes=config.pipeline.max_event_bytes,
+                                     prime=prime)
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,
                                   properties=k.consumer_properties, on_assign=self._on_assign,
                                   on_revoke=self._on_revoke, on_lost=self._on_lost)
@@ -384,6 +394,9 @@ class Relay:
     async def _on_assign(self, partitions: list[Partition]) -> dict[Partition, int]:
         if self.state is not None and partitions:
             await self.state.restore([p for _, p in partitions], time.monotonic())
+        if self.lookback is not None and partitions:
+            # Before any of their records: the runs begun before the committed offsets.
+            await self.lookback.prime(partitions)
         return {}
 
     async def _on_revoke(self, partitions: list[Partition]) -> dict[Partition, int]:
@@ -460,6 +473,8 @@ class Relay:
             await asyncio.get_running_loop().run_in_executor(None, self.decoder.close)
         if self.state is not None:
             await self.state.close()
+        if self.lookback is not None:
+            self.lookback.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)
 
 

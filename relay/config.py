@@ -344,6 +344,16 @@ class OrderingConfig(Frozen):
     finished_ttl_s: float = Field(3600.0, gt=0)
 
 
+class LookbackConfig(Frozen):
+    """What a relay reads back, when it is assigned a partition, from before its committed
+    offset: the runs begun there, and their digests (see :mod:`relay.source.lookback`)."""
+
+    #: Records read back per newly assigned partition; 0 turns it off.
+    max_records: int = Field(10_000, ge=0)
+    #: For all the partitions of one assignment; then what was read is used.
+    timeout_s: float = Field(10.0, gt=0, le=50)
+
+
 class PipelineConfig(Frozen):
     #: Larger records are dead-lettered (too_large). Real events reach 23 MB.
     max_event_bytes: int = Field(32 * 1024 * 1024, ge=1024)
@@ -365,6 +375,7 @@ class PipelineConfig(Frozen):
     decode_priority: Literal["auto", "low", "idle"] = "auto"
     dedupe: DedupeConfig = DedupeConfig()
     ordering: OrderingConfig = OrderingConfig()
+    lookback: LookbackConfig = LookbackConfig()
 
 
 class HttpServerConfig(Frozen):

@@ -120,6 +120,26 @@ class CollectorLane:
             return
         self._apply(sequencer.offer(event, now))
 
+    def prime(self, event: LineageEvent, now: float) -> None:
+        """``event`` came before the committed offset (read back on assignment, see
+        :mod:`relay.source.lookback`): this collector had it, or it was dead-lettered or
+        not forwarded on purpose. Learn what forwarding it taught (its run's progress, its
+        digest) without sending anything. Consolidated/coalesce collectors restore their
+        run state instead."""
+        if self._router is not None and self._router.accepts(event) is not None:
+            return
+        if self.table is not None and event.run_id is not None and event.kind == "run":
+            return
+        if self._deduper is not None:
+            self._deduper.check_and_remember(event.digest, now)
+        if self._sequencer is not None:
+            self._sequencer.prime(event, now)
+
+    @property
+    def learns_from_lookback(self) -> bool:
+        """Whether :meth:`prime` can teach this lane anything."""
+        return self._deduper is not None or self._sequencer is not None
+
     def expire(self, now: float) -> None:
         if self._sequencer is not None:
             self._apply(self._sequencer.expire(now))

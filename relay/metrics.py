@@ -137,6 +137,8 @@ class RelayMetrics:
                                     ["result"], registry=r)
         self.batch_requests = Counter(p + "batch_requests", "Batch POSTs answered, by result (ok, partial, retry, "
                                       "refused, unattributed)", ["collector", "result"], registry=r)
+        self.lookback_events = Counter(p + "lookback_events", "Events read back from before the committed offset of "
+                                       "newly assigned partitions (runs and digests the lanes learnt)", registry=r)
         self.runs_restored = Counter(p + "runs_restored", "Run states read back from the changelog on assignment",
                                      ["collector"], registry=r)
         self.producers_replaced = Counter(p + "kafka_producers_replaced", "The relay's Kafka producers (dead_letter, "

@@ -248,6 +248,25 @@ class RunSequencer:
             del self._runs[run_id]
         return decisions
 
+    def prime(self, event: LineageEvent, now: float) -> None:
+        """Learn from ``event`` that this collector already had it (it came before the
+        committed offset: see :mod:`relay.source.lookback`), as :meth:`offer` would have
+        learnt from forwarding it, without deciding anything: a START marks its run
+        started, a terminal marks it finished. Another event of an unknown run marks it
+        started only with ``on_hold_timeout="forward"`` (with ``"dead_letter"``, a run
+        without its START was dead-lettered, not started)."""
+        run_id = event.run_id
+        if run_id is None or run_id in self._holds or run_id in self._grace:
+            return
+        state = self._runs.get(run_id, _UNKNOWN)
+        if state is _UNKNOWN:
+            if event.event_type != "START" and self._on_hold_timeout != "forward":
+                return
+            self._start(run_id)
+            state = None
+        if state is None and event.event_type in TERMINAL_TYPES:
+            self._finish(run_id, now)
+
     def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Remove held events matching ``predicate`` without deciding them and return
         them, e.g. on partition revoke, where the new owner will receive them again."""

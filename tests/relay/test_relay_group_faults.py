@@ -88,8 +88,9 @@ def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog, drai
     the outage outlasts the wait (drain_timeout_s), it stops those deliveries instead of
     retrying them alongside the new owner (before: runs like START, COMPLETE, START).
 
-    The new owner never saw the START of runs the first replica had begun: it holds their
-    later events until hold_timeout_s (2 s here) and then forwards them."""
+    The runs the first replica had begun and not delivered yet are read again by the new
+    owner from the last commit, START included; the ones delivered before the outage it
+    learns by reading back what came before the commit (lookback)."""
     with EmbeddedBroker() as broker, RecordingCollector() as collector:
         broker.create_topic("events", 4)
         first, second = sample_stream(40, seed=7), sample_stream(40, seed=8)

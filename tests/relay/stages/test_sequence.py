@@ -547,3 +547,40 @@ def test_admit_takes_the_common_case_and_otherwise_changes_nothing(config):
             if rng.random() < 0.2:
                 seq.expire(now)
     assert admitted > 1000 and declined > 100, (admitted, declined)
+
+
+# --- priming (what came before the committed offset) -----------------------------------
+
+
+def test_prime_teaches_a_run_s_progress_without_deciding_anything():
+    seq = sequencer()
+    seq.prime(event(1, "START"), 0.0)          # run 1 began before the committed offset
+    seq.prime(event(2, "START"), 0.0)          # run 2 began and ended before it
+    seq.prime(event(2, "COMPLETE", 5), 0.0)
+    assert seq.held_count == 0
+    assert forwarded(seq.offer(event(1, "RUNNING", 1), 1.0))  # not held for a START
+    assert forwarded(seq.offer(event(1, "COMPLETE", 2), 1.0))
+    late = event(2, "RUNNING", 3)
+    assert seq.offer(late, 1.0) == [Drop(late, AFTER_TERMINAL)]
+    fresh = event(3, "RUNNING", 1)             # a run it never saw: held as before
+    assert seq.offer(fresh, 1.0) == [] and seq.held_count == 1
+
+
+@pytest.mark.parametrize(("policy", "started"), [("forward", True), ("dead_letter", False)])
+def test_prime_counts_a_run_without_its_start_as_started_only_when_holds_are_forwarded(policy, started):
+    """Before the committed offset, a RUNNING whose START never came was forwarded at the
+    hold timeout (``forward``: the run counts as started) or dead-lettered (not started)."""
+    seq = sequencer(on_hold_timeout=policy)
+    seq.prime(event(1, "RUNNING", 1), 0.0)
+    decisions = seq.offer(event(1, "RUNNING", 2), 1.0)
+    assert bool(decisions) is started and seq.held_count == (0 if started else 1)
+
+
+def test_prime_leaves_a_held_run_alone():
+    seq = sequencer()
+    held = event(1, "COMPLETE", 5)
+    assert seq.offer(held, 0.0) == []
+    seq.prime(event(1, "START"), 0.0)  # (cannot happen: a held event is above the commit)
+    assert seq.held_count == 1
+    start = event(1, "START", tag="live")
+    assert forwarded(seq.offer(start, 1.0))[0] is start

@@ -1,0 +1,188 @@
+"""Read back what came before the committed offset when partitions are assigned.
+
+A relay reads a newly assigned partition from its committed offset: at start, after a
+restart, or when a rebalance hands it partitions another replica had. The runs begun
+before that offset are unknown to it. Their later events would be held for
+``hold_timeout_s`` waiting for a START that was delivered long ago (and dead-lettered at
+the timeout with ``on_hold_timeout: dead_letter``); a terminal delivered before the
+commit would not stop a late copy of an earlier event; and events their producer sent
+again across the restart would not be recognised as duplicates.
+
+So, before the first record of a newly assigned partition is handled, the last
+``max_records`` records before its committed offset are read (an assign-only consumer: no
+group membership, no commits) and decoded, and each collector lane is told about them
+(:meth:`relay.lane.CollectorLane.prime`): a START marks its run started, a terminal marks
+it finished, digests are remembered for dedupe, as if the lane had just forwarded them.
+Nothing is delivered. Everything below the committed offset was delivered, dead-lettered
+or deliberately not forwarded, and nothing there is held (held events keep their offsets
+uncommitted), so this is what the lane knew then.
+
+Bounded: at most ``max_records`` per partition and ``timeout_s`` in all (then what was
+read so far is used: logged ``lookback_incomplete``); records are decoded in chunks, each
+handed to the event loop before the next is read (memory: one chunk). A failure to read
+is logged (``lookback_failed``) and consumption goes on without it: ordering then falls
+back to holding (see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from relay.config import KafkaConfig, LookbackConfig
+from relay.events import LineageEvent, SourceRef
+from relay.logs import log_event
+from relay.ops import OpsError
+from relay.ops.kafka_range import open_consumer
+from relay.source.offsets import Partition
+from relay.stages.decode import decode_record
+
+log = logging.getLogger("relay.lookback")
+
+#: Records read (and decoded) per step.
+_CHUNK = 500
+_TIMEOUT_S = 10.0
+
+
+class LookbackError(Exception):
+    pass
+
+
+class Lookback:
+    """Primes the lanes (``prime(event, now)``) with what came before the committed
+    offsets of newly assigned partitions; see the module docstring."""
+
+    def __init__(self, kafka: KafkaConfig, config: LookbackConfig, *, max_bytes: int,
+                 prime: Callable[[LineageEvent, float], None]) -> None:
+        self._kafka = kafka
+        self._config = config
+        self._max_bytes = max_bytes
+        self._prime = prime
+        # One thread: a consumer is used from the thread that made it.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lookback")
+
+    async def prime(self, partitions: list[Partition]) -> int:
+        """Read back and hand over; returns how many events the lanes were told about."""
+        if not partitions or self._config.max_records == 0:
+            return 0
+        loop = asyncio.get_running_loop()
+        began = time.monotonic()
+        reader = _Reader(self._kafka, partitions, self._config.max_records, self._max_bytes,
+                         began + self._config.timeout_s)
+        primed = 0
+        try:
+            while True:
+                chunk = await loop.run_in_executor(self._executor, reader.next_chunk)
+                if chunk is None:
+                    break
+                now = time.monotonic()
+                for event in chunk:
+                    self._prime(event, now)
+                primed += len(chunk)
+        except (KafkaException, LookbackError, OpsError) as err:
+            log_event(log, logging.WARNING, "lookback_failed", partitions=_fmt(partitions), events=primed,
+                      error=str(err)[:300],
+                      hint="runs begun before the committed offset are held until hold_timeout_s")
+            return primed
+        finally:
+            await loop.run_in_executor(self._executor, reader.close)
+        if reader.unfinished:
+            log_event(log, logging.WARNING, "lookback_incomplete", partitions=_fmt(sorted(reader.unfinished)),
+                      events=primed, timeout_s=self._config.timeout_s,
+                      hint="raise pipeline.lookback.timeout_s, or lower max_records")
+        log_event(log, logging.INFO, "lookback_read", partitions=_fmt(partitions), records=reader.records,
+                  events=primed, seconds=round(time.monotonic() - began, 3))
+        return primed
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+class _Reader:
+    """Runs on the lookback thread only."""
+
+    def __init__(self, kafka: KafkaConfig, partitions: list[Partition], max_records: int, max_bytes: int,
+                 deadline: float) -> None:
+        self._kafka = kafka
+        self._partitions = partitions
+        self._max_records = max_records
+        self._max_bytes = max_bytes
+        self._deadline = deadline
+        self._consumer: Consumer | None = None
+        #: partition -> end (exclusive: its committed offset), for those still being read.
+        self._ends: dict[Partition, int] | None = None
+        self.unfinished: set[Partition] = set()
+        self.records = 0
+
+    def _open(self) -> None:
+        consumer = self._consumer = open_consumer(self._kafka, self._kafka.group_id)
+        tps = [TopicPartition(t, p) for t, p in self._partitions]
+        committed = consumer.committed(tps, timeout=_TIMEOUT_S)
+        self._ends, starts = {}, []
+        for tp in committed:
+            if tp.error is not None:
+                raise LookbackError(f"committed offset of {tp.topic}/{tp.partition}: {tp.error}")
+            if tp.offset <= 0:
+                continue  # nothing committed (or nothing before it)
+            low, _high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=_TIMEOUT_S)
+            start = max(low, tp.offset - self._max_records)
+            if start < tp.offset:
+                self._ends[(tp.topic, tp.partition)] = tp.offset
+                starts.append(TopicPartition(tp.topic, tp.partition, start))
+        if starts:
+            consumer.assign(starts)
+
+    def next_chunk(self) -> list[LineageEvent] | None:
+        """The next events read back, or None when done (or out of time: see ``unfinished``)."""
+        if self._ends is None:
+            self._open()
+        ends = self._ends
+        assert ends is not None and self._consumer is not None
+        if not ends:
+            return None
+        if time.monotonic() > self._deadline:
+            self.unfinished = set(ends)
+            return None
+        events: list[LineageEvent] = []
+        for msg in self._consumer.consume(_CHUNK, 0.2):
+            part = (msg.topic(), msg.partition())
+            end = ends.get(part)
+            if end is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self._finish(part)  # the log ends before the committed offset (a control record)
+                elif err.fatal() or not err.retriable():
+                    raise LookbackError(f"reading {part[0]}/{part[1]}: {err}")
+                continue
+            offset = msg.offset()
+            if offset >= end:
+                self._finish(part)
+                continue
+            if offset + 1 >= end:
+                self._finish(part)
+            self.records += 1
+            decoded = decode_record(msg.value(), max_bytes=self._max_bytes, source=SourceRef(part[0], part[1], offset))
+            if type(decoded) is LineageEvent:
+                events.append(decoded)
+        return events
+
+    def _finish(self, part: Partition) -> None:
+        assert self._ends is not None and self._consumer is not None
+        if self._ends.pop(part, None) is not None:
+            self._consumer.pause([TopicPartition(*part)])
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def _fmt(partitions: list[Partition]) -> str:
+    return ",".join(f"{t}/{p}" for t, p in partitions)

@@ -1,0 +1,83 @@
+"""A relay that starts on a topic already partly delivered knows the runs begun before the
+committed offset (it reads back ``pipeline.lookback.max_records`` records per partition
+before it): their terminal events are delivered at once instead of being held for a START
+delivered long ago, and an event sent again by its producer across the restart is a
+duplicate still."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+
+from relay.embedded.broker import EmbeddedBroker
+from relay.embedded.collector import RecordingCollector
+from relay.embedded.runner import RelayThread
+from relay.embedded.sample import sample_stream
+from tests.relay.test_relay_end_to_end import assert_run_order
+from tests.support.kafka import committed_offsets, produce
+from tests.support.relay import eventually, relay_config
+
+pytestmark = pytest.mark.kafka
+
+TERMINALS = {"COMPLETE", "FAIL", "ABORT"}
+#: Far longer than the test waits: an event held for its START is never released by time.
+HOLD_S = 600.0
+
+
+def split_by_terminal(stream):  # noqa: ANN001, ANN201
+    """Records up to each run's terminal (not included), and the terminals."""
+    before, terminals = [], []
+    for key, value in stream:
+        (terminals if orjson.loads(value).get("eventType") in TERMINALS else before).append((key, value))
+    return before, terminals
+
+
+def committed(broker, partitions: int) -> int:  # noqa: ANN001
+    return sum(max(0, o) for o in committed_offsets(broker.bootstrap_servers, "events", "g", partitions).values())
+
+
+@pytest.mark.parametrize("max_records", [10_000, 0], ids=["lookback", "no-lookback"])
+def test_a_restarted_relay_knows_the_runs_begun_before_its_committed_offset(caplog, max_records):
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 2)
+        before, terminals = split_by_terminal(sample_stream(12, seed=5, out_of_order_ratio=0.0, running_per_run=(1, 2)))
+        runs = len(terminals)
+        assert runs == 12
+        resent = next(v for _, v in before if orjson.loads(v)["eventType"] == "RUNNING")
+
+        def config():  # noqa: ANN202
+            return relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                                pipeline={"ordering": {"hold_timeout_s": HOLD_S, "on_hold_timeout": "dead_letter"},
+                                          "lookback": {"max_records": max_records}})
+
+        produce(broker.bootstrap_servers, "events", before)
+        with RelayThread(config()) as first:
+            assert collector.wait_for(lambda c: c.count == len(before), 60), "the runs' first events delivered"
+            assert eventually(lambda: committed(broker, 2) == len(before), 30)
+        assert first.error is None
+
+        # Across the restart: each run's terminal, and a RUNNING its producer sent again.
+        key = next(k for k, v in before if v == resent)
+        produce(broker.bootstrap_servers, "events", [*terminals, (key, resent)])
+        with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config()) as second:
+            if max_records:
+                assert collector.wait_for(lambda c: c.count == len(before) + runs, 60), \
+                    f"{len(before) + runs - collector.count} terminals not delivered (held for their START?)"
+                assert eventually(lambda: committed(broker, 2) == len(before) + runs + 1, 30)
+                assert second.metric("lineage_relay_events_deduplicated_total", collector="c") == 1
+                assert second.metric("lineage_relay_lookback_events_total") == len(before)
+                assert second.metric("lineage_relay_events_held", collector="c") == 0
+            else:
+                # Without it, each terminal waits for a START the relay never sees again.
+                # (and the RUNNING sent again is held too: its run is unknown).
+                assert eventually(lambda: second.metric("lineage_relay_events_held", collector="c") == runs + 1, 60)
+                assert collector.count == len(before)
+        assert second.error is None
+    if max_records:
+        events = collector.events()
+        assert len(events) == len(before) + runs  # the RUNNING sent again was not delivered twice
+        assert_run_order(events)
+        assert any(r.getMessage() == "lookback_read" for r in caplog.records)
+        assert second.metric("lineage_relay_events_dead_lettered_total", reason="hold_timeout") == 0
