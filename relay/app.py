@@ -35,7 +35,7 @@ import orjson
 from confluent_kafka import KafkaError
 
 from relay.config import RelayConfig
-from relay.events import LineageEvent, Rejection, SourceRef
+from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
 from relay.lane import CollectorLane
 from relay.logs import log_event
 from relay.memory import tune_malloc
@@ -331,8 +331,13 @@ class Relay:
                 event.raw = value
             if self._needs_doc and event.doc is None:
                 event.doc = orjson.loads(event.body)
-            for lane in self.lanes:
-                lane.offer(event, now)
+            headers = message.headers()
+            if headers is not None and any(name == REDRIVEN_FROM for name, _ in headers):
+                for lane in self.lanes:
+                    lane.offer_again(event, now)
+            else:
+                for lane in self.lanes:
+                    lane.offer(event, now)
             # Only routing and consolidators read the parsed tree (they keep what they need);
             # keeping thousands of them alive in the delivery queues makes every garbage
             # collection walk them (measured: -35% throughput).

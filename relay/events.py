@@ -17,6 +17,9 @@ EventKind = Literal["run", "dataset", "job"]
 EVENT_TYPES = frozenset({"START", "RUNNING", "COMPLETE", "ABORT", "FAIL", "OTHER"})
 #: A run has exactly one of these, and nothing is forwarded after it.
 TERMINAL_TYPES = frozenset({"COMPLETE", "ABORT", "FAIL"})
+#: Kafka header of a record ``dlq redrive --to-topic`` wrote back to the topic it came
+#: from: the relay delivers it even where it was seen before (dedupe, after the terminal).
+REDRIVEN_FROM = "redriven_from"
 
 
 class SourceRef(NamedTuple):

@@ -140,6 +140,18 @@ class CollectorLane:
         """Whether :meth:`prime` can teach this lane anything."""
         return self._deduper is not None or self._sequencer is not None
 
+    def offer_again(self, event: LineageEvent, now: float) -> None:
+        """:meth:`offer` for a record ``dlq redrive --to-topic`` wrote back: the operator
+        wants it delivered although its content was seen before (it was dead-lettered, not
+        delivered), so its digest is forgotten first and, for a START or a terminal, what
+        forwarding the original taught the sequencer (its run begins again, or is open
+        again). Consolidated/coalesce collectors take it by their run state."""
+        if self._deduper is not None:
+            self._deduper.forget(event.digest)
+        if self._sequencer is not None and (event.is_terminal or event.event_type == "START"):
+            self._sequencer.rollback([event])
+        self.offer(event, now)
+
     def expire(self, now: float) -> None:
         if self._sequencer is not None:
             self._apply(self._sequencer.expire(now))

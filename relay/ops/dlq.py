@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError
-from relay.events import LineageEvent, Rejection, SourceRef
+from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
 from relay.logs import setup_logging
 from relay.ops import OpsError, kafka_error_text
 from relay.ops.delivery import BatchDelivery, Failure, collector_config, plan
@@ -260,7 +260,7 @@ def to_topic(config: RelayConfig, chosen: list[DeadLetter], ledger: RedriveLedge
         for record in chosen:
             source = SourceRef.parse(record.source)
             topic = source.topic if source is not None and source.topic in topics else topics[0]
-            headers = [("redriven_from", f"{dlq}/{record.partition}/{record.offset}".encode())]
+            headers = [(REDRIVEN_FROM, f"{dlq}/{record.partition}/{record.offset}".encode())]
             while True:
                 try:
                     producer.produce(topic, key=record.key, value=record.value, headers=headers,

@@ -93,17 +93,20 @@ def parse_time(text: str, flag: str) -> int:
     return int(when.astimezone(timezone.utc).timestamp() * 1000)
 
 
-def open_consumer(kafka: KafkaConfig, group_id: str) -> Consumer:
+def open_consumer(kafka: KafkaConfig, group_id: str, *, client_id: str = "lineage-relay-ops",
+                  overrides: dict[str, Any] | None = None) -> Consumer:
     """A consumer for ``assign()`` reads: the relay's connection settings, never its group.
 
-    ``group_id`` only names the client for commits made on purpose (``dlq redrive``);
-    the consumer never subscribes, so it never joins or rebalances a group."""
+    ``group_id`` only names the client for commits made on purpose (``dlq redrive``) and
+    for reading the group's committed offsets; the consumer never subscribes, so it never
+    joins or rebalances a group. ``overrides`` win over the relay's properties."""
     props = {k: v for k, v in kafka.consumer_properties.items() if not k.startswith(_GROUP_KEYS)}
     # A short fetch wait: these reads end at a partition's end, where a fetch would idle.
-    conf: dict[str, Any] = {"fetch.wait.max.ms": "100", **props, "bootstrap.servers": kafka.bootstrap_servers, "group.id": group_id,
+    conf: dict[str, Any] = {"fetch.wait.max.ms": "100", **props, **(overrides or {}),
+                            "bootstrap.servers": kafka.bootstrap_servers, "group.id": group_id,
                             "enable.auto.commit": False, "enable.auto.offset.store": False,
                             "enable.partition.eof": True, "auto.offset.reset": "earliest"}
-    conf.setdefault("client.id", "lineage-relay-ops")
+    conf.setdefault("client.id", client_id)
     try:
         return Consumer(conf)
     except KafkaException as err:

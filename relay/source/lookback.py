@@ -18,8 +18,9 @@ or deliberately not forwarded, and nothing there is held (held events keep their
 uncommitted), so this is what the lane knew then.
 
 Bounded: at most ``max_records`` per partition and ``timeout_s`` in all (then what was
-read so far is used: logged ``lookback_incomplete``); records are decoded in chunks, each
-handed to the event loop before the next is read (memory: one chunk). A failure to read
+read so far is used: logged ``lookback_incomplete``); records are decoded in steps of
+about 8 MB (at least one record), each handed to the event loop before the next is
+decoded, and librdkafka fetches at most 16 MB ahead. A failure to read
 is logged (``lookback_failed``) and consumption goes on without it: ordering then falls
 back to holding (see the README).
 """
@@ -29,10 +30,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from relay.config import KafkaConfig, LookbackConfig
 from relay.events import LineageEvent, SourceRef
@@ -44,8 +46,12 @@ from relay.stages.decode import decode_record
 
 log = logging.getLogger("relay.lookback")
 
-#: Records read (and decoded) per step.
-_CHUNK = 500
+#: Records taken from the consumer at once.
+_BATCH = 500
+#: Bytes of records decoded per step (at least one record): what a step holds decoded.
+_CHUNK_BYTES = 8 << 20
+#: What librdkafka fetches ahead for the read back (its default is 64 MB a partition).
+_QUEUED_KBYTES = "16384"
 _TIMEOUT_S = 10.0
 
 
@@ -114,13 +120,16 @@ class _Reader:
         self._max_bytes = max_bytes
         self._deadline = deadline
         self._consumer: Consumer | None = None
+        #: Records consumed and not decoded yet.
+        self._backlog: deque[Message] = deque()
         #: partition -> end (exclusive: its committed offset), for those still being read.
         self._ends: dict[Partition, int] | None = None
         self.unfinished: set[Partition] = set()
         self.records = 0
 
     def _open(self) -> None:
-        consumer = self._consumer = open_consumer(self._kafka, self._kafka.group_id)
+        consumer = self._consumer = open_consumer(self._kafka, self._kafka.group_id, client_id="lineage-relay-lookback",
+                                                  overrides={"queued.max.messages.kbytes": _QUEUED_KBYTES})
         tps = [TopicPartition(t, p) for t, p in self._partitions]
         committed = consumer.committed(tps, timeout=_TIMEOUT_S)
         self._ends, starts = {}, []
@@ -148,8 +157,13 @@ class _Reader:
         if time.monotonic() > self._deadline:
             self.unfinished = set(ends)
             return None
+        backlog = self._backlog
+        if not backlog:
+            backlog.extend(self._consumer.consume(_BATCH, 0.2))
         events: list[LineageEvent] = []
-        for msg in self._consumer.consume(_CHUNK, 0.2):
+        size = 0
+        while backlog and size < _CHUNK_BYTES:
+            msg = backlog.popleft()
             part = (msg.topic(), msg.partition())
             end = ends.get(part)
             if end is None:
@@ -168,7 +182,9 @@ class _Reader:
             if offset + 1 >= end:
                 self._finish(part)
             self.records += 1
-            decoded = decode_record(msg.value(), max_bytes=self._max_bytes, source=SourceRef(part[0], part[1], offset))
+            value = msg.value()
+            size += len(value) if value else 0
+            decoded = decode_record(value, max_bytes=self._max_bytes, source=SourceRef(part[0], part[1], offset))
             if type(decoded) is LineageEvent:
                 events.append(decoded)
         return events
@@ -179,6 +195,7 @@ class _Reader:
             self._consumer.pause([TopicPartition(*part)])
 
     def close(self) -> None:
+        self._backlog.clear()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

@@ -166,6 +166,30 @@ def test_redrive_to_topic_hands_the_record_back_to_the_relay_once(kafka, setup, 
     assert len(read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 2, timeout_s=2)) == len(stream) + 1
 
 
+@pytest.mark.parametrize("event_type", ["COMPLETE", "START"])
+def test_a_record_redriven_to_the_topic_reaches_the_collector_while_the_relay_runs(kafka, setup, capsys, event_type):
+    """The relay saw the record's content before (it dead-lettered it) and, for a terminal,
+    ended the run; and a restarted relay learns both from what precedes its committed offset
+    (lookback). A record written back by ``redrive --to-topic`` is delivered all the same:
+    neither a duplicate nor after its run's terminal."""
+    config, path, a = setup
+    stream = sample_stream(4, seed=17)
+    index = next(i for i, (_, v) in enumerate(stream) if orjson.loads(v)["eventType"] == event_type)
+    victim = orjson.loads(stream[index][1])
+    a.reject_when(lambda doc: 400 if doc == victim else None)
+    produce(kafka.bootstrap_servers, config.kafka.topics[0], stream)
+    with RelayThread(config) as relay:
+        assert a.wait_for(lambda c: c.count == len(stream) - 1, 30), f"a got {a.count}"
+        assert len(read_topic(kafka.bootstrap_servers, config.kafka.dlq_topic, expected=1, timeout_s=30)) == 1
+        a.reject_when(lambda doc: None)
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--to-topic")
+        assert code == 0 and summary_value(out, "re-driven") == 1, out + err
+        assert a.wait_for(lambda c: received(c, victim) == 1, 30), "the re-driven record delivered"
+        assert relay.metric("lineage_relay_events_deduplicated_total", collector="a") == 0
+        assert relay.metric("lineage_relay_events_dropped_total", collector="a", reason="after_terminal") == 0
+    assert a.count == len(stream)
+
+
 @contextmanager
 def proxied_setup(tmp_path: Path, stream: list[tuple[bytes, bytes]], *, victim: int):
     """A broker behind a fault proxy with topic ``ol`` holding ``stream``, collector ``a``
