@@ -81,3 +81,27 @@ def test_a_restarted_relay_knows_the_runs_begun_before_its_committed_offset(capl
         assert_run_order(events)
         assert any(r.getMessage() == "lookback_read" for r in caplog.records)
         assert second.metric("lineage_relay_events_dead_lettered_total", reason="hold_timeout") == 0
+
+
+def test_a_look_back_out_of_time_is_logged_and_the_relay_goes_on(caplog):
+    """Out of time (timeout_s), the relay says which partitions it did not read back, and
+    consumes them all the same: their runs' later events wait for a START as before."""
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 1)
+        before, terminals = split_by_terminal(sample_stream(3, seed=6, running_per_run=(1, 1)))
+
+        def config(timeout_s: float):  # noqa: ANN202
+            return relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                                pipeline={"ordering": {"hold_timeout_s": HOLD_S},
+                                          "lookback": {"timeout_s": timeout_s}})
+
+        produce(broker.bootstrap_servers, "events", before)
+        with RelayThread(config(10)):
+            assert collector.wait_for(lambda c: c.count == len(before), 60)
+            assert eventually(lambda: committed(broker, 1) == len(before), 30)
+        produce(broker.bootstrap_servers, "events", terminals)
+        with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config(1e-6)) as second:
+            assert eventually(lambda: second.metric("lineage_relay_events_held", collector="c") == len(terminals), 60)
+            assert second.metric("lineage_relay_lookback_events_total") == 0
+        incomplete = [r for r in caplog.records if r.getMessage() == "lookback_incomplete"]
+        assert incomplete and incomplete[0].fields["partitions"] == "events/0"
