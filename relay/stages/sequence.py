@@ -144,6 +144,9 @@ class RunSequencer:
         self._runs: OrderedDict[str, float | None] = OrderedDict()
         # Finished runs in the order they finished, for the finished_ttl_s sweep.
         self._finished: OrderedDict[str, float] = OrderedDict()
+        # prime() only, with on_hold_timeout="dead_letter": terminals of runs not known to
+        # have started, in case their START follows (bounded like _runs).
+        self._primed_early: OrderedDict[str, float] = OrderedDict()
 
     @property
     def held_count(self) -> int:
@@ -259,12 +262,22 @@ class RunSequencer:
         if run_id is None or run_id in self._holds or run_id in self._grace:
             return
         state = self._runs.get(run_id, _UNKNOWN)
+        terminal = event.event_type in TERMINAL_TYPES
         if state is _UNKNOWN:
-            if event.event_type != "START" and self._on_hold_timeout != "forward":
+            if event.event_type == "START":
+                self._start(run_id)
+                if self._primed_early.pop(run_id, None) is not None:
+                    self._finish(run_id, now)  # its terminal came first, was held, then sent
+                return
+            if self._on_hold_timeout != "forward":
+                if terminal:  # the START may follow (it was held for it), or it was dead-lettered
+                    self._primed_early[run_id] = now
+                    if len(self._primed_early) > self._max_tracked_runs:
+                        self._primed_early.popitem(last=False)
                 return
             self._start(run_id)
             state = None
-        if state is None and event.event_type in TERMINAL_TYPES:
+        if state is None and terminal:
             self._finish(run_id, now)
 
     def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:

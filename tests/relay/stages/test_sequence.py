@@ -584,3 +584,14 @@ def test_prime_leaves_a_held_run_alone():
     assert seq.held_count == 1
     start = event(1, "START", tag="live")
     assert forwarded(seq.offer(start, 1.0))[0] is start
+
+
+@pytest.mark.parametrize("policy", ["forward", "dead_letter"])
+def test_prime_a_terminal_before_its_start_in_the_topic_ends_the_run(policy):
+    """A COMPLETE ahead of its START in the topic was held, then sent after it: the run
+    ended, whatever the hold policy."""
+    seq = sequencer(on_hold_timeout=policy)
+    seq.prime(event(1, "COMPLETE", 5), 0.0)
+    seq.prime(event(1, "START"), 0.0)
+    late = event(1, "RUNNING", 3)
+    assert seq.offer(late, 1.0) == [Drop(late, AFTER_TERMINAL)]
