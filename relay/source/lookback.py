@@ -52,7 +52,6 @@ _BATCH = 500
 _CHUNK_BYTES = 8 << 20
 #: What librdkafka fetches ahead for the read back (its default is 64 MB a partition).
 _QUEUED_KBYTES = "16384"
-_TIMEOUT_S = 10.0
 
 
 class LookbackError(Exception):
@@ -131,20 +130,24 @@ class _Reader:
         consumer = self._consumer = open_consumer(self._kafka, self._kafka.group_id, client_id="lineage-relay-lookback",
                                                   overrides={"queued.max.messages.kbytes": _QUEUED_KBYTES})
         tps = [TopicPartition(t, p) for t, p in self._partitions]
-        committed = consumer.committed(tps, timeout=_TIMEOUT_S)
+        committed = consumer.committed(tps, timeout=self._left())
         self._ends, starts = {}, []
         for tp in committed:
             if tp.error is not None:
                 raise LookbackError(f"committed offset of {tp.topic}/{tp.partition}: {tp.error}")
             if tp.offset <= 0:
                 continue  # nothing committed (or nothing before it)
-            low, _high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=_TIMEOUT_S)
+            low, _high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=self._left())
             start = max(low, tp.offset - self._max_records)
             if start < tp.offset:
                 self._ends[(tp.topic, tp.partition)] = tp.offset
                 starts.append(TopicPartition(tp.topic, tp.partition, start))
         if starts:
             consumer.assign(starts)
+
+    def _left(self) -> float:
+        """Seconds left for the look-back (a broker request needs some, even late)."""
+        return max(0.1, self._deadline - time.monotonic())
 
     def next_chunk(self) -> list[LineageEvent] | None:
         """The next events read back, or None when done (or out of time: see ``unfinished``)."""
