@@ -112,6 +112,8 @@ def test_a_replica_joining_during_an_outage_keeps_each_run_in_order(caplog, drai
                 time.sleep(OUTAGE_AFTER_REBALANCE_S)  # ok: the outage's length, part of the scenario
             collector.clear_outage()
             assert eventually(lambda: b.metric("lineage_relay_events_consumed_total") > 0, 40), "b took over"
+            # b read back what a had committed of its partitions (the runs delivered before the outage).
+            assert b.metric("lineage_relay_lookback_events_total") > 0
             unique = {canonical(orjson.loads(v)) for _, v in first + second}
             assert collector.wait_for(lambda c: {canonical(e) for e in c.events()} >= unique, 60), \
                 f"{len(unique - {canonical(e) for e in collector.events()})} events never delivered"
