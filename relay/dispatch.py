@@ -210,6 +210,8 @@ class RunOrderedDispatcher:
                     raise  # stopped as well
             finally:
                 del sending[id(event)]
+                if self._aborted:  # a delivery that swallowed its cancellation: the id is stale now
+                    self._aborted.discard(id(event))
                 # The run's next event goes behind runs already waiting (this worker, or
                 # another, takes it when its turn comes).
                 self._done(key, queue, event)

@@ -163,6 +163,32 @@ async def test_an_abort_and_a_stop_together_stop_the_workers():
     await asyncio.wait_for(dispatcher.stop(), 5)  # the stop's cancellation is not swallowed
 
 
+async def test_an_abort_the_delivery_swallows_leaves_no_trace_and_a_later_stop_still_stops():
+    """A deliver() that swallows the cancellation and returns: its verdict settles the
+    event, and the abort is forgotten, so that a later stop's cancellation of the worker
+    is never taken for it (stop() would then wait for ever)."""
+    evs = events(4)
+    started, settled = asyncio.Event(), []
+
+    async def deliver(event):
+        if event is evs[0]:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                return "swallowed"
+        return "ok"
+
+    dispatcher = RunOrderedDispatcher(deliver, 1, settle=lambda e, r: settled.append(r))
+    dispatcher.start()
+    dispatcher.submit(evs[0])
+    await asyncio.wait_for(started.wait(), 5)
+    assert dispatcher.abort_where(lambda e: True) == [evs[0]]
+    assert await dispatcher.wait_idle(5)
+    assert settled == ["swallowed"] and not dispatcher._aborted
+    await asyncio.wait_for(dispatcher.stop(), 5)
+
+
 async def test_callbacks_an_abort_without_a_handle_ignores_the_late_verdict():
     """A collector whose deliver_soon returns nothing cannot be stopped: its verdict, when
     it comes, is ignored (the run went on already, and pending is not counted twice)."""
