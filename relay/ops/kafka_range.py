@@ -17,7 +17,7 @@ Contract:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -192,13 +192,22 @@ def resolve(consumer: Consumer, topic: str, *, from_offsets: dict[int, int] | No
     return ranges
 
 
+class OutOfTime(OpsError):
+    """:func:`read` passed its ``deadline``; ``partitions`` were not read to their end."""
+
+    def __init__(self, message: str, partitions: list[int]) -> None:
+        super().__init__(message)
+        self.partitions = partitions
+
+
 def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
-         progress: Callable[[int], None] = lambda n: None) -> Iterator[Message]:
+         progress: Callable[[int], None] = lambda n: None, deadline: float | None = None) -> Generator[Message, None, None]:
     """Yield every record in ``ranges``, partition by partition in offset order.
 
     ``progress(n)`` is told how many offsets were covered (records yielded, skipped by
     timestamp, or a partition's remainder when it ends early), adding up to the sum of
-    the ranges' ``size``. The consumer is left unassigned."""
+    the ranges' ``size``. Past ``deadline`` (``time.monotonic()``) it raises
+    :class:`OutOfTime`. The consumer is left unassigned."""
     pending = {r.partition: r for r in ranges if r.size > 0}
     started = {p: r.from_ms is None for p, r in pending.items()}
     covered = {p: r.start for p, r in pending.items()}
@@ -218,6 +227,8 @@ def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
     try:
         last_progress = time.monotonic()
         while pending:
+            if deadline is not None and time.monotonic() > deadline:
+                raise OutOfTime(f"reading {topic} out of time", sorted(pending))
             messages = consumer.consume(_BATCH, 0.1)
             if not messages and time.monotonic() - last_progress > _STALL_S:
                 where = ", ".join(f"{topic}/{p} at {covered[p]} (end {r.end})" for p, r in pending.items())

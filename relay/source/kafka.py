@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from relay.errors import RelayError
 from relay.logs import log_event
-from relay.source.offsets import Partition
+from relay.source.offsets import Partition, format_partitions
 
 log = logging.getLogger("relay.source")
 
@@ -118,7 +118,7 @@ class KafkaSource:
         if self.paused and tps:
             consumer.pause(tps)
         self._hand_over(self._on_assign, parts)
-        log_event(log, logging.INFO, "partitions_assigned", partitions=_fmt(parts))
+        log_event(log, logging.INFO, "partitions_assigned", partitions=format_partitions(parts))
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]
@@ -129,7 +129,7 @@ class KafkaSource:
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)
-        log_event(log, logging.INFO, "partitions_revoked", partitions=_fmt(parts), committed=len(offsets))
+        log_event(log, logging.INFO, "partitions_revoked", partitions=format_partitions(parts), committed=len(offsets))
 
     def _lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # Lost, not revoked: another member may already own them, so commit nothing.
@@ -139,7 +139,7 @@ class KafkaSource:
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)
-        log_event(log, logging.WARNING, "partitions_lost", partitions=_fmt(parts))
+        log_event(log, logging.WARNING, "partitions_lost", partitions=format_partitions(parts))
 
     def _mark_revoked(self, parts: list[Partition]) -> None:
         self.generation += 1
@@ -234,7 +234,3 @@ class KafkaSource:
             consumer, self._consumer = self._consumer, None
             await self._call(consumer.close)
         self._executor.shutdown(wait=False)
-
-
-def _fmt(parts: list[Partition]) -> str:
-    return ",".join(f"{t}/{p}" for t, p in parts)

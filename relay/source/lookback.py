@@ -31,23 +31,21 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from relay.config import KafkaConfig, LookbackConfig
 from relay.events import LineageEvent, SourceRef
 from relay.logs import log_event
 from relay.ops import OpsError
-from relay.ops.kafka_range import open_consumer
-from relay.source.offsets import Partition
+from relay.ops.kafka_range import OutOfTime, PartitionRange, open_consumer, read
+from relay.source.offsets import Partition, format_partitions
 from relay.stages.decode import decode_record
 
 log = logging.getLogger("relay.lookback")
 
-#: Records taken from the consumer at once.
-_BATCH = 500
 #: Bytes of records decoded per step (at least one record): what a step holds decoded.
 _CHUNK_BYTES = 8 << 20
 #: What librdkafka fetches ahead for the read back (its default is 64 MB a partition).
@@ -90,17 +88,17 @@ class Lookback:
                     self._prime(event, now)
                 primed += len(chunk)
         except (KafkaException, LookbackError, OpsError) as err:
-            log_event(log, logging.WARNING, "lookback_failed", partitions=_fmt(partitions), events=primed,
+            log_event(log, logging.WARNING, "lookback_failed", partitions=format_partitions(partitions), events=primed,
                       error=str(err)[:300],
                       hint="runs begun before the committed offset are held until hold_timeout_s")
             return primed
         finally:
             await loop.run_in_executor(self._executor, reader.close)
         if reader.unfinished:
-            log_event(log, logging.WARNING, "lookback_incomplete", partitions=_fmt(sorted(reader.unfinished)),
+            log_event(log, logging.WARNING, "lookback_incomplete", partitions=format_partitions(sorted(reader.unfinished)),
                       events=primed, timeout_s=self._config.timeout_s,
                       hint="raise pipeline.lookback.timeout_s, or lower max_records")
-        log_event(log, logging.INFO, "lookback_read", partitions=_fmt(partitions), records=reader.records,
+        log_event(log, logging.INFO, "lookback_read", partitions=format_partitions(partitions), records=reader.records,
                   events=primed, seconds=round(time.monotonic() - began, 3))
         return primed
 
@@ -119,19 +117,19 @@ class _Reader:
         self._max_bytes = max_bytes
         self._deadline = deadline
         self._consumer: Consumer | None = None
-        #: Records consumed and not decoded yet.
-        self._backlog: deque[Message] = deque()
-        #: partition -> end (exclusive: its committed offset), for those still being read.
-        self._ends: dict[Partition, int] | None = None
+        #: What is left to read, topic by topic (None until opened), and the current read.
+        self._topics: deque[tuple[str, list[PartitionRange]]] | None = None
+        self._reading: Generator[Message, None, None] | None = None
+        #: Partitions not read back to their committed offset for want of time.
         self.unfinished: set[Partition] = set()
         self.records = 0
 
-    def _open(self) -> None:
+    def _open(self) -> deque[tuple[str, list[PartitionRange]]]:
+        """The ranges to read: up to ``max_records`` before each committed offset."""
         consumer = self._consumer = open_consumer(self._kafka, self._kafka.group_id, client_id="lineage-relay-lookback",
                                                   overrides={"queued.max.messages.kbytes": _QUEUED_KBYTES})
-        tps = [TopicPartition(t, p) for t, p in self._partitions]
-        committed = consumer.committed(tps, timeout=self._left())
-        self._ends, starts = {}, []
+        committed = consumer.committed([TopicPartition(t, p) for t, p in self._partitions], timeout=self._left())
+        ranges: dict[str, list[PartitionRange]] = {}
         for tp in committed:
             if tp.error is not None:
                 raise LookbackError(f"committed offset of {tp.topic}/{tp.partition}: {tp.error}")
@@ -140,69 +138,58 @@ class _Reader:
             low, _high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=self._left())
             start = max(low, tp.offset - self._max_records)
             if start < tp.offset:
-                self._ends[(tp.topic, tp.partition)] = tp.offset
-                starts.append(TopicPartition(tp.topic, tp.partition, start))
-        if starts:
-            consumer.assign(starts)
+                ranges.setdefault(tp.topic, []).append(PartitionRange(tp.partition, start, tp.offset))
+        return deque(ranges.items())
 
     def _left(self) -> float:
         """Seconds left for the look-back (a broker request needs some, even late)."""
         return max(0.1, self._deadline - time.monotonic())
 
+    def _next(self) -> Message | None:
+        """The next record to read back, or None when done (or out of time)."""
+        topics = self._topics
+        assert topics is not None and self._consumer is not None
+        while topics:
+            topic, parts = topics[0]
+            if self._reading is None:
+                self._reading = read(self._consumer, topic, parts, deadline=self._deadline)
+            try:
+                msg = next(self._reading, None)
+            except OutOfTime as late:
+                self.unfinished = {(topic, p) for p in late.partitions}
+                self.unfinished.update((t, r.partition) for t, rest in list(topics)[1:] for r in rest)
+                topics.clear()
+                return None
+            if msg is not None:
+                return msg
+            topics.popleft()
+            self._reading = None
+        return None
+
     def next_chunk(self) -> list[LineageEvent] | None:
-        """The next events read back, or None when done (or out of time: see ``unfinished``)."""
-        if self._ends is None:
-            self._open()
-        ends = self._ends
-        assert ends is not None and self._consumer is not None
-        if not ends:
-            return None
-        if time.monotonic() > self._deadline:
-            self.unfinished = set(ends)
-            return None
-        backlog = self._backlog
-        if not backlog:
-            backlog.extend(self._consumer.consume(_BATCH, 0.2))
+        """The next events read back (about ``_CHUNK_BYTES`` of records, decoded), or None
+        when done (or out of time: see ``unfinished``)."""
+        if self._topics is None:
+            self._topics = self._open()
         events: list[LineageEvent] = []
         size = 0
-        while backlog and size < _CHUNK_BYTES:
-            msg = backlog.popleft()
-            part = (msg.topic(), msg.partition())
-            end = ends.get(part)
-            if end is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    self._finish(part)  # the log ends before the committed offset (a control record)
-                elif err.fatal() or not err.retriable():
-                    raise LookbackError(f"reading {part[0]}/{part[1]}: {err}")
-                continue
-            offset = msg.offset()
-            if offset >= end:
-                self._finish(part)
-                continue
-            if offset + 1 >= end:
-                self._finish(part)
+        while size < _CHUNK_BYTES:
+            msg = self._next()
+            if msg is None:
+                return events or None
             self.records += 1
             value = msg.value()
             size += len(value) if value else 0
-            decoded = decode_record(value, max_bytes=self._max_bytes, source=SourceRef(part[0], part[1], offset))
+            decoded = decode_record(value, max_bytes=self._max_bytes,
+                                    source=SourceRef(msg.topic(), msg.partition(), msg.offset()))
             if type(decoded) is LineageEvent:
                 events.append(decoded)
         return events
 
-    def _finish(self, part: Partition) -> None:
-        assert self._ends is not None and self._consumer is not None
-        if self._ends.pop(part, None) is not None:
-            self._consumer.pause([TopicPartition(*part)])
-
     def close(self) -> None:
-        self._backlog.clear()
+        if self._reading is not None:
+            self._reading.close()  # it unassigns the consumer
+            self._reading = None
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-
-
-def _fmt(partitions: list[Partition]) -> str:
-    return ",".join(f"{t}/{p}" for t, p in partitions)

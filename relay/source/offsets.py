@@ -19,6 +19,11 @@ from typing import Hashable
 Partition = tuple[str, int]
 
 
+def format_partitions(parts: list[Partition]) -> str:
+    """``topic/partition`` of each, comma-separated (for logs)."""
+    return ",".join(f"{t}/{p}" for t, p in parts)
+
+
 class _Pending:
     """Bytes of unsettled records, shared by a tracker's partition logs."""
 

@@ -223,7 +223,7 @@ async def wait_until(condition, timeout_s: float = 5.0) -> bool:
     while not condition():
         if loop.time() > deadline:
             return False
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # ok: poll interval of a wait with a deadline
     return True
 
 
