@@ -40,12 +40,13 @@ from relay.lane import CollectorLane
 from relay.logs import log_event
 from relay.memory import tune_malloc
 from relay.metrics import RelayMetrics
+from relay.ops.kafka_range import open_consumer
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.http import HttpCollector
 from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
-from relay.source.lookback import Lookback
 from relay.source.kafka import KafkaSource, SourceError
+from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker, Partition
 from relay.stages.decode import decode_record
 from relay.stages.decode_worker import DecodeWorker
@@ -165,9 +166,13 @@ class Relay:
                 self.metrics.lookback_events.inc()
             self.lookback = Lookback(k, config.pipeline.lookback, max_bytes=config.pipeline.max_event_bytes,
                                      prime=prime)
+        resets = self.metrics.offset_resets
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,
                                   properties=k.consumer_properties, on_assign=self._on_assign,
-                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
+                                  on_revoke=self._on_revoke, on_lost=self._on_lost,
+                                  on_offset_reset=lambda topic, _p: resets.labels(topic=topic).inc(),
+                                  open_reader=lambda: open_consumer(k, k.group_id,
+                                                                    client_id="lineage-relay-offset-check"))
         self._stop = asyncio.Event()
         self._event_loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.started = False
@@ -401,7 +406,8 @@ class Relay:
             await self.state.restore([p for _, p in partitions], time.monotonic())
         if self.lookback is not None and partitions:
             # Before any of their records: the runs begun before the committed offsets.
-            await self.lookback.prime(partitions)
+            # (Not those that start elsewhere: nothing before their start was delivered.)
+            await self.lookback.prime([p for p in partitions if p not in self.source.reset_at_assignment])
         return {}
 
     async def _on_revoke(self, partitions: list[Partition]) -> dict[Partition, int]:

@@ -137,6 +137,9 @@ class RelayMetrics:
                                     ["result"], registry=r)
         self.batch_requests = Counter(p + "batch_requests", "Batch POSTs answered, by result (ok, partial, retry, "
                                       "refused, unattributed)", ["collector", "result"], registry=r)
+        self.offset_resets = Counter(p + "offset_resets", "Partitions read from elsewhere than their committed "
+                                     "offset because the partition no longer held it (retention, a recreated "
+                                     "topic)", ["topic"], registry=r)
         self.lookback_events = Counter(p + "lookback_events", "Events read back from before the committed offset of "
                                        "newly assigned partitions (runs and digests the lanes learnt)", registry=r)
         self.runs_restored = Counter(p + "runs_restored", "Run states read back from the changelog on assignment",

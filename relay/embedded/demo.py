@@ -23,6 +23,7 @@ from relay.embedded.collector import RecordingCollector
 from relay.embedded.graph import example_query, render_graph_html
 from relay.embedded.runner import RelayThread
 from relay.embedded.store import LineageStore, qualified_name
+from relay.kafka_log import with_log
 
 TOPIC = "openlineage"
 DLQ = "openlineage.dlq"
@@ -43,7 +44,7 @@ def _synthetic(bootstrap: str, runs: int) -> int:
     from relay.embedded.sample import sample_stream
 
     stream = sample_stream(runs, seed=42, duplicate_ratio=0.15, out_of_order_ratio=0.2)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    producer = Producer(with_log({"bootstrap.servers": bootstrap, "enable.idempotence": True}))
     for key, value in stream:
         producer.produce(TOPIC, key=key, value=value)
     producer.flush(30)

@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError
 from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
+from relay.kafka_log import with_log
 from relay.logs import setup_logging
 from relay.ops import OpsError, kafka_error_text
 from relay.ops.delivery import BatchDelivery, Failure, collector_config, plan
@@ -245,7 +246,7 @@ def to_topic(config: RelayConfig, chosen: list[DeadLetter], ledger: RedriveLedge
     topics = config.kafka.topics
     conf = {**config.kafka.producer_properties, "bootstrap.servers": config.kafka.bootstrap_servers,
             "enable.idempotence": True, "acks": "all", "linger.ms": 20}
-    producer = Producer(conf)
+    producer = Producer(with_log(conf))
     dlq = config.kafka.dlq_topic
 
     def done(record: DeadLetter, topic: str, err: KafkaError | None) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from relay.config import KafkaConfig
+from relay.kafka_log import with_log
 from relay.ops import OpsError
 
 _TIMEOUT_S = 15.0
@@ -108,7 +109,7 @@ def open_consumer(kafka: KafkaConfig, group_id: str, *, client_id: str = "lineag
                             "enable.partition.eof": True, "auto.offset.reset": "earliest"}
     conf.setdefault("client.id", client_id)
     try:
-        return Consumer(conf)
+        return Consumer(with_log(conf))
     except KafkaException as err:
         raise OpsError(f"cannot create a Kafka consumer: {err}") from err
 
@@ -129,18 +130,21 @@ def partitions_of(consumer: Consumer, topic: str, *, missing_ok: bool = False) -
     return sorted(meta.partitions)
 
 
-def watermarks(consumer: Consumer, topic: str, partitions: list[int]) -> dict[int, tuple[int, int]]:
-    """``{partition: (low, high)}`` now; ``high`` is confirmed by fetching (see module doc)."""
+def watermarks(consumer: Consumer, topic: str, partitions: list[int], *,
+               timeout_s: float = _TIMEOUT_S) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, high)}`` now; ``high`` is confirmed by fetching (see module doc),
+    all within ``timeout_s``. The consumer needs ``enable.partition.eof`` (:func:`open_consumer`)."""
+    deadline = time.monotonic() + timeout_s
     marks: dict[int, tuple[int, int]] = {}
     for p in partitions:
         try:
-            marks[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S)
+            marks[p] = consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                      timeout=max(0.1, deadline - time.monotonic()))
         except KafkaException as err:
             raise OpsError(f"cannot read the offsets of {topic}/{p}: {err}") from err
     consumer.assign([TopicPartition(topic, p, max(lo, hi - 1)) for p, (lo, hi) in marks.items()])
     try:
         waiting = set(partitions)
-        deadline = time.monotonic() + _TIMEOUT_S
         while waiting and time.monotonic() < deadline:
             for msg in consumer.consume(_BATCH, 0.1):
                 err = msg.error()
@@ -150,7 +154,7 @@ def watermarks(consumer: Consumer, topic: str, partitions: list[int]) -> dict[in
                     waiting.discard(msg.partition())
         if waiting:
             raise OpsError(f"could not confirm the end of {topic} partitions {sorted(waiting)} "
-                           f"within {_TIMEOUT_S:g}s; is the broker reachable?")
+                           f"within {timeout_s:g}s; is the broker reachable?")
     finally:
         consumer.unassign()
     return marks

@@ -27,6 +27,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from relay.config import KafkaConfig
+from relay.kafka_log import with_log
 from relay.ops import OpsError
 from relay.ops.kafka_range import PartitionRange, partitions_of, read, watermarks
 from relay.source.admin import create_topic
@@ -118,7 +119,7 @@ class RedriveLedger:
                            f"create it (compacted) or grant the right to") from err
         conf: dict[str, Any] = {**props, "bootstrap.servers": self.kafka.bootstrap_servers,
                                 "enable.idempotence": True, "acks": "all", "linger.ms": 20}
-        self._producer = Producer(conf)
+        self._producer = Producer(with_log(conf))
 
     def mark(self, partition: int, offset: int, how: str) -> None:
         """Remember that record ``partition:offset`` was re-driven (``how``: where to)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from relay.kafka_log import with_log
+
 _CONNECTION_KEYS = ("security.", "sasl.", "ssl.", "client.")
 
 
@@ -19,7 +21,7 @@ def create_topic(bootstrap_servers: str, name: str, partitions: int = 1,
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({**(client_properties or {}), "bootstrap.servers": bootstrap_servers})
+    admin = AdminClient(with_log({**(client_properties or {}), "bootstrap.servers": bootstrap_servers}))
     future = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
         operation_timeout=timeout_s, request_timeout=timeout_s,

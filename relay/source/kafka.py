@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -17,7 +18,10 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from relay.errors import RelayError
+from relay.kafka_log import KafkaLog, OffsetReset
 from relay.logs import log_event
+from relay.ops import OpsError
+from relay.ops.kafka_range import watermarks
 from relay.source.offsets import Partition, format_partitions
 
 log = logging.getLogger("relay.source")
@@ -51,6 +55,12 @@ _DEFAULTS = {
     "fetch.queue.backoff.ms": str(FETCH_QUEUE_BACKOFF_MS),
 }
 _FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
+#: Where ``auto.offset.reset`` sends a position the partition does not hold: its start
+#: (low watermark) or its end (high watermark). ``error`` is left to librdkafka.
+_RESET_TO_START = frozenset({"smallest", "earliest", "beginning"})
+_RESET_TO_END = frozenset({"largest", "latest", "end"})
+#: Seconds the check of newly assigned partitions' committed offsets may take.
+OFFSET_CHECK_TIMEOUT_S = 10.0
 
 RebalanceHandler = Callable[[list[Partition]], Awaitable[dict[Partition, int]]]
 T = TypeVar("T")
@@ -60,6 +70,20 @@ class SourceError(RelayError):
     pass
 
 
+def out_of_range(committed: int, low: int, high: int) -> str | None:
+    """Why a partition no longer holds its ``committed`` offset, or None when it does (or
+    nothing is committed): ``before_start``, retention removed records not read yet (they
+    are lost); ``beyond_end``, the topic was deleted and recreated (or truncated), and what
+    it holds now was never read."""
+    if committed < 0:
+        return None
+    if committed < low:
+        return "before_start"
+    if committed > high:
+        return "beyond_end"
+    return None
+
+
 class KafkaSource:
     """Consumes ``topics`` in consumer group ``group_id`` with manual commits.
 
@@ -67,15 +91,33 @@ class KafkaSource:
     coroutines run on the event loop before the consumer goes on; ``on_revoke`` returns the
     offsets to commit before giving them up. Lost partitions (the group moved on without
     us) commit nothing; ``on_lost`` defaults to ``on_revoke``.
+
+    A newly assigned partition whose committed offset it no longer holds starts where
+    ``auto.offset.reset`` says, logged ``offset_reset`` and passed to ``on_offset_reset``.
+    librdkafka would do the same on the first fetch, but silently, and only with a broker
+    that answers ``OFFSET_OUT_OF_RANGE`` (some Kafka-compatible brokers answer an empty
+    fetch: the relay would wait there for ever). A committed offset beyond the partition's
+    end is confirmed with ``open_reader()``, an assign-only consumer (without one, only
+    offsets before the start are checked). Resets librdkafka makes later (retention
+    overtaking a lagging relay) come through its log line; all of librdkafka's log lines
+    become log events (:mod:`relay.kafka_log`).
     """
 
     def __init__(self, *, bootstrap_servers: str, group_id: str, topics: tuple[str, ...],
                  properties: dict[str, str], on_assign: RebalanceHandler, on_revoke: RebalanceHandler,
-                 on_lost: RebalanceHandler | None = None) -> None:
+                 on_lost: RebalanceHandler | None = None, on_offset_reset: OffsetReset | None = None,
+                 open_reader: Callable[[], Consumer] | None = None) -> None:
         conf: dict[str, Any] = {**_DEFAULTS, **properties, **_FORCED}
         conf["bootstrap.servers"] = bootstrap_servers
         conf["group.id"] = group_id
         conf.setdefault("client.id", "lineage-relay")
+        self._reset_policy = str(conf["auto.offset.reset"]).lower()
+        self._on_offset_reset = on_offset_reset
+        self._open_reader = open_reader
+        #: Partitions of the latest assignment that start elsewhere than their committed
+        #: offset (nothing before their start was delivered: there is nothing to read back).
+        self.reset_at_assignment: frozenset[Partition] = frozenset()
+        conf["logger"] = KafkaLog(on_offset_reset)
         self._conf = conf
         self._topics = list(topics)
         self._on_assign = on_assign
@@ -112,13 +154,75 @@ class KafkaSource:
 
     def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]
+        checked = self._checked(consumer, tps)
         if self._cooperative:
-            consumer.incremental_assign(tps)
+            consumer.incremental_assign(checked)
+        elif checked is not tps:
+            consumer.assign(checked)  # eager: the whole assignment, some with a start offset
         self.assignment.update(parts)
         if self.paused and tps:
             consumer.pause(tps)
         self._hand_over(self._on_assign, parts)
         log_event(log, logging.INFO, "partitions_assigned", partitions=format_partitions(parts))
+
+    def _checked(self, consumer: Consumer, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """``tps``, or a copy where a partition that no longer holds its committed offset
+        starts where ``auto.offset.reset`` says (see the class docstring); sets
+        :attr:`reset_at_assignment`. A check that fails is logged, and the partitions it
+        did not decide start at their committed offset."""
+        self.reset_at_assignment = frozenset()
+        policy = self._reset_policy
+        if not tps or (policy not in _RESET_TO_START and policy not in _RESET_TO_END):
+            return tps
+        deadline = time.monotonic() + OFFSET_CHECK_TIMEOUT_S
+        out = list(tps)
+        #: Committed beyond the end the broker's ListOffsets answers: some Kafka-compatible
+        #: brokers answer the last batch's first offset + 1 there, so a fetch confirms it.
+        beyond: dict[str, dict[int, tuple[int, int, int]]] = {}  # topic: {partition: (index, committed, low)}
+        try:
+            for i, tp in enumerate(consumer.committed(tps, timeout=OFFSET_CHECK_TIMEOUT_S)):
+                if tp.error is not None or tp.offset < 0:
+                    continue
+                low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
+                                                           timeout=max(0.1, deadline - time.monotonic()))
+                cause = out_of_range(tp.offset, low, high)
+                if cause == "before_start":
+                    out[i] = self._reset(tp, low, high, cause)
+                elif cause == "beyond_end" and self._open_reader is not None:
+                    beyond.setdefault(tp.topic, {})[tp.partition] = (i, tp.offset, low)
+            if beyond:
+                assert self._open_reader is not None
+                reader = self._open_reader()
+                try:
+                    for topic, parts in beyond.items():
+                        ends = watermarks(reader, topic, list(parts), timeout_s=max(0.1, deadline - time.monotonic()))
+                        for p, (i, committed, low) in parts.items():
+                            if committed > ends[p][1]:
+                                out[i] = self._reset(TopicPartition(topic, p, committed), low, ends[p][1],
+                                                     "beyond_end")
+                finally:
+                    reader.close()
+        except (KafkaException, OpsError) as err:
+            log_event(log, logging.WARNING, "offset_check_failed", partitions=format_partitions(
+                [(tp.topic, tp.partition) for tp in tps]), error=str(err)[:300],
+                hint="partitions not checked start at their committed offset")
+        self.reset_at_assignment = frozenset((tp.topic, tp.partition) for a, tp in zip(tps, out) if a is not tp)
+        return out if self.reset_at_assignment else tps
+
+    def _reset(self, committed: TopicPartition, low: int, high: int, cause: str) -> TopicPartition:
+        """Where a partition that does not hold its ``committed`` offset starts (logged)."""
+        start = low if self._reset_policy in _RESET_TO_START else high
+        topic, partition = committed.topic, committed.partition
+        log_event(log, logging.WARNING, "offset_reset", topic=topic, partition=partition,
+                  from_offset=committed.offset, to_offset=start, low=low, high=high, cause=cause,
+                  records_lost=low - committed.offset if cause == "before_start" else 0,
+                  hint="retention removed records before the relay read them: raise the topic's retention.ms "
+                       "or the relay's capacity" if cause == "before_start" else
+                       "the topic was deleted and recreated (or truncated): it is read from where "
+                       "auto.offset.reset says")
+        if self._on_offset_reset is not None:
+            self._on_offset_reset(topic, partition)
+        return TopicPartition(topic, partition, start)
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]

@@ -33,6 +33,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from relay.kafka_log import with_log
 from relay.logs import log_event
 
 log = logging.getLogger("relay.source.producer")
@@ -57,7 +58,7 @@ class ProducerHost:
     ``on_replaced`` is called (on the poll thread) each time a new producer took over."""
 
     def __init__(self, conf: dict[str, Any], name: str, on_replaced: Callable[[], None] | None = None) -> None:
-        self._conf = {**conf, "error_cb": self._on_error}
+        self._conf = with_log({**conf, "error_cb": self._on_error})
         self.name = name
         self._on_replaced = on_replaced
         self.producer: Producer | None = None

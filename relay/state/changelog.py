@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from relay.errors import RelayError
+from relay.kafka_log import with_log
 from relay.logs import log_event
 from relay.source.admin import connection_properties, create_topic
 from relay.source.producer import BATCH_TOO_LARGE, ProducerHost
@@ -68,7 +69,7 @@ class RunStateChangelog:
     def _ensure_topic(self) -> int:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({**self._admin_conf, "bootstrap.servers": self._bootstrap})
+        admin = AdminClient(with_log({**self._admin_conf, "bootstrap.servers": self._bootstrap}))
         wanted = _partition_count(admin, self._input_topic)
         if wanted is None:
             raise StateError(f"kafka.topics: input topic {self._input_topic!r} does not exist; consolidated/"
@@ -150,7 +151,7 @@ class RunStateChangelog:
         return await self._loop.run_in_executor(self._executor, self._read, partition)
 
     def _read(self, partition: int) -> dict[bytes, bytes]:
-        consumer = Consumer(self._reader_conf)
+        consumer = Consumer(with_log(self._reader_conf))
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=10)
             latest: dict[bytes, bytes] = {}

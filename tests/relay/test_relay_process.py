@@ -10,10 +10,11 @@ import orjson
 import pytest
 import requests
 
+from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.kafka import committed_offsets, produce
-from tests.support.relay import RelayProcess
+from tests.support.relay import RelayProcess, eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -121,6 +122,37 @@ def test_endpoints_metrics_and_logs_never_show_the_token(kafka, tmp_path, monkey
             assert proc.terminate(30) == 0
     log = (tmp_path / "relay.log").read_text()
     assert token not in metrics and token not in log
-    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in log.splitlines()]  # every line is a JSON event
     assert lines and all({"ts", "level", "event"} <= set(line) for line in lines)
     assert any(line["event"] == "dead_lettered" and line["reason"] == "invalid_json" for line in lines)
+
+
+def test_librdkafka_lines_are_json_log_events_too(tmp_path):
+    # librdkafka writes its own lines (here: the broker went away) to stderr unless given
+    # a logger: they must come out as the relay's JSON events, not between them.
+    broker = EmbeddedBroker().start()
+    try:
+        broker.create_topic("events", 1)
+        with RecordingCollector() as collector:
+            args = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", "events", "--group-id", "g",
+                    "--dlq-topic", "dlq", "--collector", f"a={collector.url}"]
+            for k, v in FAST_GROUP_PROPERTIES.items():
+                args += ["--consumer-property", f"{k}={v}"]
+            proc = RelayProcess(args, log_path=tmp_path / "relay.log").start()
+            try:
+                assert eventually(lambda: '"partitions_assigned"' in (tmp_path / "relay.log").read_text(), 30)
+                broker.stop()
+                assert eventually(lambda: '"librdkafka"' in (tmp_path / "relay.log").read_text(), 30), \
+                    (tmp_path / "relay.log").read_text()[-2000:]
+                assert proc.terminate(60) == 0
+            finally:
+                proc.close()
+    finally:
+        broker.stop()
+    text = (tmp_path / "relay.log").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]  # every line, or this raises
+    kafka_lines = [line for line in lines if line["event"] == "librdkafka"]
+    assert kafka_lines and all({"facility", "client", "message"} <= set(line) for line in kafka_lines)
+    assert any("127.0.0.1" in line["message"] for line in kafka_lines)
+    assert any(line["client"].startswith("lineage-relay#consumer") for line in kafka_lines)
+    assert "|FAIL|" not in text  # librdkafka's own format

@@ -1,0 +1,83 @@
+"""librdkafka's own log lines, as the relay's structured log events.
+
+Without a logger, librdkafka writes its lines (``%3|1764100000.123|FAIL|rdkafka#consumer-1|
+[thrd:...]: ...``) straight to stderr, between the relay's JSON lines, where a log pipeline
+parsing one JSON object a line drops or mangles them. Every Kafka client the relay makes
+gets ``"logger": KafkaLog(...)`` in its configuration (:func:`with_log`): confluent-kafka
+then calls ``log(level, "%s [%s] %s", facility, client, message)`` when the client is
+served (a consumer in ``consume``/``poll``, a producer in ``poll``/``flush``), and the line
+becomes event ``librdkafka`` with its ``facility``, ``client`` and ``message``.
+
+One line gets an event of its own. A fetch from an offset the partition no longer holds
+(``Offset out of range``) makes librdkafka reset the position where ``auto.offset.reset``
+says (the relay's default: the earliest record) and say so in one line. It happens when
+retention removed records before the relay read them (those records are lost: nothing
+else says so) or when the topic was deleted and recreated. That line becomes
+``offset_reset``, a warning with the topic, partition and offsets (``cause``
+``out_of_range``: the line does not say which), counted in
+``lineage_relay_offset_resets_total``. The relay checks the committed offsets of the
+partitions it is assigned itself (:class:`relay.source.kafka.KafkaSource`), so this line
+comes from resets while it consumes: retention overtaking a lagging relay.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from relay.logs import log_event
+
+_log = logging.getLogger("relay.librdkafka")
+
+#: ``openlineage [0]: offset reset (at offset 1200 (leader epoch 3), broker 1) to offset
+#: BEGINNING (leader epoch -1): fetch failed due to requested offset not available on the
+#: broker: Broker: Offset out of range`` (librdkafka 1.x writes ``to BEGINNING`` and no
+#: leader epochs).
+_RESET = re.compile(r"^(?P<topic>\S+) \[(?P<partition>\d+)\]: offset reset \(at (?:offset )?(?P<at>-?\d+)"
+                    r"(?: \(leader epoch -?\d+\))?(?:, broker -?\d+)?\) to (?:offset )?(?P<to>\S+)"
+                    r"(?: \(leader epoch -?\d+\))?: (?P<reason>.*)$")
+
+OffsetReset = Callable[[str, int], None]
+
+
+class KafkaLog:
+    """What confluent-kafka calls with librdkafka's log lines (its ``logger``); see the
+    module docstring. ``on_offset_reset(topic, partition)`` is called for each offset
+    reset, on the thread serving the client."""
+
+    def __init__(self, on_offset_reset: OffsetReset | None = None) -> None:
+        self._on_offset_reset = on_offset_reset
+
+    def log(self, level: int, _fmt: str, facility: str = "", client: str = "", message: str = "",
+            *_rest: Any) -> None:
+        """confluent-kafka's call: ``log(level, "%s [%s] %s", facility, client, message)``,
+        ``level`` already a :mod:`logging` level."""
+        if facility == "OFFSET" and "offset reset" in message:
+            reset = _RESET.match(message)
+            if reset is not None:
+                self.offset_reset(reset, client)
+                return
+        if _log.isEnabledFor(level):
+            log_event(_log, level, "librdkafka", facility=facility, client=client, message=message)
+
+    def offset_reset(self, reset: re.Match[str], client: str) -> None:
+        topic, partition, to = reset["topic"], int(reset["partition"]), reset["to"]
+        log_event(_log, logging.WARNING, "offset_reset", topic=topic, partition=partition,
+                  from_offset=int(reset["at"]), to_offset=int(to) if to.isdigit() else to, cause="out_of_range",
+                  client=client, reason=reset["reason"],
+                  hint="the partition no longer holds that offset: retention removed records before "
+                       "they were read (they are lost; raise the topic's retention.ms, or add relay "
+                       "capacity), or the topic was deleted and recreated")
+        if self._on_offset_reset is not None:
+            self._on_offset_reset(topic, partition)
+
+
+#: For clients whose resets need no count (producers, admin and ops clients).
+DEFAULT = KafkaLog()
+
+
+def with_log(conf: dict[str, Any], logger: KafkaLog = DEFAULT) -> dict[str, Any]:
+    """``conf`` with ``logger`` set, unless the caller set one."""
+    return conf if "logger" in conf else {**conf, "logger": logger}

@@ -1,0 +1,105 @@
+"""The check of newly assigned partitions' committed offsets (KafkaSource._checked) for a
+committed offset before the partition's start: retention removed records the relay had
+not read. The embedded broker cannot remove records (no retention, no DeleteRecords), so
+these run the decision against a consumer that answers given offsets; the committed
+offset beyond the end is tested against a real broker in tests/relay/test_relay_offset_reset.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from relay.source.kafka import KafkaSource, out_of_range
+
+INVALID = -1001  # librdkafka's "no committed offset"
+
+
+class Answers:
+    """What the broker would answer: committed offsets and (low, high) watermarks."""
+
+    def __init__(self, committed: dict[int, int], marks: dict[int, tuple[int, int]], fail_at: int | None = None):
+        self._committed, self._marks, self._fail_at = committed, marks, fail_at
+        self.asked: list[int] = []
+
+    def committed(self, tps, timeout):  # noqa: ANN001, ANN201
+        return [TopicPartition(tp.topic, tp.partition, self._committed[tp.partition]) for tp in tps]
+
+    def get_watermark_offsets(self, tp, timeout):  # noqa: ANN001, ANN201
+        self.asked.append(tp.partition)
+        if tp.partition == self._fail_at:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+        return self._marks[tp.partition]
+
+
+async def _nothing(_parts):  # noqa: ANN001, ANN202
+    return {}
+
+
+def source(resets: list, **properties: str) -> KafkaSource:
+    return KafkaSource(bootstrap_servers="127.0.0.1:9", group_id="g", topics=("events",), properties=properties,
+                       on_assign=_nothing, on_revoke=_nothing,
+                       on_offset_reset=lambda topic, partition: resets.append((topic, partition)))
+
+
+def tps(*partitions: int) -> list[TopicPartition]:
+    return [TopicPartition("events", p) for p in partitions]
+
+
+def test_out_of_range():
+    assert out_of_range(INVALID, 5, 10) is None
+    assert [out_of_range(c, 5, 10) for c in (4, 5, 10, 11)] == ["before_start", None, None, "beyond_end"]
+
+
+def test_a_committed_offset_before_the_start_starts_at_the_start_and_says_what_was_lost(caplog):
+    resets: list = []
+    src = source(resets)
+    answers = Answers(committed={0: 5, 1: 40, 2: INVALID}, marks={0: (20, 50), 1: (20, 50), 2: (0, 3)})
+    with caplog.at_level(logging.INFO, logger="relay"):
+        out = src._checked(answers, tps(0, 1, 2))
+    assert [(tp.partition, tp.offset) for tp in out] == [(0, 20), (1, TopicPartition("e", 1).offset),
+                                                          (2, TopicPartition("e", 2).offset)]
+    assert resets == [("events", 0)] and src.reset_at_assignment == {("events", 0)}
+    [record] = [r for r in caplog.records if r.getMessage() == "offset_reset"]
+    assert record.levelno == logging.WARNING
+    assert {k: record.fields[k] for k in ("partition", "from_offset", "to_offset", "cause", "records_lost")} == \
+        {"partition": 0, "from_offset": 5, "to_offset": 20, "cause": "before_start", "records_lost": 15}
+    assert "retention.ms" in record.fields["hint"]
+    assert answers.asked == [0, 1]  # nothing committed: nothing to check
+
+
+def test_auto_offset_reset_latest_starts_at_the_end_and_error_is_left_to_librdkafka():
+    resets: list = []
+    answers = Answers(committed={0: 5}, marks={0: (20, 50)})
+    assert [tp.offset for tp in source(resets, **{"auto.offset.reset": "latest"})._checked(answers, tps(0))] == [50]
+    given = tps(0)
+    assert source(resets, **{"auto.offset.reset": "error"})._checked(answers, given) is given
+    assert resets == [("events", 0)]
+
+
+def test_partitions_that_hold_their_offsets_are_assigned_as_given():
+    resets: list = []
+    src = source(resets)
+    given = tps(0, 1)
+    # Beyond the end per ListOffsets, but no reader to confirm it with a fetch: not reset.
+    assert src._checked(Answers(committed={0: 10, 1: 99}, marks={0: (0, 10), 1: (0, 12)}), given) is given
+    assert resets == [] and src.reset_at_assignment == frozenset()
+
+
+def test_a_failed_check_is_logged_and_keeps_what_it_decided(caplog):
+    resets: list = []
+    src = source(resets)
+    answers = Answers(committed={0: 5, 1: 5}, marks={0: (20, 50), 1: (20, 50)}, fail_at=1)
+    with caplog.at_level(logging.INFO, logger="relay"):
+        out = src._checked(answers, tps(0, 1))
+    assert [tp.offset for tp in out] == [20, TopicPartition("e", 1).offset]
+    [failed] = [r for r in caplog.records if r.getMessage() == "offset_check_failed"]
+    assert failed.fields["partitions"] == "events/0,events/1" and "timed out" in failed.fields["error"].lower()
+
+
+@pytest.mark.parametrize("policy", ["earliest", "smallest", "beginning"])
+def test_every_spelling_of_earliest_starts_at_the_start(policy):
+    resets: list = []
+    out = source(resets, **{"auto.offset.reset": policy})._checked(Answers({0: 1}, {0: (7, 9)}), tps(0))
+    assert [tp.offset for tp in out] == [7]

@@ -1,0 +1,57 @@
+"""librdkafka's log lines as structured events (relay.kafka_log), as confluent-kafka hands
+them over: ``log(level, "%s [%s] %s", facility, client, message)``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from relay.kafka_log import KafkaLog, with_log
+
+FMT = "%s [%s] %s"
+#: librdkafka 2.x (leader epochs) and 1.x wordings of the same line.
+RESET_2X = ("events.v2 [3]: offset reset (at offset 1200 (leader epoch 3), broker 1) to offset BEGINNING "
+            "(leader epoch -1): fetch failed due to requested offset not available on the broker: "
+            "Broker: Offset out of range")
+RESET_1X = ("events.v2 [3]: offset reset (at offset 1200, broker 1) to BEGINNING: fetch failed due to "
+            "requested offset not available on the broker: Broker: Offset out of range")
+
+
+@pytest.mark.parametrize("message", [RESET_2X, RESET_1X], ids=["2.x", "1.x"])
+def test_an_offset_reset_is_its_own_warning_and_is_counted(caplog, message):
+    resets = []
+    sink = KafkaLog(on_offset_reset=lambda topic, partition: resets.append((topic, partition)))
+    with caplog.at_level(logging.DEBUG, logger="relay.librdkafka"):
+        sink.log(logging.WARNING, FMT, "OFFSET", "rdkafka#consumer-1", message)
+    assert resets == [("events.v2", 3)]
+    [record] = caplog.records
+    assert (record.name, record.levelno, record.getMessage()) == ("relay.librdkafka", logging.WARNING, "offset_reset")
+    fields = record.fields
+    assert (fields["topic"], fields["partition"], fields["from_offset"], fields["to_offset"]) == ("events.v2", 3, 1200,
+                                                                                           "BEGINNING")
+    assert fields["reason"].endswith("Broker: Offset out of range") and fields["client"] == "rdkafka#consumer-1"
+    assert "retention" in fields["hint"]
+
+
+def test_other_lines_keep_their_level_facility_and_text(caplog):
+    resets = []
+    sink = KafkaLog(on_offset_reset=lambda *a: resets.append(a))
+    refused = ("127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused "
+               "(after 0ms in state CONNECT)")
+    with caplog.at_level(logging.INFO, logger="relay.librdkafka"):
+        sink.log(logging.ERROR, FMT, "FAIL", "rdkafka#consumer-1", refused)
+        # An OFFSET line that is not a reset, and one in a wording not recognised: plain lines.
+        sink.log(logging.INFO, FMT, "OFFSET", "rdkafka#consumer-1", "events [0]: offset reset in some new wording")
+        sink.log(logging.DEBUG, FMT, "FETCH", "rdkafka#consumer-1", "below the level: not logged")
+    assert resets == []
+    assert [(r.levelno, r.getMessage(), r.fields["facility"], r.fields["message"]) for r in caplog.records] == [
+        (logging.ERROR, "librdkafka", "FAIL", refused),
+        (logging.INFO, "librdkafka", "OFFSET", "events [0]: offset reset in some new wording")]
+
+
+def test_with_log_keeps_a_logger_the_caller_set():
+    mine = KafkaLog()
+    assert with_log({"a": "1"})["logger"] is not None
+    assert with_log({"a": "1", "logger": mine})["logger"] is mine
+    assert with_log({"a": "1"}, mine) == {"a": "1", "logger": mine}

@@ -1,0 +1,93 @@
+"""A committed offset the partition no longer holds: the topic was deleted and recreated (its
+offsets start again at 0), or retention removed records before the relay read them.
+
+librdkafka then resets the position to the earliest record. The relay delivers what the
+partition holds (none of it was delivered: the look-back must not take it for what came
+before the commit) and says that it happened: an ``offset_reset`` warning with the
+offsets, and ``lineage_relay_offset_resets_total``."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from relay.embedded.broker import EmbeddedBroker
+from relay.embedded.collector import RecordingCollector
+from relay.embedded.runner import RelayThread
+from relay.embedded.sample import sample_stream
+from tests.relay.test_relay_end_to_end import assert_run_order
+from tests.support.kafka import committed_offsets, produce
+from tests.support.relay import eventually, relay_config
+
+pytestmark = pytest.mark.kafka
+
+#: The group's committed offset from before the topic was recreated.
+OLD_OFFSET = 500
+
+
+def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("max_records", [10_000, 0], ids=["lookback", "no-lookback"])
+def test_a_committed_offset_beyond_the_partition_end_is_reset_reported_and_nothing_lost(caplog, max_records):
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 2)
+        stream = sample_stream(8, seed=17, out_of_order_ratio=0.0)
+        produce(broker.bootstrap_servers, "events", stream)
+        # The group's offsets from the topic's previous life, far beyond what it holds now.
+        commit(broker.bootstrap_servers, "g", "events", {0: OLD_OFFSET, 1: OLD_OFFSET})
+        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                              pipeline={"lookback": {"max_records": max_records}})
+        with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config) as relay:
+            assert collector.wait_for(lambda c: c.count == len(stream), 60), \
+                f"{len(stream) - collector.count} of {len(stream)} events not delivered"
+            assert eventually(lambda: sorted(committed_offsets(broker.bootstrap_servers, "events", "g", 2).values())
+                              != [OLD_OFFSET, OLD_OFFSET], 30)
+            assert eventually(lambda: relay.metric("lineage_relay_offset_resets_total", topic="events") == 2, 30)
+            assert relay.metric("lineage_relay_events_deduplicated_total", collector="c") == 0
+        assert relay.error is None
+    assert {orjson.dumps(e, option=orjson.OPT_SORT_KEYS) for e in collector.events()} == \
+        {orjson.dumps(orjson.loads(v), option=orjson.OPT_SORT_KEYS) for _, v in stream}
+    assert_run_order(collector.events())
+    resets = [r for r in caplog.records if r.getMessage() == "offset_reset"]
+    assert sorted(r.fields["partition"] for r in resets) == [0, 1]
+    for r in resets:
+        assert r.levelno == logging.WARNING
+        assert (r.fields["topic"], r.fields["from_offset"], r.fields["to_offset"], r.fields["low"]) == \
+            ("events", OLD_OFFSET, 0, 0)
+        assert r.fields["cause"] == "beyond_end" and r.fields["records_lost"] == 0
+        assert 0 < r.fields["high"] < OLD_OFFSET and "recreated" in r.fields["hint"]
+    assert sum(r.fields["high"] for r in resets) == len(stream)
+
+
+def test_a_relay_restarted_at_its_committed_offset_is_not_reset(caplog):
+    # The embedded broker answers ListOffsets with the last batch's first offset + 1, below
+    # a committed offset inside that batch: the check must confirm the end by fetching, or
+    # every restart would read the partition again from its start.
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 2)
+        first, later = sample_stream(6, seed=18), sample_stream(3, seed=19)
+        produce(broker.bootstrap_servers, "events", first)
+        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                              pipeline={"lookback": {"max_records": 0}})  # nothing to mask a re-delivery
+        with RelayThread(config):
+            assert collector.wait_for(lambda c: c.count == len(first), 60)
+            assert eventually(lambda: sum(committed_offsets(broker.bootstrap_servers, "events", "g", 2).values())
+                              == len(first), 30)
+        produce(broker.bootstrap_servers, "events", later)
+        with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config) as relay:
+            assert collector.wait_for(lambda c: c.count >= len(first) + len(later), 60)
+            assert eventually(lambda: sum(committed_offsets(broker.bootstrap_servers, "events", "g", 2).values())
+                              == len(first) + len(later), 30)
+            assert relay.metric("lineage_relay_offset_resets_total", topic="events") == 0
+        assert relay.error is None
+    assert collector.count == len(first) + len(later)
+    assert [r for r in caplog.records if r.getMessage() in ("offset_reset", "offset_check_failed")] == []
