@@ -33,10 +33,12 @@ _log = logging.getLogger("relay.librdkafka")
 
 #: ``openlineage [0]: offset reset (at offset 1200 (leader epoch 3), broker 1) to offset
 #: BEGINNING (leader epoch -1): fetch failed due to requested offset not available on the
-#: broker: Broker: Offset out of range`` (librdkafka 1.x writes ``to BEGINNING`` and no
-#: leader epochs).
+#: broker: Broker: Offset out of range``; with the log start cached from a fetch, ``to
+#: cached BEGINNING offset offset 17 (leader epoch -1)``; librdkafka 1.x writes ``to
+#: BEGINNING`` and no leader epochs.
 _RESET = re.compile(r"^(?P<topic>\S+) \[(?P<partition>\d+)\]: offset reset \(at (?:offset )?(?P<at>-?\d+)"
-                    r"(?: \(leader epoch -?\d+\))?(?:, broker -?\d+)?\) to (?:offset )?(?P<to>\S+)"
+                    r"(?: \(leader epoch -?\d+\))?(?:, broker -?\d+)?\) to (?:cached \S+ offset )?(?:offset )?"
+                    r"(?P<to>\S+)"
                     r"(?: \(leader epoch -?\d+\))?: (?P<reason>.*)$")
 
 OffsetReset = Callable[[str, int], None]

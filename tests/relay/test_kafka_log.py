@@ -18,8 +18,14 @@ RESET_1X = ("events.v2 [3]: offset reset (at offset 1200, broker 1) to BEGINNING
             "requested offset not available on the broker: Broker: Offset out of range")
 
 
-@pytest.mark.parametrize("message", [RESET_2X, RESET_1X], ids=["2.x", "1.x"])
-def test_an_offset_reset_is_its_own_warning_and_is_counted(caplog, message):
+RESET_CACHED = ("events.v2 [3]: offset reset (at offset 1200 (leader epoch 3), broker 1) to cached BEGINNING "
+                "offset offset 17 (leader epoch -1): fetch failed due to requested offset not available on the "
+                "broker: Broker: Offset out of range")
+
+
+@pytest.mark.parametrize(("message", "to"), [(RESET_2X, "BEGINNING"), (RESET_1X, "BEGINNING"), (RESET_CACHED, 17)],
+                         ids=["2.x", "1.x", "cached-start"])
+def test_an_offset_reset_is_its_own_warning_and_is_counted(caplog, message, to):
     resets = []
     sink = KafkaLog(on_offset_reset=lambda topic, partition: resets.append((topic, partition)))
     with caplog.at_level(logging.DEBUG, logger="relay.librdkafka"):
@@ -29,7 +35,7 @@ def test_an_offset_reset_is_its_own_warning_and_is_counted(caplog, message):
     assert (record.name, record.levelno, record.getMessage()) == ("relay.librdkafka", logging.WARNING, "offset_reset")
     fields = record.fields
     assert (fields["topic"], fields["partition"], fields["from_offset"], fields["to_offset"]) == ("events.v2", 3, 1200,
-                                                                                           "BEGINNING")
+                                                                                                 to)
     assert fields["reason"].endswith("Broker: Offset out of range") and fields["client"] == "rdkafka#consumer-1"
     assert "retention" in fields["hint"]
 
