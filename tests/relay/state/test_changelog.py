@@ -8,7 +8,9 @@ import time
 
 import pytest
 
+from relay.embedded.broker import EmbeddedBroker
 from relay.state.changelog import FAILED, OK, TOO_LARGE, RunStateChangelog
+from tests.support.kafka import produce
 from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, proxied_broker
 
 pytestmark = pytest.mark.kafka
@@ -74,3 +76,24 @@ async def test_a_state_write_refused_as_too_large_is_tried_again_before_it_count
             assert changelog._host.replaced >= 1, "the refusal replaces the producer"
         finally:
             await changelog.close()
+
+
+async def test_reading_a_partition_back_reads_its_last_batch_whole():
+    """The embedded broker answers ListOffsets with the last batch's first offset + 1: a
+    read that stopped there restored 1,000 of these 5,000 runs (one batch)."""
+    with EmbeddedBroker() as broker:
+        broker.create_topic("in", 1)
+        broker.create_topic("in.state", 1)
+        runs = {f"run-{i}".encode(): f'{{"n": {i}}}'.encode() for i in range(5000)}
+        produce(broker.bootstrap_servers, "in.state", [*runs.items(), (b"run-7", None), (b"run-8", b"last")],
+                config={"linger.ms": 200})
+        changelog = RunStateChangelog(bootstrap_servers=broker.bootstrap_servers, topic="in.state", input_topic="in",
+                                      create=False, producer_properties={}, consumer_properties={})
+        await changelog.start()
+        try:
+            got = await changelog.read_partition(0)
+        finally:
+            await changelog.close()
+    del runs[b"run-7"]  # its tombstone
+    runs[b"run-8"] = b"last"  # its latest value
+    assert got == runs
