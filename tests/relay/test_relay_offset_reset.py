@@ -20,6 +20,7 @@ from relay.embedded.runner import RelayThread
 from relay.embedded.sample import sample_stream
 from tests.relay.test_relay_end_to_end import assert_run_order
 from tests.support.kafka import committed_offsets, produce
+from tests.support.kafka_proxy import proxied_broker
 from tests.support.relay import eventually, relay_config
 
 pytestmark = pytest.mark.kafka
@@ -91,3 +92,34 @@ def test_a_relay_restarted_at_its_committed_offset_is_not_reset(caplog):
         assert relay.error is None
     assert collector.count == len(first) + len(later)
     assert [r for r in caplog.records if r.getMessage() in ("offset_reset", "offset_check_failed")] == []
+
+
+def test_a_committed_offset_retention_removed_starts_at_the_log_start_and_counts_the_records_lost(caplog):
+    # Retention, as the broker's ListOffsets answers it (a proxy moves the log start): the
+    # group committed 5, and records 0-19 are gone. librdkafka itself would start at 5 on
+    # a broker that still serves it, or reset silently on one that does not.
+    with proxied_broker() as (broker, proxy), RecordingCollector() as collector:
+        broker.create_topic("events", 1)
+        stream = sample_stream(10, seed=23)
+        assert len(stream) > 21
+        # Two writes: the embedded broker answers ListOffsets' end with the last batch's
+        # first offset + 1, which must lie past the moved log start.
+        produce(broker.bootstrap_servers, "events", stream[:-1])
+        produce(broker.bootstrap_servers, "events", stream[-1:])
+        commit(broker.bootstrap_servers, "g", "events", {0: 5})
+        proxy.move_log_start("events", 0, 20)
+        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                              pipeline={"ordering": {"hold_timeout_s": 1}})
+        kept = {orjson.dumps(orjson.loads(v), option=orjson.OPT_SORT_KEYS) for _, v in stream[20:]}
+        with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config) as relay:
+            assert collector.wait_for(lambda c: c.count >= len(kept), 60)
+            assert eventually(lambda: committed_offsets(broker.bootstrap_servers, "events", "g", 1)[0]
+                              == len(stream), 30)
+            assert relay.metric("lineage_relay_offset_resets_total", topic="events") == 1
+        assert relay.error is None
+    assert {orjson.dumps(e, option=orjson.OPT_SORT_KEYS) for e in collector.events()} == kept
+    [reset] = [r for r in caplog.records if r.getMessage() == "offset_reset"]
+    assert reset.levelno == logging.WARNING
+    assert {k: reset.fields[k] for k in ("topic", "partition", "from_offset", "to_offset", "cause", "records_lost")} \
+        == {"topic": "events", "partition": 0, "from_offset": 5, "to_offset": 20, "cause": "before_start",
+            "records_lost": 15}

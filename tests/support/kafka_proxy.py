@@ -9,17 +9,20 @@ handling runs, as it would in production.
 The broker must advertise the proxy's address (``EmbeddedBroker(advertised_port=...)``), so
 that clients reach every broker connection through it.
 
-Two kinds of fault:
+Three kinds of fault:
 
 * :meth:`KafkaFaultProxy.answer_with_error`: the broker handles the request, and its answer
   is given the error code (a write then happened although the client is told otherwise);
 * :meth:`KafkaFaultProxy.refuse_produce`: the broker never writes the request's records
   (its partition index is turned into one that does not exist, and restored in the answer,
-  which carries the error code), as a broker refuses a record batch over its size limit.
+  which carries the error code), as a broker refuses a record batch over its size limit;
+* :meth:`KafkaFaultProxy.move_log_start`: a partition's log start offset, as ListOffsets
+  answers it, is moved up, as retention deleting the records below it would (the broker
+  still serves them to a fetch: only where a client chooses to start is affected).
 
 Only what the tests need is decoded: the request header (api key, version, correlation id),
-the first partition of a produce request, and the first error code of the responses named
-in :data:`ERROR_OFFSET`.
+the first partition of a produce request and of a ListOffsets request, and the first error
+code of the responses named in :data:`ERROR_OFFSET`.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from contextlib import contextmanager
 from relay.embedded.broker import EmbeddedBroker, free_port
 
 #: Kafka api keys used here.
-PRODUCE, OFFSET_COMMIT, HEARTBEAT, INIT_PRODUCER_ID = 0, 8, 12, 22
+PRODUCE, LIST_OFFSETS, OFFSET_COMMIT, HEARTBEAT, INIT_PRODUCER_ID = 0, 2, 8, 12, 22
 #: The first version of each api whose messages use the flexible (tagged-field) encoding.
-FLEXIBLE_FROM = {PRODUCE: 9, OFFSET_COMMIT: 8, HEARTBEAT: 4, INIT_PRODUCER_ID: 2}
+FLEXIBLE_FROM = {PRODUCE: 9, LIST_OFFSETS: 6, OFFSET_COMMIT: 8, HEARTBEAT: 4, INIT_PRODUCER_ID: 2}
+#: ListOffsets' timestamp asking for the log start offset.
+EARLIEST = -2
 
 #: Kafka error codes used by the tests.
 MESSAGE_TOO_LARGE = 10
@@ -100,6 +105,32 @@ def _produce_request_partition_offset(frame: bytes, version: int) -> int:
     return pos + 2 + name_len + 4             # name, partitions
 
 
+def _list_offsets_request_first(frame: bytes, version: int) -> tuple[str, int, int]:
+    """(topic, partition, timestamp) of the first partition in a ListOffsets request (v1+)."""
+    flexible = version >= FLEXIBLE_FROM[LIST_OFFSETS]
+    pos = 8                                   # api key, version, correlation id
+    (client_len,) = struct.unpack_from(">h", frame, pos)
+    pos += 2 + max(client_len, 0)
+    if flexible:
+        pos = _skip_tagged_fields(frame, pos)
+    pos += 4 + (1 if version >= 2 else 0)     # replica id, isolation level
+    if flexible:
+        _, pos = _uvarint(frame, pos)         # topics (compact array)
+        name_len, pos = _uvarint(frame, pos)
+        name = frame[pos:pos + name_len - 1].decode()
+        pos += name_len - 1
+        _, pos = _uvarint(frame, pos)         # partitions
+    else:
+        pos += 4
+        (name_len,) = struct.unpack_from(">h", frame, pos)
+        name = frame[pos + 2:pos + 2 + name_len].decode()
+        pos += 2 + name_len + 4
+    partition, = struct.unpack_from(">i", frame, pos)
+    pos += 4 + (4 if version >= 4 else 0)     # partition, current leader epoch
+    timestamp, = struct.unpack_from(">q", frame, pos)
+    return name, partition, timestamp
+
+
 #: A partition index no topic has.
 _NO_PARTITION = 0x7FFFFFF0
 
@@ -110,6 +141,8 @@ ERROR_OFFSET: dict[int, Callable[[bytes, int, int, bool], int]] = {
     PRODUCE: lambda body, pos, version, flexible: _partition_error_offset(body, pos, flexible),
     OFFSET_COMMIT: lambda body, pos, version, flexible: _partition_error_offset(
         body, pos + (4 if version >= 3 else 0), flexible),
+    LIST_OFFSETS: lambda body, pos, version, flexible: _partition_error_offset(
+        body, pos + (4 if version >= 2 else 0), flexible),
 }
 
 
@@ -126,6 +159,8 @@ class KafkaFaultProxy:
         self._faults: dict[int, list[int]] = {}    # api key -> [error code, responses left]
         self._refusals: list[int] = []              # [error code, produce requests left]
         self._refused: dict[int, tuple[int, int]] = {}  # correlation id -> (partition, error code)
+        self._log_starts: dict[tuple[str, int], int] = {}  # (topic, partition) -> log start offset
+        self._earliest: dict[int, int] = {}  # correlation id -> log start offset to answer
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -166,6 +201,13 @@ class KafkaFaultProxy:
         with self._lock:
             self._refusals = [error_code, times]
 
+    def move_log_start(self, topic: str, partition: int, offset: int) -> None:
+        """ListOffsets answers ``offset`` as the partition's log start from now on (ask one
+        partition at a time, as ``get_watermark_offsets`` does: only a request's first
+        partition is looked at)."""
+        with self._lock:
+            self._log_starts[(topic, partition)] = offset
+
     def seen(self, api_key: int) -> int:
         with self._lock:
             return sum(n for (key, _), n in self.requests.items() if key == api_key)
@@ -204,6 +246,12 @@ class KafkaFaultProxy:
         pending[correlation] = (api_key, version)
         with self._lock:
             self.requests[(api_key, version)] += 1
+            if api_key == LIST_OFFSETS and self._log_starts and version >= 1:
+                topic, partition, timestamp = _list_offsets_request_first(frame, version)
+                start = self._log_starts.get((topic, partition))
+                if start is not None and timestamp == EARLIEST:
+                    self._earliest[correlation] = start
+                return frame
             if api_key != PRODUCE or not self._refusals or self._refusals[1] <= 0:
                 return frame
             self._refusals[1] -= 1
@@ -216,6 +264,14 @@ class KafkaFaultProxy:
     def _response(self, frame: bytes, pending: dict[int, tuple[int, int]]) -> bytes:
         (correlation,) = struct.unpack_from(">i", frame)
         api_key, version = pending.pop(correlation, (-1, -1))
+        start = self._earliest.pop(correlation, None)
+        if start is not None:
+            flexible = version >= FLEXIBLE_FROM[api_key]
+            at = ERROR_OFFSET[api_key](frame, _skip_tagged_fields(frame, 4) if flexible else 4, version, flexible)
+            offset_at = at + 2 + 8                # past the error code and the timestamp
+            with self._lock:
+                self.injected.append((api_key, version, 0))
+            return frame[:offset_at] + struct.pack(">q", start) + frame[offset_at + 8:]
         refused = self._refused.pop(correlation, None)
         if refused is not None:
             partition, error_code = refused

@@ -1,8 +1,8 @@
-"""The check of newly assigned partitions' committed offsets (KafkaSource._checked) for a
-committed offset before the partition's start: retention removed records the relay had
-not read. The embedded broker cannot remove records (no retention, no DeleteRecords), so
-these run the decision against a consumer that answers given offsets; the committed
-offset beyond the end is tested against a real broker in tests/relay/test_relay_offset_reset.py."""
+"""The check of newly assigned partitions' committed offsets (KafkaSource._checked): its
+decisions, edge cases included (auto.offset.reset's spellings, nothing committed, a failed
+check), against a consumer that answers given offsets. End to end, against a real broker
+(retention through a proxy that moves the log start, a recreated topic): see
+tests/relay/test_relay_offset_reset.py."""
 
 from __future__ import annotations
 
