@@ -11,6 +11,7 @@ import logging
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from relay.source import kafka as kafka_source
 from relay.source.kafka import KafkaSource, out_of_range
 
 INVALID = -1001  # librdkafka's "no committed offset"
@@ -103,3 +104,15 @@ def test_every_spelling_of_earliest_starts_at_the_start(policy):
     resets: list = []
     out = source(resets, **{"auto.offset.reset": policy})._checked(Answers({0: 1}, {0: (7, 9)}), tps(0))
     assert [tp.offset for tp in out] == [7]
+
+
+def test_a_check_out_of_time_leaves_the_rest_unchecked_and_says_which(caplog, monkeypatch):
+    monkeypatch.setattr(kafka_source, "OFFSET_CHECK_TIMEOUT_S", -1.0)  # its deadline is past already
+    resets: list = []
+    answers = Answers(committed={0: 5, 1: INVALID, 2: 5}, marks={0: (20, 50), 2: (20, 50)})
+    given = tps(0, 1, 2)
+    with caplog.at_level(logging.INFO, logger="relay"):
+        assert source(resets)._checked(answers, given) is given
+    assert resets == [] and answers.asked == []
+    [late] = [r for r in caplog.records if r.getMessage() == "offset_check_incomplete"]
+    assert late.fields["unchecked"] == "events/0,events/2"
