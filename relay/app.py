@@ -31,9 +31,11 @@ import gc
 import logging
 import time
 
+import confluent_kafka
 import orjson
 from confluent_kafka import KafkaError
 
+from relay import __version__
 from relay.config import RelayConfig
 from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
 from relay.lane import CollectorLane
@@ -203,7 +205,8 @@ class Relay:
         await self.source.start()
         self.started = True
         log_event(log, logging.INFO, "relay_started", topics=",".join(k.topics), group=k.group_id,
-                  collectors=",".join(c.name for c in self.config.collectors))
+                  collectors=",".join(c.name for c in self.config.collectors), version=__version__,
+                  librdkafka=confluent_kafka.libversion()[0])
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Any
 
+from relay import __version__
 from relay.config import RelayConfig, build_config, load_yaml, merge
 from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
@@ -103,8 +104,29 @@ async def serve(config: RelayConfig) -> None:
             await runner.cleanup()
 
 
+class _Version(argparse.Action):
+    """``--version``, on one line (argparse's own wraps it), computed only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``lineage-relay X (librdkafka Y, confluent-kafka Z, aiohttp W, Python V)``: what a bug
+    report needs."""
+    import platform
+
+    import aiohttp
+    import confluent_kafka
+
+    return (f"lineage-relay {__version__} (librdkafka {confluent_kafka.libversion()[0]}, confluent-kafka "
+            f"{confluent_kafka.__version__}, aiohttp {aiohttp.__version__}, Python {platform.python_version()})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lineage-relay", description=__doc__)
+    parser.add_argument("--version", action=_Version, nargs=0, help="print versions (relay, librdkafka, ...) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="relay events from Kafka to the collectors")
     _add_relay_flags(run)

@@ -178,3 +178,16 @@ def test_decode_priority_auto_is_idle_only_when_every_collector_posts_each_event
     assert decode_priority("auto", with_batch) == "low"
     assert decode_priority("low", per_event) == "low"
     assert decode_priority("idle", with_batch) == "idle"
+
+
+def test_version_names_the_relay_and_what_a_bug_report_needs(capsys):
+    import confluent_kafka
+
+    from relay import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith(f"lineage-relay {__version__} (")
+    assert f"librdkafka {confluent_kafka.libversion()[0]}" in out and "Python 3." in out

@@ -6,10 +6,12 @@ import json
 import time
 from collections import Counter
 
+import confluent_kafka
 import orjson
 import pytest
 import requests
 
+from relay import __version__
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
@@ -125,6 +127,8 @@ def test_endpoints_metrics_and_logs_never_show_the_token(kafka, tmp_path, monkey
     lines = [json.loads(line) for line in log.splitlines()]  # every line is a JSON event
     assert lines and all({"ts", "level", "event"} <= set(line) for line in lines)
     assert any(line["event"] == "dead_lettered" and line["reason"] == "invalid_json" for line in lines)
+    [started] = [line for line in lines if line["event"] == "relay_started"]
+    assert started["version"] == __version__ and started["librdkafka"] == confluent_kafka.libversion()[0]
 
 
 def test_librdkafka_lines_are_json_log_events_too(tmp_path):
