@@ -15,8 +15,9 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
-from relay.frozen import Frozen
 from relay.errors import ConfigError
+from relay.frozen import Frozen
+from relay.source.properties import problem as properties_problem
 from relay.stages.rewrite import RewriteConfig
 from relay.stages.route import RouteConfig, kinds_list
 
@@ -317,6 +318,22 @@ class KafkaConfig(Frozen):
     def _props(cls, v: Any) -> Any:
         if isinstance(v, dict):
             return {str(k): str(val).lower() if isinstance(val, bool) else str(val) for k, val in v.items()}
+        return v
+
+    @field_validator("consumer_properties")
+    @classmethod
+    def _consumer_properties(cls, v: dict[str, str]) -> dict[str, str]:
+        found = properties_problem(v, "consumer")  # librdkafka's own check, offline
+        if found is not None:
+            raise ValueError(found)
+        return v
+
+    @field_validator("producer_properties")
+    @classmethod
+    def _producer_properties(cls, v: dict[str, str]) -> dict[str, str]:
+        found = properties_problem(v, "producer")
+        if found is not None:
+            raise ValueError(found)
         return v
 
 

@@ -191,3 +191,51 @@ def test_version_names_the_relay_and_what_a_bug_report_needs(capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith(f"lineage-relay {__version__} (")
     assert f"librdkafka {confluent_kafka.libversion()[0]}" in out and "Python 3." in out
+
+
+def _kafka(**kafka: object) -> dict:
+    return {"kafka": {"bootstrap_servers": "x", **kafka}, "collectors": [{"name": "m", "url": "http://a"}]}
+
+
+@pytest.mark.parametrize(("kafka", "message"), [
+    ({"consumer_properties": {"fetch.wait.maxx.ms": 100}},
+     r'kafka\.consumer_properties: fetch\.wait\.maxx\.ms: No such configuration property: "fetch\.wait\.maxx\.ms"; '
+     r"fix: check it against librdkafka's CONFIGURATION\.md"),
+    ({"consumer_properties": {"auto.offset.reset": "earlest"}},
+     r'kafka\.consumer_properties: auto\.offset\.reset: Invalid value "earlest"'),
+    ({"producer_properties": {"acks": "most"}}, r'kafka\.producer_properties: (acks|request\.required\.acks): Invalid'),
+    # A producer property among the consumer's (named as written, not by librdkafka's alias).
+    ({"consumer_properties": {"session.timeout.ms": 6000, "linger.ms": 5}},
+     r"kafka\.consumer_properties: linger\.ms: a producer property, which the consumer ignores; "
+     r"fix: move it to producer_properties"),
+    ({"producer_properties": {"fetch.wait.max.ms": 10}},
+     r"kafka\.producer_properties: fetch\.wait\.max\.ms: a consumer property, which the producer ignores"),
+])
+def test_librdkafka_properties_are_checked_when_the_config_is_read(kafka, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(_kafka(**kafka))
+
+
+def test_good_librdkafka_properties_pass_and_files_are_left_to_start_up():
+    config = build_config(_kafka(
+        consumer_properties={"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u",
+                             "sasl.password": "p", "session.timeout.ms": 6000, "message.max.bytes": 20_000_000,
+                             # mounted where the relay runs, not where its config is checked
+                             "ssl.ca.location": "/var/run/secrets/kafka/ca.pem"},
+        producer_properties={"linger.ms": 20, "enable.idempotence": True}))
+    assert config.kafka.consumer_properties["ssl.ca.location"] == "/var/run/secrets/kafka/ca.pem"
+    assert config.kafka.producer_properties["enable.idempotence"] == "true"
+
+
+def test_a_refused_secret_is_named_not_repeated():
+    # An inline private key librdkafka cannot read: the message names the key only.
+    pem = "-----BEGIN PRIVATE KEY-----\nbm90YWtleQ==\n-----END PRIVATE KEY-----\n"
+    with pytest.raises(ConfigError) as refused:
+        build_config(_kafka(consumer_properties={"security.protocol": "SSL", "ssl.key.pem": pem}))
+    assert "kafka.consumer_properties: ssl.key.pem: librdkafka refused the value of ssl.key.pem" in str(refused.value)
+    assert "bm90YWtleQ" not in str(refused.value)
+
+
+def test_a_bad_boolean_is_named():
+    with pytest.raises(ConfigError, match=r'kafka\.consumer_properties: enable\.partition\.eof: Expected bool value'):
+        build_config(_kafka(consumer_properties={"enable.partition.eof": "maybe"}))
