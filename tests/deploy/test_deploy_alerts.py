@@ -5,8 +5,6 @@ about, not before its ``for``, and not on healthy series beside it."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 
 import pytest
@@ -14,6 +12,7 @@ import yaml
 
 from tests.deploy.deployfiles import ALERT_RULES, ALERT_TESTS, ROOT
 from tests.deploy.metric_names import label_problems, unknown_metrics
+from tests.support.tools import required_tool
 
 SEVERITIES = {"critical", "warning"}
 
@@ -24,13 +23,7 @@ def alerts() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found:
-        return found
-    message = "promtool is not on PATH: `apt-get install -y prometheus` (./dev test does it as root)"
-    if os.environ.get("LINEAGE_RELAY_REQUIRE_ALL") == "1":
-        pytest.fail(message + " [LINEAGE_RELAY_REQUIRE_ALL=1]")
-    pytest.skip(message)
+    return required_tool(("promtool",), "promtool", "apt-get install -y prometheus")
 
 
 def test_rules_query_only_what_the_relay_exports():

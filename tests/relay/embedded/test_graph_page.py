@@ -7,8 +7,6 @@ Without Chromium these tests skip, unless LINEAGE_RELAY_REQUIRE_ALL=1: then they
 
 from __future__ import annotations
 
-import os
-import shutil
 import struct
 import subprocess
 import zlib
@@ -31,20 +29,15 @@ from tests.support.pipeline_events import (
     job_id,
     pipeline_events,
 )
+from tests.support.tools import required_tool
 
 SILVER_ID, DAILY_ID, LTV_ID = ds_id(SILVER_ORDERS), ds_id(GOLD_DAILY_REVENUE), ds_id(GOLD_CUSTOMER_LTV)
 
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    message = "headless Chromium is not on PATH: `apt-get install -y chromium` (./dev test does it as root)"
-    if os.environ.get("LINEAGE_RELAY_REQUIRE_ALL") == "1":
-        pytest.fail(message + " [LINEAGE_RELAY_REQUIRE_ALL=1]")
-    pytest.skip(message)
+    return required_tool(("chromium", "chromium-browser", "google-chrome"), "headless Chromium",
+                         "apt-get install -y chromium")
 
 
 @pytest.fixture(scope="module")
