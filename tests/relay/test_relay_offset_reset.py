@@ -37,8 +37,10 @@ def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> N
         consumer.close()
 
 
-@pytest.mark.parametrize("max_records", [10_000, 0], ids=["lookback", "no-lookback"])
-def test_a_committed_offset_beyond_the_partition_end_is_reset_reported_and_nothing_lost(caplog, max_records):
+@pytest.mark.parametrize(("max_records", "strategy"), [(10_000, None), (0, None), (10_000, "range")],
+                         ids=["lookback", "no-lookback", "eager-assignment"])
+def test_a_committed_offset_beyond_the_partition_end_is_reset_reported_and_nothing_lost(caplog, max_records,
+                                                                                         strategy):
     with EmbeddedBroker() as broker, RecordingCollector() as collector:
         broker.create_topic("events", 2)
         stream = sample_stream(8, seed=17, out_of_order_ratio=0.0)
@@ -47,6 +49,9 @@ def test_a_committed_offset_beyond_the_partition_end_is_reset_reported_and_nothi
         commit(broker.bootstrap_servers, "g", "events", {0: OLD_OFFSET, 1: OLD_OFFSET})
         config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
                               pipeline={"lookback": {"max_records": max_records}})
+        if strategy is not None:  # the eager protocol: the whole assignment at each rebalance
+            config = config.model_copy(update={"kafka": config.kafka.model_copy(update={"consumer_properties": {
+                **config.kafka.consumer_properties, "partition.assignment.strategy": strategy}})})
         with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config) as relay:
             assert collector.wait_for(lambda c: c.count == len(stream), 60), \
                 f"{len(stream) - collector.count} of {len(stream)} events not delivered"
