@@ -119,6 +119,9 @@ class RelayMetrics:
         self.pending = Gauge(p + "events_pending", "Events accepted for a collector, not yet delivered",
                              ["collector"], registry=r)
         self.lag = Gauge(p + "consumer_lag", "Records behind the partition's end", ["topic", "partition"], registry=r)
+        self.lag_seconds = Gauge(p + "consumer_lag_seconds", "Age of the partition's oldest record not done with "
+                                 "(consumed and not settled, or waiting to be consumed); 0 when none",
+                                 ["topic", "partition"], registry=r)
         self.paused = Gauge(p + "consumption_paused", "1 while consumption is held off or paused for backpressure", registry=r)
         self.commits = Counter(p + "offset_commits", "Offset commits made", registry=r)
         self.facets_dropped = Counter(p + "facets_dropped_for_size", "Facets removed to fit a collector's size limit",

@@ -53,12 +53,14 @@ class Ticket:
     """One consumed record's outstanding obligations. Created holding one (the
     dispatcher's own), so it cannot settle while it is still being fanned out."""
 
-    __slots__ = ("offset", "remaining", "size", "_log")
+    __slots__ = ("offset", "remaining", "size", "ms", "_log")
 
-    def __init__(self, offset: int, log: _PartitionLog, size: int = 0) -> None:
+    def __init__(self, offset: int, log: _PartitionLog, size: int = 0, ms: int = 0) -> None:
         self.offset = offset
         self.remaining = 1
         self.size = size
+        #: The record's timestamp (ms since the epoch; 0 when unknown).
+        self.ms = ms
         self._log = log
 
     def acquire(self) -> None:
@@ -89,13 +91,14 @@ class OffsetTracker:
         """Sum of ``size`` over the tracked records not settled yet (revoked ones excluded)."""
         return self._pending.bytes
 
-    def track(self, partition: Partition, offset: int, size: int = 0) -> Ticket:
+    def track(self, partition: Partition, offset: int, size: int = 0, ms: int = 0) -> Ticket:
         """A ticket for the record at ``offset``; ``size`` (its bytes) counts in
-        :attr:`pending_bytes` until the ticket settles or its partition is revoked."""
+        :attr:`pending_bytes` until the ticket settles or its partition is revoked; ``ms``
+        is its timestamp (see :meth:`oldest_unsettled_ms`)."""
         log = self._logs.get(partition)
         if log is None:
             log = self._logs[partition] = _PartitionLog(self._pending)
-        ticket = Ticket(offset, log, size)
+        ticket = Ticket(offset, log, size, ms)
         self._pending.bytes += size
         log.tickets.append(ticket)
         return ticket
@@ -130,6 +133,14 @@ class OffsetTracker:
             if log.watermark is not None and log.watermark != log.committed:
                 final[partition] = log.watermark
         return final
+
+    def oldest_unsettled_ms(self, partition: Partition) -> int | None:
+        """The timestamp of the partition's oldest record not settled yet (where its next
+        commit stops), or None when all are settled (or its timestamp is unknown)."""
+        log = self._logs.get(partition)
+        if log is None or not log.tickets:
+            return None
+        return log.tickets[0].ms or None
 
     def outstanding(self) -> int:
         return sum(len(log.tickets) for log in self._logs.values())

@@ -58,9 +58,10 @@ def start_kafka() -> tuple[KafkaHandle, Any]:
 
 def produce(bootstrap_servers: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
             headers: list[tuple[str, bytes]] | None = None, partition: int | None = None,
-            config: dict[str, Any] | None = None) -> int:
+            config: dict[str, Any] | None = None, timestamp_ms: int | None = None) -> int:
     """Produce (key, value) pairs and wait until every one is acknowledged. ``config`` adds
-    producer properties (e.g. ``message.max.bytes`` for records over librdkafka's 1 MB default)."""
+    producer properties (e.g. ``message.max.bytes`` for records over librdkafka's 1 MB default);
+    ``timestamp_ms`` sets the records' timestamp (their create time)."""
     producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
                          "linger.ms": 5, **(config or {})})
     failures: list[KafkaError] = []
@@ -76,6 +77,8 @@ def produce(bootstrap_servers: str, topic: str, records: Iterable[tuple[bytes | 
             kwargs["headers"] = headers
         if partition is not None:
             kwargs["partition"] = partition
+        if timestamp_ms is not None:
+            kwargs["timestamp"] = timestamp_ms
         while True:
             try:
                 producer.produce(topic, **kwargs)

@@ -1,0 +1,48 @@
+"""Consumer lag, in records and in seconds: what tells an operator the relay falls behind,
+and how close the waiting records come to the topic's retention."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from relay.embedded.broker import EmbeddedBroker
+from relay.embedded.collector import RecordingCollector
+from relay.embedded.runner import RelayThread
+from relay.embedded.sample import sample_stream
+from tests.support.kafka import produce
+from tests.support.relay import eventually, relay_config
+
+pytestmark = pytest.mark.kafka
+
+#: How old the records are when produced.
+AGE_S = 3600
+
+
+def test_lag_in_records_and_seconds_while_a_collector_is_down_and_zero_once_caught_up():
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 1)
+        # More records than one poll takes (the relay consumes a batch ahead of delivery).
+        stream = sample_stream(3000, seed=29)
+        assert len(stream) > 9000
+        produced_at = time.time()
+        produce(broker.bootstrap_servers, "events", stream, timestamp_ms=int((produced_at - AGE_S) * 1000))
+        collector.set_outage(503)
+        # A few undelivered events pause consumption after the first batch: the rest waits.
+        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                              collector={"max_pending": 5})
+        labels = {"topic": "events", "partition": "0"}
+        with RelayThread(config) as relay:
+            # Nothing is delivered: the oldest record not done with is AGE_S old, give or
+            # take the test's own time, whether it was consumed or still waits in the topic.
+            assert eventually(lambda: relay.metric("lineage_relay_consumer_lag_seconds", **labels) > 0, 30)
+            age = relay.metric("lineage_relay_consumer_lag_seconds", **labels)
+            assert AGE_S <= age <= AGE_S + (time.time() - produced_at) + 1, age
+            assert relay.metric("lineage_relay_consumer_lag", **labels) == \
+                len(stream) - relay.metric("lineage_relay_events_consumed_total")
+            collector.clear_outage()
+            assert collector.wait_for(lambda c: c.count == len(stream), 120)
+            assert eventually(lambda: relay.metric("lineage_relay_consumer_lag", **labels) == 0
+                              and relay.metric("lineage_relay_consumer_lag_seconds", **labels) == 0, 30)
+        assert relay.error is None
