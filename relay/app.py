@@ -33,7 +33,7 @@ import time
 
 import confluent_kafka
 import orjson
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError
+from confluent_kafka import KafkaError
 
 from relay import __version__
 from relay.config import RelayConfig
@@ -180,9 +180,6 @@ class Relay:
         self.started = False
         self.heartbeat = time.monotonic()
         self._gc_rounds = 0
-        #: Per partition, the timestamp (ms) of the last record consumed from it (see
-        #: _note_record_times): the consumer lag in seconds.
-        self._last_record_ms: dict[Partition, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -257,8 +254,6 @@ class Relay:
                             if revoked and (message.topic(), message.partition()) in revoked:
                                 continue  # its new owner reads it (again)
                             self._handle(message, result, now)
-                if records:
-                    self._note_record_times(records)
                 # A consumed message keeps librdkafka's copy of the record until it is freed
                 # (and the decoding future holds the decoded events).
                 del records, decoded, decoding
@@ -281,23 +276,6 @@ class Relay:
             # Fetched but not handled, hence never tracked: read again after a restart.
             await asyncio.gather(batch, return_exceptions=True)
 
-    def _note_record_times(self, records: list) -> None:
-        """The timestamp of the last record of each partition in ``records`` (a batch), read
-        from its end until every assigned partition was seen: a few records per batch when
-        the batch holds them all, a pass over it otherwise (~0.15 µs a record)."""
-        noted: set[Partition] = set()
-        wanted = len(self.source.assignment)
-        last = self._last_record_ms
-        for message in reversed(records):
-            part = (message.topic(), message.partition())
-            if part not in noted:
-                noted.add(part)
-                kind, ms = message.timestamp()
-                if kind != TIMESTAMP_NOT_AVAILABLE and ms > 0:
-                    last[part] = ms
-                if len(noted) >= wanted:
-                    break
-
     async def _measure_lag(self) -> None:
         """Per assigned partition: the records behind its end (not consumed yet), and the age
         of its oldest record not done with: the oldest consumed and not settled (delivered
@@ -307,12 +285,12 @@ class Relay:
         record older than it is lost if the relay has to read it again. Not set for a
         partition nothing was consumed from yet."""
         now_ms = time.time() * 1000
-        lag_records, lag_seconds, last = self.metrics.lag, self.metrics.lag_seconds, self._last_record_ms
-        oldest = self.tracker.oldest_unsettled_ms
+        lag_records, lag_seconds = self.metrics.lag, self.metrics.lag_seconds
         for part, lag in (await self.source.lag()).items():
             labels = {"topic": part[0], "partition": str(part[1])}
             lag_records.labels(**labels).set(lag)
-            ms = oldest(part) or (last.get(part) if lag else None)
+            oldest_ms, last_ms = self.tracker.record_ms(part)
+            ms = oldest_ms or (last_ms if lag else None)
             if ms is not None:
                 lag_seconds.labels(**labels).set(max(0.0, (now_ms - ms) / 1000))
             elif not lag:
@@ -501,8 +479,6 @@ class Relay:
 
     def _release(self, partitions: list[Partition]) -> None:
         """Take back the queued and held events of ``partitions`` (read again later)."""
-        for part in partitions:
-            self._last_record_ms.pop(part, None)
         dropped = sum(lane.revoke(set(partitions)) for lane in self.lanes)
         if dropped:
             log_event(log, logging.INFO, "revoked_events_released", events=dropped)

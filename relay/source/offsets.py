@@ -34,7 +34,7 @@ class _Pending:
 
 
 class _PartitionLog:
-    __slots__ = ("tickets", "watermark", "committed", "pending")
+    __slots__ = ("tickets", "watermark", "committed", "pending", "last_ms")
 
     def __init__(self, pending: _Pending) -> None:
         self.pending = pending
@@ -42,6 +42,8 @@ class _PartitionLog:
         #: Next offset to commit (one past the highest settled contiguous offset), or None.
         self.watermark: int | None = None
         self.committed: int | None = None
+        #: The timestamp of the last record tracked (ms; 0 or less when unknown).
+        self.last_ms = 0
 
     def advance(self) -> None:
         tickets = self.tickets
@@ -94,10 +96,11 @@ class OffsetTracker:
     def track(self, partition: Partition, offset: int, size: int = 0, ms: int = 0) -> Ticket:
         """A ticket for the record at ``offset``; ``size`` (its bytes) counts in
         :attr:`pending_bytes` until the ticket settles or its partition is revoked; ``ms``
-        is its timestamp (see :meth:`oldest_unsettled_ms`)."""
+        is its timestamp (see :meth:`record_ms`)."""
         log = self._logs.get(partition)
         if log is None:
             log = self._logs[partition] = _PartitionLog(self._pending)
+        log.last_ms = ms
         ticket = Ticket(offset, log, size, ms)
         self._pending.bytes += size
         log.tickets.append(ticket)
@@ -134,13 +137,15 @@ class OffsetTracker:
                 final[partition] = log.watermark
         return final
 
-    def oldest_unsettled_ms(self, partition: Partition) -> int | None:
-        """The timestamp of the partition's oldest record not settled yet (where its next
-        commit stops), or None when all are settled (or its timestamp is unknown)."""
+    def record_ms(self, partition: Partition) -> tuple[int | None, int | None]:
+        """Timestamps (ms) of the partition's oldest record not settled yet (where its next
+        commit stops; None when all are settled) and of the last record tracked (None when
+        none was); None too where a record carried no timestamp."""
         log = self._logs.get(partition)
-        if log is None or not log.tickets:
-            return None
-        return log.tickets[0].ms or None
+        if log is None:
+            return None, None
+        oldest = log.tickets[0].ms if log.tickets else 0
+        return (oldest if oldest > 0 else None), (log.last_ms if log.last_ms > 0 else None)
 
     def outstanding(self) -> int:
         return sum(len(log.tickets) for log in self._logs.values())

@@ -75,16 +75,19 @@ def test_pending_bytes_count_records_until_they_settle_or_are_revoked():
     assert tracker.pending_bytes == 0
 
 
-def test_oldest_unsettled_timestamp_is_where_the_next_commit_stops():
+def test_record_timestamps_oldest_unsettled_is_where_the_next_commit_stops():
     tracker = OffsetTracker()
     p = ("t", 0)
+    assert tracker.record_ms(p) == (None, None)
     first, second, third = (tracker.track(p, o, ms=1000 * (o + 1)) for o in (0, 1, 2))
-    assert tracker.oldest_unsettled_ms(p) == 1000
+    assert tracker.record_ms(p) == (1000, 3000)
     second.release()  # settled out of order: the oldest unsettled is still the first
-    assert tracker.oldest_unsettled_ms(p) == 1000
+    assert tracker.record_ms(p) == (1000, 3000)
     first.release()
-    assert tracker.oldest_unsettled_ms(p) == 3000
+    assert tracker.record_ms(p) == (3000, 3000)
     third.release()
-    assert tracker.oldest_unsettled_ms(p) is None and tracker.oldest_unsettled_ms(("t", 1)) is None
-    tracker.track(p, 3)  # no timestamp: unknown, not the epoch
-    assert tracker.oldest_unsettled_ms(p) is None
+    assert tracker.record_ms(p) == (None, 3000)  # all settled: the last one tracked remains
+    tracker.track(p, 3, ms=-1)  # no timestamp (librdkafka's -1): unknown, not the epoch
+    assert tracker.record_ms(p) == (None, None)
+    tracker.revoke([p])
+    assert tracker.record_ms(p) == (None, None)
