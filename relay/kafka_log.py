@@ -81,5 +81,5 @@ DEFAULT = KafkaLog()
 
 
 def with_log(conf: dict[str, Any], logger: KafkaLog = DEFAULT) -> dict[str, Any]:
-    """``conf`` with ``logger`` set, unless the caller set one."""
-    return conf if "logger" in conf else {**conf, "logger": logger}
+    """``conf`` with ``logger`` as its librdkafka logger."""
+    return {**conf, "logger": logger}

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from relay.errors import RelayError
-from relay.kafka_log import KafkaLog, OffsetReset
+from relay.kafka_log import KafkaLog, OffsetReset, with_log
 from relay.logs import log_event
 from relay.ops import OpsError
 from relay.ops.kafka_range import watermarks
@@ -117,8 +117,7 @@ class KafkaSource:
         #: Partitions of the latest assignment that start elsewhere than their committed
         #: offset (nothing before their start was delivered: there is nothing to read back).
         self.reset_at_assignment: frozenset[Partition] = frozenset()
-        conf["logger"] = KafkaLog(on_offset_reset)
-        self._conf = conf
+        self._conf = with_log(conf, KafkaLog(on_offset_reset))
         self._topics = list(topics)
         self._on_assign = on_assign
         self._on_revoke = on_revoke

@@ -56,8 +56,8 @@ def test_other_lines_keep_their_level_facility_and_text(caplog):
         (logging.INFO, "librdkafka", "OFFSET", "events [0]: offset reset in some new wording")]
 
 
-def test_with_log_keeps_a_logger_the_caller_set():
+def test_with_log_sets_the_logger_and_leaves_the_rest():
     mine = KafkaLog()
-    assert with_log({"a": "1"})["logger"] is not None
-    assert with_log({"a": "1", "logger": mine})["logger"] is mine
-    assert with_log({"a": "1"}, mine) == {"a": "1", "logger": mine}
+    conf = {"a": "1"}
+    assert with_log(conf)["logger"] is not None and with_log(conf, mine) == {"a": "1", "logger": mine}
+    assert conf == {"a": "1"}
