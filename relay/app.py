@@ -50,6 +50,7 @@ from relay.source.admin import connection_properties, create_topic
 from relay.source.kafka import KafkaSource, SourceError
 from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker, Partition
+from relay.source.run_search import RunSearch
 from relay.stages.decode import decode_record
 from relay.stages.decode_worker import DecodeWorker
 from relay.state.changelog import RunStateChangelog
@@ -168,6 +169,14 @@ class Relay:
                 self.metrics.lookback_events.inc()
             self.lookback = Lookback(k, config.pipeline.lookback, max_bytes=config.pipeline.max_event_bytes,
                                      prime=prime)
+        self.run_search: RunSearch | None = None
+        if self.lookback is not None and config.pipeline.ordering.enabled and config.pipeline.lookback.search_records:
+            found = self.metrics.lookback_runs_found
+            self.run_search = RunSearch(
+                k, config.pipeline.lookback, max_bytes=config.pipeline.max_event_bytes, floors=self.lookback.floors,
+                lanes=self.lanes,
+                on_found=lambda lane, finished: found.labels(collector=lane,
+                                                             result="finished" if finished else "open").inc())
         resets = self.metrics.offset_resets
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,
                                   properties=k.consumer_properties, on_assign=self._on_assign,
@@ -260,6 +269,8 @@ class Relay:
                 if now >= next_expire:
                     for lane in self.lanes:
                         lane.expire(now)
+                    if self.run_search is not None:
+                        self.run_search.tick(now)
                     next_expire = now + _EXPIRE_EVERY_S
                 if self.state is not None:
                     self.state.flush()  # what held runs forward is sent once this is acknowledged
@@ -479,6 +490,8 @@ class Relay:
 
     def _release(self, partitions: list[Partition]) -> None:
         """Take back the queued and held events of ``partitions`` (read again later)."""
+        if self.lookback is not None:
+            self.lookback.forget(partitions)
         dropped = sum(lane.revoke(set(partitions)) for lane in self.lanes)
         if dropped:
             log_event(log, logging.INFO, "revoked_events_released", events=dropped)
@@ -506,6 +519,8 @@ class Relay:
             await asyncio.get_running_loop().run_in_executor(None, self.decoder.close)
         if self.state is not None:
             await self.state.close()
+        if self.run_search is not None:
+            self.run_search.close()
         if self.lookback is not None:
             self.lookback.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)

@@ -369,6 +369,12 @@ class LookbackConfig(Frozen):
     max_records: int = Field(10_000, ge=0)
     #: For all the partitions of one assignment; then what was read is used.
     timeout_s: float = Field(10.0, gt=0, le=50)
+    #: A run held ``search_after_s`` for its START in a partition read back from above its
+    #: start: this many more records below are searched, once per assignment and in the
+    #: background, for the runs begun there (see relay.source.run_search); 0 turns it off.
+    search_records: int = Field(200_000, ge=0)
+    search_after_s: float = Field(5.0, gt=0)
+    search_timeout_s: float = Field(60.0, gt=0)
 
 
 class PipelineConfig(Frozen):

@@ -140,6 +140,17 @@ class CollectorLane:
         """Whether :meth:`prime` can teach this lane anything."""
         return self._deduper is not None or self._sequencer is not None
 
+    def held_runs(self) -> list[tuple[str, float, LineageEvent]]:
+        """Runs holding events for their START: id, since when, first event held."""
+        return self._sequencer.held_since() if self._sequencer is not None else []
+
+    def learn_earlier(self, run_id: str, *, finished: bool, now: float) -> None:
+        """Held run ``run_id`` began before the committed offset, further back than the
+        look-back read (found by :mod:`relay.source.run_search`): release its hold."""
+        if self._sequencer is not None:
+            self._apply(self._sequencer.learn_earlier(run_id, finished=finished, now=now))
+            self._metrics.held.set(self._sequencer.held_count)
+
     def offer_again(self, event: LineageEvent, now: float) -> None:
         """:meth:`offer` for a record ``dlq redrive --to-topic`` wrote back: the operator
         wants it delivered although its content was seen before (it was dead-lettered, not

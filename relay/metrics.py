@@ -145,6 +145,9 @@ class RelayMetrics:
                                      "topic)", ["topic"], registry=r)
         self.lookback_events = Counter(p + "lookback_events", "Events read back from before the committed offset of "
                                        "newly assigned partitions (runs and digests the lanes learnt)", registry=r)
+        self.lookback_runs_found = Counter(p + "lookback_runs_found", "Held runs found to have begun further back "
+                                           "than the look-back read (result: open, finished)",
+                                           ["collector", "result"], registry=r)
         self.runs_restored = Counter(p + "runs_restored", "Run states read back from the changelog on assignment",
                                      ["collector"], registry=r)
         self.producers_replaced = Counter(p + "kafka_producers_replaced", "The relay's Kafka producers (dead_letter, "

@@ -103,7 +103,10 @@ def open_consumer(kafka: KafkaConfig, group_id: str, *, client_id: str = "lineag
     joins or rebalances a group. ``overrides`` win over the relay's properties."""
     props = {k: v for k, v in kafka.consumer_properties.items() if not k.startswith(_GROUP_KEYS)}
     # A short fetch wait: these reads end at a partition's end, where a fetch would idle.
-    conf: dict[str, Any] = {"fetch.wait.max.ms": "100", **props, **(overrides or {}),
+    # And a short backoff once the fetched-ahead queue has been full (librdkafka's default
+    # is a second): these reads empty it as fast as they can (the search of
+    # relay.source.run_search took 30 s instead of 9 for 200,000 records with 16 MB ahead).
+    conf: dict[str, Any] = {"fetch.wait.max.ms": "100", "fetch.queue.backoff.ms": "20", **props, **(overrides or {}),
                             "bootstrap.servers": kafka.bootstrap_servers, "group.id": group_id,
                             "enable.auto.commit": False, "enable.auto.offset.store": False,
                             "enable.partition.eof": True, "auto.offset.reset": "earliest"}

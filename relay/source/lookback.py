@@ -68,6 +68,14 @@ class Lookback:
         self._prime = prime
         # One thread: a consumer is used from the thread that made it.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lookback")
+        #: Partitions read back from above their start: (their start, where the read began).
+        #: What lies below is unknown (see relay.source.run_search). Kept while assigned.
+        self.floors: dict[Partition, tuple[int, int]] = {}
+
+    def forget(self, partitions: list[Partition]) -> None:
+        """No longer assigned: what was read back from them no longer applies."""
+        for p in partitions:
+            self.floors.pop(p, None)
 
     async def prime(self, partitions: list[Partition]) -> int:
         """Read back and hand over; returns how many events the lanes were told about."""
@@ -94,6 +102,7 @@ class Lookback:
             return primed
         finally:
             await loop.run_in_executor(self._executor, reader.close)
+        self.floors.update((p, floor) for p, floor in reader.floors.items() if p not in reader.unfinished)
         if reader.unfinished:
             log_event(log, logging.WARNING, "lookback_incomplete", partitions=format_partitions(sorted(reader.unfinished)),
                       events=primed, timeout_s=self._config.timeout_s,
@@ -122,6 +131,8 @@ class _Reader:
         self._reading: Generator[Message, None, None] | None = None
         #: Partitions not read back to their committed offset for want of time.
         self.unfinished: set[Partition] = set()
+        #: Partitions read back from above their start: (their start, where the read began).
+        self.floors: dict[Partition, tuple[int, int]] = {}
         self.records = 0
 
     def _open(self) -> deque[tuple[str, list[PartitionRange]]]:
@@ -139,6 +150,8 @@ class _Reader:
             start = max(low, tp.offset - self._max_records)
             if start < tp.offset:
                 ranges.setdefault(tp.topic, []).append(PartitionRange(tp.partition, start, tp.offset))
+            if start > low:
+                self.floors[(tp.topic, tp.partition)] = (low, start)
         return deque(ranges.items())
 
     def _left(self) -> float:

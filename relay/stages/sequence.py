@@ -280,6 +280,32 @@ class RunSequencer:
         if state is None and terminal:
             self._finish(run_id, now)
 
+    def held_since(self) -> list[tuple[str, float, LineageEvent]]:
+        """Each run holding events (waiting for its START): its id, when its hold began,
+        and its first held event (oldest hold first)."""
+        return [(run_id, hold.since, hold.events[0]) for run_id, hold in self._holds.items()]
+
+    def learn_earlier(self, run_id: str, *, finished: bool, now: float) -> list[Decision]:
+        """A run held for its START turns out to have begun before the committed offset (its
+        START, and its terminal when ``finished``, were found further back than the
+        look-back read: see :mod:`relay.source.run_search`). Its hold ends as if the START
+        had just been forwarded: the held events follow in order, or, when the run had
+        finished, they are dropped as ``after_terminal`` (OTHER forwarded as usual). A run
+        not held is left as it is; returns the decisions that became due."""
+        hold = self._holds.pop(run_id, None)
+        if hold is None:
+            return []
+        self._held_count -= len(hold.events)
+        self._start(run_id)
+        # A terminal the look-back read for an unknown run (prime, with "dead_letter").
+        finished = self._primed_early.pop(run_id, None) is not None or finished
+        if not finished:
+            return self._release_in_order(run_id, hold.events, now)
+        self._finish(run_id, now)
+        forward_other = self._forward_other_after_terminal
+        return [Forward(e) if e.event_type == "OTHER" and forward_other else Drop(e, AFTER_TERMINAL)
+                for e in sorted(hold.events, key=_by_event_time)]
+
     def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Remove held events matching ``predicate`` without deciding them and return
         them, e.g. on partition revoke, where the new owner will receive them again."""

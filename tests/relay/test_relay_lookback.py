@@ -105,3 +105,62 @@ def test_a_look_back_out_of_time_is_logged_and_the_relay_goes_on(caplog):
             assert second.metric("lineage_relay_lookback_events_total") == 0
         incomplete = [r for r in caplog.records if r.getMessage() == "lookback_incomplete"]
         assert incomplete and incomplete[0].fields["partitions"] == "events/0"
+
+
+@pytest.mark.parametrize(("search_records", "search_timeout_s"), [(200_000, 60), (0, 60), (200_000, 1e-6)],
+                         ids=["search", "no-search", "search-out-of-time"])
+def test_runs_begun_further_back_than_the_look_back_are_found_by_searching(caplog, search_records,
+                                                                          search_timeout_s):
+    """A run whose START lies further back than ``max_records`` (a long job on a busy
+    topic) is held after a restart; once held ``search_after_s``, the partition is searched
+    further back: its held events go out at once instead of after ``hold_timeout_s``, and a
+    late event of a run that had ended there is dropped as after its terminal. A search out
+    of time says so, and the runs it did not find stay held."""
+    found = search_records and search_timeout_s > 1
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 2)
+        ended = sample_stream(3, seed=8, out_of_order_ratio=0.0, running_per_run=(1, 1))
+        before, terminals = split_by_terminal(sample_stream(12, seed=5, out_of_order_ratio=0.0, running_per_run=(1, 2)))
+        late_key, late = next((k, v) for k, v in ended if orjson.loads(v)["eventType"] == "RUNNING")
+
+        def config(max_records: int):  # noqa: ANN202
+            return relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                                pipeline={"ordering": {"hold_timeout_s": HOLD_S, "on_hold_timeout": "dead_letter"},
+                                          "dedupe": {"enabled": False},
+                                          "lookback": {"max_records": max_records, "search_records": search_records,
+                                                       "search_after_s": 0.5, "search_timeout_s": search_timeout_s}})
+
+        produce(broker.bootstrap_servers, "events", [*ended, *before])
+        delivered = len(ended) + len(before)
+        with RelayThread(config(10_000)):
+            assert collector.wait_for(lambda c: c.count == delivered, 60)
+            assert eventually(lambda: committed(broker, 2) == delivered, 30)
+
+        # A late copy of an ended run's RUNNING (its producer retried), then each run's terminal.
+        produce(broker.bootstrap_servers, "events", [(late_key, late), *terminals])
+        with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config(1)) as second:
+            if found:
+                assert collector.wait_for(lambda c: c.count == delivered + len(terminals), 60), \
+                    f"{delivered + len(terminals) - collector.count} terminals still held for their START"
+                assert eventually(lambda: committed(broker, 2) == delivered + len(terminals) + 1, 30)
+                assert second.metric("lineage_relay_events_held", collector="c") == 0
+                assert second.metric("lineage_relay_events_dropped_total", collector="c", reason="after_terminal") == 1
+                assert second.metric("lineage_relay_lookback_runs_found_total", collector="c", result="finished") == 1
+                # One record per partition read back: at most two runs known without a search.
+                assert second.metric("lineage_relay_lookback_runs_found_total", collector="c",
+                                     result="open") >= len(terminals) - 2
+            else:
+                assert eventually(lambda: second.metric("lineage_relay_events_held", collector="c")
+                                  == len(terminals) + 1, 60)
+                assert collector.count == delivered
+                if search_records:
+                    assert eventually(lambda: any(r.getMessage() == "run_search_incomplete" for r in caplog.records),
+                                      30)
+                    assert second.metric("lineage_relay_lookback_runs_found_total", collector="c",
+                                         result="open") == 0
+        assert second.error is None
+    if found:
+        assert_run_order(collector.events())
+        searched = [r for r in caplog.records if r.getMessage() == "run_search_read"]
+        assert searched and searched[0].fields["records"] > 0
+        assert second.metric("lineage_relay_events_dead_lettered_total", reason="hold_timeout") == 0

@@ -595,3 +595,46 @@ def test_prime_a_terminal_before_its_start_in_the_topic_ends_the_run(policy):
     seq.prime(event(1, "START"), 0.0)
     late = event(1, "RUNNING", 3)
     assert seq.offer(late, 1.0) == [Drop(late, AFTER_TERMINAL)]
+
+
+# --- runs found further back than the look-back (learn_earlier) -------------------------
+
+
+def test_a_held_run_found_to_have_begun_earlier_is_released_in_order():
+    seq = sequencer(terminal_grace_s=2.0)
+    complete, running = event(1, "COMPLETE", 9), event(1, "RUNNING", 5)
+    assert seq.offer(complete, 0.0) == [] and seq.offer(running, 0.1) == []
+    assert [(r, since, first) for r, since, first in seq.held_since()] == [(run_id(1), 0.0, complete)]
+    # Its START lay before the committed offset: no grace (nothing of the run is behind it).
+    assert forwarded(seq.learn_earlier(run_id(1), finished=False, now=1.0)) == [running, complete]
+    assert seq.held_count == 0 and seq.held_since() == []
+    late = event(1, "RUNNING", 10)
+    assert seq.offer(late, 1.0) == [Drop(late, AFTER_TERMINAL)]
+
+
+def test_a_held_run_found_to_have_ended_earlier_drops_its_held_events_but_other():
+    seq = sequencer(forward_other_after_terminal=True)
+    running, other = event(1, "RUNNING", 5), event(1, "OTHER", 6)
+    assert seq.offer(running, 0.0) == [] and seq.offer(other, 0.0) == []
+    assert seq.learn_earlier(run_id(1), finished=True, now=1.0) == [Drop(running, AFTER_TERMINAL), Forward(other)]
+    late = event(1, "COMPLETE", 7)
+    assert seq.offer(late, 1.0) == [Drop(late, AFTER_TERMINAL)] and seq.held_count == 0
+
+
+def test_a_run_found_earlier_whose_terminal_the_look_back_read_has_ended():
+    """With ``dead_letter``, the look-back remembers a terminal of a run it did not know:
+    the run found further back ended there, and its held events are late."""
+    seq = sequencer(on_hold_timeout="dead_letter")
+    seq.prime(event(1, "COMPLETE", 8), 0.0)
+    late = event(1, "RUNNING", 9)
+    assert seq.offer(late, 0.0) == []
+    assert seq.learn_earlier(run_id(1), finished=False, now=1.0) == [Drop(late, AFTER_TERMINAL)]
+
+
+def test_learning_about_a_run_not_held_changes_nothing():
+    seq = sequencer()
+    assert seq.learn_earlier(run_id(1), finished=True, now=0.0) == []
+    assert seq.offer(event(1, "RUNNING", 1), 0.0) == []  # still unknown: held
+    assert forwarded(seq.offer(event(2, "START"), 0.0))
+    assert seq.learn_earlier(run_id(2), finished=True, now=0.0) == []
+    assert forwarded(seq.offer(event(2, "RUNNING", 1), 0.0))  # open, as it was
