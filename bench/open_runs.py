@@ -35,12 +35,12 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from relay.app import tune_process  # noqa: E402
 from relay.config import CollectorConfig, PipelineConfig  # noqa: E402
 from relay.embedded.sample import spark_run  # noqa: E402
 from relay.events import SourceRef  # noqa: E402
 from relay.lane import CollectorLane  # noqa: E402
 from relay.metrics import RelayMetrics  # noqa: E402
+from relay.process import tune_process  # noqa: E402
 from relay.source.offsets import OffsetTracker  # noqa: E402
 from relay.stages.decode import decode_record  # noqa: E402
 

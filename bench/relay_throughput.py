@@ -68,10 +68,11 @@ from confluent_kafka import Consumer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from relay.app import Relay, tune_process  # noqa: E402
+from relay.app import Relay  # noqa: E402
 from relay.config import build_config  # noqa: E402
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker, free_port  # noqa: E402
 from relay.embedded.sample import sample_stream  # noqa: E402
+from relay.process import tune_process  # noqa: E402
 from relay.sinks.kinds import CollectorKind  # noqa: E402
 from tests.support.kafka import produce  # noqa: E402
 

@@ -27,7 +27,6 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 
@@ -40,11 +39,10 @@ from relay.config import RelayConfig
 from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
 from relay.lane import CollectorLane
 from relay.logs import log_event
-from relay.memory import tune_malloc
 from relay.metrics import RelayMetrics
 from relay.ops.kafka_range import open_consumer
+from relay.process import GC_EVERY_S, PeriodicCollection, decode_priority
 from relay.sinks.deadletter import DeadLetterWriter
-from relay.sinks.http import HttpCollector
 from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
 from relay.source.kafka import KafkaSource, SourceError
@@ -89,42 +87,6 @@ _MAX_UNACKED_STATE_WRITES = 20_000
 #: A dead letter carries the original record, whatever its size: the dead-letter producer
 #: and topic take what the consumer can receive (librdkafka's receive.message.max.bytes).
 _DLQ_MAX_MESSAGE_BYTES = "100000000"
-#: The cyclic garbage collector's first threshold in a relay process (see tune_gc): tracked
-#: objects allocated, net of those freed, since its last collection.
-_GC_YOUNG_OBJECTS = 500_000
-#: How often the relay's loop collects the young generations itself, and every how many
-#: of those collections it collects all of them (see Relay._collect_garbage).
-_GC_EVERY_S = 30.0
-_GC_FULL_EVERY = 10
-
-
-def tune_gc() -> None:
-    """Process-wide GC settings for a relay process (see :func:`tune_process`).
-
-    Events are acyclic JSON, freed by reference counting: a whole bench run of 120,000
-    events leaves 300-600 objects in cycles (start-up and shutdown). The cyclic collector
-    only burns CPU walking the events in flight. Start-up objects are frozen, and a
-    collection starts only once :data:`_GC_YOUNG_OBJECTS` more tracked objects live than
-    at the last one: a poll batch (~40,000 of them) or a lane's ``max_pending`` events
-    (~100,000) come and go without one. The relay's loop collects on a timer too (see
-    :meth:`Relay._collect_garbage`), so cycles made on failure paths (exceptions and their
-    tracebacks) are reclaimed however few objects are allocated.
-
-    At 20,000 young objects (the previous setting) the collector ran twice a second with
-    single-event POSTs, ~1.5 µs per event; without it the relay's process spent ~2.5 µs
-    less per event and delivered ~3.5% more (eight alternating runs each). Freezing and a
-    threshold of 20,000 against the default 700 had given 10-30% before.
-    """
-    gc.freeze()
-    gc.set_threshold(_GC_YOUNG_OBJECTS, 20, 20)
-
-
-def tune_process() -> None:
-    """What a relay process sets for itself at start-up (the CLI calls this): the garbage
-    collector (:func:`tune_gc`) and glibc's handling of huge buffers
-    (:func:`relay.memory.tune_malloc`)."""
-    tune_gc()
-    tune_malloc()
 
 
 class Relay:
@@ -188,7 +150,7 @@ class Relay:
         self._event_loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.started = False
         self.heartbeat = time.monotonic()
-        self._gc_rounds = 0
+        self._gc = PeriodicCollection()
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -235,7 +197,7 @@ class Relay:
     async def _loop(self) -> None:
         commit_every = self.config.kafka.commit_interval_s
         next_commit = next_expire = next_lag = time.monotonic()
-        next_gc = next_commit + _GC_EVERY_S
+        next_gc = next_commit + GC_EVERY_S
         batch = self._fetch()
         try:
             while not self._stop.is_set():
@@ -281,8 +243,8 @@ class Relay:
                     await self._measure_lag()
                     next_lag = now + _LAG_EVERY_S
                 if now >= next_gc:
-                    self._collect_garbage()
-                    next_gc = now + _GC_EVERY_S
+                    self._gc.collect()
+                    next_gc = now + GC_EVERY_S
         finally:
             # Fetched but not handled, hence never tracked: read again after a restart.
             await asyncio.gather(batch, return_exceptions=True)
@@ -336,15 +298,6 @@ class Relay:
         decoded: asyncio.Future[list[LineageEvent | Rejection]] = loop.create_future()
         self.decoder.submit([m.value() for m in records], lambda results: _settle_soon(loop, decoded, results))
         return records, decoded
-
-    def _collect_garbage(self) -> None:
-        """Every :data:`_GC_EVERY_S`: the young generations (what was allocated since the
-        last collection), and every :data:`_GC_FULL_EVERY` times all of them, for cycles
-        among objects that were still alive when a collection promoted them (see
-        :func:`tune_gc`). Measured with a lane's ``max_pending`` events in flight: 13-44 ms
-        for the young generations, 43-58 ms for all, so ~0.1% of the loop's time."""
-        self._gc_rounds += 1
-        gc.collect(2 if self._gc_rounds % _GC_FULL_EVERY == 0 else 1)
 
     def _decode_here(self, records: list) -> list[LineageEvent | Rejection]:
         max_bytes = self.config.pipeline.max_event_bytes
@@ -524,20 +477,6 @@ class Relay:
         if self.lookback is not None:
             self.lookback.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)
-
-
-def decode_priority(setting: str, collectors: list) -> str:
-    """The decode processes' priority for ``pipeline.decode_priority`` (see the config).
-
-    ``auto`` is ``idle`` when every collector POSTs one event per request: the event loop
-    is then the bottleneck, and decoding, far ahead of it, takes only CPU nobody else wants
-    (measured on two cores: +3% events/s; at ``low`` it still preempted the loop ~5% of the
-    time). A batch collector (or a third-party kind) delivers faster than one process
-    decodes, so there decoding must compete: ``low`` (``idle`` measured -6% there).
-    """
-    if setting != "auto":
-        return setting
-    return "idle" if collectors and all(type(c) is HttpCollector for c in collectors) else "low"
 
 
 def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: object) -> None:

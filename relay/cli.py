@@ -85,7 +85,8 @@ def _add_relay_flags(p: argparse.ArgumentParser) -> None:
 
 
 async def serve(config: RelayConfig) -> None:
-    from relay.app import Relay, tune_process
+    from relay.app import Relay
+    from relay.process import tune_process
     from relay.server import start_server
 
     tune_process()

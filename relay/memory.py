@@ -6,7 +6,7 @@ moment and the next huge event's peak lands on top of it. :func:`release_after` 
 glibc's ``malloc_trim`` after an event at least :data:`TRIM_AFTER_BYTES` large (a few ms,
 next to the ~100 ms such an event takes); elsewhere it does nothing.
 
-:func:`tune_malloc` (called by ``lineage-relay run``, through ``relay.app.tune_process``, and
+:func:`tune_malloc` (called by ``lineage-relay run``, through ``relay.process.tune_process``, and
 by the decode worker) makes
 buffers of 17 MiB and more always get their own mapping, so a freed 20 MB record or dump
 leaves nothing resident. glibc otherwise raises its threshold after freeing one, later

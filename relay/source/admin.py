@@ -34,5 +34,5 @@ def create_topic(bootstrap_servers: str, name: str, partitions: int = 1,
     finally:
         # A failed future keeps its exception, whose traceback holds this frame: the client
         # (its threads, its connection) lived on until the next cyclic collection, which a
-        # relay process runs rarely (relay.app.tune_gc).
+        # relay process runs rarely (relay.process.tune_gc).
         del future, admin

@@ -535,7 +535,7 @@ def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
 if __name__ == "__main__":
     import gc
 
-    # Parsed events are acyclic and freed by reference counting (see relay.app.tune_gc).
+    # Parsed events are acyclic and freed by reference counting (see relay.process.tune_gc).
     gc.set_threshold(20_000, 20, 20)
     # The input thread needs the GIL only between reads: hand it over quickly.
     sys.setswitchinterval(_CHILD_SWITCH_S)

@@ -163,8 +163,8 @@ def test_a_held_mode_with_a_missing_input_topic_fails_at_start_up_naming_it(kafk
 
 
 def test_decode_priority_auto_is_idle_only_when_every_collector_posts_each_event():
-    from relay.app import decode_priority
     from relay.metrics import RelayMetrics
+    from relay.process import decode_priority
     from relay.sinks.kinds import build_collector
 
     def collectors(*specs):

@@ -1,6 +1,6 @@
 """Garbage cycles in a relay process: `tune_gc` makes the automatic collector rare (events
 are acyclic and freed by reference counting), so the relay's loop collects on its own timer:
-the young generations every `_GC_EVERY_S`, everything every `_GC_FULL_EVERY` rounds."""
+the young generations every `GC_EVERY_S`, everything every `_GC_FULL_EVERY` rounds."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import weakref
 import pytest
 
 import relay.app
+import relay.process
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.kafka import produce
@@ -28,8 +29,8 @@ def _garbage_cycle() -> weakref.ref:
 
 
 def test_the_relays_loop_collects_young_and_promoted_cycles_on_its_timer(kafka, monkeypatch):
-    monkeypatch.setattr(relay.app, "_GC_EVERY_S", 0.2)
-    monkeypatch.setattr(relay.app, "_GC_FULL_EVERY", 3)
+    monkeypatch.setattr(relay.app, "GC_EVERY_S", 0.2)
+    monkeypatch.setattr(relay.process, "_GC_FULL_EVERY", 3)
     topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
     stream = sample_stream(5, seed=3)
     produce(kafka.bootstrap_servers, topic, stream)
@@ -64,7 +65,7 @@ def test_after_tune_gc_what_a_relay_holds_in_flight_starts_no_automatic_collecti
 
     gc.collect()
     try:
-        relay.app.tune_gc()
+        relay.process.tune_gc()
         gc.callbacks.append(record)
         held = [[] for _ in range(5 * 20_000 + 5 * 8_000)]
         assert started == [] and len(held) == 140_000

@@ -17,7 +17,7 @@ def _admin_clients() -> int:
 
 
 def test_creating_a_topic_that_exists_is_fine_and_leaves_no_client_behind(kafka):
-    """A relay process collects cycles rarely (relay.app.tune_gc): a client kept alive by the
+    """A relay process collects cycles rarely (relay.process.tune_gc): a client kept alive by the
     'already exists' error's traceback would keep its threads and connection until then."""
     topic = kafka.new_topic("existing")
     gc.collect()
