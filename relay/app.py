@@ -7,17 +7,18 @@ Guarantees:
   yet settled weigh ``pipeline.max_pending_bytes``, consumption stops (all assigned
   partitions feed every collector) and goes on at half that: held off first (no polls;
   what the consumer fetched ahead waits in its queue), the partitions paused if that lasts
-  :data:`_HOLD_S`. What the relay holds is then at most that, the batch that crossed it
-  and the next one (fetched and decoded while one is handled, or waiting in the consumer's
-  queue; each bounded by its ``queued.max.messages.kbytes``), and the one event being
-  decoded or rewritten;
+  :data:`relay.backpressure.HOLD_S`. What the relay holds is then at most that, the batch
+  that crossed it and the next one (fetched and decoded while one is handled, or waiting
+  in the consumer's queue; each bounded by its ``queued.max.messages.kbytes``), and the
+  one event being decoded or rewritten;
 - graceful stop: :meth:`request_stop` stops consuming, drains deliveries for up to
   ``drain_timeout_s``, commits what was delivered and closes. Deliveries still running
   then are abandoned uncommitted (re-delivered after restart);
 - rebalance: partitions given up in a rebalance have their queued and held events taken
   back, their deliveries under way waited for (up to ``drain_timeout_s``, 30 s at most)
   and then stopped, and what was delivered committed, before the new owner reads them;
-  lost partitions (another member may own them already) are given up at once;
+  lost partitions (another member may own them already) are given up at once
+  (:mod:`relay.rebalance`);
 - run state (consolidated/coalesce collectors) is written to its changelog before the
   offsets it absorbed are committed, restored when a partition is assigned and before any
   of its records is handled, and written before a revoked partition is given up
@@ -35,6 +36,7 @@ import orjson
 from confluent_kafka import KafkaError
 
 from relay import __version__
+from relay.backpressure import Backpressure
 from relay.config import RelayConfig
 from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
 from relay.lane import CollectorLane
@@ -42,12 +44,13 @@ from relay.logs import log_event
 from relay.metrics import RelayMetrics
 from relay.ops.kafka_range import open_consumer
 from relay.process import GC_EVERY_S, PeriodicCollection, decode_priority
+from relay.rebalance import PartitionHandover
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
 from relay.source.kafka import KafkaSource, SourceError
 from relay.source.lookback import Lookback
-from relay.source.offsets import OffsetTracker, Partition
+from relay.source.offsets import OffsetTracker
 from relay.source.run_search import RunSearch
 from relay.stages.decode import decode_record
 from relay.stages.decode_worker import DecodeWorker
@@ -75,15 +78,6 @@ _EXPIRE_EVERY_S = 0.25
 _LAG_EVERY_S = 5.0
 #: How long a commit or a revocation waits for run-state writes to be acknowledged.
 _STATE_SETTLE_S = 20.0
-#: At most this long, a revocation waits for deliveries under way (with the state settle
-#: above, within the 60 s the consumer thread gives a rebalance handler).
-_REVOKE_WAIT_MAX_S = 30.0
-#: How long consumption is held off at a limit (see Relay._apply_backpressure) before the
-#: partitions are paused, and how often the hold checks whether the pipeline drained.
-_HOLD_S = 3.0
-_HOLD_CHECK_S = 0.005
-#: Run-state writes not yet acknowledged (the broker is slow or down) before consumption pauses.
-_MAX_UNACKED_STATE_WRITES = 20_000
 #: A dead letter carries the original record, whatever its size: the dead-letter producer
 #: and topic take what the consumer can receive (librdkafka's receive.message.max.bytes).
 _DLQ_MAX_MESSAGE_BYTES = "100000000"
@@ -139,14 +133,22 @@ class Relay:
                 lanes=self.lanes,
                 on_found=lambda lane, finished: found.labels(collector=lane,
                                                              result="finished" if finished else "open").inc())
+        self._stop = asyncio.Event()
+        handover = PartitionHandover(
+            self.lanes, self.tracker, state=self.state, lookback=self.lookback, drain_timeout_s=config.drain_timeout_s,
+            state_settle_s=_STATE_SETTLE_S, stopping=self._stop.is_set,
+            reset_at_assignment=lambda: self.source.reset_at_assignment)
         resets = self.metrics.offset_resets
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,
-                                  properties=k.consumer_properties, on_assign=self._on_assign,
-                                  on_revoke=self._on_revoke, on_lost=self._on_lost,
+                                  properties=k.consumer_properties, on_assign=handover.assigned,
+                                  on_revoke=handover.revoked, on_lost=handover.lost,
                                   on_offset_reset=lambda topic, _p: resets.labels(topic=topic).inc(),
                                   open_reader=lambda: open_consumer(k, k.group_id,
                                                                     client_id="lineage-relay-offset-check"))
-        self._stop = asyncio.Event()
+        self.backpressure = Backpressure(
+            self.source, self.lanes, self.tracker, self.metrics, max_pending_bytes=config.pipeline.max_pending_bytes,
+            state_unacked=(lambda: self.state.changelog.unacked) if self.state is not None else (lambda: 0),
+            stopping=self._stop.is_set)
         self._event_loop: asyncio.AbstractEventLoop | None = None  # set by start()
         self.started = False
         self.heartbeat = time.monotonic()
@@ -202,7 +204,7 @@ class Relay:
         try:
             while not self._stop.is_set():
                 (records, decoding), generation = await batch
-                await self._apply_backpressure()
+                await self.backpressure.apply()
                 # The next batch is consumed (and sent to the decode worker) while this one
                 # is decoded and handled.
                 batch = self._fetch()
@@ -335,48 +337,6 @@ class Relay:
             event.doc = None
         ticket.release()
 
-    async def _apply_backpressure(self) -> None:
-        """Stop taking records while a lane, the pending record bytes or the unacknowledged
-        run-state writes are at their limit, until they are down to half.
-
-        First by holding off: no poll, while what librdkafka fetched ahead (bounded by
-        ``queued.max.messages.kbytes``) waits in its queue, and consumption goes on at once
-        when the pipeline has drained. Only a hold longer than :data:`_HOLD_S` (a collector
-        down, a slow one) pauses the partitions, so that polls go on (group membership,
-        rebalances) and librdkafka frees what it holds. A pause alone cost every backlog's
-        drain dearly: librdkafka purges its queue and, once resumed, fetched nothing for
-        0.5-1 s (its broker thread wakes on its own timer), ~40% of the time when each
-        drain to half took ~0.2 s (measured draining 120,000 events to a batch collector:
-        ~30,000 -> ~42,000 events/s, the machine ~35% -> ~9% idle)."""
-        if self.source.paused:
-            if self._drained():
-                await self.source.set_paused(False)
-                self.metrics.paused.set(0)
-            return
-        if not self._at_limit():
-            return
-        self.metrics.paused.set(1)
-        deadline = time.monotonic() + _HOLD_S
-        while not self._drained():
-            if time.monotonic() >= deadline:
-                await self.source.set_paused(True)
-                return
-            if self._stop.is_set():
-                break
-            await asyncio.sleep(_HOLD_CHECK_S)
-        self.metrics.paused.set(0)
-
-    def _at_limit(self) -> bool:
-        unacked = self.state.changelog.unacked if self.state is not None else 0
-        return any(lane.pending >= lane.max_pending for lane in self.lanes) or unacked >= _MAX_UNACKED_STATE_WRITES \
-            or self.tracker.pending_bytes >= self.config.pipeline.max_pending_bytes
-
-    def _drained(self) -> bool:
-        unacked = self.state.changelog.unacked if self.state is not None else 0
-        return all(lane.pending <= lane.max_pending // 2 for lane in self.lanes) \
-            and unacked <= _MAX_UNACKED_STATE_WRITES // 2 \
-            and self.tracker.pending_bytes <= self.config.pipeline.max_pending_bytes // 2
-
     async def commit(self) -> None:
         if self.state is not None:
             # Captured events settle their tickets only once the state holding them is durable.
@@ -385,69 +345,6 @@ class Relay:
         if offsets and await self.source.commit(offsets):
             self.tracker.mark_committed(offsets)
             self.metrics.commits.inc()
-
-    # -- rebalancing (called on the loop by the source) -------------------------------
-    async def _on_assign(self, partitions: list[Partition]) -> dict[Partition, int]:
-        if self.state is not None and partitions:
-            await self.state.restore([p for _, p in partitions], time.monotonic())
-        if self.lookback is not None and partitions:
-            # Before any of their records: the runs begun before the committed offsets.
-            # (Not those that start elsewhere: nothing before their start was delivered.)
-            await self.lookback.prime([p for p in partitions if p not in self.source.reset_at_assignment])
-        return {}
-
-    async def _on_revoke(self, partitions: list[Partition]) -> dict[Partition, int]:
-        if self.state is not None and partitions:
-            # Written and acknowledged before the final commit and before the new owner reads it.
-            await self.state.settle(_STATE_SETTLE_S)
-        if not partitions:
-            return {}
-        self._release(partitions)
-        # The new owner reads these partitions once this returns, and delivers their runs
-        # again from the last commit. A delivery of ours still under way (a retry against a
-        # failing collector) could land after the new owner's later events of the same run:
-        # a START after its COMPLETE. So wait for those, up to drain_timeout_s; what they
-        # deliver meanwhile is committed below, and not sent again.
-        # (Not on the way out: the drain waited already.)
-        parts = set(partitions)
-        wait_s = 0.0 if self._stop.is_set() else min(self.config.drain_timeout_s, _REVOKE_WAIT_MAX_S)
-        deadline = time.monotonic() + wait_s
-        sending = sum(lane.sending(parts) for lane in self.lanes)
-        if sending and wait_s:
-            log_event(log, logging.INFO, "revoke_waiting_for_deliveries", events=sending, timeout_s=wait_s)
-            while sending and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)  # verdicts arrive on this loop
-                sending = sum(lane.sending(parts) for lane in self.lanes)
-        # Still under way: stopped, so that no retry of ours lands after the new owner's
-        # later events of the same run; the new owner sends them again.
-        self._abort(parts, "revoke_deliveries_aborted")
-        return self.tracker.revoke(partitions)
-
-    async def _on_lost(self, partitions: list[Partition]) -> dict[Partition, int]:
-        # Another member may own them already: write nothing, commit nothing, and stop our
-        # deliveries of them at once (the new owner may be sending the same runs already).
-        self._give_up(partitions)
-        self._abort(set(partitions), "lost_deliveries_aborted")
-        return {}
-
-    def _abort(self, partitions: set[Partition], message: str) -> None:
-        aborted = sum(lane.abort(partitions) for lane in self.lanes)
-        if aborted:
-            log_event(log, logging.WARNING, message, events=aborted,
-                      hint="stopped while still being retried: the partitions' new owner sends them again "
-                           "(a request already on its way may still reach the collector: a duplicate)")
-
-    def _give_up(self, partitions: list[Partition]) -> dict[Partition, int]:
-        self._release(partitions)
-        return self.tracker.revoke(partitions)
-
-    def _release(self, partitions: list[Partition]) -> None:
-        """Take back the queued and held events of ``partitions`` (read again later)."""
-        if self.lookback is not None:
-            self.lookback.forget(partitions)
-        dropped = sum(lane.revoke(set(partitions)) for lane in self.lanes)
-        if dropped:
-            log_event(log, logging.INFO, "revoked_events_released", events=dropped)
 
     async def _shutdown(self) -> None:
         deadline = time.monotonic() + self.config.drain_timeout_s

@@ -1,0 +1,109 @@
+"""What the relay does when its group assigns, revokes or loses partitions.
+
+The source (:class:`relay.source.kafka.KafkaSource`) calls these on the event loop, from
+its rebalance callbacks, before it consumes a newly assigned partition and before it
+gives up a revoked one:
+
+- assigned: the run state of consolidated/coalesce collectors is restored, then the
+  look-back reads what came before the committed offsets (not for partitions the offset
+  check started elsewhere: nothing before their start was delivered);
+- revoked: run-state writes are acknowledged, the partitions' queued and held events are
+  taken back (the new owner reads them again), deliveries under way are waited for (up to
+  ``drain_timeout_s``, :data:`REVOKE_WAIT_MAX_S` at most) and then stopped, and what was
+  delivered is handed back for the final commit;
+- lost (another member may own them already): given up at once, nothing written or
+  committed, deliveries under way stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from relay.lane import CollectorLane
+from relay.logs import log_event
+from relay.source.lookback import Lookback
+from relay.source.offsets import OffsetTracker, Partition
+from relay.state.store import RunStateStore
+
+log = logging.getLogger("relay.app")
+
+#: At most this long, a revocation waits for deliveries under way (with the state settle,
+#: within the 60 s the consumer thread gives a rebalance handler).
+REVOKE_WAIT_MAX_S = 30.0
+
+
+class PartitionHandover:
+    def __init__(self, lanes: Sequence[CollectorLane], tracker: OffsetTracker, *, state: RunStateStore | None,
+                 lookback: Lookback | None, drain_timeout_s: float, state_settle_s: float,
+                 stopping: Callable[[], bool], reset_at_assignment: Callable[[], Collection[Partition]]) -> None:
+        self._lanes = lanes
+        self._tracker = tracker
+        self._state = state
+        self._lookback = lookback
+        self._drain_timeout_s = drain_timeout_s
+        self._state_settle_s = state_settle_s
+        self._stopping = stopping
+        self._reset_at_assignment = reset_at_assignment
+
+    async def assigned(self, partitions: list[Partition]) -> dict[Partition, int]:
+        if self._state is not None and partitions:
+            await self._state.restore([p for _, p in partitions], time.monotonic())
+        if self._lookback is not None and partitions:
+            # Before any of their records: the runs begun before the committed offsets.
+            # (Not those that start elsewhere: nothing before their start was delivered.)
+            reset = self._reset_at_assignment()
+            await self._lookback.prime([p for p in partitions if p not in reset])
+        return {}
+
+    async def revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
+        if self._state is not None and partitions:
+            # Written and acknowledged before the final commit and before the new owner reads it.
+            await self._state.settle(self._state_settle_s)
+        if not partitions:
+            return {}
+        self._release(partitions)
+        # The new owner reads these partitions once this returns, and delivers their runs
+        # again from the last commit. A delivery of ours still under way (a retry against a
+        # failing collector) could land after the new owner's later events of the same run:
+        # a START after its COMPLETE. So wait for those, up to drain_timeout_s; what they
+        # deliver meanwhile is committed below, and not sent again.
+        # (Not on the way out: the drain waited already.)
+        parts = set(partitions)
+        wait_s = 0.0 if self._stopping() else min(self._drain_timeout_s, REVOKE_WAIT_MAX_S)
+        deadline = time.monotonic() + wait_s
+        sending = sum(lane.sending(parts) for lane in self._lanes)
+        if sending and wait_s:
+            log_event(log, logging.INFO, "revoke_waiting_for_deliveries", events=sending, timeout_s=wait_s)
+            while sending and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # verdicts arrive on this loop
+                sending = sum(lane.sending(parts) for lane in self._lanes)
+        # Still under way: stopped, so that no retry of ours lands after the new owner's
+        # later events of the same run; the new owner sends them again.
+        self._abort(parts, "revoke_deliveries_aborted")
+        return self._tracker.revoke(partitions)
+
+    async def lost(self, partitions: list[Partition]) -> dict[Partition, int]:
+        # Another member may own them already: write nothing, commit nothing, and stop our
+        # deliveries of them at once (the new owner may be sending the same runs already).
+        self._release(partitions)
+        self._tracker.revoke(partitions)
+        self._abort(set(partitions), "lost_deliveries_aborted")
+        return {}
+
+    def _abort(self, partitions: set[Partition], message: str) -> None:
+        aborted = sum(lane.abort(partitions) for lane in self._lanes)
+        if aborted:
+            log_event(log, logging.WARNING, message, events=aborted,
+                      hint="stopped while still being retried: the partitions' new owner sends them again "
+                           "(a request already on its way may still reach the collector: a duplicate)")
+
+    def _release(self, partitions: list[Partition]) -> None:
+        """Take back the queued and held events of ``partitions`` (read again later)."""
+        if self._lookback is not None:
+            self._lookback.forget(partitions)
+        dropped = sum(lane.revoke(set(partitions)) for lane in self._lanes)
+        if dropped:
+            log_event(log, logging.INFO, "revoked_events_released", events=dropped)
