@@ -3,6 +3,7 @@
 Sources, in precedence order: command-line flags > YAML file > defaults. YAML values may
 reference environment variables as ``${NAME}`` or ``${NAME:-default}`` (for secrets).
 Unknown keys and bad values raise :class:`ConfigError` naming the key and the fix.
+A collector's own settings are in :mod:`relay.sinks.config` (re-exported here).
 """
 
 from __future__ import annotations
@@ -10,280 +11,32 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from relay.errors import ConfigError
 from relay.frozen import Frozen
+from relay.sinks.config import (
+    AdaptiveConcurrencyConfig,
+    BatchConfig,
+    CollectorConfig,
+    ConsolidationConfig,
+    DeliveryMode,
+    EventKind,
+    MissingStartConfig,
+    RetryConfig,
+    TlsConfig,
+)
 from relay.source.properties import problem as properties_problem
-from relay.stages.rewrite import RewriteConfig
-from relay.stages.route import RouteConfig, kinds_list
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class RetryConfig(Frozen):
-    """Retries on connection errors, timeouts, 408, 429 and 5xx: exponential backoff with
-    full jitter, capped; a Retry-After header is honoured as a lower bound."""
-
-    initial_backoff_s: float = Field(0.2, gt=0)
-    max_backoff_s: float = Field(30.0, gt=0)
-    #: None = retry until delivered (a collector that is down pauses the relay, nothing is lost).
-    max_attempts: int | None = Field(None, ge=1)
-
-
-class MissingStartConfig(Frozen):
-    """What happens to a run whose START never arrives (consolidated/coalesce modes)."""
-
-    #: How long after a run's first event its START may still come.
-    timeout_s: float = Field(30.0, gt=0)
-    #: ``synthesize``: make a START up from what was seen (marked with the
-    #: ``lineageRelay_synthesizedStart`` run facet); ``forward``: the run goes on without one.
-    policy: Literal["synthesize", "forward"] = "synthesize"
-
-
-class ConsolidationConfig(Frozen):
-    """Knobs of the ``consolidated`` and ``coalesce`` delivery modes (see the README)."""
-
-    #: consolidated: after the first terminal event, merge later facets for this long.
-    settle_s: float = Field(2.0, ge=0)
-    #: coalesce: RUNNING events within this window go out as one.
-    coalesce_window_s: float = Field(10.0, gt=0)
-    missing_start: MissingStartConfig = MissingStartConfig()
-    #: A child run's START waits this long for an unseen parent run's START.
-    parent_hold_s: float = Field(5.0, ge=0)
-    #: Open runs kept (memory bound); beyond it the least recently active run is flushed early.
-    max_open_runs: int = Field(100_000, ge=1)
-    #: A run without events for this long is flushed early (what it holds is sent).
-    run_ttl_s: float = Field(6 * 3600.0, gt=0)
-    #: Finished runs remembered, so that their late events are dropped, not a new run.
-    max_finished_runs: int = Field(100_000, ge=1)
-    finished_ttl_s: float = Field(3600.0, gt=0)
-
-
-DeliveryMode = Literal["passthrough", "consolidated", "coalesce"]
-EventKind = Literal["run", "dataset", "job"]
-
-
-class TlsConfig(Frozen):
-    """TLS towards one collector (``https://`` URLs). Files are read at start-up; a missing
-    or unreadable one stops the relay with the key that names it."""
-
-    #: PEM file of the CA(s) that signed the collector's certificate; default: the system's.
-    ca_bundle: str | None = None
-    #: PEM client certificate (mutual TLS), with ``client_key`` unless the key is in the same file.
-    client_cert: str | None = None
-    client_key: str | None = None
-    #: ``false`` skips certificate verification: for tests only, never in production.
-    verify: bool = True
-
-    @model_validator(mode="after")
-    def _key_needs_cert(self) -> TlsConfig:
-        if self.client_key is not None and self.client_cert is None:
-            raise ValueError("client_key needs client_cert; add client_cert (the PEM certificate) or remove client_key")
-        return self
-
-
-class BatchConfig(Frozen):
-    """Delivery through the collector's ``POST <lineage>/batch`` endpoint (OpenLineage spec):
-    a batch goes out when it holds ``max_events`` events, when the next event would take it
-    over ``max_bytes``, or ``linger_ms`` after its first event, whichever comes first."""
-
-    #: Path appended to ``url``; default: ``endpoint`` + ``/batch`` (the spec's layout).
-    endpoint: str | None = None
-    max_events: int = Field(200, ge=1, le=10_000)
-    max_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    linger_ms: float = Field(20.0, ge=0)
-    #: Batch POSTs in flight at once.
-    max_requests: int = Field(4, ge=1, le=64)
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must start with '/', e.g. /api/v1/lineage/batch")
-        return v
-
-
-class AdaptiveConcurrencyConfig(Frozen):
-    """Requests in flight to a collector, learnt from its answers (:mod:`relay.sinks.adaptive`):
-    between ``min`` and the collector's ceiling (``concurrency``, or ``batch.max_requests``),
-    growing while answers come back fast, shrinking when they slow down or on 429, 5xx and
-    timeouts."""
-
-    min: int = Field(1, ge=1)
-    #: Where the limit starts; default: 4 (or ``min``, or the ceiling, whichever bounds it).
-    initial: int | None = Field(None, ge=1)
-    #: A success slower than this times the lowest recent latency means the collector is
-    #: queueing: the limit shrinks. Batch requests ignore latency (their size sets it).
-    latency_tolerance: float = Field(2.0, gt=1)
-
-
-class CollectorConfig(Frozen):
-    """One collector. ``type`` picks its kind (:mod:`relay.sinks.kinds`): ``http`` (this
-    class, the generic OpenLineage HTTP endpoint), ``marquez``, ``atlan``, ``datahub``,
-    ``openmetadata``, or a dotted path ``package.module.Class`` to a third-party kind. Each
-    kind's config class derives from this one and supplies its own defaults (endpoint,
-    mode, event kinds, size limit) where the user sets none."""
-
-    #: Whether the kind has a batch endpoint (``batch`` is refused otherwise).
-    supports_batch: ClassVar[bool] = True
-    #: Whether the kind always needs credentials (``token``, ``token_env`` or ``token_file``).
-    needs_token: ClassVar[bool] = False
-    #: The kind's size limit: ``rewrite.max_event_bytes`` when the user sets none.
-    default_max_event_bytes: ClassVar[int | None] = None
-
-    type: str = "http"
-    name: str
-    url: str
-    #: Path appended to ``url``; the OpenLineage HTTP default.
-    endpoint: str = "/api/v1/lineage"
-    timeout_s: float = Field(10.0, gt=0)
-    #: Events in flight at once to this collector (events of one run are always sequential).
-    #: Without ``batch`` it is also the number of requests in flight.
-    concurrency: int = Field(32, ge=1, le=1024)
-    #: Events accepted for this collector but not yet delivered; above it the relay pauses consumption.
-    max_pending: int = Field(20_000, ge=1)
-    headers: dict[str, str] = Field(default_factory=dict)
-    #: The bearer token, at most one of: inline (use ``${VAR}``), ``token_env`` (the name of an
-    #: environment variable read at start-up) or ``token_file`` (a mounted secret, re-read
-    #: when it changes, without restart).
-    token: SecretStr | None = None
-    token_env: str | None = None
-    token_file: str | None = None
-    #: How the token is sent: ``<auth_header>: <auth_scheme> <token>`` (empty scheme: the bare token).
-    auth_header: str = "Authorization"
-    auth_scheme: str = "Bearer"
-    tls: TlsConfig = TlsConfig()
-    retry: RetryConfig = RetryConfig()
-    #: Which events this collector gets (job/dataset namespace and name globs, event types).
-    route: RouteConfig = RouteConfig()
-    #: Per-collector changes: namespace mapping, credential redaction, facet drop/mask, size cap.
-    rewrite: RewriteConfig = RewriteConfig()
-    #: Event kinds this collector takes; others are not sent to it (counted as dropped,
-    #: reason ``unsupported_event_kind``). The kind sets the default.
-    event_kinds: tuple[EventKind, ...] = ("run", "dataset", "job")
-    #: ``passthrough``: every event as it comes (ordered per run); ``consolidated``: each run
-    #: as its START and one terminal event holding everything the run said; ``coalesce``:
-    #: like passthrough with a run's RUNNING events merged per ``coalesce_window_s``.
-    mode: DeliveryMode = "passthrough"
-    consolidation: ConsolidationConfig = ConsolidationConfig()
-    #: Send events in batches to the collector's batch endpoint (kinds that have one).
-    batch: BatchConfig | None = None
-    #: Learn how many requests the collector takes at once instead of always sending up
-    #: to the ceiling (off by default).
-    adaptive_concurrency: AdaptiveConcurrencyConfig | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _batch_concurrency(cls, data: Any) -> Any:
-        # A batch fills from events in flight: unless told otherwise, keep enough of them
-        # in flight to fill every batch request.
-        if not isinstance(data, dict) or "concurrency" in data:
-            return data
-        batch = data["batch"] if "batch" in data else cls.model_fields["batch"].default
-        if isinstance(batch, BatchConfig):
-            batch = batch.model_dump()
-        if isinstance(batch, dict):
-            events = batch.get("max_events", BatchConfig.model_fields["max_events"].default)
-            requests = batch.get("max_requests", BatchConfig.model_fields["max_requests"].default)
-            if isinstance(events, int) and isinstance(requests, int):
-                data = {**data, "concurrency": max(1, min(1024, events * requests))}
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _kind_size_limit(cls, data: Any) -> Any:
-        limit = cls.default_max_event_bytes
-        if limit is None or not isinstance(data, dict):
-            return data
-        rewrite = data.get("rewrite")
-        if rewrite is None:
-            return {**data, "rewrite": {"max_event_bytes": limit}}
-        if isinstance(rewrite, dict) and "max_event_bytes" not in rewrite:
-            return {**data, "rewrite": {**rewrite, "max_event_bytes": limit}}
-        return data
-
-    @model_validator(mode="after")
-    def _kind_rules(self) -> CollectorConfig:
-        if self.batch is not None and not type(self).supports_batch:
-            raise ValueError(f"batch: type {self.type} has no batch endpoint; remove batch (a server that takes "
-                             "the spec's POST .../lineage/batch can be configured as type: http with batch)")
-        adaptive = self.adaptive_concurrency
-        if adaptive is not None:
-            ceiling, key = (self.batch.max_requests, "batch.max_requests") if self.batch is not None \
-                else (self.concurrency, "concurrency")
-            if adaptive.min > ceiling:
-                raise ValueError(f"adaptive_concurrency.min: {adaptive.min} is above {key} ({ceiling}), the "
-                                 f"ceiling; lower adaptive_concurrency.min or raise {key}")
-            if adaptive.initial is not None and not adaptive.min <= adaptive.initial <= ceiling:
-                raise ValueError(f"adaptive_concurrency.initial: {adaptive.initial} is outside min..{key} "
-                                 f"({adaptive.min}..{ceiling}); set it within them or leave it out")
-        if type(self).needs_token and self.token is None and self.token_env is None and self.token_file is None:
-            raise ValueError(f"token: type {self.type} needs credentials; set token: ${{VAR}}, "
-                             "token_env: VAR or token_file: /path/to/mounted/secret")
-        return self
-
-    @model_validator(mode="after")
-    def _consolidation_needs_a_mode(self) -> CollectorConfig:
-        if self.mode == "passthrough" and "consolidation" in self.model_fields_set:
-            raise ValueError("consolidation: only used with mode consolidated or coalesce; "
-                             "set mode: consolidated (or coalesce), or remove consolidation")
-        return self
-
-    @model_validator(mode="after")
-    def _one_token_source(self) -> CollectorConfig:
-        given = [k for k in ("token", "token_env", "token_file") if getattr(self, k) is not None]
-        if len(given) > 1:
-            raise ValueError(f"{' and '.join(given)}: give the token one way only; keep one of them")
-        return self
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError("use letters, digits, '_', '.', '-' (it labels metrics and dead-letter records)")
-        return v
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError("must be an http:// or https:// base URL such as http://marquez:5000")
-        return v.rstrip("/")
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must start with '/', e.g. /api/v1/lineage")
-        return v
-
-    @field_validator("token_env")
-    @classmethod
-    def _token_env(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
-            raise ValueError("must be an environment variable name such as MARQUEZ_TOKEN (not its value)")
-        return v
-
-    @field_validator("event_kinds", mode="before")
-    @classmethod
-    def _event_kinds(cls, v: Any) -> Any:
-        return kinds_list(v, "must list at least one of run, dataset, job")
-
-    @property
-    def target(self) -> str:
-        return self.url + self.endpoint
-
-    @property
-    def batch_target(self) -> str | None:
-        """Where batches go, or None when this collector takes events one at a time."""
-        if self.batch is None:
-            return None
-        return self.url + (self.batch.endpoint or self.endpoint.rstrip("/") + "/batch")
-
+__all__ = [
+    "AdaptiveConcurrencyConfig", "BatchConfig", "CollectorConfig", "ConfigError", "ConsolidationConfig",
+    "DedupeConfig", "DeliveryMode", "EventKind", "HttpServerConfig", "KafkaConfig", "LookbackConfig",
+    "MissingStartConfig", "OrderingConfig", "PipelineConfig", "RelayConfig", "RetryConfig", "TlsConfig",
+    "build_config", "load_config", "load_yaml", "merge",
+]
 
 class KafkaConfig(Frozen):
     bootstrap_servers: str
@@ -419,7 +172,7 @@ class RelayConfig(Frozen):
     @classmethod
     def _collectors_by_kind(cls, v: Any) -> Any:
         # Each entry is validated by its kind's config class, chosen by its ``type``. Imported
-        # here: the kinds' config classes derive from CollectorConfig in this module.
+        # here: the kinds' modules import this one.
         from relay.sinks.kinds import validate_collectors
 
         return validate_collectors(v)
