@@ -129,8 +129,8 @@ class Relay:
         if self.lookback is not None and config.pipeline.ordering.enabled and config.pipeline.lookback.search_records:
             found = self.metrics.lookback_runs_found
             self.run_search = RunSearch(
-                k, config.pipeline.lookback, max_bytes=config.pipeline.max_event_bytes, floors=self.lookback.floors,
-                lanes=self.lanes,
+                k, config.pipeline.lookback, search_after_s=config.pipeline.search_after_s,
+                max_bytes=config.pipeline.max_event_bytes, floors=self.lookback.floors, lanes=self.lanes,
                 on_found=lambda lane, finished: found.labels(collector=lane,
                                                              result="finished" if finished else "open").inc())
         self._stop = asyncio.Event()

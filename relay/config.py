@@ -126,7 +126,9 @@ class LookbackConfig(Frozen):
     #: start: this many more records below are searched, once per assignment and in the
     #: background, for the runs begun there (see relay.source.run_search); 0 turns it off.
     search_records: int = Field(200_000, ge=0)
-    search_after_s: float = Field(5.0, gt=0)
+    #: None: 5 s, or half of ``ordering.hold_timeout_s`` when that is shorter
+    #: (see PipelineConfig.search_after_s).
+    search_after_s: float | None = Field(None, gt=0)
     search_timeout_s: float = Field(60.0, gt=0)
 
 
@@ -152,6 +154,23 @@ class PipelineConfig(Frozen):
     dedupe: DedupeConfig = DedupeConfig()
     ordering: OrderingConfig = OrderingConfig()
     lookback: LookbackConfig = LookbackConfig()
+
+    @model_validator(mode="after")
+    def _search_before_timeout(self) -> PipelineConfig:
+        look, order = self.lookback, self.ordering
+        if look.search_after_s is not None and look.max_records and look.search_records and order.enabled \
+                and look.search_after_s >= order.hold_timeout_s:
+            raise ValueError(
+                f"lookback.search_after_s ({look.search_after_s:g}) must be below ordering.hold_timeout_s "
+                f"({order.hold_timeout_s:g}), or a held run is released before it is searched for; lower it, "
+                "or set lookback.search_records: 0")
+        return self
+
+    @property
+    def search_after_s(self) -> float:
+        """How long a run is held before its partition is searched further back."""
+        given = self.lookback.search_after_s
+        return given if given is not None else min(5.0, self.ordering.hold_timeout_s / 2)
 
 
 class HttpServerConfig(Frozen):

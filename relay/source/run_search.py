@@ -6,10 +6,11 @@ on a busy topic) stays unknown: its later events are held for a START the relay 
 see again, for ``hold_timeout_s`` (then forwarded, or dead-lettered with
 ``on_hold_timeout: dead_letter``), and keep their offsets uncommitted meanwhile.
 
-So when a run has been held ``search_after_s`` in a partition whose look-back began above
-the partition's start, that partition's next ``search_records`` records below the
-look-back are read, once per assignment, in the background (an assign-only consumer on a
-thread of its own; consumption goes on), within ``search_timeout_s``. Only records whose
+So when a run has been held ``search_after_s`` (5 s, or half of ``hold_timeout_s`` when
+that is shorter) in a partition whose look-back began above the partition's start, that
+partition's next ``search_records`` records below the look-back are read, once per
+assignment, in the background (an assign-only consumer on a thread of its own;
+consumption goes on), within ``search_timeout_s``. Only records whose
 ``eventType`` (read from the bytes) is START or a terminal type are decoded, and what is
 kept is which runs began there and which of them ended (a run id and a flag each, so at
 most ``search_records`` of them). Each collector's held runs found there are then
@@ -84,11 +85,12 @@ class RunSearch:
     """See the module docstring. ``floors`` is the look-back's (shared, kept up to date by
     it); :meth:`tick` runs on the event loop, the reads on a thread of their own."""
 
-    def __init__(self, kafka: KafkaConfig, config: LookbackConfig, *, max_bytes: int,
+    def __init__(self, kafka: KafkaConfig, config: LookbackConfig, *, search_after_s: float, max_bytes: int,
                  floors: dict[Partition, tuple[int, int]], lanes: Sequence[HoldingLane],
                  on_found: Callable[[str, bool], None]) -> None:
         self._kafka = kafka
         self._config = config
+        self._search_after_s = search_after_s
         self._max_bytes = max_bytes
         self._floors = floors
         self._lanes = lanes
@@ -113,7 +115,7 @@ class RunSearch:
         for p in [p for p in self._found if p not in floors]:
             del self._found[p]  # revoked: a later assignment reads it back afresh
         wanted: dict[Partition, tuple[int, int]] = {}
-        after_s = self._config.search_after_s
+        after_s = self._search_after_s
         misses = self._misses
         for lane in self._lanes:
             for run_id, since, event in lane.held_runs():

@@ -56,6 +56,9 @@ def test_missing_env_var_names_it(tmp_path, monkeypatch):
       "pipeline": {"decode_processes": 0}}, r"pipeline\.decode_processes"),
     ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
       "pipeline": {"decode_priority": "fast"}}, r"pipeline\.decode_priority"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
+      "pipeline": {"ordering": {"hold_timeout_s": 5}, "lookback": {"search_after_s": 5}}},
+     r"lookback\.search_after_s \(5\) must be below ordering\.hold_timeout_s \(5\).*search_records: 0"),
 ])
 def test_bad_config_names_the_key(patch, message):
     with pytest.raises(ConfigError, match=message):
@@ -239,3 +242,13 @@ def test_a_refused_secret_is_named_not_repeated():
 def test_a_bad_boolean_is_named():
     with pytest.raises(ConfigError, match=r'kafka\.consumer_properties: enable\.partition\.eof: Expected bool value'):
         build_config(_kafka(consumer_properties={"enable.partition.eof": "maybe"}))
+
+
+def test_a_held_run_is_searched_for_before_its_hold_times_out():
+    def after(ordering: dict, lookback: dict) -> float:
+        return build_config({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
+                             "pipeline": {"ordering": ordering, "lookback": lookback}}).pipeline.search_after_s
+    assert after({}, {}) == 5.0
+    assert after({"hold_timeout_s": 2}, {}) == 1.0  # a short hold: searched at half of it
+    assert after({"hold_timeout_s": 2}, {"search_after_s": 0.5}) == 0.5
+    assert after({"hold_timeout_s": 2}, {"search_after_s": 3, "search_records": 0}) == 3  # no search: no conflict
