@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import orjson
 import pytest
@@ -34,3 +35,34 @@ def test_a_nested_event_type_key_does_not_hide_the_event_s_own():
     assert not _may_start_or_end(b'{"eventType": null, "note": "START"}')
     assert not _may_start_or_end(b'{"note": "COMPLETE"}')
     assert not _may_start_or_end(b'{"eventType"')
+
+
+@pytest.mark.kafka
+def test_a_search_finds_which_runs_began_and_ended_and_stops_once_its_partitions_are_revoked(kafka):
+    from relay.config import KafkaConfig
+    from relay.source.run_search import _Reader
+    from tests.support.kafka import produce
+
+    topic = kafka.new_topic("ol")
+    stream = sample_stream(40, seed=4, running_per_run=(1, 2))
+    docs = [orjson.loads(v) for _, v in stream]
+    produce(kafka.bootstrap_servers, topic, stream)
+    config = KafkaConfig(bootstrap_servers=kafka.bootstrap_servers, topics=[topic], group_id=kafka.new_group())
+    floor = (0, len(stream))  # the look-back began at the end: search everything below it
+
+    def search(records: int, live) -> _Reader:  # noqa: ANN001
+        reader = _Reader(config, {(topic, 0): floor}, records, 1 << 25, deadline=time.monotonic() + 60, live=live)
+        reader.run()
+        return reader
+
+    reader = search(len(stream), lambda part, f: f is floor)
+    runs = reader.found[(topic, 0)]
+    ended = {d["run"]["runId"] for d in docs if d.get("eventType") in {"COMPLETE", "FAIL", "ABORT"}}
+    assert reader.records == len(stream) and not reader.unfinished
+    assert set(runs) == {d["run"]["runId"] for d in docs if d.get("eventType") in WANTED}
+    assert ended and {r for r, done in runs.items() if done} == ended
+    # search_records bounds it: only the last 10 records below the floor.
+    assert search(10, lambda part, f: True).records == 10
+    # Revoked meanwhile (the floor is no longer this assignment's): it stops at once.
+    revoked = search(len(stream), lambda part, f: False)
+    assert revoked.records == 1 and revoked.found == {}
