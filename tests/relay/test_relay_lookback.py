@@ -107,15 +107,18 @@ def test_a_look_back_out_of_time_is_logged_and_the_relay_goes_on(caplog):
         assert incomplete and incomplete[0].fields["partitions"] == "events/0"
 
 
-@pytest.mark.parametrize(("search_records", "search_timeout_s"), [(200_000, 60), (0, 60), (200_000, 1e-6)],
-                         ids=["search", "no-search", "search-out-of-time"])
+@pytest.mark.parametrize(("search_records", "search_timeout_s", "policy"),
+                         [(200_000, 60, "dead_letter"), (200_000, 60, "forward"), (0, 60, "dead_letter"),
+                          (200_000, 1e-6, "dead_letter")],
+                         ids=["search", "search-forward", "no-search", "search-out-of-time"])
 def test_runs_begun_further_back_than_the_look_back_are_found_by_searching(caplog, search_records,
-                                                                          search_timeout_s):
+                                                                          search_timeout_s, policy):
     """A run whose START lies further back than ``max_records`` (a long job on a busy
     topic) is held after a restart; once held ``search_after_s``, the partition is searched
     further back: its held events go out at once instead of after ``hold_timeout_s``, and a
     late event of a run that had ended there is dropped as after its terminal. A search out
-    of time says so, and the runs it did not find stay held."""
+    of time says so, and the runs it did not find stay held. (With ``on_hold_timeout:
+    forward``, that late event would otherwise reach the collector after the run's end.)"""
     found = search_records and search_timeout_s > 1
     with EmbeddedBroker() as broker, RecordingCollector() as collector:
         broker.create_topic("events", 2)
@@ -125,7 +128,7 @@ def test_runs_begun_further_back_than_the_look_back_are_found_by_searching(caplo
 
         def config(max_records: int):  # noqa: ANN202
             return relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
-                                pipeline={"ordering": {"hold_timeout_s": HOLD_S, "on_hold_timeout": "dead_letter"},
+                                pipeline={"ordering": {"hold_timeout_s": HOLD_S, "on_hold_timeout": policy},
                                           "dedupe": {"enabled": False},
                                           "lookback": {"max_records": max_records, "search_records": search_records,
                                                        "search_after_s": 0.5, "search_timeout_s": search_timeout_s}})
