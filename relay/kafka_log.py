@@ -6,7 +6,8 @@ parsing one JSON object a line drops or mangles them. Every Kafka client the rel
 gets ``"logger": KafkaLog(...)`` in its configuration (:func:`with_log`): confluent-kafka
 then calls ``log(level, "%s [%s] %s", facility, client, message)`` when the client is
 served (a consumer in ``consume``/``poll``, a producer in ``poll``/``flush``), and the line
-becomes event ``librdkafka`` with its ``facility``, ``client`` and ``message``.
+becomes event ``librdkafka`` with its ``facility``, ``client``, ``thread`` (librdkafka's
+``[thrd:...]`` prefix of the message, unless ``log.thread.name`` is off) and ``message``.
 
 One line gets an event of its own. A fetch from an offset the partition no longer holds
 (``Offset out of range``) makes librdkafka reset the position where ``auto.offset.reset``
@@ -41,6 +42,10 @@ _RESET = re.compile(r"^(?P<topic>\S+) \[(?P<partition>\d+)\]: offset reset \(at 
                     r"(?P<to>\S+)"
                     r"(?: \(leader epoch -?\d+\))?: (?P<reason>.*)$")
 
+#: librdkafka begins each message with the thread that logged it (``log.thread.name``,
+#: on by default): ``[thrd:main]: ``, ``[thrd:kafka:9092/1]: ``.
+_THREAD = re.compile(r"\[thrd:(?P<thread>[^\]]*)\]: ")
+
 OffsetReset = Callable[[str, int], None]
 
 
@@ -56,13 +61,17 @@ class KafkaLog:
             *_rest: Any) -> None:
         """confluent-kafka's call: ``log(level, "%s [%s] %s", facility, client, message)``,
         ``level`` already a :mod:`logging` level."""
+        thread = _THREAD.match(message)
+        if thread is not None:
+            message = message[thread.end():]
         if facility == "OFFSET" and "offset reset" in message:
             reset = _RESET.match(message)
             if reset is not None:
                 self.offset_reset(reset, client)
                 return
         if _log.isEnabledFor(level):
-            log_event(_log, level, "librdkafka", facility=facility, client=client, message=message)
+            log_event(_log, level, "librdkafka", facility=facility, client=client,
+                      thread=thread["thread"] if thread is not None else None, message=message)
 
     def offset_reset(self, reset: re.Match[str], client: str) -> None:
         topic, partition, to = reset["topic"], int(reset["partition"]), reset["to"]

@@ -23,8 +23,16 @@ RESET_CACHED = ("events.v2 [3]: offset reset (at offset 1200 (leader epoch 3), b
                 "broker: Broker: Offset out of range")
 
 
-@pytest.mark.parametrize(("message", "to"), [(RESET_2X, "BEGINNING"), (RESET_1X, "BEGINNING"), (RESET_CACHED, 17)],
-                         ids=["2.x", "1.x", "cached-start"])
+#: As librdkafka 2.16 hands it to the logger (captured): the thread that logged it first.
+RESET_SEEN = ("[thrd:main]: events [0]: offset reset (at offset 10 (leader epoch 0), broker 111) to cached "
+              "BEGINNING offset offset 0 (leader epoch -1): fetch failed due to requested offset not available on "
+              "the broker: Broker: Offset out of range")
+
+
+@pytest.mark.parametrize(("message", "to"), [
+    ("[thrd:main]: " + RESET_2X, "BEGINNING"), ("[thrd:main]: " + RESET_1X, "BEGINNING"),
+    ("[thrd:main]: " + RESET_CACHED, 17), (RESET_2X, "BEGINNING")],
+    ids=["2.x", "1.x", "cached-start", "without-thread-name"])
 def test_an_offset_reset_is_its_own_warning_and_is_counted(caplog, message, to):
     resets = []
     sink = KafkaLog(on_offset_reset=lambda topic, partition: resets.append((topic, partition)))
@@ -40,20 +48,30 @@ def test_an_offset_reset_is_its_own_warning_and_is_counted(caplog, message, to):
     assert "retention" in fields["hint"]
 
 
+def test_the_line_librdkafka_2_16_writes_is_recognised(caplog):
+    resets = []
+    with caplog.at_level(logging.INFO, logger="relay.librdkafka"):
+        KafkaLog(on_offset_reset=lambda *a: resets.append(a)).log(logging.WARNING, FMT, "OFFSET", "c", RESET_SEEN)
+    assert resets == [("events", 0)]
+    [record] = caplog.records
+    assert (record.getMessage(), record.fields["from_offset"], record.fields["to_offset"]) == ("offset_reset", 10, 0)
+
+
 def test_other_lines_keep_their_level_facility_and_text(caplog):
     resets = []
     sink = KafkaLog(on_offset_reset=lambda *a: resets.append(a))
     refused = ("127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused "
                "(after 0ms in state CONNECT)")
     with caplog.at_level(logging.INFO, logger="relay.librdkafka"):
-        sink.log(logging.ERROR, FMT, "FAIL", "rdkafka#consumer-1", refused)
+        sink.log(logging.ERROR, FMT, "FAIL", "rdkafka#consumer-1", "[thrd:127.0.0.1:9/bootstrap]: " + refused)
         # An OFFSET line that is not a reset, and one in a wording not recognised: plain lines.
         sink.log(logging.INFO, FMT, "OFFSET", "rdkafka#consumer-1", "events [0]: offset reset in some new wording")
         sink.log(logging.DEBUG, FMT, "FETCH", "rdkafka#consumer-1", "below the level: not logged")
     assert resets == []
-    assert [(r.levelno, r.getMessage(), r.fields["facility"], r.fields["message"]) for r in caplog.records] == [
-        (logging.ERROR, "librdkafka", "FAIL", refused),
-        (logging.INFO, "librdkafka", "OFFSET", "events [0]: offset reset in some new wording")]
+    assert [(r.levelno, r.getMessage(), r.fields["facility"], r.fields["thread"], r.fields["message"])
+            for r in caplog.records] == [
+        (logging.ERROR, "librdkafka", "FAIL", "127.0.0.1:9/bootstrap", refused),
+        (logging.INFO, "librdkafka", "OFFSET", None, "events [0]: offset reset in some new wording")]
 
 
 def test_with_log_sets_the_logger_and_leaves_the_rest():

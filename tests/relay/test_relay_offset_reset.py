@@ -20,7 +20,7 @@ from relay.embedded.runner import RelayThread
 from relay.embedded.sample import sample_stream
 from tests.relay.test_relay_end_to_end import assert_run_order
 from tests.support.kafka import committed_offsets, produce
-from tests.support.kafka_proxy import proxied_broker
+from tests.support.kafka_proxy import FETCH, OFFSET_OUT_OF_RANGE, proxied_broker
 from tests.support.relay import eventually, relay_config
 
 pytestmark = pytest.mark.kafka
@@ -128,3 +128,36 @@ def test_a_committed_offset_retention_removed_starts_at_the_log_start_and_counts
     assert {k: reset.fields[k] for k in ("topic", "partition", "from_offset", "to_offset", "cause", "records_lost")} \
         == {"topic": "events", "partition": 0, "from_offset": 5, "to_offset": 20, "cause": "before_start",
             "records_lost": 15}
+
+
+def test_a_fetch_out_of_range_while_consuming_is_reported_and_nothing_is_lost(caplog):
+    # While the relay consumes, the broker answers a fetch OFFSET_OUT_OF_RANGE (as it does
+    # when retention removed the records a lagging consumer was about to read; a proxy gives
+    # one answer that error). librdkafka resets the position by itself, here to the log
+    # start it had cached (0), and says so in a log line: the relay turns it into an
+    # offset_reset warning (cause out_of_range) and counts it. The records read again are
+    # duplicates, not delivered twice; everything is delivered and committed.
+    with proxied_broker() as (broker, proxy), RecordingCollector() as collector:
+        broker.create_topic("events", 1)
+        stream = sample_stream(14, seed=29)
+        total = len(stream)
+        assert total > 40
+        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq")
+        with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config) as relay:
+            produce(broker.bootstrap_servers, "events", stream[:10])
+            assert collector.wait_for(lambda c: c.count == 10, 60)
+            proxy.fail_fetch(OFFSET_OUT_OF_RANGE)
+            produce(broker.bootstrap_servers, "events", stream[10:])
+            assert eventually(lambda: relay.metric("lineage_relay_offset_resets_total", topic="events") == 1, 60)
+            assert collector.wait_for(lambda c: c.count == total, 60), f"{collector.count} delivered"
+            assert eventually(lambda: committed_offsets(broker.bootstrap_servers, "events", "g", 1)[0] == total, 30)
+            assert relay.metric("lineage_relay_events_deduplicated_total", collector="c") == 10
+            assert relay.metric("lineage_relay_events_consumed_total") == total + 10
+        assert relay.error is None
+        assert (FETCH, OFFSET_OUT_OF_RANGE) in {(api, code) for api, _v, code in proxy.injected}
+    assert collector.count == total
+    assert_run_order(collector.events())
+    [reset] = [r for r in caplog.records if r.getMessage() == "offset_reset"]
+    assert reset.levelno == logging.WARNING
+    assert {k: reset.fields[k] for k in ("topic", "partition", "from_offset", "to_offset", "cause")} \
+        == {"topic": "events", "partition": 0, "from_offset": 10, "to_offset": 0, "cause": "out_of_range"}

@@ -18,11 +18,15 @@ Three kinds of fault:
   which carries the error code), as a broker refuses a record batch over its size limit;
 * :meth:`KafkaFaultProxy.move_log_start`: a partition's log start offset, as ListOffsets
   answers it, is moved up, as retention deleting the records below it would (the broker
-  still serves them to a fetch: only where a client chooses to start is affected).
+  still serves them to a fetch: only where a client chooses to start is affected);
+* :meth:`KafkaFaultProxy.fail_fetch`: the next fetch answers that carry records give
+  their first partition an error code (``OFFSET_OUT_OF_RANGE``: the fetch position was
+  removed by retention, as a consumer lagging behind it is told).
 
 Only what the tests need is decoded: the request header (api key, version, correlation id),
-the first partition of a produce request and of a ListOffsets request, and the first error
-code of the responses named in :data:`ERROR_OFFSET`.
+the first partition of a produce request and of a ListOffsets request, the first error
+code of the responses named in :data:`ERROR_OFFSET`, and the first partition's error code
+of a fetch answer (v12 and later, which name topics by id, as librdkafka 2.x asks).
 """
 
 from __future__ import annotations
@@ -37,14 +41,14 @@ from contextlib import contextmanager
 from relay.embedded.broker import EmbeddedBroker, free_port
 
 #: Kafka api keys used here.
-PRODUCE, LIST_OFFSETS, OFFSET_COMMIT, HEARTBEAT, INIT_PRODUCER_ID = 0, 2, 8, 12, 22
+PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, HEARTBEAT, INIT_PRODUCER_ID = 0, 1, 2, 8, 12, 22
 #: The first version of each api whose messages use the flexible (tagged-field) encoding.
 FLEXIBLE_FROM = {PRODUCE: 9, LIST_OFFSETS: 6, OFFSET_COMMIT: 8, HEARTBEAT: 4, INIT_PRODUCER_ID: 2}
 #: ListOffsets' timestamp asking for the log start offset.
 EARLIEST = -2
 
 #: Kafka error codes used by the tests.
-MESSAGE_TOO_LARGE = 10
+OFFSET_OUT_OF_RANGE, MESSAGE_TOO_LARGE = 1, 10
 OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID = 45, 47, 59
 UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID = 25, 27, 82
 
@@ -83,6 +87,32 @@ def _partition_error_offset(body: bytes, pos: int, flexible: bool) -> int:
         pos += 2 + name_len
         pos += 4                              # partitions array length
     return pos + 4                            # past the partition index
+
+
+def _fetch_partition_error_offset(frame: bytes, version: int) -> int | None:
+    """The offset of the first partition's error code in a FetchResponse frame (v13+:
+    flexible, topics by id), or None unless that partition carries records: librdkafka
+    reads an answer without records at the end of the partition as its end, whatever the
+    error code."""
+    if version < 13:
+        raise NotImplementedError(f"fetch v{version}: only v13 and later are decoded")
+    pos = _skip_tagged_fields(frame, 4)       # correlation id, header tags
+    pos += 4 + 2 + 4                          # throttle time, error code, session id
+    topics, pos = _uvarint(frame, pos)        # compact array: count + 1
+    if topics < 2:
+        return None
+    pos += 16                                 # topic id
+    partitions, pos = _uvarint(frame, pos)
+    if partitions < 2:
+        return None
+    error_at = pos + 4                        # past the partition index
+    pos = error_at + 2 + 8 + 8 + 8            # error code, high watermark, last stable offset, log start
+    aborted, pos = _uvarint(frame, pos)       # compact nullable array
+    if aborted > 1:
+        return None                           # (not decoded: the tests write no transactions)
+    pos += 4                                  # preferred read replica
+    records, pos = _uvarint(frame, pos)       # compact nullable bytes: length + 1
+    return error_at if records > 1 else None
 
 
 def _produce_request_partition_offset(frame: bytes, version: int) -> int:
@@ -161,6 +191,7 @@ class KafkaFaultProxy:
         self._refused: dict[int, tuple[int, int]] = {}  # correlation id -> (partition, error code)
         self._log_starts: dict[tuple[str, int], int] = {}  # (topic, partition) -> log start offset
         self._earliest: dict[int, int] = {}  # correlation id -> log start offset to answer
+        self._fetch_fault: list[int] = []    # [error code, fetch answers left]
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -207,6 +238,12 @@ class KafkaFaultProxy:
         partition is looked at)."""
         with self._lock:
             self._log_starts[(topic, partition)] = offset
+
+    def fail_fetch(self, error_code: int, times: int = 1) -> None:
+        """The next ``times`` fetch answers whose first partition carries records give it
+        ``error_code`` (its records are then ignored by the client)."""
+        with self._lock:
+            self._fetch_fault = [error_code, times]
 
     def seen(self, api_key: int) -> int:
         with self._lock:
@@ -272,6 +309,14 @@ class KafkaFaultProxy:
             with self._lock:
                 self.injected.append((api_key, version, 0))
             return frame[:offset_at] + struct.pack(">q", start) + frame[offset_at + 8:]
+        if api_key == FETCH and self._fetch_fault and self._fetch_fault[1] > 0:
+            at = _fetch_partition_error_offset(frame, version)
+            if at is not None:
+                with self._lock:
+                    self._fetch_fault[1] -= 1
+                    error_code = self._fetch_fault[0]
+                    self.injected.append((api_key, version, error_code))
+                return frame[:at] + struct.pack(">h", error_code) + frame[at + 2:]
         refused = self._refused.pop(correlation, None)
         if refused is not None:
             partition, error_code = refused
