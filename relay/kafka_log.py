@@ -15,7 +15,8 @@ says (the relay's default: the earliest record) and say so in one line. It happe
 retention removed records before the relay read them (those records are lost: nothing
 else says so) or when the topic was deleted and recreated. That line becomes
 ``offset_reset``, a warning with the topic, partition and offsets (``cause``
-``out_of_range``: the line does not say which), counted in
+``out_of_range``: the line does not say which; ``records_lost`` when the position moves
+forward, over records removed unread), counted in
 ``lineage_relay_offset_resets_total``. The relay checks the committed offsets of the
 partitions it is assigned itself (:class:`relay.source.kafka.KafkaSource`), so this line
 comes from resets while it consumes: retention overtaking a lagging relay.
@@ -74,9 +75,12 @@ class KafkaLog:
                       thread=thread["thread"] if thread is not None else None, message=message)
 
     def offset_reset(self, reset: re.Match[str], client: str) -> None:
-        topic, partition, to = reset["topic"], int(reset["partition"]), reset["to"]
+        topic, partition, at, to = reset["topic"], int(reset["partition"]), int(reset["at"]), reset["to"]
+        to_offset = int(to) if to.isdigit() else to
+        # Forward (retention removed what lay between), the records skipped are known.
+        lost = {"records_lost": to_offset - at} if isinstance(to_offset, int) and to_offset > at >= 0 else {}
         log_event(_log, logging.WARNING, "offset_reset", topic=topic, partition=partition,
-                  from_offset=int(reset["at"]), to_offset=int(to) if to.isdigit() else to, cause="out_of_range",
+                  from_offset=at, to_offset=to_offset, cause="out_of_range", **lost,
                   client=client, reason=reset["reason"],
                   hint="the partition no longer holds that offset: retention removed records before "
                        "they were read (they are lost; raise the topic's retention.ms, or add relay "

@@ -48,13 +48,16 @@ def test_an_offset_reset_is_its_own_warning_and_is_counted(caplog, message, to):
     assert "retention" in fields["hint"]
 
 
-def test_the_line_librdkafka_2_16_writes_is_recognised(caplog):
+@pytest.mark.parametrize(("start", "lost"), [(0, None), (20, 10)], ids=["back", "forward"])
+def test_the_line_librdkafka_2_16_writes_is_recognised_with_the_records_skipped(caplog, start, lost):
     resets = []
+    line = RESET_SEEN.replace("offset offset 0", f"offset offset {start}")
     with caplog.at_level(logging.INFO, logger="relay.librdkafka"):
-        KafkaLog(on_offset_reset=lambda *a: resets.append(a)).log(logging.WARNING, FMT, "OFFSET", "c", RESET_SEEN)
+        KafkaLog(on_offset_reset=lambda *a: resets.append(a)).log(logging.WARNING, FMT, "OFFSET", "c", line)
     assert resets == [("events", 0)]
     [record] = caplog.records
-    assert (record.getMessage(), record.fields["from_offset"], record.fields["to_offset"]) == ("offset_reset", 10, 0)
+    assert (record.getMessage(), record.fields["from_offset"], record.fields["to_offset"],
+            record.fields.get("records_lost")) == ("offset_reset", 10, start, lost)
 
 
 def test_other_lines_keep_their_level_facility_and_text(caplog):

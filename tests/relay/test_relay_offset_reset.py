@@ -130,34 +130,49 @@ def test_a_committed_offset_retention_removed_starts_at_the_log_start_and_counts
             "records_lost": 15}
 
 
-def test_a_fetch_out_of_range_while_consuming_is_reported_and_nothing_is_lost(caplog):
-    # While the relay consumes, the broker answers a fetch OFFSET_OUT_OF_RANGE (as it does
-    # when retention removed the records a lagging consumer was about to read; a proxy gives
-    # one answer that error). librdkafka resets the position by itself, here to the log
-    # start it had cached (0), and says so in a log line: the relay turns it into an
-    # offset_reset warning (cause out_of_range) and counts it. The records read again are
-    # duplicates, not delivered twice; everything is delivered and committed.
+@pytest.mark.parametrize("log_start", [None, 20], ids=["cached-start", "retention"])
+def test_a_fetch_out_of_range_while_consuming_is_reported(caplog, log_start):
+    """While the relay consumes, the broker answers a fetch OFFSET_OUT_OF_RANGE, as it does
+    when retention removed the records a lagging consumer was about to read (a proxy gives
+    one answer that error). librdkafka resets the position by itself, to the log start it
+    cached from the broker's answers, and says so in a log line: the relay turns it into an
+    offset_reset warning (cause out_of_range) and counts it.
+
+    ``cached-start``: the start cached is still 0, so the relay reads records again; they
+    are duplicates, and every event is delivered once. ``retention``: the answer also says
+    the log now starts at 20, so records 10-19 are skipped (lost, and the warning says how
+    many); the rest is delivered. Both commit everything."""
     with proxied_broker() as (broker, proxy), RecordingCollector() as collector:
         broker.create_topic("events", 1)
         stream = sample_stream(14, seed=29)
         total = len(stream)
         assert total > 40
-        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq")
+        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                              pipeline={"ordering": {"hold_timeout_s": 1}})
+        expected = stream if log_start is None else [*stream[:10], *stream[log_start:]]
         with caplog.at_level(logging.INFO, logger="relay"), RelayThread(config) as relay:
             produce(broker.bootstrap_servers, "events", stream[:10])
             assert collector.wait_for(lambda c: c.count == 10, 60)
-            proxy.fail_fetch(OFFSET_OUT_OF_RANGE)
+            if log_start is not None:
+                proxy.move_log_start("events", 0, log_start)
+            proxy.fail_fetch(OFFSET_OUT_OF_RANGE, log_start=log_start)
             produce(broker.bootstrap_servers, "events", stream[10:])
             assert eventually(lambda: relay.metric("lineage_relay_offset_resets_total", topic="events") == 1, 60)
-            assert collector.wait_for(lambda c: c.count == total, 60), f"{collector.count} delivered"
+            assert collector.wait_for(lambda c: c.count == len(expected), 60), f"{collector.count} delivered"
             assert eventually(lambda: committed_offsets(broker.bootstrap_servers, "events", "g", 1)[0] == total, 30)
-            assert relay.metric("lineage_relay_events_deduplicated_total", collector="c") == 10
-            assert relay.metric("lineage_relay_events_consumed_total") == total + 10
+            read_again = 10 if log_start is None else 0
+            assert relay.metric("lineage_relay_events_deduplicated_total", collector="c") == read_again
+            assert relay.metric("lineage_relay_events_consumed_total") == len(expected) + read_again
         assert relay.error is None
         assert (FETCH, OFFSET_OUT_OF_RANGE) in {(api, code) for api, _v, code in proxy.injected}
-    assert collector.count == total
-    assert_run_order(collector.events())
+    canonical = {orjson.dumps(orjson.loads(v), option=orjson.OPT_SORT_KEYS) for _, v in expected}
+    assert {orjson.dumps(e, option=orjson.OPT_SORT_KEYS) for e in collector.events()} == canonical
+    assert collector.count == len(expected)
+    if log_start is None:
+        assert_run_order(collector.events())
     [reset] = [r for r in caplog.records if r.getMessage() == "offset_reset"]
     assert reset.levelno == logging.WARNING
-    assert {k: reset.fields[k] for k in ("topic", "partition", "from_offset", "to_offset", "cause")} \
-        == {"topic": "events", "partition": 0, "from_offset": 10, "to_offset": 0, "cause": "out_of_range"}
+    keys = ("topic", "partition", "from_offset", "to_offset", "cause", "records_lost")
+    assert {k: reset.fields.get(k) for k in keys} == {
+        "topic": "events", "partition": 0, "from_offset": 10, "to_offset": log_start or 0, "cause": "out_of_range",
+        "records_lost": None if log_start is None else log_start - 10}

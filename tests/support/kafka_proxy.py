@@ -191,7 +191,7 @@ class KafkaFaultProxy:
         self._refused: dict[int, tuple[int, int]] = {}  # correlation id -> (partition, error code)
         self._log_starts: dict[tuple[str, int], int] = {}  # (topic, partition) -> log start offset
         self._earliest: dict[int, int] = {}  # correlation id -> log start offset to answer
-        self._fetch_fault: list[int] = []    # [error code, fetch answers left]
+        self._fetch_fault: list[int] = []    # [error code, fetch answers left, log start or -1]
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -239,11 +239,13 @@ class KafkaFaultProxy:
         with self._lock:
             self._log_starts[(topic, partition)] = offset
 
-    def fail_fetch(self, error_code: int, times: int = 1) -> None:
+    def fail_fetch(self, error_code: int, times: int = 1, *, log_start: int | None = None) -> None:
         """The next ``times`` fetch answers whose first partition carries records give it
-        ``error_code`` (its records are then ignored by the client)."""
+        ``error_code`` (its records are then ignored by the client), and, with
+        ``log_start``, that log start offset (what the client caches as the partition's
+        start, as retention having removed the records below it would make it)."""
         with self._lock:
-            self._fetch_fault = [error_code, times]
+            self._fetch_fault = [error_code, times, -1 if log_start is None else log_start]
 
     def seen(self, api_key: int) -> int:
         with self._lock:
@@ -314,9 +316,13 @@ class KafkaFaultProxy:
             if at is not None:
                 with self._lock:
                     self._fetch_fault[1] -= 1
-                    error_code = self._fetch_fault[0]
+                    error_code, _, log_start = self._fetch_fault
                     self.injected.append((api_key, version, error_code))
-                return frame[:at] + struct.pack(">h", error_code) + frame[at + 2:]
+                frame = frame[:at] + struct.pack(">h", error_code) + frame[at + 2:]
+                if log_start >= 0:
+                    start_at = at + 2 + 8 + 8     # past the error code, high watermark, last stable offset
+                    frame = frame[:start_at] + struct.pack(">q", log_start) + frame[start_at + 8:]
+                return frame
         refused = self._refused.pop(correlation, None)
         if refused is not None:
             partition, error_code = refused
