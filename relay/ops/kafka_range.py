@@ -275,3 +275,18 @@ def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
                     finish(p)
     finally:
         consumer.unassign()
+
+
+def read_topics(consumer: Consumer, ranges: dict[str, list[PartitionRange]], deadline: float,
+                unfinished: set[tuple[str, int]]) -> Generator[Message, None, None]:
+    """:func:`read` over several topics, one after the other, until ``deadline``: past it,
+    the generator ends, and the (topic, partition) pairs not read to their end are added
+    to ``unfinished``. Closing it early leaves the consumer unassigned."""
+    topics = list(ranges.items())
+    for i, (topic, parts) in enumerate(topics):
+        try:
+            yield from read(consumer, topic, parts, deadline=deadline)
+        except OutOfTime as late:
+            unfinished.update((topic, p) for p in late.partitions)
+            unfinished.update((t, r.partition) for t, rest in topics[i + 1:] for r in rest)
+            return

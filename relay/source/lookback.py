@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,7 +39,7 @@ from relay.config import KafkaConfig, LookbackConfig
 from relay.events import LineageEvent, SourceRef
 from relay.logs import log_event
 from relay.ops import OpsError
-from relay.ops.kafka_range import OutOfTime, PartitionRange, open_consumer, read
+from relay.ops.kafka_range import PartitionRange, open_consumer, read_topics
 from relay.source.offsets import Partition, format_partitions
 from relay.stages.decode import decode_record
 
@@ -126,8 +125,7 @@ class _Reader:
         self._max_bytes = max_bytes
         self._deadline = deadline
         self._consumer: Consumer | None = None
-        #: What is left to read, topic by topic (None until opened), and the current read.
-        self._topics: deque[tuple[str, list[PartitionRange]]] | None = None
+        #: The read (None until opened).
         self._reading: Generator[Message, None, None] | None = None
         #: Partitions not read back to their committed offset for want of time.
         self.unfinished: set[Partition] = set()
@@ -135,7 +133,7 @@ class _Reader:
         self.floors: dict[Partition, tuple[int, int]] = {}
         self.records = 0
 
-    def _open(self) -> deque[tuple[str, list[PartitionRange]]]:
+    def _open(self) -> dict[str, list[PartitionRange]]:
         """The ranges to read: up to ``max_records`` before each committed offset."""
         consumer = self._consumer = open_consumer(self._kafka, self._kafka.group_id, client_id="lineage-relay-lookback",
                                                   overrides={"queued.max.messages.kbytes": _QUEUED_KBYTES})
@@ -152,42 +150,23 @@ class _Reader:
                 ranges.setdefault(tp.topic, []).append(PartitionRange(tp.partition, start, tp.offset))
             if start > low:
                 self.floors[(tp.topic, tp.partition)] = (low, start)
-        return deque(ranges.items())
+        return ranges
 
     def _left(self) -> float:
         """Seconds left for the look-back (a broker request needs some, even late)."""
         return max(0.1, self._deadline - time.monotonic())
 
-    def _next(self) -> Message | None:
-        """The next record to read back, or None when done (or out of time)."""
-        topics = self._topics
-        assert topics is not None and self._consumer is not None
-        while topics:
-            topic, parts = topics[0]
-            if self._reading is None:
-                self._reading = read(self._consumer, topic, parts, deadline=self._deadline)
-            try:
-                msg = next(self._reading, None)
-            except OutOfTime as late:
-                self.unfinished = {(topic, p) for p in late.partitions}
-                self.unfinished.update((t, r.partition) for t, rest in list(topics)[1:] for r in rest)
-                topics.clear()
-                return None
-            if msg is not None:
-                return msg
-            topics.popleft()
-            self._reading = None
-        return None
-
     def next_chunk(self) -> list[LineageEvent] | None:
         """The next events read back (about ``_CHUNK_BYTES`` of records, decoded), or None
         when done (or out of time: see ``unfinished``)."""
-        if self._topics is None:
-            self._topics = self._open()
+        if self._reading is None:
+            ranges = self._open()
+            assert self._consumer is not None
+            self._reading = read_topics(self._consumer, ranges, self._deadline, self.unfinished)
         events: list[LineageEvent] = []
         size = 0
         while size < _CHUNK_BYTES:
-            msg = self._next()
+            msg = next(self._reading, None)
             if msg is None:
                 return events or None
             self.records += 1

@@ -39,7 +39,7 @@ from typing import Protocol
 from relay.config import KafkaConfig, LookbackConfig
 from relay.events import LineageEvent
 from relay.logs import log_event
-from relay.ops.kafka_range import OutOfTime, PartitionRange, open_consumer, read
+from relay.ops.kafka_range import PartitionRange, open_consumer, read_topics
 from relay.source.offsets import Partition, format_partitions
 from relay.stages.decode import decode_record
 
@@ -196,30 +196,22 @@ class _Reader:
                 PartitionRange(partition, max(low, start - self._search_records), start))
         consumer = open_consumer(self._kafka, self._kafka.group_id, client_id="lineage-relay-run-search",
                                  overrides={"queued.max.messages.kbytes": _QUEUED_KBYTES})
-        topics = list(ranges.items())
         try:
-            for i, (topic, parts) in enumerate(topics):
-                try:
-                    self._read(consumer, topic, parts)
-                except OutOfTime as late:
-                    self.unfinished.update((topic, p) for p in late.partitions)
-                    self.unfinished.update((t, r.partition) for t, rest in topics[i + 1:] for r in rest)
-                    break
+            self._read(consumer, ranges)
         finally:
             consumer.close()
         return self.found
 
-    def _read(self, consumer, topic: str, parts: list[PartitionRange]) -> None:  # noqa: ANN001
-        found = self.found
+    def _read(self, consumer, ranges: dict[str, list[PartitionRange]]) -> None:  # noqa: ANN001
+        found, parts = self.found, self._parts
         max_bytes = self._max_bytes
-        floors = {r.partition: self._parts[(topic, r.partition)] for r in parts}
-        reading = read(consumer, topic, parts, deadline=self._deadline)
+        reading = read_topics(consumer, ranges, self._deadline, self.unfinished)
         try:
             for msg in reading:
                 self.records += 1
-                partition = msg.partition()
-                if not self._live((topic, partition), floors[partition]):
-                    if not any(self._live((topic, p), f) for p, f in floors.items()):
+                part = (msg.topic(), msg.partition())
+                if not self._live(part, parts[part]):
+                    if not any(self._live(p, f) for p, f in parts.items()):
                         return  # revoked (or closing): nothing left worth reading
                     continue
                 value = msg.value()
@@ -228,7 +220,7 @@ class _Reader:
                 event = decode_record(value, max_bytes=max_bytes)
                 if type(event) is not LineageEvent or event.run_id is None:
                     continue
-                runs = found.setdefault((topic, partition), {})
+                runs = found.setdefault(part, {})
                 if event.event_type == "START":
                     runs.setdefault(event.run_id, False)
                 elif event.is_terminal:
