@@ -28,6 +28,7 @@ from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker, Partition
 from relay.state.store import RunStateStore
 
+# The relay's logger, as before these handlers had a module of their own: log filters on it keep working.
 log = logging.getLogger("relay.app")
 
 #: At most this long, a revocation waits for deliveries under way (with the state settle,
