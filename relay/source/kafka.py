@@ -159,8 +159,11 @@ class KafkaSource:
         elif checked is not tps:
             consumer.assign(checked)  # eager: the whole assignment, some with a start offset
         self.assignment.update(parts)
-        if self.paused and tps:
-            consumer.pause(tps)
+        if tps:
+            # librdkafka keeps a partition paused by the application across its unassignment
+            # and a later assignment: one paused when it was revoked or lost, and not resumed
+            # since (set_paused resumes only what is assigned), would never be fetched again.
+            (consumer.pause if self.paused else consumer.resume)(tps)
         self._hand_over(self._on_assign, parts)
         log_event(log, logging.INFO, "partitions_assigned", partitions=format_partitions(parts))
 

@@ -51,6 +51,39 @@ def test_partitions_lost_with_events_pending_lose_nothing():
     assert_run_order(collector.events())
 
 
+def test_partitions_lost_while_paused_are_read_again_once_assigned_back():
+    """librdkafka keeps a partition paused by the application across its unassignment and
+    a later assignment. Here the relay pauses for backpressure (the collector down, its
+    window full), loses its partitions, gives back what it held for them (so it resumes,
+    with nothing assigned) and is assigned them again: unless they are resumed then, they
+    are never read again, silently (polls go on, empty)."""
+    with proxied_broker() as (broker, proxy), RecordingCollector() as collector:
+        broker.create_topic("events", 2)
+        first, second = sample_stream(30, seed=7), sample_stream(30, seed=8)
+        produce(broker.bootstrap_servers, "events", first)
+        relay = RelayThread(relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g",
+                                         dlq="dlq", collector={"max_pending": 10})).start()
+        try:
+            assert collector.wait_for(lambda c: c.count == len(first), 60), "the first part delivered"
+            collector.set_outage(503)
+            produce(broker.bootstrap_servers, "events", second)
+            assert eventually(lambda: relay.relay.source.paused, 30), "paused for backpressure"
+            consumed = relay.metric("lineage_relay_events_consumed_total")
+            proxy.answer_with_error(HEARTBEAT, UNKNOWN_MEMBER_ID)
+            assert eventually(lambda: proxy.injected, 10), "the heartbeat answered with the error"
+            assert eventually(lambda: relay.metric("lineage_relay_events_consumed_total") > consumed, 30), \
+                "the partitions were read again once assigned back"
+            collector.clear_outage()
+            unique = {canonical(orjson.loads(v)) for _, v in first + second}
+            assert collector.wait_for(lambda c: {canonical(e) for e in c.events()} >= unique, 60), \
+                f"{len(unique - {canonical(e) for e in collector.events()})} events never delivered"
+            assert eventually(lambda: committed(broker) == len(first) + len(second), 30)
+            assert relay.error is None
+        finally:
+            relay.stop()
+    assert_run_order(collector.events())
+
+
 def pending_behind_an_outage(broker, collector, relay, first, second) -> int:  # noqa: ANN001
     """Once ``relay`` delivered ``first``, the collector goes down and ``second`` is
     produced; returns the events in all, once the relay consumed them (now pending)."""
