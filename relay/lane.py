@@ -144,6 +144,11 @@ class CollectorLane:
         """Runs holding events for their START: id, since when, first event held."""
         return self._sequencer.held_since() if self._sequencer is not None else []
 
+    def routes(self, event: LineageEvent) -> bool:
+        """Whether this collector takes ``event`` by its route (pure: safe from another
+        thread, as the run search's)."""
+        return self._router is None or self._router.accepts(event) is None
+
     def learn_earlier(self, run_id: str, *, finished: bool, now: float) -> None:
         """Held run ``run_id`` began before the committed offset, further back than the
         look-back read (found by :mod:`relay.source.run_search`): release its hold."""

@@ -208,12 +208,14 @@ class OutOfTime(OpsError):
 
 
 def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
-         progress: Callable[[int], None] = lambda n: None, deadline: float | None = None) -> Generator[Message, None, None]:
+         progress: Callable[[int], None] = lambda n: None, deadline: float | None = None,
+         stop: Callable[[], bool] | None = None) -> Generator[Message, None, None]:
     """Yield every record in ``ranges``, partition by partition in offset order.
 
     ``progress(n)`` is told how many offsets were covered (records yielded, skipped by
     timestamp, or a partition's remainder when it ends early), adding up to the sum of
-    the ranges' ``size``. Past ``deadline`` (``time.monotonic()``) it raises
+    the ranges' ``size``. Past ``deadline`` (``time.monotonic()``), or once ``stop()``
+    says so (asked before each fetch, at least every 0.1 s, records or not), it raises
     :class:`OutOfTime`. The consumer is left unassigned."""
     pending = {r.partition: r for r in ranges if r.size > 0}
     started = {p: r.from_ms is None for p, r in pending.items()}
@@ -236,6 +238,8 @@ def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
         while pending:
             if deadline is not None and time.monotonic() > deadline:
                 raise OutOfTime(f"reading {topic} out of time", sorted(pending))
+            if stop is not None and stop():
+                raise OutOfTime(f"reading {topic} stopped", sorted(pending))
             messages = consumer.consume(_BATCH, 0.1)
             if not messages and time.monotonic() - last_progress > _STALL_S:
                 where = ", ".join(f"{topic}/{p} at {covered[p]} (end {r.end})" for p, r in pending.items())
@@ -278,14 +282,15 @@ def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
 
 
 def read_topics(consumer: Consumer, ranges: dict[str, list[PartitionRange]], deadline: float,
-                unfinished: set[tuple[str, int]]) -> Generator[Message, None, None]:
-    """:func:`read` over several topics, one after the other, until ``deadline``: past it,
-    the generator ends, and the (topic, partition) pairs not read to their end are added
-    to ``unfinished``. Closing it early leaves the consumer unassigned."""
+                unfinished: set[tuple[str, int]], *,
+                stop: Callable[[], bool] | None = None) -> Generator[Message, None, None]:
+    """:func:`read` over several topics, one after the other, until ``deadline`` (or
+    ``stop()``): then the generator ends, and the (topic, partition) pairs not read to
+    their end are added to ``unfinished``. Closing it early leaves the consumer unassigned."""
     topics = list(ranges.items())
     for i, (topic, parts) in enumerate(topics):
         try:
-            yield from read(consumer, topic, parts, deadline=deadline)
+            yield from read(consumer, topic, parts, deadline=deadline, stop=stop)
         except OutOfTime as late:
             unfinished.update((topic, p) for p in late.partitions)
             unfinished.update((t, r.partition) for t, rest in topics[i + 1:] for r in rest)

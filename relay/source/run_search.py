@@ -12,18 +12,23 @@ partition's next ``search_records`` records below the look-back are read, once p
 assignment, in the background (an assign-only consumer on a thread of its own;
 consumption goes on), within ``search_timeout_s``. Only records whose
 ``eventType`` (read from the bytes) is START or a terminal type are decoded, and what is
-kept is which runs began there and which of them ended (a run id and a flag each, so at
-most ``search_records`` of them). Each collector's held runs found there are then
-released (:meth:`relay.lane.CollectorLane.learn_earlier`): their held events follow in
-order, or are dropped as ``after_terminal`` when the run had ended; a run held later in
-that partition is looked up in what was found. A run not found is held as before.
-Found runs are counted in
+kept is which runs began there and which of them ended, per collector: a START or a
+terminal counts for a collector only if its route takes it, as the look-back's do (a run
+id and a few bits each, so at most ``search_records`` of them). Each collector's held runs
+found there are then released (:meth:`relay.lane.CollectorLane.learn_earlier`): their
+held events follow in order, or are dropped as ``after_terminal`` when the run had ended;
+a run held later in that partition is looked up in what was found. A run not found is
+held as before. A collector is told about a run once: from then on its own state
+decides, as for any run it saw begin. Found runs are counted in
 ``lineage_relay_lookback_runs_found_total{collector,result}`` (``open``, ``finished``).
 
 Everything below the committed offset was delivered, dead-lettered or deliberately not
 forwarded (held events keep their offsets uncommitted), so a START found there is one
 the collector had, as the look-back assumes. A search that fails or runs out of time is
-logged (``run_search_failed``, ``run_search_incomplete``); what it found is used.
+logged (``run_search_failed``, ``run_search_incomplete``); of what it found, only the runs
+seen to end are used (one seen to begin may have ended in what was not read). What was
+found for a partition is forgotten when it is revoked; a search stops once none of its
+partitions is still assigned as it was, or the relay closes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -47,8 +51,6 @@ log = logging.getLogger("relay.run_search")
 
 #: What librdkafka fetches ahead for the search (its default is 64 MB a partition).
 _QUEUED_KBYTES = "16384"
-#: Held runs looked up and not found, remembered so as not to look them up every tick.
-_MISSES_KEPT = 100_000
 _EVENT_TYPE = b'"eventType"'
 _START_OR_END = (b'START"', b'COMPLETE"', b'FAIL"', b'ABORT"')
 
@@ -78,6 +80,24 @@ class HoldingLane(Protocol):
 
     def learn_earlier(self, run_id: str, *, finished: bool, now: float) -> None: ...
 
+    def routes(self, event: LineageEvent) -> bool: ...
+
+
+#: Per run found and per lane (two bits each, lane ``i`` at ``2 * i``): the lane takes the
+#: START found (its route accepts it), the lane takes a terminal found.
+_BEGAN, _ENDED = 1, 2
+
+
+class _Found:
+    """What one search found in one partition, for one assignment of it (``floor``)."""
+
+    __slots__ = ("floor", "runs")
+
+    def __init__(self, floor: tuple[int, int], runs: dict[str, int]) -> None:
+        self.floor = floor
+        #: Run id -> the lanes' bits (see _BEGAN); a lane's bits are cleared once it was told.
+        self.runs = runs
+
 
 class RunSearch:
     """See the module docstring. ``floors`` is the look-back's (shared, kept up to date by
@@ -94,45 +114,51 @@ class RunSearch:
         self._lanes = lanes
         self._on_found = on_found
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="run-search")
-        #: Per partition searched: run id -> whether the run had ended there.
-        self._found: dict[Partition, dict[str, bool]] = {}
-        self._misses: OrderedDict[str, None] = OrderedDict()
+        self._found: dict[Partition, _Found] = {}
         self._task: asyncio.Task | None = None
         self._closed = False
 
     def tick(self, now: float) -> None:
         """Release the held runs found so far; start a search for the partitions whose
         runs have been held ``search_after_s`` (one search at a time)."""
-        floors = self._floors
+        floors, found = self._floors, self._found
+        for p in [p for p, f in found.items() if floors.get(p) is not f.floor]:
+            del found[p]  # revoked (and maybe assigned again): a later search reads it afresh
         if not floors:
             return
-        for p in [p for p in self._found if p not in floors]:
-            del self._found[p]  # revoked: a later assignment reads it back afresh
         wanted: dict[Partition, tuple[int, int]] = {}
+        due: list[tuple[int, str, int, _Found]] = []
         after_s = self._search_after_s
-        misses = self._misses
-        for lane in self._lanes:
+        for i, lane in enumerate(self._lanes):
+            shift = 2 * i
             for run_id, since, event in lane.held_runs():
                 src = event.source
-                if src is None or run_id in misses:
+                if src is None:
                     continue
                 part = (src.topic, src.partition)
                 floor = floors.get(part)
                 if floor is None:
                     continue
-                runs = self._found.get(part)
-                if runs is None:
+                searched = found.get(part)
+                if searched is None:
                     if now - since >= after_s:
                         wanted[part] = floor
                     continue
-                finished = runs.get(run_id)
-                if finished is None:
-                    misses[run_id] = None
-                    if len(misses) > _MISSES_KEPT:
-                        misses.popitem(last=False)
-                    continue
-                lane.learn_earlier(run_id, finished=finished, now=now)
-                self._on_found(lane.name, finished)
+                bits = searched.runs.get(run_id, 0) >> shift & 3
+                if bits:
+                    due.append((i, run_id, bits, searched))
+        # Told after the loops: learn_earlier changes what held_runs() lists.
+        for i, run_id, bits, searched in due:
+            lane = self._lanes[i]
+            lane.learn_earlier(run_id, finished=bool(bits & _ENDED), now=now)
+            self._on_found(lane.name, bool(bits & _ENDED))
+            # This lane's own state takes over: were it to forget the run and hold it again,
+            # it would be held as any run it never saw begin.
+            rest = searched.runs.get(run_id, 0) & ~(3 << 2 * i)
+            if rest:
+                searched.runs[run_id] = rest
+            else:
+                searched.runs.pop(run_id, None)
         if wanted and self._task is None and not self._closed:
             self._task = asyncio.get_running_loop().create_task(self._search(wanted))
 
@@ -140,27 +166,35 @@ class RunSearch:
         loop = asyncio.get_running_loop()
         began = time.monotonic()
         reader = _Reader(self._kafka, parts, self._config.search_records, self._max_bytes,
-                         deadline=began + self._config.search_timeout_s, live=self._live)
+                         deadline=began + self._config.search_timeout_s, live=self._live,
+                         routes=[lane.routes for lane in self._lanes])
+        failed = False
         try:
-            found = await loop.run_in_executor(self._executor, reader.run)
+            await loop.run_in_executor(self._executor, reader.run)
         except Exception as err:  # noqa: BLE001 - a background search must not stop the relay
-            # (KafkaException, OpsError, or a bug): what it found is used, and the partitions
-            # are not searched again in this assignment.
-            found = reader.found
+            # (KafkaException, OpsError, or a bug): the runs it saw end are used, and the
+            # partitions are not searched again in this assignment.
+            failed = True
             log_event(log, logging.WARNING, "run_search_failed", partitions=format_partitions(sorted(parts)),
                       error=str(err)[:300], hint="runs not found are held until hold_timeout_s")
         finally:
             self._task = None
-        if reader.unfinished:
+        live = {part: floor for part, floor in parts.items() if self._floors.get(part) is floor}
+        unfinished = set(parts) if failed else reader.unfinished & set(live)
+        if unfinished and not failed:
             log_event(log, logging.WARNING, "run_search_incomplete",
-                      partitions=format_partitions(sorted(reader.unfinished)), timeout_s=self._config.search_timeout_s,
+                      partitions=format_partitions(sorted(unfinished)), timeout_s=self._config.search_timeout_s,
                       hint="raise pipeline.lookback.search_timeout_s, or lower search_records")
-        for part, floor in parts.items():
-            if self._floors.get(part) is floor:  # still the assignment it was searched for
-                self._found[part] = found.get(part, {})
-        self._misses.clear()  # what a search found may be what they missed
+        ended_only = sum(_ENDED << 2 * i for i in range(len(self._lanes)))
+        for part, floor in live.items():  # still the assignment it was searched for
+            runs = reader.found.get(part, {})
+            if part in unfinished:
+                # Not read to the floor: a run seen to begin may have ended above what was
+                # read. Only what was seen to end is certain.
+                runs = {run_id: bits & ended_only for run_id, bits in runs.items() if bits & ended_only}
+            self._found[part] = _Found(floor, runs)
         log_event(log, logging.INFO, "run_search_read", partitions=format_partitions(sorted(parts)),
-                  records=reader.records, runs=sum(len(r) for r in found.values()),
+                  records=reader.records, runs=sum(len(r) for r in reader.found.values()),
                   seconds=round(time.monotonic() - began, 3))
 
     def _live(self, part: Partition, floor: tuple[int, int]) -> bool:
@@ -175,21 +209,25 @@ class RunSearch:
 
 
 class _Reader:
-    """Runs on the search's thread only."""
+    """Runs on the search's thread only. ``routes[i](event)``: whether lane ``i`` takes
+    ``event`` (pure: its route's rules)."""
 
     def __init__(self, kafka: KafkaConfig, parts: dict[Partition, tuple[int, int]], search_records: int,
-                 max_bytes: int, *, deadline: float, live: Callable[[Partition, tuple[int, int]], bool]) -> None:
+                 max_bytes: int, *, deadline: float, live: Callable[[Partition, tuple[int, int]], bool],
+                 routes: Sequence[Callable[[LineageEvent], bool]]) -> None:
         self._kafka = kafka
         self._parts = parts
         self._search_records = search_records
         self._max_bytes = max_bytes
         self._deadline = deadline
         self._live = live
-        self.found: dict[Partition, dict[str, bool]] = {}
+        self._routes = routes
+        #: Per partition: run id -> the lanes' bits (see _BEGAN).
+        self.found: dict[Partition, dict[str, int]] = {}
         self.unfinished: set[Partition] = set()
         self.records = 0
 
-    def run(self) -> dict[Partition, dict[str, bool]]:
+    def run(self) -> dict[Partition, dict[str, int]]:
         ranges: dict[str, list[PartitionRange]] = {}
         for (topic, partition), (low, start) in self._parts.items():
             ranges.setdefault(topic, []).append(
@@ -202,16 +240,21 @@ class _Reader:
             consumer.close()
         return self.found
 
+    def _any_live(self) -> bool:
+        return any(self._live(p, f) for p, f in self._parts.items())
+
     def _read(self, consumer, ranges: dict[str, list[PartitionRange]]) -> None:  # noqa: ANN001
         found, parts = self.found, self._parts
-        max_bytes = self._max_bytes
-        reading = read_topics(consumer, ranges, self._deadline, self.unfinished)
+        max_bytes, routes = self._max_bytes, self._routes
+        # Stops when none of its partitions is assigned as it was any more (or the relay
+        # closes), records or not.
+        reading = read_topics(consumer, ranges, self._deadline, self.unfinished, stop=lambda: not self._any_live())
         try:
             for msg in reading:
                 self.records += 1
                 part = (msg.topic(), msg.partition())
                 if not self._live(part, parts[part]):
-                    if not any(self._live(p, f) for p, f in parts.items()):
+                    if not self._any_live():
                         return  # revoked (or closing): nothing left worth reading
                     continue
                 value = msg.value()
@@ -220,10 +263,18 @@ class _Reader:
                 event = decode_record(value, max_bytes=max_bytes)
                 if type(event) is not LineageEvent or event.run_id is None:
                     continue
-                runs = found.setdefault(part, {})
                 if event.event_type == "START":
-                    runs.setdefault(event.run_id, False)
+                    bit = _BEGAN
                 elif event.is_terminal:
-                    runs[event.run_id] = True
+                    bit = _ENDED
+                else:
+                    continue
+                mask = 0
+                for i, route in enumerate(routes):
+                    if route(event):
+                        mask |= bit << 2 * i
+                if mask:
+                    runs = found.setdefault(part, {})
+                    runs[event.run_id] = runs.get(event.run_id, 0) | mask
         finally:
             reading.close()  # it unassigns the consumer
