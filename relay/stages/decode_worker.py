@@ -24,15 +24,12 @@ Contract of :meth:`DecodeWorker.submit` (and :meth:`DecodeWorker.decode`, which 
 * Bounded memory: values go over in chunks of at most ``chunk_bytes`` (a bigger value
   goes alone); the child holds two chunks, the one it decodes (and its parsed trees) and
   the next, read ahead (their small values in two buffers it reuses, at most
-  ``chunk_bytes`` each, see :class:`_Inbox`), the pipe at most :data:`_PIPE_BYTES`, and a
-  writer blocks when all are full. The values themselves are
-  the caller's (the consumed records), counted by its back-pressure.
+  ``chunk_bytes`` each, see :class:`~relay.stages.decode_pipe.Inbox`), the pipe at most
+  1 MiB, and a writer blocks when all are full. The values themselves are the caller's
+  (the consumed records), counted by its back-pressure.
 * The child exits when its input closes, so it never outlives the relay (kill -9 included).
 
-To the child: a batch is a count, one signed 64-bit length per value (-1 for a null
-value), then the values' bytes, written as they are (no copy). From the child: an 8-byte
-length, then a pickle of the compact results (the child is our own code, started by us:
-nothing untrusted is unpickled).
+What crosses the pipes, and how: :mod:`relay.stages.decode_pipe`.
 """
 
 from __future__ import annotations
@@ -48,17 +45,26 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from relay.events import LineageEvent, Rejection
+from relay.events import LineageEvent
 from relay.logs import log_event
 from relay.memory import release_after, tune_malloc
-from relay.stages.decode import decode_fields, decode_record, event_time_from_text
+from relay.stages.decode import decode_fields, decode_record
+from relay.stages.decode_pipe import (
+    Decoded,
+    Inbox,
+    compact,
+    expand,
+    grow_pipe,
+    read_frame,
+    read_values,
+    write_frame,
+    write_values,
+)
 
 log = logging.getLogger("relay.decode_worker")
 
-_HEADER = struct.Struct("!Q")
-_COUNT = struct.Struct("=I")
 #: Consecutive failures after which decoding stays in this process.
 _MAX_FAILURES = 3
 #: The child's scheduling priority, below the relay's: delivery is the latency-critical
@@ -73,14 +79,6 @@ PRIORITIES = ("low", "idle")
 #: The child's GIL switch interval: its input thread waits at most this long for the GIL
 #: after each read (the default 5 ms, per read of a 1 MiB pipe, starved the decoder).
 _CHILD_SWITCH_S = 0.0002
-#: Linux pipes hold 64 KiB by default; a bigger buffer means fewer wake-ups per batch.
-_PIPE_BYTES = 1 << 20
-_F_SETPIPE_SZ = 1031
-#: The child reads values below this size together with their neighbours (one read, then
-#: cut up); a bigger one alone, so that it is not copied again.
-_JOIN_BELOW = 256 * 1024
-
-Decoded = LineageEvent | Rejection
 
 
 class DecodeWorker:
@@ -176,7 +174,7 @@ class DecodeWorker:
             batch.part_done(index, self._decode_here(chunk))
             return
         try:
-            _write_values(child.stdin, chunk)
+            write_values(child.stdin, chunk)
         except (OSError, ValueError):
             # The child is gone or going: its reader decodes here what it held, this included.
             child.kill()
@@ -209,7 +207,7 @@ class DecodeWorker:
             [sys.executable, "-m", "relay.stages.decode_worker", str(self._max_bytes), self.priority],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         for pipe in (proc.stdin, proc.stdout):
-            _grow_pipe(pipe)
+            grow_pipe(pipe)
         child = _Child(proc)
         child.reader = threading.Thread(target=self._read_answers, args=(child,), name="decode-worker-reader",
                                         daemon=True)
@@ -223,7 +221,7 @@ class DecodeWorker:
         error: str | None = None
         while error is None:
             try:
-                payload = _read_frame(child.stdout)
+                payload = read_frame(child.stdout)
             except (OSError, EOFError, ValueError) as err:
                 error = f"{type(err).__name__}: {err}"
                 break
@@ -236,7 +234,7 @@ class DecodeWorker:
                 answers = pickle.loads(payload)
                 if len(answers) != len(values):
                     raise ValueError(f"decode worker answered {len(answers)} results for {len(values)} values")
-                results = [_expand(answer, value) for answer, value in zip(answers, values)]
+                results = [expand(answer, value) for answer, value in zip(answers, values)]
             except (ValueError, TypeError, pickle.PickleError, struct.error) as err:
                 child.pending.appendleft((values, batch, index))
                 error = f"{type(err).__name__}: {err}"
@@ -331,164 +329,6 @@ class _Child:
                 reader.join(timeout=5)
 
 
-def _compact(found: Rejection | tuple[Any, ...], value: bytes | None) -> tuple[Any, ...]:
-    """What crosses the pipe for what :func:`decode_fields` found in ``value``: no parsed
-    tree, no copy of ``value``, the event time as text (a datetime costs ~2 us to pickle,
-    more than the rest of the answer)."""
-    if type(found) is Rejection:
-        return (found.reason, found.detail)
-    _doc, body, kind, digest, _event_time, event_time_text, run_id, event_type, job_namespace, job_name, \
-        parent_run_id = found
-    return (kind, None if body is value else body, digest, event_time_text, run_id, event_type, job_namespace,
-            job_name, parent_run_id)
-
-
-def _expand(answer: tuple[Any, ...], value: bytes | None) -> Decoded:
-    if len(answer) == 2:
-        return Rejection(*answer)
-    kind, body, digest, event_time_text, run_id, event_type, job_namespace, job_name, parent_run_id = answer
-    return LineageEvent(kind, None, value if body is None else body, digest, event_time_from_text(event_time_text),
-                        run_id, event_type, job_namespace, job_name, parent_run_id)
-
-
-def _write_values(pipe: IO[bytes], values: Sequence[bytes | None]) -> None:
-    # Written with writev, straight from the consumed records: no copy of the batch (joined,
-    # 8000 records of 3.5 KB took ~5 ms under the GIL, the event loop's time), and the GIL
-    # is released while the pipe drains. Where there is no writev, the same buffers go
-    # through the pipe's own buffering.
-    buffers: list[bytes | memoryview] = [
-        _COUNT.pack(len(values)),
-        struct.pack(f"={len(values)}q", *(-1 if v is None else len(v) for v in values)),
-        *(v for v in values if v)]
-    if _writev is not None:
-        pipe.flush()
-        _writev_all(pipe.fileno(), buffers)
-        return
-    for buffer in buffers:
-        pipe.write(buffer)
-    pipe.flush()
-
-
-_writev = getattr(os, "writev", None)
-_IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX")) if hasattr(os, "sysconf") else 1024
-
-
-def _writev_all(fd: int, buffers: list[bytes | memoryview]) -> None:
-    """Write all of ``buffers`` to ``fd`` in order, whatever the kernel takes per call."""
-    assert _writev is not None
-    i, count = 0, len(buffers)
-    while i < count:
-        written = _writev(fd, buffers[i:i + _IOV_MAX])
-        while i < count and written >= len(buffers[i]):
-            written -= len(buffers[i])
-            i += 1
-        if written:  # a buffer went in part: the rest of it first
-            buffers[i] = memoryview(buffers[i])[written:]
-
-
-def _read_values(pipe: IO[bytes], inbox: _Inbox | None = None) -> list[bytes | memoryview | None]:
-    """One batch of values, as :func:`_write_values` wrote it. With ``inbox``, the small
-    values are memoryviews into its buffer, valid until the next call with it."""
-    count = _COUNT.unpack(_read_exactly(pipe, _COUNT.size))[0]
-    if inbox is not None:
-        inbox.begin()
-    lengths = struct.unpack(f"={count}q", _read_exactly(pipe, 8 * count))
-    # A run of values below _JOIN_BELOW is read in one call and cut up (one read per value
-    # cost more than the copy); a large value is read alone, not copied again.
-    values: list[bytes | memoryview | None] = []
-    run_start = 0
-    for i, n in enumerate(lengths):
-        if n >= _JOIN_BELOW:
-            values.extend(_read_small(pipe, lengths[run_start:i], inbox))
-            values.append(_read_exactly(pipe, n))
-            run_start = i + 1
-    values.extend(_read_small(pipe, lengths[run_start:], inbox))
-    return values
-
-
-def _read_small(pipe: IO[bytes], lengths: Sequence[int], inbox: _Inbox | None) -> list[bytes | memoryview | None]:
-    size = sum(n for n in lengths if n > 0)
-    data: bytes | memoryview = _read_exactly(pipe, size) if inbox is None else inbox.read(pipe, size)
-    values: list[bytes | memoryview | None] = []
-    at = 0
-    for n in lengths:
-        if n < 0:
-            values.append(None)
-        else:
-            values.append(data[at:at + n])
-            at += n
-    return values
-
-
-class _Inbox:
-    """The child's input buffer, reused from batch to batch. A new buffer per batch and a
-    copy per value cost ~3.5 us per 3.5 KB event (page faults and copies, measured), about
-    a third of parsing it; a memoryview slice costs nothing like that.
-
-    :meth:`begin` starts a batch; each :meth:`read` of it gets its own region, so the
-    views of one batch never overlap. When a region does not fit, a new buffer takes over
-    (the views already given keep the old one alive until they go). It grows to the small
-    values of one chunk (``chunk_bytes``) and stays there; large values are read on their
-    own, not into it."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._used = 0
-
-    def begin(self) -> None:
-        self._used = 0
-
-    def read(self, pipe: IO[bytes], size: int) -> memoryview:
-        start = self._used
-        if start + size > len(self._buffer):
-            self._buffer = bytearray(max(size, len(self._buffer)))
-            start = 0
-        self._used = start + size
-        view = memoryview(self._buffer)[start:start + size]
-        got = 0
-        while got < size:
-            n = pipe.readinto(view[got:])  # type: ignore[attr-defined]
-            if not n:
-                raise EOFError("the pipe closed mid-frame")
-            got += n
-        return view
-
-
-def _read_exactly(pipe: IO[bytes], size: int) -> bytes:
-    data = pipe.read(size) if size else b""
-    if len(data) < size:
-        raise EOFError("the pipe closed mid-frame")
-    return data
-
-
-def _write_frame(pipe: IO[bytes], payload: bytes) -> None:
-    pipe.write(_HEADER.pack(len(payload)))
-    pipe.write(payload)
-    pipe.flush()
-
-
-def _read_frame(pipe: IO[bytes]) -> bytes:
-    header = pipe.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        raise EOFError("decode worker closed its output")
-    (size,) = _HEADER.unpack(header)
-    payload = pipe.read(size)
-    if len(payload) < size:
-        raise EOFError("decode worker closed its output mid-frame")
-    return payload
-
-
-def _grow_pipe(pipe: IO[bytes] | None) -> None:
-    if pipe is None or not sys.platform.startswith("linux"):
-        return
-    try:
-        import fcntl
-
-        fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
-    except OSError:
-        pass  # capped by /proc/sys/fs/pipe-max-size: the default size works, only slower
-
-
 def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
     """The child's loop: decode each frame of values until the input closes.
 
@@ -500,7 +340,7 @@ def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
     ready: queue.SimpleQueue[tuple[list[bytes | memoryview | None], int] | BaseException | None] = \
         queue.SimpleQueue()
     free: queue.SimpleQueue[int] = queue.SimpleQueue()  # inboxes no batch's views point into
-    inboxes = (_Inbox(), _Inbox())
+    inboxes = (Inbox(), Inbox())
     for index in range(len(inboxes)):
         free.put(index)
 
@@ -508,7 +348,7 @@ def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
         try:
             while True:
                 index = free.get()
-                ready.put((_read_values(inp, inboxes[index]), index))
+                ready.put((read_values(inp, inboxes[index]), index))
         except EOFError:
             ready.put(None)
         except BaseException as err:  # noqa: BLE001 - handed over: the child exits with it
@@ -524,11 +364,11 @@ def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
         values, index = item
         # No answer holds a value (a JSON body that is the value is sent as None): the views
         # into the inbox are gone before it is given back for another batch.
-        answers = [_compact(decode_fields(v, max_bytes=max_bytes), v) for v in values]
+        answers = [compact(decode_fields(v, max_bytes=max_bytes), v) for v in values]
         largest = max((len(v) for v in values if v), default=0)
         del values, item
         free.put(index)
-        _write_frame(out, pickle.dumps(answers, protocol=5))
+        write_frame(out, pickle.dumps(answers, protocol=5))
         release_after(largest)
 
 

@@ -15,7 +15,7 @@ import pytest
 from producer.codec import avro
 from relay.embedded.sample import spark_run
 from relay.events import LineageEvent, Rejection
-from relay.stages import decode_worker
+from relay.stages import decode_pipe, decode_worker
 from relay.stages.decode import AVRO_MARKER, decode_record
 from relay.stages.decode_worker import DecodeWorker
 
@@ -90,8 +90,8 @@ def test_answers_exactly_what_decode_record_does():
 
 def test_batches_over_the_chunk_size_go_in_several_chunks(monkeypatch):
     sent: list[int] = []
-    real = decode_worker._write_values
-    monkeypatch.setattr(decode_worker, "_write_values", lambda pipe, vs: sent.append(len(vs)) or real(pipe, vs))
+    real = decode_worker.write_values
+    monkeypatch.setattr(decode_worker, "write_values", lambda pipe, vs: sent.append(len(vs)) or real(pipe, vs))
     batch = values()[:4] * 50
     size = sum(len(v) for v in batch[:4])
     got = decode_all(DecodeWorker(max_bytes=MAX, chunk_bytes=size * 10), batch)
@@ -227,25 +227,25 @@ def test_values_cross_the_pipe_unchanged_however_the_kernel_takes_them(monkeypat
     if writer == "partial writev":
         def stingy_writev(fd, buffers):  # takes at most 1000 bytes per call, as a busy pipe may
             return os.write(fd, b"".join(bytes(b) for b in buffers)[:1000])
-        monkeypatch.setattr(decode_worker, "_writev", stingy_writev)
+        monkeypatch.setattr(decode_pipe, "_writev", stingy_writev)
     elif writer == "no writev":
-        monkeypatch.setattr(decode_worker, "_writev", None)
+        monkeypatch.setattr(decode_pipe, "_writev", None)
     # Small values on both sides of a large one: with an inbox (the child's reused buffer),
     # the two runs of small values must not share its bytes.
-    batches = [[b"a" * 10, None, b"", b"b" * (decode_worker._JOIN_BELOW + 7), b"c", b"d" * 70_000, None],
-               [b"e" * 100_000, b"f" * 3, b"g" * (decode_worker._JOIN_BELOW + 1), b"h" * 50]]
+    batches = [[b"a" * 10, None, b"", b"b" * (decode_pipe.JOIN_BELOW + 7), b"c", b"d" * 70_000, None],
+               [b"e" * 100_000, b"f" * 3, b"g" * (decode_pipe.JOIN_BELOW + 1), b"h" * 50]]
     read_fd, write_fd = os.pipe()
     got: list = []
-    box = decode_worker._Inbox() if inbox else None
+    box = decode_pipe.Inbox() if inbox else None
 
     def read_all() -> None:  # each batch copied out before the next is read (into the same inbox)
         for _ in batches:
-            got.append([None if v is None else bytes(v) for v in decode_worker._read_values(inp, box)])
+            got.append([None if v is None else bytes(v) for v in decode_pipe.read_values(inp, box)])
 
     with os.fdopen(read_fd, "rb") as inp, os.fdopen(write_fd, "wb") as out:
         reader = threading.Thread(target=read_all)
         reader.start()
         for batch in batches:
-            decode_worker._write_values(out, batch)
+            decode_worker.write_values(out, batch)
         reader.join(timeout=10)
     assert got == batches
