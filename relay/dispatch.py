@@ -20,6 +20,12 @@ no task wake-up and no future (its share of the POST is small).
 
 Deliveries under way can be stopped (:meth:`RunOrderedDispatcher.abort_where`): the relay
 does so for the events of partitions another member now owns, which it sends again.
+
+``prepare``, ``deliver`` and ``deliver_soon`` are not meant to raise (a collector gives up
+with a verdict). If one does anyway (a bug, a third-party collector kind), the event is
+settled with ``failed(error)`` (the relay dead-letters it with reason ``relay_error``),
+``delivery_error`` is logged with the traceback, and delivery goes on: a worker that died
+with it would have left the event's offset, and so its partition's commits, stuck.
 """
 
 from __future__ import annotations
@@ -31,7 +37,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from relay.events import LineageEvent
-from relay.logs import log_event
 
 log = logging.getLogger("relay.dispatch")
 
@@ -44,12 +49,18 @@ def _nothing(event: LineageEvent, result: object) -> None:
     return None
 
 
+def _error(err: Exception) -> Exception:
+    return err
+
+
 class RunOrderedDispatcher:
     def __init__(self, deliver: Callable[[Any], Awaitable[Any]], concurrency: int, *,
                  prepare: Callable[[LineageEvent], Any] = _same,
                  settle: Callable[[LineageEvent, Any], None] = _nothing,
-                 deliver_soon: Callable[[Any, Callable[[Any, Any], None], Any], Any] | None = None) -> None:
+                 deliver_soon: Callable[[Any, Callable[[Any, Any], None], Any], Any] | None = None,
+                 failed: Callable[[Exception], Any] = _error) -> None:
         self._deliver = deliver
+        self._failed = failed
         self._deliver_soon = deliver_soon
         #: Callback mode: events handed to ``deliver_soon`` and not settled yet.
         self._in_flight = 0
@@ -137,16 +148,16 @@ class RunOrderedDispatcher:
                     del queues[key]
                     continue
                 event = queue.popleft()
-                item = None
                 try:
                     item = prepare(event)
-                finally:
-                    if item is None:  # taken care of otherwise (or prepare failed)
-                        self._done(key, queue, event)
-                if item is not None:
-                    self._in_flight += 1
-                    handle = deliver_soon(item, self._verdict, (key, queue, event))
-                    self._sending[id(event)] = (event, handle, key, queue)
+                    if item is not None:
+                        handle = deliver_soon(item, self._verdict, (key, queue, event))
+                        self._in_flight += 1
+                        self._sending[id(event)] = (event, handle, key, queue)
+                        continue
+                except Exception as err:  # noqa: BLE001 - see the module docstring
+                    self._unexpected(event, err)
+                self._done(key, queue, event)  # taken care of otherwise, or failed
         finally:
             self._pumping = False
 
@@ -161,10 +172,20 @@ class RunOrderedDispatcher:
         try:
             self._settle(event, result)
         except Exception as err:  # noqa: BLE001 - the run's next events must still go
-            log_event(log, logging.ERROR, "settle_failed", error=repr(err)[:300], source=str(event.source))
+            log.error("settle_failed", exc_info=err, extra={"fields": {"source": str(event.source)}})
         finally:
             self._done(key, queue, event)
             self._pump()
+
+    def _unexpected(self, event: LineageEvent, err: Exception) -> None:
+        """``prepare`` or the collector raised: settle ``event`` as failed (see the module
+        docstring)."""
+        log.error("delivery_error", exc_info=err, extra={"fields": {"source": str(event.source),
+                                                                    "error": repr(err)[:300]}})
+        try:
+            self._settle(event, self._failed(err))
+        except Exception as again:  # noqa: BLE001 - the run's next events must still go
+            log.error("settle_failed", exc_info=again, extra={"fields": {"source": str(event.source)}})
 
     def _done(self, key: Any, queue: deque[LineageEvent], event: LineageEvent) -> None:
         """``event`` is done with: runs waiting for it, and its own run's next event, may go."""
@@ -198,10 +219,18 @@ class RunOrderedDispatcher:
                 continue
             event = queue.popleft()
             sending[id(event)] = (event, task, key, queue)
+            item = None
             try:
                 item = prepare(event)
                 if item is not None:
-                    settle(event, await deliver(item))
+                    result = await deliver(item)
+                    try:
+                        settle(event, result)
+                    except Exception as err:  # noqa: BLE001 - settled or not, the run goes on
+                        log.error("settle_failed", exc_info=err, extra={"fields": {"source": str(event.source)}})
+                    del result
+            except Exception as err:  # noqa: BLE001 - see the module docstring
+                self._unexpected(event, err)
             except asyncio.CancelledError:
                 if not self._aborted or id(event) not in self._aborted:
                     raise

@@ -42,6 +42,12 @@ log = logging.getLogger("relay.lane")
 _body = attrgetter("body")
 
 
+def _relay_error(err: Exception) -> Undeliverable:
+    """What an exception raised while delivering an event makes of it (a bug in the relay
+    or in a plugged-in collector kind): a dead letter that says so."""
+    return Undeliverable("relay_error", f"the relay failed while delivering it: {type(err).__name__}: {err}"[:1000])
+
+
 class CollectorLane:
     def __init__(self, collector: Collector, config: CollectorConfig, *, pipeline: PipelineConfig,
                  metrics: CollectorMetrics, dead_letters: DeadLetterWriter) -> None:
@@ -61,7 +67,8 @@ class CollectorLane:
         self._dispatcher = RunOrderedDispatcher(collector.deliver, config.concurrency,
                                                 prepare=self._prepare if self._rewriter is not None else _body,
                                                 settle=self._delivered,
-                                                deliver_soon=getattr(collector, "deliver_soon", None))
+                                                deliver_soon=getattr(collector, "deliver_soon", None),
+                                                failed=_relay_error)
         self._sequencer = self._consolidator = self.table = None
         #: Runs whose state the last revoke gave up (see _moved).
         self._moved_runs: set[str] = set()

@@ -21,7 +21,7 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class Undeliverable:
-    reason: str          # "collector_rejected" | "retries_exhausted"
+    reason: str          # "collector_rejected" | "retries_exhausted" | "relay_error"
     detail: str
     status: int | None = None
 

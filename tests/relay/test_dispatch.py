@@ -314,3 +314,80 @@ async def test_callbacks_a_failing_settle_does_not_hold_the_run_and_late_verdict
     await dispatcher.stop()
     done(token, None)  # after stop: ignored, nothing more is handed over
     assert calls == [of_run[0]] and pending == []
+
+
+@pytest.mark.parametrize("make,breaks", [("workers", "prepare"), ("workers", "deliver"), ("workers", "settle"),
+                                         ("callbacks", "prepare"), ("callbacks", "settle")], indirect=["make"])
+async def test_an_exception_while_delivering_settles_the_event_as_failed_and_delivery_goes_on(make, breaks, caplog):
+    """``prepare`` and collectors are not meant to raise. If one does (a bug, a plugged-in
+    collector kind), the event is settled with ``failed(error)`` (a dead letter, in the
+    relay) and logged with its traceback; the run's next events, and every other run, are
+    still delivered, and nothing stays pending (a dead worker used to hold its event's
+    offset, and so its partition's commits, for good). A failing ``settle`` is logged and
+    the run goes on, the event not settled a second time. (A collector that calls back and
+    raises: the next test.)"""
+    evs = [e for e in events(12) if e.run_id is not None]
+    bad = evs[len(evs) // 2]
+    sent, settled = [], []
+
+    def prepare(event):
+        if breaks == "prepare" and event is bad:
+            raise ValueError("prepare broke")
+        return event
+
+    async def deliver(event):
+        if breaks == "deliver" and event is bad:
+            raise ValueError("deliver broke")
+        sent.append(event)
+        return "ok"
+
+    def settle(event, result):
+        settled.append((event, result))
+        if breaks == "settle" and event is bad:
+            raise ValueError("settle broke")
+
+    dispatcher = make(deliver, concurrency=2, prepare=prepare, settle=settle,
+                      failed=lambda err: f"failed: {err}")
+    dispatcher.start()
+    for e in evs:
+        dispatcher.submit(e)
+    assert await dispatcher.wait_idle(30), "every event settled, the broken one included"
+    await dispatcher.stop()
+    assert dispatcher.pending == 0
+    results = {id(e): r for e, r in settled}
+    assert len(settled) == len(evs) == len(results), "each event settled exactly once"
+    if breaks == "settle":
+        assert results[id(bad)] == "ok" and len(sent) == len(evs)
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["settle_failed"]
+    else:
+        assert results[id(bad)] == f"failed: {breaks} broke"
+        assert sorted(map(id, sent)) == sorted(id(e) for e in evs if e is not bad)
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert [r.getMessage() for r in errors] == ["delivery_error"] and errors[0].exc_info is not None
+    # Runs in order all along: each run's events settled in submission order.
+    by_run: dict[str, list] = defaultdict(list)
+    for e, _ in settled:
+        by_run[e.run_id].append(e)
+    for run, got in by_run.items():
+        assert got == [e for e in evs if e.run_id == run]
+
+
+async def test_callbacks_a_collector_whose_deliver_soon_raises_settles_the_event_as_failed():
+    evs = [e for e in events(4) if e.run_id is not None]
+    settled = []
+
+    def deliver_soon(item, done, token):
+        raise RuntimeError("deliver_soon broke")
+
+    async def never(item):
+        raise AssertionError("callback mode must not call deliver")
+
+    dispatcher = RunOrderedDispatcher(never, 4, settle=lambda e, r: settled.append((e, r)), deliver_soon=deliver_soon,
+                                      failed=lambda err: repr(err))
+    dispatcher.start()
+    for e in evs:
+        dispatcher.submit(e)
+    assert await dispatcher.wait_idle(5)
+    await dispatcher.stop()
+    assert [e for e, _ in settled] and sorted(map(id, (e for e, _ in settled))) == sorted(map(id, evs))
+    assert {r for _, r in settled} == {"RuntimeError('deliver_soon broke')"}

@@ -210,3 +210,38 @@ def test_an_adaptive_collector_that_sheds_load_gets_every_event_in_run_order_and
     # Over 4 at once it refuses; the relay's limit keeps that rare: 28-30 refusals here,
     # where the fixed 32 ran into 246 (more than there are events).
     assert busy.shed_count <= len(events) // 2, (busy.shed_count, len(events))
+
+
+def test_a_collector_that_raises_gets_its_event_dead_lettered_and_the_partition_goes_on(kafka, caplog):
+    """A plugged-in kind that raises instead of returning a verdict (a bug): the event is
+    dead-lettered with reason ``relay_error`` and the traceback logged, the run's next
+    events and every other run are delivered, and every offset is committed. A worker that
+    died with the exception used to hold that offset, and the partition's commits, for good."""
+    topic, dlq, group = kafka.new_topic("raises"), kafka.new_topic("raises-dlq"), kafka.new_group()
+    rng = random.Random(5)
+    runs = [spark_run("ns", f"job-{i}", start=T0 + timedelta(minutes=i), rng=rng, with_running=1) for i in range(6)]
+    broken = runs[2][1]  # the RUNNING of the third run
+    assert broken["eventType"] == "RUNNING"
+    broken["run"]["facets"]["note"] = {"_producer": "https://example.com", "_schemaURL": "https://example.com/x",
+                                       "text": "explode"}
+    events = list(chain.from_iterable(runs))
+    produce(kafka.bootstrap_servers, topic, records(events))
+    config = build_config({
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "topics": [topic], "group_id": group,
+                  "dlq_topic": dlq, "consumer_properties": dict(FAST_GROUP_PROPERTIES), "commit_interval_s": 0.5},
+        "collectors": [{"name": "inbox", "type": "tests.support.plugin_kind.InboxKind", "url": "http://unused",
+                        "mailbox": "lineage", "concurrency": 2}],
+        "http": {"port": None}, "drain_timeout_s": 10})
+    with caplog.at_level(logging.ERROR, logger="relay.dispatch"), RelayThread(config) as relay:
+        inbox = relay.relay.lanes[0].collector
+        assert eventually(lambda: len(inbox.events) == len(events) - 1, 30), "every other event delivered"
+        assert eventually(lambda: committed_offsets(kafka.bootstrap_servers, topic, group, 1)[0] == len(events), 30)
+    dead = read_topic(kafka.bootstrap_servers, dlq, expected=1)
+    assert len(dead) == 1 and orjson.loads(dead[0].value) == broken
+    assert dead[0].headers["reason"] == b"relay_error" and dead[0].headers["collector"] == b"inbox"
+    assert b"RuntimeError: inbox exploded" in dead[0].headers["detail"]
+    delivered = [orjson.loads(b) for b in inbox.events]
+    third = [e["eventType"] for e in delivered if e["run"]["runId"] == broken["run"]["runId"]]
+    assert third == ["START", "COMPLETE"]
+    errors = [r for r in caplog.records if r.getMessage() == "delivery_error"]
+    assert len(errors) == 1 and errors[0].exc_info is not None

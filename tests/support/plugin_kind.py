@@ -16,7 +16,8 @@ class InboxConfig(CollectorConfig):
 
 
 class InboxCollector:
-    """Keeps events in memory; refuses the ones containing ``refuse``."""
+    """Keeps events in memory; refuses the ones containing ``refuse``, and raises (as a
+    buggy plugin might) on the ones containing ``explode``."""
 
     def __init__(self, config: InboxConfig) -> None:
         self.name = config.name
@@ -28,6 +29,8 @@ class InboxCollector:
     async def close(self) -> None: ...
 
     async def deliver(self, body: bytes) -> Undeliverable | None:
+        if b"explode" in body:
+            raise RuntimeError("inbox exploded")
         if b"refuse" in body:
             return Undeliverable("collector_rejected", "inbox refuses it")
         self.events.append(body)
