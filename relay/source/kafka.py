@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -59,6 +61,8 @@ _FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
 #: (low watermark) or its end (high watermark). ``error`` is left to librdkafka.
 _RESET_TO_START = frozenset({"smallest", "earliest", "beginning"})
 _RESET_TO_END = frozenset({"largest", "latest", "end"})
+#: Seconds ``KafkaSource.close()`` waits for librdkafka to leave the group.
+CLOSE_TIMEOUT_S = 30.0
 #: Seconds the check of newly assigned partitions' committed offsets may take.
 OFFSET_CHECK_TIMEOUT_S = 10.0
 
@@ -132,6 +136,10 @@ class KafkaSource:
         self._revoked_at: dict[Partition, int] = {}
         self.paused = False
         self._cooperative = conf["partition.assignment.strategy"] == "cooperative-sticky"
+        #: How long a rebalance handler may take (restoring run state, the look-back, the
+        #: wait for deliveries on revoke): the consumer does not poll meanwhile, and past
+        #: max.poll.interval.ms the group removes it anyway.
+        self._handover_timeout_s = int(conf["max.poll.interval.ms"]) / 1000
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -149,7 +157,15 @@ class KafkaSource:
     def _hand_over(self, handler: RebalanceHandler, partitions: list[Partition]) -> dict[Partition, int]:
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(handler(partitions), self._loop)
-        return future.result(timeout=60)
+        try:
+            return future.result(timeout=self._handover_timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise SourceError(
+                f"handling the rebalance of {format_partitions(partitions)} took longer than max.poll.interval.ms "
+                f"({self._handover_timeout_s:g} s), after which the group removes this member: restoring run state "
+                "and the look-back happen there; raise kafka.consumer_properties.max.poll.interval.ms, or lower "
+                "pipeline.lookback.timeout_s") from None
 
     def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]
@@ -236,8 +252,10 @@ class KafkaSource:
         parts = [(tp.topic, tp.partition) for tp in tps]
         self._mark_revoked(parts)
         offsets = self._hand_over(self._on_revoke, parts)
-        if offsets:
-            self._commit_now(offsets)
+        try:
+            self._commit_now(offsets, consumer)
+        except KafkaException:
+            offsets = {}  # logged (commit_failed): the new owner reads them again from the last commit
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)
@@ -258,11 +276,15 @@ class KafkaSource:
         for part in parts:
             self._revoked_at[part] = self.generation
 
-    def _commit_now(self, offsets: dict[Partition, int]) -> None:
-        assert self._consumer is not None
+    def _commit_now(self, offsets: dict[Partition, int], consumer: Consumer | None = None) -> None:
+        """Commit ``offsets`` on the consumer's thread (with the consumer a rebalance callback
+        was given: during ``close()`` it is no longer :attr:`_consumer`)."""
+        consumer = consumer or self._consumer
+        if consumer is None or not offsets:
+            return
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            self._consumer.commit(offsets=tps, asynchronous=False)
+            consumer.commit(offsets=tps, asynchronous=False)
         except KafkaException as err:
             code = err.args[0].code() if err.args else None
             if code != KafkaError._NO_OFFSET:
@@ -301,10 +323,16 @@ class KafkaSource:
         if not offsets:
             return True
         try:
-            await self._call(self._commit_now, offsets)
+            await self._call(self._commit_owned, offsets)
             return True
         except KafkaException:
             return False
+
+    def _commit_owned(self, offsets: dict[Partition, int]) -> None:
+        """On the consumer's thread: commit the offsets of partitions still assigned. A commit
+        queued behind a poll whose rebalance revoked a partition (and committed its newer
+        offsets) must not move the group's offset back to what was computed before."""
+        self._commit_now({part: o for part, o in offsets.items() if part in self.assignment})
 
     async def set_paused(self, paused: bool) -> None:
         if paused == self.paused:
@@ -341,8 +369,34 @@ class KafkaSource:
             return out
         return await self._call(compute)
 
-    async def close(self) -> None:
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
-            await self._call(consumer.close)
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Leave the group (librdkafka runs the revoke callback from here: what it commits
+        goes through the consumer it is given). Bounded: librdkafka's close has been seen to
+        wait for ever after an assignment callback failed, and a relay stopping on that
+        error must still exit. It runs on a thread of its own (the consumer's executor
+        would be waited for at interpreter exit); past ``timeout_s`` it is logged
+        (``consumer_close_timeout``) and left: the group then drops this member after
+        ``session.timeout.ms``, and the partitions are read again from the last commit."""
+        consumer, self._consumer = self._consumer, None
         self._executor.shutdown(wait=False)
+        if consumer is None:
+            return
+        failure: list[BaseException] = []
+
+        def close() -> None:
+            try:
+                consumer.close()
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                failure.append(err)
+
+        closer = threading.Thread(target=close, name="kafka-consumer-close", daemon=True)
+        closer.start()
+        deadline = time.monotonic() + timeout_s
+        while closer.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # the revoke callback runs its handler on this loop
+        if closer.is_alive():
+            log_event(log, logging.WARNING, "consumer_close_timeout", timeout_s=timeout_s,
+                      hint="the group drops this member after session.timeout.ms; its partitions are read "
+                           "again from the last commit")
+        elif failure:
+            raise failure[0]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from relay.source.kafka import KafkaSource
-from tests.support.kafka import produce
+from tests.support.kafka import committed_offsets, produce
 
 pytestmark = pytest.mark.kafka
 
@@ -58,3 +58,81 @@ def test_consumer_refetches_soon_after_its_prefetch_queue_was_full(kafka):
     longest = sorted(waits, reverse=True)
     # The third longest: one or two scheduling hiccups on a busy machine do not count.
     assert longest[2] < 0.6, f"polls waited up to {longest[:10]} s for records the topic still held"
+
+
+def test_offsets_settled_after_the_last_commit_are_committed_when_close_revokes(kafka):
+    """librdkafka revokes the assignment from inside ``close()``; what the relay's revoke
+    handler returns then (deliveries settled after its last commit) is committed through
+    the consumer the callback was given. It used to fail an assertion there, so the relay's
+    shutdown stopped half-way (nothing else closed) and those offsets were read again.
+    Offsets for partitions no longer assigned are not committed by ``commit()``: one queued
+    behind a rebalance that revoked them would move the group's offset back."""
+    topic, elsewhere = kafka.new_topic("close"), kafka.new_topic("not-assigned")
+    produce(kafka.bootstrap_servers, topic, [(None, b"x")] * 10)
+    produce(kafka.bootstrap_servers, elsewhere, [(None, b"y")] * 10)
+    group = kafka.new_group()
+    revokes: list = []
+
+    async def on_revoke(partitions):  # noqa: ANN001, ANN202 - a RebalanceHandler
+        revokes.append(partitions)
+        return {(topic, 0): 7}
+
+    async def main() -> bool:
+        source = KafkaSource(bootstrap_servers=kafka.bootstrap_servers, group_id=group, topics=(topic,),
+                             on_assign=_nothing, on_revoke=on_revoke, properties=kafka.consumer_properties())
+        await source.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not source.assignment and time.monotonic() < deadline:
+                await source.poll_soon(10, 0.2, then=lambda ms: len(ms))
+            assert source.assignment == {(topic, 0)}
+            committed = await source.commit({(topic, 0): 3, (elsewhere, 0): 5})
+        finally:
+            await source.close()
+        return committed
+
+    assert asyncio.run(main()) is True
+    assert revokes == [[(topic, 0)]]
+    assert committed_offsets(kafka.bootstrap_servers, topic, group, 1) == {0: 7}
+    assert committed_offsets(kafka.bootstrap_servers, elsewhere, group, 1)[0] < 0  # nothing committed
+
+
+def test_a_rebalance_handler_that_outlasts_max_poll_interval_stops_the_consumer_with_the_fix(kafka):
+    """Restoring run state and the look-back run inside the assignment callback, while the
+    consumer does not poll. Past max.poll.interval.ms the group removes the member anyway,
+    so that is how long the handler may take (it was a fixed 60 s, which a large run
+    state outlasted: the relay crashed at every start); past it, the error names the key."""
+    topic = kafka.new_topic("slow-assign")
+    produce(kafka.bootstrap_servers, topic, [(None, b"x")])
+    forever = None
+
+    async def stuck(partitions):  # noqa: ANN001, ANN202 - a RebalanceHandler
+        await forever.wait()
+
+    async def main() -> Exception | None:
+        nonlocal forever
+        forever = asyncio.Event()
+        source = KafkaSource(bootstrap_servers=kafka.bootstrap_servers, group_id=kafka.new_group(), topics=(topic,),
+                             on_assign=stuck, on_revoke=_nothing,
+                             properties={**kafka.consumer_properties(), "max.poll.interval.ms": "7000"})
+        await source.start()
+        began = time.monotonic()
+        try:
+            while time.monotonic() - began < 60:
+                await source.poll_soon(10, 0.2, then=len)
+        except Exception as err:  # noqa: BLE001 - what the test looks at
+            return err
+        finally:
+            forever.set()
+            # librdkafka's close has been seen to wait for ever after a failed assignment
+            # callback: close() is bounded, so that a relay stopping on this error exits.
+            closing = time.monotonic()
+            await source.close(timeout_s=5)
+            closed_in.append(time.monotonic() - closing)
+        return None
+
+    closed_in: list[float] = []
+    error = asyncio.run(main())
+    assert closed_in and closed_in[0] < 15
+    assert type(error).__name__ == "SourceError", repr(error)
+    assert "max.poll.interval.ms (7 s)" in str(error) and "kafka.consumer_properties" in str(error)
