@@ -11,6 +11,7 @@ Secrets never print: nothing here logs a token or puts it in an exception messag
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 import time
@@ -18,6 +19,9 @@ from collections.abc import Callable
 
 from relay.config import CollectorConfig
 from relay.errors import ConfigError
+from relay.logs import log_event
+
+log = logging.getLogger("relay.sinks.auth")
 
 #: A token file is stat()ed at most this often (plus on every 401).
 CHECK_EVERY_S = 1.0
@@ -34,6 +38,7 @@ class TokenSource:
         self._check_every_s = check_every_s
         self._next_check = 0.0
         self._stamp: tuple[int, int, int] | None = None
+        self._bad_stamp: tuple[int, int, int] | None = None
         self._token: str | None = None
         if config.token is not None:
             self._token = config.token.get_secret_value()
@@ -43,6 +48,10 @@ class TokenSource:
                 raise ConfigError(f"{self._where}.token_env: environment variable {config.token_env} is not set "
                                   "or empty; export it (e.g. from a Secret) or use token_file")
             self._token = value.strip()
+        if self._token is not None and not self._token.isprintable():
+            key = "token_env" if config.token_env is not None else "token"
+            raise ConfigError(f"{self._where}.{key}: the token holds a line break or a control character, which "
+                              "no HTTP header can carry; set the token alone")
         #: True when the token can change while the relay runs.
         self.rotates = self._file is not None
         if self._file is not None:
@@ -83,14 +92,33 @@ class TokenSource:
                 raise ConfigError(f"{self._where}.token_file: cannot read {self._file} ({err.strerror}); "
                                   "mount the secret there or fix the path") from None
             return False  # mid-rotation (file briefly absent): keep the last token
+        except UnicodeDecodeError:
+            # Never the error itself: it quotes the file's bytes, the token.
+            return self._unusable(stamp, initial, "is not UTF-8 text (saved as UTF-16?)")
         if not token:
             if initial:
                 raise ConfigError(f"{self._where}.token_file: {self._file} is empty; write the token into it")
             return False
+        if not token.isprintable():
+            # A header value cannot hold a line break or a control character: every request
+            # would fail before it is sent.
+            return self._unusable(stamp, initial, "holds a line break or a control character inside the token")
         self._stamp = stamp
         changed = token != self._token
         self._token = token
         return changed
+
+
+    def _unusable(self, stamp: tuple[int, int, int], initial: bool, why: str) -> bool:
+        """A token file that cannot be a token: fails at start-up; later the last good token
+        stays in use (logged once per change of the file, never with its content)."""
+        message = f"{self._where}.token_file: {self._file} {why}; write the token alone, as UTF-8 text"
+        if initial:
+            raise ConfigError(message)
+        if stamp != self._bad_stamp:
+            self._bad_stamp = stamp
+            log_event(log, logging.WARNING, "token_file_unusable", error=message, hint="the last token stays in use")
+        return False
 
 
 def auth_header_value(config: CollectorConfig, token: str) -> str:

@@ -194,6 +194,10 @@ class BatchCollector:
             self._sending.discard(task)
             if task.cancelled():  # closing, or the caller's cancel()
                 _no_verdict(done, token)
+            elif (err := task.exception()) is not None:  # a bug: its verdict still comes
+                log.error("delivery_error", exc_info=err, extra={"fields": {"collector": self.name}})
+                done(token, Undeliverable("relay_error", f"the relay failed while delivering it: "
+                                                         f"{type(err).__name__}: {err}"[:1000]))
             else:
                 done(token, task.result())
 

@@ -71,6 +71,13 @@ class Reply:
         return self.body[:_SNIPPET].decode("utf-8", "replace")
 
 
+def _redirect_detail(resp: aiohttp.ClientResponse) -> str:
+    location = resp.headers.get("Location", "")
+    target = URL(location).with_user(None).with_password(None).with_query(None) if location else None
+    return (f"redirected to {target or '(no Location)'}: the relay does not follow redirects (the event would "
+            f"be lost, or sent elsewhere with its credentials); set the collector's url to where it points.")
+
+
 class HttpCollector:
     def __init__(self, config: CollectorConfig, metrics: CollectorMetrics,
                  classify_status: Callable[[int | None], Verdict] = classify) -> None:
@@ -190,19 +197,20 @@ class HttpCollector:
                   limit=int(self._gate.limit), cause="overload" if outcome is Outcome.OVERLOAD else "latency")
 
     async def _hold_back(self) -> bool:
-        """Wait out a Retry-After the collector asked for; True when there was one."""
-        wait = self._not_before - time.monotonic()
-        if wait > 0:
+        """Wait out a Retry-After the collector asked for; True when there was one. Until
+        none is left: another answer may have asked for a longer one meanwhile."""
+        waited = False
+        while (wait := self._not_before - time.monotonic()) > 0:
             await asyncio.sleep(wait)
-            return True
-        return False
+            waited = True
+        return waited
 
     async def _post(self, url: URL, body: bytes) -> Reply:
         assert self._session is not None
         deadlines = self._deadlines
         task = deadlines.begin()
         try:
-            resp = await self._session.post(url, data=body, headers=self._auth_headers())
+            resp = await self._session.post(url, data=body, headers=self._auth_headers(), allow_redirects=False)
             try:
                 return await self._reply(resp)
             finally:
@@ -236,6 +244,11 @@ class HttpCollector:
         if 200 <= status < 300:
             return Reply(status, b"" if resp.content.at_eof() else await resp.read())
         reply = Reply(status, await resp.content.read(_SNIPPET))
+        if 300 <= status < 400:
+            # Not followed (allow_redirects=False): a 301-303 would be re-sent as a GET
+            # without the event, whose 2xx would count as delivered, and a 307/308 to
+            # another host would take the event there with any custom auth header.
+            reply.body = _redirect_detail(resp).encode() + b" " + reply.body
         if status == 401:
             self._tokens.refresh()
         after = retry_after(resp.headers.get("Retry-After"))
@@ -289,7 +302,8 @@ class HttpCollector:
             deadlines = self._deadlines
             task = deadlines.begin()
             try:
-                resp = await session.post(self._target, data=body, headers=self._auth_headers())
+                resp = await session.post(self._target, data=body, headers=self._auth_headers(),
+                                          allow_redirects=False)
                 try:
                     if resp.status in self._successes:  # no Reply to build and judge
                         # An answer without a body (Marquez's 201) is complete already:

@@ -41,7 +41,7 @@ def retry_after(value: str | None, now: datetime | None = None, *, limit_s: floa
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # not "²", which isdigit() takes
         return min(float(value), limit_s)
     try:
         when = parsedate_to_datetime(value)

@@ -189,3 +189,42 @@ def test_unreadable_tls_files_name_the_key(tmp_path, pki):
         ssl_context(config(tls={"client_cert": str(tmp_path / "junk.pem")}))
     with pytest.raises(ValueError, match="client_key needs client_cert"):
         config(tls={"client_key": pki["client"][1]})
+
+
+@pytest.mark.parametrize("content, why", [
+    ("s\u00e9cret-\u00fc".encode("latin-1"), "is not UTF-8 text"),
+    ("tok\ufeff".encode("utf-16"), "is not UTF-8 text"),
+    (b"first-half\nsecond-half", "line break or a control character"),
+])
+def test_a_token_file_that_cannot_be_a_token_fails_at_start_and_later_keeps_the_last_token(
+        tmp_path, caplog, content, why):
+    """Never with the file's content in the error or the log (a decoding error quotes the
+    bytes). Later, the last good token stays in use, as during a rotation, instead of every
+    request failing (and, before, the token showing in the log of each failure)."""
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=rf"collectors\.c\.token_file: .* {why}") as err:
+        TokenSource(config(token_file=str(path)))
+    assert b"cret" not in str(err.value).encode() and "half" not in str(err.value)
+    path.write_text("good-token")
+    clock = Clock()
+    source = TokenSource(config(token_file=str(path)), clock=clock)
+    path.write_bytes(content + b"-more")  # another size: another identity
+    for _ in range(3):
+        clock.now += 2
+        assert source.current() == "good-token"
+    logged = [r for r in caplog.records if r.getMessage() == "token_file_unusable"]
+    assert len(logged) == 1, "logged once per change of the file"
+    text = str(logged[0].__dict__.get("fields"))
+    assert why in text and "cret" not in text and "half" not in text and "good-token" not in text
+    path.write_text("next-token")
+    clock.now += 2
+    assert source.current() == "next-token"
+
+
+def test_an_inline_or_env_token_with_a_line_break_fails_at_start(monkeypatch):
+    with pytest.raises(ConfigError, match=r"collectors\.c\.token: .*line break"):
+        TokenSource(config(token="a\nb"))
+    monkeypatch.setenv("C_TOKEN", "a\rb")
+    with pytest.raises(ConfigError, match=r"collectors\.c\.token_env: .*line break"):
+        TokenSource(config(token_env="C_TOKEN"))

@@ -200,3 +200,29 @@ async def test_adaptive_concurrency_limits_batch_requests_on_overload_signals_on
     assert gate.decreases >= 1 and 1 <= gate.limit <= 4  # the 503s shrank it
     assert metrics.registry.get_sample_value("lineage_relay_collector_concurrency_limit",
                                              {"collector": "b"}) == int(gate.limit)
+
+
+async def test_an_event_sent_alone_gets_its_verdict_even_when_sending_it_raises(server, caplog):
+    """An event bigger than a batch goes to the single-event endpoint on a task of its own.
+    If that raises instead of returning a verdict (a bug), the verdict still comes (a dead
+    letter, relay_error): without it the event's run and its partition's commits waited
+    for ever."""
+    collector, _ = batch_collector(server, max_bytes=2048)
+    big = orjson.dumps({**orjson.loads(event(0)), "pad": "x" * 4000})
+
+    async def broken(body: bytes):  # noqa: ANN202
+        raise ValueError("single broke")
+
+    collector.single.deliver = broken
+    verdicts: list = []
+    await collector.start()
+    try:
+        collector.deliver_soon(big, lambda token, verdict: verdicts.append((token, verdict)), "t")
+        deadline = asyncio.get_running_loop().time() + 5
+        while not verdicts and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)  # ok: the poll interval of a wait with a deadline
+    finally:
+        await collector.close()
+    assert len(verdicts) == 1 and verdicts[0][0] == "t"
+    assert verdicts[0][1].reason == "relay_error" and "ValueError: single broke" in verdicts[0][1].detail
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["delivery_error"]

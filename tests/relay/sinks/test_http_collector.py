@@ -179,3 +179,74 @@ async def test_connections_are_reused_whatever_the_success_answer_carries():
         answered = [peer for k, peer in peers if k == kind]
         assert len(answered) == 15, (kind, len(answered))
         assert None not in answered and len(set(answered)) <= 4, (kind, len(set(answered)))
+
+
+async def _serve(routes) -> tuple[object, int]:  # noqa: ANN001 - (method, path, handler) triples
+    from aiohttp import web
+
+    app = web.Application()
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_redirect_is_not_followed_and_the_event_is_not_taken_for_delivered(status):
+    """aiohttp follows redirects by default: a 301-303 (an http->https redirect, an SSO
+    login page) was re-sent as a GET without the event, whose 200 counted as delivered;
+    a 307/308 to another host took the event there with a custom auth header. Now the
+    event is refused, and the detail says where it was sent and what to fix."""
+    from aiohttp import web
+
+    elsewhere: list[tuple[str, dict]] = []
+
+    async def other(request: web.Request) -> web.Response:
+        elsewhere.append((request.method, dict(request.headers)))
+        return web.Response(status=200, text="<html>login</html>")
+
+    other_runner, other_port = await _serve([("*", "/login", other)])
+
+    async def redirect(request: web.Request) -> web.Response:
+        await request.read()
+        return _redirect(status, f"http://127.0.0.1:{other_port}/login?next=x")
+
+    runner, port = await _serve([("POST", "/api/v1/lineage", redirect)])
+    try:
+        cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{port}", token="k-s3cret", auth_header="X-API-Key",
+                              auth_scheme="")
+        http = HttpCollector(cfg, RelayMetrics().for_collector("c"))
+        await http.start()
+        try:
+            failure = await http.deliver(BODY)
+        finally:
+            await http.close()
+    finally:
+        await runner.cleanup()
+        await other_runner.cleanup()
+    assert failure is not None and failure.reason == "collector_rejected" and failure.status == status
+    assert f"redirected to http://127.0.0.1:{other_port}/login:" in failure.detail and "next=x" not in failure.detail
+    assert "set the collector's url" in failure.detail
+    assert elsewhere == [], "nothing went to where the redirect pointed"
+
+
+def _redirect(status: int, location: str):  # noqa: ANN202 - an aiohttp response
+    from aiohttp import web
+
+    return web.Response(status=status, headers={"Location": location})
+
+
+async def test_a_request_waiting_out_a_retry_after_waits_for_a_longer_one_that_came_meanwhile():
+    """Retry-After 1 s, then (from another request's answer) 3 s: a request that began
+    waiting under the first waits for the second too, not only the 1 s it saw first."""
+    http = HttpCollector(CollectorConfig(name="c", url="http://127.0.0.1:9"), RelayMetrics().for_collector("c"))
+    began = time.monotonic()
+    http._not_before = began + 0.3
+    waiting = asyncio.create_task(http._hold_back())
+    await asyncio.sleep(0.1)  # ok: the first wait is under way when the longer Retry-After comes
+    http._not_before = began + 0.8
+    assert await asyncio.wait_for(waiting, 5) is True
+    assert time.monotonic() - began >= 0.8

@@ -24,6 +24,8 @@ def test_retry_after_both_forms():
     assert retry_after("soon", now) is None
     assert retry_after(None, now) is None
     assert retry_after("999999", now) == 3600.0
+    # Digits str.isdigit() takes and float() does not: unparsable, not an error.
+    assert retry_after("\u00b2", now) is None and retry_after("\u0663", now) is None
 
 
 def test_full_jitter_backoff_is_capped_and_grows():
