@@ -10,7 +10,8 @@ The OpenLineage spec's ``POST /lineage/batch`` answers 204 (all received), or 20
 * 2xx: each event listed as failed is ``retry`` when ``retriable`` is true, ``reject``
   (dead letter) otherwise (also when the flag is missing: an unknown failure is not retried
   forever); every other event is delivered. A reply that reports failures without saying
-  which events failed (no list, or entries without a valid index) cannot be attributed:
+  which events failed (no list, entries without a valid index, or a ``summary.failed``
+  above the number listed) cannot be attributed:
   every event not known to have failed is re-sent alone (``single``; at-least-once).
 * a retriable status (408, 429, 5xx; see the kind's classify): every event is ``retry``.
 * a permanent status (other 4xx): the batch as a whole was refused, perhaps for one bad
@@ -82,11 +83,17 @@ def read_batch_reply(status: int, body: bytes, count: int,
         reason = entry.get("reason")
         detail = f"batch item {index} failed: {reason if isinstance(reason, str) else 'no reason given'}"
         outcomes[index] = EventOutcome("retry" if entry.get("retriable") is True else "reject", detail)
-    if ignored:
-        # Some failures cannot be placed: whatever is not known to have failed goes again, alone.
-        resend = EventOutcome("single", f"{ignored} failed batch items had no valid index; sending alone")
+    placed = sum(1 for o in outcomes if o is not DELIVERED)
+    unlisted = _summary_failed(reply) - placed
+    if ignored or unlisted > 0:
+        # Some failures cannot be placed (entries without a valid index, or a summary that
+        # counts more failures than the list names, as a collector listing only the first
+        # few would): whatever is not known to have failed goes again, alone.
+        why = (f"{ignored} failed_events entries without a valid index" if ignored else
+               f"the summary counts {placed + unlisted} failed, the list names {placed}")
+        resend = EventOutcome("single", f"{why}; sending the others alone")
         outcomes = [resend if o is DELIVERED else o for o in outcomes]
-        return BatchReading(outcomes, "unattributed", f"{ignored} failed_events entries without a valid index")
+        return BatchReading(outcomes, "unattributed", why)
     return BatchReading(outcomes, "partial")
 
 

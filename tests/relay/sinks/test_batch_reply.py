@@ -43,6 +43,13 @@ def test_failures_that_cannot_be_placed_send_the_rest_alone():
     reply = {"status": "partial_success", "failed_events": [{"index": 7, "retriable": True},
                                                            {"index": 0, "retriable": True}]}
     assert outcomes(200, reply, 2) == ["retry", "single"]
+    # A summary counting more failures than the list names (a collector listing only the
+    # first few): the unnamed failures are among the others, so they go again, alone.
+    reply = {"status": "partial_success", "summary": {"received": 4, "failed": 3},
+             "failed_events": [{"index": 2, "retriable": False}]}
+    reading = read_batch_reply(200, orjson.dumps(reply), 4, classify)
+    assert [o.outcome for o in reading.outcomes] == ["single", "single", "reject", "single"]
+    assert reading.result == "unattributed" and "counts 3 failed, the list names 1" in reading.note
 
 
 def test_whole_batch_statuses():
