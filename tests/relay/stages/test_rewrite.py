@@ -142,6 +142,16 @@ URIS_WITH_SECRETS = [
     ("mongodb://admin:Pa55w0rd@h1:27017,h2:27017/app?authSource=admin&TOKEN=abc123",
      "mongodb://h1:27017,h2:27017/app?authSource=admin", ["Pa55w0rd", "abc123"]),
     ("redis://:r3d1s@cache:6379", "redis://cache:6379", ["r3d1s"]),
+    # A user name holding '@' (Azure Database's user@server), and an e-mail as the user.
+    ("postgresql://myadmin@mydemoserver:S3cret@mydemoserver.postgres.database.azure.com:5432/db",
+     "postgresql://mydemoserver.postgres.database.azure.com:5432/db", ["myadmin", "S3cret"]),
+    ("smtp://me@gmail.com:apppass@smtp.gmail.com", "smtp://smtp.gmail.com", ["me@gmail", "apppass"]),
+    # A token as the whole userinfo, over https (a sourceCodeLocation's git URL).
+    ("https://ghp_16C7e42F292c6912E7710c838347Ae178B4a@github.com/org/repo.git",
+     "https://github.com/org/repo.git", ["ghp_16C7e42F"]),
+    # A braced JDBC value may hold ';'.
+    ("jdbc:sqlserver://sql.internal:1433;databaseName=dw;password={a;b}",
+     "jdbc:sqlserver://sql.internal:1433;databaseName=dw", ["{a", "b}"]),
 ]
 
 
@@ -186,6 +196,15 @@ def test_credentials_are_stripped_everywhere(uri: str, clean: str, secrets: list
         "s3://bucket/path/with:colon",
         "https://example.com/search?q=password",
         "sessions",
+        # Not userinfo: an IPv6 host, a path holding '@', a template, a port then a path.
+        "https://[2001:db8::1]/files/report@2024.csv",
+        "http://[::1]:8080/path/user@example.com",
+        "http://${host}:${port}/api?email=a@b.com",
+        "https://host/files/report@2024.csv",
+        # Azure SAS names are common words elsewhere: removed only beside a sig.
+        "https://api.example.com/items?st=open&sp=2&page=3",
+        # Only a query a secret was removed from is tidied up, not every '?'.
+        "SELECT * FROM t WHERE a = ? AND b = ?",
     ],
 )
 def test_strings_without_credentials_are_kept(text: str) -> None:
@@ -195,6 +214,20 @@ def test_strings_without_credentials_are_kept(text: str) -> None:
     out = orjson.loads(rewriter(redact_credentials=True).apply(doc).body)
     assert out["inputs"][0]["namespace"] == text
     assert out["run"]["facets"]["note"]["text"] == text
+
+
+@pytest.mark.parametrize("text, clean", [
+    ("SELECT * FROM t WHERE a = ? AND u = 'https://h/p?sig=s'", "SELECT * FROM t WHERE a = ? AND u = 'https://h/p'"),
+    ("Is this right? see https://h/p?token=abc", "Is this right? see https://h/p"),
+    ("https://h/p?a=1&token=x&b=2", "https://h/p?a=1&b=2"),
+    ("https://h/p?token=x&b=2", "https://h/p?b=2"),
+    ("https://u:p@host/a@b", "https://host/a@b"),
+])
+def test_removing_a_secret_leaves_the_rest_of_the_text_as_it_was(text: str, clean: str) -> None:
+    doc = run_events()[0]
+    doc["run"]["facets"]["note"] = custom_facet(text=text)
+    out = orjson.loads(rewriter(redact_credentials=True).apply(doc).body)
+    assert out["run"]["facets"]["note"]["text"] == clean
 
 
 def test_secret_query_params_are_configurable() -> None:
