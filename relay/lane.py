@@ -217,6 +217,9 @@ class CollectorLane:
                 self._dead_letter(event, decision.reason, decision.detail)
 
     def _dead_letter(self, event: LineageEvent, reason: str, detail: str) -> None:
+        if self.table is not None and event.run_id is not None:
+            # The dispatcher lets runs waiting for it go right after this: so must the table.
+            self.table.leaving(event)
         self._dlq.send(event.original, event.key, reason=reason, detail=detail, source=event.source,
                        collector=self.name, on_done=lambda: self._settled(event))
 

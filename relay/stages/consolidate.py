@@ -11,6 +11,10 @@ the caller to carry out; time moves only with ``now`` (seconds, never going back
   emits the terminal, never before the run's START decision.
 * ``coalesce``: passthrough, except that a run's RUNNINGs merge into one, emitted
   ``coalesce_window_s`` after the first of them or, at the latest, just before the terminal.
+  A START after the run's START went out (real or synthesized) is merged like a RUNNING:
+  its facets go on, a second START does not. Events held for the START are replayed by
+  eventTime once it is decided, by the same rules: after the first terminal, only OTHERs
+  go on; held STARTs, RUNNINGs and terminals are dropped (``after_terminal``).
 
 In both holding modes:
 
@@ -27,6 +31,8 @@ In both holding modes:
   :meth:`~RunConsolidator.to_state`, so its ticket may be settled once that is persisted.
   Built events (terminal, merged RUNNING, synthesized START, replayed captures) are new
   LineageEvents without ``ticket``/``source``; ``body`` holds the same JSON, not the same bytes.
+  A captured event dropped later is a :class:`Drop` of such an event whose ``ticket`` is
+  :data:`~relay.stages.run_state.SETTLED` (its own was released by the capture).
 * Finished runs keep only their id, in a set bounded by ``max_finished_runs`` and
   ``finished_ttl_s``. A late event of one is dropped (``after_terminal``), except an OTHER
   in coalesce mode (the spec allows OTHER after the terminal); it never opens a new run.
@@ -72,6 +78,7 @@ from relay.stages.run_state import (  # noqa: F401 - Action and the actions are 
     built_event,
     closed_state,
     read_closed_state,
+    settled_event,
 )
 
 Mode = Literal["passthrough", "consolidated", "coalesce"]
@@ -91,6 +98,10 @@ SYNTHESIZED_START_SCHEMA_URL = (
 )
 # Run facets describing an outcome, left out of a synthesized START.
 _OUTCOME_RUN_FACETS = frozenset({"errorMessage"})
+# Event types that never reach a collector after their run's terminal (OTHER may).
+_NOT_AFTER_TERMINAL = frozenset({"START", "RUNNING", *TERMINAL_TYPES})
+
+
 class RunConsolidator:
     """Applies one collector's delivery mode; see the module docstring for the contract."""
 
@@ -203,7 +214,13 @@ class RunConsolidator:
                 return self._advance(run, now, arriving=event)
             run.held.append([epoch_micros(event.event_time), event.doc])
             return [Release(event)]
-        if event.event_type == "RUNNING":
+        if event.event_type == "START" and run.start == SKIPPED:  # the run went on without one
+            run.start = EMITTED
+            return [Forward(event)]
+        if event.event_type == "RUNNING" or event.event_type == "START":
+            # A START after the run's START went out (real or synthesized) would be a second
+            # one: only what it says goes on, in the merged RUNNING (as consolidated mode
+            # folds it into the terminal).
             self._add_running(run, event.doc, epoch_micros(event.event_time), now)
             return [Release(event)]
         if event.is_terminal:
@@ -236,7 +253,8 @@ class RunConsolidator:
     # -- persistence ------------------------------------------------------------------
 
     def to_state(self, run_id: str) -> dict[str, Any] | None:
-        """The run's state as JSON data (serialise it, do not mutate it): an open run's
+        """The run's state as JSON data for ``orjson.dumps`` (serialise it, do not mutate
+        it; :meth:`restore` takes it read back from that JSON): an open run's
         whole state, a remembered closed run's outcome, or None when the run is not known
         (never seen, or forgotten by ``max_finished_runs``/``finished_ttl_s``: a persisted
         state can go)."""
@@ -373,15 +391,23 @@ class RunConsolidator:
         return out
 
     def _replay_held(self, run: RunRecord, now: float) -> list[Action]:
-        """Coalesce mode, START decided: the held events in eventTime order."""
+        """Coalesce mode, START decided: the held events in eventTime order, as if they had
+        come after it: RUNNINGs (and STARTs other than the one decided) go into the merged
+        RUNNING, the first terminal finishes the run, and after it only OTHERs go on; the
+        rest is dropped (``after_terminal``), as :meth:`offer` drops a finished run's."""
         out: list[Action] = []
         held, run.held = sorted(run.held, key=lambda item: item[0]), []
         finished = False
         for at, doc in held:
             event_type = doc.get("eventType")
-            if event_type == "RUNNING" and not finished:
+            if finished:
+                if event_type in _NOT_AFTER_TERMINAL:
+                    out.append(Drop(settled_event(doc, now), AFTER_TERMINAL))
+                else:
+                    out.append(Forward(built_event(doc, now)))
+            elif event_type == "RUNNING" or event_type == "START":
                 self._add_running(run, doc, at, now)
-            elif event_type in TERMINAL_TYPES and not finished:
+            elif event_type in TERMINAL_TYPES:
                 out += self._flush_running(run, now)
                 out.append(Forward(built_event(doc, now)))
                 finished = True

@@ -26,9 +26,9 @@ Contract:
   as its JSON text, interned, so that a run costs little more than its facets' JSON and
   runs with identical facets (the same table's schema...) share one copy. Built events
   get freshly parsed facets.
-* :meth:`RunMerger.to_state` returns JSON data for ``orjson.dumps`` (facet values are
-  embedded as ``orjson.Fragment``); ``RunMerger.from_state(orjson.loads(orjson.dumps(
-  m.to_state())))`` behaves exactly like ``m`` for every later ``add`` and every build.
+* :meth:`RunMerger.to_state` returns JSON data for ``orjson.dumps`` (facet values and
+  event bases are embedded as ``orjson.Fragment``); ``RunMerger.from_state(orjson.loads(
+  orjson.dumps(m.to_state())))`` behaves exactly like ``m`` for every later ``add`` and every build.
 * :attr:`RunMerger.size_bytes` approximates the JSON size of what is held (facets, bases,
   dataset keys); it is kept up to date on every ``add`` at the cost of encoding each new
   facet once.
@@ -38,12 +38,11 @@ Pure and synchronous: no I/O, no clock.
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-import json
-import sys
 
 import orjson
 
@@ -256,14 +255,16 @@ class RunMerger:
                        for (ns, name), ds in self._inputs.items()],
             "outputs": [[ns, name, _facets_state(ds[0]), _facets_state(ds[1])]
                         for (ns, name), ds in self._outputs.items()],
-            "earliest": self._earliest,
-            "latest": self._latest,
-            "terminal": self._terminal,
+            # Bases as Fragments too: a base nested as deep as orjson writes must not get
+            # deeper in the state (see RunRecord.to_state).
+            "earliest": _entry_state(self._earliest),
+            "latest": _entry_state(self._latest),
+            "terminal": _entry_state(self._terminal),
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> RunMerger:
-        """Rebuild a merger from :meth:`to_state` output (possibly through JSON).
+        """Rebuild a merger from :meth:`to_state` output read back from its JSON.
         Raises ValueError for another state version or a malformed state."""
         if not isinstance(state, Mapping) or state.get("v") != STATE_VERSION:
             version = state.get("v") if isinstance(state, Mapping) else None
@@ -313,6 +314,10 @@ def _merge_facets(store: _Facets, facets: Any, at: int) -> int:
         entry = store[name] = (at, _json_text(facet))
         delta += _facet_size(name, entry) - (_facet_size(name, old) if old is not None else 0)
     return delta
+
+
+def _entry_state(entry: list | None) -> list | None:
+    return None if entry is None else [entry[0], orjson.Fragment(orjson.dumps(entry[1])), entry[2]]
 
 
 def _facets_doc(store: _Facets) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import orjson
 from relay.events import LineageEvent
 from relay.stages.decode import decode_record
 from relay.stages.merge import RunMerger
+
 # The same two actions as the sequencer's (one class each, so callers match them once).
 from relay.stages.sequence import Drop, Forward  # noqa: F401 - re-exported
 
@@ -77,9 +78,18 @@ class RunRecord:
         self.running_until: float | None = None
 
     def to_state(self) -> dict[str, Any]:
+        """JSON data for ``orjson.dumps`` only (restore what went through JSON): event
+        documents are embedded as ``orjson.Fragment``, so that the record adds no nesting
+        to them. orjson writes at most 254 levels and decode lets an event use them all;
+        nested a few levels below the record's root, such an event made every write of the
+        record raise (and the relay stop, again after each restart). The JSON is the same as
+        that of the documents themselves, so records written before read alike."""
         state = {slot: getattr(self, slot) for slot in self.__slots__}
         for slot in ("merged", "running"):
             state[slot] = state[slot].to_state() if state[slot] is not None else None
+        if self.start_doc is not None:
+            state["start_doc"] = orjson.Fragment(orjson.dumps(self.start_doc))
+        state["held"] = [[at, orjson.Fragment(orjson.dumps(doc))] for at, doc in self.held]
         return {"v": STATE_VERSION, **state}
 
     @classmethod
@@ -124,6 +134,28 @@ def read_closed_state(run_id: str, state: Any) -> tuple[str, float] | None:
             or not isinstance(state.get("at"), (int, float)):
         raise ValueError(f"malformed closed-run state for {run_id}: {state!r}")
     return state["closed"], float(state["at"])
+
+
+class _Settled:
+    """The ticket of a built event standing for captured ones: nothing left to release."""
+
+    __slots__ = ()
+
+    def release(self) -> None:
+        pass
+
+
+#: Ticket of a :func:`settled_event`.
+SETTLED = _Settled()
+
+
+def settled_event(doc: dict[str, Any], now: float) -> LineageEvent:
+    """:func:`built_event` for a captured event that is dropped after all (a :class:`Drop`
+    carries it): its offset ticket was settled when the capture was persisted, so its
+    ``ticket`` is :data:`SETTLED`, which a caller releases as any other."""
+    event = built_event(doc, now)
+    event.ticket = SETTLED
+    return event
 
 
 def built_event(doc: dict[str, Any], now: float) -> LineageEvent:

@@ -18,7 +18,10 @@ Contract (see :mod:`relay.state` for the design):
   in its run's outbox: if it was delivered, no restore can re-send a START or RUNNING
   before it (the outbox is re-sent by the same rule after a restore).
 * A child run's START is submitted to wait for its parent's START when that one is still
-  in the parent's outbox (parent first, across runs delivered concurrently).
+  in the parent's outbox and the dispatcher still holds it (parent first, across runs
+  delivered concurrently). One the dispatcher is done with but not yet :meth:`delivered`
+  (:meth:`leaving`: on its way to the dead-letter topic) is waited for by nobody: the
+  dispatcher opened its gate already, and a gate made after that would never open.
 * :meth:`revoke` forgets the runs of partitions that moved away; acknowledgements of their
   writes still release tickets but send nothing.
 """
@@ -79,6 +82,9 @@ class RunStateTable:
         # Closed runs written with their outcome, slot gone; tombstoned once the
         # consolidator forgets them (finished_ttl_s, max_finished_runs): oldest first.
         self._closed: OrderedDict[str, int] = OrderedDict()
+        # id -> event: in an outbox, out of the dispatcher (see leaving); the event is kept
+        # so that its id is not reused while it is here.
+        self._leaving: dict[int, LineageEvent] = {}
 
     @property
     def runs(self) -> int:
@@ -127,8 +133,17 @@ class RunStateTable:
         if run_id in self._slots:
             self._dirty[run_id] = None
 
+    def leaving(self, event: LineageEvent) -> None:
+        """The dispatcher is done with ``event`` although it has not reached the collector:
+        it goes to the dead-letter topic. It stays in the outbox until :meth:`delivered`
+        (the dead letter is acknowledged), but no child START is made to wait for it."""
+        slot = self._slots.get(event.run_id)
+        if slot is not None and event in slot.outbox:
+            self._leaving[id(event)] = event
+
     def delivered(self, event: LineageEvent) -> None:
         """``event`` reached the collector, or the dead-letter topic: out of the outbox."""
+        self._leaving.pop(id(event), None)
         slot = self._slots.get(event.run_id)
         if slot is not None and event in slot.outbox:
             slot.outbox = [e for e in slot.outbox if e is not event] or ()
@@ -139,7 +154,8 @@ class RunStateTable:
         if event.event_type == "START" and event.parent_run_id is not None:
             parent = self._slots.get(event.parent_run_id)
             if parent is not None:
-                after = next((e for e in parent.outbox if e.event_type == "START"), None)
+                leaving = self._leaving
+                after = next((e for e in parent.outbox if e.event_type == "START" and id(e) not in leaving), None)
         self._submit(event, after)
 
     def _slot(self, event: LineageEvent) -> _Slot | None:
@@ -234,6 +250,8 @@ class RunStateTable:
             slot = self._slots.pop(run_id, None)
             if slot is not None:
                 abandoned += slot.outbox
+                for event in slot.outbox:
+                    self._leaving.pop(id(event), None)
             self._closed.pop(run_id, None)
             self._dirty.pop(run_id, None)
             self._delivered.pop(run_id, None)

@@ -3,14 +3,21 @@ restore after a crash, closed runs, revocation. Plain data, no broker."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from datetime import UTC, datetime
 
 import orjson
+import pytest
 
+from relay.config import PipelineConfig
 from relay.embedded.sample import spark_run
 from relay.events import LineageEvent, SourceRef
+from relay.lane import CollectorLane
+from relay.metrics import RelayMetrics
+from relay.sinks.base import Undeliverable
+from relay.sinks.config import CollectorConfig
 from relay.stages.consolidate import RunConsolidator
 from relay.stages.decode import decode_record
 from relay.state.table import RunStateTable
@@ -22,6 +29,9 @@ _offsets = iter(range(1 << 30))
 class Ticket:
     def __init__(self) -> None:
         self.released = 0
+
+    def acquire(self) -> None:
+        pass
 
     def release(self) -> None:
         self.released += 1
@@ -39,6 +49,39 @@ def spark(n: int, *, partition: int = 0, running: int = 1, parent: tuple | None 
         event.ticket = Ticket()
         out.append(event)
     return out
+
+
+def deepest(event: LineageEvent, place: str) -> LineageEvent:
+    """``event`` with a value nested as deep as decode accepts (orjson writes 254 levels), in
+    a run facet or under a top-level key of its own (``place``)."""
+    for depth in range(260, 0, -1):
+        value: object = 1
+        for _ in range(depth):
+            value = [value]
+        doc = orjson.loads(event.body)
+        if place == "facet":
+            doc["run"]["facets"]["deep"] = {"_producer": "https://example.com", "_schemaURL":
+                                            "https://example.com/Deep.json#/$defs/Deep", "value": value}
+        else:
+            doc["deep"] = value
+        try:
+            body = orjson.dumps(doc)
+        except orjson.JSONEncodeError:
+            continue
+        deep = decode_record(body, max_bytes=1 << 22, source=event.source)
+        if isinstance(deep, LineageEvent):
+            deep.ticket = Ticket()
+            return deep
+    raise AssertionError("no nesting accepted")
+
+
+def restored(lane: Lane, now: float, **knobs) -> Lane:
+    """A new relay after kill -9: the lane's changelog read back."""
+    fresh = Lane(lane.consolidator.mode, **knobs)
+    for key, value in lane.changelog.items():
+        if value is not None:
+            fresh.table.restore(key.decode().partition("/")[2], 0, value, now=now)
+    return fresh
 
 
 class Lane:
@@ -197,3 +240,98 @@ def test_a_childs_start_is_submitted_behind_its_parents_start():
     lane.write()
     after = {event.run_id: waits_for for event, waits_for in lane.submitted}
     assert after == {run_id(1): None, run_id(2): parent[0]}
+
+
+@pytest.mark.parametrize("place", ["facet", "top"])
+def test_events_nested_as_deep_as_decode_accepts_are_held_written_and_sent(place):
+    start, running, complete = spark(1)
+    held = [deepest(running, place), deepest(complete, place)]
+    lane = Lane("coalesce")
+    for event in held:
+        lane.offer(event, 0.0)  # held before their START: whole documents in the run's state
+    lane.write()  # raised TypeError (recursion limit) when the record nested them deeper
+    assert [e.ticket.released for e in held] == [1, 1]
+    fresh = restored(lane, 10.0)
+    fresh.offer(start, 10.0)
+    fresh.write()
+    sent = [e for e, _ in fresh.submitted]
+    assert fresh.deliver_all() == ["START", "RUNNING"]
+    fresh.write(commit=False)
+    sent += [e for e, _ in fresh.submitted]
+    assert fresh.deliver_all() == ["COMPLETE"]
+    deep = (lambda doc: doc["run"]["facets"]["deep"]) if place == "facet" else (lambda doc: doc["deep"])
+    assert deep(sent[1].doc) == deep(held[0].doc)  # the merged RUNNING
+    assert sent[2].doc == held[1].doc
+
+
+@pytest.mark.parametrize("mode", ["consolidated", "coalesce"])
+def test_a_start_nested_as_deep_as_decode_accepts_waits_for_its_parent_in_written_state(mode):
+    child = deepest(spark(2, running=0, parent=("spark-prod", "etl.t1", run_id(1)))[0], "top")
+    lane = Lane(mode, parent_hold_s=5.0)
+    lane.offer(child, 0.0)  # held for its unseen parent (consolidated: merged as well)
+    lane.write()
+    assert child.ticket.released == 1 and lane.submitted == []
+    fresh = restored(lane, 10.0, parent_hold_s=5.0)
+    fresh.tick(20.0)  # the parent never came
+    fresh.write()
+    assert [e.doc for e, _ in fresh.submitted] == [child.doc]
+
+
+class RefusingCollector:
+    """An HTTP collector that refuses the bodies in ``refused`` and takes the others."""
+
+    name = "c"
+
+    def __init__(self, refused: set[bytes]) -> None:
+        self.refused = refused
+        self.got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def deliver(self, body: bytes) -> Undeliverable | None:
+        if body in self.refused:
+            return Undeliverable("collector_rejected", "HTTP 400", 400)
+        self.got.put_nowait(body)
+        return None
+
+
+class SlowDeadLetters:
+    """The dead-letter topic, acknowledging a write only when the test says so."""
+
+    def __init__(self) -> None:
+        self.sent: asyncio.Queue[tuple[bytes, object]] = asyncio.Queue()
+
+    def send(self, value, key, *, reason, detail, source, on_done, collector=None) -> None:
+        self.sent.put_nowait((value, on_done))
+
+
+async def test_a_child_start_does_not_wait_for_a_parent_start_being_dead_lettered():
+    parent = spark(1, running=0)
+    child = spark(2, running=0, parent=("spark-prod", "etl.t1", run_id(1)))
+    collector, dead_letters = RefusingCollector({parent[0].body}), SlowDeadLetters()
+    lane = CollectorLane(collector, CollectorConfig(name="c", url="http://127.0.0.1:9", mode="coalesce"),
+                         pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"),
+                         dead_letters=dead_letters)
+    await lane.start()
+
+    def write_state() -> None:
+        for write in lane.table.take_writes():
+            lane.table.written(write, ok=True)
+
+    try:
+        lane.offer(parent[0], 0.0)
+        write_state()  # the parent's START goes to the collector, which refuses it
+        value, acknowledge = await asyncio.wait_for(dead_letters.sent.get(), 5)
+        assert value == parent[0].body  # dead-lettered, not yet acknowledged: still in the outbox
+        lane.offer(child[0], 1.0)
+        write_state()
+        # It used to wait behind the parent's START for ever: the dispatcher was done with it.
+        assert await asyncio.wait_for(collector.got.get(), 5) == child[0].body
+        acknowledge()
+        assert parent[0].ticket.released == 1 and await lane.drain(5)
+    finally:
+        await lane.close()
