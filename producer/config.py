@@ -5,9 +5,16 @@ Build it directly (``ProducerConfig(bootstrap_servers=..., topic=...)``) or with
 (explicit arguments > openlineage.yml > ``OPENLINEAGE__TRANSPORT__*`` env vars > Spark
 conf; the details are in :mod:`producer.sources`).
 Unknown keys and bad values raise :class:`producer.errors.ConfigError`, whose message
-names the key as the user spelled it and says how to fix it. ``repr()`` masks secrets
-(any librdkafka property whose name contains ``password``, ``secret`` or ``token``, or
-ends with ``.key``).
+names the key as the user spelled it and says how to fix it; neither it nor its traceback
+carries the values given. ``repr()`` masks secrets: every librdkafka property that can hold
+one (``sasl.password``, ``ssl.key.pem``, ``sasl.oauthbearer.config``, ... see :func:`is_secret`).
+
+Settings copied from the OpenLineage Java (Spark) Kafka transport carry over: properties
+only the Kafka Java client knows (:data:`JAVA_ONLY_PROPERTIES`: serializers, interceptors,
+partitioner and metrics classes) are dropped with one warning, since librdkafka would refuse
+to start on them and none changes what is sent; ``sasl.jaas.config`` of the PLAIN or SCRAM
+login module (``username="..." password="..."``) becomes ``sasl.username``/``sasl.password``,
+any other JAAS config is an error naming the librdkafka equivalents.
 
 Defaults worth knowing:
 
@@ -23,6 +30,7 @@ Defaults worth knowing:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -35,8 +43,33 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from producer.errors import ConfigError
 from producer.sources import collect
 
+log = logging.getLogger("producer.config")
+
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_SECRET = re.compile(r"password|secret|token|\.key$", re.IGNORECASE)
+# Every librdkafka property that can hold a secret: sasl.password, ssl.key.password,
+# ssl.keystore.password, ssl.key.pem, ssl_key, sasl.oauthbearer.config (clientSecret=...),
+# sasl.oauthbearer.client.secret, sasl.oauthbearer.assertion.private.key.{pem,passphrase},
+# sasl.jaas.config (Java; holds password="..."). Masking a path too (ssl.key.location) is harmless.
+_SECRET = re.compile(r"password|passphrase|secret|token|credential|jaas|oauthbearer\.config|private"
+                     r"|(^|[._])key([._]|$)|pem$", re.IGNORECASE)
+
+#: Kafka Java client properties librdkafka does not have ("No such configuration property")
+#: and that change nothing in what is sent: record serializers (the producer sends bytes),
+#: plug-in classes (interceptors, partitioner, metric reporters) and Java-side memory
+#: and blocking limits (``queue_max_events`` bounds memory here; ``emit`` never blocks).
+#: Dropped with one warning so the official transport's config works unchanged.
+JAVA_ONLY_PROPERTIES = frozenset({
+    "key.serializer", "value.serializer", "interceptor.classes",
+    "partitioner.class", "partitioner.ignore.keys", "partitioner.adaptive.partitioning.enable",
+    "partitioner.availability.timeout.ms",
+    "metric.reporters", "metrics.num.samples", "metrics.sample.window.ms", "metrics.recording.level",
+    "auto.include.jmx.reporter", "buffer.memory", "max.block.ms",
+})
+_JAAS_MODULES = ("org.apache.kafka.common.security.plain.PlainLoginModule",
+                 "org.apache.kafka.common.security.scram.ScramLoginModule")
+_JAAS = re.compile(r'^\s*(?P<module>[\w.$]+)\s+required\s*(?P<options>(?:[\w.]+\s*=\s*"(?:[^"\\]|\\.)*"\s*)*);?\s*$',
+                   re.DOTALL)
+_JAAS_OPTION = re.compile(r'([\w.]+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 JOURNAL_DIR_ENV = "LINEAGE_RELAY_JOURNAL_DIR"
 
@@ -71,7 +104,9 @@ def default_journal_dir(topic: str) -> Path:
 class ProducerConfig(BaseModel):
     """Everything :class:`producer.LineageProducer` needs; immutable once built."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # hide_input_in_errors: a ValidationError would otherwise quote the properties dict,
+    # passwords included, in every traceback that shows it.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     #: ``host:port[,host:port...]``; may also come from ``properties["bootstrap.servers"]``.
     bootstrap_servers: str
@@ -120,6 +155,13 @@ class ProducerConfig(BaseModel):
             raise ValueError("must be host:port[,host:port...], e.g. kafka-1:9092,kafka-2:9092")
         return v
 
+    @field_validator("bootstrap_servers", "topic", "message_key", "namespace", "parent_job_namespace",
+                     "parent_job_name", "root_parent_job_namespace", "root_parent_job_name", mode="before")
+    @classmethod
+    def _number_as_text(cls, v: Any) -> Any:
+        # YAML and JSON env values make ``topic: 123`` a number; a name is text.
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
     @field_validator("topic")
     @classmethod
     def _topic(cls, v: str) -> str:
@@ -132,10 +174,21 @@ class ProducerConfig(BaseModel):
     def _props(cls, v: Any) -> Any:
         if not isinstance(v, dict):
             return v
-        out = {}
+        out: dict[str, str] = {}
+        java_only = sorted(str(k) for k in v if str(k) in JAVA_ONLY_PROPERTIES)
+        if java_only:
+            log.warning("event=java_properties_ignored keys=%s reason=Kafka Java client settings librdkafka "
+                        "does not have; they do not change what is sent", ",".join(java_only))
         for key, value in v.items():
             key = str(key)
             value = str(value).lower() if isinstance(value, bool) else str(value)
+            if key in JAVA_ONLY_PROPERTIES:
+                continue
+            if key == "sasl.jaas.config":
+                for name, secret in _from_jaas(value).items():
+                    if name not in v:   # an explicit librdkafka property wins
+                        out[name] = secret
+                continue
             if key in _OWNED:
                 raise ValueError(f"{key!r} is managed by the producer and cannot be set (remove it)")
             allowed = _FIXED.get(key)
@@ -152,7 +205,8 @@ class ProducerConfig(BaseModel):
     def _run_id(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                uuid.UUID(v)
+                # Canonical form: a run id given as hex, {braces} or urn:uuid: is the same run.
+                return str(uuid.UUID(v))
             except ValueError:
                 raise ValueError("must be a UUID, e.g. 0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a") from None
         return v
@@ -201,8 +255,28 @@ class ProducerConfig(BaseModel):
     def __repr_args__(self):  # type: ignore[override]
         for name, value in super().__repr_args__():
             if name == "properties":
-                value = {k: ("***" if _SECRET.search(k) else v) for k, v in value.items()}
+                value = {k: ("***" if is_secret(k) else v) for k, v in value.items()}
             yield name, value
+
+
+def is_secret(prop: str) -> bool:
+    """Whether librdkafka property ``prop`` can hold a secret (its value must never print)."""
+    return bool(_SECRET.search(prop))
+
+
+def _from_jaas(jaas: str) -> dict[str, str]:
+    """``sasl.username``/``sasl.password`` from a Java ``sasl.jaas.config`` of the PLAIN or
+    SCRAM login module; anything else raises ValueError naming the librdkafka properties.
+    The value is never part of a message: it holds the password."""
+    match = _JAAS.match(jaas)
+    options = dict(_JAAS_OPTION.findall(match.group("options"))) if match else {}
+    if match and match.group("module") in _JAAS_MODULES and set(options) == {"username", "password"}:
+        return {f"sasl.{k}": re.sub(r"\\(.)", r"\1", options[k]) for k in ("username", "password")}
+    raise ValueError(
+        "sasl.jaas.config is a Kafka Java client setting librdkafka does not read, and only the PLAIN/SCRAM "
+        'login module with exactly username="..." password="..." is translated; set the librdkafka '
+        "properties instead: sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI), "
+        "sasl.username and sasl.password (or sasl.oauthbearer.* / sasl.kerberos.*), and remove sasl.jaas.config")
 
 
 def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) -> ProducerConfig:
@@ -226,7 +300,8 @@ def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) 
             elif problem["type"] == "extra_forbidden":
                 msg = f"unknown key; known keys: {', '.join(ProducerConfig.model_fields)}"
             lines.append(f"{where}: {msg}")
-        raise ConfigError("invalid producer configuration:\n  " + "\n  ".join(lines)) from err
+        # from None: pydantic's error, chained, would print the values given (passwords too).
+        raise ConfigError("invalid producer configuration:\n  " + "\n  ".join(lines)) from None
 
 
 def load_config(overrides: Mapping[str, Any] | None = None, *,

@@ -16,14 +16,14 @@ from confluent_kafka import KafkaError
 RETRY: Literal["retry"] = "retry"
 REJECT: Literal["reject"] = "reject"
 
-# librdkafka codes (some have no named constant in confluent-kafka): -181 is the local
-# _MSG_SIZE_TOO_LARGE, 2 is CORRUPT_MESSAGE.
+# librdkafka reports a record over its own message.max.bytes with the broker's code
+# MSG_SIZE_TOO_LARGE (10); INVALID_MSG (2) is the broker's CORRUPT_MESSAGE. (-181 is _SSL:
+# a TLS failure an operator can fix, so RETRY like every other local error.)
 _PERMANENT = frozenset({
     KafkaError.MSG_SIZE_TOO_LARGE,
-    -181,
     KafkaError.INVALID_MSG_SIZE,
     KafkaError.INVALID_RECORD,
-    2,
+    KafkaError.INVALID_MSG,
     KafkaError.RECORD_LIST_TOO_LARGE,
 })
 

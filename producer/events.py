@@ -7,7 +7,8 @@ Contract:
   or JobEvent) provided the facet contents passed in are themselves valid.
 * Builders check what is cheap and what users get wrong (event type, run id shape,
   timezone-less times, unknown standard facet names) and raise ``ValueError``; they do
-  not validate facet contents against the facet schemas.
+  not validate facet contents against the facet schemas. Run ids are emitted in canonical
+  UUID form (``str(uuid.UUID(v))``), however they were written.
 * ``new_run_id()`` returns a UUIDv7 (RFC 9562): ids sort by creation time, and ids made
   by one process are strictly increasing even within one millisecond.
 * Times are UTC RFC 3339 with microseconds and a ``Z`` suffix:
@@ -60,11 +61,12 @@ def new_run_id() -> str:
 
 
 def _check_run_id(run_id: str, what: str = "run_id") -> str:
+    """``run_id`` in canonical form (lower-case, hyphenated): ``{...}``, ``urn:uuid:...`` and
+    bare hex name the same run, and a consumer joining runs by id compares strings."""
     try:
-        uuid.UUID(run_id)
+        return str(uuid.UUID(run_id))
     except (ValueError, TypeError, AttributeError):
         raise ValueError(f"{what} must be a UUID string (use new_run_id()), got {run_id!r}") from None
-    return run_id
 
 
 # --- times -------------------------------------------------------------------------

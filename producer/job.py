@@ -27,9 +27,14 @@ Contract:
   (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders).
 * The namespace is ``namespace=``, else the producer's ``namespace`` config
   (``spark.openlineage.namespace`` / ``$OPENLINEAGE_NAMESPACE``), else ``"default"``.
-* Emitting never raises into the job (see ``LineageProducer.emit``). Without a
-  ``producer=``, one process-wide producer is built on first use from every configuration
-  source (:func:`producer.config.load_config`) and closed at interpreter exit.
+* Lineage never raises into the job. Without a ``producer=``, one process-wide producer
+  is built on first use from every configuration source (:func:`producer.config.load_config`)
+  and closed at interpreter exit; when it cannot be built (no bootstrap servers, an
+  unwritable journal directory, ...) that is logged once, as a warning with the fix, and
+  the job runs without lineage (the failure is cached: config is not read again). A
+  malformed ``OPENLINEAGE_PARENT_ID`` is logged and ignored; an event that cannot be built
+  or emitted is logged and skipped. Mistakes in ``lineage_job``'s own arguments (a bad
+  ``parent=`` string) still raise, where it is constructed.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import logging
 import os
 import threading
 import traceback
@@ -48,20 +54,47 @@ from producer import events
 from producer.events import parse_parent_id
 from producer.kafka import LineageProducer
 
+log = logging.getLogger("producer.job")
+
 F = TypeVar("F", bound=Callable[..., Any])
 Parent = tuple[str, str, str]
 
 _current: contextvars.ContextVar[JobRun | None] = contextvars.ContextVar("lineage_job_run", default=None)
 _default_lock = threading.Lock()
-_default: LineageProducer | None = None
+_default: LineageProducer | NoLineage | None = None
+_bad_parent_ids: set[str] = set()
 
 
-def default_producer() -> LineageProducer:
-    """The process-wide producer used when ``producer=`` is not given (built once)."""
+class NoLineage:
+    """What :func:`default_producer` returns when no producer could be built: it drops
+    every event, so the job runs unobserved instead of failing."""
+
+    config = None
+
+    def emit(self, event: dict) -> None:
+        pass
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        return 0
+
+    def close(self, timeout_s: float | None = None) -> None:
+        pass
+
+
+def default_producer() -> LineageProducer | NoLineage:
+    """The process-wide producer used when ``producer=`` is not given, built once. If it
+    cannot be built, the reason is logged once and a :class:`NoLineage` is kept instead."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = LineageProducer()
+            try:
+                _default = LineageProducer()
+            except Exception as err:  # noqa: BLE001 - lineage must never break the job
+                log.warning("event=lineage_disabled reason=%s fix=configure the producer (bootstrap servers "
+                            "in openlineage.yml, OPENLINEAGE__TRANSPORT__* or Spark conf; a writable journal "
+                            "dir) or pass producer= to lineage_job; the job runs without lineage",
+                            str(err).replace("\n", " "))
+                _default = NoLineage()
         return _default
 
 
@@ -163,15 +196,16 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         if self._name is None:
             raise ValueError("lineage_job needs a job name when used as a context manager")
         producer = self._producer or default_producer()
-        parent, root = self._lineage(producer)
+        config = getattr(producer, "config", None)
+        parent, root = self._lineage(config)
         run_facets = dict(self._run_facets)
         if parent is not None:
             run_facets.setdefault("parent", events.parent_facet(*parent, root=root))
-        run = JobRun(job_namespace=self._namespace or producer.config.namespace or "default",
+        run = JobRun(job_namespace=self._namespace or getattr(config, "namespace", None) or "default",
                      job_name=self._name, run_id=self._run_id or events.new_run_id(),
                      parent=parent, root=root, inputs=list(self._inputs), outputs=list(self._outputs),
                      run_facets=run_facets, job_facets=dict(self._job_facets))
-        producer.emit(run.event("START"))
+        _emit(producer, run, "START")
         self._active.append((run, _current.set(run)))
         return run
 
@@ -180,23 +214,22 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         _current.reset(token)
         producer = self._producer or default_producer()
         if exc is None:
-            producer.emit(run.event("COMPLETE"))
+            _emit(producer, run, "COMPLETE")
         else:
-            producer.emit(run.event("FAIL", {"errorMessage": _error_facet(exc)}))
+            _emit(producer, run, "FAIL", exc)
 
-    def _lineage(self, producer: LineageProducer) -> tuple[Parent | None, Parent | None]:
+    def _lineage(self, config: Any) -> tuple[Parent | None, Parent | None]:
         if self._parent is not None:
             return self._parent, self._root
         outer = _current.get()
         if outer is not None:
             # Root = top of the chain: the outer run's root, its parent, or the outer run itself.
             return outer.as_parent, outer.root or outer.parent or outer.as_parent
-        if producer.config.parent is not None:
-            return producer.config.parent, producer.config.root_parent
-        env_parent = os.environ.get("OPENLINEAGE_PARENT_ID")
-        if env_parent:
-            env_root = os.environ.get("OPENLINEAGE_ROOT_PARENT_ID")
-            return parse_parent_id(env_parent), parse_parent_id(env_root) if env_root else None
+        if getattr(config, "parent", None) is not None:
+            return config.parent, config.root_parent
+        env_parent = _env_parent("OPENLINEAGE_PARENT_ID")
+        if env_parent is not None:
+            return env_parent, _env_parent("OPENLINEAGE_ROOT_PARENT_ID")
         return None, None
 
     # --- decorator -----------------------------------------------------------------
@@ -223,6 +256,29 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
             with self._for_call(name):
                 return func(*args, **kwargs)
         return run  # type: ignore[return-value]
+
+
+def _env_parent(var: str) -> Parent | None:
+    value = os.environ.get(var)
+    if not value:
+        return None
+    try:
+        return parse_parent_id(value)
+    except ValueError as err:
+        if value not in _bad_parent_ids:   # once per value, not once per run
+            _bad_parent_ids.add(value)
+            log.warning("event=parent_id_ignored var=%s reason=%s fix=set it to <namespace>/<job name>/<run id> "
+                        "(run id a UUID) or unset it", var, err)
+        return None
+
+
+def _emit(producer: Any, run: JobRun, event_type: str, exc: BaseException | None = None) -> None:
+    # Building the event can fail (a bad run_id= argument): the job goes on, the event is lost, logged.
+    try:
+        extra = {"errorMessage": _error_facet(exc)} if exc is not None else None
+        producer.emit(run.event(event_type, extra))
+    except Exception as err:  # noqa: BLE001 - lineage must never break the job
+        log.error("event=lineage_event_failed job=%s event_type=%s detail=%s", run.job_name, event_type, err)
 
 
 def current_run() -> JobRun | None:

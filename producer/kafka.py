@@ -170,33 +170,40 @@ class LineageProducer(Sender):
             if len(value) > self._max_value:
                 self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
                 return
-            with self._lock:
-                if self._closed:
-                    self._count_drop("closed")
-                    return
-                if not self._spilling:
-                    try:
-                        # The emit number rides with the record to its delivery report:
-                        # reclaimed records are journaled in emit order, whatever order
-                        # librdkafka reports them in (positional: cheaper than keywords).
-                        self._producer.produce(self._topic, value, key, -1,
-                                               partial(self._on_delivery, self._direct_sent))
-                        self._direct_sent += 1
-                        return
-                    except BufferError:
-                        self._begin_journal_mode_locked("queue_full")
-                    except KafkaException as err:
-                        self._begin_journal_mode_locked(f"produce_failed:{err.args[0].name()}")
-                if len(self._spill) >= self._max_spill and not self._space.wait_for(
-                        lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
-                    self._count_drop("queue_full")
-                    return
-                if self._closed:
-                    self._count_drop("closed")
-                    return
-                self._spill.append((key, value))
+            dropped = self._enqueue(key, value)
+            if dropped is not None:
+                # Logged outside the lock: other emit() calls must not wait for a log handler.
+                self._drop(dropped, "emit after close()" if dropped == "closed" else
+                           f"the journal writer is {_FULL_WAIT_S}s behind ({self._max_spill} events queued)", key)
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
+
+    def _enqueue(self, key: bytes | None, value: bytes) -> str | None:
+        """Hand one record to librdkafka or the spill queue, under ``_lock``; returns the
+        drop reason when neither takes it (the caller logs it, outside the lock)."""
+        with self._lock:
+            if self._closed:
+                return "closed"
+            if not self._spilling:
+                try:
+                    # The emit number rides with the record to its delivery report:
+                    # reclaimed records are journaled in emit order, whatever order
+                    # librdkafka reports them in (positional: cheaper than keywords).
+                    self._producer.produce(self._topic, value, key, -1,
+                                           partial(self._on_delivery, self._direct_sent))
+                    self._direct_sent += 1
+                    return None
+                except BufferError:
+                    self._begin_journal_mode_locked("queue_full")
+                except KafkaException as err:
+                    self._begin_journal_mode_locked(f"produce_failed:{err.args[0].name()}")
+            if len(self._spill) >= self._max_spill and not self._space.wait_for(
+                    lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
+                return "queue_full"
+            if self._closed:
+                return "closed"
+            self._spill.append((key, value))
+            return None
 
     # --- flush, close, stats ------------------------------------------------------------
 

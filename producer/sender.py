@@ -281,7 +281,8 @@ class Sender:
             lost = self._direct_outstanding()
             self._direct_done = self._direct_sent
         if lost:
-            self._count_drop("lost_in_fatal_producer", lost)
+            self._drop("lost_in_fatal_producer", "records the replaced librdkafka instance never gave back",
+                       n=lost)
         self._fatal = None
         if self._replay is not None:
             self._replay_failed = True
@@ -390,11 +391,13 @@ class Sender:
             self._errors += n
         return count
 
-    def _drop(self, reason: str, detail: object, key: bytes | None = None) -> None:
-        count = self._count_drop(reason)
-        if _should_log(count):
-            log.error("event=dropped reason=%s topic=%s key=%s count=%d detail=%s",
-                      reason, self._topic, key, count, detail)
+    def _drop(self, reason: str, detail: object, key: bytes | None = None, n: int = 1) -> None:
+        """Count ``n`` events dropped for ``reason`` and log it (rate-limited). Never call it
+        holding ``_lock``: a log handler may be slow, and emit() must not wait for it."""
+        count = self._count_drop(reason, n)
+        if _should_log(count, n):
+            log.error("event=dropped reason=%s topic=%s key=%s count=%d dropped_now=%d detail=%s",
+                      reason, self._topic, key, count, n, detail)
 
     def _error(self, what: str, detail: object, **fields: object) -> None:
         with self._count_lock:
@@ -407,6 +410,7 @@ def _emit_number(returned: tuple[int, bytes | None, bytes]) -> int:
     return returned[0]
 
 
-def _should_log(count: int) -> bool:
-    # First ten of a kind, then every thousandth: a flood must not flood the log.
-    return count <= 10 or count % 1000 == 0
+def _should_log(count: int, n: int = 1) -> bool:
+    # First ten of a kind, then every thousandth: a flood must not flood the log. ``n``
+    # drops at once log if they reach the first ten or cross a thousand.
+    return count - n < 10 or count // 1000 > (count - n) // 1000

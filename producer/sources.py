@@ -6,11 +6,13 @@ Precedence, highest first (a key set higher wins; ``properties`` merge key by ke
 1. explicit arguments (``LineageProducer(**overrides)``, ``load_config(overrides)``);
 2. ``openlineage.yml``: ``$OPENLINEAGE_CONFIG``, else ``./openlineage.yml``, else
    ``~/.openlineage/openlineage.yml`` (the first that exists), its ``transport:`` section;
-3. ``OPENLINEAGE__TRANSPORT__<KEY>`` environment variables (JSON values are parsed, so
-   ``OPENLINEAGE__TRANSPORT__CONFIG='{"bootstrap.servers": "k:9092"}'`` works; so does
+3. ``OPENLINEAGE__TRANSPORT__<KEY>`` environment variables (a JSON object or array is
+   parsed, so ``OPENLINEAGE__TRANSPORT__CONFIG='{"bootstrap.servers": "k:9092"}'`` works,
+   any other value stays text, so ``OPENLINEAGE__TRANSPORT__TOPIC=123`` is topic ``123``; so does
    ``OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS=k:9092``), plus
    ``OPENLINEAGE_NAMESPACE``, ``OPENLINEAGE_PARENT_ID`` and ``OPENLINEAGE_ROOT_PARENT_ID``
-   (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders);
+   (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders;
+   a malformed one is logged and ignored: the scheduler set it, not this job's config);
 4. Spark conf: ``spark.openlineage.transport.{type,topicName,messageKey,properties.<librdkafka
    key>,encoding,journalDir,journalMaxBytes,queueMaxEvents}``, ``spark.openlineage.namespace``,
    ``spark.openlineage.{parentJobNamespace,parentJobName,parentRunId,rootParentJobNamespace,
@@ -21,14 +23,19 @@ transport's settings carry over unchanged), ``lineage-relay`` or the plugin's do
 ``producer.openlineage_transport.LineageRelayTransport``; a section of another type (say
 ``http``) is ignored. Within a section that is read, keys are matched ignoring case and
 ``_`` (``messageKey`` = ``message_key`` = ``MESSAGEKEY``) and an unknown key is an error.
-``config`` (Python client) and ``properties`` (Java client) both mean librdkafka properties;
-``topicName`` (Java) and ``topic`` (Python) both mean the topic; ``flush`` is accepted and
-ignored (``emit`` never waits for the broker).
+``config`` (Python client) and ``properties`` (Java client) both mean librdkafka properties
+(Java-only ones are handled in :mod:`producer.config`); ``topicName`` (Java) and ``topic``
+(Python) both mean the topic; ``flush`` is accepted and ignored (``emit`` never waits for
+the broker), so is ``localServerId`` (the Java transport only puts it in its own Kafka
+client id). Env vars nested deeper than ``PROPERTIES__<KEY>`` (``AUTH__TYPE``,
+``TRANSPORTS__...``, ``HEADERS__...``) belong to other transport types and are ignored when
+the type is not ours; under a ``kafka`` type they are an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +46,8 @@ import yaml
 from producer.errors import ConfigError
 from producer.events import parse_parent_id
 
+log = logging.getLogger("producer.config")
+
 TRANSPORT_TYPES = frozenset({
     "kafka", "lineage-relay", "lineage_relay",
     "producer.openlineage_transport.LineageRelayTransport",
@@ -47,6 +56,8 @@ TRANSPORT_TYPES = frozenset({
 # Normalised transport key (lower case, no "_") -> ProducerConfig field; None = ignored.
 _TRANSPORT_KEYS: dict[str, str | None] = {
     "type": None, "name": None, "priority": None, "flush": None,
+    # The Java transport only uses it in its Kafka client.id; librdkafka names its own client.
+    "localserverid": None,
     "topic": "topic", "topicname": "topic",
     "messagekey": "message_key",
     "config": "properties", "properties": "properties",
@@ -137,23 +148,32 @@ def _yaml_layer(path: Path | None) -> _Layer:
 
 
 def _env_value(raw: str) -> Any:
+    # Only a JSON object or array is structure; "123" or "true" is text the field converts
+    # as it needs (a topic named 123 stays a string).
+    if raw.lstrip()[:1] not in ("{", "["):
+        return raw
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
         return raw
 
 
-def _parse_parent_id(value: str, var: str) -> tuple[str, str, str]:
+def _parse_parent_id(value: str, var: str) -> tuple[str, str, str] | None:
+    # Set by a scheduler (Airflow's lineage_parent_id macro), not by this job's lineage
+    # config: a malformed one costs the parent facet, never the job or its lineage.
     try:
         return parse_parent_id(value)
     except ValueError as err:
-        raise ConfigError(f"{var}: {err}; expected <namespace>/<job name>/<run id>") from err
+        log.warning("event=parent_id_ignored var=%s reason=%s fix=set it to <namespace>/<job name>/<run id> "
+                    "(run id a UUID) or unset it", var, err)
+        return None
 
 
 def _env_layer(environ: Mapping[str, str]) -> _Layer:
     layer = _Layer()
     section: dict[str, Any] = {}
     props: dict[str, Any] = {}
+    nested: list[str] = []
     for var, raw in environ.items():
         if not var.startswith(_ENV):
             continue
@@ -164,17 +184,31 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
         elif len(parts) == 1:
             section[parts[0]] = _env_value(raw)
         else:
-            raise ConfigError(f"{var}: unknown transport setting; use {_ENV}<KEY> or "
-                              f"{_ENV}PROPERTIES__<LIBRDKAFKA_KEY>")
-    if (section or props) and _is_ours(section.get("type")):
+            nested.append(var)
+    # The type decides whose the section is: another tool's HTTP auth or composite
+    # transport settings must not stop this producer.
+    if not _is_ours(section.get("type")):
+        log.debug("event=env_transport_ignored type=%s reason=not a kafka/lineage-relay transport",
+                  section.get("type"))
+        section, props, nested = {}, {}, []
+    if nested:
+        raise ConfigError(f"{sorted(nested)[0]}: unknown transport setting; use {_ENV}<KEY> or "
+                          f"{_ENV}PROPERTIES__<LIBRDKAFKA_KEY>")
+    if section or props:
         layer = transport_layer({k.upper(): v for k, v in section.items()}, "env OPENLINEAGE__TRANSPORT_")
         if props:
             layer.set("properties", props, f"env {_ENV}PROPERTIES__*")
     if environ.get("OPENLINEAGE_NAMESPACE"):
         layer.set("namespace", environ["OPENLINEAGE_NAMESPACE"], "env OPENLINEAGE_NAMESPACE")
+    parent_ignored = False
     for var, prefix in (("OPENLINEAGE_PARENT_ID", "parent"), ("OPENLINEAGE_ROOT_PARENT_ID", "root_parent")):
-        if environ.get(var):
-            ns, name, run_id = _parse_parent_id(environ[var], var)
+        parsed = _parse_parent_id(environ[var], var) if environ.get(var) else None
+        if prefix == "parent":
+            parent_ignored = bool(environ.get(var)) and parsed is None
+        elif parent_ignored:
+            continue   # a root without its (ignored) parent would be rejected
+        if parsed is not None:
+            ns, name, run_id = parsed
             layer.set(f"{prefix}_job_namespace", ns, f"env {var}")
             layer.set(f"{prefix}_job_name", name, f"env {var}")
             layer.set(f"{prefix}_run_id", run_id, f"env {var}")

@@ -65,13 +65,20 @@ def _parents(conf: dict[str, str], producer: Any) -> tuple[tuple | None, tuple |
         root = (conf.get(_P + "rootParentJobNamespace", "default"), conf.get(_P + "rootParentJobName", "root"),
                 conf[_P + "rootParentRunId"])
     from producer.events import parse_parent_id
-    try:
-        if parent is None and os.environ.get("OPENLINEAGE_PARENT_ID"):
-            parent = parse_parent_id(os.environ["OPENLINEAGE_PARENT_ID"])
-        if root is None and os.environ.get("OPENLINEAGE_ROOT_PARENT_ID"):
-            root = parse_parent_id(os.environ["OPENLINEAGE_ROOT_PARENT_ID"])
-    except ValueError as err:
-        raise ConfigError(f"OPENLINEAGE_PARENT_ID/OPENLINEAGE_ROOT_PARENT_ID: {err}") from err
+    for var in ("OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID"):
+        value = os.environ.get(var)
+        if not value or (parent if var == "OPENLINEAGE_PARENT_ID" else root) is not None:
+            continue
+        try:
+            found = parse_parent_id(value)
+        except ValueError as err:
+            # Set by the scheduler, not by this job's lineage config: run without a parent.
+            log.warning("lineage: %s ignored (%s); set it to <namespace>/<job name>/<run id>", var, err)
+            continue
+        if var == "OPENLINEAGE_PARENT_ID":
+            parent = found
+        else:
+            root = found
     return parent, root
 
 
@@ -79,33 +86,32 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
                    app_name: str | None = None, column_lineage: bool | None = None,
                    read_only_actions: bool | None = None, captured_properties: list[str] | None = None,
                    **producer_overrides: Any) -> SparkLineage | None:
-    """Start capturing lineage for ``spark``; returns the capture, or None when disabled or
-    when no transport is configured (logged). ``producer`` is anything with ``emit(dict)``
-    (default: a :class:`producer.LineageProducer` from the Spark conf and the other config
-    sources; ``producer_overrides`` are its config fields). Configuration mistakes raise
-    :class:`producer.errors.ConfigError` naming the key; nothing after this call raises
-    into the job. Calling it twice for one session returns the running capture."""
-    from producer.sources import spark_disabled
+    """Start capturing lineage for ``spark``; returns the capture, or None (with one log
+    line) when capture is disabled or cannot run: no transport configured, a transport of
+    another type (``http``, ``console``: the OpenLineage JVM integration's business), a
+    Spark Connect session (no driver JVM in this process), or a failure while registering
+    the listener (undone). ``producer`` is anything with ``emit(dict)`` (default: a
+    :class:`producer.LineageProducer` from the Spark conf and the other config sources;
+    ``producer_overrides`` are its config fields). A mistake in *our* configuration (a
+    ``kafka`` transport without bootstrap servers, an unknown key, a bad value) raises
+    :class:`producer.errors.ConfigError` naming the key, here, before the job's work
+    starts; nothing after this call raises into the job. Calling it twice for one session
+    returns the running capture."""
+    from producer.sources import TRANSPORT_TYPES, spark_disabled, spark_transport_type
 
-    key = id(spark._jsparkSession)
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jsession is None:
+        log.warning("lineage: %s has no driver JVM in this process (Spark Connect?); py4j capture needs "
+                    "classic PySpark, use the OpenLineage Spark jar on the server instead; capture not enabled",
+                    type(spark).__name__)
+        return None
+    key = id(jsession)
     if key in _ACTIVE and not _ACTIVE[key].ended:
         return _ACTIVE[key]
     conf = dict(spark.sparkContext.getConf().getAll())
     if spark_disabled(conf, os.environ):
         log.info("lineage: disabled by spark.openlineage.disabled / OPENLINEAGE_DISABLED")
         return None
-    if producer is None:
-        from producer.config import load_config
-        from producer.kafka import LineageProducer
-        from producer.sources import spark_transport_type
-
-        if producer_overrides or spark_transport_type(conf) is not None:
-            producer = LineageProducer(load_config(producer_overrides or None, spark_conf=conf))
-        else:
-            log.warning("lineage: no transport configured (set spark.openlineage.transport.type=kafka and "
-                        "spark.openlineage.transport.properties.bootstrap.servers, or pass producer=); "
-                        "capture not enabled")
-            return None
     try:
         max_plan = int(conf.get(_P + "python.maxPlanBytes", 32 * 1024 * 1024))
     except ValueError as err:
@@ -115,12 +121,33 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     if wanted is None:
         raw = conf.get(_P + "capturedProperties")
         wanted = [p.strip() for p in raw.split(",") if p.strip()] if raw else list(_DEFAULT_PROPERTIES)
+    col_lineage = column_lineage if column_lineage is not None else _bool(conf, _P + "columnLineage.enabled", True)
+    read_only = (read_only_actions if read_only_actions is not None
+                 else _bool(conf, _P + "python.readOnlyActions", False))
+    built = None
+    if producer is None:
+        from producer.config import load_config
+        from producer.kafka import LineageProducer
+
+        transport_type = spark_transport_type(conf)
+        if not producer_overrides and transport_type is not None and transport_type not in TRANSPORT_TYPES:
+            log.info("lineage: spark.openlineage.transport.type=%s is not ours (kafka, lineage-relay); "
+                     "capture not enabled here (pass producer= to send through this producer anyway)",
+                     transport_type)
+            return None
+        if producer_overrides or transport_type is not None:
+            producer = built = LineageProducer(load_config(producer_overrides or None, spark_conf=conf))
+        else:
+            log.warning("lineage: no transport configured (set spark.openlineage.transport.type=kafka and "
+                        "spark.openlineage.transport.properties.bootstrap.servers, or pass producer=); "
+                        "capture not enabled")
+            return None
     cfg_namespace = getattr(getattr(producer, "config", None), "namespace", None)
     settings = CaptureSettings(
         namespace=namespace or conf.get(_P + "namespace") or cfg_namespace or "default",
         app_job_name=snake(app_name or conf.get(_P + "appName") or conf.get("spark.app.name") or "spark_application"),
         spark_version=spark.version,
-        column_lineage=column_lineage if column_lineage is not None else _bool(conf, _P + "columnLineage.enabled", True),
+        column_lineage=col_lineage,
         captured_properties={k: conf[k] for k in wanted if k in conf},
         metastore_uris=conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris"),
         warehouse=conf.get("spark.sql.warehouse.dir"),
@@ -128,15 +155,24 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     parent, root = _parents(conf, producer)
     lineage = SparkLineage(
         spark, producer, settings, parent=parent, root=root, max_plan_bytes=max_plan,
-        read_only_actions=read_only_actions if read_only_actions is not None
-        else _bool(conf, _P + "python.readOnlyActions", False))
-    lineage.start()
+        read_only_actions=read_only)
+    try:
+        lineage.start()
+    except Exception as err:  # noqa: BLE001 - a capture that cannot start must not stop the job
+        log.warning("lineage: could not start capture (%s: %s); capture not enabled", type(err).__name__, err)
+        try:
+            lineage.stop_capture()
+        except Exception:  # noqa: BLE001 - undo what can be undone
+            log.debug("lineage: could not undo a failed start", exc_info=True)
+        if built is not None:
+            built.close(0)   # nothing to wait for: whatever it holds is journaled
+        return None
     _ACTIVE[key] = lineage
     return lineage
 
 
 def disable_lineage(spark: Any) -> None:
     """Stop capturing for ``spark`` (no application COMPLETE is emitted)."""
-    lineage = _ACTIVE.pop(id(spark._jsparkSession), None)
+    lineage = _ACTIVE.pop(id(getattr(spark, "_jsparkSession", None)), None)
     if lineage is not None:
         lineage.stop_capture()

@@ -7,7 +7,10 @@
 * ``abfss://container@account.dfs.core.windows.net/p`` -> (that authority, ``p``)
 * ``wasbs://``, ``dbfs:/`` likewise by authority
 * JDBC ``jdbc:postgresql://host:5432/db`` + table ``schema.t`` -> (``postgres://host:5432``, ``db.schema.t``);
-  mysql, sqlserver, oracle, ... by their naming-spec scheme.
+  mysql, sqlserver, db2, ... by their naming-spec scheme; Oracle ``jdbc:oracle:thin:u/p@//db:1521/ORCL``
+  (or ``@db:1521:SID``) -> (``oracle://db:1521``, ``ORCL.schema.t``), as the spec's
+  ``{serviceName|sid}.{schema}.{table}``. User, password and other ``key=value`` URL
+  properties are never part of either.
 * catalog tables: physical location first (as the official Spark integration does), with a
   ``symlinks`` facet naming the table (``hive://metastore:9083`` or the warehouse, ``db.table``).
 
@@ -67,23 +70,71 @@ def from_path(uri: str) -> tuple[str, str]:
 
 
 def from_jdbc(url: str, table: str) -> tuple[str, str]:
-    """(namespace, name) of a JDBC table; ``table`` may be ``schema.table`` or a query."""
+    """(namespace, name) of a JDBC table; ``table`` may be ``schema.table`` or a query.
+
+    Neither part ever carries what a URL may hold besides the server and the database:
+    ``user[:password]@`` / ``user/password@`` (Oracle), and ``key=value`` properties
+    (``;user=u;password=p;`` of DB2 and SQL Server, ``,PASSWORD=p`` of Teradata).
+    """
     raw = url[5:] if url.lower().startswith("jdbc:") else url
     scheme = raw.split(":", 1)[0].lower()
-    parts = urlsplit(raw)
-    ns_scheme = _JDBC_SCHEMES.get(scheme, scheme)
-    database = parts.path.strip("/").split(";")[0]
-    if scheme == "sqlserver":  # jdbc:sqlserver://host:1433;databaseName=db
-        host_part = raw.split("//", 1)[-1]
-        hostport, _, props = host_part.partition(";")
-        kv = dict(p.split("=", 1) for p in props.split(";") if "=" in p)
-        database = kv.get("databaseName", kv.get("database", ""))
-        return f"sqlserver://{hostport.split('@')[-1]}", ".".join(x for x in (database, table) if x)
-    namespace = f"{ns_scheme}://{_netloc(parts.hostname, parts.port)}"
     name = table.strip()
     if name.startswith("(") or name.lower().startswith("select"):
         name = "query"
-    return namespace, ".".join(x for x in (database, name) if x)
+    if scheme == "oracle":
+        netloc, database = _oracle(raw)
+        return f"oracle://{netloc}", ".".join(x for x in (database, name) if x)
+    if scheme == "sqlserver":  # jdbc:sqlserver://host:1433;databaseName=db
+        host_part = raw.split("//", 1)[-1]
+        hostport, _, props = host_part.partition(";")
+        database = _jdbc_properties(props).get("databasename") or _jdbc_properties(props).get("database", "")
+        return f"sqlserver://{hostport.split('@')[-1]}", ".".join(x for x in (database, name) if x)
+    parts = urlsplit(raw)
+    try:
+        netloc = _netloc(parts.hostname, parts.port)
+    except ValueError:   # a port that is not a number: keep the host alone
+        netloc = parts.hostname or ""
+    return f"{_JDBC_SCHEMES.get(scheme, scheme)}://{netloc}", \
+        ".".join(x for x in (_jdbc_database(parts.path), name) if x)
+
+
+def _jdbc_properties(text: str) -> dict[str, str]:
+    """``k=v`` pairs separated by ``;``, ``,`` or ``:`` (keys lower-cased)."""
+    pairs = (p.split("=", 1) for p in re.split(r"[;,:&]", text) if "=" in p)
+    return {k.strip().lower(): v.strip() for k, v in pairs}
+
+
+def _jdbc_database(path: str) -> str:
+    """The database of a JDBC URL's path: ``/db``, ``/db:user=u;password=p;`` (DB2),
+    ``/db;k=v`` or ``/DATABASE=db,USER=u,PASSWORD=p`` (Teradata); never a property."""
+    path = path.strip("/")
+    head = re.split(r"[;:,?]", path, maxsplit=1)[0]
+    if "=" not in head:
+        return head
+    props = _jdbc_properties(path)
+    return props.get("database") or props.get("databasename") or ""
+
+
+_ORACLE_DESCRIPTOR = re.compile(r"\((HOST|PORT|SERVICE_NAME|SID)\s*=\s*([^()\s]+)\s*\)", re.IGNORECASE)
+
+
+def _oracle(raw: str) -> tuple[str, str]:
+    """``(host:port, service or SID)`` of ``oracle:thin:[user/pw]@//host:port/service``,
+    ``oracle:thin:[user/pw]@host:port:SID`` or ``oracle:thin:@(DESCRIPTION=...)``."""
+    target = raw.rpartition("@")[2] if "@" in raw else raw.split(":", 2)[-1]
+    target = target.split("?", 1)[0]
+    if target.lstrip().startswith("("):
+        found = {k.upper(): v for k, v in _ORACLE_DESCRIPTOR.findall(target)}
+        host, port = found.get("HOST", ""), found.get("PORT")
+        return (f"{host}:{port}" if port else host), found.get("SERVICE_NAME") or found.get("SID", "")
+    if target.startswith("//"):
+        hostport, _, service = target[2:].partition("/")
+        return hostport, service.split(":", 1)[0]
+    host, _, rest = target.partition(":")
+    port, _, sid = rest.partition(":")
+    if not sid and "/" in port:   # host:port/service without the leading //
+        port, _, sid = port.partition("/")
+    return (f"{host}:{port}" if port else host), sid
 
 
 def redact_uri(uri: str) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import traceback
 from pathlib import Path
 
 import pytest
 
 from producer import LineageProducer
-from producer.config import KAFKA_DEFAULTS, ProducerConfig, default_journal_dir, load_config
+from producer.config import KAFKA_DEFAULTS, ProducerConfig, build_config, default_journal_dir, load_config
 from producer.errors import ConfigError
 
 RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
@@ -103,7 +105,8 @@ def test_env_parent_ids_as_airflow_sets_them(tmp_path):
      "enable.idempotence='false' is not supported"),
     ({"overrides": {"bootstrap_servers": "k:1", "parent_run_id": RUN_ID}}, "parent_job_namespace, parent_job_name missing"),
     ({"overrides": {}}, "bootstrap_servers: required"),
-    ({"environ": {"OPENLINEAGE_PARENT_ID": "just-a-name"}}, "OPENLINEAGE_PARENT_ID"),
+    ({"environ": {"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__AUTH__TYPE": "api_key"}},
+     "OPENLINEAGE__TRANSPORT__AUTH__TYPE: unknown transport setting"),
 ])
 def test_mistakes_name_the_key_and_the_fix(tmp_path, source, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
@@ -166,3 +169,144 @@ def test_building_events_does_not_load_kafka_or_pydantic():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+# --- the official Java (Spark) Kafka transport's settings carry over ---------------------
+
+OFFICIAL_SPARK_KAFKA = {   # as the OpenLineage Spark docs show the Kafka transport
+    "spark.openlineage.transport.type": "kafka",
+    "spark.openlineage.transport.topicName": "openlineage.events",
+    "spark.openlineage.transport.localServerId": "some-value",
+    "spark.openlineage.transport.properties.bootstrap.servers": "127.0.0.1:1",
+    "spark.openlineage.transport.properties.acks": "all",
+    "spark.openlineage.transport.properties.retries": "3",
+    "spark.openlineage.transport.properties.key.serializer": "org.apache.kafka.common.serialization.StringSerializer",
+    "spark.openlineage.transport.properties.value.serializer":
+        "org.apache.kafka.common.serialization.StringSerializer",
+    "spark.openlineage.transport.properties.interceptor.classes": "com.example.Interceptor",
+    "spark.openlineage.transport.properties.partitioner.class": "com.example.Partitioner",
+}
+
+
+def test_the_official_spark_kafka_config_starts_a_producer(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.config")
+    cfg = _load(tmp_path, {"journal_dir": tmp_path / "j"}, spark_conf=OFFICIAL_SPARK_KAFKA)
+    assert cfg.topic == "openlineage.events"
+    assert cfg.properties == {"acks": "all", "retries": "3"}
+    # One warning names every dropped key.
+    warnings = [r.getMessage() for r in caplog.records if "java_properties_ignored" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "interceptor.classes,key.serializer,partitioner.class,value.serializer" in warnings[0]
+    LineageProducer(cfg).close(0)   # librdkafka takes what is left
+
+
+def test_java_only_properties_are_all_unknown_to_librdkafka():
+    """The list is justified by librdkafka itself: it refuses every one of them."""
+    from confluent_kafka import KafkaException, Producer
+
+    from producer.config import JAVA_ONLY_PROPERTIES
+
+    for key in sorted(JAVA_ONLY_PROPERTIES):
+        with pytest.raises(KafkaException, match="No such configuration property"):
+            Producer({"bootstrap.servers": "127.0.0.1:1", key: "1"})
+
+
+@pytest.mark.parametrize("module", ["org.apache.kafka.common.security.plain.PlainLoginModule",
+                                    "org.apache.kafka.common.security.scram.ScramLoginModule"])
+def test_sasl_jaas_config_of_plain_or_scram_becomes_librdkafka_properties(module):
+    jaas = f'{module} required username="alice" password="p4ss \\"quoted\\"";'
+    cfg = ProducerConfig(bootstrap_servers="k:1", properties={"sasl.jaas.config": jaas,
+                                                             "sasl.mechanism": "SCRAM-SHA-512"})
+    assert cfg.properties == {"sasl.username": "alice", "sasl.password": 'p4ss "quoted"',
+                              "sasl.mechanism": "SCRAM-SHA-512"}
+    assert "p4ss" not in repr(cfg)
+
+
+@pytest.mark.parametrize("jaas", [
+    'org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required clientSecret="s3cr3t";',
+    'com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true keyTab="/k" principal="s3cr3t";',
+    'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="s3cr3t" x="y";',
+])
+def test_other_sasl_jaas_configs_fail_with_the_librdkafka_equivalents(jaas):
+    with pytest.raises(ConfigError) as info:
+        build_config({"bootstrap_servers": "k:1", "properties": {"sasl.jaas.config": jaas}},
+                     {"properties": "spark.openlineage.transport.properties.*"})
+    text = str(info.value)
+    assert "spark.openlineage.transport.properties.*: sasl.jaas.config" in text
+    assert "sasl.username" in text and "sasl.password" in text and "sasl.mechanism" in text
+    assert "s3cr3t" not in "".join(traceback.format_exception(info.value))
+
+
+def test_config_errors_and_their_tracebacks_carry_no_secret(tmp_path):
+    spark = {**SPARK, "spark.openlineage.transport.properties.sasl.password": "hunter2",
+             "spark.openlineage.transport.properties.acks": "1",        # invalid: the error
+             "spark.openlineage.transport.queueMaxEvents": "many"}      # invalid too
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, spark_conf=spark)
+    assert "acks" in str(info.value) and "queueMaxEvents" in str(info.value)
+    shown = "".join(traceback.format_exception(info.value))
+    assert "hunter2" not in shown and "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("prop", [
+    "sasl.password", "ssl.key.password", "ssl.keystore.password", "ssl.key.pem", "ssl_key",
+    "sasl.oauthbearer.config", "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.assertion.private.key.pem", "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.jaas.config",
+])
+def test_repr_masks_every_secret_bearing_librdkafka_property(prop):
+    from producer.config import is_secret
+
+    cfg = ProducerConfig.model_construct(bootstrap_servers="k:1", properties={prop: "s3cr3t", "linger.ms": "5"})
+    assert is_secret(prop)
+    assert "s3cr3t" not in repr(cfg) and "'5'" in repr(cfg)
+
+
+def test_repr_leaves_ordinary_properties_readable():
+    from producer.config import is_secret
+
+    assert not any(is_secret(p) for p in ("linger.ms", "bootstrap.servers", "security.protocol",
+                                          "sasl.mechanism", "sasl.username", "ssl.ca.location",
+                                          "compression.type", "batch.size"))
+
+
+# --- other tools' OpenLineage env config ---------------------------------------------------
+
+@pytest.mark.parametrize("env", [
+    {"OPENLINEAGE__TRANSPORT__TYPE": "http", "OPENLINEAGE__TRANSPORT__URL": "http://marquez:5000",
+     "OPENLINEAGE__TRANSPORT__AUTH__TYPE": "api_key", "OPENLINEAGE__TRANSPORT__AUTH__APIKEY": "k",
+     "OPENLINEAGE__TRANSPORT__HEADERS__X_TEAM": "data"},
+    {"OPENLINEAGE__TRANSPORT__TYPE": "composite",
+     "OPENLINEAGE__TRANSPORT__TRANSPORTS__FIRST__TYPE": "http",
+     "OPENLINEAGE__TRANSPORT__TRANSPORTS__FIRST__URL": "http://marquez:5000"},
+])
+def test_env_transports_of_another_type_are_ignored(tmp_path, env):
+    cfg = _load(tmp_path, {"bootstrap_servers": "k:9092"}, environ=env)
+    assert (cfg.topic, cfg.properties) == ("openlineage", {})
+
+
+def test_numeric_env_values_are_text_for_text_fields(tmp_path):
+    cfg = _load(tmp_path, environ={"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__TOPIC": "123",
+                                   "OPENLINEAGE__TRANSPORT__MESSAGE_KEY": "42",
+                                   "OPENLINEAGE__TRANSPORT__QUEUE_MAX_EVENTS": "500",
+                                   "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": "k:9092"})
+    assert (cfg.topic, cfg.message_key, cfg.queue_max_events) == ("123", "42", 500)
+    assert _load(tmp_path, yml="transport:\n  type: kafka\n  topic: 7\n  config: {bootstrap.servers: 'k:1'}\n"
+                 ).topic == "7"
+
+
+def test_a_malformed_env_parent_id_is_logged_and_ignored(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.config")
+    cfg = _load(tmp_path, {"bootstrap_servers": "k:1"}, environ={
+        "OPENLINEAGE_PARENT_ID": "just-a-name", "OPENLINEAGE_ROOT_PARENT_ID": f"airflow/dag/{ROOT_ID}"})
+    assert cfg.parent is None and cfg.root_parent is None
+    assert "OPENLINEAGE_PARENT_ID" in caplog.text and "<namespace>/<job name>/<run id>" in caplog.text
+
+
+@pytest.mark.parametrize("written", [RUN_ID.replace("-", ""), "{" + RUN_ID.upper() + "}", f"urn:uuid:{RUN_ID}"])
+def test_parent_run_ids_are_canonical(tmp_path, written):
+    cfg = _load(tmp_path, {"bootstrap_servers": "k:1", "parent_job_namespace": "a", "parent_job_name": "b",
+                           "parent_run_id": written})
+    assert cfg.parent_run_id == RUN_ID
+    env = _load(tmp_path, {"bootstrap_servers": "k:1"}, environ={"OPENLINEAGE_PARENT_ID": f"airflow/t/{written}"})
+    assert env.parent_run_id == RUN_ID

@@ -100,3 +100,15 @@ def test_parse_parent_id_keeps_slashes_in_the_job_name():
     assert events.parse_parent_id(f"airflow/dag/task/{run_id}") == ("airflow", "dag/task", run_id)
     with pytest.raises(ValueError):
         events.parse_parent_id("airflow/task")
+
+
+@pytest.mark.parametrize("written", ["0190f1b26c1e7a319c553f1e2d4c5b6a", "{0190F1B2-6C1E-7A31-9C55-3F1E2D4C5B6A}",
+                                     "urn:uuid:0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"])
+def test_run_ids_are_emitted_in_canonical_form(written):
+    canonical = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
+    event = events.run_event("START", run_id=written, job_namespace="ns", job_name="j",
+                             run_facets={"parent": events.parent_facet("a", "b", written, root=("a", "r", written))})
+    assert event["run"]["runId"] == canonical
+    parent = event["run"]["facets"]["parent"]
+    assert parent["run"]["runId"] == parent["root"]["run"]["runId"] == canonical
+    assert events.parse_parent_id(f"airflow/dag.task/{written}")[2] == canonical

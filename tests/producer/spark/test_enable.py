@@ -1,0 +1,97 @@
+"""``enable_lineage`` in setups where capture cannot or must not run: it returns None and
+leaves nothing behind. The sessions are small fakes of PySpark's (no JVM needed)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from producer.errors import ConfigError
+from producer.spark import _ACTIVE, enable_lineage
+from tests.producer.spark.support import Recorder
+
+
+class _Method:
+    def __init__(self, name, calls):
+        self._name, self._calls = name, calls
+
+    def getName(self):  # noqa: N802 - Java reflection API
+        return self._name
+
+    def getParameterCount(self):  # noqa: N802
+        return 1
+
+    def invoke(self, manager, holder):
+        self._calls.append((self._name, holder))
+
+
+class FakeSession:
+    """What enable_lineage touches of a classic SparkSession and its py4j gateway."""
+
+    version = "3.5.0"
+
+    def __init__(self, conf: dict[str, str]) -> None:
+        self.calls: list[tuple[str, object]] = []
+        methods = [_Method("register", self.calls), _Method("unregister", self.calls)]
+        manager = SimpleNamespace(getClass=lambda: SimpleNamespace(getMethods=lambda: methods))
+        self._jsparkSession = SimpleNamespace(listenerManager=lambda: manager)
+        pool = SimpleNamespace(lock=threading.Lock(), dict={})
+        gateway = SimpleNamespace(
+            _callback_server=object(),   # "already started" for ensure_callback_server_started
+            jvm=SimpleNamespace(java=SimpleNamespace(util=SimpleNamespace(ArrayList=_ArrayList))),
+            gateway_property=SimpleNamespace(pool=pool))
+        self.sparkContext = SimpleNamespace(getConf=lambda: SimpleNamespace(getAll=lambda: list(conf.items())),
+                                            _gateway=gateway, stop=self._stop)
+
+    def _stop(self):
+        pass
+
+    def registered(self) -> int:
+        return sum(1 if name == "register" else -1 for name, _ in self.calls)
+
+
+class _ArrayList(list):
+    def add(self, item):
+        self.append(item)
+
+    def toArray(self):  # noqa: N802
+        return tuple(self)
+
+
+def test_a_spark_connect_session_is_not_captured(caplog):
+    connect = SimpleNamespace(version="3.5.0")   # pyspark.sql.connect: no _jsparkSession, no sparkContext
+    caplog.set_level(logging.WARNING, "producer.spark")
+    assert enable_lineage(connect) is None
+    assert "Spark Connect" in caplog.text
+
+
+@pytest.mark.parametrize("transport", ["http", "console"])
+def test_a_transport_for_the_jvm_integration_is_left_to_it(transport, caplog):
+    spark = FakeSession({"spark.openlineage.transport.type": transport,
+                         "spark.openlineage.transport.url": "http://marquez:5000"})
+    caplog.set_level(logging.INFO, "producer.spark")
+    assert enable_lineage(spark) is None
+    assert f"transport.type={transport} is not ours" in caplog.text and spark.calls == []
+
+
+def test_our_kafka_transport_misconfigured_still_fails_at_start(monkeypatch):
+    monkeypatch.delenv("OPENLINEAGE_DISABLED", raising=False)
+    spark = FakeSession({"spark.openlineage.transport.type": "kafka", "spark.openlineage.transport.topicName": "t"})
+    with pytest.raises(ConfigError, match="bootstrap_servers: required"):
+        enable_lineage(spark)
+
+
+def test_a_failed_start_unregisters_the_listener_and_undoes_the_hooks(caplog):
+    spark = FakeSession({"spark.openlineage.parentJobNamespace": "airflow", "spark.openlineage.parentJobName": "t",
+                         "spark.openlineage.parentRunId": "not-a-uuid"})   # the START event cannot be built
+    stop, hook = spark.sparkContext.stop, sys.excepthook
+    caplog.set_level(logging.WARNING, "producer.spark")
+    assert enable_lineage(spark, producer=Recorder()) is None
+    assert [name for name, _ in spark.calls] == ["register", "unregister"] and spark.registered() == 0
+    assert spark.sparkContext.stop == stop and sys.excepthook is hook
+    assert id(spark._jsparkSession) not in _ACTIVE
+    assert "could not start capture" in caplog.text

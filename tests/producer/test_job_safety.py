@@ -1,0 +1,95 @@
+"""``lineage_job`` never breaks the function it observes, whatever the configuration."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from producer import job
+from producer.config import ProducerConfig
+from producer.job import lineage_job
+
+RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
+
+
+class Recorder:
+    """A sender that keeps what it is given (``lineage_job`` accepts anything with ``emit``)."""
+
+    def __init__(self) -> None:
+        self.config = ProducerConfig(bootstrap_servers="k:1")
+        self.events: list[dict] = []
+
+    def emit(self, event: dict) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture
+def no_config(monkeypatch, tmp_path):
+    """A process with no lineage configuration at all, and no default producer yet."""
+    for var in list(os.environ):
+        if var.startswith("OPENLINEAGE"):
+            monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(job, "_default", None)
+
+
+def test_without_configuration_the_function_runs_and_config_is_read_once(no_config, monkeypatch, caplog):
+    builds = []
+    real = job.LineageProducer
+
+    def counting(*args, **kwargs):
+        builds.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(job, "LineageProducer", counting)
+    caplog.set_level(logging.WARNING, "producer.job")
+
+    @lineage_job()
+    def work(x):
+        return x * 2
+
+    assert work(2) == 4 and work(3) == 6
+    with lineage_job("ctx") as run:
+        assert run.run_id
+    assert len(builds) == 1
+    warnings = [r.getMessage() for r in caplog.records if "lineage_disabled" in r.getMessage()]
+    assert len(warnings) == 1 and "bootstrap_servers" in warnings[0] and "fix=" in warnings[0]
+
+
+def test_an_unwritable_journal_dir_does_not_break_the_function(no_config, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "kafka")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("LINEAGE_RELAY_JOURNAL_DIR", str(blocker / "journal"))
+
+    @lineage_job()
+    def work():
+        return "done"
+
+    assert work() == "done"
+    assert isinstance(job.default_producer(), job.NoLineage)
+
+
+def test_a_malformed_parent_id_is_ignored(monkeypatch, caplog):
+    monkeypatch.setenv("OPENLINEAGE_PARENT_ID", "not-a-parent-id")
+    caplog.set_level(logging.WARNING, "producer.job")
+    sender = Recorder()
+
+    @lineage_job(producer=sender)
+    def work():
+        return "done"
+
+    assert work() == "done" and work() == "done"
+    assert [e["eventType"] for e in sender.events] == ["START", "COMPLETE"] * 2
+    assert all("parent" not in e["run"]["facets"] for e in sender.events)
+    assert sum("OPENLINEAGE_PARENT_ID" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_bad_run_id_loses_the_events_not_the_function():
+    sender = Recorder()
+    with lineage_job("j", producer=sender, run_id="not-a-uuid"):
+        pass
+    assert sender.events == []
