@@ -95,10 +95,19 @@ OnDelivered = Callable[[LineageEvent], None]
 OnFailed = Callable[[Failure], None]
 
 
+#: Attempts per event for the operator commands when neither ``--max-attempts`` nor the
+#: collector's ``retry.max_attempts`` bounds them: the relay retries for ever (it pauses
+#: instead), a command run while the collector is down must end.
+OPS_MAX_ATTEMPTS = 10
+
+
 def collector_config(config: CollectorConfig, max_attempts: int | None) -> CollectorConfig:
-    """``config`` with ``retry.max_attempts`` replaced when ``max_attempts`` is given."""
+    """``config`` with ``retry.max_attempts`` replaced when ``max_attempts`` is given, or
+    :data:`OPS_MAX_ATTEMPTS` when neither bounds it."""
     if max_attempts is None:
-        return config
+        if config.retry.max_attempts is not None:
+            return config
+        max_attempts = OPS_MAX_ATTEMPTS
     retry = RetryConfig(initial_backoff_s=config.retry.initial_backoff_s,
                         max_backoff_s=config.retry.max_backoff_s, max_attempts=max_attempts)
     return config.model_copy(update={"retry": retry})

@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
         if args.dlq_command == "list":
             return run_list(args, config, sys.stderr)
         return run_redrive(args, config, sys.stderr)
-    except OpsError as err:
+    except (OpsError, ConfigError) as err:
         print(f"{name}: {err}", file=sys.stderr)
         return 2
     except KafkaException as err:  # e.g. a producer made fatal by the broker's answer
@@ -120,5 +120,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          help="produce the records back to the input topic for the relay to process")
     redrive.add_argument("--dry-run", action="store_true", help="show what would be re-driven; change nothing")
     redrive.add_argument("--max-attempts", type=int, metavar="N",
-                         help="give up on a record after N attempts (default: the collector's retry.max_attempts)")
+                         help="give up on a record after N attempts (default: the collector's "
+                                   "retry.max_attempts, or 10 where that is unlimited)")
     redrive.set_defaults(ops_handler=main)

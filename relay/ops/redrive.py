@@ -234,9 +234,17 @@ def to_collectors(config: RelayConfig, chosen: list[DeadLetter], args: argparse.
 
 
 def _chains(batch: list[LineageEvent], ordered: bool) -> list[list[LineageEvent]]:
-    """Run order, but no event dropped: an operator chose each of these records."""
+    """Run order, but no event dropped: an operator chose each of these records. A terminal
+    the relay would drop (one after the run's first) goes at the end of its run's chain,
+    never in a chain of its own, which another worker would send alongside the run's START."""
     result = plan(batch, ordered=ordered)
-    result.chains += ([event] for event, _reason in result.dropped)
+    by_run = {chain[0].run_id: chain for chain in result.chains if chain and chain[0].run_id is not None}
+    for event, _reason in result.dropped:
+        chain = by_run.get(event.run_id)
+        if chain is None:
+            result.chains.append([event])
+        else:
+            chain.append(event)
     return result.chains
 
 

@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
     setup_logging("warning")  # retries are worth seeing; per-event info is not
     try:
         summary = replay(config, request)
-    except OpsError as err:
+    except (OpsError, ConfigError) as err:
         print(f"lineage-relay replay: {err}", file=sys.stderr)
         return 2
     except KafkaException as err:
@@ -239,5 +239,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
                    help=f"refuse a range with more records than this (default {DEFAULT_MAX_EVENTS:,})")
     p.add_argument("--max-attempts", type=int, metavar="N",
-                   help="give up on an event after N attempts (default: the collector's retry.max_attempts)")
+                   help="give up on an event after N attempts (default: the collector's "
+                        "retry.max_attempts, or 10 where that is unlimited)")
     p.set_defaults(ops_handler=main)

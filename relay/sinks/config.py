@@ -227,6 +227,14 @@ class CollectorConfig(Frozen):
                              "set mode: consolidated (or coalesce), or remove consolidation")
         return self
 
+    @field_validator("token")
+    @classmethod
+    def _printable_token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip().isprintable():
+            raise ValueError("the token holds a line break or a control character, which no HTTP header can "
+                             "carry; set the token alone")
+        return v
+
     @model_validator(mode="after")
     def _one_token_source(self) -> CollectorConfig:
         given = [k for k in ("token", "token_env", "token_file") if getattr(self, k) is not None]

@@ -74,6 +74,11 @@ def test_check_config_command(tmp_path, monkeypatch, capsys):
     assert main(["check-config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "collectors.0.ur1" in err and "collectors.0.url: Field required" in err
+    # What `run` would refuse when it builds the collector, check-config refuses too.
+    monkeypatch.setenv("MARQUEZ_TOKEN", "first-line\nsecond-line")
+    assert main(["check-config", str(good)]) == 2
+    err = capsys.readouterr().err
+    assert "collectors.0.token" in err and "line break" in err and "first-line" not in err
 
 
 def test_cli_flags_build_the_same_config_without_a_file():

@@ -207,6 +207,12 @@ def test_replay_refuses_a_range_over_max_events_and_dry_run_sends_nothing(kafka,
     assert code == 2 and "'nope' is not in the configuration; configured: backfill" in err
     code, _, err = run_cli(capsys, *base[:5], "--from-time", "2024-05-01T10:00", "--to-end")
     assert code == 2 and "add a UTC offset" in err
+    # Credentials that cannot be read: "could not run" (2), with the key, not a traceback (1).
+    (tmp_path / "unset").mkdir()
+    unset = write_config(tmp_path / "unset", kafka, topic, {"backfill": backfill.url},
+                         backfill={"token_env": "LR_UNSET_TOKEN"})
+    code, _, err = run_cli(capsys, "replay", "--config", unset, *base[3:])
+    assert code == 2 and "collectors.backfill.token_env: environment variable LR_UNSET_TOKEN is not set" in err
 
 
 # -- pure parts ---------------------------------------------------------------------------
@@ -229,6 +235,34 @@ def test_plan_orders_each_run_and_keeps_one_terminal():
     assert [(e.event_type, reason) for e, reason in result.dropped] == [("COMPLETE", "after_terminal")]
     unordered = plan(events, ordered=False)
     assert [e.source.offset for e in unordered.chains[0]] == [0, 2, 3, 4, 5] and not unordered.dropped
+
+
+def test_redrive_sends_a_terminal_the_relay_would_drop_after_its_run_never_beside_it():
+    """An operator chose each dead letter, so redrive drops none; a second terminal goes at
+    the end of its run's chain, not in a chain of its own that another worker would send
+    alongside the run's START."""
+    from relay.ops.redrive import _chains
+
+    a, b = "0190a5c4-0000-7000-8000-00000000000a", "0190a5c4-0000-7000-8000-00000000000b"
+    events = [_event(a, "START", 1, 0), _event(a, "COMPLETE", 5, 1), _event(b, "START", 2, 2),
+              _event(a, "FAIL", 6, 3)]
+    chains = _chains(events, ordered=True)
+    assert [[(e.run_id[-1], e.event_type) for e in chain] for chain in chains] == [
+        [("a", "START"), ("a", "COMPLETE"), ("a", "FAIL")], [("b", "START")]]
+
+
+def test_operator_commands_give_up_on_an_event_when_retries_are_otherwise_unlimited():
+    """The relay retries for ever (it pauses its partitions instead); replay and redrive run
+    while the collector is down must end."""
+    from relay.config import CollectorConfig
+    from relay.ops.delivery import OPS_MAX_ATTEMPTS, collector_config
+
+    unlimited = CollectorConfig(name="c", url="http://127.0.0.1:9")
+    assert unlimited.retry.max_attempts is None
+    assert collector_config(unlimited, None).retry.max_attempts == OPS_MAX_ATTEMPTS
+    assert collector_config(unlimited, 3).retry.max_attempts == 3
+    bounded = CollectorConfig(name="c", url="http://127.0.0.1:9", retry={"max_attempts": 4})
+    assert collector_config(bounded, None).retry.max_attempts == 4
 
 
 def test_progress_prints_every_tenth_off_a_terminal_and_redraws_on_one():
