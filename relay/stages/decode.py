@@ -58,10 +58,11 @@ AVRO_MARKER = b"\xc3\x01"
 _UUID = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
-# RFC 3339 (the spec's "date-time"). The offset is optional here only so that a naive
-# time gets its own, clearer message. Any number of fraction digits: Java emits nanos.
+# RFC 3339 (the spec's "date-time"; its ABNF has a T, not the space its prose allows, and
+# JSON Schema validators and Java's parsers refuse one). The offset is optional here only
+# so that a naive time gets its own, clearer message. Any number of fraction digits: Java emits nanos.
 _EVENT_TIME = re.compile(
-    r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(?:\.\d+)?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)?",
+    r"\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(?:\.\d+)?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)?",
     re.ASCII,
 )
 
@@ -183,7 +184,7 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
     run_id = event_type = job_namespace = job_name = parent_run_id = None
     get = doc.get
     run = get("run", _MISSING)
-    if run is not _MISSING:
+    if run is not _MISSING and ("job" in doc or "dataset" not in doc):  # else a DatasetEvent with extra fields
         kind = "run"
         if type(run) is not dict:
             _require_object(run, "run")
@@ -207,6 +208,10 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
         event_type = _event_type(doc)
         parent_run_id = _parent_run_id(run_facets)
     elif "dataset" in doc:
+        if "job" in doc and run is _MISSING:
+            # Valid as neither: the spec's oneOf takes it for both a DatasetEvent and a JobEvent.
+            raise _Invalid(INVALID_VALUE, "event has `dataset` and `job` but no `run`: a DatasetEvent has no "
+                                          "`job`, a JobEvent no `dataset` (the spec accepts exactly one of them)")
         kind = "dataset"
         dataset = _require_object(doc["dataset"], "dataset")
         _text(dataset, "namespace", "dataset.namespace")
@@ -233,6 +238,11 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
             value = obj.get(key, _MISSING)
             if value is not _MISSING and type(value) is not kind_of:
                 _optional(obj, key, path, kind_of)
+        for key in ("inputs", "outputs"):
+            for i, item in enumerate(get(key) or ()):
+                if type(item) is not dict or type(item.get("namespace")) is not str or \
+                        type(item.get("name")) is not str:
+                    _dataset_item(item, f"{key}[{i}]")
     event_time = get("eventTime")
     if type(event_time) is not str:
         _string(doc, "eventTime", "eventTime")
@@ -338,6 +348,14 @@ def _text(obj: dict[str, Any], key: str, path: str) -> str:
     if not value:
         raise _Invalid(INVALID_VALUE, f"`{path}` must not be empty")
     return value
+
+
+def _dataset_item(item: Any, path: str) -> None:
+    """An input or output the spec would refuse: it names the field (namespace and name
+    are required strings there, empty or not)."""
+    obj = _require_object(item, path)
+    _string(obj, "namespace", f"{path}.namespace")
+    _string(obj, "name", f"{path}.name")
 
 
 def _require_object(value: Any, path: str) -> dict[str, Any]:

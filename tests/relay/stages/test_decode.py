@@ -13,6 +13,7 @@ import pytest
 from relay.events import LineageEvent, Rejection, SourceRef
 from relay.stages import decode
 from relay.stages.decode import decode_record
+from tests.support.spec import validator
 
 RUN_ID = "f69a6e9b-9bac-3c9a-9cf6-eacb70ecc9a9"
 PARENT_ID = "0176a8c2-fe01-7439-87e6-56a1a1b4029f"
@@ -176,6 +177,14 @@ def test_event_with_run_and_dataset_is_a_run_event():
     assert event.kind == "run"
 
 
+def test_event_with_run_and_dataset_but_no_job_is_a_dataset_event():
+    # Not a RunEvent (no job), a valid DatasetEvent (extra fields allowed): the spec's oneOf.
+    doc = dataset_doc()
+    doc["run"] = {"runId": RUN_ID}
+    validator().validate(doc)
+    assert decoded(doc).kind == "dataset"
+
+
 def test_dataset_event():
     event = decoded(dataset_doc())
     assert event.kind == "dataset"
@@ -261,6 +270,15 @@ REJECTIONS = [
     ("missing-schemaURL", edit(run_doc(), "schemaURL"), "missing_field", "`schemaURL`"),
     ("inputs-object", run_doc(inputs={"namespace": "s3://raw"}), "wrong_type", "`inputs`"),
     ("outputs-null", run_doc(outputs=None), "wrong_type", "`outputs`"),
+    # The spec's InputDataset/OutputDataset: an object with string namespace and name.
+    ("inputs-item-number", run_doc(inputs=[5]), "wrong_type", "`inputs[0]`"),
+    ("inputs-item-empty", run_doc(inputs=[{"namespace": "s3://raw", "name": "a"}, {}]), "missing_field",
+     "`inputs[1].namespace`"),
+    ("outputs-item-name-number", run_doc(outputs=[{"namespace": "s3://raw", "name": 7}]), "wrong_type",
+     "`outputs[0].name`"),
+    ("eventTime-space", run_doc(eventTime="2024-01-01 12:00:00Z"), "invalid_value", "`eventTime`"),
+    ("job-and-dataset-without-run", {**dataset_doc(), "job": {"namespace": "n", "name": "j"}}, "invalid_value",
+     "exactly one"),
     ("run-facets-list", edit(run_doc(), "run.facets", []), "wrong_type", "`run.facets`"),
     ("job-facets-string", edit(run_doc(), "job.facets", "sql"), "wrong_type", "`job.facets`"),
     ("dataset-missing-name", edit(dataset_doc(), "dataset.name"), "missing_field",
