@@ -35,15 +35,10 @@ def test_partitions_lost_with_events_pending_lose_nothing():
                                          dlq="dlq")).start()
         try:
             total = pending_behind_an_outage(broker, collector, relay, first, second)
-            proxy.answer_with_error(HEARTBEAT, UNKNOWN_MEMBER_ID)
-            assert eventually(lambda: proxy.injected, 10), "the heartbeat answered with the error"
+            lose_partitions(proxy)
             assert eventually(lambda: relay.metric("lineage_relay_events_consumed_total") > total, 30), \
                 "the partitions were read again"
-            collector.clear_outage()
-            unique = {canonical(orjson.loads(v)) for _, v in first + second}
-            assert collector.wait_for(lambda c: {canonical(e) for e in c.events()} >= unique, 60), \
-                f"{len(unique - {canonical(e) for e in collector.events()})} events never delivered"
-            assert eventually(lambda: committed(broker) == total, 30)
+            recover_and_deliver(broker, collector, first + second)
             assert relay.metric("lineage_relay_events_dropped_total", collector="c", reason="after_terminal") == 0
             assert relay.error is None
         finally:
@@ -69,19 +64,29 @@ def test_partitions_lost_while_paused_are_read_again_once_assigned_back():
             produce(broker.bootstrap_servers, "events", second)
             assert eventually(lambda: relay.relay.source.paused, 30), "paused for backpressure"
             consumed = relay.metric("lineage_relay_events_consumed_total")
-            proxy.answer_with_error(HEARTBEAT, UNKNOWN_MEMBER_ID)
-            assert eventually(lambda: proxy.injected, 10), "the heartbeat answered with the error"
+            lose_partitions(proxy)
             assert eventually(lambda: relay.metric("lineage_relay_events_consumed_total") > consumed, 30), \
                 "the partitions were read again once assigned back"
-            collector.clear_outage()
-            unique = {canonical(orjson.loads(v)) for _, v in first + second}
-            assert collector.wait_for(lambda c: {canonical(e) for e in c.events()} >= unique, 60), \
-                f"{len(unique - {canonical(e) for e in collector.events()})} events never delivered"
-            assert eventually(lambda: committed(broker) == len(first) + len(second), 30)
+            recover_and_deliver(broker, collector, first + second)
             assert relay.error is None
         finally:
             relay.stop()
     assert_run_order(collector.events())
+
+
+def lose_partitions(proxy) -> None:  # noqa: ANN001
+    """The broker forgets the member: its next heartbeat is answered UNKNOWN_MEMBER_ID."""
+    proxy.answer_with_error(HEARTBEAT, UNKNOWN_MEMBER_ID)
+    assert eventually(lambda: proxy.injected, 10), "the heartbeat answered with the error"
+
+
+def recover_and_deliver(broker, collector, stream) -> None:  # noqa: ANN001
+    """The collector back: every event of ``stream`` reaches it, and everything is committed."""
+    collector.clear_outage()
+    unique = {canonical(orjson.loads(v)) for _, v in stream}
+    assert collector.wait_for(lambda c: {canonical(e) for e in c.events()} >= unique, 60), \
+        f"{len(unique - {canonical(e) for e in collector.events()})} events never delivered"
+    assert eventually(lambda: committed(broker) == len(stream), 30)
 
 
 def pending_behind_an_outage(broker, collector, relay, first, second) -> int:  # noqa: ANN001
