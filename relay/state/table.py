@@ -53,6 +53,17 @@ class StateWrite:
         self.slot, self.tickets, self.to_send, self.final = slot, tickets, to_send, final
 
 
+#: Digests a run remembers for dedupe: the latest this many events' (a run that streams for
+#: days would otherwise grow its state, re-written whole with each change, without bound,
+#: and reach the broker's record size limit). Duplicates come close together.
+SEEN_MAX = 256
+
+
+def _remember(slot: _Slot, digest: bytes) -> None:
+    seen = slot.seen + digest
+    slot.seen = seen if len(seen) <= SEEN_MAX * _DIGEST_BYTES else seen[-SEEN_MAX * _DIGEST_BYTES:]
+
+
 class _Slot:
     """What the table keeps per run beside the consolidator's own state. The three queues
     are ``()`` while empty (most runs, most of the time: a list per run adds up)."""
@@ -112,7 +123,7 @@ class RunStateTable:
     def captured(self, event: LineageEvent) -> None:
         """``event`` (with its ticket) is now part of its run's state."""
         slot = self._slot(event)
-        slot.seen += event.digest
+        _remember(slot, event.digest)
         slot.waiters = [*slot.waiters, event.ticket]
         self._dirty[event.run_id] = None
 
@@ -123,7 +134,7 @@ class RunStateTable:
             self._send(event)
             return
         if event.ticket is not None:
-            slot.seen += event.digest
+            _remember(slot, event.digest)
         slot.outbox = [*slot.outbox, event]
         slot.unsent = [*slot.unsent, event]
         self._dirty[event.run_id] = None

@@ -335,3 +335,20 @@ async def test_a_child_start_does_not_wait_for_a_parent_start_being_dead_lettere
         assert parent[0].ticket.released == 1 and await lane.drain(5)
     finally:
         await lane.close()
+
+
+def test_a_long_run_remembers_the_digests_of_its_latest_events_only():
+    """A run that streams RUNNINGs for days: its dedupe memory, written whole with each
+    change of its state, stays bounded (the latest SEEN_MAX events'), and a duplicate of a
+    recent event is still caught."""
+    from relay.state.table import SEEN_MAX
+
+    events = spark(7, running=SEEN_MAX + 50)
+    lane = Lane(mode="coalesce")
+    for i, event in enumerate(events[:-1]):
+        lane.offer(event, i * 0.001)
+    lane.write()
+    record = orjson.loads(lane.changelog[lane.table.key(run_id(7))])
+    assert len(bytes.fromhex(record["seen"])) == SEEN_MAX * 16
+    assert lane.table.is_duplicate(events[-2]) and lane.table.is_duplicate(events[-SEEN_MAX])
+    assert not lane.table.is_duplicate(events[1])  # long forgotten
