@@ -27,7 +27,7 @@ from relay.events import LineageEvent
 from relay.logs import log_event
 from relay.memory import release_after
 from relay.metrics import CollectorMetrics
-from relay.sinks.base import Collector, Undeliverable
+from relay.sinks.base import Collector, Undeliverable, relay_error
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.source.offsets import Partition
 from relay.stages import run_state
@@ -40,12 +40,6 @@ from relay.state.table import RunStateTable
 
 log = logging.getLogger("relay.lane")
 _body = attrgetter("body")
-
-
-def _relay_error(err: Exception) -> Undeliverable:
-    """What an exception raised while delivering an event makes of it (a bug in the relay
-    or in a plugged-in collector kind): a dead letter that says so."""
-    return Undeliverable("relay_error", f"the relay failed while delivering it: {type(err).__name__}: {err}"[:1000])
 
 
 class CollectorLane:
@@ -68,7 +62,7 @@ class CollectorLane:
                                                 prepare=self._prepare if self._rewriter is not None else _body,
                                                 settle=self._delivered,
                                                 deliver_soon=getattr(collector, "deliver_soon", None),
-                                                failed=_relay_error)
+                                                failed=relay_error)
         self._sequencer = self._consolidator = self.table = None
         #: Runs whose state the last revoke gave up (see _moved).
         self._moved_runs: set[str] = set()

@@ -48,10 +48,9 @@ class TokenSource:
                 raise ConfigError(f"{self._where}.token_env: environment variable {config.token_env} is not set "
                                   "or empty; export it (e.g. from a Secret) or use token_file")
             self._token = value.strip()
-        if self._token is not None and not self._token.isprintable():
-            key = "token_env" if config.token_env is not None else "token"
-            raise ConfigError(f"{self._where}.{key}: the token holds a line break or a control character, which "
-                              "no HTTP header can carry; set the token alone")
+            if not self._token.isprintable():  # an inline token is checked by CollectorConfig
+                raise ConfigError(f"{self._where}.token_env: the token holds a line break or a control character, "
+                                  "which no HTTP header can carry; set the token alone")
         #: True when the token can change while the relay runs.
         self.rotates = self._file is not None
         if self._file is not None:
@@ -107,7 +106,6 @@ class TokenSource:
         changed = token != self._token
         self._token = token
         return changed
-
 
     def _unusable(self, stamp: tuple[int, int, int], initial: bool, why: str) -> bool:
         """A token file that cannot be a token: fails at start-up; later the last good token

@@ -26,6 +26,13 @@ class Undeliverable:
     status: int | None = None
 
 
+def relay_error(err: Exception) -> Undeliverable:
+    """What an exception raised while delivering an event makes of it (a bug in the relay
+    or in a plugged-in collector kind, which broke the contract above): a dead letter that
+    says so."""
+    return Undeliverable("relay_error", f"the relay failed while delivering it: {type(err).__name__}: {err}"[:1000])
+
+
 class Collector(Protocol):
     name: str
 

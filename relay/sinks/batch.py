@@ -47,7 +47,7 @@ from yarl import URL
 from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
-from relay.sinks.base import Undeliverable
+from relay.sinks.base import Undeliverable, relay_error
 from relay.sinks.batch_reply import BatchReading, EventOutcome, read_batch_reply
 from relay.sinks.http import HttpCollector, Retriable
 from relay.sinks.retry import Verdict, classify
@@ -196,8 +196,7 @@ class BatchCollector:
                 _no_verdict(done, token)
             elif (err := task.exception()) is not None:  # a bug: its verdict still comes
                 log.error("delivery_error", exc_info=err, extra={"fields": {"collector": self.name}})
-                done(token, Undeliverable("relay_error", f"the relay failed while delivering it: "
-                                                         f"{type(err).__name__}: {err}"[:1000]))
+                done(token, relay_error(err))
             else:
                 done(token, task.result())
 

@@ -70,6 +70,10 @@ RebalanceHandler = Callable[[list[Partition]], Awaitable[dict[Partition, int]]]
 T = TypeVar("T")
 
 
+def _nothing_to_do() -> None:
+    pass
+
+
 class SourceError(RelayError):
     pass
 
@@ -279,7 +283,7 @@ class KafkaSource:
     def _commit_now(self, offsets: dict[Partition, int], consumer: Consumer | None = None) -> None:
         """Commit ``offsets`` on the consumer's thread (with the consumer a rebalance callback
         was given: during ``close()`` it is no longer :attr:`_consumer`)."""
-        consumer = consumer or self._consumer
+        consumer = consumer if consumer is not None else self._consumer
         if consumer is None or not offsets:
             return
         tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
@@ -378,6 +382,8 @@ class KafkaSource:
         (``consumer_close_timeout``) and left: the group then drops this member after
         ``session.timeout.ms``, and the partitions are read again from the last commit."""
         consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await self._call(_nothing_to_do)  # after what the consumer's thread was doing (a poll)
         self._executor.shutdown(wait=False)
         if consumer is None:
             return
