@@ -17,14 +17,17 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
 from producer.facet_urls import FACET_SCHEMA_URLS
+
+log = logging.getLogger("producer.config")
 
 PRODUCER_URI = "https://github.com/lineage-relay/lineage-relay/tree/0.1.0/producer"
 
@@ -148,6 +151,28 @@ def parse_parent_id(value: str) -> tuple[str, str, str]:
     if not (sep and sep2 and namespace and name and run_id):
         raise ValueError(f"parent id {value!r} is not <namespace>/<job name>/<run id>")
     return namespace, name, _check_run_id(run_id, "parent id run id")
+
+
+_ignored_parent_ids: set[str] = set()
+
+
+def env_parent_id(var: str, environ: Mapping[str, str] | None = None) -> tuple[str, str, str] | None:
+    """The parent run named by environment variable ``var`` (``OPENLINEAGE_PARENT_ID`` or
+    ``OPENLINEAGE_ROOT_PARENT_ID``), or None when unset or malformed. It is set by a
+    scheduler (Airflow's ``lineage_parent_id`` macro), not by this job's lineage config: a
+    malformed one costs the parent facet, never the job or its lineage, and is logged once
+    per value."""
+    value = (os.environ if environ is None else environ).get(var)
+    if not value:
+        return None
+    try:
+        return parse_parent_id(value)
+    except ValueError as err:
+        if value not in _ignored_parent_ids:
+            _ignored_parent_ids.add(value)
+            log.warning("event=parent_id_ignored var=%s reason=%s fix=set it to <namespace>/<job name>/<run id> "
+                        "(run id a UUID) or unset it", var, err)
+        return None
 
 
 # --- datasets and events -----------------------------------------------------------

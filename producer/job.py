@@ -43,7 +43,6 @@ import contextvars
 import functools
 import inspect
 import logging
-import os
 import threading
 import traceback
 from collections.abc import Callable, Iterable
@@ -51,7 +50,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from producer import events
-from producer.events import parse_parent_id
+from producer.events import env_parent_id, parse_parent_id
 from producer.kafka import LineageProducer
 
 log = logging.getLogger("producer.job")
@@ -62,7 +61,6 @@ Parent = tuple[str, str, str]
 _current: contextvars.ContextVar[JobRun | None] = contextvars.ContextVar("lineage_job_run", default=None)
 _default_lock = threading.Lock()
 _default: LineageProducer | NoLineage | None = None
-_bad_parent_ids: set[str] = set()
 
 
 class NoLineage:
@@ -227,9 +225,9 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
             return outer.as_parent, outer.root or outer.parent or outer.as_parent
         if getattr(config, "parent", None) is not None:
             return config.parent, config.root_parent
-        env_parent = _env_parent("OPENLINEAGE_PARENT_ID")
+        env_parent = env_parent_id("OPENLINEAGE_PARENT_ID")
         if env_parent is not None:
-            return env_parent, _env_parent("OPENLINEAGE_ROOT_PARENT_ID")
+            return env_parent, env_parent_id("OPENLINEAGE_ROOT_PARENT_ID")
         return None, None
 
     # --- decorator -----------------------------------------------------------------
@@ -256,20 +254,6 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
             with self._for_call(name):
                 return func(*args, **kwargs)
         return run  # type: ignore[return-value]
-
-
-def _env_parent(var: str) -> Parent | None:
-    value = os.environ.get(var)
-    if not value:
-        return None
-    try:
-        return parse_parent_id(value)
-    except ValueError as err:
-        if value not in _bad_parent_ids:   # once per value, not once per run
-            _bad_parent_ids.add(value)
-            log.warning("event=parent_id_ignored var=%s reason=%s fix=set it to <namespace>/<job name>/<run id> "
-                        "(run id a UUID) or unset it", var, err)
-        return None
 
 
 def _emit(producer: Any, run: JobRun, event_type: str, exc: BaseException | None = None) -> None:

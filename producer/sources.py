@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from producer.errors import ConfigError
-from producer.events import parse_parent_id
+from producer.events import env_parent_id
 
 log = logging.getLogger("producer.config")
 
@@ -158,17 +158,6 @@ def _env_value(raw: str) -> Any:
         return raw
 
 
-def _parse_parent_id(value: str, var: str) -> tuple[str, str, str] | None:
-    # Set by a scheduler (Airflow's lineage_parent_id macro), not by this job's lineage
-    # config: a malformed one costs the parent facet, never the job or its lineage.
-    try:
-        return parse_parent_id(value)
-    except ValueError as err:
-        log.warning("event=parent_id_ignored var=%s reason=%s fix=set it to <namespace>/<job name>/<run id> "
-                    "(run id a UUID) or unset it", var, err)
-        return None
-
-
 def _env_layer(environ: Mapping[str, str]) -> _Layer:
     layer = _Layer()
     section: dict[str, Any] = {}
@@ -202,7 +191,7 @@ def _env_layer(environ: Mapping[str, str]) -> _Layer:
         layer.set("namespace", environ["OPENLINEAGE_NAMESPACE"], "env OPENLINEAGE_NAMESPACE")
     parent_ignored = False
     for var, prefix in (("OPENLINEAGE_PARENT_ID", "parent"), ("OPENLINEAGE_ROOT_PARENT_ID", "root_parent")):
-        parsed = _parse_parent_id(environ[var], var) if environ.get(var) else None
+        parsed = env_parent_id(var, environ)
         if prefix == "parent":
             parent_ignored = bool(environ.get(var)) and parsed is None
         elif parent_ignored:

@@ -64,21 +64,11 @@ def _parents(conf: dict[str, str], producer: Any) -> tuple[tuple | None, tuple |
     if root is None and conf.get(_P + "rootParentRunId"):
         root = (conf.get(_P + "rootParentJobNamespace", "default"), conf.get(_P + "rootParentJobName", "root"),
                 conf[_P + "rootParentRunId"])
-    from producer.events import parse_parent_id
-    for var in ("OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID"):
-        value = os.environ.get(var)
-        if not value or (parent if var == "OPENLINEAGE_PARENT_ID" else root) is not None:
-            continue
-        try:
-            found = parse_parent_id(value)
-        except ValueError as err:
-            # Set by the scheduler, not by this job's lineage config: run without a parent.
-            log.warning("lineage: %s ignored (%s); set it to <namespace>/<job name>/<run id>", var, err)
-            continue
-        if var == "OPENLINEAGE_PARENT_ID":
-            parent = found
-        else:
-            root = found
+    from producer.events import env_parent_id
+    if parent is None:
+        parent = env_parent_id("OPENLINEAGE_PARENT_ID")
+    if root is None:
+        root = env_parent_id("OPENLINEAGE_ROOT_PARENT_ID")
     return parent, root
 
 

@@ -75,7 +75,7 @@ def test_an_unwritable_journal_dir_does_not_break_the_function(no_config, monkey
 
 def test_a_malformed_parent_id_is_ignored(monkeypatch, caplog):
     monkeypatch.setenv("OPENLINEAGE_PARENT_ID", "not-a-parent-id")
-    caplog.set_level(logging.WARNING, "producer.job")
+    caplog.set_level(logging.WARNING, "producer.config")
     sender = Recorder()
 
     @lineage_job(producer=sender)
