@@ -28,6 +28,11 @@ log = logging.getLogger("relay.state.changelog")
 #: Write outcomes handed to ``on_done``.
 OK, FAILED, TOO_LARGE = "ok", "failed", "too_large"
 _READ_TIMEOUT_S = 120.0
+#: A run's record holds its merged state and its undelivered events, which can be large
+#: (real events reach 23 MB): the producer and the topic it creates take records as large
+#: as the relay's consumer can receive (librdkafka's receive.message.max.bytes), as the
+#: dead-letter ones do. At librdkafka's default (1 MB) such a run was kept in memory only.
+MAX_RECORD_BYTES = "100000000"
 
 
 class StateError(RelayError):
@@ -44,7 +49,7 @@ class RunStateChangelog:
         self._bootstrap = bootstrap_servers
         self._producer_conf: dict[str, Any] = {
             "enable.idempotence": True, "acks": "all", "linger.ms": 5, "compression.type": "zstd",
-            **producer_properties, "bootstrap.servers": bootstrap_servers}
+            "message.max.bytes": MAX_RECORD_BYTES, **producer_properties, "bootstrap.servers": bootstrap_servers}
         self._reader_conf: dict[str, Any] = {
             **connection_properties(consumer_properties), "bootstrap.servers": bootstrap_servers,
             "group.id": f"{topic}.restore", "enable.auto.commit": False, "enable.partition.eof": True}
@@ -76,7 +81,8 @@ class RunStateChangelog:
                              "coalesce collectors partition their state like it, so create it first")
         have = _partition_count(admin, self.topic)
         if have is None and self._create:
-            create_topic(self._bootstrap, self.topic, wanted, {"cleanup.policy": "compact"},
+            create_topic(self._bootstrap, self.topic, wanted,
+                         {"cleanup.policy": "compact", "max.message.bytes": MAX_RECORD_BYTES},
                          client_properties=self._admin_conf)
             have = _partition_count(admin, self.topic)
         if have is None:

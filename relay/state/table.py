@@ -45,12 +45,14 @@ _DIGEST_BYTES = 16
 class StateWrite:
     """One changelog record to produce; ``value`` None is a tombstone."""
 
-    __slots__ = ("partition", "key", "value", "run_id", "slot", "tickets", "to_send", "final")
+    __slots__ = ("partition", "key", "value", "run_id", "slot", "tickets", "to_send", "final", "seq", "epoch")
 
     def __init__(self, partition: int, key: bytes, value: bytes | None, run_id: str, slot: _Slot | None,
-                 tickets: list, to_send: list[LineageEvent], final: bool) -> None:
+                 tickets: list, to_send: list[LineageEvent], final: bool, seq: int = 0, epoch: int = 0) -> None:
         self.partition, self.key, self.value, self.run_id = partition, key, value, run_id
         self.slot, self.tickets, self.to_send, self.final = slot, tickets, to_send, final
+        self.seq = seq  # the table's count of writes made before it: their order
+        self.epoch = epoch  # a forgotten run's tombstone: its partition's revocations when made
 
 
 #: Digests a run remembers for dedupe: the latest this many events' (a run that streams for
@@ -59,16 +61,20 @@ class StateWrite:
 SEEN_MAX = 256
 
 
+def _by_seq(write: StateWrite) -> int:
+    return write.seq
+
+
 def _remember(slot: _Slot, digest: bytes) -> None:
     seen = slot.seen + digest
     slot.seen = seen if len(seen) <= SEEN_MAX * _DIGEST_BYTES else seen[-SEEN_MAX * _DIGEST_BYTES:]
 
 
 class _Slot:
-    """What the table keeps per run beside the consolidator's own state. The three queues
-    are ``()`` while empty (most runs, most of the time: a list per run adds up)."""
+    """What the table keeps per run beside the consolidator's own state. The queues are
+    ``()`` while empty (most runs, most of the time: a list per run adds up)."""
 
-    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing")
+    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing", "carried")
 
     def __init__(self, partition: int, seen: bytes = b"") -> None:
         self.partition = partition
@@ -76,7 +82,10 @@ class _Slot:
         self.outbox: list[LineageEvent] | tuple = ()  # forwarded, not yet delivered: written with the state
         self.unsent: list[LineageEvent] | tuple = ()  # in the outbox, no acknowledged write holds them yet
         self.waiters: list | tuple = ()  # tickets of captured events, for the next acknowledged write
-        self.writing = 0  # writes in flight
+        self.writing: list[int] | tuple = ()  # ``seq`` of the writes in flight
+        # Failed writes whose tickets and events a later write in flight also holds: they
+        # settle and go out, first, when it is acknowledged (see written()).
+        self.carried: list[StateWrite] | tuple = ()
 
 
 class RunStateTable:
@@ -96,6 +105,8 @@ class RunStateTable:
         # id -> event: in an outbox, out of the dispatcher (see leaving); the event is kept
         # so that its id is not reused while it is here.
         self._leaving: dict[int, LineageEvent] = {}
+        self._revoked: dict[int, int] = {}  # partition -> how many times it was revoked
+        self._seq = 0
 
     @property
     def runs(self) -> int:
@@ -204,10 +215,11 @@ class RunStateTable:
             unsent = slot.unsent
             ready = next((i for i, event in enumerate(unsent) if event.is_terminal and event is not outbox[0]),
                          len(unsent))
+            self._seq += 1
             writes.append(StateWrite(slot.partition, self.key(run_id), value, run_id, slot, slot.waiters,
-                                     unsent[:ready], closed and not outbox))
+                                     unsent[:ready], closed and not outbox, self._seq))
             slot.waiters, slot.unsent = (), unsent[ready:] or ()
-            slot.writing += 1
+            slot.writing = [*slot.writing, self._seq]
         self._dirty.clear()
         closed_runs = self._closed
         while closed_runs:
@@ -217,26 +229,48 @@ class RunStateTable:
                 if state is not None and "closed" in state:
                     break  # still remembered; the ones behind it closed later
                 if state is None:
-                    writes.append(StateWrite(partition, self.key(run_id), None, run_id, None, [], [], True))
+                    writes.append(StateWrite(partition, self.key(run_id), None, run_id, None, [], [], True,
+                                             self._revoked.get(partition, 0)))
             del closed_runs[run_id]
         return writes
 
     def written(self, write: StateWrite, ok: bool) -> None:
-        """The broker acknowledged ``write`` (``ok``) or it failed (it is made again)."""
+        """The broker acknowledged ``write`` (``ok``) or it failed (it is made again).
+
+        A run's record holds all its state and its whole outbox, so a later write of the
+        run holds what an earlier one did. When a write fails while a later one is in
+        flight, its tickets and events ride on that one (``carried``): sent as soon as the
+        later write is acknowledged, they would otherwise go out after its events (a
+        RUNNING before its START); if the later write fails too, all of them are made again,
+        in order."""
         slot = write.slot
         if slot is None:  # a tombstone
-            if not ok:
+            if not ok and self._revoked.get(write.partition, 0) == write.epoch:
+                # Not after a revocation: the partition's new owner may have written the run since.
                 self._closed[write.run_id] = write.partition
                 self._closed.move_to_end(write.run_id, last=False)
             return
-        slot.writing -= 1
+        slot.writing = [seq for seq in slot.writing if seq != write.seq] or ()
         current = self._slots.get(write.run_id) is slot
         if not ok:
             if current:
-                slot.waiters = [*write.tickets, *slot.waiters]
-                slot.unsent = [*write.to_send, *slot.unsent]
+                carried = sorted([*slot.carried, write], key=_by_seq)
+                if any(seq > write.seq for seq in slot.writing):
+                    slot.carried = carried
+                    return
+                slot.carried = ()
+                slot.waiters = [*(t for w in carried for t in w.tickets), *slot.waiters]
+                slot.unsent = [*(e for w in carried for e in w.to_send), *slot.unsent]
                 self._dirty[write.run_id] = None
             return
+        if slot.carried and current:
+            held = [w for w in slot.carried if w.seq < write.seq]
+            slot.carried = [w for w in slot.carried if w.seq > write.seq] or ()
+            for earlier in held:
+                for ticket in earlier.tickets:
+                    ticket.release()
+                for event in earlier.to_send:
+                    self._send(event)
         for ticket in write.tickets:
             ticket.release()
         if not current:
@@ -254,6 +288,8 @@ class RunStateTable:
     def revoke(self, partitions: set[int]) -> tuple[set[str], list[LineageEvent]]:
         """Forget the runs of ``partitions`` (here and in the consolidator); return their ids
         and their undelivered output (which other runs may have been told to wait for)."""
+        for partition in partitions:
+            self._revoked[partition] = self._revoked.get(partition, 0) + 1
         gone = {run_id for run_id, slot in self._slots.items() if slot.partition in partitions}
         gone.update(run_id for run_id, partition in self._closed.items() if partition in partitions)
         abandoned: list[LineageEvent] = []

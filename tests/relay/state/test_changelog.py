@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 
@@ -97,3 +98,22 @@ async def test_reading_a_partition_back_reads_its_last_batch_whole():
     del runs[b"run-7"]  # its tombstone
     runs[b"run-8"] = b"last"  # its latest value
     assert got == runs
+
+
+async def test_a_run_state_of_several_megabytes_is_written_and_read_back():
+    """A run's record holds its undelivered events, which reach tens of MB: at librdkafka's
+    1 MB default, such a record was refused before it left the relay and the run was kept
+    in memory only (a restart then went back to an older record)."""
+    with EmbeddedBroker() as broker:
+        broker.create_topic("in", 1)
+        changelog = RunStateChangelog(bootstrap_servers=broker.bootstrap_servers, topic="in.state", input_topic="in",
+                                      create=True, producer_properties={}, consumer_properties={})
+        await changelog.start()
+        try:
+            value = b'{"outbox": ["' + bytes(random.Random(3).choices(b"abcdefghij", k=6_000_000)) + b'"]}'
+            answers: list[str] = []
+            changelog.write(0, b"c/run-1", value, answers.append)
+            assert await changelog.wait_acked(30) and answers == [OK]
+            assert await changelog.read_partition(0) == {b"c/run-1": value}
+        finally:
+            await changelog.close()

@@ -352,3 +352,70 @@ def test_a_long_run_remembers_the_digests_of_its_latest_events_only():
     assert len(bytes.fromhex(record["seen"])) == SEEN_MAX * 16
     assert lane.table.is_duplicate(events[-2]) and lane.table.is_duplicate(events[-SEEN_MAX])
     assert not lane.table.is_duplicate(events[1])  # long forgotten
+
+
+def _types(lane: Lane) -> list[str]:
+    return [e.event_type for e, _ in lane.submitted]
+
+
+@pytest.mark.parametrize("second_fails", [False, True])
+def test_a_failed_write_does_not_let_a_later_acknowledged_one_send_its_events_first(second_fails):
+    """A write fails (a batch refused for its size, written again) while a later write of
+    the same run is in flight: the later record holds the earlier one's state and outbox,
+    so its acknowledgement sends both, in order (it sent the RUNNING, then the START with
+    the write after). If the later one fails too, both are written again, in order."""
+    start, running, _ = spark(1)
+    lane = Lane("coalesce")
+    lane.offer(start, 0.0)
+    [first] = lane.table.take_writes()
+    lane.offer(running, 0.1)
+    lane.tick(50.0)  # the RUNNING is due: forwarded behind the START
+    [second] = lane.table.take_writes()
+    assert [e.event_type for e in first.to_send + second.to_send] == ["START", "RUNNING"]
+    lane.table.written(first, ok=False)
+    assert lane.submitted == []
+    lane.table.written(second, ok=not second_fails)
+    if second_fails:
+        assert lane.submitted == []
+        lane.write()
+    assert _types(lane) == ["START", "RUNNING"]
+    assert lane.deliver_all() == ["START", "RUNNING"]
+    assert lane.table.take_writes(include_deliveries=True)  # written once more, without the outbox
+
+
+def test_a_later_write_failing_first_keeps_its_events_behind_an_earlier_write_in_flight():
+    """The produce call itself can fail (a full queue), answered before an earlier write's
+    acknowledgement: the earlier one's events go out first, the later ones with the next write."""
+    start, running, _ = spark(1)
+    lane = Lane("coalesce")
+    lane.offer(start, 0.0)
+    [first] = lane.table.take_writes()
+    lane.offer(running, 0.1)
+    lane.tick(50.0)
+    [second] = lane.table.take_writes()
+    lane.table.written(second, ok=False)
+    lane.table.written(first, ok=True)
+    assert _types(lane) == ["START"]
+    lane.write(commit=False)
+    assert _types(lane) == ["START", "RUNNING"]
+
+
+def test_a_tombstone_that_fails_after_its_partition_was_revoked_is_not_written_again():
+    """The partition's new owner may have written the run since: a tombstone made again
+    after the revocation would delete that record."""
+    lane = Lane(finished_ttl_s=60.0)
+    for event in spark(1):
+        lane.offer(event, 0.0)
+    lane.tick(2.0)
+    for _ in range(3):
+        lane.write()
+        lane.deliver_all()
+    lane.tick(100.0)  # forgotten: its record is tombstoned
+    [tombstone] = lane.table.take_writes()
+    assert tombstone.value is None
+    lane.table.written(tombstone, ok=False)
+    [again] = lane.table.take_writes()  # still ours: made again
+    assert again.value is None and again.key == tombstone.key
+    lane.table.revoke({0})
+    lane.table.written(again, ok=False)
+    assert lane.table.take_writes(include_deliveries=True) == []
