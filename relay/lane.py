@@ -265,7 +265,20 @@ class CollectorLane:
             self._sequencer.rollback(dropped)   # forwarded, not delivered: offered again later
             dropped += self._sequencer.discard(owned_by_revoked)
         self._forget(dropped)
+        self._hand_over(dropped, partitions)
         return len(dropped)
+
+    def _hand_over(self, events: list[LineageEvent], partitions: set[Partition]) -> None:
+        """Events of moved runs read from a partition still assigned here: their run's
+        state, whose outbox holds them (they were sent only once it was written), went with
+        its own partition, whose new owner sends them. Nobody re-reads them, so their offsets
+        are settled here, or that partition's commits would stop at them for good."""
+        if not self._moved_runs:
+            return
+        for event in events:
+            src = event.source
+            if src is not None and event.ticket is not None and (src.topic, src.partition) not in partitions:
+                event.ticket.release()
 
     def _moved(self, partitions: set[Partition]) -> Callable[[LineageEvent], bool]:
         """Whether an event belongs to ``partitions``, or to a run whose state the last
@@ -296,6 +309,7 @@ class CollectorLane:
         if self._sequencer is not None:
             self._sequencer.rollback(aborted)
         self._forget(aborted)
+        self._hand_over(aborted, partitions)
         return len(aborted)
 
     async def drain(self, timeout_s: float) -> bool:

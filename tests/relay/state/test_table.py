@@ -419,3 +419,55 @@ def test_a_tombstone_that_fails_after_its_partition_was_revoked_is_not_written_a
     lane.table.revoke({0})
     lane.table.written(again, ok=False)
     assert lane.table.take_writes(include_deliveries=True) == []
+
+
+class BlockingCollector:
+    """A collector that takes nothing until the test says so (deliveries stay in flight)."""
+
+    name = "c"
+
+    def __init__(self) -> None:
+        self.started: asyncio.Queue[bytes] = asyncio.Queue()
+        self.answer = asyncio.Event()
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def deliver(self, body: bytes) -> Undeliverable | None:
+        self.started.put_nowait(body)
+        await self.answer.wait()
+        return None
+
+
+async def test_revoking_a_runs_partition_hands_over_its_events_read_from_another_partition():
+    """A run whose events came on two partitions lives in its first partition's state. When
+    that partition is revoked, the run's undelivered events go with its state to the new
+    owner, which sends them; those read from the partition kept here are handed over too,
+    or that partition's commits stopped at them for good."""
+    start, running, _ = spark(1, partition=0)
+    start.source = SourceRef("ol", 1, start.source.offset)  # same run, the other partition
+    collector = BlockingCollector()
+    lane = CollectorLane(collector, CollectorConfig(name="c", url="http://127.0.0.1:9", mode="coalesce"),
+                         pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"),
+                         dead_letters=SlowDeadLetters())
+    await lane.start()
+
+    def write_state() -> None:
+        for write in lane.table.take_writes():
+            lane.table.written(write, ok=True)
+
+    try:
+        lane.offer(running, 0.0)  # first, on partition 0: the run's state lives there
+        lane.offer(start, 0.1)
+        write_state()
+        assert await asyncio.wait_for(collector.started.get(), 5) == start.body  # in flight
+        assert start.ticket.released == 0 and running.ticket.released == 1
+        lane.revoke({("ol", 0)})
+        lane.abort({("ol", 0)})
+        assert start.ticket.released == 1, "partition 1's commits would wait for its START for ever"
+    finally:
+        collector.answer.set()
+        await lane.close()
