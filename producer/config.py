@@ -120,7 +120,8 @@ class ProducerConfig(BaseModel):
     journal_dir: Path | None = None
     journal_max_bytes: int = Field(256 * 1024 * 1024, ge=64 * 1024)
     queue_max_events: int = Field(100_000, ge=1, le=10_000_000)
-    #: How long close() (and interpreter exit) waits for delivery before journaling the rest.
+    #: How long close() (and interpreter exit) waits at most for delivery before journaling the
+    #: rest (while Kafka is down, only until everything is journaled).
     close_timeout_s: float = Field(10.0, ge=0)
     #: Default job namespace for the job API (``spark.openlineage.namespace``).
     namespace: str | None = None

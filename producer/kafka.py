@@ -15,7 +15,8 @@ Guarantees:
   everything librdkafka still holds (in order), appends it and every later event to the
   on-disk journal (:mod:`producer.journal`, fsync-ed), and replays the journal when Kafka
   takes records again. ``close()`` and interpreter exit flush for ``close_timeout_s`` and
-  journal whatever is left. The next producer that starts on the same journal directory
+  journal whatever is left; while Kafka is not taking records they wait only for events
+  not yet in the journal. The next producer that starts on the same journal directory
   resends journals a crashed process left behind, before its own events.
 * Delivery is at-least-once: a replay after a crash or an outage can repeat events (the
   relay deduplicates).
@@ -211,30 +212,28 @@ class LineageProducer(Sender):
     def pending(self) -> int:
         """Events accepted by emit() and not yet acknowledged by Kafka (including journaled
         ones and any adopted from a dead process's journal)."""
+        # In-memory records first: on their way to a journal they are counted in one
+        # place or the next, and the journal they go to may be created meanwhile.
+        in_memory = self._not_journaled()
         journals = list(self._journals) + ([self._own] if self._own else [])
-        return (self._direct_outstanding() + len(self._spill) + len(self._returned)
-                + self._in_transit + sum(j.pending for j in journals) + self._left_journaled)
+        return in_memory + sum(j.pending for j in journals) + self._left_journaled
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
         (default ``close_timeout_s``) passes. Returns the number still pending (they stay
         queued or journaled, and are not lost)."""
-        timeout_s = self.config.close_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while True:
-            remaining = self.pending
-            left = deadline - time.monotonic()
-            if remaining == 0 or left <= 0 or not self._sender.is_alive():
-                return remaining
-            with self._progress:
-                self._progress.wait(min(0.05, left))
+        self._wait(timeout_s, lambda: self.pending == 0)
+        return self.pending
 
     def close(self, timeout_s: float | None = None) -> None:
         """Flush for up to ``timeout_s`` (default ``close_timeout_s``), then journal what is
-        left and stop. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
+        left and stop. While Kafka is not taking records (all brokers down, failed
+        deliveries, no delivery report for a while), it waits only until every event is in
+        the journal, which the next producer on the journal directory resends: closing never
+        waits out an outage. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
         if self._closed:
             return
-        self.flush(timeout_s)
+        self._wait(timeout_s, self._nothing_to_wait_for)
         with self._lock:
             self._closed = True
             self._space.notify_all()
@@ -245,6 +244,20 @@ class LineageProducer(Sender):
         s = self.stats
         log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
                  self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors)
+
+    def _nothing_to_wait_for(self) -> bool:
+        return self.pending == 0 or (self._kafka_down and self._not_journaled() == 0)
+
+    def _wait(self, timeout_s: float | None, done: Callable[[], bool]) -> None:
+        """Until ``done()``, ``timeout_s`` (default ``close_timeout_s``) passes, or the sender stops."""
+        timeout_s = self.config.close_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not done() and self._sender.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            with self._progress:
+                self._progress.wait(min(0.05, left))
 
     def __enter__(self) -> LineageProducer:
         return self

@@ -56,6 +56,7 @@ _BACKOFF_S = (0.2, 5.0)
 #: wiped broker), at the price of one reconnect per period during an outage.
 _STALL_S = (5.0, 60.0)
 RECLAIM_TIMEOUT_S = 5.0
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 class Sender:
@@ -87,6 +88,10 @@ class Sender:
         # waiting for a retry -- so _persist sorts them by emit number.
         self._returned: list[tuple[int, bytes | None, bytes]] = []
         self._in_transit = 0                # popped from _spill, not yet in the journal
+        # Kafka took nothing lately (all brokers down, a failed delivery or replay, a
+        # stall); the next acknowledgement clears it. While it is set, close() does not
+        # wait for records already in the journal: they wait for the next process.
+        self._kafka_down = False
         self._need_reclaim = False
         self._want_journal: str | None = None
         self._fatal: KafkaError | None = None
@@ -138,33 +143,40 @@ class Sender:
         return True
 
     def _on_delivery(self, seq: int, err: KafkaError | None, msg: Any) -> None:
-        self._direct_done += 1
         self._last_report_at = time.monotonic()
         try:
             if err is None:
                 self._delivered += 1
+                self._kafka_down = False
             elif classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
                 self._drop("rejected_by_broker", err.str(), key=msg.key())
             else:
                 self._delivery_failures += 1
                 self._returned.append((seq, msg.key(), msg.value()))
+                self._note_failure(err)
                 if not self._spilling:
                     self._want_journal = f"delivery_failed:{err.name()}"
                 if poisons_instance(err.code()) and self._fatal is None:
                     self._fatal = err           # replaced, as after a fatal error
         except Exception as cb_err:  # noqa: BLE001 - an exception here would surface in poll()
             self._error("delivery_callback_failed", cb_err)
+        finally:
+            # Done only once it is on _returned: _not_journaled(), read from other threads
+            # without a lock, must not miss the record in between.
+            self._direct_done += 1
 
     def _on_replay_delivery(self, err: KafkaError | None, msg: Any) -> None:
         self._replay_outstanding -= 1
         self._last_report_at = time.monotonic()
         if err is None:
+            self._kafka_down = False
             return
         if classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
             self._replay_rejected += 1
             self._drop("rejected_by_broker", err.str(), key=msg.key())
         else:
             self._replay_failed = True
+            self._note_failure(err)
             if poisons_instance(err.code()) and self._fatal is None:
                 self._fatal = err
 
@@ -172,8 +184,15 @@ class Sender:
         if err.fatal():
             self._fatal = err
             self._error("kafka_fatal", err.str())
-        elif err.code() == KafkaError._ALL_BROKERS_DOWN and not self._spilling:
-            self._want_journal = "all_brokers_down"
+        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._kafka_down = True
+            if not self._spilling:
+                self._want_journal = "all_brokers_down"
+
+    def _note_failure(self, err: KafkaError) -> None:
+        # A record we purged ourselves (reclaim) says nothing about Kafka.
+        if err.code() not in _PURGED:
+            self._kafka_down = True
 
     # --- the sender thread -------------------------------------------------------------
 
@@ -227,9 +246,16 @@ class Sender:
             self._quiet_since = now
         elif now - max(self._quiet_since, self._last_report_at) > self._stall_s:
             self._stalled = True
+            self._kafka_down = True
 
     def _direct_outstanding(self) -> int:
         return self._direct_sent - self._direct_done
+
+    def _not_journaled(self) -> int:
+        """Records accepted and neither acknowledged nor in a journal: in librdkafka, taken
+        back from it, or queued for the journal. Safe to read from any thread: a record
+        reaches its next place before it leaves the one read first."""
+        return self._direct_outstanding() + len(self._returned) + len(self._spill) + self._in_transit
 
     def _reclaim(self, settle_in_flight: bool = False) -> None:
         """Take back every record librdkafka holds; their delivery reports put the direct
@@ -303,9 +329,9 @@ class Sender:
         returned = [(key, value) for _, key, value in sorted(self._returned, key=_emit_number)]
         with self._lock:
             batch = returned + list(self._spill)
+            self._in_transit = len(batch)      # before the queues empty: see _not_journaled
             self._returned = []
             self._spill.clear()
-            self._in_transit = len(batch)
             self._space.notify_all()
         reason = "journal_full"
         try:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,25 @@ def test_close_with_the_broker_away_keeps_the_rest_for_the_next_producer(broker,
     assert p.stats.pending == 30 and p.stats.errors == 0
     with _producer(kafka.bootstrap_servers, topic, tmp_path) as again:
         assert again.flush(30) == 0
+    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
+
+
+def test_close_with_the_broker_away_does_not_wait_for_what_is_already_journaled(broker, kafka, tmp_path):
+    """Kafka unreachable at close (and so at interpreter exit): events already in the
+    journal are safe, so close() must not hold the job up for close_timeout_s waiting for
+    them. With Kafka reachable, close() still delivers a journal before it returns."""
+    topic = kafka.new_topic("close-journaled")
+    p = _producer(broker.bootstrap_servers, topic, tmp_path, close_timeout_s=60)  # broker never started
+    for i in range(30):
+        p.emit(seq_event(i))
+    wait_for(lambda: p.stats.journaled == 30, 10, "every event journaled")
+    started = time.monotonic()
+    p.close()
+    assert time.monotonic() - started < 15, "close() waited for events already journaled"
+    assert p.stats.pending == 30 and p.stats.dropped == {}
+    again = _producer(kafka.bootstrap_servers, topic, tmp_path, close_timeout_s=60)
+    again.close()                                   # no flush(): close() replays the journal
+    assert again.stats.pending == 0 and again.stats.replayed == 30
     assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
 
 
