@@ -39,7 +39,6 @@ Pure and synchronous: no I/O, no clock.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -47,6 +46,7 @@ from typing import Any
 import orjson
 
 from relay.events import TERMINAL_TYPES, LineageEvent
+from relay.stages.interning import intern as _intern
 
 STATE_VERSION = 1
 
@@ -79,19 +79,21 @@ def _json_size(value: Any) -> int:
         return len(repr(value))
 
 
+
+
 def _json_text(value: Any) -> str:
-    """``value`` as interned JSON text: equal facets of many runs share one string (interned
-    strings are freed with their last user)."""
+    """``value`` as interned JSON text: equal facets of many runs share one string (freed
+    with its last user: see :func:`interning_is_mortal`)."""
     try:
         text = orjson.dumps(value).decode()
     except (TypeError, orjson.JSONEncodeError):  # e.g. an integer beyond 64 bits
         text = json.dumps(value, default=repr)
-    return sys.intern(text)
+    return _intern(text)
 
 
 def _intern_strings(base: dict[str, Any]) -> dict[str, Any]:
     # producer and schemaURL repeat in every event of a producer.
-    return {k: sys.intern(v) if type(v) is str and k != "eventTime" else v for k, v in base.items()}
+    return {k: _intern(v) if type(v) is str and k != "eventTime" else v for k, v in base.items()}
 
 
 class RunMerger:

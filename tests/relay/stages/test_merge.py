@@ -248,3 +248,23 @@ def test_size_tracks_content_and_stays_flat_when_facets_are_resent():
     assert merger.size_bytes == after_start
     merger.add_event(events[-1])
     assert merger.size_bytes > after_start + len(orjson.dumps(events[-1].doc["outputs"])) // 2
+
+
+def test_interned_text_stays_mortal_on_every_interpreter():
+    """Facet text is shared between runs with sys.intern only where interned strings die
+    with their last user; CPython 3.12.0-3.12.5 and free-threaded builds keep them for ever,
+    so there a pool of its own, emptied at a size, shares them (a relay merging runs with
+    new facets would otherwise grow without bound)."""
+    from relay.stages.interning import TextPool, interning_is_mortal
+
+    assert interning_is_mortal((3, 11, 9), "cpython", False)
+    assert interning_is_mortal((3, 12, 6), "cpython", False) and interning_is_mortal((3, 13, 0), "cpython", False)
+    assert not interning_is_mortal((3, 12, 0), "cpython", False) and not interning_is_mortal((3, 12, 5), "cpython", False)
+    assert not interning_is_mortal((3, 13, 1), "cpython", True)
+    pool = TextPool(max_chars=100)
+    first = pool("".join(["x"] * 40))
+    assert pool("".join(["x"] * 40)) is first  # equal text, one copy
+    second = pool("".join(["y"] * 40))
+    assert pool("".join(["z"] * 40)) is not None  # over 100 chars held: the pool starts again
+    assert pool("".join(["x"] * 40)) is not first and pool("".join(["y"] * 40)) is not second
+    assert pool._chars <= 100
