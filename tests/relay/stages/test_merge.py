@@ -259,7 +259,8 @@ def test_interned_text_stays_mortal_on_every_interpreter():
 
     assert interning_is_mortal((3, 11, 9), "cpython", False)
     assert interning_is_mortal((3, 12, 6), "cpython", False) and interning_is_mortal((3, 13, 0), "cpython", False)
-    assert not interning_is_mortal((3, 12, 0), "cpython", False) and not interning_is_mortal((3, 12, 5), "cpython", False)
+    assert not interning_is_mortal((3, 12, 0), "cpython", False)
+    assert not interning_is_mortal((3, 12, 5), "cpython", False)
     assert not interning_is_mortal((3, 13, 1), "cpython", True)
     pool = TextPool(max_chars=100)
     first = pool("".join(["x"] * 40))
