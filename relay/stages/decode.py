@@ -66,7 +66,8 @@ _EVENT_TIME = re.compile(
     re.ASCII,
 )
 
-_digest = xxhash.xxh3_128_digest
+#: The content digest of canonical JSON (dedupe, run state).
+content_digest = xxhash.xxh3_128_digest
 _MISSING: Any = object()
 _JSON_TYPES = {
     dict: "an object", list: "an array", str: "a string", int: "a number",
@@ -206,7 +207,7 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
         if type(job) is not dict:
             _require_object(_field(doc, "job", "job"), "job")
         event_type = _event_type(doc)
-        parent_run_id = _parent_run_id(run_facets)
+        parent_run_id = find_parent_run_id(run_facets)
     elif "dataset" in doc:
         if "job" in doc and run is _MISSING:
             # Valid as neither: the spec's oneOf takes it for both a DatasetEvent and a JobEvent.
@@ -256,7 +257,7 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
     except orjson.JSONEncodeError as err:
         # orjson reads 1024 levels of nesting but writes only 254.
         raise _Invalid(INVALID_VALUE, f"event cannot be canonicalised: {err}") from None
-    return (doc, body, kind, _digest(canonical), event_time, event_time_text, run_id,
+    return (doc, body, kind, content_digest(canonical), event_time, event_time_text, run_id,
             event_type, job_namespace, job_name, parent_run_id)
 
 
@@ -276,7 +277,7 @@ def _event_type(doc: dict[str, Any]) -> str | None:
     return event_type
 
 
-def _parent_run_id(run_facets: dict[str, Any] | None) -> str | None:
+def find_parent_run_id(run_facets: dict[str, Any] | None) -> str | None:
     # Informational only, so a malformed parent facet is ignored rather than rejected.
     if not run_facets:
         return None

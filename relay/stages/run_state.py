@@ -15,17 +15,22 @@ restores shifts them into its own clock. Pure data: no I/O, no clock.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
 import orjson
 
-from relay.events import LineageEvent
-from relay.stages.decode import decode_record
+from relay.events import EVENT_TYPES, LineageEvent, Rejection
+from relay.logs import log_event
+from relay.stages.decode import content_digest, decode_record, find_parent_run_id
 from relay.stages.merge import RunMerger
 
 # The same two actions as the sequencer's (one class each, so callers match them once).
 from relay.stages.sequence import Drop, Forward  # noqa: F401 - re-exported
+
+log = logging.getLogger("relay.state")
 
 STATE_VERSION = 1
 
@@ -160,9 +165,42 @@ def settled_event(doc: dict[str, Any], now: float) -> LineageEvent:
 
 def built_event(doc: dict[str, Any], now: float) -> LineageEvent:
     """A LineageEvent (no ``ticket``, no ``source``) for a document built from valid events,
-    consumed at ``now``."""
-    event = decode_record(orjson.dumps(doc), max_bytes=1 << 62)
-    if not isinstance(event, LineageEvent):  # only a bug in merging can get here
-        raise AssertionError(f"built an undecodable event: {event.reason}: {event.detail}")
+    or kept in run state, consumed at ``now``."""
+    body = orjson.dumps(doc)
+    event = decode_record(body, max_bytes=1 << 62)
+    if not isinstance(event, LineageEvent):
+        event = _as_kept(doc, body, event)
     event.consumed_at = now
     return event
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _as_kept(doc: dict[str, Any], body: bytes, why: Rejection) -> LineageEvent:
+    """A document of run state that decode refuses: one an earlier version took (an
+    ``eventTime`` with a space for ``T``, a dataset without a name...), restored from the
+    state topic. It is sent as it is, for the collector to judge (a refusal dead-letters
+    it), rather than raise at each restore or replay and stop the relay at every start."""
+    log_event(log, logging.WARNING, "run_state_event_not_valid", reason=why.reason, detail=why.detail[:300])
+    run, job = doc.get("run"), doc.get("job")
+    run = run if isinstance(run, dict) else {}
+    job = job if isinstance(job, dict) else {}
+    run_id = run.get("runId")
+    try:
+        event_time = datetime.fromisoformat(str(doc.get("eventTime")).replace("Z", "+00:00"))
+        if event_time.tzinfo is None:
+            event_time = event_time.replace(tzinfo=UTC)
+    except ValueError:
+        event_time = _EPOCH
+    event_type = doc.get("eventType")
+    facets = run.get("facets")
+    return LineageEvent("run" if run else "dataset" if "dataset" in doc else "job", doc, body,
+                        content_digest(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)), event_time,
+                        run_id.lower() if isinstance(run_id, str) else None,
+                        event_type if event_type in EVENT_TYPES else None, _text(job.get("namespace")),
+                        _text(job.get("name")), find_parent_run_id(facets if isinstance(facets, dict) else None))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

@@ -58,7 +58,7 @@ class RunStateStore:
                     continue
                 try:
                     table.restore(run_id, partition, value, now)
-                except ValueError as err:
+                except Exception as err:  # noqa: BLE001 - one record must not stop the relay at every start
                     unreadable += 1
                     log_event(log, logging.WARNING, "run_state_unreadable", key=key.decode("utf-8", "replace"),
                               error=str(err)[:300])

@@ -471,3 +471,40 @@ async def test_revoking_a_runs_partition_hands_over_its_events_read_from_another
     finally:
         collector.answer.set()
         await lane.close()
+
+
+@pytest.mark.parametrize("mode", ["consolidated", "coalesce"])
+def test_state_written_by_an_earlier_version_with_events_decode_now_refuses_is_restored_and_sent(mode):
+    """An earlier version took an eventTime with a space for T (Python's str(datetime)),
+    and kept such events in run state: restoring or replaying them raised, and the relay
+    stopped at every start. They are sent as they are; the collector judges them."""
+    start, running, complete = spark(1)
+    legacy = {"v": 1, "state": None, "outbox": []}
+    old_complete = orjson.loads(complete.body)
+    old_complete["eventTime"] = old_complete["eventTime"].replace("T", " ")
+    if mode == "consolidated":  # written, not yet delivered: in the record's outbox
+        lane = Lane(mode)
+        lane.offer(start, 0.0)
+        lane.write()
+        lane.deliver_all()
+        lane.write()
+        record = orjson.loads(lane.changelog[lane.table.key(run_id(1))])
+        record["outbox"] = [old_complete]
+        legacy = record
+    else:  # held before its START in coalesce mode
+        lane = Lane(mode, missing_start_timeout_s=30.0)
+        lane.offer(running, 0.0)
+        lane.write()
+        record = orjson.loads(lane.changelog[lane.table.key(run_id(1))])
+        record["state"]["held"].append([record["state"]["held"][0][0] + 1, old_complete])
+        legacy = record
+    fresh = Lane(mode, missing_start_timeout_s=30.0)
+    fresh.table.restore(run_id(1), 0, orjson.dumps(legacy), now=100.0)
+    fresh.write()
+    if mode == "coalesce":
+        fresh.tick(200.0)  # no START came: the held events are replayed (raised here)
+        fresh.write()
+        fresh.deliver_all()
+        fresh.write(commit=False)
+    sent = [orjson.loads(e.body) for e, _ in fresh.submitted]
+    assert old_complete in sent
