@@ -31,9 +31,12 @@ _SAS_SIG = re.compile(r"[?&;]sig=", re.IGNORECASE)
 _SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{0,31}://")
 _URL_END = re.compile(r"[\s\"'<>]")
 # A host, an IPv6 literal, each with an optional port; several, comma-separated (MongoDB);
-# then the end of the authority.
+# then the end of the authority: anything that cannot go on a host (a path, a query, but
+# also the ',', ')' or '.' after a URL quoted in a message), never another '@' or ':'.
 _HOST_PART = r"(?:\[[0-9A-Fa-f:.]{2,64}\]|[A-Za-z0-9._~%\-]{1,253})(?::[0-9]{0,5})?"
-_HOSTS = re.compile(rf"{_HOST_PART}(?:,{_HOST_PART}){{0,31}}(?=[/?#;]|$)")
+_HOSTS = re.compile(rf"{_HOST_PART}(?:,{_HOST_PART}){{0,31}}(?=\.?(?:[^A-Za-z0-9._~%\-@:\[]|$))")
+# What follows the ':' of host:port when a path, query or fragment comes next.
+_PORT_THEN_MORE = re.compile(r"[0-9]{1,5}[/?#]")
 #: Schemes whose password-less userinfo is taken for a token (https://<token>@github.com/...).
 _USER_IS_TOKEN = frozenset({"http", "https", "git+https", "git+http", "ws", "wss"})
 #: Where a removed secret parameter began a query (see Redactor.text).
@@ -96,8 +99,9 @@ def _strip_userinfo(text: str) -> str:
     ``user:password@`` always goes. The password may hold ``/`` and ``@`` (AWS secret keys
     do), and so may the user (Azure's ``user@server``): the userinfo ends at the first
     ``@`` followed by a host list and the end of the authority. It is not userinfo when a
-    path comes before its ``:`` (``host/a@b``), when ``:`` is a port followed by a path
-    (``host:8080/a@b``), or when it holds ``[]{}?#`` (IPv6 literals, templates, queries).
+    path comes before its ``:`` (``host/a@b``), when ``:`` is a port followed by a path, query
+    or fragment (``host:8080/a@b``), or when ``[]{}?#`` come before its ``:`` (IPv6
+    literals, templates, queries); after it they are the password's.
     A user alone stays (``postgres://readonly@db``, Azure's ``container@account``), except
     over http(s), where ``https://<token>@github.com`` is a credential."""
     out: list[str] = []
@@ -125,13 +129,13 @@ def _strip_userinfo(text: str) -> str:
 
 
 def _is_userinfo(user: str, scheme: str) -> bool:
-    if "://" in user or any(c in user for c in "[]{}?#"):
+    if "://" in user:
         return False
-    colon, slash = user.find(":"), user.find("/")
+    colon = user.find(":")
+    name = user if colon < 0 else user[:colon]
+    if any(c in name for c in "/[]{}?#"):
+        return False  # a path, an IPv6 literal, a template or a query before any ':'
     if colon < 0:
-        return slash < 0 and bool(user) and scheme in _USER_IS_TOKEN
-    if 0 <= slash < colon:
-        return False
-    if slash >= 0 and user[colon + 1:slash].isdigit():
-        return False  # host:port/path, not user:password
-    return True
+        return bool(user) and scheme in _USER_IS_TOKEN
+    # The password may hold anything a URL in text can (generated ones hold '#', '?', '[').
+    return _PORT_THEN_MORE.match(user, colon + 1) is None  # else host:port/path, not user:password

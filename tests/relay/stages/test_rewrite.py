@@ -152,6 +152,12 @@ URIS_WITH_SECRETS = [
     # A braced JDBC value may hold ';'.
     ("jdbc:sqlserver://sql.internal:1433;databaseName=dw;password={a;b}",
      "jdbc:sqlserver://sql.internal:1433;databaseName=dw", ["{a", "b}"]),
+    # Generated passwords hold '#', '?', '{', '[' unencoded.
+    ("postgresql://etl:Xy#9kq@db.internal:5432/warehouse", "postgresql://db.internal:5432/warehouse", ["Xy#9kq"]),
+    ("jdbc:mysql://root:p?ss@mysql:3306/app", "jdbc:mysql://mysql:3306/app", ["p?ss"]),
+    ("mongodb://admin:s3cr{e}t@mongo:27017/db", "mongodb://mongo:27017/db", ["s3cr{e}t"]),
+    ("redis://:Secr3t[1]@cache:6379", "redis://cache:6379", ["Secr3t[1]"]),
+    ("postgresql://etl:#abc@db", "postgresql://db", ["#abc"]),
 ]
 
 
@@ -200,6 +206,8 @@ def test_credentials_are_stripped_everywhere(uri: str, clean: str, secrets: list
         "https://[2001:db8::1]/files/report@2024.csv",
         "http://[::1]:8080/path/user@example.com",
         "http://${host}:${port}/api?email=a@b.com",
+        "http://host:80?email=a@b.com",
+        "http://host:80#a@b.com",
         "https://host/files/report@2024.csv",
         # Azure SAS names are common words elsewhere: removed only beside a sig.
         "https://api.example.com/items?st=open&sp=2&page=3",
@@ -222,6 +230,15 @@ def test_strings_without_credentials_are_kept(text: str) -> None:
     ("https://h/p?a=1&token=x&b=2", "https://h/p?a=1&b=2"),
     ("https://h/p?token=x&b=2", "https://h/p?b=2"),
     ("https://u:p@host/a@b", "https://host/a@b"),
+    # A URL quoted in a message (an errorMessage facet): what follows its host is no path.
+    ("Connection to postgresql://etl:hunter2@db.internal:5432, failed",
+     "Connection to postgresql://db.internal:5432, failed"),
+    ("could not reach (postgresql://etl:hunter2@db.internal)", "could not reach (postgresql://db.internal)"),
+    ("url postgresql://etl:hunter2@db.internal.", "url postgresql://db.internal."),
+    ("FATAL at jdbc:postgresql://etl:hunter2@db.internal:5432. Retrying",
+     "FATAL at jdbc:postgresql://db.internal:5432. Retrying"),
+    # A password holding '@' and a dot: not cut at the first '@'.
+    ("s3a://KEY:ab@cd.ef@bucket.example", "s3a://bucket.example"),
 ])
 def test_removing_a_secret_leaves_the_rest_of_the_text_as_it_was(text: str, clean: str) -> None:
     doc = run_events()[0]
