@@ -41,7 +41,9 @@ class TokenSource:
         self._bad_stamp: tuple[int, int, int] | None = None
         self._token: str | None = None
         if config.token is not None:
-            self._token = config.token.get_secret_value()
+            # Stripped as the other sources are: a value from ${VAR} often ends in a newline
+            # (a Secret made from a file), which no HTTP header can carry.
+            self._token = config.token.get_secret_value().strip()
         elif config.token_env is not None:
             value = os.environ.get(config.token_env)
             if not value:

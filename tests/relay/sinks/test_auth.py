@@ -231,3 +231,9 @@ def test_an_inline_or_env_token_with_a_line_break_fails_at_start(monkeypatch):
     monkeypatch.setenv("C_TOKEN", "a\rb")
     with pytest.raises(ConfigError, match=r"collectors\.c\.token_env: .*line break"):
         TokenSource(config(token_env="C_TOKEN"))
+
+
+def test_an_inline_token_ending_in_a_newline_is_sent_without_it():
+    """token: ${TOKEN} with TOKEN from a Secret made from a file ends in a newline: the
+    config takes it, so the header must not carry it (aiohttp refused every request)."""
+    assert TokenSource(config(token="inline-s3cret\n")).current() == "inline-s3cret"
