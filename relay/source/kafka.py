@@ -327,16 +327,18 @@ class KafkaSource:
         if not offsets:
             return True
         try:
-            await self._call(self._commit_owned, offsets)
+            await self._call(self._commit_owned, offsets, self.generation)
             return True
         except KafkaException:
             return False
 
-    def _commit_owned(self, offsets: dict[Partition, int]) -> None:
-        """On the consumer's thread: commit the offsets of partitions still assigned. A commit
-        queued behind a poll whose rebalance revoked a partition (and committed its newer
-        offsets) must not move the group's offset back to what was computed before."""
-        self._commit_now({part: o for part, o in offsets.items() if part in self.assignment})
+    def _commit_owned(self, offsets: dict[Partition, int], generation: int) -> None:
+        """On the consumer's thread: commit the offsets of partitions assigned throughout
+        since they were computed (at ``generation``). A commit queued behind a poll whose
+        rebalance revoked a partition (and committed its newer offsets) must not move the
+        group's offset back, even when the same poll assigned the partition back."""
+        revoked = self.revoked_since(generation)
+        self._commit_now({part: o for part, o in offsets.items() if part in self.assignment and part not in revoked})
 
     async def set_paused(self, paused: bool) -> None:
         if paused == self.paused:

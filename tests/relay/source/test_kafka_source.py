@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -95,6 +96,42 @@ def test_offsets_settled_after_the_last_commit_are_committed_when_close_revokes(
     assert revokes == [[(topic, 0)]]
     assert committed_offsets(kafka.bootstrap_servers, topic, group, 1) == {0: 7}
     assert committed_offsets(kafka.bootstrap_servers, elsewhere, group, 1)[0] < 0  # nothing committed
+
+
+def test_a_commit_queued_behind_a_revocation_skips_the_partition_even_when_assigned_back(kafka):
+    """Offsets computed before a poll whose rebalance revoked a partition (committing its
+    newer offsets) and assigned it back: committing them afterwards would move the group's
+    offset back, so they are skipped though the partition is assigned again."""
+    topic = kafka.new_topic("requeued")
+    produce(kafka.bootstrap_servers, topic, [(None, b"x")] * 10)
+    group = kafka.new_group()
+
+    async def main() -> None:
+        source = KafkaSource(bootstrap_servers=kafka.bootstrap_servers, group_id=group, topics=(topic,),
+                             on_assign=_nothing, on_revoke=_nothing, properties=kafka.consumer_properties())
+        await source.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not source.assignment and time.monotonic() < deadline:
+                await source.poll_soon(10, 0.2, then=lambda ms: len(ms))
+            assert await source.commit({(topic, 0): 6})
+            loop, busy = asyncio.get_running_loop(), threading.Event()
+            # The consumer's thread is polling; its rebalance revokes the partition (after
+            # committing 6) and assigns it back: it stays in source.assignment.
+            polling = loop.run_in_executor(source._executor, busy.wait, 10)
+            rebalance = loop.run_in_executor(source._executor, source._mark_revoked, [(topic, 0)])
+            stale = asyncio.ensure_future(source.commit({(topic, 0): 3}))  # computed before the poll
+            busy.set()
+            await asyncio.gather(polling, rebalance)
+            assert await stale is True and source.assignment == {(topic, 0)}
+            # Not moved back to 3 (a restart would have re-read offsets 3-5).
+            assert await asyncio.to_thread(committed_offsets, kafka.bootstrap_servers, topic, group, 1) == {0: 6}
+            assert await source.commit({(topic, 0): 8})  # computed after: committed
+        finally:
+            await source.close()
+
+    asyncio.run(main())
+    assert committed_offsets(kafka.bootstrap_servers, topic, group, 1) == {0: 8}
 
 
 def test_a_rebalance_handler_that_outlasts_max_poll_interval_stops_the_consumer_with_the_fix(kafka):
