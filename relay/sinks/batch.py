@@ -48,7 +48,7 @@ from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
 from relay.sinks.base import Undeliverable, relay_error
-from relay.sinks.batch_reply import BatchReading, EventOutcome, read_batch_reply
+from relay.sinks.batch_reply import MAX_REPLY_BYTES, BatchReading, EventOutcome, read_batch_reply
 from relay.sinks.http import HttpCollector, Retriable
 from relay.sinks.retry import Verdict, classify
 
@@ -281,13 +281,15 @@ class BatchCollector:
         wait_s: float | None = None
         try:
             try:
-                reply = await self.single.exchange(self._url, self._envelope([item.body for item in batch]))
+                reply = await self.single.exchange(self._url, self._envelope([item.body for item in batch]),
+                                                   MAX_REPLY_BYTES)
             except Retriable as err:
                 outcome = EventOutcome("retry", f"batch: {err.detail}")
                 reading = BatchReading([outcome] * len(batch), "retry")
             else:
                 wait_s = reply.wait_s
-                reading = read_batch_reply(reply.status, reply.body, len(batch), self.single.verdict)
+                reading = read_batch_reply(reply.status, None if reply.unread else reply.body, len(batch),
+                                           self.single.verdict)
         except asyncio.CancelledError:  # closing: no verdict comes for these
             for item in batch:
                 _no_verdict(item.done, item.token)
@@ -304,6 +306,9 @@ class BatchCollector:
             log_event(log, logging.WARNING, "batch_not_all_delivered", collector=self.name,
                       result=reading.result, events=len(batch), failed=failed, detail=first[:200],
                       note=reading.note or None)
+        elif reading.note:  # delivered, but the reply was odd (too long to read)
+            log_event(log, logging.WARNING, "batch_reply_not_read", collector=self.name, events=len(batch),
+                      note=reading.note)
         settle = self._settle
         for item, outcome in zip(batch, reading.outcomes):
             if not item.dropped:

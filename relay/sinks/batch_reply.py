@@ -13,6 +13,8 @@ The OpenLineage spec's ``POST /lineage/batch`` answers 204 (all received), or 20
   which events failed (no list, entries without a valid index, or a ``summary.failed``
   above the number listed) cannot be attributed:
   every event not known to have failed is re-sent alone (``single``; at-least-once).
+  A body that is not a JSON object names no failed events: every event is delivered, the
+  2xx stands. So does a body over :data:`MAX_REPLY_BYTES`, which is not read at all.
 * a retriable status (408, 429, 5xx; see the kind's classify): every event is ``retry``.
 * a permanent status (other 4xx): the batch as a whole was refused, perhaps for one bad
   event; every event is re-sent alone on the single-event endpoint (``single``), so only
@@ -30,6 +32,13 @@ import orjson
 from relay.sinks.retry import Verdict
 
 Outcome = Literal["delivered", "retry", "reject", "single"]
+
+#: How much of a 2xx batch reply is read. Enough for the spec's reply listing every event of
+#: the largest batch (``batch.max_events`` is at most 10,000) as failed, with ~400 bytes an
+#: entry for its index, flag and reason; and little enough that ``batch.max_requests`` (at
+#: most 64) replies held at once stay bounded. A longer body, from a collector or a proxy
+#: gone wrong (or endless), is not a spec reply: not read, its connection closed.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +62,9 @@ class BatchReading:
     note: str = ""
 
 
-def read_batch_reply(status: int, body: bytes, count: int,
+def read_batch_reply(status: int, body: bytes | None, count: int,
                      classify: Callable[[int | None], Verdict]) -> BatchReading:
+    """``body`` None: a 2xx body over :data:`MAX_REPLY_BYTES`, not read."""
     verdict = classify(status)
     if verdict is Verdict.RETRY:
         outcome = EventOutcome("retry", f"batch answered HTTP {status}: {_snippet(body)}", status)
@@ -62,6 +72,12 @@ def read_batch_reply(status: int, body: bytes, count: int,
     if verdict is Verdict.REJECT:
         outcome = EventOutcome("single", f"batch refused with HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "refused")
+    if body is None:
+        # Read like a body that is not JSON: it names no failed events, and the collector
+        # said it took the batch. Sending every event again alone instead would turn a proxy
+        # that pads every answer into duplicates and one POST per event; a real partial
+        # success fits under the limit. The note gets the batch logged.
+        return BatchReading([DELIVERED] * count, "ok", f"reply body over {MAX_REPLY_BYTES} bytes, not read")
     reply = _json_object(body)
     if reply is None:
         return BatchReading([DELIVERED] * count, "ok")
@@ -113,5 +129,5 @@ def _summary_failed(reply: dict) -> int:
     return failed if isinstance(failed, int) and not isinstance(failed, bool) else 0
 
 
-def _snippet(body: bytes) -> str:
-    return body[:300].decode("utf-8", "replace")
+def _snippet(body: bytes | None) -> str:
+    return "(not read)" if body is None else body[:300].decode("utf-8", "replace")

@@ -37,6 +37,12 @@ from relay.sinks.retry import Verdict, backoff, classify, retry_after
 
 log = logging.getLogger("relay.sinks.http")
 _SNIPPET = 300
+#: How much of a 2xx answer to one event is read. Its status is the acknowledgement and its
+#: body is not used: it is read (and dropped) only so the connection can carry the next
+#: request. Enough for any ordinary body (an echo of the event, a JSON status); past it the
+#: connection is closed instead, so a collector or proxy answering 200 with a huge or endless
+#: body costs a new connection, not memory or the rest of the request's timeout.
+_DRAIN_LIMIT = 64 * 1024
 #: An adaptive limit that shrinks is logged at most this often per collector.
 _LIMIT_LOG_EVERY_S = 10.0
 
@@ -59,16 +65,44 @@ def _no_answer(err: BaseException) -> Retriable:
 
 @dataclass(slots=True)
 class Reply:
-    """A collector's answer: the whole body for 2xx, the first bytes otherwise."""
+    """A collector's answer: for 2xx the body the caller asked for (see
+    :meth:`HttpCollector.exchange`), the first bytes otherwise."""
 
     status: int
     body: bytes
     #: Seconds from a Retry-After header, when the answer carried one.
     wait_s: float | None = None
+    #: A 2xx body over the caller's limit: not read (``body`` is empty); a connection left
+    #: mid-body is closed, not reused.
+    unread: bool = False
 
     @property
     def snippet(self) -> str:
         return self.body[:_SNIPPET].decode("utf-8", "replace")
+
+
+async def _read_body(resp: aiohttp.ClientResponse, limit: int, keep: int) -> bytes | None:
+    """A 2xx body still arriving, read to its end: its first ``keep`` bytes, or None when
+    it is over ``limit`` bytes: then no more of it is read and the connection is closed (it
+    cannot carry another request before the body's end). Never holds more than ``keep``
+    bytes and what aiohttp buffers: ``readany`` leaves aiohttp's flow control on, where
+    ``read()`` turns it off and holds the whole body. A body that does not end is cut by
+    the request's deadline."""
+    content = resp.content
+    length = resp.content_length
+    if length is not None and length > limit:  # announced: not even its first bytes
+        resp.close()
+        return None
+    chunks: list[bytes] = []
+    kept = 0
+    while chunk := await content.readany():
+        if content.total_bytes > limit:  # what arrived, read or not
+            resp.close()
+            return None
+        if kept < keep:
+            chunks.append(chunk[:keep - kept])
+            kept += len(chunks[-1])
+    return b"".join(chunks)
 
 
 def _redirect_detail(resp: aiohttp.ClientResponse) -> str:
@@ -160,13 +194,19 @@ class HttpCollector:
             return Verdict.RETRY
         return self._classify(status)
 
-    async def exchange(self, url: URL, body: bytes) -> Reply:
+    async def exchange(self, url: URL, body: bytes, keep: int | None = None) -> Reply:
         """One POST to ``url``, after any Retry-After wait. Raises :class:`Retriable` when
-        there is no answer (connection error, reset, timeout)."""
+        there is no answer (connection error, reset, timeout; the answer's body included:
+        it must end within ``timeout_s`` too).
+
+        ``keep``: how much of a 2xx body the caller wants (a batch reply); a longer one is
+        not read (``Reply.unread``). None (single events): its first bytes, for the detail
+        of a 2xx the kind refuses; the body is read on (and dropped) up to
+        :data:`_DRAIN_LIMIT`, and a longer one is not read either."""
         gate = self._gate
         if gate is None:
             await self._hold_back()
-            return await self._post(url, body)
+            return await self._post(url, body, keep)
         # Room first, then the Retry-After check: a 429 may have come while this waited.
         sent = await gate.acquire()
         outcome = Outcome.NEUTRAL  # cancelled before an answer: says nothing about the collector
@@ -174,7 +214,7 @@ class HttpCollector:
             if await self._hold_back():
                 sent = (time.monotonic(), sent[1])  # its latency starts now
             outcome = Outcome.OVERLOAD  # unless an answer says otherwise: no answer, a timeout
-            reply = await self._post(url, body)
+            reply = await self._post(url, body, keep)
             outcome = self._outcome(reply.status)
             return reply
         except asyncio.CancelledError:
@@ -205,14 +245,14 @@ class HttpCollector:
             waited = True
         return waited
 
-    async def _post(self, url: URL, body: bytes) -> Reply:
+    async def _post(self, url: URL, body: bytes, keep: int | None) -> Reply:
         assert self._session is not None
         deadlines = self._deadlines
         task = deadlines.begin()
         try:
             resp = await self._session.post(url, data=body, headers=self._auth_headers(), allow_redirects=False)
             try:
-                return await self._reply(resp)
+                return await self._reply(resp, keep)
             finally:
                 resp.release()
         except _NO_ANSWER as err:
@@ -236,13 +276,20 @@ class HttpCollector:
     def _timed_out(self) -> Retriable:
         return Retriable(f"TimeoutError: no answer within {self.config.timeout_s:g} s", None, None)
 
-    async def _reply(self, resp: aiohttp.ClientResponse) -> Reply:
-        """The answer: the whole body of a 2xx; of anything else its first bytes, and a 401
-        re-reads the token file, a Retry-After on a retriable status holds back every
-        request to this collector."""
+    async def _reply(self, resp: aiohttp.ClientResponse, keep: int | None) -> Reply:
+        """The answer: of a 2xx, its body up to ``keep`` bytes (see :meth:`exchange`); of
+        anything else its first bytes, and a 401 re-reads the token file, a Retry-After on a
+        retriable status holds back every request to this collector."""
         status = resp.status
         if 200 <= status < 300:
-            return Reply(status, b"" if resp.content.at_eof() else await resp.read())
+            limit, wanted = (_DRAIN_LIMIT, _SNIPPET) if keep is None else (keep, keep)
+            content = resp.content
+            if content.is_eof():  # all of it came with the headers, if any: no read to wait for
+                if content.total_bytes > limit:
+                    return Reply(status, b"", unread=True)
+                return Reply(status, content.read_nowait(wanted))
+            body = await _read_body(resp, limit, wanted)
+            return Reply(status, b"", unread=True) if body is None else Reply(status, body)
         reply = Reply(status, await resp.content.read(_SNIPPET))
         if 300 <= status < 400:
             # Not followed (allow_redirects=False): a 301-303 would be re-sent as a GET
@@ -306,14 +353,17 @@ class HttpCollector:
                                           allow_redirects=False)
                 try:
                     if resp.status in self._successes:  # no Reply to build and judge
-                        # An answer without a body (Marquez's 201) is complete already:
-                        # release() hands the connection back without the three coroutines
-                        # of read() (measured: ~1.8 of ~52 us per POST). Any body is read
-                        # first, or the connection could not be reused.
-                        if not resp.content.at_eof():
-                            await resp.read()
+                        # The status is the acknowledgement; the body is only read so the
+                        # connection can be reused. One that came whole with the headers
+                        # (none: Marquez's 201; a small JSON) needs no read: aiohttp gave the
+                        # connection back at its end, and release() spares the three
+                        # coroutines of read() (measured: ~1.8 of ~52 us per POST). One still
+                        # arriving is drained up to _DRAIN_LIMIT; past it, the connection is
+                        # closed and the event still delivered.
+                        if not resp.content.is_eof():
+                            await _read_body(resp, _DRAIN_LIMIT, 0)
                         return None
-                    reply = await self._reply(resp)
+                    reply = await self._reply(resp, None)
                 finally:
                     resp.release()
             except _NO_ANSWER as err:

@@ -13,6 +13,7 @@ from relay.config import CollectorConfig
 from relay.embedded.collector import RecordingCollector
 from relay.metrics import RelayMetrics
 from relay.sinks.batch import BatchCollector
+from relay.sinks.batch_reply import MAX_REPLY_BYTES
 
 
 def event(i: int) -> bytes:
@@ -226,3 +227,115 @@ async def test_an_event_sent_alone_gets_its_verdict_even_when_sending_it_raises(
     assert len(verdicts) == 1 and verdicts[0][0] == "t"
     assert verdicts[0][1].reason == "relay_error" and "ValueError: single broke" in verdicts[0][1].detail
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["delivery_error"]
+
+
+async def _serve(routes) -> tuple[object, str]:  # noqa: ANN001 - (method, path, handler) triples
+    from aiohttp import web
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+async def test_a_2xx_batch_reply_over_the_limit_is_not_read_and_its_events_count_as_delivered(framing, caplog):
+    """A 200 whose body is far over MAX_REPLY_BYTES (a proxy gone wrong, an endless
+    stream) was read whole into memory. Now no more than the limit is read; like a body
+    that is not JSON it names no failed event, so the batch's events are delivered (not
+    sent again alone), it is logged, and the next batch goes on a new connection."""
+    from aiohttp import web
+
+    piece, size = b" " * 65536, 64 * 1024 * 1024
+    written, ended, finished = [0], asyncio.Event(), []
+    peers: list[object] = []
+    singles: list[bytes] = []
+
+    async def batch(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        if len(peers) > 1:
+            return web.Response(status=204)
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        if framing == "chunked":
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = size
+        try:
+            await response.prepare(request)
+            for _ in range(size // len(piece)):
+                await response.write(piece)
+                written[0] += len(piece)
+            await response.write_eof()
+            finished.append(True)
+        except OSError:  # the relay went away: what was written so far is the measure
+            pass
+        finally:
+            ended.set()
+        return response
+
+    async def single(request: web.Request) -> web.Response:
+        singles.append(await request.read())
+        return web.Response(status=201)
+
+    runner, url = await _serve([("POST", "/api/v1/lineage/batch", batch), ("POST", "/api/v1/lineage", single)])
+    metrics = RelayMetrics()
+    cfg = CollectorConfig(name="b", url=url, batch={"linger_ms": 20, "max_events": 10},
+                          retry={"initial_backoff_s": 0.01, "max_backoff_s": 0.05, "max_attempts": 1})
+    collector = BatchCollector(cfg, metrics.for_collector("b"))
+    await collector.start()
+    try:
+        assert await asyncio.gather(*(collector.deliver(event(i)) for i in range(3))) == [None] * 3
+        await asyncio.wait_for(ended.wait(), 10)  # the relay went away mid-body
+        assert await asyncio.gather(*(collector.deliver(event(i)) for i in range(3, 5))) == [None] * 2
+    finally:
+        await collector.close()
+        await runner.cleanup()
+    assert not finished
+    # The limit, and what the loopback's socket buffers take in besides: a few MiB more.
+    assert written[0] <= MAX_REPLY_BYTES + 16 * 1024 * 1024 < size, f"{written[0] / 2**20:.0f} MiB written"
+    assert singles == [], "no event was sent again alone"
+    assert len(peers) == 2 and peers[0] != peers[1], "the connection left mid-body was reused"
+    assert metrics.registry.get_sample_value("lineage_relay_batch_requests_total",
+                                             {"collector": "b", "result": "ok"}) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == ["batch_reply_not_read"]
+
+
+async def test_a_partial_success_listing_every_event_of_the_largest_batch_is_read():
+    """The limit is generous enough for the spec's reply to the largest batch (10,000
+    events) listing each as failed with a reason: each event gets its own verdict."""
+    from aiohttp import web
+
+    count = 10_000
+    reason = "r" * 340  # an entry of ~400 bytes: {"index":9999,"reason":"...","retriable":false}
+    failed = [{"index": i, "reason": f"{i}:{reason}", "retriable": False} for i in range(count)]
+    reply = orjson.dumps({"status": "failure", "summary": {"received": count, "successful": 0, "failed": count},
+                          "failed_events": failed})
+    assert 0.9 * MAX_REPLY_BYTES < len(reply) <= MAX_REPLY_BYTES
+
+    async def batch(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for start in range(0, len(reply), 65536):  # in pieces, as a collector streaming it would
+            await response.write(reply[start:start + 65536])
+        await response.write_eof()
+        return response
+
+    runner, url = await _serve([("POST", "/api/v1/lineage/batch", batch)])
+    cfg = CollectorConfig(name="b", url=url, batch={"linger_ms": 1000, "max_events": count, "max_bytes": 8 * 2**20},
+                          timeout_s=30)
+    collector = BatchCollector(cfg, RelayMetrics().for_collector("b"))
+    await collector.start()
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(collector.deliver(event(i)) for i in range(count))), 60)
+    finally:
+        await collector.close()
+        await runner.cleanup()
+    assert all(r is not None and r.reason == "collector_rejected" for r in results)
+    assert all(r.detail.startswith(f"batch item {i} failed: {i}:rrr") for i, r in enumerate(results))

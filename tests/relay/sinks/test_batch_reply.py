@@ -58,3 +58,10 @@ def test_whole_batch_statuses():
     refused = read_batch_reply(400, b"bad event in batch", 2, classify)
     assert [o.outcome for o in refused.outcomes] == ["single", "single"]
     assert refused.outcomes[0].status == 400 and refused.result == "refused"
+
+
+def test_a_success_reply_too_long_to_read_delivers_every_event_and_says_so():
+    """Read like a body that is not JSON: it names no failed event and the 2xx stands."""
+    reading = read_batch_reply(200, None, 3, classify)
+    assert [o.outcome for o in reading.outcomes] == ["delivered"] * 3
+    assert reading.result == "ok" and "not read" in reading.note

@@ -250,3 +250,117 @@ async def test_a_request_waiting_out_a_retry_after_waits_for_a_longer_one_that_c
     http._not_before = began + 0.8
     assert await asyncio.wait_for(waiting, 5) is True
     assert time.monotonic() - began >= 0.8
+
+
+class LongAnswer:
+    """A collector on loopback whose first answer is a 200 with a 64 MiB body in 64 KiB
+    writes (chunked, or announced by its Content-Length); it notes how much of it it got to
+    write before the client went away. Later answers are a 201 with a short body. Each
+    request's peer (host, port) is noted, to tell connections apart."""
+
+    PIECE = b"x" * 65536
+    SIZE = 64 * 1024 * 1024
+
+    def __init__(self, framing: str) -> None:
+        self.framing = framing
+        self.written = 0
+        self.finished = False
+        self.ended = asyncio.Event()
+        self.peers: list[object] = []
+        self._runner = None
+        self.url = ""
+
+    async def _answer(self, request):  # noqa: ANN001, ANN202 - aiohttp handler
+        from aiohttp import web
+
+        await request.read()
+        self.peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        if len(self.peers) > 1:
+            return web.Response(status=201, text='{"ok": true}')
+        response = web.StreamResponse(status=200)
+        if self.framing == "chunked":
+            response.enable_chunked_encoding()
+        else:
+            response.content_length = self.SIZE
+        try:
+            await response.prepare(request)
+            for _ in range(self.SIZE // len(self.PIECE)):
+                await response.write(self.PIECE)
+                self.written += len(self.PIECE)
+            await response.write_eof()
+            self.finished = True
+        except OSError:  # the client went away: what was written so far is the measure
+            pass
+        finally:
+            self.ended.set()
+        return response
+
+    async def __aenter__(self) -> LongAnswer:
+        self._runner, port = await _serve([("POST", "/api/v1/lineage", self._answer)])
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runner.cleanup()
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+@pytest.mark.parametrize("path", ["first-attempt", "adaptive"])
+async def test_a_2xx_with_a_huge_body_is_delivered_without_reading_the_body(framing, path):
+    """The status of a 2xx is the acknowledgement; its body was read whole into memory
+    (a 64 MiB one took 100 MiB, an endless one grew until the timeout, and was then
+    retried although the collector had taken the event). Now at most _DRAIN_LIMIT is
+    read, the connection is closed rather than reused mid-body, and the next request
+    goes on a new connection and gets its own answer. Both ways to the POST: the inlined
+    first attempt, and exchange() (taken with adaptive concurrency, and by retries)."""
+    async with LongAnswer(framing) as server:
+        extra = {"adaptive_concurrency": {}} if path == "adaptive" else {}
+        http = HttpCollector(CollectorConfig(name="c", url=server.url, concurrency=1, retry={"max_attempts": 1},
+                                             **extra), RelayMetrics().for_collector("c"))
+        await http.start()
+        try:
+            assert await http.deliver(BODY) is None
+            await asyncio.wait_for(server.ended.wait(), 10)  # the client went away mid-body
+            assert await http.deliver(BODY) is None
+        finally:
+            await http.close()
+    assert not server.finished
+    # What the loopback's socket buffers take in besides the 64 KiB read: a few MiB.
+    assert server.written <= LongAnswer.SIZE // 4, f"{server.written / 2**20:.0f} MiB written"
+    assert len(server.peers) == 2 and server.peers[0] != server.peers[1], "the connection left mid-body was reused"
+
+
+async def test_a_2xx_body_that_never_ends_is_cut_at_the_request_timeout():
+    """A 2xx body that trickles (never over the read limit) is cut by timeout_s like any
+    answer that does not come, and the attempt is retried (here: the only one)."""
+    from aiohttp import web
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(status=200)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            for _ in range(1500):  # 30 s at most
+                await response.write(b" ")
+                await asyncio.sleep(0.02)  # ok: the pace of the trickle, not a wait for anything
+        except OSError:
+            pass
+        return response
+
+    runner, port = await _serve([("POST", "/api/v1/lineage", trickle)])
+    try:
+        http = HttpCollector(CollectorConfig(name="c", url=f"http://127.0.0.1:{port}", timeout_s=0.5,
+                                             retry={"max_attempts": 1}), RelayMetrics().for_collector("c"))
+        await http.start()
+        try:
+            began = time.monotonic()
+            failure = await asyncio.wait_for(http.deliver(BODY), 10)
+            took = time.monotonic() - began
+        finally:
+            await http.close()
+    finally:
+        await runner.cleanup()
+    assert failure is not None and failure.reason == "retries_exhausted"
+    assert "no answer within 0.5 s" in failure.detail
+    assert 0.5 <= took < 3.0
