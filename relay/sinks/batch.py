@@ -295,8 +295,12 @@ class BatchCollector:
                 _no_verdict(item.done, item.token)
             raise
         except Exception as err:  # noqa: BLE001 - never leave a deliver() waiting forever
+            # A bug, not the collector's answer: retrying the batch would raise again, for
+            # ever with unlimited attempts (no verdict, commits held). Each event goes alone,
+            # where such a failure is its own dead letter (relay_error) at worst.
             log_event(log, logging.ERROR, "batch_send_error", collector=self.name, error=repr(err)[:300])
-            reading = BatchReading([EventOutcome("retry", f"batch: {type(err).__name__}")] * len(batch), "retry")
+            reading = BatchReading([EventOutcome("single", f"batch: {type(err).__name__}: {err}")] * len(batch),
+                                   "refused")
         finally:
             self._slots.release()
         self._metrics.batch_requests(reading.result).inc()

@@ -107,7 +107,11 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int, keep: int) -> byt
 
 def _redirect_detail(resp: aiohttp.ClientResponse) -> str:
     location = resp.headers.get("Location", "")
-    target = URL(location).with_user(None).with_password(None).with_query(None) if location else None
+    try:  # usually relative (a trailing slash added): resolved against where the event went
+        target = resp.url.join(URL(location)).with_user(None).with_password(None).with_query(None) \
+            if location else None
+    except ValueError:  # not a URL: as given, without anything after '?' or '@'
+        target = location.split("?", 1)[0].rsplit("@", 1)[-1][:200]
     return (f"redirected to {target or '(no Location)'}: the relay does not follow redirects (the event would "
             f"be lost, or sent elsewhere with its credentials); set the collector's url to where it points.")
 

@@ -229,6 +229,25 @@ async def test_an_event_sent_alone_gets_its_verdict_even_when_sending_it_raises(
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["delivery_error"]
 
 
+async def test_a_batch_whose_sending_raises_sends_its_events_alone(server, caplog):
+    """Sending a batch raised (a bug, as a relative redirect's Location did): the batch was
+    retried, raised again, for ever with unlimited attempts, and its events never got a
+    verdict (commits held). Each event goes alone instead."""
+    collector, metrics = batch_collector(server, max_events=10)
+    exchange = collector.single.exchange
+
+    async def broken_for_batches(url, body, keep=None):  # noqa: ANN001, ANN202
+        if str(url).endswith("/batch"):
+            raise ValueError("batch broke")
+        return await exchange(url, body, keep)
+
+    collector.single.exchange = broken_for_batches
+    results = await asyncio.wait_for(deliver_all(collector, [event(i) for i in range(5)]), 10)
+    assert results == [None] * 5
+    assert server.batches == 0 and sorted(e["run"]["runId"] for e in server.events()) == [f"run-{i}" for i in range(5)]
+    assert "batch_send_error" in [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+
 async def _serve(routes) -> tuple[object, str]:  # noqa: ANN001 - (method, path, handler) triples
     from aiohttp import web
 
