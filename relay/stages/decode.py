@@ -46,6 +46,8 @@ MISSING_FIELD = "missing_field"
 WRONG_TYPE = "wrong_type"
 INVALID_VALUE = "invalid_value"
 UNDECODABLE = "undecodable"
+#: Decoding the record killed the decode worker, twice (see relay.stages.decode_worker).
+DECODER_CRASHED = "decoder_crashed"
 REASONS = frozenset(
     {EMPTY, TOO_LARGE, NOT_UTF8, INVALID_JSON, NOT_OBJECT, MISSING_FIELD, WRONG_TYPE,
      INVALID_VALUE, UNDECODABLE}

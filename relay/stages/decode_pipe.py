@@ -166,11 +166,15 @@ def write_frame(pipe: IO[bytes], payload: bytes) -> None:
     pipe.flush()
 
 
-def read_frame(pipe: IO[bytes]) -> bytes:
+def read_frame(pipe: IO[bytes], max_size: int) -> bytes:
+    """One answer; ValueError when its length is over ``max_size`` (not an answer: nothing
+    that large is read or allocated)."""
     header = pipe.read(_HEADER.size)
     if len(header) < _HEADER.size:
         raise EOFError("decode worker closed its output")
     (size,) = _HEADER.unpack(header)
+    if size > max_size:
+        raise ValueError(f"decode worker answered a frame of {size} bytes, over the {max_size} its batch allows")
     payload = pipe.read(size)
     if len(payload) < size:
         raise EOFError("decode worker closed its output mid-frame")

@@ -13,10 +13,16 @@ Contract of :meth:`DecodeWorker.submit` (and :meth:`DecodeWorker.decode`, which 
   what ``decode_record(value, max_bytes=...)`` returns in-process, except that
   ``event.doc`` is ``None`` (a stage that needs the tree parses ``event.body``) and
   ``event.source`` is left for the caller to set.
-* It never fails and never drops a batch: when the child is missing, dies or answers
-  garbage, the batches it held are decoded in this process, the failure is logged, and a
-  new child serves the next batch. After :data:`_MAX_FAILURES` failures in a row it stays
-  in-process.
+* It never fails and never drops a batch: when the child dies or answers garbage, a new
+  child decodes the batches it held, and the failure is logged. A child that dies decoding
+  a chunk (a record whose parse takes more memory than the machine has: size limits do not
+  bound that) makes its values go again one by one, each to a fresh child; a value that
+  kills a child on its own is answered with a :data:`DECODER_CRASHED` rejection (a dead
+  letter), never decoded in this process, where it would take the relay down with it, at
+  every restart. After :data:`_MAX_FAILURES` children in a row that died before any answer
+  (a broken environment), decoding stays in this process.
+* Answers come on a pipe of their own, not the child's stdout: whatever else writes there
+  (a ``sitecustomize``, an agent) goes to this process's stderr instead of into the answers.
 * Pipelined: ``submit`` writes the batch to the child and returns; a reader thread answers
   the batches in order. Several batches can be in flight, so the consumer fetches the next
   one while the child decodes (measured on two cores: the pipeline alone 20.1k -> 21.6k
@@ -29,7 +35,8 @@ Contract of :meth:`DecodeWorker.submit` (and :meth:`DecodeWorker.decode`, which 
   (the consumed records), counted by its back-pressure.
 * The child exits when its input closes, so it never outlives the relay (kill -9 included).
 
-What crosses the pipes, and how: :mod:`relay.stages.decode_pipe`.
+What crosses the pipes, and how: :mod:`relay.stages.decode_pipe`; the child's side:
+:mod:`relay.stages.decode_child`.
 """
 
 from __future__ import annotations
@@ -37,35 +44,30 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import queue
-import struct
 import subprocess
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import IO
 
-from relay.events import LineageEvent
+from relay.events import LineageEvent, Rejection
 from relay.logs import log_event
-from relay.memory import release_after, tune_malloc
-from relay.stages.decode import decode_fields, decode_record
+from relay.stages.decode import DECODER_CRASHED, decode_record
 from relay.stages.decode_pipe import (
     Decoded,
-    Inbox,
-    compact,
     expand,
     grow_pipe,
     read_frame,
-    read_values,
-    write_frame,
     write_values,
 )
 
 log = logging.getLogger("relay.decode_worker")
 
-#: Consecutive failures after which decoding stays in this process.
+#: Children in a row that died or answered garbage before any answer, after which decoding
+#: stays in this process.
 _MAX_FAILURES = 3
 #: The child's scheduling priority, below the relay's: delivery is the latency-critical
 #: path, and decoding runs ahead of it (a backlog of up to ``max_pending`` events), so it
@@ -76,9 +78,6 @@ _NICE = 10
 #: so that the child runs only on CPU nobody else wants and never delays the event loop
 #: (where there is no SCHED_IDLE, ``idle`` is ``low``).
 PRIORITIES = ("low", "idle")
-#: The child's GIL switch interval: its input thread waits at most this long for the GIL
-#: after each read (the default 5 ms, per read of a 1 MiB pipe, starved the decoder).
-_CHILD_SWITCH_S = 0.0002
 
 
 class DecodeWorker:
@@ -160,24 +159,33 @@ class DecodeWorker:
                 child.shutdown()
 
     # -- helpers ---------------------------------------------------------------------
-    def _submit_chunk(self, chunk: Sequence[bytes | None], batch: _Batch, index: int) -> None:
-        with self._lock:
-            child = None
-            if not self.in_process:
-                turn = self._turn
-                self._turn = (turn + 1) % len(self._children)
-                child = self._children[turn]
-                if child is None or child.dead:
-                    child = self._children[turn] = self._spawn()
-                child.pending.append((chunk, batch, index))  # before the write: the reader may answer at once
-        if child is None:
-            batch.part_done(index, self._decode_here(chunk))
+    def _submit_chunk(self, chunk: Sequence[bytes | None], batch: _Batch, index: int, alone: bool = False) -> None:
+        """Send ``chunk`` to the next child (``alone``: a value suspected of killing one,
+        sent by itself). From the consumer's thread, and from a reader's re-sending what its
+        dead child held: a child's write lock keeps its pending list in the order written."""
+        while True:
+            with self._lock:
+                child = None
+                if not self.in_process:
+                    turn = self._turn
+                    self._turn = (turn + 1) % len(self._children)
+                    child = self._children[turn]
+                    if child is None or child.dead:
+                        child = self._children[turn] = self._spawn()
+            if child is None:
+                batch.part_done(index, self._decode_here(chunk))
+                return
+            with child.write_lock:
+                with self._lock:
+                    if child.dead:  # its reader has taken its batches back meanwhile
+                        continue
+                    child.pending.append((chunk, batch, index, alone))  # before the write: answers come at once
+                try:
+                    write_values(child.stdin, chunk)
+                except (OSError, ValueError):
+                    # The child is gone or going: its reader sends again what it held, this included.
+                    child.kill()
             return
-        try:
-            write_values(child.stdin, chunk)
-        except (OSError, ValueError):
-            # The child is gone or going: its reader decodes here what it held, this included.
-            child.kill()
 
     def _chunks(self, values: Sequence[bytes | None]) -> list[Sequence[bytes | None]]:
         chunks, start, size = [], 0, 0
@@ -203,12 +211,21 @@ class DecodeWorker:
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root,
                                                                          os.environ.get("PYTHONPATH"))))}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "relay.stages.decode_worker", str(self._max_bytes), self.priority],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        for pipe in (proc.stdin, proc.stdout):
+        answers_r, answers_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "relay.stages.decode_child", str(self._max_bytes), self.priority,
+                 str(answers_w)],
+                stdin=subprocess.PIPE, stdout=_stray_output(), env=env, close_fds=True, pass_fds=(answers_w,))
+        except BaseException:
+            os.close(answers_r)
+            raise
+        finally:
+            os.close(answers_w)
+        answers = os.fdopen(answers_r, "rb")
+        for pipe in (proc.stdin, answers):
             grow_pipe(pipe)
-        child = _Child(proc)
+        child = _Child(proc, answers)
         child.reader = threading.Thread(target=self._read_answers, args=(child,), name="decode-worker-reader",
                                         daemon=True)
         child.reader.start()
@@ -216,49 +233,103 @@ class DecodeWorker:
 
     def _read_answers(self, child: _Child) -> None:
         """The reader thread of one child: hand its answers over in order; when it dies or
-        answers garbage, decode what it held here and let the next submission spawn anew."""
+        answers garbage, send what it held to a new child (see the module docstring)."""
         assert child.stdout is not None
         error: str | None = None
-        while error is None:
-            try:
-                payload = read_frame(child.stdout)
-            except (OSError, EOFError, ValueError) as err:
-                error = f"{type(err).__name__}: {err}"
-                break
-            with self._lock:
-                values, batch, index = child.pending.popleft() if child.pending else (None, None, 0)
-            if batch is None:
-                error = "ValueError: decode worker answered a batch it was never sent"
-                break
-            try:
-                answers = pickle.loads(payload)
-                if len(answers) != len(values):
-                    raise ValueError(f"decode worker answered {len(answers)} results for {len(values)} values")
-                results = [expand(answer, value) for answer, value in zip(answers, values)]
-            except (ValueError, TypeError, pickle.PickleError, struct.error) as err:
-                child.pending.appendleft((values, batch, index))
-                error = f"{type(err).__name__}: {err}"
-                break
-            self._failures = 0
-            batch.part_done(index, results)
-            # Hold nothing while waiting for the next answer: a batch's values can be large.
-            del values, batch, results, answers, payload
+        died = False
+        try:
+            while True:
+                with self._lock:
+                    oldest = child.pending[0] if child.pending else None
+                # Nothing longer than an answer to the oldest chunk can be one: a garbage
+                # length is refused, not allocated.
+                limit = _FRAME_SLACK + (0 if oldest is None else
+                                        sum(_ANSWER_SLACK + 4 * len(v) for v in oldest[0] if v))
+                try:
+                    payload = read_frame(child.stdout, limit)
+                except (OSError, EOFError) as err:
+                    error, died = f"{type(err).__name__}: {err}", True
+                    break
+                with self._lock:
+                    entry = child.pending.popleft() if child.pending else None
+                if entry is None:
+                    error = "ValueError: decode worker answered a batch it was never sent"
+                    break
+                values, batch, index, _alone = entry
+                try:
+                    answers = pickle.loads(payload)
+                    if len(answers) != len(values):
+                        raise ValueError(f"decode worker answered {len(answers)} results for {len(values)} values")
+                    results = [expand(answer, value) for answer, value in zip(answers, values)]
+                except Exception as err:  # noqa: BLE001 - garbage, whatever it raises
+                    with self._lock:
+                        child.pending.appendleft(entry)
+                    error = f"{type(err).__name__}: {err}"
+                    break
+                self._failures = 0
+                child.answered = True
+                batch.part_done(index, results)
+                # Hold nothing while waiting for the next answer: a batch's values can be large.
+                del values, batch, results, answers, payload, entry, oldest
+        except Exception as err:  # noqa: BLE001 - whatever it is, the batches held must be answered
+            error = f"{type(err).__name__}: {err}"
+        self._child_failed(child, error, died)
+
+    def _child_failed(self, child: _Child, error: str | None, died: bool) -> None:
         with self._lock:
             child.dead = True
             orphans = list(child.pending)
             child.pending.clear()
-            expected = self._closed and not orphans
-            if not expected:
+            closing = self._closed
+            expected = closing and not orphans
+            if not expected and not child.answered:
                 self._failures += 1
             failures = self._failures
         if not expected:
             child.kill()
         child.reap()
-        if not expected:
-            log_event(log, logging.WARNING, "decode_worker_failed", error=error, failures=failures,
-                      in_process=failures >= _MAX_FAILURES, batches=len(orphans))
-        for values, batch, index in orphans:
-            batch.part_done(index, self._decode_here(values))
+        if expected:
+            return
+        exit_code = child.proc.returncode
+        log_event(log, logging.WARNING, "decode_worker_failed", error=error, exit_code=exit_code,
+                  failures=failures, in_process=failures >= _MAX_FAILURES, batches=len(orphans))
+        for n, (values, batch, index, alone) in enumerate(orphans):
+            if closing:  # no new child now: decoded here
+                batch.part_done(index, self._decode_here(values))
+            elif n == 0 and died and alone:  # it died on this value alone, in a fresh child
+                log_event(log, logging.ERROR, "decoder_crashed", bytes=len(values[0] or b""), exit_code=exit_code)
+                batch.part_done(index, [Rejection(DECODER_CRASHED, _crash_detail(values[0], exit_code))])
+            elif n == 0 and died:  # what it was decoding: each value again, alone
+                part = _Batch(len(values), partial(_answer_part, batch, index))
+                for i, value in enumerate(values):
+                    self._submit_chunk([value], part, i, alone=True)
+            else:
+                self._submit_chunk(values, batch, index)
+
+
+#: A bound on an answer's length (see _read_answers): per value, and per frame.
+_ANSWER_SLACK = 4096
+_FRAME_SLACK = 1 << 20
+
+
+def _answer_part(batch: _Batch, index: int, results: list[Decoded]) -> None:
+    batch.part_done(index, results)
+
+
+def _crash_detail(value: bytes | None, exit_code: int | None) -> str:
+    how = f"killed by signal {-exit_code}" if exit_code is not None and exit_code < 0 else f"exit code {exit_code}"
+    return (f"the decode worker died decoding this record alone ({how}; the out-of-memory killer?), after "
+            f"dying on the batch that held it: its {len(value or b'')} bytes are under max_event_bytes, but "
+            "parsing it takes more memory than the worker has. Decoded in the relay it would take the relay "
+            "down, at every restart; give the relay more memory and redrive it, or drop it.")
+
+
+def _stray_output() -> int:
+    """Where the child's stdout goes: this process's stderr (never into the answers)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured)
+        return subprocess.DEVNULL
 
 
 class _Batch:
@@ -288,12 +359,14 @@ class _Child:
     """One decode process, its pipes, its reader thread and the batches it holds (oldest
     first). Its stdout is the reader's alone: only the reader closes it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], answers: IO[bytes]) -> None:
         self.proc = proc
         self.stdin = proc.stdin
-        self.stdout = proc.stdout
-        self.pending: deque[tuple[Sequence[bytes | None], _Batch, int]] = deque()
+        self.stdout = answers  # the child's answers (its own stdout goes elsewhere)
+        self.pending: deque[tuple[Sequence[bytes | None], _Batch, int, bool]] = deque()
+        self.write_lock = threading.Lock()
         self.dead = False
+        self.answered = False  # once: the environment works, a death is a record's doing
         self.reader: threading.Thread | None = None
 
     def kill(self) -> None:
@@ -327,63 +400,3 @@ class _Child:
             if reader.is_alive():  # a child that does not exit: make it
                 self.kill()
                 reader.join(timeout=5)
-
-
-def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
-    """The child's loop: decode each frame of values until the input closes.
-
-    An input thread reads the next chunk while this one is decoded, into the other of two
-    inboxes. The pipe holds 1 MiB at most (without privileges), a fraction of a chunk:
-    reading only between chunks left the decoder waiting for its input and the parent's
-    writer (the relay's consumer thread) blocked meanwhile, and the relay's pipeline alone
-    ran ~25% idle (measured over 90,000 events: 61,000 -> 68,000 events/s with it)."""
-    ready: queue.SimpleQueue[tuple[list[bytes | memoryview | None], int] | BaseException | None] = \
-        queue.SimpleQueue()
-    free: queue.SimpleQueue[int] = queue.SimpleQueue()  # inboxes no batch's views point into
-    inboxes = (Inbox(), Inbox())
-    for index in range(len(inboxes)):
-        free.put(index)
-
-    def read_ahead() -> None:
-        try:
-            while True:
-                index = free.get()
-                ready.put((read_values(inp, inboxes[index]), index))
-        except EOFError:
-            ready.put(None)
-        except BaseException as err:  # noqa: BLE001 - handed over: the child exits with it
-            ready.put(err)
-
-    threading.Thread(target=read_ahead, name="decode-worker-input", daemon=True).start()
-    while True:
-        item = ready.get()
-        if item is None:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        values, index = item
-        # No answer holds a value (a JSON body that is the value is sent as None): the views
-        # into the inbox are gone before it is given back for another batch.
-        answers = [compact(decode_fields(v, max_bytes=max_bytes), v) for v in values]
-        largest = max((len(v) for v in values if v), default=0)
-        del values, item
-        free.put(index)
-        write_frame(out, pickle.dumps(answers, protocol=5))
-        release_after(largest)
-
-
-if __name__ == "__main__":
-    import gc
-
-    # Parsed events are acyclic and freed by reference counting (see relay.process.tune_gc).
-    gc.set_threshold(20_000, 20, 20)
-    # The input thread needs the GIL only between reads: hand it over quickly.
-    sys.setswitchinterval(_CHILD_SWITCH_S)
-    tune_malloc()
-    os.nice(_NICE)
-    if sys.argv[2:] == ["idle"] and hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:  # not allowed here (a seccomp profile): stay at _NICE
-            pass
-    serve(int(sys.argv[1]), sys.stdin.buffer, sys.stdout.buffer)

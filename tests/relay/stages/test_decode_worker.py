@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import threading
+import time
 from datetime import UTC, datetime
 
 import orjson
@@ -249,3 +250,64 @@ def test_values_cross_the_pipe_unchanged_however_the_kernel_takes_them(monkeypat
             decode_worker.write_values(out, batch)
         reader.join(timeout=10)
     assert got == batches
+
+
+def test_a_record_whose_parse_kills_the_child_is_dead_lettered_not_decoded_in_the_relay(caplog):
+    """A record under max_event_bytes whose parse takes more memory than the child has
+    (millions of {}): the child dies on its chunk. The chunk's values go again one by one,
+    each to a fresh child; the one that kills a child alone is answered decoder_crashed.
+    It used to be decoded in the relay itself, which then died too, at every restart."""
+    stop = threading.Event()
+
+    def oom_killer() -> None:
+        """As the kernel's: a child past ~150 MB is killed (SIGKILL) at once."""
+        deadline = time.monotonic() + 120
+        while not stop.is_set() and time.monotonic() < deadline:
+            for pid in worker.pids:
+                try:
+                    if psutil.Process(pid).memory_info().rss > 150 << 20:
+                        os.kill(pid, signal.SIGKILL)
+                except (psutil.NoSuchProcess, ProcessLookupError):
+                    pass
+            stop.wait(0.005)
+
+    heavy = b'{"a": [' + b"{}," * 3_000_000 + b"{}]}"  # ~9 MB, ~300 MB parsed
+    good = [v for v in values() if v is not None and 0 < len(v) <= MAX]
+    batch = [*good[:3], heavy, *good[3:]]
+    worker = DecodeWorker(max_bytes=16 << 20)
+    worker.start()
+    killer = threading.Thread(target=oom_killer, daemon=True)
+    killer.start()
+    try:
+        got = worker.decode(batch, timeout_s=60)
+        after = worker.decode(good, timeout_s=60)  # a new child serves what comes next
+        in_process = worker.in_process
+    finally:
+        stop.set()
+        killer.join()
+        worker.close()
+    crashed = got[3]
+    assert type(crashed) is Rejection and crashed.reason == "decoder_crashed", crashed
+    assert f"{len(heavy)} bytes" in crashed.detail
+    want = [decode_record(v, max_bytes=16 << 20) for v in good]
+    assert [same(g, w) for g, w in zip(got[:3] + got[4:], want)] == [True] * len(want)
+    assert [same(g, w) for g, w in zip(after, want)] == [True] * len(want)
+    assert not in_process
+    assert caplog.text.count("decoder_crashed") >= 1
+
+
+def test_whatever_else_writes_to_the_childs_stdout_never_mixes_with_its_answers(tmp_path, monkeypatch):
+    """A sitecustomize (an APM agent...) printing at the child's start: its stdout carried
+    the answers, so the text was read as a frame length and the batch never answered."""
+    (tmp_path / "sitecustomize.py").write_text("print('agent 1.2.3 loaded', flush=True)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    batch = [v for v in values() if v is None or len(v) <= MAX]
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        got = worker.decode(batch, timeout_s=30)
+        in_process = worker.in_process
+    finally:
+        worker.close()
+    assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(got, batch)] == [True] * len(batch)
+    assert not in_process
