@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import orjson
@@ -93,6 +93,16 @@ class Failure:
 OnDelivered = Callable[[LineageEvent], None]
 #: Called when it did not; its chain goes on (the relay dead-letters and goes on too).
 OnFailed = Callable[[Failure], None]
+#: The body to send for an event whose ``body`` was not kept (read back when it is sent);
+#: raising :class:`BodyUnavailable` fails that event alone.
+LoadBody = Callable[[LineageEvent], Awaitable[bytes]]
+
+#: Failure reason: the event's body could not be read back.
+BODY_UNAVAILABLE = "body_unavailable"
+
+
+class BodyUnavailable(Exception):
+    """A :data:`LoadBody` could not give the event's body; the message says why."""
 
 
 #: Attempts per event for the operator commands when neither ``--max-attempts`` nor the
@@ -133,13 +143,23 @@ class BatchDelivery:
         return int(value or 0)
 
     async def run(self, chains: list[list[LineageEvent]], *, on_delivered: OnDelivered,
-                  on_failed: OnFailed) -> None:
+                  on_failed: OnFailed, load_body: LoadBody | None = None) -> None:
+        """Send ``chains``; with ``load_body``, each event's body is asked for right
+        before it is sent (so at most ``concurrency`` bodies are held)."""
         queue = deque(chains)
 
         async def worker() -> None:
             while queue:
                 for event in queue.popleft():
-                    failure = await self._deliver(event)
+                    if load_body is None:
+                        body = event.body
+                    else:
+                        try:
+                            body = await load_body(event)
+                        except BodyUnavailable as err:
+                            on_failed(Failure(event, BODY_UNAVAILABLE, str(err)))
+                            continue
+                    failure = await self._deliver(event, body)
                     if failure is None:
                         on_delivered(event)
                     else:
@@ -153,8 +173,7 @@ class BatchDelivery:
         finally:
             await self._http.close()
 
-    async def _deliver(self, event: LineageEvent) -> Failure | None:
-        body = event.body
+    async def _deliver(self, event: LineageEvent, body: bytes) -> Failure | None:
         if self._rewriter is not None:
             result = self._rewriter.apply(orjson.loads(body), original=body)
             if result.rejection is not None:

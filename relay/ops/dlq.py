@@ -1,7 +1,8 @@
 """``lineage-relay dlq list|redrive``: inspect the dead-letter topic and re-drive records.
 
 ``list`` groups the records by reason (count, first/last offset, collectors, a sample
-detail) and with ``--show`` prints them. ``redrive`` re-sends selected records after the
+detail) and with ``--show`` prints them, each as it is read (then the summary): it holds
+no record, however large the topic. ``redrive`` re-sends selected records after the
 cause was fixed, once (:mod:`relay.ops.redrive`). Both commands read with ``assign()``
 and never touch the relay's consumer group.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from confluent_kafka import KafkaException
@@ -19,58 +21,97 @@ from relay.config import RelayConfig, load_config
 from relay.errors import ConfigError
 from relay.logs import setup_logging
 from relay.ops import OpsError, kafka_error_text
-from relay.ops.dead_letters import DeadLetter, scan
-from relay.ops.kafka_range import open_consumer
+from relay.ops.dead_letters import DeadLetter, DeadLetterScan
+from relay.ops.kafka_range import LARGE_RECORD_OVERRIDES, open_consumer
 from relay.ops.ledger import RedriveLedger, group_id
+from relay.ops.progress import ProgressBar
 from relay.ops.redrive import run_redrive
 
 _SHOW_VALUE_CHARS = 1000
 
 
-def render_list(topic: str, records: list[DeadLetter], ledger: RedriveLedger, *, show: bool) -> str:
-    redriven = sum(r.redriven for r in records)
-    positions = ", ".join(f"{p}:{o}" for p, o in sorted(ledger.positions.items()) if o is not None) or "none"
-    lines = [f"dead-letter topic {topic}: {len(records)} record(s), {redriven} re-driven "
-             f"(redrive position {positions}, group {ledger.group_id})"]
-    groups: dict[str, list[DeadLetter]] = defaultdict(list)
-    for record in records:
-        groups[record.reason].append(record)
-    for reason, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        pending = sum(not r.redriven for r in members)
-        collectors = sorted({r.collector for r in members if r.collector}) or ["-"]
-        lines.append(f"{reason:<24} {len(members):>7} record(s) {pending:>7} pending  "
-                     f"offsets {members[0].ref} .. {members[-1].ref}  collectors: {', '.join(collectors)}")
-        lines.append(f"    e.g. {members[0].ref} from {members[0].source or '?'}: {members[0].detail[:200]}")
-    if show:
-        for r in records:
-            state = "re-driven" if r.redriven else "pending"
-            value = (r.value or b"").decode("utf-8", "replace")
-            if len(value) > _SHOW_VALUE_CHARS:
-                value = value[:_SHOW_VALUE_CHARS] + f"... ({len(r.value or b'')} bytes)"
-            if r.value_omitted is not None:
-                value = (f"(omitted: {r.value_omitted} bytes, too large for the dead-letter topic; "
-                         f"the original is at {r.source or '?'})")
-            lines += [f"--- {r.ref} {r.reason} [{state}] collector={r.collector or '-'} source={r.source or '-'} "
+@dataclass
+class ReasonGroup:
+    """The records of one reason, as ``list`` summarises them."""
+
+    first: DeadLetter
+    last: DeadLetter
+    count: int = 0
+    pending: int = 0
+    collectors: set[str] = field(default_factory=set)
+
+
+class DeadLetterListing:
+    """What ``dlq list`` prints, built one record at a time (nothing per record is kept)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, ReasonGroup] = {}
+        self.count = 0
+        self.redriven = 0
+
+    def add(self, record: DeadLetter) -> None:
+        record = replace(record, key=None, value=None)
+        group = self.groups.get(record.reason)
+        if group is None:
+            group = self.groups[record.reason] = ReasonGroup(first=record, last=record)
+        group.last = record
+        group.count += 1
+        group.pending += not record.redriven
+        if record.collector:
+            group.collectors.add(record.collector)
+        self.count += 1
+        self.redriven += record.redriven
+
+    def render(self, topic: str, ledger: RedriveLedger) -> str:
+        positions = ", ".join(f"{p}:{o}" for p, o in sorted(ledger.positions.items()) if o is not None) or "none"
+        lines = [f"dead-letter topic {topic}: {self.count} record(s), {self.redriven} re-driven "
+                 f"(redrive position {positions}, group {ledger.group_id})"]
+        for reason, group in sorted(self.groups.items(), key=lambda kv: -kv[1].count):
+            collectors = sorted(group.collectors) or ["-"]
+            lines.append(f"{reason:<24} {group.count:>7} record(s) {group.pending:>7} pending  "
+                         f"offsets {group.first.ref} .. {group.last.ref}  collectors: {', '.join(collectors)}")
+            lines.append(f"    e.g. {group.first.ref} from {group.first.source or '?'}: {group.first.detail[:200]}")
+        return "\n".join(lines)
+
+
+def render_record(r: DeadLetter) -> str:
+    """One record as ``list --show`` prints it (the value cut to a thousand characters)."""
+    state = "re-driven" if r.redriven else "pending"
+    value = (r.value or b"")[:_SHOW_VALUE_CHARS * 4].decode("utf-8", "replace")
+    if len(value) > _SHOW_VALUE_CHARS:
+        value = value[:_SHOW_VALUE_CHARS] + f"... ({len(r.value or b'')} bytes)"
+    if r.value_omitted is not None:
+        value = (f"(omitted: {r.value_omitted} bytes, too large for the dead-letter topic; "
+                 f"the original is at {r.source or '?'})")
+    return "\n".join([f"--- {r.ref} {r.reason} [{state}] collector={r.collector or '-'} source={r.source or '-'} "
                       f"at={r.relay_time or '-'}",
                       f"    detail: {r.detail}",
                       f"    key: {(r.key or b'').decode('utf-8', 'replace')}",
-                      f"    value: {value}"]
-    return "\n".join(lines)
+                      f"    value: {value}"])
 
 
 def run_list(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -> int:
-    consumer = open_consumer(config.kafka, group_id(config.kafka))
+    """Read the topic once, printing each record as it comes (``--show``), then the
+    summary: no record is held, whatever the size of the topic."""
+    listing = DeadLetterListing()
+    consumer = open_consumer(config.kafka, group_id(config.kafka), overrides=LARGE_RECORD_OVERRIDES)
     try:
         ledger = RedriveLedger(config.kafka, consumer)
-        records, _, _ = scan(config, consumer, ledger, from_position=False, stream=stream,
-                             keep_value=lambda r: args.show and args.reason in (None, r.reason))
+        scan = DeadLetterScan(config, consumer, ledger, from_position=False)
+        keep = (lambda r: args.reason in (None, r.reason)) if args.show else (lambda r: False)
+        with ProgressBar("dlq: reading", scan.size, stream=stream) as bar, \
+                closing(scan.records(keep_value=keep, progress=bar.advance)) as records:
+            for record in records:
+                if args.reason and record.reason != args.reason:
+                    continue
+                if args.limit is not None and listing.count >= args.limit:
+                    break
+                listing.add(record)
+                if args.show:
+                    print(render_record(record))
     finally:
         consumer.close()
-    if args.reason:
-        records = [r for r in records if r.reason == args.reason]
-    if args.limit is not None:
-        records = records[:args.limit]
-    print(render_list(config.kafka.dlq_topic, records, ledger, show=args.show))
+    print(listing.render(config.kafka.dlq_topic, ledger))
     return 0
 
 

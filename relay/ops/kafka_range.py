@@ -26,11 +26,21 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from relay.config import KafkaConfig
 from relay.kafka_log import with_log
-from relay.ops import OpsError
+from relay.ops import OpsError, kafka_error_text
 
+#: How long one request to the broker (metadata, offsets) may take.
 _TIMEOUT_S = 15.0
+#: How long a read may go without a record before it gives up.
 _STALL_S = 60.0
+#: Said when the broker did not answer (the relay's offset check reads with these too).
+UNREACHABLE_HINT = "is the broker reachable?"
 _BATCH = 1000
+#: For topics of large records (dead letters of tens of MB): consumer properties that fetch
+#: ahead about 4 MB (librdkafka's default is 64 MB; some brokers answer a fetch with more
+#: than asked), and the bytes of records to take from the consumer at once
+#: (``read(batch_bytes=...)``; one consume() hands a whole batch to Python).
+LARGE_RECORD_OVERRIDES = {"queued.max.messages.kbytes": "4096"}
+LARGE_RECORD_BATCH_BYTES = 4 << 20
 #: Consumer properties an assign-only reader must not take from the relay's config.
 _GROUP_KEYS = ("group.", "partition.assignment.strategy", "group.protocol", "enable.auto.", "auto.commit.",
                "group.instance.id")
@@ -122,7 +132,8 @@ def partitions_of(consumer: Consumer, topic: str, *, missing_ok: bool = False) -
     try:
         md = consumer.list_topics(topic, timeout=_TIMEOUT_S)
     except KafkaException as err:
-        raise OpsError(f"cannot read metadata of topic {topic!r}: {err}") from err
+        raise OpsError(f"cannot read metadata of topic {topic!r}: {kafka_error_text(err)}; "
+                       f"{UNREACHABLE_HINT}") from err
     meta = md.topics.get(topic)
     if missing_ok and (meta is None or (meta.error is not None
                                         and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)):
@@ -144,7 +155,8 @@ def watermarks(consumer: Consumer, topic: str, partitions: list[int], *,
             marks[p] = consumer.get_watermark_offsets(TopicPartition(topic, p),
                                                       timeout=max(0.1, deadline - time.monotonic()))
         except KafkaException as err:
-            raise OpsError(f"cannot read the offsets of {topic}/{p}: {err}") from err
+            raise OpsError(f"cannot read the offsets of {topic}/{p}: {kafka_error_text(err)}; "
+                           f"{UNREACHABLE_HINT}") from err
     consumer.assign([TopicPartition(topic, p, max(lo, hi - 1)) for p, (lo, hi) in marks.items()])
     try:
         waiting = set(partitions)
@@ -157,7 +169,7 @@ def watermarks(consumer: Consumer, topic: str, partitions: list[int], *,
                     waiting.discard(msg.partition())
         if waiting:
             raise OpsError(f"could not confirm the end of {topic} partitions {sorted(waiting)} "
-                           f"within {timeout_s:g}s; is the broker reachable?")
+                           f"within {timeout_s:g}s; {UNREACHABLE_HINT}")
     finally:
         consumer.unassign()
     return marks
@@ -188,7 +200,8 @@ def resolve(consumer: Consumer, topic: str, *, from_offsets: dict[int, int] | No
             found = consumer.offsets_for_times([TopicPartition(topic, p, from_ms) for p in partitions],
                                                timeout=_TIMEOUT_S)
         except KafkaException as err:
-            raise OpsError(f"cannot look up offsets by time in {topic}: {err}") from err
+            raise OpsError(f"cannot look up offsets by time in {topic}: {kafka_error_text(err)}; "
+                           f"{UNREACHABLE_HINT}") from err
         # -1: no record at or after the time; the partition contributes nothing.
         starts = {tp.partition: (tp.offset if tp.offset >= 0 else marks[tp.partition][1]) for tp in found}
     ranges = []
@@ -209,14 +222,18 @@ class OutOfTime(OpsError):
 
 def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
          progress: Callable[[int], None] = lambda n: None, deadline: float | None = None,
-         stop: Callable[[], bool] | None = None) -> Generator[Message, None, None]:
+         stop: Callable[[], bool] | None = None, batch_bytes: int | None = None) -> Generator[Message, None, None]:
     """Yield every record in ``ranges``, partition by partition in offset order.
 
     ``progress(n)`` is told how many offsets were covered (records yielded, skipped by
     timestamp, or a partition's remainder when it ends early), adding up to the sum of
     the ranges' ``size``. Past ``deadline`` (``time.monotonic()``), or once ``stop()``
     says so (asked before each fetch, at least every 0.1 s, records or not), it raises
-    :class:`OutOfTime`. The consumer is left unassigned."""
+    :class:`OutOfTime`. The consumer is left unassigned.
+
+    Records are taken from the consumer in batches, each held at once in memory: with
+    ``batch_bytes``, batches of about that many bytes (at least one record), sized on the
+    records seen so far, rather than of up to a thousand records."""
     pending = {r.partition: r for r in ranges if r.size > 0}
     started = {p: r.from_ms is None for p, r in pending.items()}
     covered = {p: r.start for p, r in pending.items()}
@@ -224,15 +241,21 @@ def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
         return
     consumer.assign([TopicPartition(topic, p, r.start) for p, r in pending.items()])
 
+    paused: list[int] = []
+
     def finish(p: int) -> None:
         r = pending.pop(p)
         progress(r.end - covered[p])
         consumer.pause([TopicPartition(topic, p)])
+        paused.append(p)
 
     def cover(p: int, offset: int) -> None:
         progress(offset + 1 - covered[p])
         covered[p] = offset + 1
 
+    # Start with one record when batches are bounded in bytes: their size is not known yet.
+    count = _BATCH if batch_bytes is None else 1
+    seen_bytes = seen_records = 0
     try:
         last_progress = time.monotonic()
         while pending:
@@ -240,10 +263,14 @@ def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
                 raise OutOfTime(f"reading {topic} out of time", sorted(pending))
             if stop is not None and stop():
                 raise OutOfTime(f"reading {topic} stopped", sorted(pending))
-            messages = consumer.consume(_BATCH, 0.1)
+            messages = consumer.consume(count, 0.1)
+            if batch_bytes is not None and messages:
+                seen_bytes += sum(len(m.value() or b"") for m in messages)
+                seen_records += len(messages)
+                count = max(1, min(_BATCH, batch_bytes * seen_records // max(1, seen_bytes)))
             if not messages and time.monotonic() - last_progress > _STALL_S:
                 where = ", ".join(f"{topic}/{p} at {covered[p]} (end {r.end})" for p, r in pending.items())
-                raise OpsError(f"no records arrived for {_STALL_S:g}s while reading {where}")
+                raise OpsError(f"no records arrived for {_STALL_S:g}s while reading {where}; {UNREACHABLE_HINT}")
             for msg in messages:
                 p = msg.partition()
                 r = pending.get(p)
@@ -278,6 +305,8 @@ def read(consumer: Consumer, topic: str, ranges: list[PartitionRange], *,
                 if offset + 1 >= r.end:
                     finish(p)
     finally:
+        # A paused partition stays paused through unassign(): reading it again would wait for ever.
+        consumer.resume([TopicPartition(topic, p) for p in paused])
         consumer.unassign()
 
 

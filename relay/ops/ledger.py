@@ -9,6 +9,11 @@ Two parts, both written only after the record reached its destination:
   ``--offsets``) or a failed delivery leaves records behind it, so the position cannot
   pass them; the markers remember the selected records re-driven beyond them. A consumer
   group's commit metadata could hold this, but not every Kafka-compatible broker keeps it.
+* **collector markers** in the same topic (key ``<dlq topic>/<partition>/<offset>/<collector>``):
+  a record meant for several collectors (one dead-lettered before any collector saw it)
+  that reached only some of them stays pending, and these say which already have it, so
+  that the next redrive sends it to the others only. (A reader that knows only record
+  markers skips these keys: their offset part is not a number.)
 
 A marker is produced (and acknowledged) right after its record's delivery, before the
 position is committed, so a crash in between costs at most the deliveries in flight:
@@ -18,21 +23,26 @@ Two redrives running at the same time are not coordinated; run one at a time.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from relay.config import KafkaConfig
 from relay.kafka_log import with_log
-from relay.ops import OpsError
-from relay.ops.kafka_range import PartitionRange, partitions_of, read, watermarks
-from relay.source.admin import create_topic
+from relay.ops import OpsError, kafka_error_text
+from relay.ops.kafka_range import UNREACHABLE_HINT, PartitionRange, partitions_of, read, watermarks
+from relay.source.admin import connection_properties, create_topic
 
+#: How long one request to the broker (read or commit the position) may take.
 _TIMEOUT_S = 15.0
+#: How long the markers of a run may take to be acknowledged.
+_ACK_TIMEOUT_S = 60.0
 _CONNECTION_KEYS = ("security.", "sasl.", "ssl.", "client.")
 
 
@@ -69,6 +79,8 @@ class RedriveLedger:
         #: partition -> committed position (None: nothing committed yet).
         self.positions: dict[int, int | None] = {}
         self._marked: set[tuple[int, int]] = set()
+        #: (partition, offset) -> collectors a pending record was re-driven to.
+        self._delivered: dict[tuple[int, int], set[str]] = {}
         self._producer: Producer | None = None
         self._unacked = 0
         self._errors: list[str] = []
@@ -77,26 +89,31 @@ class RedriveLedger:
         try:
             got = self._consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=_TIMEOUT_S)
         except KafkaException as err:
-            raise OpsError(f"cannot read the position of group {self.group_id}: {err}") from err
+            raise OpsError(f"cannot read the redrive position of group {self.group_id}: {kafka_error_text(err)}; "
+                           f"{UNREACHABLE_HINT}") from err
         self.positions = {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
-        self._marked = self._read_markers()
+        self._read_markers()
 
-    def _read_markers(self) -> set[tuple[int, int]]:
+    def _read_markers(self) -> None:
+        self._marked, self._delivered = set(), {}
         partitions = partitions_of(self._consumer, self.marker_topic, missing_ok=True)
         if not partitions:
-            return set()  # no redrive has written markers yet
+            return  # no redrive has written markers yet
         marks = watermarks(self._consumer, self.marker_topic, partitions)
         ranges = [PartitionRange(p, lo, hi) for p, (lo, hi) in marks.items()]
         prefix = f"{self.topic}/"
-        marked: set[tuple[int, int]] = set()
         for msg in read(self._consumer, self.marker_topic, ranges):
             key = (msg.key() or b"").decode("utf-8", "replace")
             if not key.startswith(prefix) or msg.value() is None:
                 continue  # another topic's, or a tombstone
-            partition, _, offset = key[len(prefix):].partition("/")
-            if partition.isdigit() and offset.isdigit():
-                marked.add((int(partition), int(offset)))
-        return marked
+            partition, _, rest = key[len(prefix):].partition("/")
+            offset, _, collector = rest.partition("/")
+            if not (partition.isdigit() and offset.isdigit()):
+                continue
+            if collector:
+                self._delivered.setdefault((int(partition), int(offset)), set()).add(collector)
+            else:
+                self._marked.add((int(partition), int(offset)))
 
     def start_offset(self, partition: int, low: int) -> int:
         """Where a redrive reads from: the position, or the log start."""
@@ -106,6 +123,10 @@ class RedriveLedger:
     def is_done(self, partition: int, offset: int) -> bool:
         position = self.positions.get(partition)
         return (position is not None and offset < position) or (partition, offset) in self._marked
+
+    def delivered_to(self, partition: int, offset: int) -> frozenset[str]:
+        """The collectors that pending record ``partition:offset`` was already re-driven to."""
+        return frozenset(self._delivered.get((partition, offset), ()))
 
     # -- writing -----------------------------------------------------------------------
     def open_for_writing(self) -> None:
@@ -117,14 +138,26 @@ class RedriveLedger:
         except KafkaException as err:
             raise OpsError(f"cannot create the redrive marker topic {self.marker_topic}: {err}; "
                            f"create it (compacted) or grant the right to") from err
+        except concurrent.futures.TimeoutError as err:
+            raise OpsError(f"the broker did not answer the creation of the redrive marker topic "
+                           f"{self.marker_topic} within {_TIMEOUT_S:g}s; {UNREACHABLE_HINT}") from err
         conf: dict[str, Any] = {**props, "bootstrap.servers": self.kafka.bootstrap_servers,
                                 "enable.idempotence": True, "acks": "all", "linger.ms": 20}
         self._producer = Producer(with_log(conf))
 
     def mark(self, partition: int, offset: int, how: str) -> None:
         """Remember that record ``partition:offset`` was re-driven (``how``: where to)."""
-        assert self._producer is not None, "open_for_writing() first"
         self._marked.add((partition, offset))
+        self._produce(f"{self.topic}/{partition}/{offset}", partition, offset, how)
+
+    def mark_collector(self, partition: int, offset: int, collector: str) -> None:
+        """Remember that record ``partition:offset``, still pending for other collectors,
+        reached ``collector``."""
+        self._delivered.setdefault((partition, offset), set()).add(collector)
+        self._produce(f"{self.topic}/{partition}/{offset}/{collector}", partition, offset, f"collector:{collector}")
+
+    def _produce(self, key: str, partition: int, offset: int, how: str) -> None:
+        assert self._producer is not None, "open_for_writing() first"
         value = orjson.dumps({"redriven_at": datetime.now(timezone.utc).isoformat(), "to": how})
 
         def acked(err: KafkaError | None, _msg: Any) -> None:
@@ -132,24 +165,30 @@ class RedriveLedger:
             if err is not None:
                 self._errors.append(f"{partition}:{offset}: {err}")
 
-        self._unacked += 1
+        deadline = time.monotonic() + _ACK_TIMEOUT_S
         while True:
             try:
-                self._producer.produce(self.marker_topic, key=f"{self.topic}/{partition}/{offset}".encode(),
-                                       value=value, on_delivery=acked)
+                self._producer.produce(self.marker_topic, key=key.encode(), value=value, on_delivery=acked)
+                self._unacked += 1
                 break
             except BufferError:
+                # The queue is full of markers the broker has not acknowledged: wait for
+                # room, not for ever (checkpoint() reports the marker as not written).
+                if time.monotonic() > deadline:
+                    self._errors.append(f"{partition}:{offset}: no room to queue it, the broker acknowledged "
+                                        f"no marker for {_ACK_TIMEOUT_S:g}s")
+                    break
                 self._producer.poll(0.1)
         self._producer.poll(0)
 
-    def checkpoint(self, read_offsets: dict[int, list[int]], lows: dict[int, int]) -> dict[int, int]:
+    def checkpoint(self, read_offsets: Mapping[int, Iterable[int]], lows: dict[int, int]) -> dict[int, int]:
         """Wait for every marker, then commit the group position over what is done.
 
         ``read_offsets``: the offsets of the records read, per partition, ascending.
         Returns the committed positions. Raises if a marker could not be written (the
         position is then not moved, so nothing is forgotten)."""
         if self._producer is not None:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + _ACK_TIMEOUT_S
             while self._unacked and time.monotonic() < deadline:
                 self._producer.flush(1.0)
             if self._unacked or self._errors:
@@ -163,11 +202,36 @@ class RedriveLedger:
             if new != committed and not (committed is None and new == start):
                 commits[partition] = new
         if commits:
-            try:
-                self._consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in commits.items()],
-                                      asynchronous=False)
-            except KafkaException as err:
-                raise OpsError(f"cannot commit the redrive position of group {self.group_id}: {err}; "
-                               f"the markers still prevent a second delivery") from err
+            self._commit(commits)
             self.positions.update(commits)
         return commits
+
+    def _commit(self, commits: dict[int, int]) -> None:
+        """Commit the group's position, or raise within about :data:`_TIMEOUT_S`.
+
+        Through the admin API, not the consumer: a consumer's commit waits for the group
+        coordinator with no time limit (a broker that stopped answering hung the command,
+        and the consumer's close behind it), where an admin request ends at its timeout."""
+        fix = (f"the records re-driven are remembered by their markers in {self.marker_topic} and will not "
+               f"be sent again: run the command again once the broker answers")
+        admin = AdminClient(with_log({**connection_properties(self.kafka.consumer_properties),
+                                      "bootstrap.servers": self.kafka.bootstrap_servers}))
+        request = ConsumerGroupTopicPartitions(
+            self.group_id, [TopicPartition(self.topic, p, o) for p, o in sorted(commits.items())])
+        try:
+            future = admin.alter_consumer_group_offsets([request], request_timeout=_TIMEOUT_S)[self.group_id]
+            done = future.result(timeout=_TIMEOUT_S + 5)
+        except KafkaException as err:
+            raise OpsError(f"cannot commit the redrive position of group {self.group_id}: "
+                           f"{kafka_error_text(err)}; {fix}") from err
+        except concurrent.futures.TimeoutError as err:
+            raise OpsError(f"cannot commit the redrive position of group {self.group_id}: the broker did not "
+                           f"answer within {_TIMEOUT_S:g}s; {fix}") from err
+        finally:
+            # As in relay.source.admin.create_topic: a failed future's traceback would keep
+            # the client alive until the next cyclic collection.
+            future = admin = None  # type: ignore[assignment]
+        refused = [f"{tp.partition}: {tp.error.str()}" for tp in done.topic_partitions if tp.error is not None]
+        if refused:
+            raise OpsError(f"cannot commit the redrive position of group {self.group_id} "
+                           f"(partition {', '.join(refused)}); {fix}")

@@ -7,30 +7,29 @@ record. A dead letter written without its value (header ``value_omitted``) is re
 from the original, read back from the source topic at ``source``; one no longer there
 (retention) is a failure naming where it was. A record is re-driven at most once, across
 runs (:mod:`relay.ops.ledger`); records that fail again stay pending for the next redrive.
+
+Memory does not grow with the size of the records: the dead-letter topic is read once, and
+of each selected record only what orders its run is kept; its value is read back right
+before it is sent (:mod:`relay.ops.redrive_targets`). What is kept per selected record is
+small (offsets, headers but the detail, run id, type, time, digest), so memory still grows
+with their number, not with their size.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import time
-from collections import defaultdict
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-
 from relay.config import RelayConfig
-from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
-from relay.kafka_log import with_log
-from relay.ops import OpsError, kafka_error_text
-from relay.ops.dead_letters import DeadLetter, scan
-from relay.ops.delivery import BatchDelivery, Failure, collector_config, plan
-from relay.ops.kafka_range import PartitionRange, open_consumer, parse_refs, read, watermarks
+from relay.ops import OpsError
+from relay.ops.dead_letters import DeadLetter, DeadLetterScan
+from relay.ops.kafka_range import LARGE_RECORD_OVERRIDES, open_consumer, parse_refs
 from relay.ops.ledger import RedriveLedger, group_id
 from relay.ops.progress import ProgressBar
-from relay.stages.decode import decode_record
-from relay.stages.route import Router
+from relay.ops.redrive_targets import CollectorRedrive, TopicRedrive
+from relay.ops.stored_values import StoredValues
 
 _FAILURES_SHOWN = 20
 
@@ -66,186 +65,46 @@ class RedriveSummary:
         return "\n".join(lines)
 
 
-def select(records: list[DeadLetter], args: argparse.Namespace, ledger: RedriveLedger,
-           summary: RedriveSummary) -> list[DeadLetter]:
-    """The records to re-drive: matching ``--reason``/``--offsets`` and not re-driven yet."""
-    wanted = set(parse_refs(args.offsets, "--offsets")) if args.offsets else None
-    chosen = []
-    for r in records:
+class Selection:
+    """Which records a redrive takes: matching ``--reason``/``--offsets`` and not re-driven
+    yet. Counts each record it is shown in the summary."""
+
+    def __init__(self, args: argparse.Namespace, summary: RedriveSummary) -> None:
+        self._reason = args.reason
+        self._wanted = set(parse_refs(args.offsets, "--offsets")) if args.offsets else None
+        self._seen: set[tuple[int, int]] = set()
+        self._summary = summary
+
+    def matches(self, record: DeadLetter) -> bool:
+        return not record.redriven and self._selected(record)
+
+    def _selected(self, r: DeadLetter) -> bool:
+        return ((not self._reason or r.reason == self._reason)
+                and (self._wanted is None or (r.partition, r.offset) in self._wanted))
+
+    def take(self, record: DeadLetter) -> bool:
+        """Whether to re-drive ``record`` (each record of the scan, once)."""
+        summary = self._summary
         summary.scanned += 1
-        if (args.reason and r.reason != args.reason) or (wanted is not None and (r.partition, r.offset) not in wanted):
+        if self._wanted is not None and (record.partition, record.offset) in self._wanted:
+            self._seen.add((record.partition, record.offset))
+        if not self._selected(record):
             summary.not_selected += 1
-        elif r.redriven:
+            return False
+        if record.redriven:
             summary.already += 1
-        else:
-            chosen.append(r)
-    if wanted is not None:
-        seen = {(r.partition, r.offset) for r in records}
-        for p, o in sorted(wanted - seen):
+            return False
+        return True
+
+    def finish(self, ledger: RedriveLedger) -> None:
+        """After the scan: ``--offsets`` not read are re-driven already, or missing."""
+        if self._wanted is None:
+            return
+        for p, o in sorted(self._wanted - self._seen):
             if ledger.is_done(p, o):
-                summary.already += 1  # below the redrive position: not even read
+                self._summary.already += 1  # below the redrive position: not even read
             else:
-                summary.missing.append(f"{p}:{o}")
-    return chosen
-
-
-def fetch_originals(consumer: Consumer, chosen: list[DeadLetter], summary: RedriveSummary) -> list[DeadLetter]:
-    """``chosen``, each dead letter written without its value given the original's, read
-    back from the source topic; one no longer there is a failure (and left out)."""
-    out = []
-    for record in chosen:
-        if record.value_omitted is None or record.value is not None:
-            out.append(record)
-            continue
-        position = SourceRef.parse(record.source)
-        if position is None:
-            summary.failures.append((record, f"its value was omitted ({record.value_omitted} bytes) and its "
-                                             f"source {record.source!r} names no record to read it from"))
-            continue
-        topic, partition, offset = position
-        (low, high), = watermarks(consumer, topic, [partition]).values()
-        original = None
-        if low <= offset < high:
-            original = next((m for m in read(consumer, topic, [PartitionRange(partition, offset, offset + 1)])
-                             if m.offset() == offset), None)
-        if original is None or original.value() is None:
-            summary.failures.append((record, f"its value was omitted ({record.value_omitted} bytes) and the "
-                                             f"original is no longer at {record.source} (offsets {low}..{high - 1} "
-                                             f"remain): it cannot be re-driven"))
-            continue
-        record.value = original.value()
-        out.append(record)
-    return out
-
-
-def to_topic(config: RelayConfig, chosen: list[DeadLetter], ledger: RedriveLedger | None,
-             summary: RedriveSummary, bar: ProgressBar) -> None:
-    """Produce each record back to its source topic (the first configured topic when
-    the source is not one the relay consumes), then mark it."""
-    if ledger is None:  # dry run
-        summary.redriven += len(chosen)
-        bar.advance(len(chosen))
-        return
-    topics = config.kafka.topics
-    conf = {**config.kafka.producer_properties, "bootstrap.servers": config.kafka.bootstrap_servers,
-            "enable.idempotence": True, "acks": "all", "linger.ms": 20}
-    producer = Producer(with_log(conf))
-    dlq = config.kafka.dlq_topic
-
-    def done(record: DeadLetter, topic: str, err: KafkaError | None) -> None:
-        bar.advance()
-        if err is not None:
-            summary.failures.append((record, f"producing to {topic} failed: {err}"))
-        else:
-            summary.redriven += 1
-            ledger.mark(record.partition, record.offset, f"topic:{topic}")
-
-    try:
-        for record in chosen:
-            source = SourceRef.parse(record.source)
-            topic = source.topic if source is not None and source.topic in topics else topics[0]
-            headers = [(REDRIVEN_FROM, f"{dlq}/{record.partition}/{record.offset}".encode())]
-            while True:
-                try:
-                    producer.produce(topic, key=record.key, value=record.value, headers=headers,
-                                     on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err))
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            producer.poll(0)
-        # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly.
-        deadline = time.monotonic() + 60
-        while len(producer) and time.monotonic() < deadline:
-            producer.poll(0.1)
-    except KafkaException as err:  # e.g. made fatal by the broker's answer
-        raise OpsError(f"producing to the input topic failed: {kafka_error_text(err)}; what was re-driven "
-                       "before it is remembered: run redrive again") from err
-    if len(producer):
-        raise OpsError("some records were not acknowledged by the broker within 60s; run redrive again")
-
-
-def to_collectors(config: RelayConfig, chosen: list[DeadLetter], args: argparse.Namespace,
-                  ledger: RedriveLedger | None, summary: RedriveSummary, bar: ProgressBar) -> None:
-    """Decode each record and deliver it to its collector(s) in run order; a record is
-    marked once every collector it was meant for has it."""
-    by_name = {c.name: c for c in config.collectors}
-    dlq = config.kafka.dlq_topic
-    routers = [(c.name, Router(c.route, c.event_kinds)) for c in config.collectors]
-    remaining: dict[tuple[int, int], int] = {}
-    # collector -> digest -> records carrying that content (sent once, settles all).
-    per_collector: dict[str, dict[bytes, list[DeadLetter]]] = defaultdict(dict)
-    events: dict[str, list[LineageEvent]] = defaultdict(list)
-    for record in chosen:
-        key = (record.partition, record.offset)
-        result = decode_record(record.value, max_bytes=config.pipeline.max_event_bytes,
-                               source=SourceRef(dlq, record.partition, record.offset))
-        if type(result) is Rejection:
-            summary.failures.append((record, f"still not a valid event ({result.reason}): {result.detail}"))
-            bar.advance()
-            continue
-        name = args.collector or record.collector
-        if name is not None and name not in by_name:
-            summary.failures.append((record, f"collector {name!r} is not in the configuration; "
-                                             f"choose one with --collector"))
-            bar.advance()
-            continue
-        targets = [name] if name else [n for n, router in routers if router.accepts(result) is None]
-        if not targets:
-            summary.not_routed += 1
-            bar.advance()
-            if ledger is not None:
-                ledger.mark(record.partition, record.offset, "no collector")
-            continue
-        remaining[key] = len(targets)
-        for target in targets:
-            sharing = per_collector[target].setdefault(result.digest, [])
-            if not sharing:
-                events[target].append(result)
-            sharing.append(record)
-
-    def delivered(name: str, event: LineageEvent) -> None:
-        for record in per_collector[name][event.digest]:
-            key = (record.partition, record.offset)
-            remaining[key] -= 1
-            if remaining[key] == 0:
-                summary.redriven += 1
-                bar.advance()
-                if ledger is not None:
-                    ledger.mark(record.partition, record.offset, "collector")
-
-    def failed(name: str, failure: Failure) -> None:
-        for record in per_collector[name][failure.event.digest]:
-            key = (record.partition, record.offset)
-            if remaining[key] > 0:
-                remaining[key] = -1  # never marked: it stays pending
-                bar.advance()
-                summary.failures.append((record, f"collector {name}: {failure.reason}: {failure.detail}"))
-
-    async def deliver_all() -> None:
-        jobs = []
-        for name, batch in events.items():
-            delivery = BatchDelivery(collector_config(by_name[name], args.max_attempts), dry_run=args.dry_run)
-            jobs.append(delivery.run(_chains(batch, config.pipeline.ordering.enabled),
-                                     on_delivered=lambda e, n=name: delivered(n, e),
-                                     on_failed=lambda f, n=name: failed(n, f)))
-        await asyncio.gather(*jobs)
-
-    asyncio.run(deliver_all())
-
-
-def _chains(batch: list[LineageEvent], ordered: bool) -> list[list[LineageEvent]]:
-    """Run order, but no event dropped: an operator chose each of these records. A terminal
-    the relay would drop (one after the run's first) goes at the end of its run's chain,
-    never in a chain of its own, which another worker would send alongside the run's START."""
-    result = plan(batch, ordered=ordered)
-    by_run = {chain[0].run_id: chain for chain in result.chains if chain and chain[0].run_id is not None}
-    for event, _reason in result.dropped:
-        chain = by_run.get(event.run_id)
-        if chain is None:
-            result.chains.append([event])
-        else:
-            chain.append(event)
-    return result.chains
+                self._summary.missing.append(f"{p}:{o}")
 
 
 def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -> int:
@@ -257,33 +116,42 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
                        f"configured: {', '.join(c.name for c in config.collectors)}")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise OpsError("--max-attempts must be at least 1")
-    wanted = set(parse_refs(args.offsets, "--offsets")) if args.offsets else None
     summary = RedriveSummary()
-    consumer = open_consumer(config.kafka, group_id(config.kafka))
+    selection = Selection(args, summary)
+    consumer = open_consumer(config.kafka, group_id(config.kafka), overrides=LARGE_RECORD_OVERRIDES)
+    # A second reader, for values read back (originals while the topic is read, every
+    # value while sending): the first one is in the middle of the dead-letter topic.
+    value_reader = open_consumer(config.kafka, group_id(config.kafka), client_id="lineage-relay-ops-values",
+                                 overrides=LARGE_RECORD_OVERRIDES)
     try:
         ledger = RedriveLedger(config.kafka, consumer)
-        records, offsets, lows = scan(
-            config, consumer, ledger, from_position=True, stream=stream,
-            keep_value=lambda r: (not r.redriven and args.reason in (None, r.reason)
-                                  and (wanted is None or (r.partition, r.offset) in wanted)))
-        chosen = select(records, args, ledger, summary)
-        chosen = fetch_originals(consumer, chosen, summary)
+        scan = DeadLetterScan(config, consumer, ledger, from_position=True)
+        values = StoredValues(value_reader, marks={(scan.topic, p): m for p, m in scan.marks.items()})
+        targets: TopicRedrive | CollectorRedrive = (
+            TopicRedrive(config, values, summary) if args.to_topic
+            else CollectorRedrive(config, args, ledger, values, summary))
+        # Values are needed while reading only to decode them for collectors.
+        keep_value = (lambda r: False) if args.to_topic else selection.matches
+        with ProgressBar("dlq: reading", scan.size, stream=stream) as bar, \
+                closing(scan.records(keep_value=keep_value, progress=bar.advance)) as records:
+            for record in records:
+                if selection.take(record):
+                    targets.add(record)
+        selection.finish(ledger)
         writer = None if args.dry_run else ledger
-        if writer is not None and chosen:
+        if writer is not None and targets.count:
             writer.open_for_writing()
         target = "the input topic each record came from" if args.to_topic else \
             f"collector {args.collector}" if args.collector else "the collector named in each record"
         try:
-            with ProgressBar("dlq: re-driving", len(chosen), stream=stream) as bar:
-                if args.to_topic:
-                    to_topic(config, chosen, writer, summary, bar)
-                else:
-                    to_collectors(config, chosen, args, writer, summary, bar)
+            with ProgressBar("dlq: re-driving", targets.count, stream=stream) as bar:
+                targets.run(writer, bar)
         finally:
             # Whatever happened, remember what did get through (markers, then position).
             if writer is not None:
-                summary.committed = writer.checkpoint(offsets, lows)
+                summary.committed = writer.checkpoint(scan.offsets, scan.lows)
     finally:
+        value_reader.close()
         consumer.close()
     print(summary.render(target, args.dry_run, ledger.group_id))
     return 1 if summary.failures or summary.missing else 0

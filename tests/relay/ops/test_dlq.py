@@ -15,8 +15,10 @@ from relay.cli import main as cli
 from relay.config import RelayConfig
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
+from tests.support.dead_letters import write_dead_letters
 from tests.support.kafka import committed_offsets, produce, read_topic
 from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE, proxied_broker
+from tests.support.python_memory import peak_python_memory
 from tests.support.relay import RelayThread, relay_config
 
 pytestmark = pytest.mark.kafka
@@ -246,3 +248,30 @@ def test_a_producer_made_fatal_by_the_broker_fails_redrive_with_the_reason_and_a
         code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--to-topic")
         assert code == 0, out + err
         assert summary_value(out, "re-driven") == 1
+
+
+def test_list_streams_the_records_it_shows_and_holds_none(kafka, tmp_path, capsys):
+    """``list --show`` over 64 dead letters of 900 kB (58 MB) prints every record and the
+    summary while the command's Python memory stays a fraction of the topic: each record
+    is printed as it is read, not held until the end. ``--limit`` stops the read early."""
+    dlq = kafka.new_topic("dlq")
+    values = [str(i).encode() + b"x" * 900_000 for i in range(64)]
+    write_dead_letters(kafka.bootstrap_servers, dlq, [(b"k%d" % i, v) for i, v in enumerate(values)],
+                       reason="collector_rejected", collector="a")
+    config = relay_config(kafka.bootstrap_servers, "ol", {"a": "http://127.0.0.1:9"}, group=kafka.new_group(),
+                          dlq=dlq)
+    path = tmp_path / "relay.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True, exclude_defaults=True)))
+
+    code, peak = peak_python_memory(lambda: cli(["dlq", "list", "--config", str(path), "--show"]))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert len(re.findall(r"^--- 0:\d+ collector_rejected \[pending\] collector=a ", out, re.MULTILINE)) == 64
+    assert "    value: 63xxxxxxx" in out and "... (900002 bytes)" in out
+    assert re.search(r"^collector_rejected\s+64 record\(s\)\s+64 pending\s+offsets 0:0 \.\. 0:63", out, re.MULTILINE)
+    total = sum(map(len, values))
+    assert peak < total * 0.3, f"peak {peak / 1e6:.0f} MB of Python memory for {total / 1e6:.0f} MB of records"
+
+    code, out, _ = run_cli(capsys, "dlq", "list", "--config", str(path), "--show", "--limit", "3")
+    assert code == 0 and len(re.findall(r"^--- ", out, re.MULTILINE)) == 3
+    assert re.search(r"^collector_rejected\s+3 record\(s\)\s+3 pending\s+offsets 0:0 \.\. 0:2", out, re.MULTILINE)

@@ -241,7 +241,7 @@ def test_redrive_sends_a_terminal_the_relay_would_drop_after_its_run_never_besid
     """An operator chose each dead letter, so redrive drops none; a second terminal goes at
     the end of its run's chain, not in a chain of its own that another worker would send
     alongside the run's START."""
-    from relay.ops.redrive import _chains
+    from relay.ops.redrive_targets import _chains
 
     a, b = "0190a5c4-0000-7000-8000-00000000000a", "0190a5c4-0000-7000-8000-00000000000b"
     events = [_event(a, "START", 1, 0), _event(a, "COMPLETE", 5, 1), _event(b, "START", 2, 2),

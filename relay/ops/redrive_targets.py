@@ -1,0 +1,293 @@
+"""Where ``dlq redrive`` sends the records it selected: :class:`CollectorRedrive` (to
+collectors, in run order) and :class:`TopicRedrive` (back to the input topic).
+
+Both work in two steps, so that memory does not grow with the records: ``add`` takes each
+selected record as the dead-letter topic is read and keeps what the step after needs (for
+collectors: what orders the runs -- run, type, time, digest -- and the targets), not its
+value; ``run`` sends them, reading each value back (:class:`relay.ops.stored_values.StoredValues`)
+right before it is sent. Values then held: the read-ahead budget, plus one per request in
+flight (the collectors' ``concurrency``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from relay.config import RelayConfig
+from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
+from relay.kafka_log import with_log
+from relay.ops import OpsError, kafka_error_text
+from relay.ops.dead_letters import DeadLetter
+from relay.ops.delivery import BatchDelivery, BodyUnavailable, Failure, collector_config, plan
+from relay.ops.ledger import RedriveLedger
+from relay.ops.progress import ProgressBar
+from relay.ops.stored_values import StoredValues, ValueGone
+from relay.stages.decode import decode_record
+from relay.stages.route import Router
+
+if TYPE_CHECKING:
+    from relay.ops.redrive import RedriveSummary
+
+#: How long produced records may take to be acknowledged, and a full queue to drain.
+_ACK_TIMEOUT_S = 60.0
+
+
+def _gone(record: DeadLetter, at: SourceRef | None, err: ValueGone | None = None) -> str:
+    """Why the value of ``record`` cannot be read back to be re-driven."""
+    if record.value_omitted is None:
+        return f"it cannot be read back from the dead-letter topic: {err}"
+    if at is None:
+        return (f"its value was omitted ({record.value_omitted} bytes) and its source {record.source!r} "
+                f"names no record to read it from")
+    return (f"its value was omitted ({record.value_omitted} bytes) and the original is no longer there: "
+            f"{err}: it cannot be re-driven")
+
+
+class TopicRedrive:
+    """``--to-topic``: each record produced back to its source topic (the first configured
+    topic when the source is not one the relay consumes), in dead-letter order, then marked."""
+
+    def __init__(self, config: RelayConfig, values: StoredValues, summary: RedriveSummary) -> None:
+        self._config = config
+        self._values = values
+        self._summary = summary
+        self._chosen: list[tuple[DeadLetter, SourceRef]] = []
+
+    @property
+    def count(self) -> int:
+        return len(self._chosen)
+
+    def add(self, record: DeadLetter) -> None:
+        at = record.value_at(self._config.kafka.dlq_topic)
+        if at is None:
+            self._summary.failures.append((record, _gone(record, at)))
+            return
+        record.value, record.detail = None, ""  # read back when produced; the detail is not shown
+        self._values.want(at)
+        self._chosen.append((record, at))
+
+    def run(self, ledger: RedriveLedger | None, bar: ProgressBar) -> None:
+        summary = self._summary
+        if ledger is None:  # dry run
+            summary.redriven += len(self._chosen)
+            bar.advance(len(self._chosen))
+            return
+        topics = self._config.kafka.topics
+        kafka = self._config.kafka
+        conf = {**kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
+                "enable.idempotence": True, "acks": "all", "linger.ms": 20}
+        producer = Producer(with_log(conf))
+
+        def done(record: DeadLetter, topic: str, err: KafkaError | None) -> None:
+            bar.advance()
+            if err is not None:
+                summary.failures.append((record, f"producing to {topic} failed: {err}"))
+            else:
+                summary.redriven += 1
+                ledger.mark(record.partition, record.offset, f"topic:{topic}")
+
+        try:
+            for record, at in self._chosen:
+                try:
+                    value = self._values.get(at)
+                except ValueGone as err:
+                    summary.failures.append((record, _gone(record, at, err)))
+                    bar.advance()
+                    continue
+                source = SourceRef.parse(record.source)
+                topic = source.topic if source is not None and source.topic in topics else topics[0]
+                headers = [(REDRIVEN_FROM, f"{kafka.dlq_topic}/{record.partition}/{record.offset}".encode())]
+                deadline = time.monotonic() + _ACK_TIMEOUT_S
+                while True:
+                    try:
+                        producer.produce(topic, key=record.key, value=value, headers=headers,
+                                         on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err))
+                        break
+                    except BufferError:
+                        if time.monotonic() > deadline:
+                            raise OpsError(f"the broker acknowledged none of the records produced for "
+                                           f"{_ACK_TIMEOUT_S:g}s; is it reachable? What was re-driven before "
+                                           f"is remembered: run redrive again") from None
+                        producer.poll(0.1)
+                producer.poll(0)
+            # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly.
+            deadline = time.monotonic() + _ACK_TIMEOUT_S
+            while len(producer) and time.monotonic() < deadline:
+                producer.poll(0.1)
+        except KafkaException as err:  # e.g. made fatal by the broker's answer
+            raise OpsError(f"producing to the input topic failed: {kafka_error_text(err)}; what was re-driven "
+                           "before it is remembered: run redrive again") from err
+        if len(producer):
+            raise OpsError(f"some records were not acknowledged by the broker within {_ACK_TIMEOUT_S:g}s; "
+                           f"run redrive again")
+
+
+class CollectorRedrive:
+    """Each record decoded and delivered to its collector(s) in run order; a record is
+    marked once every collector it was meant for has it. A record meant for several that
+    reached only some stays pending, with a collector marker for each that has it: the
+    next redrive sends it to the others only."""
+
+    def __init__(self, config: RelayConfig, args: argparse.Namespace, ledger: RedriveLedger,
+                 values: StoredValues, summary: RedriveSummary) -> None:
+        self._config = config
+        self._args = args
+        self._ledger = ledger
+        self._values = values
+        self._summary = summary
+        self._by_name = {c.name: c for c in config.collectors}
+        self._routers = [(c.name, Router(c.route, c.event_kinds)) for c in config.collectors]
+        #: Records to mark before delivering (routed nowhere, or every target has them).
+        self._marks: list[tuple[int, int, str]] = []
+        #: (partition, offset) -> deliveries still to succeed (-1: one failed).
+        self._remaining: dict[tuple[int, int], int] = {}
+        #: Records meant for several collectors: each one that gets it is remembered.
+        self._shared: set[tuple[int, int]] = set()
+        #: Where the value is, for records written without it (else the record itself).
+        self._originals: dict[tuple[int, int], SourceRef] = {}
+        # collector -> digest -> records carrying that content (sent once, settles all).
+        self._per_collector: dict[str, dict[bytes, list[DeadLetter]]] = defaultdict(dict)
+        self._events: dict[str, list[LineageEvent]] = defaultdict(list)
+
+    @property
+    def count(self) -> int:
+        return len(self._remaining) + len(self._marks)
+
+    def add(self, record: DeadLetter) -> None:
+        """Decode ``record`` (its value, or its original's) and plan its deliveries; keep
+        neither the value nor the decoded document."""
+        summary, dlq = self._summary, self._config.kafka.dlq_topic
+        # Neither the key nor the detail is needed any more; the value is read back when sent.
+        value, record.value, record.key, record.detail = record.value, None, None, ""
+        at = record.value_at(dlq)
+        if record.value_omitted is not None:
+            if at is None:
+                summary.failures.append((record, _gone(record, at)))
+                return
+            self._values.want(at)
+            try:
+                value = self._values.get(at)
+            except ValueGone as err:
+                summary.failures.append((record, _gone(record, at, err)))
+                return
+        result = decode_record(value, max_bytes=self._config.pipeline.max_event_bytes,
+                               source=SourceRef(dlq, record.partition, record.offset))
+        del value
+        if type(result) is Rejection:
+            summary.failures.append((record, f"still not a valid event ({result.reason}): {result.detail}"))
+            return
+        name = self._args.collector or record.collector
+        if name is not None and name not in self._by_name:
+            summary.failures.append((record, f"collector {name!r} is not in the configuration; "
+                                             f"choose one with --collector"))
+            return
+        targets = [name] if name else [n for n, router in self._routers if router.accepts(result) is None]
+        if not targets:
+            summary.not_routed += 1
+            self._marks.append((record.partition, record.offset, "no collector"))
+            return
+        have = self._ledger.delivered_to(record.partition, record.offset)
+        if have:
+            targets = [t for t in targets if t not in have]
+            if not targets:  # each got it in an earlier redrive, which ended before marking it
+                summary.already += 1
+                self._marks.append((record.partition, record.offset, "collector"))
+                return
+        key = (record.partition, record.offset)
+        event: LineageEvent = result
+        event.doc, event.body, event.raw = None, b"", None  # type: ignore[assignment] # read back when sent
+        if record.value_omitted is not None:
+            assert at is not None
+            self._originals[key] = at
+        self._remaining[key] = len(targets)
+        if len(targets) > 1:
+            self._shared.add(key)
+        for target in targets:
+            sharing = self._per_collector[target].setdefault(event.digest, [])
+            if not sharing:
+                self._events[target].append(event)
+                self._values.want(at)
+            sharing.append(record)
+
+    def run(self, ledger: RedriveLedger | None, bar: ProgressBar) -> None:
+        """Deliver; ``ledger`` None: a dry run (nothing is marked)."""
+        for partition, offset, how in self._marks:
+            bar.advance()
+            if ledger is not None:
+                ledger.mark(partition, offset, how)
+        summary, remaining, per_collector = self._summary, self._remaining, self._per_collector
+
+        def delivered(name: str, event: LineageEvent) -> None:
+            for record in per_collector[name][event.digest]:
+                key = (record.partition, record.offset)
+                remaining[key] -= 1
+                if remaining[key] == 0:
+                    summary.redriven += 1
+                    bar.advance()
+                    if ledger is not None:
+                        ledger.mark(record.partition, record.offset, "collector")
+                elif key in self._shared and ledger is not None:
+                    ledger.mark_collector(record.partition, record.offset, name)
+
+        def failed(name: str, failure: Failure) -> None:
+            for record in per_collector[name][failure.event.digest]:
+                key = (record.partition, record.offset)
+                if remaining[key] > 0:
+                    remaining[key] = -1  # never marked: it stays pending
+                    bar.advance()
+                    summary.failures.append((record, f"collector {name}: {failure.reason}: {failure.detail}"))
+
+        # One thread reads the values back (its consumer is not shared) and decodes them,
+        # while the event loop goes on with the other requests.
+        with ThreadPoolExecutor(1, thread_name_prefix="redrive-values") as reader:
+            def body_of(event: LineageEvent) -> bytes:
+                source = event.source
+                assert source is not None
+                at = self._originals.get((source.partition, source.offset), source)
+                try:
+                    value = self._values.get(at)
+                except ValueGone as err:
+                    raise BodyUnavailable(str(err)) from err
+                result = decode_record(value, max_bytes=self._config.pipeline.max_event_bytes, source=source)
+                if type(result) is Rejection:  # it decoded when the topic was read
+                    raise BodyUnavailable(f"read back from {at}, it no longer decodes: {result.detail}")
+                return result.body
+
+            async def deliver_all() -> None:
+                loop = asyncio.get_running_loop()
+
+                async def load_body(event: LineageEvent) -> bytes:
+                    return await loop.run_in_executor(reader, body_of, event)
+
+                jobs = []
+                for name, batch in self._events.items():
+                    config = collector_config(self._by_name[name], self._args.max_attempts)
+                    delivery = BatchDelivery(config, dry_run=self._args.dry_run)
+                    jobs.append(delivery.run(_chains(batch, self._config.pipeline.ordering.enabled),
+                                             on_delivered=lambda e, n=name: delivered(n, e),
+                                             on_failed=lambda f, n=name: failed(n, f), load_body=load_body))
+                await asyncio.gather(*jobs)
+
+            asyncio.run(deliver_all())
+
+
+def _chains(batch: list[LineageEvent], ordered: bool) -> list[list[LineageEvent]]:
+    """Run order, but no event dropped: an operator chose each of these records. A terminal
+    the relay would drop (one after the run's first) goes at the end of its run's chain,
+    never in a chain of its own, which another worker would send alongside the run's START."""
+    result = plan(batch, ordered=ordered)
+    by_run = {chain[0].run_id: chain for chain in result.chains if chain and chain[0].run_id is not None}
+    for event, _reason in result.dropped:
+        chain = by_run.get(event.run_id)
+        if chain is None:
+            result.chains.append([event])
+        else:
+            chain.append(event)
+    return result.chains
