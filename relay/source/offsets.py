@@ -148,7 +148,16 @@ class OffsetTracker:
         return (oldest if oldest > 0 else None), (log.last_ms if log.last_ms > 0 else None)
 
     def outstanding(self) -> int:
+        """Tickets held: records not settled, and settled ones behind an unsettled one."""
         return sum(len(log.tickets) for log in self._logs.values())
+
+    def oldest_unsettled(self) -> tuple[Partition, int, int] | None:
+        """Of the partition holding the most tickets: it, the offset its commits stop at,
+        and how many tickets it holds (None when none are held)."""
+        if not self._logs:
+            return None
+        partition, log = max(self._logs.items(), key=lambda item: len(item[1].tickets))
+        return (partition, log.tickets[0].offset, len(log.tickets)) if log.tickets else None
 
     def partitions(self) -> list[Partition]:
         return list(self._logs)
