@@ -16,8 +16,15 @@ STUCK_AFTER_S = 60.0
 
 def build_app(relay: Relay) -> web.Application:
     async def healthz(_req: web.Request) -> web.Response:
-        stalled = time.monotonic() - relay.heartbeat
+        now = time.monotonic()
+        stalled = now - relay.heartbeat
         if relay.started and stalled > STUCK_AFTER_S:
+            # A rebalance handler (restoring run state, the look-back, a revocation's wait)
+            # may keep the loop from polling for up to max.poll.interval.ms: not stuck then,
+            # or the liveness probe restarts a relay that would only do the same again.
+            since = relay.source.rebalancing_since
+            if since is not None and now - since <= relay.source.handover_timeout_s + STUCK_AFTER_S:
+                return web.json_response({"status": "rebalancing", "seconds": round(now - since, 1)})
             return web.json_response({"status": "stuck", "seconds_since_poll": round(stalled, 1)}, status=503)
         return web.json_response({"status": "ok"})
 

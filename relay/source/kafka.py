@@ -143,7 +143,10 @@ class KafkaSource:
         #: How long a rebalance handler may take (restoring run state, the look-back, the
         #: wait for deliveries on revoke): the consumer does not poll meanwhile, and past
         #: max.poll.interval.ms the group removes it anyway.
-        self._handover_timeout_s = int(conf["max.poll.interval.ms"]) / 1000
+        self.handover_timeout_s = int(conf["max.poll.interval.ms"]) / 1000
+        #: When the rebalance handler running now began (monotonic), else None: the loop
+        #: does not turn meanwhile, and may legitimately not for max.poll.interval.ms.
+        self.rebalancing_since: float | None = None
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -161,15 +164,18 @@ class KafkaSource:
     def _hand_over(self, handler: RebalanceHandler, partitions: list[Partition]) -> dict[Partition, int]:
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(handler(partitions), self._loop)
+        self.rebalancing_since = time.monotonic()
         try:
-            return future.result(timeout=self._handover_timeout_s)
+            return future.result(timeout=self.handover_timeout_s)
         except FutureTimeout:
             future.cancel()
             raise SourceError(
                 f"handling the rebalance of {format_partitions(partitions)} took longer than max.poll.interval.ms "
-                f"({self._handover_timeout_s:g} s), after which the group removes this member: restoring run state "
+                f"({self.handover_timeout_s:g} s), after which the group removes this member: restoring run state "
                 "and the look-back happen there; raise kafka.consumer_properties.max.poll.interval.ms, or lower "
                 "pipeline.lookback.timeout_s") from None
+        finally:
+            self.rebalancing_since = None
 
     def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]

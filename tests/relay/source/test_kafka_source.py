@@ -74,13 +74,18 @@ def test_offsets_settled_after_the_last_commit_are_committed_when_close_revokes(
     group = kafka.new_group()
     revokes: list = []
 
+    sources: list[KafkaSource] = []
+    rebalancing: list = []
+
     async def on_revoke(partitions):  # noqa: ANN001, ANN202 - a RebalanceHandler
         revokes.append(partitions)
+        rebalancing.append(sources[0].rebalancing_since)  # what /healthz reads meanwhile
         return {(topic, 0): 7}
 
     async def main() -> bool:
         source = KafkaSource(bootstrap_servers=kafka.bootstrap_servers, group_id=group, topics=(topic,),
                              on_assign=_nothing, on_revoke=on_revoke, properties=kafka.consumer_properties())
+        sources.append(source)
         await source.start()
         try:
             deadline = time.monotonic() + 30
@@ -94,6 +99,7 @@ def test_offsets_settled_after_the_last_commit_are_committed_when_close_revokes(
 
     assert asyncio.run(main()) is True
     assert revokes == [[(topic, 0)]]
+    assert rebalancing[0] is not None and sources[0].rebalancing_since is None
     assert committed_offsets(kafka.bootstrap_servers, topic, group, 1) == {0: 7}
     assert committed_offsets(kafka.bootstrap_servers, elsewhere, group, 1)[0] < 0  # nothing committed
 

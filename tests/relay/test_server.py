@@ -1,0 +1,35 @@
+"""The operations endpoint's probes against a relay whose state the test sets (no broker)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from relay.server import STUCK_AFTER_S, build_app
+
+
+def relay(*, polled_s_ago: float, rebalancing_s: float | None = None) -> SimpleNamespace:
+    now = time.monotonic()
+    source = SimpleNamespace(paused=False, assignment=set(), handover_timeout_s=300.0,
+                             rebalancing_since=None if rebalancing_s is None else now - rebalancing_s)
+    return SimpleNamespace(started=True, stopping=False, heartbeat=now - polled_s_ago, source=source)
+
+
+async def healthz(state: SimpleNamespace) -> tuple[int, dict]:
+    async with TestClient(TestServer(build_app(state))) as client:  # type: ignore[arg-type]
+        resp = await client.get("/healthz")
+        return resp.status, await resp.json()
+
+
+async def test_a_relay_inside_a_long_rebalance_handler_is_not_reported_stuck():
+    """Restoring a large run state or the look-back runs inside the rebalance callback,
+    for up to max.poll.interval.ms, and the loop does not poll meanwhile: /healthz said
+    "stuck" after 60 s, and the liveness probe restarted a relay that would only do the
+    same again. Past max.poll.interval.ms (the group drops the member anyway) it is stuck."""
+    assert (await healthz(relay(polled_s_ago=1)))[0] == 200
+    assert (await healthz(relay(polled_s_ago=STUCK_AFTER_S + 5)))[0] == 503
+    status, body = await healthz(relay(polled_s_ago=200, rebalancing_s=190))
+    assert status == 200 and body["status"] == "rebalancing"
+    assert (await healthz(relay(polled_s_ago=400, rebalancing_s=300 + STUCK_AFTER_S + 5)))[0] == 503
