@@ -163,9 +163,9 @@ class KafkaSource:
     # -- rebalance callbacks: consumer thread ---------------------------------------
     def _hand_over(self, handler: RebalanceHandler, partitions: list[Partition]) -> dict[Partition, int]:
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(handler(partitions), self._loop)
         self.rebalancing_since = time.monotonic()
         try:
+            future = asyncio.run_coroutine_threadsafe(handler(partitions), self._loop)
             return future.result(timeout=self.handover_timeout_s)
         except FutureTimeout:
             future.cancel()

@@ -127,6 +127,7 @@ def test_a_commit_queued_behind_a_revocation_skips_the_partition_even_when_assig
             polling = loop.run_in_executor(source._executor, busy.wait, 10)
             rebalance = loop.run_in_executor(source._executor, source._mark_revoked, [(topic, 0)])
             stale = asyncio.ensure_future(source.commit({(topic, 0): 3}))  # computed before the poll
+            await asyncio.sleep(0)  # a turn of the loop: the commit is queued behind the poll
             busy.set()
             await asyncio.gather(polling, rebalance)
             assert await stale is True and source.assignment == {(topic, 0)}
