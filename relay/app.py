@@ -34,6 +34,7 @@ import time
 import confluent_kafka
 import orjson
 from confluent_kafka import KafkaError
+from prometheus_client import Gauge
 
 from relay import __version__
 from relay.backpressure import Backpressure
@@ -258,10 +259,18 @@ class Relay:
         records wait to be consumed, the last one consumed (those waiting are newer: an
         upper bound); else 0. That age is what counts against the topic's retention: a
         record older than it is lost if the relay has to read it again. Not set for a
-        partition nothing was consumed from yet."""
+        partition nothing was consumed from yet. A partition measured no more (given to
+        another replica by a rebalance, or its position unknown since it was assigned again)
+        loses both series: its last values would otherwise stay for ever, firing alerts and
+        counted twice in sums over the replicas."""
         now_ms = time.time() * 1000
         lag_records, lag_seconds = self.metrics.lag, self.metrics.lag_seconds
-        for part, lag in (await self.source.lag()).items():
+        lags = await self.source.lag()
+        measured = {(topic, str(partition)) for topic, partition in lags}
+        for gauge in (lag_records, lag_seconds):
+            for labels in _label_sets(gauge) - measured:
+                gauge.remove(*labels)
+        for part, lag in lags.items():
             labels = {"topic": part[0], "partition": str(part[1])}
             lag_records.labels(**labels).set(lag)
             oldest_ms, last_ms = self.tracker.record_ms(part)
@@ -387,3 +396,8 @@ def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result
 def _settle(future: asyncio.Future, result: object) -> None:
     if not future.done():  # cancelled meanwhile: at shutdown
         future.set_result(result)
+
+
+def _label_sets(gauge: Gauge) -> set[tuple[str, str]]:
+    """The (topic, partition) label values of a per-partition gauge's series."""
+    return {(s.labels["topic"], s.labels["partition"]) for metric in gauge.collect() for s in metric.samples}

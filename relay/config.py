@@ -1,7 +1,9 @@
 """Relay configuration: validated once at start-up into frozen, typed objects.
 
 Sources, in precedence order: command-line flags > YAML file > defaults. YAML values may
-reference environment variables as ``${NAME}`` or ``${NAME:-default}`` (for secrets).
+reference environment variables as ``${NAME}``, ``${NAME:-default}`` (NAME unset or empty)
+or ``${NAME-default}`` (NAME unset), for secrets; ``$${`` is a literal ``${``, and any
+other ``${`` is refused (see :func:`_interpolate`).
 Unknown keys and bad values raise :class:`ConfigError` naming the key and the fix.
 A collector's own settings are in :mod:`relay.sinks.config` (re-exported here).
 """
@@ -60,6 +62,14 @@ class KafkaConfig(Frozen):
     @property
     def run_state_topic(self) -> str:
         return self.state_topic or f"{self.group_id}.run-state"
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _some_broker(cls, v: str) -> str:
+        if not any(host.strip() for host in v.split(",")):
+            raise ValueError("must list at least one broker as host:port, e.g. kafka:9092 (an environment "
+                             "variable set but empty gives ''; set it, or write ${NAME:-kafka:9092})")
+        return v
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -223,20 +233,43 @@ class RelayConfig(Frozen):
 _FIX_HINTS = {
     "extra_forbidden": "remove it (unknown key; check the spelling against the README's configuration reference)",
     "missing": "add it",
+    "finite_number": "write a finite number (.inf and .nan are refused)",
 }
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+#: ``$${`` (a literal ``${``), or a reference: ``${NAME}``, ``${NAME:-default}`` (NAME unset
+#: or empty) or ``${NAME-default}`` (NAME unset), as in the shell. A default holds no ``}``
+#: and no ``${`` (no nesting). A ``$`` not followed by ``{`` is kept as it is.
+_ENV = re.compile(r"\$\$\{"
+                  r"|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>(?:[^$}]|\$(?!\{))*))?\}")
+
+_ENV_FORMS = ("write ${NAME}, ${NAME:-default} (NAME unset or empty) or ${NAME-default} (NAME unset), "
+              "with a plain default (no ${...} inside: set the variable itself, or write the value), "
+              "or $${ for a literal ${")
 
 
 def _interpolate(value: Any, where: str) -> Any:
+    """``value`` with its environment references replaced. Refused, naming the key but never
+    the value (it may hold a secret): a reference to an unset variable without a default,
+    and a ``${`` that is not a reference (nested, ``${NAME:?message}``, a typo). What a
+    variable holds is taken as it is (a ``${`` in a password stays)."""
     if isinstance(value, str):
+        if "$" not in value:
+            return value
+        if "${" in _ENV.sub(" ", value):  # what is left once the references are out
+            raise ConfigError(f"{where}: a ${{ that is not an environment reference (nested, ${{NAME:?message}}, "
+                              f"a typo); {_ENV_FORMS}")
+
         def sub(m: re.Match[str]) -> str:
-            name, default = m.group(1), m.group(2)
-            if name in os.environ:
-                return os.environ[name]
-            if default is not None:
+            name, op, default = m.group("name"), m.group("op"), m.group("default")
+            if name is None:
+                return "${"
+            found = os.environ.get(name)
+            if op is not None and (found is None or (op == ":-" and not found)):
                 return default
-            raise ConfigError(f"{where}: environment variable {name} is not set; export it or write ${{{name}:-default}}")
+            if found is None:
+                raise ConfigError(f"{where}: environment variable {name} is not set; export it or write "
+                                  f"${{{name}:-default}}")
+            return found
         return _ENV.sub(sub, value)
     if isinstance(value, dict):
         return {k: _interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}

@@ -23,6 +23,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
   seq INTEGER PRIMARY KEY, event_time TEXT, event_type TEXT, run_id TEXT, job_id TEXT, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL);
+-- last_event_time: the eventTime in UTC, always with six fraction digits, so that text order
+-- is time order (see _sortable_time).
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, last_event_type TEXT, last_event_time TEXT);
 CREATE TABLE IF NOT EXISTS datasets (id TEXT PRIMARY KEY, namespace TEXT NOT NULL, name TEXT NOT NULL);
@@ -270,7 +273,7 @@ class LineageStore:
                 db.execute("INSERT INTO runs VALUES (?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
                            "last_event_type = excluded.last_event_type, last_event_time = excluded.last_event_time "
                            "WHERE coalesce(excluded.last_event_time, '') >= coalesce(last_event_time, '')",
-                           (run_id, job_id, event_type, event_time))
+                           (run_id, job_id, event_type, _sortable_time(event_time)))
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -436,3 +439,20 @@ def _column_edge(row: tuple[Any, ...]) -> ColumnEdge:
 def _suffix(full: str, text: str) -> bool:
     return full.endswith(text) and len(full) > len(text) and (
         full[-len(text) - 1] in _BOUNDARIES or text[0] in _BOUNDARIES)
+
+
+def _sortable_time(event_time: str | None) -> str | None:
+    """``event_time`` (ISO 8601) in UTC as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, whose text order is
+    time order: as written, ``10:00:00Z`` would sort after ``10:00:00.250Z`` (``.`` < ``Z``)
+    and an offset would not count. A time without an offset is taken to be UTC; digits past
+    the microsecond are dropped. None when it is not a time: such a run's state follows the
+    order events arrive in, and it never replaces one with a time."""
+    if event_time is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(event_time)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    except (ValueError, OverflowError):  # not a time, or out of datetime's range in UTC
+        return None

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,90 @@ def test_missing_env_var_names_it(tmp_path, monkeypatch):
     monkeypatch.delenv("MARQUEZ_TOKEN", raising=False)
     with pytest.raises(ConfigError, match=r"collectors\.0\.token: environment variable MARQUEZ_TOKEN is not set"):
         load_config(write(tmp_path, MINIMAL))
+
+
+TOKEN_FROM = """
+kafka:
+  bootstrap_servers: 127.0.0.1:9092
+collectors:
+  - name: marquez
+    url: http://marquez:5000
+    token: '%s'
+"""
+
+
+def token_of(tmp_path, template):
+    return load_config(write(tmp_path, TOKEN_FROM % template)).collectors[0].token.get_secret_value()
+
+
+@pytest.mark.parametrize("env,template,expected", [
+    # Compose and Kubernetes leave a variable empty as often as unset: ":-" covers both, as in the shell.
+    ("", "${MARQUEZ_TOKEN:-fallback}", "fallback"),
+    (None, "${MARQUEZ_TOKEN:-fallback}", "fallback"),
+    ("t0k", "${MARQUEZ_TOKEN:-fallback}", "t0k"),
+    # "-" alone: only an unset variable takes the default.
+    ("", "${MARQUEZ_TOKEN-fallback}", ""),
+    (None, "${MARQUEZ_TOKEN-fallback}", "fallback"),
+    ("t0k", "Bearer ${MARQUEZ_TOKEN-x}!", "Bearer t0k!"),
+    # "$${" is a literal "${"; a "$" not before "{" is kept; what a variable holds is taken as it is.
+    (None, "pa$$${word}$", "pa$${word}$"),
+    (None, "$${MARQUEZ_TOKEN}", "${MARQUEZ_TOKEN}"),
+    ("a${b}$${c", "${MARQUEZ_TOKEN}", "a${b}$${c"),
+], ids=["empty:-", "unset:-", "set:-", "empty-", "unset-", "set-", "escape", "escaped-ref", "value-kept"])
+def test_env_defaults_follow_the_shell_and_dollar_dollar_brace_is_a_literal(tmp_path, monkeypatch, env, template,
+                                                                               expected):
+    if env is None:
+        monkeypatch.delenv("MARQUEZ_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("MARQUEZ_TOKEN", env)
+    assert token_of(tmp_path, template) == expected
+
+
+@pytest.mark.parametrize("template", [
+    "${MARQUEZ_TOKEN:-${FALLBACK_TOKEN}}",  # nested default: used to give "${FALLBACK_TOKEN}" + "}"
+    "${MARQUEZ_TOKEN:?set the token}",      # the shell's "required" form
+    "hunter2${MARQUEZ_TOKEN",               # unclosed
+    "hunter2${MARQUEZ.TOKEN}",              # not a variable name
+    "${}",
+])
+def test_a_dollar_brace_that_is_no_reference_is_refused_naming_the_key_not_the_value(tmp_path, monkeypatch,
+                                                                                     template):
+    monkeypatch.delenv("MARQUEZ_TOKEN", raising=False)
+    monkeypatch.setenv("FALLBACK_TOKEN", "s3cr3t")
+    with pytest.raises(ConfigError) as err:
+        token_of(tmp_path, template)
+    message = str(err.value)
+    assert message.startswith("collectors.0.token: ") and "$${ for a literal ${" in message
+    assert "hunter2" not in message and "s3cr3t" not in message
+
+
+@pytest.mark.parametrize("servers", ["", "  ", ",", " , "])
+def test_bootstrap_servers_must_name_a_broker(servers):
+    with pytest.raises(ConfigError, match=r"kafka\.bootstrap_servers: must list at least one broker"):
+        build_config({"kafka": {"bootstrap_servers": servers}, "collectors": [{"name": "m", "url": "http://a"}]})
+
+
+def test_bootstrap_servers_from_an_empty_variable_is_refused_at_start_up(tmp_path, monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "")
+    path = write(tmp_path, "kafka: {bootstrap_servers: '${KAFKA_BOOTSTRAP}'}\n"
+                           "collectors: [{name: m, url: 'http://m:5000'}]\n")
+    assert main(["check-config", str(path)]) == 2
+
+
+@pytest.mark.parametrize("key,yaml_text", [
+    ("kafka.commit_interval_s", "kafka: {bootstrap_servers: k:9092, commit_interval_s: .inf}"),
+    ("pipeline.dedupe.ttl_s", "kafka: {bootstrap_servers: k:9092}\npipeline: {dedupe: {ttl_s: .inf}}"),
+    ("drain_timeout_s", "kafka: {bootstrap_servers: k:9092}\ndrain_timeout_s: .nan"),
+    ("pipeline.ordering.hold_timeout_s", "kafka: {bootstrap_servers: k:9092}\n"
+                                         "pipeline: {ordering: {hold_timeout_s: .inf}, lookback: {search_records: 0}}"),
+    ("collectors.0.timeout_s", "kafka: {bootstrap_servers: k:9092}\n"
+                               "collectors: [{name: m, url: 'http://m:5000', timeout_s: .inf}]"),
+])
+def test_an_infinite_or_nan_number_is_refused_naming_the_key(tmp_path, key, yaml_text):
+    if "collectors" not in yaml_text:
+        yaml_text += "\ncollectors: [{name: m, url: 'http://m:5000'}]"
+    with pytest.raises(ConfigError, match=re.escape(key) + r": Input should be a finite number; fix: write a finite"):
+        load_config(write(tmp_path, yaml_text + "\n"))
 
 
 @pytest.mark.parametrize("patch,message", [

@@ -47,3 +47,42 @@ def test_lag_in_records_and_seconds_while_a_collector_is_down_and_zero_once_caug
             assert eventually(lambda: relay.metric("lineage_relay_consumer_lag", **labels) == 0
                               and relay.metric("lineage_relay_consumer_lag_seconds", **labels) == 0, 30)
         assert relay.error is None
+
+
+def test_a_partition_given_to_another_replica_leaves_the_lag_series_of_the_first():
+    """After a rebalance, each replica reports lag only for the partitions it owns: the
+    series of one given away would keep their last value for ever (alerts firing, sums over
+    the replicas counting it twice)."""
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 2)
+        stream = sample_stream(20, seed=31)
+        produce(broker.bootstrap_servers, "events", stream)
+
+        def config():  # noqa: ANN202
+            return relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq")
+        with RelayThread(config()) as a:
+            assert collector.wait_for(lambda c: c.count == len(stream), 60)
+            both = {"0", "1"}
+            assert eventually(lambda: lag_partitions(a, "lineage_relay_consumer_lag") == both
+                              and lag_partitions(a, "lineage_relay_consumer_lag_seconds") == both, 30)
+            with RelayThread(config()) as b:
+                # Nothing consumed from a partition yet, no lag for it: b needs records of its own.
+                assert eventually(lambda: b.relay is not None and len(b.relay.source.assignment) == 1, 60)
+                produce(broker.bootstrap_servers, "events", sample_stream(20, seed=37))
+
+                def split() -> bool:
+                    for name in ("lineage_relay_consumer_lag", "lineage_relay_consumer_lag_seconds"):
+                        mine, theirs = lag_partitions(a, name), lag_partitions(b, name)
+                        if not mine or not theirs or mine & theirs or mine | theirs != both:
+                            return False
+                    return True
+                assert eventually(split, 60), (lag_partitions(a, "lineage_relay_consumer_lag"),
+                                               lag_partitions(b, "lineage_relay_consumer_lag"))
+            assert a.error is None
+
+
+def lag_partitions(relay: RelayThread, name: str) -> set[str]:
+    """The partitions ``relay`` has a ``name`` series for."""
+    assert relay.relay is not None
+    return {s.labels["partition"] for metric in relay.relay.metrics.registry.collect()
+            for s in metric.samples if s.name == name}

@@ -155,6 +155,24 @@ def test_run_state_follows_event_time_not_arrival_order():
         assert [(j.runs, j.last_state) for j in s.jobs()] == [(1, "COMPLETE")]
 
 
+@pytest.mark.parametrize("earlier,later", [
+    # Java and Python omit a zero fraction: as text, "10:00:00Z" sorts after "10:00:00.250Z".
+    (("START", "2024-01-01T10:00:00Z"), ("COMPLETE", "2024-01-01T10:00:00.250Z")),
+    (("START", "2024-01-01T10:00:00.9Z"), ("COMPLETE", "2024-01-01T10:00:01Z")),
+    # An offset counts: 11:00+02:00 is 09:00 UTC.
+    (("RUNNING", "2024-01-01T11:00:00+02:00"), ("COMPLETE", "2024-01-01T10:30:00Z")),
+    (("START", "2024-01-01T10:00:00.123456789Z"), ("FAIL", "2024-01-01T10:00:00.1235Z")),
+], ids=["no-fraction-first", "no-fraction-last", "offset", "nanoseconds"])
+@pytest.mark.parametrize("arrival", ["in-order", "reversed"])
+def test_run_state_follows_event_time_whatever_its_format(earlier, later, arrival):
+    base = {"run": {"runId": "r1"}, "job": {"namespace": "n", "name": "j"}}
+    events = [{**base, "eventType": kind, "eventTime": time} for kind, time in (earlier, later)]
+    with LineageStore() as s:
+        for event in events if arrival == "in-order" else events[::-1]:
+            s.add(event)
+        assert [(j.runs, j.last_state) for j in s.jobs()] == [(1, later[0])]
+
+
 def test_events_of_any_shape_are_kept_and_unreadable_parts_skipped():
     odd = [{"hello": "world"}, {"job": {"namespace": "ns"}, "inputs": "not a list"},
            {"job": {"namespace": "ns", "name": "j"}, "outputs": [{"namespace": "ns", "name": "d",
