@@ -40,6 +40,17 @@ __all__ = [
     "build_config", "load_config", "load_yaml", "merge",
 ]
 
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _topic_name(name: str) -> str:
+    """``name`` if Kafka takes it as a topic name, else ValueError saying what it takes."""
+    if _TOPIC_NAME.fullmatch(name) is None or name in (".", ".."):
+        raise ValueError(f"{name!r} is not a Kafka topic name: use letters, digits, '.', '_' and '-' only "
+                         "(at most 249); several topics are a list, or one string separated by commas")
+    return name
+
+
 class KafkaConfig(Frozen):
     bootstrap_servers: str
     topics: tuple[str, ...] = ("openlineage",)
@@ -74,7 +85,22 @@ class KafkaConfig(Frozen):
     @field_validator("topics", mode="before")
     @classmethod
     def _topics(cls, v: Any) -> Any:
-        return (v,) if isinstance(v, str) else v
+        # One string may list several, comma-separated (topics: ${TOPICS} with TOPICS=a,b).
+        return tuple(t.strip() for t in v.split(",")) if isinstance(v, str) else v
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("must name at least one topic to consume, e.g. [openlineage]")
+        for name in v:
+            _topic_name(name)
+        return v
+
+    @field_validator("dlq_topic", "state_topic")
+    @classmethod
+    def _other_topic_names(cls, v: str | None) -> str | None:
+        return v if v is None else _topic_name(v)
 
     @field_validator("consumer_properties", "producer_properties", mode="before")
     @classmethod

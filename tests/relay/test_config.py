@@ -100,6 +100,18 @@ def test_bootstrap_servers_must_name_a_broker(servers):
         build_config({"kafka": {"bootstrap_servers": servers}, "collectors": [{"name": "m", "url": "http://a"}]})
 
 
+def test_topics_from_one_comma_separated_string_are_several_and_bad_names_are_refused():
+    """topics: ${TOPICS} with TOPICS=a,b was one topic named 'a,b', which Kafka refuses
+    only once the relay subscribes; a name Kafka cannot take fails at start-up, with the key."""
+    base = {"kafka": {"bootstrap_servers": "k:9092"}, "collectors": [{"name": "m", "url": "http://a"}]}
+    config = build_config({**base, "kafka": {**base["kafka"], "topics": "ol.spark, ol.airflow"}})
+    assert config.kafka.topics == ("ol.spark", "ol.airflow")
+    for key, value in (("topics", ["ol", "a b"]), ("topics", []), ("dlq_topic", "dead letters"),
+                       ("state_topic", "x" * 250), ("topics", "ol,")):
+        with pytest.raises(ConfigError, match=rf"kafka\.{key}"):
+            build_config({**base, "kafka": {**base["kafka"], key: value}})
+
+
 def test_bootstrap_servers_from_an_empty_variable_is_refused_at_start_up(tmp_path, monkeypatch):
     monkeypatch.setenv("KAFKA_BOOTSTRAP", "")
     path = write(tmp_path, "kafka: {bootstrap_servers: '${KAFKA_BOOTSTRAP}'}\n"
