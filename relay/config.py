@@ -318,10 +318,27 @@ def build_config(data: dict[str, Any]) -> RelayConfig:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML whose numbers are YAML 1.2's: ``0755`` and ``12:30`` stay text, where
+    YAML 1.1 read them as octal and base 60 (493 and 750): a property, a numeric password or
+    an id with a leading zero changed silently on its way to librdkafka."""
+
+
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)$"),
+                              list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    _FLOAT, re.compile(r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.load(p.read_text(), Loader=_Loader) or {}  # noqa: S506 - a SafeLoader
     except OSError as err:
         raise ConfigError(f"cannot read config file {p}: {err.strerror}") from err
     except yaml.YAMLError as err:

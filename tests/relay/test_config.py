@@ -354,3 +354,15 @@ def test_a_held_run_is_searched_for_before_its_hold_times_out():
     assert after({"hold_timeout_s": 2}, {}) == 1.0  # a short hold: searched at half of it
     assert after({"hold_timeout_s": 2}, {"search_after_s": 0.5}) == 0.5
     assert after({"hold_timeout_s": 2}, {"search_after_s": 3, "search_records": 0}) == 3  # no search: no conflict
+
+
+def test_numbers_with_a_leading_zero_or_a_colon_stay_as_written(tmp_path):
+    """YAML 1.1 reads 0755 as octal (493) and 12:30 as base 60 (750): a property, a numeric
+    password or an id with a leading zero reached librdkafka changed. Read as YAML 1.2 does."""
+    config = load_config(write(tmp_path, "kafka:\n  bootstrap_servers: k:9092\n  consumer_properties:\n"
+                                         "    client.id: 0755\n    client.rack: 12:30\n    fetch.wait.max.ms: 50\n"
+                                         "  commit_interval_s: 0.5\n"
+                                         "collectors: [{name: m, url: 'http://m:5000', timeout_s: 7}]\n"))
+    props = config.kafka.consumer_properties
+    assert (props["client.id"], props["client.rack"], props["fetch.wait.max.ms"]) == ("0755", "12:30", "50")
+    assert config.kafka.commit_interval_s == 0.5 and config.collectors[0].timeout_s == 7
