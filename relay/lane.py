@@ -1,5 +1,9 @@
 """One collector's lane: route -> dedupe -> per-run ordering -> ordered concurrent delivery.
 
+With route rules naming ``dataset_namespace``, routing is decided per run
+(:class:`RunRouter`): events wait there until their run is decided, and go on to dedupe
+and ordering once it is routed.
+
 The per-run stage depends on the collector's ``mode``: ``passthrough`` orders each run with
 :class:`RunSequencer`; ``consolidated`` and ``coalesce`` hold runs in a
 :class:`RunConsolidator` instead (it puts the START first and nothing after the terminal
@@ -35,6 +39,7 @@ from relay.stages.consolidate import RunConsolidator
 from relay.stages.dedupe import Deduper
 from relay.stages.rewrite import Rewriter
 from relay.stages.route import Router
+from relay.stages.run_route import HELD, RunRouter
 from relay.stages.sequence import DeadLetter, Drop, Forward, RunSequencer
 from relay.state.table import RunStateTable
 
@@ -48,13 +53,22 @@ class CollectorLane:
         self.name = collector.name
         self.collector = collector
         self.max_pending = config.max_pending
+        d, o = pipeline.dedupe, pipeline.ordering
         router = Router(config.route, config.event_kinds)
-        self._router = None if router.routes_everything else router
+        self._route = router
+        self._run_router: RunRouter | None = None
+        if router.by_run:
+            self._run_router = RunRouter(router, hold_timeout_s=o.hold_timeout_s, max_held_events=o.max_held_events,
+                                         max_tracked_runs=o.max_tracked_runs, finished_ttl_s=o.finished_ttl_s)
+            # Routed by run before offer()'s stages, which then route nothing: lanes without
+            # such rules keep offer() as it is, with no per-event cost for this.
+            self.offer = self._offer_by_run  # type: ignore[method-assign]
+        #: offer()'s per-event routing; None when everything is routed, or routed by run.
+        self._router = None if router.routes_everything or self._run_router is not None else router
         rewriter = Rewriter(config.rewrite)
         self._rewriter = None if rewriter.is_noop else rewriter
         self._metrics = metrics
         self._dlq = dead_letters
-        d, o = pipeline.dedupe, pipeline.ordering
         self._deduper = Deduper(ttl_s=d.ttl_s, max_entries=d.max_entries) if d.enabled else None
         # Without a rewrite, an event's body is what it sends (a C-level getter: no Python
         # call per event).
@@ -92,7 +106,11 @@ class CollectorLane:
 
     @property
     def held(self) -> int:
-        return self._sequencer.held_count if self._sequencer else 0
+        """Events held for their run's START, or for their run's routing."""
+        held = self._sequencer.held_count if self._sequencer else 0
+        if self._run_router is not None:
+            held += self._run_router.held_count
+        return held
 
     @property
     def open_runs(self) -> int:
@@ -121,13 +139,47 @@ class CollectorLane:
             return
         self._apply(sequencer.offer(event, now))
 
+    def _offer_by_run(self, event: LineageEvent, now: float) -> None:
+        """:meth:`offer` when routing is decided per run: a held event keeps an obligation
+        on its ticket until its run is decided; a routed one goes on to offer's stages."""
+        verdict, due = self._run_router.offer(event, now)
+        if verdict is HELD:
+            event.ticket.acquire()  # before due: the overflow may drop it at once
+        if due:
+            self._run_routed(due, now)
+        if verdict is None:
+            CollectorLane.offer(self, event, now)
+        elif verdict is not HELD:
+            self._metrics.dropped(verdict).inc()
+
+    def _run_routed(self, decisions: list, now: float) -> None:
+        """Held events whose run was decided: routed ones go on to offer's stages (in
+        order), the others are counted as not routed."""
+        for decision in decisions:
+            event = decision.event
+            if type(decision) is Forward:
+                if self.table is not None and event.doc is None:
+                    # Run state keeps the parsed tree, which the relay let go once the event
+                    # was offered (see Relay._handle).
+                    event.doc = orjson.loads(event.body)
+                    CollectorLane.offer(self, event, now)
+                    event.doc = None
+                else:
+                    CollectorLane.offer(self, event, now)
+            else:
+                self._metrics.dropped(decision.reason).inc()
+            event.ticket.release()
+
     def prime(self, event: LineageEvent, now: float) -> None:
         """``event`` came before the committed offset (read back on assignment, see
         :mod:`relay.source.lookback`): this collector had it, or it was dead-lettered or
         not forwarded on purpose. Learn what forwarding it taught (its run's progress, its
         digest) without sending anything. Consolidated/coalesce collectors restore their
         run state instead."""
-        if self._router is not None and self._router.accepts(event) is not None:
+        if self._run_router is not None:
+            if not self._run_router.prime(event, now):
+                return
+        elif self._router is not None and self._router.accepts(event) is not None:
             return
         if self.table is not None and event.run_id is not None and event.kind == "run":
             return
@@ -139,7 +191,7 @@ class CollectorLane:
     @property
     def learns_from_lookback(self) -> bool:
         """Whether :meth:`prime` can teach this lane anything."""
-        return self._deduper is not None or self._sequencer is not None
+        return self._deduper is not None or self._sequencer is not None or self._run_router is not None
 
     def held_runs(self) -> list[tuple[str, float, LineageEvent]]:
         """Runs holding events for their START: id, since when, first event held."""
@@ -147,7 +199,10 @@ class CollectorLane:
 
     def routes(self, event: LineageEvent) -> bool:
         """Whether this collector takes ``event`` by its route (pure: safe from another
-        thread, as the run search's)."""
+        thread, as the run search's). Routed by run: whether it may have (see
+        :meth:`Router.may_route`)."""
+        if self._run_router is not None:
+            return self._route.may_route(event)
         return self._router is None or self._router.accepts(event) is None
 
     def learn_earlier(self, run_id: str, *, finished: bool, now: float) -> None:
@@ -155,7 +210,7 @@ class CollectorLane:
         look-back read (found by :mod:`relay.source.run_search`): release its hold."""
         if self._sequencer is not None:
             self._apply(self._sequencer.learn_earlier(run_id, finished=finished, now=now))
-            self._metrics.held.set(self._sequencer.held_count)
+            self._metrics.held.set(self.held)
 
     def offer_again(self, event: LineageEvent, now: float) -> None:
         """:meth:`offer` for a record ``dlq redrive --to-topic`` wrote back: the operator
@@ -170,9 +225,12 @@ class CollectorLane:
         self.offer(event, now)
 
     def expire(self, now: float) -> None:
+        if self._run_router is not None:
+            self._run_routed(self._run_router.expire(now), now)
         if self._sequencer is not None:
             self._apply(self._sequencer.expire(now))
-            self._metrics.held.set(self._sequencer.held_count)
+        if self._sequencer is not None or self._run_router is not None:
+            self._metrics.held.set(self.held)
         if self._consolidator is not None:
             self._apply_run_actions(self._consolidator.tick(now))
             self._metrics.open_runs.set(self._consolidator.open_runs)
@@ -266,7 +324,13 @@ class CollectorLane:
             dropped += self._sequencer.discard(owned_by_revoked)
         self._forget(dropped)
         self._hand_over(dropped, partitions)
-        return len(dropped)
+        undecided = 0
+        if self._run_router is not None:
+            # Held before any stage (nothing to forget); by partition only: they are in no
+            # run state, so a moved run's held events stay held here.
+            undecided = len(self._run_router.discard(
+                lambda e: e.source is not None and (e.source.topic, e.source.partition) in partitions))
+        return len(dropped) + undecided
 
     def _hand_over(self, events: list[LineageEvent], partitions: set[Partition]) -> None:
         """Events of moved runs read from a partition still assigned here: their run's

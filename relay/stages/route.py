@@ -10,8 +10,12 @@ A rule matches when every field it gives matches (an absent field matches anythi
 * ``job_namespace`` / ``job_name``: a glob (:mod:`fnmatch` syntax, case-sensitive, ``*``
   also crosses ``/`` and ``.``) on the event's job. A DatasetEvent has no job, so a rule
   naming a job field never matches one.
-* ``dataset_namespace``: a glob that matches if ANY input or output dataset's namespace
-  matches, or the namespace of a DatasetEvent's dataset.
+* ``dataset_namespace``: a glob on the namespaces of the input and output datasets. For a
+  DatasetEvent (its dataset) or a JobEvent it is judged on the event itself. For a RunEvent
+  it is a property of the run: it matches once the run has named a matching dataset in any
+  event (a START often names none, its COMPLETE the outputs); the relay routes such runs
+  whole (:mod:`relay.stages.run_route`, with :meth:`Router.learn` and :meth:`Router.judge`).
+  :meth:`Router.accepts` judges one event alone (replay, redrive).
 * ``event_types``: the RunEvent ``eventType`` is one of these (``START``, ``COMPLETE``...);
   an event without an ``eventType`` (every DatasetEvent and JobEvent) never matches.
 * ``kinds``: the event is one of these kinds (``run``, ``dataset``, ``job``).
@@ -41,6 +45,9 @@ NOT_ROUTED = "not_routed"
 #: The reason an event is not forwarded to a collector that does not take its kind (e.g.
 #: a DatasetEvent to a collector that only takes RunEvents; see ``event_kinds``).
 UNSUPPORTED_EVENT_KIND = "unsupported_event_kind"
+#: :meth:`Router.judge`: not routed yet, but routed once the event's run names a dataset
+#: that an include rule's ``dataset_namespace`` matches (an event without a run: not routed).
+UNDECIDED = "undecided"
 _ALL_KINDS = frozenset({"run", "dataset", "job"})
 
 _GLOB_MAGIC = frozenset("*?[")
@@ -122,9 +129,12 @@ def compile_glob(pattern: str) -> Callable[[str], bool]:
 
 
 class _CompiledRule:
-    __slots__ = ("kinds", "event_types", "job_namespace", "job_name", "dataset_namespace")
+    __slots__ = ("kinds", "event_types", "job_namespace", "job_name", "dataset_namespace", "bit")
 
-    def __init__(self, rule: RouteRule) -> None:
+    def __init__(self, rule: RouteRule, bit: int = 0) -> None:
+        #: This rule's bit in a run's ``touched`` mask (see Router.learn); 0 without a
+        #: ``dataset_namespace``.
+        self.bit = bit
         self.kinds = frozenset(rule.kinds) if rule.kinds is not None else None
         self.event_types = frozenset(rule.event_types) if rule.event_types is not None else None
         self.job_namespace = compile_glob(rule.job_namespace) if rule.job_namespace is not None else None
@@ -147,6 +157,18 @@ class _CompiledRule:
                 return False
         return True
 
+    def matches_run(self, event: LineageEvent) -> bool:
+        """The fields every event of a run shares: ``kinds``, ``job_namespace``, ``job_name``."""
+        if self.kinds is not None and event.kind not in self.kinds:
+            return False
+        if self.job_namespace is not None:
+            if event.job_namespace is None or not self.job_namespace(event.job_namespace):
+                return False
+        if self.job_name is not None:
+            if event.job_name is None or not self.job_name(event.job_name):
+                return False
+        return True
+
 
 class Router:
     """Routing decision for one collector, built once from its :class:`RouteConfig`.
@@ -157,11 +179,16 @@ class Router:
     (then ``event.body`` is parsed once per call). Patterns are compiled here, not per event.
     """
 
-    __slots__ = ("_include", "_exclude", "_kinds")
+    __slots__ = ("_include", "_exclude", "_kinds", "_by_dataset")
 
     def __init__(self, config: RouteConfig, event_kinds: tuple[str, ...] | None = None) -> None:
-        self._include = tuple(_CompiledRule(rule) for rule in config.include)
-        self._exclude = tuple(_CompiledRule(rule) for rule in config.exclude)
+        rules = (*config.include, *config.exclude)
+        bits = [1 << i if rule.dataset_namespace is not None else 0 for i, rule in enumerate(rules)]
+        compiled = [_CompiledRule(rule, bit) for rule, bit in zip(rules, bits)]
+        self._include = tuple(compiled[:len(config.include)])
+        self._exclude = tuple(compiled[len(config.include):])
+        #: The rules naming a dataset_namespace, include and exclude (see learn).
+        self._by_dataset = tuple(rule for rule in compiled if rule.bit)
         kinds = frozenset(event_kinds) if event_kinds is not None else _ALL_KINDS
         #: The event kinds the collector takes, or None when it takes them all.
         self._kinds = None if kinds >= _ALL_KINDS else kinds
@@ -172,9 +199,66 @@ class Router:
         :meth:`accepts`."""
         return not self._include and not self._exclude and self._kinds is None
 
+    @property
+    def by_run(self) -> bool:
+        """True when a rule names ``dataset_namespace``: RunEvents are then routed by run
+        (:mod:`relay.stages.run_route`), with :meth:`learn` and :meth:`judge`."""
+        return bool(self._by_dataset)
+
+    def learn(self, event: LineageEvent, touched: int) -> int:
+        """``touched`` (what the earlier events of ``event``'s run named: one bit per rule
+        with a ``dataset_namespace``, 0 at first) with what ``event`` names: the bit of each
+        rule whose job fields and kinds match the event (every event of a run shares them)
+        and whose pattern matches one of its dataset namespaces. Whatever the event type:
+        a run that wrote to ``s3://warehouse`` in a RUNNING event touches it. Reads the
+        datasets only for rules whose bit is not set yet and whose job fields match."""
+        namespaces: list[str] | None = None
+        for rule in self._by_dataset:
+            if not touched & rule.bit and rule.matches_run(event):
+                if namespaces is None:
+                    namespaces = dataset_namespaces(event)
+                if any(map(rule.dataset_namespace, namespaces)):
+                    touched |= rule.bit
+        return touched
+
+    def judge(self, event: LineageEvent, touched: int) -> str | None:
+        """:meth:`accepts` for an event of a run whose events named what ``touched`` says
+        (see :meth:`learn`, which must have seen ``event`` itself): a rule's
+        ``dataset_namespace`` matches when its bit is set. Returns :data:`UNDECIDED` when
+        no include rule matches yet but one would once the run sets its bit (its other
+        fields match the event) and no exclude rule matches. Bits are only ever added: an
+        event routed (or excluded) stays so, an undecided one may be routed or excluded
+        later."""
+        if self._kinds is not None and event.kind not in self._kinds:
+            return UNSUPPORTED_EVENT_KIND
+        verdict: str | None = None
+        if self._include:
+            verdict = NOT_ROUTED
+            for rule in self._include:
+                if rule.matches_job(event):
+                    if not rule.bit or touched & rule.bit:
+                        verdict = None
+                        break
+                    verdict = UNDECIDED
+            if verdict is NOT_ROUTED:
+                return verdict
+        for rule in self._exclude:
+            if (not rule.bit or touched & rule.bit) and rule.matches_job(event):
+                return NOT_ROUTED
+        return verdict
+
+    def may_route(self, event: LineageEvent) -> bool:
+        """Whether ``event`` is routed, or may have been: it is no terminal and its run may
+        name a dataset an include rule wants (:data:`UNDECIDED` by what the event names
+        alone; a terminal ends its run's hold undecided). Pure."""
+        verdict = self.judge(event, self.learn(event, 0))
+        return verdict is None or (verdict is UNDECIDED and event.run_id is not None and not event.is_terminal)
+
     def accepts(self, event: LineageEvent) -> str | None:
         """``None`` when ``event`` is routed to this collector, else the reason:
-        ``unsupported_event_kind`` (the collector does not take its kind) or ``not_routed``."""
+        ``unsupported_event_kind`` (the collector does not take its kind) or ``not_routed``.
+        Judges ``dataset_namespace`` on the event alone (as for DatasetEvents and JobEvents;
+        a RunEvent's run is judged by :mod:`relay.stages.run_route` where the relay routes)."""
         if self._kinds is not None and event.kind not in self._kinds:
             return UNSUPPORTED_EVENT_KIND
         namespaces: list[str] | None = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from itertools import chain, zip_longest
@@ -19,7 +21,8 @@ from prometheus_client import generate_latest
 from relay.config import build_config
 from relay.embedded.broker import FAST_GROUP_PROPERTIES
 from relay.embedded.collector import RecordingCollector
-from relay.embedded.sample import dataset_event, job_event, message_key, spark_run
+from relay.embedded.sample import (PRODUCER_URI, SCHEMA_URL, dataset_event, iso_time, job_event, message_key,
+                                  spark_run)
 from relay.logs import JsonFormatter
 from tests.support.busy_collector import BusyCollector
 from tests.support.kafka import committed_offsets, produce, read_topic
@@ -245,3 +248,61 @@ def test_a_collector_that_raises_gets_its_event_dead_lettered_and_the_partition_
     assert third == ["START", "COMPLETE"]
     errors = [r for r in caplog.records if r.getMessage() == "delivery_error"]
     assert len(errors) == 1 and errors[0].exc_info is not None
+
+
+def ol_run(name: str, *steps: tuple[str, tuple[str, ...]], namespace: str = "spark-prod",
+           minute: int = 0) -> list[dict]:
+    """A run's events: ``(eventType, output dataset namespaces)`` each, no inputs."""
+    run_id = str(uuid.uuid5(uuid.NAMESPACE_OID, name))
+    return [{"eventType": event_type, "eventTime": iso_time(T0 + timedelta(minutes=minute, seconds=i)),
+             "producer": PRODUCER_URI, "schemaURL": SCHEMA_URL, "run": {"runId": run_id},
+             "job": {"namespace": namespace, "name": name}, "inputs": [],
+             "outputs": [{"namespace": ns, "name": f"{name}_out"} for ns in outputs]}
+            for i, (event_type, outputs) in enumerate(steps)]
+
+
+def test_a_route_by_dataset_namespace_takes_whole_runs_start_first_without_waiting(kafka):
+    """README's route: Spark runs that touch ``s3://warehouse*``, START/COMPLETE/FAIL. A
+    START names no output, its COMPLETE does: the START waits for it (its offset
+    uncommitted) and goes first, at once; a run writing elsewhere sends nothing. The START
+    used to be not routed and the COMPLETE held for it: dead-lettered after hold_timeout_s."""
+    topic, dlq, group = kafka.new_topic("by-run", partitions=2), kafka.new_topic("dlq"), kafka.new_group()
+    nothing: tuple[str, ...] = ()
+    warehouse = ol_run("warehouse_load", ("START", nothing), ("COMPLETE", ("s3://warehouse",)))
+    with_running = ol_run("warehouse_merge", ("START", nothing), ("RUNNING", nothing),
+                          ("COMPLETE", ("s3://warehouse",)), minute=1)
+    overtaken = ol_run("warehouse_late", ("START", nothing), ("COMPLETE", ("s3://warehouse",)), minute=2)
+    lake = ol_run("lake_only", ("START", nothing), ("RUNNING", ("s3://lake",)), ("COMPLETE", ("s3://lake",)),
+                  minute=3)
+    airflow = ol_run("airflow_task", ("START", nothing), ("COMPLETE", ("s3://warehouse",)), namespace="airflow",
+                     minute=4)
+    events = warehouse + with_running + overtaken[::-1] + lake + airflow  # a COMPLETE ahead of its START
+    stream = records(events)
+    produce(kafka.bootstrap_servers, topic, stream)
+    hold_timeout_s = 60
+    with RecordingCollector() as collector:
+        config = build_config({
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "topics": [topic], "group_id": group,
+                      "dlq_topic": dlq, "consumer_properties": dict(FAST_GROUP_PROPERTIES), "commit_interval_s": 0.5},
+            "collectors": [{"name": "warehouse", "url": collector.url, "route": {"include": [
+                {"job_namespace": "spark-*", "dataset_namespace": "s3://warehouse*",
+                 "event_types": ["START", "COMPLETE", "FAIL"]}]}}],
+            "pipeline": {"ordering": {"hold_timeout_s": hold_timeout_s, "on_hold_timeout": "dead_letter"}},
+            "http": {"port": None}, "drain_timeout_s": 10})
+        with RelayThread(config) as relay:
+            began = time.monotonic()
+            assert collector.wait_for(lambda c: c.count >= 6, hold_timeout_s / 2), collector.events()
+            assert time.monotonic() - began < hold_timeout_s / 2
+            # Everything settled (delivered, or not routed): every offset committed.
+            assert eventually(lambda: sum(o for o in committed_offsets(
+                kafka.bootstrap_servers, topic, group, 2).values() if o > 0) == len(stream), 30)
+            lane = relay.relay.lanes[0]
+            assert lane.held == 0 and lane.pending == 0
+            not_routed = relay.metric("lineage_relay_events_dropped_total", collector="warehouse",
+                                      reason="not_routed")
+    got = [(e["job"]["name"], e["eventType"]) for e in collector.events()]
+    by_job = {name: [t for n, t in got if n == name] for name, _ in got}
+    assert by_job == {"warehouse_load": ["START", "COMPLETE"], "warehouse_merge": ["START", "COMPLETE"],
+                      "warehouse_late": ["START", "COMPLETE"]}
+    assert not_routed == 1 + len(lake) + len(airflow)  # warehouse_merge's RUNNING, and the rest
+    assert read_topic(kafka.bootstrap_servers, dlq, expected=1, timeout_s=1) == []
