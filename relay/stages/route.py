@@ -36,8 +36,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import field_validator, model_validator
 
-from relay.frozen import Frozen
 from relay.events import EVENT_TYPES, LineageEvent
+from relay.frozen import Frozen
 
 #: The reason an event is not forwarded to a collector whose routes exclude it
 #: (a metric label; the event is not dead-lettered, it was simply not meant for it).

@@ -21,12 +21,26 @@ from prometheus_client import generate_latest
 from relay.config import build_config
 from relay.embedded.broker import FAST_GROUP_PROPERTIES
 from relay.embedded.collector import RecordingCollector
-from relay.embedded.sample import (PRODUCER_URI, SCHEMA_URL, dataset_event, iso_time, job_event, message_key,
-                                  spark_run)
+from relay.embedded.sample import (
+    PRODUCER_URI,
+    SCHEMA_URL,
+    dataset_event,
+    iso_time,
+    job_event,
+    message_key,
+    spark_run,
+)
 from relay.logs import JsonFormatter
 from tests.support.busy_collector import BusyCollector
 from tests.support.kafka import committed_offsets, produce, read_topic
-from tests.support.kind_servers import DATAHUB, MARQUEZ, OPENMETADATA, KindServer, atlan, kind_of
+from tests.support.kind_servers import (
+    DATAHUB,
+    MARQUEZ,
+    OPENMETADATA,
+    KindServer,
+    atlan,
+    kind_of,
+)
 from tests.support.relay import RelayProcess, RelayThread, eventually
 from tests.support.runs import TERMINAL, by_run
 from tests.support.spec import validator
