@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from relay.events import LineageEvent, Rejection
@@ -166,13 +166,14 @@ def write_frame(pipe: IO[bytes], payload: bytes) -> None:
     pipe.flush()
 
 
-def read_frame(pipe: IO[bytes], max_size: int) -> bytes:
-    """One answer; ValueError when its length is over ``max_size`` (not an answer: nothing
-    that large is read or allocated)."""
+def read_frame(pipe: IO[bytes], max_size: Callable[[], int]) -> bytes:
+    """One answer; ValueError when its length is over ``max_size()``, asked once the length
+    came (not an answer: nothing that large is read or allocated)."""
     header = pipe.read(_HEADER.size)
     if len(header) < _HEADER.size:
         raise EOFError("decode worker closed its output")
     (size,) = _HEADER.unpack(header)
+    max_size = max_size()
     if size > max_size:
         raise ValueError(f"decode worker answered a frame of {size} bytes, over the {max_size} its batch allows")
     payload = pipe.read(size)

@@ -166,7 +166,7 @@ class DecodeWorker:
         while True:
             with self._lock:
                 child = None
-                if not self.in_process:
+                if not self.in_process or alone:  # a suspect is never decoded here: it would kill the relay
                     turn = self._turn
                     self._turn = (turn + 1) % len(self._children)
                     child = self._children[turn]
@@ -238,13 +238,14 @@ class DecodeWorker:
         error: str | None = None
         died = False
         try:
-            while True:
+            def limit() -> int:
+                """Nothing longer than an answer to the oldest chunk sent can be one (it is
+                pending before it is written): a garbage length is refused, not allocated."""
                 with self._lock:
-                    oldest = child.pending[0] if child.pending else None
-                # Nothing longer than an answer to the oldest chunk can be one: a garbage
-                # length is refused, not allocated.
-                limit = _FRAME_SLACK + (0 if oldest is None else
-                                        sum(_ANSWER_SLACK + 4 * len(v) for v in oldest[0] if v))
+                    oldest = child.pending[0][0] if child.pending else ()
+                return _FRAME_SLACK + sum(_ANSWER_SLACK + 4 * len(v or b"") for v in oldest)
+
+            while True:
                 try:
                     payload = read_frame(child.stdout, limit)
                 except (OSError, EOFError) as err:
@@ -270,7 +271,7 @@ class DecodeWorker:
                 child.answered = True
                 batch.part_done(index, results)
                 # Hold nothing while waiting for the next answer: a batch's values can be large.
-                del values, batch, results, answers, payload, entry, oldest
+                del values, batch, results, answers, payload, entry
         except Exception as err:  # noqa: BLE001 - whatever it is, the batches held must be answered
             error = f"{type(err).__name__}: {err}"
         self._child_failed(child, error, died)
@@ -282,7 +283,9 @@ class DecodeWorker:
             child.pending.clear()
             closing = self._closed
             expected = closing and not orphans
-            if not expected and not child.answered:
+            # A child that never answered says the environment is broken, unless it died on
+            # a value sent alone: that is the value's doing (see the module docstring).
+            if not expected and not child.answered and not (died and orphans and orphans[0][3]):
                 self._failures += 1
             failures = self._failures
         if not expected:
@@ -294,11 +297,11 @@ class DecodeWorker:
         log_event(log, logging.WARNING, "decode_worker_failed", error=error, exit_code=exit_code,
                   failures=failures, in_process=failures >= _MAX_FAILURES, batches=len(orphans))
         for n, (values, batch, index, alone) in enumerate(orphans):
-            if closing:  # no new child now: decoded here
-                batch.part_done(index, self._decode_here(values))
-            elif n == 0 and died and alone:  # it died on this value alone, in a fresh child
+            if n == 0 and died and alone:  # it died on this value alone, in a fresh child
                 log_event(log, logging.ERROR, "decoder_crashed", bytes=len(values[0] or b""), exit_code=exit_code)
                 batch.part_done(index, [Rejection(DECODER_CRASHED, _crash_detail(values[0], exit_code))])
+            elif closing:  # no new child now: decoded here
+                batch.part_done(index, self._decode_here(values))
             elif n == 0 and died:  # what it was decoding: each value again, alone
                 part = _Batch(len(values), partial(_answer_part, batch, index))
                 for i, value in enumerate(values):

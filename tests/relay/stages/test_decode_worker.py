@@ -7,6 +7,7 @@ import random
 import signal
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 
 import orjson
@@ -311,3 +312,64 @@ def test_whatever_else_writes_to_the_childs_stdout_never_mixes_with_its_answers(
         worker.close()
     assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(got, batch)] == [True] * len(batch)
     assert not in_process
+
+
+_KILLER_SITE = """
+import os, signal
+try:
+    import relay.stages.decode as _decode
+    _real = _decode.decode_fields
+
+    def decode_fields(value, *, max_bytes):
+        if value is not None and b"KILLER" in bytes(value):  # as the out-of-memory killer would
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _real(value, max_bytes=max_bytes)
+
+    _decode.decode_fields = decode_fields
+except ImportError:
+    pass
+"""
+
+
+def test_records_that_kill_children_one_after_another_never_get_decoded_in_the_relay(tmp_path, monkeypatch):
+    """Three records in a row that each kill the child parsing them (one sent three times by
+    a producer's retries): the fresh children that die on them alone had answered nothing,
+    and counted as a broken environment, so the third was decoded in the relay (which died
+    with it, at every restart). A death on a value alone is the value's doing."""
+    (tmp_path / "sitecustomize.py").write_text(_KILLER_SITE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    good = [v for v in values() if v is not None and 0 < len(v) <= MAX][:6]
+    killer = orjson.dumps({**orjson.loads(good[0]), "note": "KILLER"})
+    batch = [*good[:3], killer, killer, killer, *good[3:]]
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        got = worker.decode(batch, timeout_s=60)
+        in_process = worker.in_process
+    finally:
+        worker.close()
+    assert [getattr(r, "reason", None) for r in got[3:6]] == ["decoder_crashed"] * 3
+    want = [decode_record(v, max_bytes=MAX) for v in good]
+    assert [same(g, w) for g, w in zip(got[:3] + got[6:], want)] == [True] * len(want)
+    assert not in_process
+
+
+def test_an_answer_longer_than_a_mebibyte_is_taken_from_a_reader_that_was_waiting(caplog):
+    """The reader bounds an answer's length by the chunk it answers: it took the bound
+    before waiting, when nothing was pending (1 MiB), and killed the child for every answer
+    longer than that (a poll of 8,000 events), decoding each such batch twice."""
+    batch = [orjson.dumps({  # small (one chunk) and distinct (pickle shares equal answers)
+        "eventType": "START", "eventTime": "2024-05-01T12:00:00Z", "run": {"runId": str(uuid.UUID(int=i + 1))},
+        "job": {"namespace": "airflow-prod", "name": f"dag_{i}.task_{i}"}, "producer": "https://example.com/p",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"}) for i in range(8000)]
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        pid = worker._proc.pid
+        for _ in range(3):
+            got = worker.decode(batch, timeout_s=60)
+            assert len(got) == 8000 and type(got[-1]) is LineageEvent
+        assert worker._proc.pid == pid
+    finally:
+        worker.close()
+    assert "decode_worker_failed" not in caplog.text
