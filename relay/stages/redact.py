@@ -31,10 +31,13 @@ _SAS_SIG = re.compile(r"[?&;]sig=", re.IGNORECASE)
 _SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{0,31}://")
 _URL_END = re.compile(r"[\s\"'<>]")
 # A host, an IPv6 literal, each with an optional port; several, comma-separated (MongoDB);
-# then the end of the authority: anything that cannot go on a host (a path, a query, but
-# also the ',', ')' or '.' after a URL quoted in a message), never another '@' or ':'.
+# then the end of the authority: a path, a query, a fragment, JDBC's ';', or the URL's end.
 _HOST_PART = r"(?:\[[0-9A-Fa-f:.]{2,64}\]|[A-Za-z0-9._~%\-]{1,253})(?::[0-9]{0,5})?"
-_HOSTS = re.compile(rf"{_HOST_PART}(?:,{_HOST_PART}){{0,31}}(?=\.?(?:[^A-Za-z0-9._~%\-@:\[]|$))")
+_HOSTS = re.compile(rf"{_HOST_PART}(?:,{_HOST_PART}){{0,31}}(?=[/?#;]|$)")
+# The same, ending with punctuation that closes a URL quoted in a message ("...@db:5432,",
+# "(...@db)", "...@db:5432."): taken only where no '@' of the URL ends as above, so that
+# a password holding '@' is never cut there ("pa@ss!2024@db/x").
+_HOSTS_IN_TEXT = re.compile(rf"{_HOST_PART}(?:,{_HOST_PART}){{0,31}}(?=[.,:;!?)\]}}]+$)")
 # What follows the ':' of host:port when a path, query or fragment comes next.
 _PORT_THEN_MORE = re.compile(r"[0-9]{1,5}[/?#]")
 #: Schemes whose password-less userinfo is taken for a token (https://<token>@github.com/...).
@@ -113,15 +116,21 @@ def _strip_userinfo(text: str) -> str:
         end_m = _URL_END.search(text, start, start + _URL_MAX)
         url = text[start:end_m.start() if end_m else min(len(text), start + _URL_MAX)]
         scheme = m.group()[:-3].lower()
-        at = url.find("@")
+        at, found, in_text = url.find("@"), -1, -1
         for _ in range(_AT_MAX):
             if at < 0:
                 break
-            if _HOSTS.match(url, at + 1) and _is_userinfo(url[:at], scheme):
-                out.append(text[done:start])
-                done = start + at + 1
-                break
+            if _is_userinfo(url[:at], scheme):
+                if _HOSTS.match(url, at + 1):
+                    found = at
+                    break
+                if in_text < 0 and _HOSTS_IN_TEXT.match(url, at + 1):
+                    in_text = at
             at = url.find("@", at + 1)
+        found = found if found >= 0 else in_text
+        if found >= 0:
+            out.append(text[done:start])
+            done = start + found + 1
     if not out:
         return text
     out.append(text[done:])

@@ -239,6 +239,14 @@ def test_strings_without_credentials_are_kept(text: str) -> None:
      "FATAL at jdbc:postgresql://db.internal:5432. Retrying"),
     # A password holding '@' and a dot: not cut at the first '@'.
     ("s3a://KEY:ab@cd.ef@bucket.example", "s3a://bucket.example"),
+    # ... nor at an '@' followed by what ends a URL in a message ('!', '=', ')'...).
+    ("connecting to postgres://admin:Str0ng@Pass!2024@db.example.com:5432/prod failed",
+     "connecting to postgres://db.example.com:5432/prod failed"),
+    ("jdbc uri mysql://etl:s3cr3t@x*y@db:3306/app", "jdbc uri mysql://db:3306/app"),
+    ("mongodb://svc:Abc@def$ghi@mongo-1:27017,mongo-2:27017/db", "mongodb://mongo-1:27017,mongo-2:27017/db"),
+    ("https://user:my@pass.word!@host.example.com/path", "https://host.example.com/path"),
+    ("postgres://u:p@ssw0rd=1@db/x", "postgres://db/x"),
+    ("failed (postgres://u:pa@ss)@db.internal)", "failed (postgres://db.internal)"),
 ])
 def test_removing_a_secret_leaves_the_rest_of_the_text_as_it_was(text: str, clean: str) -> None:
     doc = run_events()[0]
