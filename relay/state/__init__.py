@@ -45,7 +45,10 @@ Rebalancing
 
 Not guaranteed
     Runs whose events arrive on several input partitions are owned by the first one's
-    partition only. A state larger than the producer's ``message.max.bytes`` (100 MB unless
+    partition only. When that partition is revoked, the run's events read from another
+    partition go with its record if a write holding them was acknowledged; one that no
+    acknowledged write holds (the revocation's writes timed out) holds its partition's
+    commits until that partition is read again (a restart, a rebalance). A state larger than the producer's ``message.max.bytes`` (100 MB unless
     set) or the state topic's ``max.message.bytes`` is kept in memory only (counted as
     ``run_state_writes_total{result="too_large"}``); a restart goes back to the run's last
     record written. Adding input partitions needs the same number added to the state topic.

@@ -61,6 +61,11 @@ class StateWrite:
 SEEN_MAX = 256
 
 
+def _hand_over(event: LineageEvent) -> None:
+    if event.ticket is not None:
+        event.ticket.release()
+
+
 def _by_seq(write: StateWrite) -> int:
     return write.seq
 
@@ -263,20 +268,25 @@ class RunStateTable:
                 slot.unsent = [*(e for w in carried for e in w.to_send), *slot.unsent]
                 self._dirty[write.run_id] = None
             return
-        if slot.carried and current:
+        # Not current: the run was revoked (or reopened) meanwhile. What the write holds is
+        # durable all the same, in the run's record, whose new owner sends its outbox: the
+        # events are handed over (settled here: one read from a partition still assigned
+        # here would otherwise hold its commits for good).
+        send = self._send if current else _hand_over
+        if slot.carried:
             held = [w for w in slot.carried if w.seq < write.seq]
             slot.carried = [w for w in slot.carried if w.seq > write.seq] or ()
             for earlier in held:
                 for ticket in earlier.tickets:
                     ticket.release()
                 for event in earlier.to_send:
-                    self._send(event)
+                    send(event)
         for ticket in write.tickets:
             ticket.release()
+        for event in write.to_send:
+            send(event)
         if not current:
             return
-        for event in write.to_send:
-            self._send(event)
         if write.final and not slot.writing and not slot.outbox and write.run_id not in self._dirty \
                 and write.run_id not in self._delivered:
             del self._slots[write.run_id]

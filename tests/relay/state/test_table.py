@@ -508,3 +508,30 @@ def test_state_written_by_an_earlier_version_with_events_decode_now_refuses_is_r
         fresh.write(commit=False)
     sent = [orjson.loads(e.body) for e, _ in fresh.submitted]
     assert old_complete in sent
+
+
+async def test_a_write_acknowledged_after_its_runs_partition_was_revoked_hands_its_events_over():
+    """The write holding a moved run's START (read from a partition kept here) was in flight
+    at the revocation: once acknowledged, the START is durable in the record the new owner
+    restores and sends, so it is settled here; it used to be neither sent nor settled, and
+    the kept partition's commits stopped at it."""
+    start, running, _ = spark(1, partition=0)
+    start.source = SourceRef("ol", 1, start.source.offset)  # same run, the other partition
+    lane = CollectorLane(BlockingCollector(), CollectorConfig(name="c", url="http://127.0.0.1:9", mode="coalesce"),
+                         pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"),
+                         dead_letters=SlowDeadLetters())
+    await lane.start()
+    try:
+        lane.offer(running, 0.0)  # first, on partition 0: the run's state lives there
+        for write in lane.table.take_writes():
+            lane.table.written(write, ok=True)
+        lane.offer(start, 0.1)
+        in_flight = lane.table.take_writes()
+        lane.revoke({("ol", 0)})
+        lane.abort({("ol", 0)})
+        for write in in_flight:
+            lane.table.written(write, ok=True)
+        assert start.ticket.released == 1
+        assert lane.pending == 0  # handed over, not sent from here
+    finally:
+        await lane.close()
