@@ -48,8 +48,10 @@ Not guaranteed
     partition only. When that partition is revoked, the run's events read from another
     partition go with its record if a write holding them was acknowledged; one that no
     acknowledged write holds (the revocation's writes timed out) holds its partition's
-    commits until that partition is read again (a restart, a rebalance). A state larger than the producer's ``message.max.bytes`` (100 MB unless
-    set) or the state topic's ``max.message.bytes`` is kept in memory only (counted as
+    commits until that partition is read again (a restart, a rebalance).
+
+    A state larger than the producer's ``message.max.bytes`` (100 MB unless set) or the
+    state topic's ``max.message.bytes`` is kept in memory only (counted as
     ``run_state_writes_total{result="too_large"}``); a restart goes back to the run's last
     record written. Adding input partitions needs the same number added to the state topic.
 """
