@@ -7,7 +7,8 @@
 
 It registers a py4j ``QueryExecutionListener`` on the driver. Each action that writes data
 becomes a child run (START, then COMPLETE or FAIL) of the application run (START now,
-COMPLETE at ``spark.stop()``/exit, FAIL when the driver dies on an uncaught exception),
+COMPLETE at ``spark.stop()``/exit, FAIL when the driver dies on an uncaught exception or
+leaves through ``sys.exit`` with a non-zero status),
 with inputs, outputs, schema, dataSource, symlinks, lifecycleStateChange,
 outputStatistics, processing_engine, spark_properties and columnLineage facets.
 
@@ -15,7 +16,7 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 
 ================================================  =====================================
 ``spark.openlineage.disabled``                    ``true`` turns capture off (also ``$OPENLINEAGE_DISABLED``)
-``spark.openlineage.transport.*``                 where events go (see the producer docs)
+``spark.openlineage.transport.*``                 where events go (or OPENLINEAGE__TRANSPORT__*, openlineage.yml)
 ``spark.openlineage.namespace``                   job namespace (default ``default``)
 ``spark.openlineage.appName``                     application job name (default: app name)
 ``spark.openlineage.parentJobNamespace`` etc.     parent/root parent run (also ``OPENLINEAGE_PARENT_ID``)
@@ -52,6 +53,20 @@ def _bool(conf: dict[str, str], key: str, default: bool) -> bool:
     if value not in ("true", "false"):
         raise ConfigError(f"{key}: expected true or false, got {raw!r}")
     return value == "true"
+
+
+#: ProducerConfig fields only a transport section sets (not the namespace or parent ids).
+_TRANSPORT_FIELDS = frozenset({"bootstrap_servers", "topic", "properties", "message_key", "encoding",
+                               "journal_dir", "journal_max_bytes", "queue_max_events", "close_timeout_s"})
+
+
+def _transport_elsewhere(conf: dict[str, str]) -> bool:
+    """Whether one of the other sources :func:`producer.config.load_config` merges
+    (``OPENLINEAGE__TRANSPORT__*`` env, openlineage.yml) configures a transport of ours."""
+    from producer.sources import collect
+
+    values, _origins = collect(spark_conf=conf)
+    return any(field in values for field in _TRANSPORT_FIELDS)
 
 
 def _parents(conf: dict[str, str], producer: Any) -> tuple[tuple | None, tuple | None]:
@@ -125,12 +140,12 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
                      "capture not enabled here (pass producer= to send through this producer anyway)",
                      transport_type)
             return None
-        if producer_overrides or transport_type is not None:
+        if producer_overrides or transport_type is not None or _transport_elsewhere(conf):
             producer = built = LineageProducer(load_config(producer_overrides or None, spark_conf=conf))
         else:
             log.warning("lineage: no transport configured (set spark.openlineage.transport.type=kafka and "
-                        "spark.openlineage.transport.properties.bootstrap.servers, or pass producer=); "
-                        "capture not enabled")
+                        "spark.openlineage.transport.properties.bootstrap.servers, the OPENLINEAGE__TRANSPORT__* "
+                        "env vars or openlineage.yml, or pass producer=); capture not enabled")
             return None
     cfg_namespace = getattr(getattr(producer, "config", None), "namespace", None)
     settings = CaptureSettings(

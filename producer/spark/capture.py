@@ -18,6 +18,7 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -65,7 +66,13 @@ def dataset_refs(rel: Relation | None, settings: CaptureSettings) -> list[Datase
         ns, name = naming.from_jdbc(rel.jdbc_url, rel.jdbc_table or "")
         return [DatasetRef(naming.redact_uri(ns), name)]
     if rel.v2_name:
-        return [DatasetRef("spark_catalog", rel.v2_name)]
+        # A DataSourceV2 table: by location when it has one (named by a symlink), else by
+        # its catalog and identifier.
+        table_ns = _catalog_namespace(rel.v2_catalog, settings)
+        if rel.location:
+            ns, name = naming.from_path(naming.redact_uri(rel.location))
+            return [DatasetRef(ns, name, (table_ns, rel.v2_name))]
+        return [DatasetRef(table_ns, rel.v2_name)]
     if rel.table:
         symlink = (naming.table_symlink_namespace(settings.metastore_uris, settings.warehouse), rel.table)
         location = rel.location or (rel.paths[0] if rel.paths else None)
@@ -79,6 +86,15 @@ def dataset_refs(rel: Relation | None, settings: CaptureSettings) -> list[Datase
         if not any(r.namespace == ns and r.name == name for r in refs):
             refs.append(DatasetRef(ns, name))
     return refs
+
+
+def _catalog_namespace(catalog: str | None, settings: CaptureSettings) -> str:
+    """Where a catalog's table names live: Spark's session catalog is the metastore or
+    warehouse (as for V1 tables); another catalog is ``spark-catalog://<its name>``
+    (its name is only unique within the Spark configuration that defines it)."""
+    if catalog in (None, "spark_catalog"):
+        return naming.table_symlink_namespace(settings.metastore_uris, settings.warehouse)
+    return f"spark-catalog://{catalog}"
 
 
 def _type_name(data_type: Any) -> str:
@@ -105,7 +121,8 @@ def _attr_schema(exprs: list[Node]) -> list[dict]:
 
 def _dataset_facets(ref: DatasetRef, schema: list[dict] | None) -> dict:
     facets: dict[str, Any] = {
-        "dataSource": events.facet("DatasourceDatasetFacet", {"name": ref.namespace, "uri": _source_uri(ref.namespace)}),
+        "dataSource": events.facet("DatasourceDatasetFacet",
+                                   {"name": ref.namespace, "uri": _source_uri(ref.namespace)}),
     }
     if schema:
         facets["schema"] = events.facet("SchemaDatasetFacet", {"fields": schema})
@@ -115,13 +132,27 @@ def _dataset_facets(ref: DatasetRef, schema: list[dict] | None) -> dict:
     return facets
 
 
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+
+
 def _source_uri(namespace: str) -> str:
-    # The facet's uri must be an absolute URI; the local file system's namespace is the bare
-    # scheme ``file`` (naming spec), whose URI form is ``file:///``.
-    return namespace if ":" in namespace else f"{namespace}:///"
+    """The facet's ``uri`` must be an absolute URI. The local file system's namespace is the
+    bare scheme ``file`` (naming spec), whose URI form is ``file:///``; a namespace whose
+    scheme is not a valid URI scheme (``spark_catalog``) gets one (``spark-catalog``), and
+    characters a URI cannot hold are %-escaped."""
+    scheme, colon, rest = namespace.partition(":")
+    if not _URI_SCHEME.fullmatch(scheme):
+        scheme = re.sub(r"[^A-Za-z0-9+.\-]", "-", scheme)
+        scheme = scheme if scheme[:1].isalpha() else f"x{scheme}"
+    return f"{scheme}:{quote(rest, safe=_URI_SAFE)}" if colon else f"{scheme}:///"
 
 
-_LIFECYCLE = {"Overwrite": "OVERWRITE", "Create": "CREATE", "ErrorIfExists": "CREATE"}
+_URI_SAFE = "-._~:/?#[]@!$&'()*+,;=%"
+
+
+#: Save mode -> lifecycleStateChange. ErrorIfExists and Ignore write only a new dataset;
+#: Append changes none.
+_LIFECYCLE = {"Overwrite": "OVERWRITE", "Create": "CREATE", "ErrorIfExists": "CREATE", "Ignore": "CREATE"}
 
 
 @dataclass
@@ -251,7 +282,8 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
 
     # Job names are stable across runs and environments: the table name, else the last two
     # path segments (``<layer>/<table>`` in most lakes), not the full (temporary) root.
-    target = (snap.output.table if snap.output is not None and snap.output.table else
+    table = snap.output.table or snap.output.v2_name if snap.output is not None else None
+    target = (table if table else
               "/".join(out_refs[0].name.rstrip("/").split("/")[-2:]) if out_refs else snap.func)
     command = snake(snap.command)
     command = command[:-len("_command")] if command.endswith("_command") else command

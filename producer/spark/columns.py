@@ -7,6 +7,12 @@ single column; FILTER, JOIN, GROUP_BY, SORT for the whole dataset). Transformati
 by their strength (IDENTITY < TRANSFORMATION < AGGREGATION), and masking (a hash of the
 value) sticks once applied.
 
+Subquery plans (IN, EXISTS, scalar subqueries) are separate trees held by an expression's
+``plan`` field: their leaves are inputs too, numbered after the main plan's in the order of
+:func:`leaf_groups`, and their output columns feed the expression that holds them (so an
+``IN (SELECT ...)`` in a WHERE is a FILTER dependency). A common table expression's
+references (``CTERelationRef``) carry the columns of their definition (same ``cteId``).
+
 Contract: pure Python over :mod:`producer.spark.plan` trees. Node classes it does not know
 pass their children's columns through unchanged, so an unknown operator can make the
 answer less precise (e.g. a missing INDIRECT), never wrong about which columns feed which.
@@ -14,10 +20,11 @@ answer less precise (e.g. a missing INDIRECT), never wrong about which columns f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from producer.spark.plan import Node
+from producer.spark.plan import Node, parse_plan
 
 SourceField = tuple[int, str]                 # (input dataset index, column name)
 #: (source, "DIRECT"|"INDIRECT", subtype) -> masking
@@ -40,8 +47,58 @@ class ColumnLineageResult:
     dataset: set[tuple[SourceField, str]] = field(default_factory=set)
 
 
-def _refs(expr: Node) -> list[tuple[int, str, str, bool]]:
-    """Attribute references inside one expression: (exprId, type, subtype, masking)."""
+def _plans_in(value: Any, found: list[list[dict]]) -> None:
+    """Subquery plans (flat JSON) held by the expressions in one field's value, in pre-order.
+    Like Spark's ``Expression.collect``, a subquery expression's other fields are not
+    entered: a nested subquery belongs to its own plan's expressions."""
+    if not isinstance(value, list):
+        return
+    for item in value:
+        if isinstance(item, dict):
+            plan = item.get("plan")
+            if isinstance(plan, list) and plan:
+                found.append(plan)
+        elif isinstance(item, list):
+            _plans_in(item, found)
+
+
+def _direct_subqueries(plan_nodes: Iterable[Mapping[str, Any]]) -> list[list[dict]]:
+    """Spark's ``QueryPlan.subqueries`` over every node (``plan_nodes``: their fields, in
+    pre-order), as flat JSON arrays."""
+    found: list[list[dict]] = []
+    for fields in plan_nodes:
+        for value in fields.values():
+            _plans_in(value, found)
+    return found
+
+
+def subquery_plans(plan_nodes: Iterable[Mapping[str, Any]]) -> list[list[dict]]:
+    """Spark's ``QueryPlan.subqueriesAll`` order: the subqueries of every node in pre-order,
+    then, for each of them, its own ``subquery_plans``."""
+    direct = _direct_subqueries(plan_nodes)
+    return direct + [plan for sub in direct for plan in subquery_plans(sub)]
+
+
+def leaf_groups(nodes: list[dict]) -> list[list[dict]]:
+    """The leaves of a plan's flat JSON (Spark's ``collectLeaves()`` order), then those of
+    each subquery plan in ``subqueriesAll()`` order: one list per plan. The JVM side
+    collects the leaves it resolves in this same order."""
+    return [[n for n in plan if n.get("num-children") == 0] for plan in [nodes, *subquery_plans(nodes)]]
+
+
+def plan_leaves(query: Node) -> list[Node]:
+    """The leaves of ``query`` and of its subquery plans, in :func:`leaf_groups` order (the
+    order of the relations the JVM side resolves). Subquery plans are parsed here, so their
+    leaves are not the objects :class:`_Tracer` numbers; use this for their schemas."""
+    return query.leaves() + [leaf for raw in subquery_plans(n.fields for n in query.walk())
+                             for leaf in parse_plan(raw).leaves()]
+
+
+def _refs(expr: Node, subqueries: Mapping[int, list[int | None]] | None = None) -> list[tuple[int, str, str, bool]]:
+    """Attribute references inside one expression: (exprId, type, subtype, masking).
+    A subquery expression refers to its plan's output columns (``subqueries``: output ids
+    by ``id()`` of the plan's JSON); its own children (the correlated outer columns) are
+    left to the subquery's filter, which names them through ``OuterReference``."""
     top = expr.children[0] if expr.cls == "Alias" and expr.children else expr
     if top.cls == "AttributeReference":
         return [(top.expr_id, "DIRECT", "IDENTITY", False)] if top.expr_id is not None else []
@@ -57,8 +114,16 @@ def _refs(expr: Node) -> list[tuple[int, str, str, bool]]:
                 else:
                     out.append((node.expr_id, "DIRECT", "AGGREGATION" if agg else "TRANSFORMATION", mask))
             continue
-        if node.cls in ("ScalarSubquery", "Exists", "ListQuery", "InSubquery"):
-            continue  # their plans are separate trees
+        plan = node.fields.get("plan")
+        if isinstance(plan, list):
+            for out_id in (subqueries or {}).get(id(plan), []):
+                if out_id is not None:
+                    out.append((out_id, "INDIRECT", indirect, mask) if indirect else
+                               (out_id, "DIRECT", "AGGREGATION" if agg else "TRANSFORMATION", mask))
+            continue
+        if node.cls == "OuterReference":
+            stack.extend((e, agg, indirect, mask) for e in node.exprs("e"))
+            continue
         agg = agg or node.cls == "AggregateExpression"
         mask = mask or node.cls in MASKING_FUNCTIONS
         kids = node.children
@@ -92,14 +157,6 @@ def _derive(refs: list[tuple[int, str, str, bool]], attrs: dict[int, Lineage]) -
     return new
 
 
-def _indirect_sources(exprs: list[Node], attrs: dict[int, Lineage], subtype: str,
-                      into: set[tuple[SourceField, str]]) -> None:
-    for expr in exprs:
-        for ref_id, _kind, _sub, _mask in _refs(expr):
-            for (src, _t, _st) in attrs.get(ref_id, {}):
-                into.add((src, subtype))
-
-
 def _output_ids(exprs: list[Node]) -> list[int | None]:
     return [e.expr_id for e in exprs]
 
@@ -107,86 +164,163 @@ def _output_ids(exprs: list[Node]) -> list[int | None]:
 def trace(query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> ColumnLineageResult:
     """Trace ``query``'s output columns back to the input datasets.
 
-    ``leaf_dataset(i, leaf)`` gives the input dataset index of the ``i``-th leaf (pre-order)
-    or None for leaves that are not datasets (an in-memory DataFrame).
+    ``leaf_dataset(i, leaf)`` gives the input dataset index of the ``i``-th leaf or None for
+    leaves that are not datasets (an in-memory DataFrame); leaves are numbered in
+    :func:`leaf_groups` order (the main plan's in pre-order, then each subquery plan's).
     """
-    attrs: dict[int, Lineage] = {}
-    outputs: dict[int, list[int | None]] = {}
-    result = ColumnLineageResult()
-    leaf_index = {id(n): i for i, n in enumerate(query.leaves())}
+    return _Tracer(query, leaf_dataset).run()
 
-    # Post-order without recursion.
-    order: list[Node] = []
-    stack = [query]
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(node.children)
-    for node in reversed(order):
-        kids = node.children
-        cls = node.cls
-        if not kids:
-            exprs = node.exprs("output")
-            ids = _output_ids(exprs)
-            ds = leaf_dataset(leaf_index[id(node)], node)
-            for e in exprs:
-                if e.expr_id is not None:
-                    attrs[e.expr_id] = {} if ds is None or e.name is None else {((ds, e.name), "DIRECT", "IDENTITY"): False}
-            outputs[id(node)] = ids
-            continue
-        child_out = [i for c in kids for i in outputs.get(id(c), [])]
-        if cls == "Project":
-            exprs = node.exprs("projectList")
-            for e in exprs:
-                if e.expr_id is not None:
-                    attrs[e.expr_id] = _derive(_refs(e), attrs)
-            outputs[id(node)] = _output_ids(exprs)
-        elif cls == "Aggregate":
-            _indirect_sources(node.exprs("groupingExpressions"), attrs, "GROUP_BY", result.dataset)
-            exprs = node.exprs("aggregateExpressions")
-            for e in exprs:
-                if e.expr_id is not None:
-                    attrs[e.expr_id] = _derive(_refs(e), attrs)
-            outputs[id(node)] = _output_ids(exprs)
-        elif cls == "Window":
-            exprs = node.exprs("windowExpressions")
-            for e in exprs:
-                if e.expr_id is not None:
-                    attrs[e.expr_id] = _derive(_refs(e), attrs)
-            outputs[id(node)] = outputs.get(id(kids[0]), []) + _output_ids(exprs)
-        elif cls == "Filter":
-            _indirect_sources(node.exprs("condition"), attrs, "FILTER", result.dataset)
-            outputs[id(node)] = child_out
-        elif cls == "Join":
-            _indirect_sources(node.exprs("condition"), attrs, "JOIN", result.dataset)
-            join_type = str(node.fields.get("joinType"))
-            left_only = any(t in join_type for t in _LEFT_ONLY_JOINS)
-            outputs[id(node)] = outputs.get(id(kids[0]), []) if left_only else child_out
-        elif cls == "Sort":
-            _indirect_sources(node.exprs("order"), attrs, "SORT", result.dataset)
-            outputs[id(node)] = child_out
-        elif cls == "Union":
-            first = outputs.get(id(kids[0]), [])
-            for pos, out_id in enumerate(first):
-                if out_id is None:
+
+class _Tracer:
+    """One trace: lineage by exprId, each plan node's output ids, CTE definitions' outputs."""
+
+    def __init__(self, query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> None:
+        self.query = query
+        self.leaf_dataset = leaf_dataset
+        self.attrs: dict[int, Lineage] = {}
+        self.outputs: dict[int, list[int | None]] = {}
+        self.result = ColumnLineageResult()
+        self.ctes: dict[Any, list[int | None]] = {}        # cteId -> its definition's output ids
+        self.sub_outputs: dict[int, list[int | None]] = {}  # id(subquery JSON) -> output ids
+        raw_subs = subquery_plans(n.fields for n in query.walk())
+        self.sub_plans = {id(raw): parse_plan(raw) for raw in raw_subs}
+        leaves = query.leaves() + [leaf for raw in raw_subs for leaf in self.sub_plans[id(raw)].leaves()]
+        self.leaf_index = {id(n): i for i, n in enumerate(leaves)}
+
+    def run(self) -> ColumnLineageResult:
+        order = self._trace_plan(self.query)
+        names = {e.expr_id: e.name for n in order
+                 for f in ("projectList", "aggregateExpressions", "windowExpressions", "generatorOutput", "output")
+                 for e in n.exprs(f) if e.expr_id is not None}
+        for out_id in self.outputs.get(id(self.query), []):
+            if out_id is not None:
+                self.result.columns.append((names.get(out_id) or f"col{out_id}", self.attrs.get(out_id, {})))
+        return self.result
+
+    def _refs(self, expr: Node) -> list[tuple[int, str, str, bool]]:
+        return _refs(expr, self.sub_outputs)
+
+    def _derive_all(self, exprs: list[Node]) -> None:
+        for e in exprs:
+            if e.expr_id is not None:
+                self.attrs[e.expr_id] = _derive(self._refs(e), self.attrs)
+
+    def _indirect(self, exprs: list[Node], subtype: str) -> None:
+        for expr in exprs:
+            for ref_id, _kind, _sub, _mask in self._refs(expr):
+                for (src, _t, _st) in self.attrs.get(ref_id, {}):
+                    self.result.dataset.add((src, subtype))
+
+    def _subqueries_of(self, node: Node) -> None:
+        """Trace the subquery plans this node's expressions hold (after its children, so a
+        correlated subquery finds the outer columns it refers to)."""
+        for raw in _direct_subqueries([node.fields]):
+            if id(raw) in self.sub_outputs or id(raw) not in self.sub_plans:
+                continue
+            plan = self.sub_plans[id(raw)]
+            self._trace_plan(plan)
+            self.sub_outputs[id(raw)] = self.outputs.get(id(plan), [])
+
+    def _trace_plan(self, plan: Node) -> list[Node]:
+        """Post-order over ``plan`` without recursion; returns its nodes (pre-order)."""
+        outputs = self.outputs
+        order: list[Node] = []
+        stack = [plan]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children)
+        for node in reversed(order):
+            kids = node.children
+            cls = node.cls
+            self._subqueries_of(node)
+            if not kids:
+                self._leaf(node)
+                continue
+            child_out = [i for c in kids for i in outputs.get(id(c), [])]
+            if cls == "Project":
+                self._derive_all(node.exprs("projectList"))
+                outputs[id(node)] = _output_ids(node.exprs("projectList"))
+            elif cls == "Aggregate":
+                self._indirect(node.exprs("groupingExpressions"), "GROUP_BY")
+                self._derive_all(node.exprs("aggregateExpressions"))
+                outputs[id(node)] = _output_ids(node.exprs("aggregateExpressions"))
+            elif cls == "Window":
+                self._derive_all(node.exprs("windowExpressions"))
+                outputs[id(node)] = outputs.get(id(kids[0]), []) + _output_ids(node.exprs("windowExpressions"))
+            elif cls == "Generate":
+                self._generate(node)
+            elif cls == "Filter":
+                self._indirect(node.exprs("condition"), "FILTER")
+                outputs[id(node)] = child_out
+            elif cls == "Join":
+                self._indirect(node.exprs("condition"), "JOIN")
+                join_type = str(node.fields.get("joinType"))
+                left_only = any(t in join_type for t in _LEFT_ONLY_JOINS)
+                outputs[id(node)] = outputs.get(id(kids[0]), []) if left_only else child_out
+            elif cls == "Sort":
+                self._indirect(node.exprs("order"), "SORT")
+                outputs[id(node)] = child_out
+            elif cls == "Union":
+                self._union(node)
+            elif cls == "WithCTE":  # children: the definitions, then the query
+                outputs[id(node)] = outputs.get(id(kids[-1]), [])
+            else:
+                outputs[id(node)] = child_out
+                if cls == "CTERelationDef":
+                    self.ctes[node.fields.get("id")] = child_out
+        return order
+
+    def _leaf(self, node: Node) -> None:
+        exprs = node.exprs("output")
+        self.outputs[id(node)] = _output_ids(exprs)
+        if node.cls == "CTERelationRef":
+            # A reference's columns are its definition's, by position; the first reference
+            # may even share the definition's exprIds.
+            defined = self.ctes.get(node.fields.get("cteId"))
+            for pos, e in enumerate(exprs):
+                if e.expr_id is None:
                     continue
-                merged: Lineage = dict(attrs.get(out_id, {}))
-                for other in kids[1:]:
-                    other_ids = outputs.get(id(other), [])
-                    if pos < len(other_ids) and other_ids[pos] is not None:
-                        for key, m in attrs.get(other_ids[pos], {}).items():
-                            merged[key] = merged.get(key, False) or m
-                attrs[out_id] = merged
-            outputs[id(node)] = first
-        else:
-            outputs[id(node)] = child_out
+                source = defined[pos] if defined is not None and pos < len(defined) else None
+                if source is not None:
+                    self.attrs[e.expr_id] = dict(self.attrs.get(source, {}))
+                else:
+                    self.attrs.setdefault(e.expr_id, {})
+            return
+        index = self.leaf_index.get(id(node))
+        ds = self.leaf_dataset(index, node) if index is not None else None
+        for e in exprs:
+            if e.expr_id is not None:
+                self.attrs[e.expr_id] = ({} if ds is None or e.name is None
+                                         else {((ds, e.name), "DIRECT", "IDENTITY"): False})
 
-    names = {e.expr_id: e.name for n in order for f in ("projectList", "aggregateExpressions", "windowExpressions", "output")
-             for e in n.exprs(f) if e.expr_id is not None}
-    for out_id in outputs.get(id(query), []):
-        if out_id is not None:
-            result.columns.append((names.get(out_id) or f"col{out_id}", attrs.get(out_id, {})))
-    return result
+    def _generate(self, node: Node) -> None:
+        """``explode(arr)`` and the like: every generated column derives from the generator's
+        arguments; the child's columns pass through, less those Spark marked unrequired."""
+        refs = [r for g in node.exprs("generator") for r in self._refs(g)]
+        lineage = _derive(refs, self.attrs)
+        generated = node.exprs("generatorOutput")
+        for e in generated:
+            if e.expr_id is not None:
+                self.attrs[e.expr_id] = dict(lineage)
+        unrequired = set(node.fields.get("unrequiredChildIndex") or [])
+        child_ids = self.outputs.get(id(node.children[0]), [])
+        self.outputs[id(node)] = [i for p, i in enumerate(child_ids) if p not in unrequired] + _output_ids(generated)
+
+    def _union(self, node: Node) -> None:
+        kids = node.children
+        first = self.outputs.get(id(kids[0]), [])
+        for pos, out_id in enumerate(first):
+            if out_id is None:
+                continue
+            merged: Lineage = dict(self.attrs.get(out_id, {}))
+            for other in kids[1:]:
+                other_ids = self.outputs.get(id(other), [])
+                if pos < len(other_ids) and other_ids[pos] is not None:
+                    for key, m in self.attrs.get(other_ids[pos], {}).items():
+                        merged[key] = merged.get(key, False) or m
+            self.attrs[out_id] = merged
+        self.outputs[id(node)] = first
 
 
 def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],

@@ -36,7 +36,6 @@ def _install_tracking() -> None:
     object's finalizer is dropped (so py4j never deletes it alone) and its id kept."""
     if _PATCHED:
         return
-    from py4j.finalizer import ThreadSafeFinalizer
     from py4j.java_gateway import JavaObject
 
     original = JavaObject.__init__
@@ -152,7 +151,19 @@ TABLE_INSERTS = {"InsertIntoHiveTable"}
 SOURCE_SAVES = {"SaveIntoDataSourceCommand"}
 V2_WRITES = {"AppendData", "OverwriteByExpression", "OverwritePartitionsDynamic"}
 V2_CREATES = {"CreateTableAsSelect", "ReplaceTableAsSelect", "AtomicCreateTableAsSelect"}
-WRITE_COMMANDS = FILE_WRITES | TABLE_CREATES | TABLE_INSERTS | SOURCE_SAVES | V2_WRITES | V2_CREATES
+#: Row-level changes: Spark's DataSourceV2 commands (rewritten to ReplaceData/WriteDelta for
+#: tables that support it) and Delta Lake's own commands, which name their target ``target``.
+V2_ROW_LEVEL = {"ReplaceData", "WriteDelta", "MergeIntoTable", "DeleteFromTable", "UpdateTable"}
+DELTA_ROW_LEVEL = {"MergeIntoCommand", "DeleteCommand", "UpdateCommand"}
+WRITE_COMMANDS = (FILE_WRITES | TABLE_CREATES | TABLE_INSERTS | SOURCE_SAVES | V2_WRITES | V2_CREATES
+                  | V2_ROW_LEVEL | DELTA_ROW_LEVEL)
+
+
+def command_of(qe: Any) -> str:
+    """The class name of the action's analysed plan (``TreeNode.nodeName``), in two py4j
+    calls: enough to tell a write (one of :data:`WRITE_COMMANDS`) from a read before paying
+    for a :func:`snapshot`."""
+    return str(qe.analyzed().nodeName())
 
 
 @dataclass
@@ -165,7 +176,8 @@ class Relation:
     location: str | None = None       # a catalog table's storage location
     jdbc_url: str | None = None
     jdbc_table: str | None = None
-    v2_name: str | None = None
+    v2_name: str | None = None        # a DataSourceV2 table's identifier in its catalog
+    v2_catalog: str | None = None     # that catalog's name (``spark_catalog``, ``iceberg``, ...)
     fmt: str | None = None
 
 
@@ -248,16 +260,39 @@ class LeafInfo:
     has_table: bool  # a catalog table is attached (the JSON has "catalogTable" only then)
 
 
-def _leaf_infos(snap: ActionSnapshot, count: int) -> list[LeafInfo | None]:
-    """The plan's leaves in ``collectLeaves()`` order (both are pre-order walks of the
-    children), from its JSON; None for each when unknown."""
+def _leaf_infos(snap: ActionSnapshot) -> list[list[LeafInfo]] | None:
+    """From the plan's JSON, its leaves in ``collectLeaves()`` order (both are pre-order
+    walks of the children), then each subquery plan's in ``subqueriesAll()`` order (see
+    :func:`producer.spark.columns.leaf_groups`): one list per plan; None when unknown."""
+    from producer.spark.columns import leaf_groups  # pure; the one definition of the order
+
     try:
-        nodes = snap.query_nodes or []
-        infos = [LeafInfo(node["class"].rpartition(".")[2], node.get("catalogTable") is not None)
-                 for node in nodes if node.get("num-children") == 0]
+        if snap.query_nodes is None:
+            return None
+        return [[LeafInfo(node["class"].rpartition(".")[2], node.get("catalogTable") is not None)
+                 for node in group] for group in leaf_groups(snap.query_nodes)]
     except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
-        infos = []
-    return infos if len(infos) == count else [None] * count
+        return None
+
+
+def _input_leaves(gateway: Any, snap: ActionSnapshot, query: Any) -> list[Relation | None]:
+    """Every leaf of ``query`` and of its subquery plans (a table read only inside
+    ``IN (SELECT ...)``, ``EXISTS`` or a scalar subquery is an input too), in the order of
+    :func:`_leaf_infos`. Without subqueries (known from the JSON), two calls as before."""
+    groups = _leaf_infos(snap)
+    plans = [query]
+    if groups is None or len(groups) > 1:
+        subqueries = query.subqueriesAll()
+        plans += [subqueries.apply(j) for j in range(subqueries.length())]
+    # Indexed by length()/apply(): py4j's iterator protocol ends every loop with a Java
+    # NoSuchElementException that PySpark converts at a cost of ~40 ms.
+    seqs = [plan.collectLeaves() for plan in plans]
+    counts = [seq.length() for seq in seqs]
+    infos: list[list[LeafInfo | None]] = (
+        groups if groups is not None and [len(g) for g in groups] == counts else [[None] * c for c in counts])
+    # A leaf that cannot be data at rest (known from the JSON) is not even fetched.
+    return [relation_of(gateway, seq.apply(i), info) if info is None or info.kind in _RELATION_KINDS else None
+            for seq, group in zip(seqs, infos) for i, info in enumerate(group)]
 
 
 def _catalog_table(table: Any) -> Relation:
@@ -303,9 +338,46 @@ def relation_of(gateway: Any, node: Any, leaf: LeafInfo | None = None) -> Relati
         return _catalog_table(node.tableMeta())
     if kind in ("DataSourceV2Relation", "DataSourceV2ScanRelation"):
         rel = node if kind == "DataSourceV2Relation" else node.relation()
-        name = rel.table().name()
-        return None if name.startswith("noop") else Relation(v2_name=name)
+        catalog = _opt(rel.catalog())
+        return v2_table(rel.table(), catalog.name() if catalog is not None else None, _opt(rel.identifier()))
     return None
+
+
+def v2_table(table: Any, catalog: str | None, ident: Any) -> Relation | None:
+    """A DataSourceV2 ``Table`` (None for Spark's ``noop`` sink). Named as the official
+    integration does: a JDBC catalog's table by its JDBC URL, a table with a ``location``
+    property (Iceberg, Delta, the session catalog) by that location, any other by its
+    catalog and identifier (``ident``; ``Table.name()`` when there is none)."""
+    kind = table.getClass().getSimpleName()
+    if kind == "NoopTable":
+        return None
+    name = str(ident.toString()) if ident is not None else str(table.name())
+    if kind == "JDBCTable":
+        return Relation(jdbc_url=table.jdbcOptions().url(), jdbc_table=name)
+    location = table.properties().get("location")
+    return Relation(v2_name=name, v2_catalog=catalog, location=str(location) if location is not None else None)
+
+
+def _v2_created(created: Any) -> Relation:
+    """The table a V2 CTAS/RTAS wrote (``ResolvedIdentifier``: catalog and identifier),
+    loaded from its catalog for its location or JDBC URL; if it cannot be loaded (a
+    failed CTAS), named by catalog and identifier."""
+    catalog, ident = created.catalog(), created.identifier()
+    catalog_name = str(catalog.name())
+    try:
+        rel = v2_table(catalog.loadTable(ident), catalog_name, ident)
+    except Exception:  # noqa: BLE001 - not created, or not a TableCatalog
+        rel = None
+    return rel if rel is not None else Relation(v2_name=str(ident.toString()), v2_catalog=catalog_name)
+
+
+def _unaliased(plan: Any) -> Any:
+    """``plan`` without its ``SubqueryAlias`` wrappers (``MERGE INTO t AS target``)."""
+    for _ in range(8):
+        if plan.nodeName() != "SubqueryAlias":
+            break
+        plan = plan.child()
+    return plan
 
 
 def _table_location(session: Any, table: Any) -> str | None:
@@ -367,10 +439,11 @@ def _analysis_start_asked(phases: Any) -> int | None:
 
 
 def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: int,
-             error: Any = None) -> ActionSnapshot:
-    """Everything lineage needs from one finished (or failed) action."""
+             error: Any = None, command: str | None = None) -> ActionSnapshot:
+    """Everything lineage needs from one finished (or failed) action (``command``: its
+    :func:`command_of`, when already known)."""
     analyzed = qe.analyzed()
-    command = analyzed.getClass().getSimpleName()
+    command = command or str(analyzed.nodeName())
     snap = ActionSnapshot(func=func, command=command, started_ms=_started_ms(qe))
     query = analyzed
     if command in FILE_WRITES:
@@ -383,7 +456,9 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     elif command in TABLE_CREATES:
         snap.output = _catalog_table(analyzed.tableDesc() if command != "CreateDataSourceTableAsSelectCommand"
                                      else analyzed.table())
-        snap.mode = "Create"
+        # saveAsTable into an existing table runs this command too: its SaveMode tells
+        # an append (no lifecycle change) from an overwrite or a create.
+        snap.mode = analyzed.mode().toString()
         query = analyzed.query()
     elif command in TABLE_INSERTS:
         snap.output = _catalog_table(analyzed.table())
@@ -403,9 +478,22 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
         snap.mode = "Append" if command == "AppendData" else "Overwrite"
         query = analyzed.query()
     elif command in V2_CREATES:
-        snap.output = Relation(v2_name=analyzed.name().toString())
-        snap.mode = "Create"
+        snap.output = _v2_created(analyzed.name())
+        snap.mode = "Create" if command != "ReplaceTableAsSelect" else "Overwrite"
         query = analyzed.query()
+    elif command in V2_ROW_LEVEL or command in DELTA_ROW_LEVEL:
+        # The target is read and written; MERGE also reads its source. What cannot be
+        # found here raises, and the listener reports the run with an extractionError.
+        if command == "MergeIntoTable":
+            target, query = _unaliased(analyzed.targetTable()), analyzed.sourceTable()
+        elif command in ("ReplaceData", "WriteDelta"):
+            target, query = analyzed.table(), analyzed.query()
+        elif command in DELTA_ROW_LEVEL:
+            target = _unaliased(analyzed.target())
+            query = analyzed.source() if command == "MergeIntoCommand" else target
+        else:
+            target = query = _unaliased(analyzed.table())
+        snap.output = relation_of(gateway, target)
     if snap.output is not None and command in TABLE_CREATES and snap.output.location is None:
         snap.output.location = _table_location(session, analyzed.table() if command ==
                                                 "CreateDataSourceTableAsSelectCommand" else analyzed.tableDesc())
@@ -413,14 +501,7 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     snap.query_json, snap.plan_bytes = plan_json(gateway, query, max_plan_bytes)
     if snap.output is not None:
         snap.output_schema_json = query.schema().json()
-    # Indexed by length()/apply(): py4j's iterator protocol ends every loop with a Java
-    # NoSuchElementException that PySpark converts at a cost of ~40 ms.
-    leaves = query.collectLeaves()
-    count = leaves.length()
-    infos = _leaf_infos(snap, count)
-    # A leaf that cannot be data at rest (known from the JSON) is not even fetched.
-    snap.leaves = [relation_of(gateway, leaves.apply(i), info) if info is None or info.kind in _RELATION_KINDS
-                   else None for i, info in enumerate(infos)]
+    snap.leaves = _input_leaves(gateway, snap, query)
     if error is None:
         try:
             snap.metrics = _metrics(qe.executedPlan())

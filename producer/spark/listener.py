@@ -29,6 +29,12 @@ log = logging.getLogger("producer.spark")
 Parent = tuple[str, str, str]
 # QueryExecutionListener function names of actions that write data.
 _WRITE_FUNCS = frozenset({"save", "insertInto", "saveAsTable", "command", "saveAsTextFile"})
+# A DataSourceV2 CTAS/RTAS runs its write as a nested action of this name, then itself.
+_CTAS_INNER_WRITE = "inner data writing for CTAS/RTAS"
+# Names Spark gives Dataset actions that only read: with read-only actions off, these are
+# dropped before a single py4j call (any other name costs one class lookup, ``jvm.command_of``).
+_READ_FUNCS = frozenset({"collect", "collectToPython", "collectAsArrowToPython", "collectAsList", "count",
+                         "head", "tail", "toPandas", "foreach", "foreachPartition", "toLocalIterator"})
 
 
 class SparkLineage:
@@ -53,6 +59,7 @@ class SparkLineage:
         self._jlistener: Any = None
         self._uncaught: BaseException | None = None
         self._prev_excepthook = None
+        self._orig_exit = None
         self._orig_stop = None
 
     @property
@@ -80,6 +87,10 @@ class SparkLineage:
         sc.stop = stop
         self._prev_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
+        # SystemExit never reaches sys.excepthook, and at exit its code is gone: sys.exit
+        # is wrapped to remember it (``raise SystemExit(n)`` written out is not seen).
+        self._orig_exit = sys.exit
+        sys.exit = self._exit
         atexit.register(self._at_exit)
         return self
 
@@ -101,6 +112,8 @@ class SparkLineage:
                 pass
         if sys.excepthook == self._excepthook and self._prev_excepthook is not None:
             sys.excepthook = self._prev_excepthook
+        if sys.exit == self._exit and self._orig_exit is not None:
+            sys.exit = self._orig_exit
         atexit.unregister(self._at_exit)
 
     def end(self, error: BaseException | None = None) -> None:
@@ -134,6 +147,19 @@ class SparkLineage:
         self._uncaught = exc
         (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
+    def _exit(self, status: object = None) -> None:
+        """``sys.exit``: the job's exit, unchanged; a non-zero status on the main thread
+        (which ends the process, unless the job catches it) is kept for the application's
+        FAIL."""
+        try:
+            if status is not None and status != 0 and threading.current_thread() is threading.main_thread():
+                self._uncaught = SystemExit(status)
+        except Exception:  # noqa: BLE001 - a status that cannot be compared: the job's business
+            pass
+        if self._orig_exit is None:
+            raise SystemExit(status)
+        self._orig_exit(status)
+
     def _at_exit(self) -> None:
         try:
             self.end(self._uncaught)
@@ -162,16 +188,24 @@ class SparkLineage:
     def on_action(self, gateway: Any, func: str, qe: Any, duration_ns: int | None, error: Any) -> None:
         """One action finished (``error`` is the Java exception when it failed)."""
         ended = time.time()
+        command = None
         try:
             if func == "file source write":
                 self._remember_nested_write(qe)
                 return
-            snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe,
+            if func == _CTAS_INNER_WRITE:
+                return  # the CTAS/RTAS that runs it is reported, as one run
+            # Decide before paying for a snapshot (~50 py4j calls): an action that writes
+            # nothing is read only when it will be reported.
+            command = jvm.command_of(qe)
+            if command not in jvm.WRITE_COMMANDS and not self.read_only_actions:
+                return
+            snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe, command=command,
                                 max_plan_bytes=self.max_plan_bytes, error=error)
         except Exception as err:  # noqa: BLE001 - capture must never break the job
             self.capture_errors += 1
             log.warning("lineage: could not read action %r: %s", func, err)
-            if func in _WRITE_FUNCS:
+            if command in jvm.WRITE_COMMANDS or (command is None and func in _WRITE_FUNCS):
                 self._emit_unreadable(func, f"could not read the action: {err!r}", ended, duration_ns, error)
             return
         if snap.output is None and not self.read_only_actions:
@@ -292,7 +326,7 @@ class _Listener:
 
     def onSuccess(self, func_name: str, qe: Any, duration_ns: int) -> None:  # noqa: N802 - Java interface
         owner = self._owner
-        if owner is None:
+        if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
             return
         try:
             with jvm.released_together(self._gateway):
@@ -303,7 +337,7 @@ class _Listener:
 
     def onFailure(self, func_name: str, qe: Any, exception: Any) -> None:  # noqa: N802 - Java interface
         owner = self._owner
-        if owner is None:
+        if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
             return
         try:
             with jvm.released_together(self._gateway):

@@ -11,6 +11,10 @@
   (or ``@db:1521:SID``) -> (``oracle://db:1521``, ``ORCL.schema.t``), as the spec's
   ``{serviceName|sid}.{schema}.{table}``. User, password and other ``key=value`` URL
   properties are never part of either.
+* JDBC ``query`` option (Spark passes ``(<query>) SPARK_GEN_SUBQ_<n>``): one dataset per table
+  a simple query reads (:func:`jdbc_query_tables`); a query too involved to read safely is
+  no dataset at all (:func:`jdbc_datasets` says why), never a made-up ``<db>.query`` that
+  would link unrelated jobs.
 * catalog tables: physical location first (as the official Spark integration does), with a
   ``symlinks`` facet naming the table (``hive://metastore:9083`` or the warehouse, ``db.table``).
 
@@ -79,8 +83,11 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     raw = url[5:] if url.lower().startswith("jdbc:") else url
     scheme = raw.split(":", 1)[0].lower()
     name = table.strip()
-    if name.startswith("(") or name.lower().startswith("select"):
-        name = "query"
+    if is_jdbc_query(name):
+        tables = jdbc_query_tables(name)
+        # One table read: that table. Otherwise no name can be right; callers that can
+        # emit several datasets or none use jdbc_datasets instead.
+        name = tables[0] if tables is not None and len(tables) == 1 else "query"
     if scheme == "oracle":
         netloc, database = _oracle(raw)
         return f"oracle://{netloc}", ".".join(x for x in (database, name) if x)
@@ -96,6 +103,108 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
         netloc = parts.hostname or ""
     return f"{_JDBC_SCHEMES.get(scheme, scheme)}://{netloc}", \
         ".".join(x for x in (_jdbc_database(parts.path), name) if x)
+
+
+def is_jdbc_query(table_or_query: str) -> bool:
+    """Whether a JDBC relation's ``dbtable``/``query`` text is a query, not a table name."""
+    text = table_or_query.strip()
+    return text.startswith("(") or re.match(r"(?i)(select|with)\b", text) is not None
+
+
+def jdbc_datasets(url: str, table_or_query: str) -> tuple[list[tuple[str, str]], str | None]:
+    """The datasets a JDBC relation reads, and why there are none when a query cannot be
+    read safely (for an ``extractionError``): a table is one dataset, a simple query one
+    per table it names, any other query none."""
+    if not is_jdbc_query(table_or_query):
+        return [from_jdbc(url, table_or_query)], None
+    tables = jdbc_query_tables(table_or_query)
+    if tables is None:
+        return [], ("JDBC query too complex to name its tables (only SELECT ... FROM/JOIN tables "
+                    "without subqueries, CTEs, set operations or comments); no input dataset emitted")
+    return [from_jdbc(url, t) for t in tables], None
+
+
+_SQL_TOKEN = re.compile(r"""\s+|'(?:[^']|'')*'|"(?:[^"]|"")*"|`[^`]*`|\[[^\]]*\]|[A-Za-z_][\w$#]*|\d[\w.]*|.""", re.S)
+_SPARK_QUERY_WRAP = re.compile(r"\((.*)\)\s*(?:AS\s+)?[A-Za-z_]\w*", re.S | re.I)
+_SQL_REFUSED = frozenset({"with", "union", "intersect", "except", "minus", "lateral", "values", "table",
+                          "unnest", "openquery", "openrowset", "into"})
+_SQL_AFTER_TABLE = frozenset({
+    "where", "group", "order", "having", "limit", "join", "inner", "left", "right", "full", "outer",
+    "cross", "natural", "on", "using", "fetch", "offset", "for", "window", "qualify", "straight_join",
+    "semi", "anti", "sample", "tablesample", "partition"})
+
+
+def jdbc_query_tables(query: str) -> list[str] | None:
+    """The tables a simple SQL query reads, in order of appearance, or None when the query
+    is not simple enough to be sure: one SELECT whose FROM/JOIN clauses name plain tables
+    (``schema.t``, quoted parts unquoted, with or without alias). Subqueries, CTEs, set
+    operations, table functions and comments give None: missing a table would be worse
+    than naming none, and the caller then says so."""
+    text = query.strip()
+    wrapped = _SPARK_QUERY_WRAP.fullmatch(text)
+    if wrapped is not None:
+        text = wrapped.group(1).strip()
+    if "--" in text or "/*" in text or re.search(r"(^|\s)#", text):  # comments (MySQL's #)
+        return None
+    tokens = [t for t in _SQL_TOKEN.findall(text) if not t.isspace()]
+    words = [t.lower() for t in tokens]
+    if not words or words[0] != "select" or words.count("select") != 1 or _SQL_REFUSED & set(words):
+        return None
+    tables: list[str] = []
+    depth, i = 0, 0
+    while i < len(tokens):
+        word = words[i]
+        if word == "(":
+            depth += 1
+        elif word == ")":
+            depth -= 1
+        elif depth == 0 and word in ("from", "join"):
+            while True:
+                name, i = _sql_table(tokens, words, i + 1)
+                if name is None:
+                    return None
+                if name not in tables:
+                    tables.append(name)
+                if word == "from" and i < len(tokens) and tokens[i] == ",":
+                    continue
+                break
+            continue
+        i += 1
+    return tables if depth == 0 else None
+
+
+def _sql_table(tokens: list[str], words: list[str], i: int) -> tuple[str | None, int]:
+    """A table name (and its optional alias) at ``i``: the name and the index after them."""
+    parts: list[str] = []
+    while i < len(tokens):
+        part = _sql_identifier(tokens[i])
+        if part is None or (not parts and words[i] in _SQL_AFTER_TABLE | {"select", "from"}):
+            return None, i
+        parts.append(part)
+        i += 1
+        if i < len(tokens) and tokens[i] == ".":
+            i += 1
+            continue
+        break
+    if not parts or (i < len(tokens) and tokens[i] in ("(", "@")):  # a table function, a db link
+        return None, i
+    if i < len(tokens) and words[i] == "as":
+        i += 1
+        if i >= len(tokens) or _sql_identifier(tokens[i]) is None:
+            return None, i
+        i += 1
+    elif i < len(tokens) and _sql_identifier(tokens[i]) is not None and words[i] not in _SQL_AFTER_TABLE:
+        i += 1
+    if i < len(tokens) and tokens[i] not in (",", ")", ";") and words[i] not in _SQL_AFTER_TABLE:
+        return None, i   # anything else after a table: not a shape we know
+    return ".".join(parts), i
+
+
+def _sql_identifier(token: str) -> str | None:
+    if token[:1] in ('"', "`", "[") and len(token) >= 2:
+        inner = token[1:-1]
+        return inner if inner and "." not in inner else None
+    return token if re.fullmatch(r"[A-Za-z_][\w$#]*", token) else None
 
 
 def _jdbc_properties(text: str) -> dict[str, str]:
@@ -161,5 +270,8 @@ def table_symlink_namespace(metastore_uris: str | None, warehouse: str | None) -
         return f"hive://{_netloc(parts.hostname, parts.port)}"
     if warehouse:
         ns, name = from_path(warehouse)
-        return f"file:{name}" if ns == "file" else f"{ns}/{name}".rstrip("/")
+        if ns == "file":
+            return f"file:{name}"
+        # hdfs://nn:8020 + /user/hive/warehouse; s3://bucket + warehouse (no leading slash)
+        return (ns + name if name.startswith("/") else f"{ns}/{name}").rstrip("/")
     return "spark_catalog"

@@ -1,0 +1,64 @@
+"""``enable_lineage(spark)`` finds the transport wherever the OpenLineage conventions allow
+it: Spark conf, ``OPENLINEAGE__TRANSPORT__*`` env vars, or openlineage.yml (the same
+sources ``load_config`` merges). No JVM: the session is test_enable's small fake."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from producer.spark import disable_lineage, enable_lineage
+from tests.producer.spark.test_enable import FakeSession
+
+
+@pytest.fixture
+def no_ambient_config(monkeypatch, tmp_path):
+    """No openlineage.yml or OPENLINEAGE__ env var but the test's own."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("OPENLINEAGE_CONFIG", "OPENLINEAGE_DISABLED", "OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID"):
+        monkeypatch.delenv(var, raising=False)
+    import os
+    for var in [v for v in os.environ if v.startswith("OPENLINEAGE__")]:
+        monkeypatch.delenv(var)
+    return tmp_path
+
+
+def _enabled(spark):
+    lineage = enable_lineage(spark)
+    try:
+        return lineage
+    finally:
+        if lineage is not None:
+            disable_lineage(spark)
+            lineage.sender.close(0)
+
+
+def test_a_transport_in_openlineage_env_vars_alone_enables_capture(no_ambient_config, monkeypatch):
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "kafka")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TOPIC_NAME", "openlineage")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__JOURNAL_DIR", str(no_ambient_config / "journal"))
+    spark = FakeSession({})
+    lineage = _enabled(spark)
+    assert lineage is not None and lineage.sender.config.bootstrap_servers == "127.0.0.1:9"
+    assert spark.registered() == 0, "and disabled again"
+
+
+def test_a_transport_in_openlineage_yml_alone_enables_capture(no_ambient_config):
+    (no_ambient_config / "openlineage.yml").write_text(
+        "transport:\n  type: kafka\n  topicName: openlineage\n"
+        f"  journalDir: {no_ambient_config / 'journal'}\n"
+        "  properties:\n    bootstrap.servers: 127.0.0.1:9\n")
+    lineage = _enabled(FakeSession({}))
+    assert lineage is not None and lineage.sender.config.topic == "openlineage"
+
+
+def test_no_transport_anywhere_or_another_tools_is_still_no_capture(no_ambient_config, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, "producer.spark")
+    assert _enabled(FakeSession({})) is None
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "http")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__URL", "http://marquez:5000")
+    assert _enabled(FakeSession({})) is None
+    assert "no transport configured" in caplog.text

@@ -1,0 +1,60 @@
+"""JDBC reads through a query and catalog-table symlinks on a remote warehouse: the names a
+user's lineage graph joins on, never a made-up dataset shared by unrelated jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.spark.naming import from_jdbc, jdbc_datasets, jdbc_query_tables, table_symlink_namespace
+
+PG = "jdbc:postgresql://db:5432/sales"
+
+
+@pytest.mark.parametrize("query, tables", [
+    # What Spark passes for .option("query", ...): "(<query>) SPARK_GEN_SUBQ_<n>".
+    ("(select * from orders where x = 1) SPARK_GEN_SUBQ_0", ["orders"]),
+    ("(select * from customers) SPARK_GEN_SUBQ_1", ["customers"]),
+    ("(SELECT o.id FROM sales.orders o JOIN \"Crm\".\"Customers\" AS c ON o.c = c.id) t",
+     ["sales.orders", "Crm.Customers"]),
+    ("select a from t1, t2 x, s.t3 as y;", ["t1", "t2", "s.t3"]),
+    ("select extract(year from d), 'from x' from t left outer join u using (id) order by 1", ["t", "u"]),
+    ("select 1", []),
+])
+def test_the_tables_of_a_simple_query_are_read_from_its_from_and_join_clauses(query, tables):
+    assert jdbc_query_tables(query) == tables
+
+
+@pytest.mark.parametrize("query", [
+    "select * from (select * from t) x",                      # derived table
+    "select * from t where id in (select id from u)",         # subquery
+    "with c as (select * from t) select * from c",            # CTE
+    "select * from t union all select * from u",              # set operation
+    "select * from generate_series(1, 3)",                    # table function
+    "select * from t -- from secret_table",                   # comment
+    "select * from remote.t@dblink",                          # Oracle database link
+])
+def test_a_query_too_involved_to_read_safely_names_no_table(query):
+    assert jdbc_query_tables(query) is None
+    datasets, why = jdbc_datasets(PG, f"({query}) SPARK_GEN_SUBQ_0")
+    assert datasets == [] and "no input dataset" in why
+
+
+def test_queries_on_different_tables_are_different_datasets_not_one_db_query():
+    first = from_jdbc(PG, "(select * from orders where x = 1) SPARK_GEN_SUBQ_0")
+    second = from_jdbc(PG, "(select * from customers) SPARK_GEN_SUBQ_1")
+    assert first == ("postgres://db:5432", "sales.orders")
+    assert second == ("postgres://db:5432", "sales.customers")
+    assert jdbc_datasets(PG, "(select * from a join b on a.i = b.i) SPARK_GEN_SUBQ_2") == (
+        [("postgres://db:5432", "sales.a"), ("postgres://db:5432", "sales.b")], None)
+    assert jdbc_datasets(PG, "public.orders") == ([("postgres://db:5432", "sales.public.orders")], None)
+
+
+@pytest.mark.parametrize("warehouse, namespace", [
+    ("hdfs://nn:8020/user/hive/warehouse", "hdfs://nn:8020/user/hive/warehouse"),
+    ("s3a://bucket/warehouse/", "s3://bucket/warehouse"),
+    ("file:/tmp/wh", "file:/tmp/wh"),
+    ("/tmp/wh", "file:/tmp/wh"),
+])
+def test_the_warehouse_symlink_namespace_has_no_double_slash(warehouse, namespace):
+    assert table_symlink_namespace(None, warehouse) == namespace
+    assert table_symlink_namespace("thrift://ms:9083,thrift://ms2:9083", warehouse) == "hive://ms:9083"

@@ -1,0 +1,160 @@
+"""Inputs and column lineage through plan shapes that hide their tables: subqueries (IN,
+EXISTS, scalar), common table expressions (Spark 4 keeps WithCTE / CTERelationRef in the
+analysed plan) and generators (explode), on real PySpark with capture on."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.spark import disable_lineage, enable_lineage
+from tests.producer.spark.support import Recorder, drain
+from tests.support.spec import validator
+
+pytestmark = pytest.mark.spark
+
+APP = "shapes"
+DB = "shapes_db"
+
+
+@pytest.fixture(scope="module")
+def completes(spark):
+    """Each statement's COMPLETE event by its output table."""
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {DB}")
+    spark.createDataFrame([(1, "a", 5.0), (2, "b", 7.0)], "id INT, v STRING, amt DOUBLE") \
+        .write.mode("overwrite").saveAsTable(f"{DB}.orders")
+    spark.createDataFrame([(1, "vip")], "id INT, tier STRING").write.mode("overwrite").saveAsTable(f"{DB}.customers")
+    spark.createDataFrame([(1, 100.0)], "id INT, lim DOUBLE").write.mode("overwrite").saveAsTable(f"{DB}.limits")
+    statements = {
+        "o_in": f"SELECT id, v FROM {DB}.orders WHERE id IN (SELECT id FROM {DB}.customers WHERE tier = 'vip')",
+        "o_exists": f"SELECT id, v FROM {DB}.orders o WHERE EXISTS "
+                    f"(SELECT 1 FROM {DB}.customers c WHERE c.id = o.id)",
+        "o_scalar": f"SELECT id, amt / (SELECT max(lim) FROM {DB}.limits) AS ratio FROM {DB}.orders",
+        "o_nested": f"SELECT id FROM {DB}.orders WHERE id IN (SELECT id FROM {DB}.customers "
+                    f"WHERE id IN (SELECT id FROM {DB}.limits))",
+        "o_cte_twice": f"WITH c AS (SELECT id, amt FROM {DB}.orders WHERE amt > 1) "
+                       "SELECT a.id, b.amt FROM c a JOIN c b ON a.id = b.id",
+        "o_cte_once": f"WITH c AS (SELECT id, amt * 2 AS dbl FROM {DB}.orders) SELECT id, dbl FROM c",
+        "o_explode": f"SELECT id, e FROM (SELECT id, array(amt, amt) AS arr FROM {DB}.orders) "
+                     "LATERAL VIEW explode(arr) t AS e",
+    }
+    for table in statements:
+        spark.sql(f"DROP TABLE IF EXISTS {DB}.{table}")
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, namespace=APP, app_name=APP)
+    try:
+        for table, query in statements.items():
+            spark.sql(f"CREATE TABLE {DB}.{table} USING parquet AS {query}")
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+    checker = validator()
+    for event in recorder.events:
+        checker.validate(event)
+    out = {}
+    for event in recorder.events:
+        if event["eventType"] == "COMPLETE" and event["outputs"]:
+            out[event["outputs"][0]["name"].rsplit("/", 1)[-1]] = event
+    return out
+
+
+def _inputs(event: dict) -> set[str]:
+    return {d["name"].rsplit("/", 1)[-1] for d in event["inputs"]}
+
+
+def _columns(event: dict) -> dict[str, set[tuple[str, str, str, str]]]:
+    fields = event["outputs"][0]["facets"]["columnLineage"]["fields"]
+    return {col: {(i["name"].rsplit("/", 1)[-1], i["field"], t["type"], t["subtype"])
+                  for i in spec["inputFields"] for t in i["transformations"]}
+            for col, spec in fields.items()}
+
+
+def _dataset(event: dict) -> set[tuple[str, str, str]]:
+    return {(i["name"].rsplit("/", 1)[-1], i["field"], t["subtype"])
+            for i in event["outputs"][0]["facets"]["columnLineage"].get("dataset", [])
+            for t in i["transformations"]}
+
+
+def test_a_table_read_only_inside_an_in_subquery_is_an_input_and_filters_the_output(completes):
+    event = completes["o_in"]
+    assert _inputs(event) == {"orders", "customers"}
+    assert _columns(event) == {"id": {("orders", "id", "DIRECT", "IDENTITY")},
+                               "v": {("orders", "v", "DIRECT", "IDENTITY")}}
+    assert _dataset(event) == {("orders", "id", "FILTER"), ("customers", "id", "FILTER"),
+                               ("customers", "tier", "FILTER")}
+
+
+def test_a_table_read_only_inside_exists_is_an_input_with_its_correlation_as_filter(completes):
+    event = completes["o_exists"]
+    assert _inputs(event) == {"orders", "customers"}
+    assert _dataset(event) == {("orders", "id", "FILTER"), ("customers", "id", "FILTER")}
+
+
+def test_a_scalar_subquery_feeds_the_column_it_is_part_of(completes):
+    event = completes["o_scalar"]
+    assert _inputs(event) == {"orders", "limits"}
+    assert _columns(event)["ratio"] == {("orders", "amt", "DIRECT", "TRANSFORMATION"),
+                                        ("limits", "lim", "DIRECT", "AGGREGATION")}
+
+
+def test_tables_of_nested_subqueries_are_inputs(completes):
+    event = completes["o_nested"]
+    assert _inputs(event) == {"orders", "customers", "limits"}
+    assert ("limits", "id", "FILTER") in _dataset(event)
+
+
+def test_a_cte_used_twice_keeps_its_column_lineage(completes):
+    event = completes["o_cte_twice"]
+    assert _inputs(event) == {"orders"}
+    assert _columns(event) == {"id": {("orders", "id", "DIRECT", "IDENTITY")},
+                               "amt": {("orders", "amt", "DIRECT", "IDENTITY")}}
+    assert _dataset(event) == {("orders", "amt", "FILTER"), ("orders", "id", "JOIN")}
+
+
+def test_a_cte_used_once_keeps_its_transformations(completes):
+    event = completes["o_cte_once"]
+    assert _columns(event) == {"id": {("orders", "id", "DIRECT", "IDENTITY")},
+                               "dbl": {("orders", "amt", "DIRECT", "TRANSFORMATION")}}
+
+
+def test_an_exploded_column_derives_from_the_array_it_explodes(completes):
+    event = completes["o_explode"]
+    assert _columns(event) == {"id": {("orders", "id", "DIRECT", "IDENTITY")},
+                               "e": {("orders", "amt", "DIRECT", "TRANSFORMATION")}}
+
+
+def test_subquery_leaves_are_numbered_in_the_order_the_jvm_collects_them(spark, completes):
+    """Inputs are matched to the plan's leaves by position: the order computed from the
+    JSON must be Spark's (the plan's leaves, then each plan of ``subqueriesAll()``), here
+    with subqueries in two operators and one nested inside another."""
+    import orjson
+
+    from producer.spark.columns import leaf_groups
+
+    plan = spark.sql(
+        f"SELECT o.id, (SELECT max(lim) FROM {DB}.limits) AS m FROM {DB}.orders o "
+        f"JOIN {DB}.o_cte_once c ON o.id = c.id "
+        f"WHERE o.id IN (SELECT id FROM {DB}.customers WHERE id IN (SELECT id FROM {DB}.o_in)) "
+        f"AND EXISTS (SELECT 1 FROM {DB}.o_scalar s WHERE s.id = o.id)"
+    )._jdf.queryExecution().analyzed()
+    from_json = [[leaf["catalogTable"]["identifier"]["table"] for leaf in group]
+                 for group in leaf_groups(orjson.loads(plan.toJSON()))]
+    subqueries = plan.subqueriesAll()
+    plans = [plan] + [subqueries.apply(j) for j in range(subqueries.length())]
+    from_jvm = [[seq.apply(i).catalogTable().get().identifier().table() for i in range(seq.length())]
+                for seq in (p.collectLeaves() for p in plans)]
+    assert from_json == from_jvm
+    assert [t for group in from_jvm for t in group] == ["orders", "o_cte_once", "limits", "customers",
+                                                         "o_scalar", "o_in"]
+
+
+def test_plan_leaves_include_the_subquery_tables_with_their_columns(spark, completes):
+    """What capture needs to give a subquery's input its schema facet."""
+    import orjson
+
+    from producer.spark.columns import plan_leaves
+    from producer.spark.plan import parse_plan
+
+    plan = spark.sql(f"SELECT id FROM {DB}.orders WHERE id IN (SELECT id FROM {DB}.customers)")
+    query = parse_plan(orjson.loads(plan._jdf.queryExecution().analyzed().toJSON()))
+    assert [[e.name for e in leaf.exprs("output")] for leaf in plan_leaves(query)] == [
+        ["id", "v", "amt"], ["id", "tier"]]
