@@ -154,7 +154,8 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         spark_version=spark.version,
         column_lineage=col_lineage,
         captured_properties={k: conf[k] for k in wanted if k in conf},
-        metastore_uris=conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris"),
+        metastore_uris=conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris")
+        or _hadoop_setting(spark, "hive.metastore.uris"),
         warehouse=conf.get("spark.sql.warehouse.dir"),
     )
     parent, root = _parents(conf, producer)
@@ -181,3 +182,12 @@ def disable_lineage(spark: Any) -> None:
     lineage = _ACTIVE.pop(id(getattr(spark, "_jsparkSession", None)), None)
     if lineage is not None:
         lineage.stop_capture()
+
+
+def _hadoop_setting(spark: Any, key: str) -> str | None:
+    """``key`` from the Hadoop configuration (core-site.xml, hive-site.xml on the classpath),
+    where clusters set the metastore; None when it is not set or cannot be read."""
+    try:
+        return spark.sparkContext._jsc.hadoopConfiguration().get(key) or None
+    except Exception:  # noqa: BLE001 - one optional setting must not stop capture
+        return None

@@ -58,13 +58,19 @@ class DatasetRef:
     symlink: tuple[str, str] | None = None
 
 
-def dataset_refs(rel: Relation | None, settings: CaptureSettings) -> list[DatasetRef]:
-    """Every dataset a relation stands for (several root paths may be several datasets)."""
+def dataset_refs(rel: Relation | None, settings: CaptureSettings, errors: list[dict] | None = None) -> list[DatasetRef]:
+    """Every dataset a relation stands for (several root paths may be several datasets, a
+    JDBC query the tables it reads); why there is none, when that is known, into ``errors``."""
     if rel is None:
         return []
     if rel.jdbc_url:
-        ns, name = naming.from_jdbc(rel.jdbc_url, rel.jdbc_table or "")
-        return [DatasetRef(naming.redact_uri(ns), name)]
+        # A query (the reader's `query` option) is named by the tables it reads, when simple
+        # enough to read them safely; else nothing (one made-up "<db>.query" linked
+        # unrelated jobs).
+        found, why = naming.jdbc_datasets(rel.jdbc_url, rel.jdbc_table or "")
+        if why is not None and errors is not None:
+            errors.append({"errorMessage": why})
+        return [DatasetRef(naming.redact_uri(ns), name) for ns, name in found]
     if rel.v2_name:
         # A DataSourceV2 table: by location when it has one (named by a symlink), else by
         # its catalog and identifier.
@@ -227,12 +233,13 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
                                        "column lineage and schemas skipped"})
 
     # Inputs: one entry per distinct dataset; leaf -> dataset index for column lineage.
-    leaf_nodes = query.leaves() if query is not None else []
+    # Leaves of subquery plans too, in the order the JVM side resolved them (their schemas).
+    leaf_nodes = columns.plan_leaves(query) if query is not None else []
     inputs: list[DatasetRef] = []
     leaf_ds: list[int | None] = []
     schemas: dict[int, list[dict]] = {}
     for i, rel in enumerate(snap.leaves):
-        refs = dataset_refs(rel, settings)
+        refs = dataset_refs(rel, settings, errors)
         if not refs:
             leaf_ds.append(None)
             continue
@@ -243,6 +250,8 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
                 inputs.append(ref)
                 found = len(inputs) - 1
             index = found if index is None else index
+        if rel is not None and rel.jdbc_url and len(refs) > 1:
+            index = None  # a query's columns: from which of its tables is not known
         leaf_ds.append(index)
         if i < len(leaf_nodes) and index is not None and index not in schemas:
             schemas[index] = _attr_schema(leaf_nodes[i].exprs("output"))

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from producer.errors import ConfigError
-from producer.spark import _ACTIVE, enable_lineage
+from producer.spark import _ACTIVE, disable_lineage, enable_lineage
 from tests.producer.spark.support import Recorder
 
 
@@ -95,3 +95,22 @@ def test_a_failed_start_unregisters_the_listener_and_undoes_the_hooks(caplog):
     assert spark.sparkContext.stop == stop and sys.excepthook is hook
     assert id(spark._jsparkSession) not in _ACTIVE
     assert "could not start capture" in caplog.text
+
+
+def test_the_metastore_is_found_in_the_hadoop_configuration_too(spark):
+    """Clusters set hive.metastore.uris in hive-site.xml / core-site.xml, not in the Spark
+    conf: table symlinks then named the warehouse instead of the metastore."""
+    from producer.spark import _hadoop_setting
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    assert _hadoop_setting(spark, "hive.metastore.uris") is None
+    hadoop.set("hive.metastore.uris", "thrift://metastore:9083")
+    try:
+        assert _hadoop_setting(spark, "hive.metastore.uris") == "thrift://metastore:9083"
+        lineage = enable_lineage(spark, producer=Recorder())
+        try:
+            assert lineage.settings.metastore_uris == "thrift://metastore:9083"
+        finally:
+            disable_lineage(spark)
+    finally:
+        hadoop.unset("hive.metastore.uris")

@@ -58,3 +58,23 @@ def test_queries_on_different_tables_are_different_datasets_not_one_db_query():
 def test_the_warehouse_symlink_namespace_has_no_double_slash(warehouse, namespace):
     assert table_symlink_namespace(None, warehouse) == namespace
     assert table_symlink_namespace("thrift://ms:9083,thrift://ms2:9083", warehouse) == "hive://ms:9083"
+
+
+def test_a_jdbc_query_is_read_as_the_tables_it_names_or_as_none_with_the_reason():
+    """The reader's `query` option was one made-up dataset, `<db>.query`, linking every job
+    that queried the database; now its tables, or no input and an extractionError."""
+    from producer.spark import capture
+    from producer.spark.capture import CaptureSettings
+    from producer.spark.jvm import Relation
+
+    url = "jdbc:postgresql://etl:pw@db:5432/sales"
+    errors: list[dict] = []
+    refs = capture.dataset_refs(Relation(jdbc_url=url, jdbc_table="SELECT o.id FROM public.orders o "
+                                                                   "JOIN public.customers c ON o.c = c.id"),
+                                CaptureSettings(), errors)
+    assert [(r.namespace, r.name) for r in refs] == [("postgres://db:5432", "sales.public.orders"),
+                                                     ("postgres://db:5432", "sales.public.customers")]
+    assert errors == []
+    assert capture.dataset_refs(Relation(jdbc_url=url, jdbc_table="SELECT * FROM (SELECT 1) x"),
+                                CaptureSettings(), errors) == []
+    assert len(errors) == 1 and "too complex" in errors[0]["errorMessage"]
