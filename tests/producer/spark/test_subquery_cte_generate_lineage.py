@@ -77,6 +77,9 @@ def _dataset(event: dict) -> set[tuple[str, str, str]]:
 def test_a_table_read_only_inside_an_in_subquery_is_an_input_and_filters_the_output(completes):
     event = completes["o_in"]
     assert _inputs(event) == {"orders", "customers"}
+    schemas = {d["name"].rsplit("/", 1)[-1]: [f["name"] for f in d["facets"]["schema"]["fields"]]
+               for d in event["inputs"]}
+    assert "id" in schemas["customers"] and "tier" in schemas["customers"]  # the subquery's table too
     assert _columns(event) == {"id": {("orders", "id", "DIRECT", "IDENTITY")},
                                "v": {("orders", "v", "DIRECT", "IDENTITY")}}
     assert _dataset(event) == {("orders", "id", "FILTER"), ("customers", "id", "FILTER"),
