@@ -13,7 +13,11 @@ Guarantees:
   one event being decoded or rewritten;
 - graceful stop: :meth:`request_stop` stops consuming, drains deliveries for up to
   ``drain_timeout_s``, commits what was delivered and closes. Deliveries still running
-  then are abandoned uncommitted (re-delivered after restart);
+  then are abandoned uncommitted (re-delivered after restart). The relay has returned at
+  most ``drain_timeout_s`` + :data:`CLOSE_MARGIN_S` after the stop was asked for, whatever
+  the broker does: every step gets what is left of that (steps still running then are
+  given up, logged; what they would have committed is read again). A failure of the main
+  loop stops it the same way;
 - rebalance: partitions given up in a rebalance have their queued and held events taken
   back, their deliveries under way waited for (up to ``drain_timeout_s``, 30 s at most)
   and then stopped, and what was delivered committed, before the new owner reads them;
@@ -29,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import confluent_kafka
 import orjson
@@ -49,7 +55,7 @@ from relay.rebalance import PartitionHandover
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
-from relay.source.kafka import KafkaSource, SourceError
+from relay.source.kafka import MISSING_TOPIC, KafkaSource, SourceError
 from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker
 from relay.source.run_search import RunSearch
@@ -79,6 +85,12 @@ _EXPIRE_EVERY_S = 0.25
 _LAG_EVERY_S = 5.0
 #: How long a commit or a revocation waits for run-state writes to be acknowledged.
 _STATE_SETTLE_S = 20.0
+#: What closing may take after the drain (``drain_timeout_s``): the final commit, leaving
+#: the group (its revocation commits), flushing the dead-letter and run-state producers,
+#: stopping the decode worker. With a reachable broker that takes well under a second; with
+#: none, each step would wait its own timeout (~85 s measured with drain_timeout_s 20). The
+#: deploy files' grace periods (SIGKILL) allow for drain_timeout_s plus this.
+CLOSE_MARGIN_S = 5.0
 #: A dead letter carries the original record, whatever its size: the dead-letter producer
 #: and topic take what the consumer can receive (librdkafka's receive.message.max.bytes).
 _DLQ_MAX_MESSAGE_BYTES = "100000000"
@@ -135,9 +147,11 @@ class Relay:
                 on_found=lambda lane, finished: found.labels(collector=lane,
                                                              result="finished" if finished else "open").inc())
         self._stop = asyncio.Event()
+        #: When the relay must have returned (monotonic; set with the stop).
+        self._exit_by = float("inf")
         handover = PartitionHandover(
             self.lanes, self.tracker, state=self.state, lookback=self.lookback, drain_timeout_s=config.drain_timeout_s,
-            state_settle_s=_STATE_SETTLE_S, stopping=self._stop.is_set,
+            state_settle_s=_STATE_SETTLE_S, stop=self._stop, time_left=lambda: self._left(self._exit_by),
             reset_at_assignment=lambda: self.source.reset_at_assignment)
         resets = self.metrics.offset_resets
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,
@@ -183,11 +197,26 @@ class Relay:
                   librdkafka=confluent_kafka.libversion()[0])
 
     def request_stop(self) -> None:
-        self._stop.set()
+        """Stop consuming, drain and return from :meth:`run` within ``drain_timeout_s`` +
+        :data:`CLOSE_MARGIN_S` from now (see the module docstring)."""
+        if not self._stop.is_set():
+            self._exit_by = time.monotonic() + self.config.drain_timeout_s + CLOSE_MARGIN_S
+            self._stop.set()
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def ready(self) -> bool:
+        """Consuming its share: started, joined its group (its share may be empty: an idle
+        replica is ready), every subscribed topic in the cluster, not stopping."""
+        return (self.started and not self.stopping and self.source.joined
+                and not self.source.missing_topics)
+
+    @staticmethod
+    def _left(until: float) -> float:
+        return max(0.0, until - time.monotonic())
 
     async def run(self) -> None:
         """Start, relay until :meth:`request_stop`, then stop gracefully."""
@@ -240,10 +269,11 @@ class Relay:
                 if self.state is not None:
                     self.state.flush()  # what held runs forward is sent once this is acknowledged
                 if now >= next_commit:
-                    await self.commit()
+                    await self.commit(stop=self._stop)
                     next_commit = now + commit_every
                 if now >= next_lag:
                     await self._measure_lag()
+                    await self.source.check_topics()  # only while some are missing
                     next_lag = now + _LAG_EVERY_S
                 if now >= next_gc:
                     self._gc.collect()
@@ -302,6 +332,8 @@ class Relay:
                                   "consumer (with static membership, give each replica its own "
                                   "group.instance.id)")
             elif err.code() != KafkaError._PARTITION_EOF:
+                if err.code() in MISSING_TOPIC:
+                    self.source.topic_missing(message.topic())
                 log_event(log, logging.WARNING, "consume_error", error=str(err))
         if self.decoder is None:
             return records, None
@@ -346,43 +378,77 @@ class Relay:
             event.doc = None
         ticket.release()
 
-    async def commit(self) -> None:
+    async def commit(self, settle_s: float = _STATE_SETTLE_S, stop: asyncio.Event | None = None) -> None:
+        """Commit what settled. Run-state writes are first acknowledged, for up to
+        ``settle_s``, and no longer once ``stop`` is set (what is not acknowledged then is
+        not committed)."""
         if self.state is not None:
             # Captured events settle their tickets only once the state holding them is durable.
-            await self.state.settle(_STATE_SETTLE_S)
+            await self.state.settle(settle_s, stop=stop)
         offsets = self.tracker.committable()
-        if offsets and await self.source.commit(offsets):
-            self.tracker.mark_committed(offsets)
+        still_own = self.tracker.still_owned(offsets)
+        if offsets and await self.source.commit(offsets, still_own):
+            self.tracker.mark_committed({part: o for part, o in offsets.items() if still_own(part)})
             self.metrics.commits.inc()
 
     async def _shutdown(self) -> None:
-        deadline = time.monotonic() + self.config.drain_timeout_s
+        # After a failure of the loop too: /readyz says so, and a revocation (leaving the
+        # group) does not wait for deliveries again.
+        self.request_stop()
+        exit_by = self._exit_by
+        drained_by = exit_by - CLOSE_MARGIN_S
+        left = self._left
         log_event(log, logging.INFO, "relay_draining", pending=sum(lane.pending for lane in self.lanes),
-                  held=sum(lane.held for lane in self.lanes))
+                  held=sum(lane.held for lane in self.lanes), timeout_s=round(left(drained_by), 1))
         # Held runs' output reaches the dispatcher once written; a terminal may wait for the
         # write that follows its run's earlier deliveries, hence a second round.
         for _ in range(2 if self.state is not None else 1):
             if self.state is not None:
-                await self.state.settle(max(0.0, deadline - time.monotonic()))
+                await self.state.settle(left(drained_by))
             for lane in self.lanes:
-                await lane.drain(max(0.0, deadline - time.monotonic()))
-        while self.dead_letters.in_flight and time.monotonic() < deadline:
+                await lane.drain(left(drained_by))
+        while self.dead_letters.in_flight and time.monotonic() < drained_by:
             await asyncio.sleep(0.05)  # acks arrive from the producer thread
         abandoned = sum(lane.pending for lane in self.lanes)
-        await self.commit()
+        # From here on each step gets what is left until exit_by, and is given up past it.
+        await self._within(exit_by, "commit", self.commit(settle_s=left(drained_by)))
         for lane in self.lanes:
             await lane.close()
-        await self.source.close()
-        await self.dead_letters.close()
+        await self.source.close(left(exit_by))
+        await self.dead_letters.close(left(exit_by))
         if self.decoder is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.decoder.close)
+            await self._within(exit_by, "decode_worker_close", _on_daemon_thread(self.decoder.close))
         if self.state is not None:
-            await self.state.close()
+            await self.state.close(left(exit_by))
         if self.run_search is not None:
             self.run_search.close()
         if self.lookback is not None:
             self.lookback.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)
+
+    async def _within(self, until: float, step: str, work: Awaitable[object]) -> None:
+        """Await ``work`` until ``until`` (monotonic); past it, cancel it and log ``shutdown_step_timeout``."""
+        try:
+            await asyncio.wait_for(work, self._left(until))
+        except asyncio.TimeoutError:
+            log_event(log, logging.WARNING, "shutdown_step_timeout", step=step,
+                      hint="given up to exit within drain_timeout_s + CLOSE_MARGIN_S of the stop")
+
+
+def _on_daemon_thread(fn: Callable[[], object]) -> asyncio.Future[object]:
+    """Start ``fn()`` on a daemon thread of its own; the future is done when it returned.
+    Given up on (the future cancelled), the thread does not hold up the process's exit, as
+    a thread of an executor would."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[object] = loop.create_future()
+
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            _settle_soon(loop, done, None)
+    threading.Thread(target=run, name="relay-close", daemon=True).start()
+    return done
 
 
 def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: object) -> None:

@@ -31,8 +31,8 @@ with it would have left the event's offset, and so its partition's commits, stuc
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -309,10 +309,16 @@ class RunOrderedDispatcher:
             return False
 
     async def stop(self) -> None:
+        """Stop delivering: nothing is being sent afterwards (:meth:`sending_where` counts
+        none), and the events under way get no verdict (abandoned: not committed)."""
         # Callback mode: verdicts still to come are ignored (their events are abandoned, as
-        # a cancelled worker's are); the collector's close drops what it holds.
+        # a cancelled worker's are); the collector's close drops what it holds. A worker
+        # forgets its event as it stops; in callback mode they are forgotten here, or a
+        # revocation after the stop (leaving the group) would wait for them in vain.
         self._stopped = True
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
+        self._sending.clear()
+        self._in_flight = 0

@@ -10,7 +10,9 @@ gives up a revoked one:
 - revoked: run-state writes are acknowledged, the partitions' queued and held events are
   taken back (the new owner reads them again), deliveries under way are waited for (up to
   ``drain_timeout_s``, :data:`REVOKE_WAIT_MAX_S` at most) and then stopped, and what was
-  delivered is handed back for the final commit;
+  delivered is handed back for the final commit. Once the relay is asked to stop, neither
+  wait outlasts the shutdown: the deliveries are no longer waited for (the drain does that),
+  and the state's acknowledgements only for what is left of the shutdown's time;
 - lost (another member may own them already): given up at once, nothing written or
   committed, deliveries under way stopped.
 """
@@ -37,16 +39,21 @@ REVOKE_WAIT_MAX_S = 30.0
 
 
 class PartitionHandover:
+    """``stop``: set when the relay is asked to stop; ``time_left()``: seconds until the
+    relay must have exited (infinite until ``stop`` is set)."""
+
     def __init__(self, lanes: Sequence[CollectorLane], tracker: OffsetTracker, *, state: RunStateStore | None,
                  lookback: Lookback | None, drain_timeout_s: float, state_settle_s: float,
-                 stopping: Callable[[], bool], reset_at_assignment: Callable[[], Collection[Partition]]) -> None:
+                 stop: asyncio.Event, time_left: Callable[[], float],
+                 reset_at_assignment: Callable[[], Collection[Partition]]) -> None:
         self._lanes = lanes
         self._tracker = tracker
         self._state = state
         self._lookback = lookback
         self._drain_timeout_s = drain_timeout_s
         self._state_settle_s = state_settle_s
-        self._stopping = stopping
+        self._stop = stop
+        self._time_left = time_left
         self._reset_at_assignment = reset_at_assignment
 
     async def assigned(self, partitions: list[Partition]) -> dict[Partition, int]:
@@ -62,7 +69,10 @@ class PartitionHandover:
     async def revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
         if self._state is not None and partitions:
             # Written and acknowledged before the final commit and before the new owner reads it.
-            await self._state.settle(self._state_settle_s)
+            if self._stop.is_set():  # on the way out (leaving the group): within the shutdown's time
+                await self._state.settle(min(self._state_settle_s, self._time_left()))
+            else:  # given up when a stop is asked for meanwhile: the shutdown settles it again
+                await self._state.settle(self._state_settle_s, stop=self._stop)
         if not partitions:
             return {}
         self._release(partitions)
@@ -71,14 +81,15 @@ class PartitionHandover:
         # failing collector) could land after the new owner's later events of the same run:
         # a START after its COMPLETE. So wait for those, up to drain_timeout_s; what they
         # deliver meanwhile is committed below, and not sent again.
-        # (Not on the way out: the drain waited already.)
+        # Not on the way out, nor once a stop is asked for during the wait: the drain waits
+        # (for what is left of drain_timeout_s since the stop was asked for).
         parts = set(partitions)
-        wait_s = 0.0 if self._stopping() else min(self._drain_timeout_s, REVOKE_WAIT_MAX_S)
+        wait_s = min(self._drain_timeout_s, REVOKE_WAIT_MAX_S)
         deadline = time.monotonic() + wait_s
         sending = sum(lane.sending(parts) for lane in self._lanes)
-        if sending and wait_s:
+        if sending and wait_s and not self._stop.is_set():
             log_event(log, logging.INFO, "revoke_waiting_for_deliveries", events=sending, timeout_s=wait_s)
-            while sending and time.monotonic() < deadline:
+            while sending and time.monotonic() < deadline and not self._stop.is_set():
                 await asyncio.sleep(0.05)  # verdicts arrive on this loop
                 sending = sum(lane.sending(parts) for lane in self._lanes)
         # Still under way: stopped, so that no retry of ours lands after the new owner's

@@ -1,5 +1,6 @@
 """The operations endpoint: ``/healthz`` (the event loop is turning), ``/readyz``
-(started, consuming, not stopping) and ``/metrics`` (Prometheus text format)."""
+(consuming its share: see :attr:`relay.app.Relay.ready`) and ``/metrics`` (Prometheus text
+format). The probes read what the relay knows already: they send nothing to the broker."""
 
 from __future__ import annotations
 
@@ -29,9 +30,16 @@ def build_app(relay: Relay) -> web.Application:
         return web.json_response({"status": "ok"})
 
     async def readyz(_req: web.Request) -> web.Response:
-        ready = relay.started and not relay.stopping
-        return web.json_response({"ready": ready, "paused": relay.source.paused,
-                                  "partitions": len(relay.source.assignment)}, status=200 if ready else 503)
+        # Not before the group gave this replica its share: a rolling update (maxUnavailable
+        # 0) would otherwise stop an old pod before the new one consumes anything.
+        ready = relay.ready
+        body = {"ready": ready, "paused": relay.source.paused, "partitions": len(relay.source.assignment)}
+        if not ready:
+            body["reason"] = ("stopping" if relay.stopping else "starting" if not relay.started
+                              else "missing_topics" if relay.source.missing_topics else "joining_group")
+            if relay.source.missing_topics:
+                body["missing_topics"] = sorted(relay.source.missing_topics)
+        return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(_req: web.Request) -> web.Response:
         for lane in relay.lanes:

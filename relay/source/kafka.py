@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
@@ -24,6 +23,7 @@ from relay.kafka_log import KafkaLog, OffsetReset, with_log
 from relay.logs import log_event
 from relay.ops import OpsError
 from relay.ops.kafka_range import watermarks
+from relay.source.consumer_thread import ConsumerThread
 from relay.source.offsets import Partition, format_partitions
 
 log = logging.getLogger("relay.source")
@@ -65,6 +65,10 @@ _RESET_TO_END = frozenset({"largest", "latest", "end"})
 CLOSE_TIMEOUT_S = 30.0
 #: Seconds the check of newly assigned partitions' committed offsets may take.
 OFFSET_CHECK_TIMEOUT_S = 10.0
+#: Seconds a check of the subscribed topics' metadata may take (see :meth:`KafkaSource.check_topics`).
+TOPIC_CHECK_TIMEOUT_S = 5.0
+#: How librdkafka reports a subscribed topic the cluster does not hold (a consumer error).
+MISSING_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 
 RebalanceHandler = Callable[[list[Partition]], Awaitable[dict[Partition, int]]]
 T = TypeVar("T")
@@ -100,6 +104,10 @@ class KafkaSource:
     offsets to commit before giving them up. Lost partitions (the group moved on without
     us) commit nothing; ``on_lost`` defaults to ``on_revoke``.
 
+    :attr:`joined` turns True once the first assignment was handled (an empty one too: an
+    idle member has joined); :attr:`missing_topics` names the subscribed topics the cluster
+    is not known to hold (all of them until :meth:`check_topics` saw them).
+
     A newly assigned partition whose committed offset it no longer holds starts where
     ``auto.offset.reset`` says, logged ``offset_reset`` and passed to ``on_offset_reset``.
     librdkafka would do the same on the first fetch, but silently, and only with a broker
@@ -130,7 +138,7 @@ class KafkaSource:
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._on_lost = on_lost or on_revoke
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-consumer")
+        self._executor = ConsumerThread()
         self._consumer: Consumer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.assignment: set[Partition] = set()
@@ -147,6 +155,12 @@ class KafkaSource:
         #: When the rebalance handler running now began (monotonic), else None: the loop
         #: does not turn meanwhile, and may legitimately not for max.poll.interval.ms.
         self.rebalancing_since: float | None = None
+        #: The group handed this member its share (possibly none) and on_assign handled it.
+        self.joined = False
+        #: Subscribed topics not (yet) seen in the cluster's metadata: none of their records
+        #: is consumed (a misspelt name, a topic not created yet or deleted).
+        self.missing_topics: frozenset[str] = frozenset(self._topics)
+        self._reported_missing: frozenset[str] = frozenset()
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -191,6 +205,7 @@ class KafkaSource:
             # since (set_paused resumes only what is assigned), would never be fetched again.
             (consumer.pause if self.paused else consumer.resume)(tps)
         self._hand_over(self._on_assign, parts)
+        self.joined = True
         log_event(log, logging.INFO, "partitions_assigned", partitions=format_partitions(parts))
 
     def _checked(self, consumer: Consumer, tps: list[TopicPartition]) -> list[TopicPartition]:
@@ -328,23 +343,70 @@ class KafkaSource:
         # A copy: the consumer's thread may add to it meanwhile (a revocation in progress).
         return {part for part, revoked in list(self._revoked_at.items()) if revoked > generation}
 
-    async def commit(self, offsets: dict[Partition, int]) -> bool:
-        """Commit synchronously; False (logged) when the broker refused, e.g. mid-rebalance."""
+    async def commit(self, offsets: dict[Partition, int],
+                     still_own: Callable[[Partition], bool] | None = None) -> bool:
+        """Commit synchronously; False (logged) when the broker refused, e.g. mid-rebalance.
+
+        ``still_own(partition)``: whether the offsets computed for ``partition`` are still
+        the relay's to commit (see :meth:`relay.source.offsets.OffsetTracker.still_owned`);
+        asked on the consumer's thread, just before committing. A commit waits there behind
+        a poll, whose rebalance may revoke a partition, commit its newer offsets, and assign
+        it back: committing these afterwards would move the group's offset back."""
         if not offsets:
             return True
         try:
-            await self._call(self._commit_owned, offsets, self.generation)
+            await self._call(self._commit_owned, offsets, self.generation, still_own)
             return True
         except KafkaException:
             return False
 
-    def _commit_owned(self, offsets: dict[Partition, int], generation: int) -> None:
-        """On the consumer's thread: commit the offsets of partitions assigned throughout
-        since they were computed (at ``generation``). A commit queued behind a poll whose
-        rebalance revoked a partition (and committed its newer offsets) must not move the
-        group's offset back, even when the same poll assigned the partition back."""
+    def _commit_owned(self, offsets: dict[Partition, int], generation: int,
+                      still_own: Callable[[Partition], bool] | None) -> None:
+        """On the consumer's thread: commit the offsets of partitions still assigned, not
+        revoked since ``generation`` (when :meth:`commit` was called) and ``still_own``.
+
+        ``still_own`` is what keeps a revoked partition out: the generation is bumped on
+        this thread before the revoke handler runs on the loop, so offsets computed on the
+        loop from the tracker's state before the revocation may come with the bumped
+        generation; the tracker gives the partition's log up only in that handler, which
+        ``still_own`` sees. The generation still covers a revocation whose handler did not
+        get to give the partition up (it failed or outlasted max.poll.interval.ms), and
+        callers without a ``still_own``."""
         revoked = self.revoked_since(generation)
-        self._commit_now({part: o for part, o in offsets.items() if part in self.assignment and part not in revoked})
+        self._commit_now({part: o for part, o in offsets.items()
+                          if part in self.assignment and part not in revoked
+                          and (still_own is None or still_own(part))})
+
+    def topic_missing(self, topic: str | None) -> None:
+        """librdkafka reported ``topic`` (a subscribed one) missing from the cluster: counted
+        as missing until :meth:`check_topics` sees it. Any thread."""
+        if topic in self._topics and topic not in self.missing_topics:
+            self.missing_topics = self.missing_topics | {topic}
+
+    async def check_topics(self) -> None:
+        """Ask the cluster's metadata whether the topics in :attr:`missing_topics` exist now
+        (one request per such topic; nothing when none is missing). A check that fails
+        (the cluster unreachable) changes nothing."""
+        consumer, missing = self._consumer, self.missing_topics
+        if consumer is None or not missing:
+            return
+
+        def present(topic: str) -> bool:
+            # One topic's metadata: a consumer does not create it (allow.auto.create.topics).
+            found = consumer.list_topics(topic, timeout=TOPIC_CHECK_TIMEOUT_S).topics.get(topic)
+            return found is not None and found.error is None and bool(found.partitions)
+        try:
+            seen = {topic for topic in missing if await self._call(present, topic)}
+        except KafkaException as err:
+            log_event(log, logging.WARNING, "topic_check_failed", topics=",".join(sorted(missing)),
+                      error=str(err)[:300])
+            return
+        self.missing_topics = self.missing_topics - seen
+        if self.missing_topics and self.missing_topics != self._reported_missing:
+            log_event(log, logging.WARNING, "topics_missing", topics=",".join(sorted(self.missing_topics)),
+                      hint="nothing of them is consumed and /readyz answers 503: check kafka.topics, or create "
+                           "them")
+        self._reported_missing = self.missing_topics
 
     async def set_paused(self, paused: bool) -> None:
         if paused == self.paused:
@@ -383,15 +445,23 @@ class KafkaSource:
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Leave the group (librdkafka runs the revoke callback from here: what it commits
-        goes through the consumer it is given). Bounded: librdkafka's close has been seen to
-        wait for ever after an assignment callback failed, and a relay stopping on that
-        error must still exit. It runs on a thread of its own (the consumer's executor
-        would be waited for at interpreter exit); past ``timeout_s`` it is logged
-        (``consumer_close_timeout``) and left: the group then drops this member after
+        goes through the consumer it is given), within ``timeout_s`` all told: the wait for
+        what the consumer's thread is doing (a poll, a commit) and the close. Bounded:
+        librdkafka's close has been seen to wait for ever after an assignment callback
+        failed, and a relay stopping on that error must still exit; it runs on a daemon
+        thread of its own, left behind past ``timeout_s`` (logged ``consumer_close_timeout``,
+        with the step that did not finish): the group then drops this member after
         ``session.timeout.ms``, and the partitions are read again from the last commit."""
+        deadline = time.monotonic() + timeout_s
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await self._call(_nothing_to_do)  # after what the consumer's thread was doing (a poll)
+            # After what the consumer's thread is doing: it must not use the consumer while it closes.
+            idle = asyncio.get_running_loop().run_in_executor(self._executor, _nothing_to_do)
+            done, _ = await asyncio.wait((idle,), timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                self._executor.shutdown(wait=False)
+                _close_timed_out(timeout_s, "the consumer's thread was still busy")
+                return
         self._executor.shutdown(wait=False)
         if consumer is None:
             return
@@ -405,12 +475,15 @@ class KafkaSource:
 
         closer = threading.Thread(target=close, name="kafka-consumer-close", daemon=True)
         closer.start()
-        deadline = time.monotonic() + timeout_s
         while closer.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)  # the revoke callback runs its handler on this loop
         if closer.is_alive():
-            log_event(log, logging.WARNING, "consumer_close_timeout", timeout_s=timeout_s,
-                      hint="the group drops this member after session.timeout.ms; its partitions are read "
-                           "again from the last commit")
+            _close_timed_out(timeout_s, "leaving the group")
         elif failure:
             raise failure[0]
+
+
+def _close_timed_out(timeout_s: float, step: str) -> None:
+    log_event(log, logging.WARNING, "consumer_close_timeout", timeout_s=round(timeout_s, 1), step=step,
+              hint="the group drops this member after session.timeout.ms; its partitions are read "
+                   "again from the last commit")

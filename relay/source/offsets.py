@@ -14,6 +14,7 @@ on a count of events (a few 20 MB events weigh more than thousands of small ones
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Hashable
 
 Partition = tuple[str, int]
@@ -113,6 +114,20 @@ class OffsetTracker:
             if log.watermark is not None and log.watermark != log.committed:
                 out[partition] = log.watermark
         return out
+
+    def still_owned(self, partitions: Iterable[Partition]) -> Callable[[Partition], bool]:
+        """A predicate on ``partitions``: true while the tracker still follows the partition
+        it followed when this was called, false for good once :meth:`revoke` gave it up,
+        even when it was assigned back since (that is a new log). Offsets computed now
+        must not be committed once it is false: the revocation committed newer ones.
+        Cheap and safe to call from the consumer's thread (one dict read)."""
+        logs = self._logs
+        then = {partition: logs.get(partition) for partition in partitions}
+
+        def still_own(partition: Partition) -> bool:
+            log = then.get(partition)
+            return log is not None and logs.get(partition) is log
+        return still_own
 
     def mark_committed(self, offsets: dict[Partition, int]) -> None:
         for partition, offset in offsets.items():

@@ -3,6 +3,7 @@ and restored from, one :class:`RunStateChangelog`. See :mod:`relay.state` for th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from functools import partial
@@ -39,10 +40,21 @@ class RunStateStore:
                       run_id=write.run_id, bytes=len(write.value or b""))
         table.written(write, ok=status != FAILED)
 
-    async def settle(self, timeout_s: float) -> bool:
-        """Write every changed run and wait for the broker's answers; False on timeout."""
+    async def settle(self, timeout_s: float, stop: asyncio.Event | None = None) -> bool:
+        """Write every changed run and wait for the broker's answers; False on timeout, and
+        once ``stop`` is set (at once when it is already): the relay is then shutting down,
+        which settles again within its own deadline."""
         self.flush(include_deliveries=True)
-        return await self.changelog.wait_acked(timeout_s)
+        if stop is None:
+            return await self.changelog.wait_acked(timeout_s)
+        acked = asyncio.ensure_future(self.changelog.wait_acked(timeout_s))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((acked, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            acked.cancel()
+            stopped.cancel()
+        return acked.done() and not acked.cancelled() and acked.result()
 
     async def restore(self, partitions: list[int], now: float) -> None:
         """Read the state of newly assigned ``partitions`` back into the tables."""
@@ -69,5 +81,6 @@ class RunStateStore:
             log_event(log, logging.INFO, "run_state_restored", partition=partition, runs=sum(restored.values()),
                       unknown_collector=unknown, unreadable=unreadable)
 
-    async def close(self) -> None:
-        await self.changelog.close()
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Flush what is still being written, for up to ``timeout_s``, and stop."""
+        await self.changelog.close(timeout_s)

@@ -316,6 +316,29 @@ async def test_callbacks_a_failing_settle_does_not_hold_the_run_and_late_verdict
     assert calls == [of_run[0]] and pending == []
 
 
+async def test_a_stopped_dispatcher_is_sending_nothing(make):
+    """Once stopped, no event counts as being sent: the deliveries under way get no verdict
+    (their offsets are not committed). The relay's revocation waits while events of the
+    partitions it gives up are being sent; after a stop (leaving the group at shutdown)
+    the callback mode still counted them, and the revocation waited for the whole
+    drain_timeout_s, up to 30 s, for verdicts that never come."""
+    evs = events(6)
+    forever = asyncio.Event()
+
+    async def deliver(event):
+        await forever.wait()  # a collector that does not answer
+
+    dispatcher = make(deliver, 4)
+    dispatcher.start()
+    for event in evs:
+        dispatcher.submit(event)
+    assert await wait_until(lambda: dispatcher.sending_where(lambda e: True) == 4)
+    await asyncio.wait_for(dispatcher.stop(), 5)
+    assert dispatcher.sending_where(lambda e: True) == 0
+    assert dispatcher.abort_where(lambda e: True) == []
+    forever.set()
+
+
 @pytest.mark.parametrize("make,breaks", [("workers", "prepare"), ("workers", "deliver"), ("workers", "settle"),
                                          ("callbacks", "prepare"), ("callbacks", "settle")], indirect=["make"])
 async def test_an_exception_while_delivering_settles_the_event_as_failed_and_delivery_goes_on(make, breaks, caplog):

@@ -33,3 +33,26 @@ async def test_a_relay_inside_a_long_rebalance_handler_is_not_reported_stuck():
     status, body = await healthz(relay(polled_s_ago=200, rebalancing_s=190))
     assert status == 200 and body["status"] == "rebalancing"
     assert (await healthz(relay(polled_s_ago=400, rebalancing_s=300 + STUCK_AFTER_S + 5)))[0] == 503
+
+
+async def readyz(state: SimpleNamespace) -> tuple[int, dict]:
+    async with TestClient(TestServer(build_app(state))) as client:  # type: ignore[arg-type]
+        resp = await client.get("/readyz")
+        return resp.status, await resp.json()
+
+
+async def test_readyz_says_why_the_relay_is_not_ready():
+    """An operator looking at a pod that stays unready sees the reason: still joining its
+    group, a subscribed topic the cluster does not hold (named), or stopping."""
+    state = relay(polled_s_ago=0)
+    state.source.joined, state.source.missing_topics = False, frozenset()
+    state.ready = False
+    assert await readyz(state) == (503, {"ready": False, "paused": False, "partitions": 0,
+                                         "reason": "joining_group"})
+    state.source.missing_topics = frozenset({"opnelineage"})
+    status, body = await readyz(state)
+    assert (status, body["reason"], body["missing_topics"]) == (503, "missing_topics", ["opnelineage"])
+    state.stopping = True
+    assert (await readyz(state))[1]["reason"] == "stopping"
+    state.ready, state.stopping, state.source.missing_topics = True, False, frozenset()
+    assert await readyz(state) == (200, {"ready": True, "paused": False, "partitions": 0})

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from relay.source.kafka import KafkaSource
+from relay.source.offsets import OffsetTracker
 from tests.support.kafka import committed_offsets, produce
 
 pytestmark = pytest.mark.kafka
@@ -139,6 +140,67 @@ def test_a_commit_queued_behind_a_revocation_skips_the_partition_even_when_assig
 
     asyncio.run(main())
     assert committed_offsets(kafka.bootstrap_servers, topic, group, 1) == {0: 8}
+
+
+def test_a_commit_computed_as_a_revocation_begins_never_moves_the_offset_back(kafka):
+    """The consumer's thread counts a revocation (the generation) as it begins, before the
+    revoke handler runs on the loop. Offsets the loop computes in between, from the
+    tracker's state before the revocation, came with the new generation; queued behind the
+    poll, they were committed after the revocation had committed newer ones and the
+    partition had been assigned back: the group's offset moved back (a restart re-read
+    what was delivered). The tracker's partition log, given up by the revocation, keeps
+    them out."""
+    topic = kafka.new_topic("revoking")
+    produce(kafka.bootstrap_servers, topic, [(None, b"x")] * 10)
+    group, part = kafka.new_group(), (topic, 0)
+    tracker = OffsetTracker()
+
+    async def revoked(partitions):  # noqa: ANN001, ANN202 - the relay's: the final offsets
+        return tracker.revoke(partitions)
+
+    async def assigned_back(partitions):  # noqa: ANN001, ANN202 - and a record read again
+        tracker.track(part, 10)
+        return {}
+
+    async def main() -> None:
+        source = KafkaSource(bootstrap_servers=kafka.bootstrap_servers, group_id=group, topics=(topic,),
+                             on_assign=_nothing, on_revoke=_nothing, properties=kafka.consumer_properties())
+        await source.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not source.assignment and time.monotonic() < deadline:
+                await source.poll_soon(10, 0.2, then=lambda ms: len(ms))
+            tickets = [tracker.track(part, offset) for offset in range(10)]
+            for ticket in tickets[:6]:
+                ticket.release()
+            assert await source.commit(tracker.committable())
+            counted, go = threading.Event(), threading.Event()
+
+            def rebalance() -> None:  # on the consumer's thread, as inside a poll
+                source._mark_revoked([part])
+                counted.set()
+                go.wait(10)
+                source._commit_now(source._hand_over(revoked, [part]))
+                source._hand_over(assigned_back, [part])
+            loop = asyncio.get_running_loop()
+            polling = loop.run_in_executor(source._executor, rebalance)
+            assert await asyncio.to_thread(counted.wait, 10)
+            for ticket in tickets[6:8]:
+                ticket.release()
+            offsets = tracker.committable()  # computed before the revoke handler ran
+            assert offsets == {part: 8}
+            stale = asyncio.ensure_future(source.commit(offsets, tracker.still_owned(offsets)))
+            await asyncio.sleep(0)  # a turn of the loop: the commit is queued behind the poll
+            for ticket in tickets[8:]:
+                ticket.release()  # settled before the revocation: it commits 10
+            go.set()
+            await polling
+            assert await stale is True and source.assignment == {part}
+            assert await asyncio.to_thread(committed_offsets, kafka.bootstrap_servers, topic, group, 1) == {0: 10}
+        finally:
+            await source.close()
+
+    asyncio.run(main())
 
 
 def test_a_rebalance_handler_that_outlasts_max_poll_interval_stops_the_consumer_with_the_fix(kafka):

@@ -91,3 +91,24 @@ def test_record_timestamps_oldest_unsettled_is_where_the_next_commit_stops():
     assert tracker.record_ms(p) == (None, None)
     tracker.revoke([p])
     assert tracker.record_ms(p) == (None, None)
+
+
+def test_offsets_are_still_owned_until_their_partition_is_revoked_even_when_it_comes_back():
+    """Offsets computed now may be committed later (behind a poll, on the consumer's
+    thread): only while the tracker still follows the partition it followed then. Once
+    revoked, never again, though the partition was assigned back and tracked anew (its
+    revocation committed newer offsets than these)."""
+    other = ("t", 1)
+    tracker = OffsetTracker()
+    for partition in (P, other):
+        tracker.track(partition, 0).release()
+    offsets = tracker.committable()
+    still_own = tracker.still_owned(offsets)
+    assert still_own(P) and still_own(other)
+    tracker.track(P, 1).release()  # more settles: still the same partition's log
+    assert still_own(P)
+    tracker.revoke([P])
+    assert not still_own(P) and still_own(other)
+    tracker.track(P, 0)  # assigned back, read again from the commit
+    assert not still_own(P)
+    assert not still_own(("t", 2))  # never computed: nothing to vouch for
