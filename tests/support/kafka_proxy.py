@@ -188,9 +188,10 @@ class KafkaFaultProxy:
         self.injected: list[tuple[int, int, int]] = []
         self._faults: dict[int, list[int]] = {}    # api key -> [error code, responses left]
         self._refusals: list[int] = []              # [error code, produce requests left]
-        self._refused: dict[int, tuple[int, int]] = {}  # correlation id -> (partition, error code)
+        # (connection, correlation id) -> (partition, error code)
+        self._refused: dict[tuple[int, int], tuple[int, int]] = {}
         self._log_starts: dict[tuple[str, int], int] = {}  # (topic, partition) -> log start offset
-        self._earliest: dict[int, int] = {}  # correlation id -> log start offset to answer
+        self._earliest: dict[tuple[int, int], int] = {}  # (connection, correlation id) -> log start offset to answer
         self._fetch_fault: list[int] = []    # [error code, fetch answers left, log start or -1]
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -289,7 +290,7 @@ class KafkaFaultProxy:
                 topic, partition, timestamp = _list_offsets_request_first(frame, version)
                 start = self._log_starts.get((topic, partition))
                 if start is not None and timestamp == EARLIEST:
-                    self._earliest[correlation] = start
+                    self._earliest[(id(pending), correlation)] = start
                 return frame
             if api_key != PRODUCE or not self._refusals or self._refusals[1] <= 0:
                 return frame
@@ -297,13 +298,14 @@ class KafkaFaultProxy:
             error_code = self._refusals[0]
         at = _produce_request_partition_offset(frame, version)
         (partition,) = struct.unpack_from(">i", frame, at)
-        self._refused[correlation] = (partition, error_code)
+        self._refused[(id(pending), correlation)] = (partition, error_code)
         return frame[:at] + struct.pack(">i", _NO_PARTITION) + frame[at + 4:]
 
     def _response(self, frame: bytes, pending: dict[int, tuple[int, int]]) -> bytes:
         (correlation,) = struct.unpack_from(">i", frame)
         api_key, version = pending.pop(correlation, (-1, -1))
-        start = self._earliest.pop(correlation, None)
+        # Correlation ids are per connection: another client's may be the same number.
+        start = self._earliest.pop((id(pending), correlation), None)
         if start is not None:
             flexible = version >= FLEXIBLE_FROM[api_key]
             at = ERROR_OFFSET[api_key](frame, _skip_tagged_fields(frame, 4) if flexible else 4, version, flexible)
@@ -323,7 +325,7 @@ class KafkaFaultProxy:
                     start_at = at + 2 + 8 + 8     # past the error code, high watermark, last stable offset
                     frame = frame[:start_at] + struct.pack(">q", log_start) + frame[start_at + 8:]
                 return frame
-        refused = self._refused.pop(correlation, None)
+        refused = self._refused.pop((id(pending), correlation), None)
         if refused is not None:
             partition, error_code = refused
             flexible = version >= FLEXIBLE_FROM[api_key]
