@@ -145,17 +145,9 @@ class _CompiledRule:
 
     def matches_job(self, event: LineageEvent) -> bool:
         """Every field except ``dataset_namespace`` (the only one that may need a parse)."""
-        if self.kinds is not None and event.kind not in self.kinds:
-            return False
         if self.event_types is not None and event.event_type not in self.event_types:
             return False
-        if self.job_namespace is not None:
-            if event.job_namespace is None or not self.job_namespace(event.job_namespace):
-                return False
-        if self.job_name is not None:
-            if event.job_name is None or not self.job_name(event.job_name):
-                return False
-        return True
+        return self.matches_run(event)
 
     def matches_run(self, event: LineageEvent) -> bool:
         """The fields every event of a run shares: ``kinds``, ``job_namespace``, ``job_name``."""
