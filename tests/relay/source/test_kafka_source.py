@@ -19,6 +19,13 @@ async def _nothing(partitions):  # noqa: ANN001, ANN202 - a RebalanceHandler
     return {}
 
 
+async def joined(source: KafkaSource, timeout_s: float = 30) -> None:
+    """Poll until the group assigned ``source`` its partitions (a deadline, not a sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while not source.assignment and time.monotonic() < deadline:
+        await source.poll_soon(10, 0.2, then=lambda ms: len(ms))
+
+
 def test_consumer_refetches_soon_after_its_prefetch_queue_was_full(kafka):
     """Once librdkafka's fetched-ahead queue has been full it waits ``fetch.queue.backoff.ms``
     before fetching again, even if the queue was emptied meanwhile. With librdkafka's
@@ -89,9 +96,7 @@ def test_offsets_settled_after_the_last_commit_are_committed_when_close_revokes(
         sources.append(source)
         await source.start()
         try:
-            deadline = time.monotonic() + 30
-            while not source.assignment and time.monotonic() < deadline:
-                await source.poll_soon(10, 0.2, then=lambda ms: len(ms))
+            await joined(source)
             assert source.assignment == {(topic, 0)}
             committed = await source.commit({(topic, 0): 3, (elsewhere, 0): 5})
         finally:
@@ -118,9 +123,7 @@ def test_a_commit_queued_behind_a_revocation_skips_the_partition_even_when_assig
                              on_assign=_nothing, on_revoke=_nothing, properties=kafka.consumer_properties())
         await source.start()
         try:
-            deadline = time.monotonic() + 30
-            while not source.assignment and time.monotonic() < deadline:
-                await source.poll_soon(10, 0.2, then=lambda ms: len(ms))
+            await joined(source)
             assert await source.commit({(topic, 0): 6})
             loop, busy = asyncio.get_running_loop(), threading.Event()
             # The consumer's thread is polling; its rebalance revokes the partition (after
@@ -128,7 +131,7 @@ def test_a_commit_queued_behind_a_revocation_skips_the_partition_even_when_assig
             polling = loop.run_in_executor(source._executor, busy.wait, 10)
             rebalance = loop.run_in_executor(source._executor, source._mark_revoked, [(topic, 0)])
             stale = asyncio.ensure_future(source.commit({(topic, 0): 3}))  # computed before the poll
-            await asyncio.sleep(0)  # a turn of the loop: the commit is queued behind the poll
+            await asyncio.sleep(0)  # ok: one turn of the loop, not a wait: the commit queues behind the poll
             busy.set()
             await asyncio.gather(polling, rebalance)
             assert await stale is True and source.assignment == {(topic, 0)}
@@ -167,9 +170,7 @@ def test_a_commit_computed_as_a_revocation_begins_never_moves_the_offset_back(ka
                              on_assign=_nothing, on_revoke=_nothing, properties=kafka.consumer_properties())
         await source.start()
         try:
-            deadline = time.monotonic() + 30
-            while not source.assignment and time.monotonic() < deadline:
-                await source.poll_soon(10, 0.2, then=lambda ms: len(ms))
+            await joined(source)
             tickets = [tracker.track(part, offset) for offset in range(10)]
             for ticket in tickets[:6]:
                 ticket.release()
@@ -190,7 +191,7 @@ def test_a_commit_computed_as_a_revocation_begins_never_moves_the_offset_back(ka
             offsets = tracker.committable()  # computed before the revoke handler ran
             assert offsets == {part: 8}
             stale = asyncio.ensure_future(source.commit(offsets, tracker.still_owned(offsets)))
-            await asyncio.sleep(0)  # a turn of the loop: the commit is queued behind the poll
+            await asyncio.sleep(0)  # ok: one turn of the loop, not a wait: the commit queues behind the poll
             for ticket in tickets[8:]:
                 ticket.release()  # settled before the revocation: it commits 10
             go.set()

@@ -203,14 +203,19 @@ def test_a_crash_restores_open_runs_and_resends_only_what_may_be_undelivered():
     assert [(e.run_id, e.event_type) for e, _ in fresh.submitted] == [(run_id(1), "COMPLETE")]
 
 
-def test_a_finished_run_is_written_as_closed_then_tombstoned_when_forgotten():
-    lane = Lane(finished_ttl_s=60.0)
+def finished(lane: Lane) -> Lane:
+    """``lane`` after run 1 went through: offered, settled, written and delivered."""
     for event in spark(1):
         lane.offer(event, 0.0)
     lane.tick(2.0)
     for _ in range(3):
         lane.write()
         lane.deliver_all()
+    return lane
+
+
+def test_a_finished_run_is_written_as_closed_then_tombstoned_when_forgotten():
+    lane = finished(Lane(finished_ttl_s=60.0))
     key = lane.table.key(run_id(1))
     assert orjson.loads(lane.changelog[key])["state"]["closed"] == "finished"
     assert lane.table.runs == 0
@@ -403,13 +408,7 @@ def test_a_later_write_failing_first_keeps_its_events_behind_an_earlier_write_in
 def test_a_tombstone_that_fails_after_its_partition_was_revoked_is_not_written_again():
     """The partition's new owner may have written the run since: a tombstone made again
     after the revocation would delete that record."""
-    lane = Lane(finished_ttl_s=60.0)
-    for event in spark(1):
-        lane.offer(event, 0.0)
-    lane.tick(2.0)
-    for _ in range(3):
-        lane.write()
-        lane.deliver_all()
+    lane = finished(Lane(finished_ttl_s=60.0))
     lane.tick(100.0)  # forgotten: its record is tombstoned
     [tombstone] = lane.table.take_writes()
     assert tombstone.value is None
