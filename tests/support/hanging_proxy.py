@@ -17,48 +17,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from relay.embedded.broker import EmbeddedBroker, free_port
+from tests.support.kafka_proxy import LoopProxy
 
 #: The Kafka api key of a consumer group commit.
 OFFSET_COMMIT = 8
 
 
-class HangingProxy:
-    """Listens on ``127.0.0.1:port`` and forwards to ``127.0.0.1:upstream_port``, frame
-    by frame, until it hangs. ``hung`` is set once it does."""
+class HangingProxy(LoopProxy):
+    """Forwards frame by frame until it hangs. ``hung`` is set once it does."""
 
     def __init__(self, upstream_port: int, port: int) -> None:
-        self.upstream_port, self.port = upstream_port, port
+        super().__init__(upstream_port, port, "hanging-proxy")
         self.hung = threading.Event()
         self._hang_at: int | None = None
         self._writers: set[asyncio.StreamWriter] = set()
-        self._loop = asyncio.new_event_loop()
-        self._server: asyncio.AbstractServer | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="hanging-proxy", daemon=True)
 
-    def start(self) -> HangingProxy:
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._serve, "127.0.0.1", self.port), self._loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        async def close() -> None:
-            assert self._server is not None
-            self._server.close()
-            self._drop_all()
-            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def __enter__(self) -> HangingProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def _closing(self) -> None:
+        self._drop_all()
 
     def hang_at(self, api_key: int) -> None:
         """Hang when a request with ``api_key`` arrives (it is not forwarded either)."""

@@ -37,6 +37,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Self
 
 from relay.embedded.broker import EmbeddedBroker, free_port
 
@@ -176,14 +177,56 @@ ERROR_OFFSET: dict[int, Callable[[bytes, int, int, bool], int]] = {
 }
 
 
-class KafkaFaultProxy:
-    """Listens on ``127.0.0.1:port`` and forwards to ``127.0.0.1:upstream_port``.
+class LoopProxy:
+    """A TCP proxy on ``127.0.0.1:port`` to ``127.0.0.1:upstream_port``, served by an event
+    loop on its own thread; a subclass gives ``_serve(client_reader, client_writer)``."""
+
+    def __init__(self, upstream_port: int, port: int, name: str) -> None:
+        self.upstream_port, self.port = upstream_port, port
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def _closing(self) -> None:
+        """On the loop, as :meth:`stop` begins (after the server stopped listening)."""
+
+    def start(self) -> Self:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", self.port), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+            self._closing()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class KafkaFaultProxy(LoopProxy):
+    """Forwards Kafka requests, rewriting answers on cue.
 
     ``requests`` counts the requests seen by (api key, version); ``injected`` lists the
     (api key, version, error code) of each response rewritten."""
 
     def __init__(self, upstream_port: int, port: int) -> None:
-        self.upstream_port, self.port = upstream_port, port
+        super().__init__(upstream_port, port, "kafka-fault-proxy")
         self.requests: Counter[tuple[int, int]] = Counter()
         self.injected: list[tuple[int, int, int]] = []
         self._faults: dict[int, list[int]] = {}    # api key -> [error code, responses left]
@@ -194,33 +237,6 @@ class KafkaFaultProxy:
         self._earliest: dict[tuple[int, int], int] = {}  # (connection, correlation id) -> log start offset to answer
         self._fetch_fault: list[int] = []    # [error code, fetch answers left, log start or -1]
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._server: asyncio.AbstractServer | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="kafka-fault-proxy", daemon=True)
-
-    def start(self) -> KafkaFaultProxy:
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._serve, "127.0.0.1", self.port), self._loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        async def close() -> None:
-            assert self._server is not None
-            self._server.close()
-            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def __enter__(self) -> KafkaFaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def answer_with_error(self, api_key: int, error_code: int, times: int = 1) -> None:
         """The next ``times`` responses to ``api_key`` requests carry ``error_code``."""
