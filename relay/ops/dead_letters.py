@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Message
 from relay.config import RelayConfig
 from relay.events import SourceRef
 from relay.ops.kafka_range import LARGE_RECORD_BATCH_BYTES, PartitionRange, partitions_of, read, watermarks
-from relay.ops.ledger import RedriveLedger
+from relay.ops.ledger import RedriveLedger, identity
 
 
 @dataclass
@@ -43,6 +43,11 @@ class DeadLetter:
     redriven: bool = False
     #: The original's size when it was written without its value (else None).
     value_omitted: int | None = None
+
+    @property
+    def identity(self) -> str:
+        """What tells this record from another at its offset (see :func:`relay.ops.ledger.identity`)."""
+        return identity(self.source, self.relay_time)
 
     @property
     def ref(self) -> str:
@@ -119,7 +124,7 @@ class DeadLetterScan:
                         batch_bytes=LARGE_RECORD_BATCH_BYTES)
         for msg in messages:
             record = DeadLetter.from_message(msg)
-            record.redriven = self._ledger.is_done(record.partition, record.offset)
+            record.redriven = self._ledger.is_done(record.partition, record.offset, record.identity)
             if not keep_value(record):
                 record.value = None
             self.offsets[record.partition].append(record.offset)

@@ -15,6 +15,13 @@ Two parts, both written only after the record reached its destination:
   that the next redrive sends it to the others only. (A reader that knows only record
   markers skips these keys: their offset part is not a number.)
 
+A marker names its record by offset and also carries the record's identity (its ``source``
+and ``relay_time`` headers, :func:`identity`): a dead-letter topic deleted and created again
+starts at offset 0, and the markers of the records it held then (the marker topic is
+compacted, they stay) must not pass its new records off as re-driven. A marker whose
+identity differs from the record at its offset is ignored; one written before markers
+carried it (no ``record`` field) is trusted.
+
 A marker is produced (and acknowledged) right after its record's delivery, before the
 position is committed, so a crash in between costs at most the deliveries in flight:
 delivery is at-least-once, collectors and the relay treat an event's repeat as a repeat.
@@ -54,6 +61,12 @@ def marker_topic(kafka: KafkaConfig) -> str:
     return f"{kafka.dlq_topic}.redriven"
 
 
+def identity(source: str, relay_time: str) -> str:
+    """What tells one dead letter from another written at the same offset of an earlier
+    incarnation of the topic: the record it stands for and when the relay wrote it."""
+    return f"{source}@{relay_time}"
+
+
 def advance(position: int, offsets: Iterable[int], done: Callable[[int], bool]) -> int:
     """The new position: past every record, in offset order from ``position``, that is
     done, up to the first that is not. ``offsets`` are the records that exist (sorted);
@@ -67,6 +80,21 @@ def advance(position: int, offsets: Iterable[int], done: Callable[[int], bool]) 
     return position
 
 
+def _record_of(value: bytes) -> str | None:
+    """The identity a marker carries; None for a marker without one (or not readable)."""
+    try:
+        record = orjson.loads(value).get("record")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return record if isinstance(record, str) else None
+
+
+def _same(marked: str | None, record: str | None) -> bool:
+    """Whether a marker carrying ``marked`` stands for the record of identity ``record``
+    (either unknown: taken as the same)."""
+    return marked is None or record is None or marked == record
+
+
 class RedriveLedger:
     """The redrive state of one dead-letter topic: load it, consult it, extend it."""
 
@@ -78,9 +106,10 @@ class RedriveLedger:
         self._consumer = consumer
         #: partition -> committed position (None: nothing committed yet).
         self.positions: dict[int, int | None] = {}
-        self._marked: set[tuple[int, int]] = set()
-        #: (partition, offset) -> collectors a pending record was re-driven to.
-        self._delivered: dict[tuple[int, int], set[str]] = {}
+        #: (partition, offset) -> the identity of the record re-driven there (None: not known).
+        self._marked: dict[tuple[int, int], str | None] = {}
+        #: (partition, offset) -> collectors a pending record was re-driven to, with its identity.
+        self._delivered: dict[tuple[int, int], dict[str, str | None]] = {}
         self._producer: Producer | None = None
         self._unacked = 0
         self._errors: list[str] = []
@@ -95,7 +124,7 @@ class RedriveLedger:
         self._read_markers()
 
     def _read_markers(self) -> None:
-        self._marked, self._delivered = set(), {}
+        self._marked, self._delivered = {}, {}
         partitions = partitions_of(self._consumer, self.marker_topic, missing_ok=True)
         if not partitions:
             return  # no redrive has written markers yet
@@ -110,23 +139,31 @@ class RedriveLedger:
             offset, _, collector = rest.partition("/")
             if not (partition.isdigit() and offset.isdigit()):
                 continue
+            record = _record_of(msg.value())
             if collector:
-                self._delivered.setdefault((int(partition), int(offset)), set()).add(collector)
+                self._delivered.setdefault((int(partition), int(offset)), {})[collector] = record
             else:
-                self._marked.add((int(partition), int(offset)))
+                self._marked[(int(partition), int(offset))] = record
 
     def start_offset(self, partition: int, low: int) -> int:
         """Where a redrive reads from: the position, or the log start."""
         position = self.positions.get(partition)
         return low if position is None else max(low, position)
 
-    def is_done(self, partition: int, offset: int) -> bool:
+    def is_done(self, partition: int, offset: int, record: str | None = None) -> bool:
+        """Whether record ``partition:offset`` was re-driven; ``record``: its :func:`identity`
+        (None: the record is not at hand, a marker at its offset is taken as its)."""
         position = self.positions.get(partition)
-        return (position is not None and offset < position) or (partition, offset) in self._marked
+        if position is not None and offset < position:
+            return True
+        key = (partition, offset)
+        return key in self._marked and _same(self._marked[key], record)
 
-    def delivered_to(self, partition: int, offset: int) -> frozenset[str]:
-        """The collectors that pending record ``partition:offset`` was already re-driven to."""
-        return frozenset(self._delivered.get((partition, offset), ()))
+    def delivered_to(self, partition: int, offset: int, record: str | None = None) -> frozenset[str]:
+        """The collectors that pending record ``partition:offset`` (identity ``record``) was
+        already re-driven to."""
+        have = self._delivered.get((partition, offset), {})
+        return frozenset(name for name, marked in have.items() if _same(marked, record))
 
     # -- writing -----------------------------------------------------------------------
     def open_for_writing(self) -> None:
@@ -145,20 +182,25 @@ class RedriveLedger:
                                 "enable.idempotence": True, "acks": "all", "linger.ms": 20}
         self._producer = Producer(with_log(conf))
 
-    def mark(self, partition: int, offset: int, how: str) -> None:
-        """Remember that record ``partition:offset`` was re-driven (``how``: where to)."""
-        self._marked.add((partition, offset))
-        self._produce(f"{self.topic}/{partition}/{offset}", partition, offset, how)
+    def mark(self, partition: int, offset: int, how: str, record: str | None = None) -> None:
+        """Remember that record ``partition:offset`` (identity ``record``) was re-driven
+        (``how``: where to)."""
+        self._marked[(partition, offset)] = record
+        self._produce(f"{self.topic}/{partition}/{offset}", partition, offset, how, record)
 
-    def mark_collector(self, partition: int, offset: int, collector: str) -> None:
-        """Remember that record ``partition:offset``, still pending for other collectors,
-        reached ``collector``."""
-        self._delivered.setdefault((partition, offset), set()).add(collector)
-        self._produce(f"{self.topic}/{partition}/{offset}/{collector}", partition, offset, f"collector:{collector}")
+    def mark_collector(self, partition: int, offset: int, collector: str, record: str | None = None) -> None:
+        """Remember that record ``partition:offset`` (identity ``record``), still pending for
+        other collectors, reached ``collector``."""
+        self._delivered.setdefault((partition, offset), {})[collector] = record
+        self._produce(f"{self.topic}/{partition}/{offset}/{collector}", partition, offset,
+                      f"collector:{collector}", record)
 
-    def _produce(self, key: str, partition: int, offset: int, how: str) -> None:
+    def _produce(self, key: str, partition: int, offset: int, how: str, record: str | None) -> None:
         assert self._producer is not None, "open_for_writing() first"
-        value = orjson.dumps({"redriven_at": datetime.now(timezone.utc).isoformat(), "to": how})
+        fields: dict[str, str] = {"redriven_at": datetime.now(timezone.utc).isoformat(), "to": how}
+        if record is not None:
+            fields["record"] = record
+        value = orjson.dumps(fields)
 
         def acked(err: KafkaError | None, _msg: Any) -> None:
             self._unacked -= 1

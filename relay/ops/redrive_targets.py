@@ -91,7 +91,7 @@ class TopicRedrive:
                 summary.failures.append((record, f"producing to {topic} failed: {err}"))
             else:
                 summary.redriven += 1
-                ledger.mark(record.partition, record.offset, f"topic:{topic}")
+                ledger.mark(record.partition, record.offset, f"topic:{topic}", record.identity)
 
         try:
             for record, at in self._chosen:
@@ -145,7 +145,7 @@ class CollectorRedrive:
         self._by_name = {c.name: c for c in config.collectors}
         self._routers = [(c.name, Router(c.route, c.event_kinds)) for c in config.collectors]
         #: Records to mark before delivering (routed nowhere, or every target has them).
-        self._marks: list[tuple[int, int, str]] = []
+        self._marks: list[tuple[int, int, str, str]] = []
         #: (partition, offset) -> deliveries still to succeed (-1: one failed).
         self._remaining: dict[tuple[int, int], int] = {}
         #: Records meant for several collectors: each one that gets it is remembered.
@@ -191,14 +191,14 @@ class CollectorRedrive:
         targets = [name] if name else [n for n, router in self._routers if router.accepts(result) is None]
         if not targets:
             summary.not_routed += 1
-            self._marks.append((record.partition, record.offset, "no collector"))
+            self._marks.append((record.partition, record.offset, "no collector", record.identity))
             return
-        have = self._ledger.delivered_to(record.partition, record.offset)
+        have = self._ledger.delivered_to(record.partition, record.offset, record.identity)
         if have:
             targets = [t for t in targets if t not in have]
             if not targets:  # each got it in an earlier redrive, which ended before marking it
                 summary.already += 1
-                self._marks.append((record.partition, record.offset, "collector"))
+                self._marks.append((record.partition, record.offset, "collector", record.identity))
                 return
         key = (record.partition, record.offset)
         event: LineageEvent = result
@@ -218,10 +218,10 @@ class CollectorRedrive:
 
     def run(self, ledger: RedriveLedger | None, bar: ProgressBar) -> None:
         """Deliver; ``ledger`` None: a dry run (nothing is marked)."""
-        for partition, offset, how in self._marks:
+        for partition, offset, how, identity in self._marks:
             bar.advance()
             if ledger is not None:
-                ledger.mark(partition, offset, how)
+                ledger.mark(partition, offset, how, identity)
         summary, remaining, per_collector = self._summary, self._remaining, self._per_collector
 
         def delivered(name: str, event: LineageEvent) -> None:
@@ -232,9 +232,9 @@ class CollectorRedrive:
                     summary.redriven += 1
                     bar.advance()
                     if ledger is not None:
-                        ledger.mark(record.partition, record.offset, "collector")
+                        ledger.mark(record.partition, record.offset, "collector", record.identity)
                 elif key in self._shared and ledger is not None:
-                    ledger.mark_collector(record.partition, record.offset, name)
+                    ledger.mark_collector(record.partition, record.offset, name, record.identity)
 
         def failed(name: str, failure: Failure) -> None:
             for record in per_collector[name][failure.event.digest]:
