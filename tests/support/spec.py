@@ -1,7 +1,8 @@
 """Offline validation of OpenLineage events against the official JSON Schemas.
 
-The schemas are the OpenLineage ``spec/`` folder copied to ``../shared/openlineage-spec``
-next to the repository (``$OPENLINEAGE_SPEC_DIR`` overrides it): the core
+The schemas are the OpenLineage ``spec/`` folder: ``$OPENLINEAGE_SPEC_DIR`` when set, else
+``../shared/openlineage-spec`` next to the repository when it exists, else the copy in
+``tests/spec/openlineage-spec`` (so a clone on its own runs the tests): the core
 ``OpenLineage.json`` and one ``facets/*.json`` per standard facet, all JSON Schema
 2020-12. Every file is registered under its ``$id`` in a :class:`referencing.Registry`, so
 cross-file ``$ref`` resolve locally and nothing is ever fetched from the network. A missing
@@ -73,11 +74,16 @@ class SpecViolation(AssertionError):
 
 
 def default_spec_dir() -> Path:
-    """``$OPENLINEAGE_SPEC_DIR``, else ``<repo>/../shared/openlineage-spec``."""
+    """``$OPENLINEAGE_SPEC_DIR``; else ``<repo>/../shared/openlineage-spec`` (the team's
+    copy, next to the repository) when it exists; else the repository's own copy,
+    ``tests/spec/openlineage-spec``. An explicit directory that does not exist is used as
+    given, and fails: it is a mistake, not a reason to fall back."""
     explicit = os.environ.get(SPEC_DIR_ENV)
     if explicit:
         return Path(explicit)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "openlineage-spec"
+    repo = Path(__file__).resolve().parents[2]
+    shared = repo.parent / "shared" / "openlineage-spec"
+    return shared if shared.is_dir() else repo / "tests" / "spec" / "openlineage-spec"
 
 
 # --- formats -------------------------------------------------------------------------
