@@ -148,9 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.path}: OK ({len(cfg.collectors)} collector(s): {', '.join(c.name for c in cfg.collectors)})")
             return 0
         if args.command == "demo":
+            from relay.embedded.broker import BrokerUnavailable
             from relay.embedded.demo import run_demo
 
-            return run_demo(runs=args.runs, spark=not args.no_spark)
+            try:
+                return run_demo(runs=args.runs, spark=not args.no_spark)
+            except BrokerUnavailable as err:  # a part the demo needs is not installed
+                print(f"lineage-relay demo: {err}", file=sys.stderr)
+                return 2
         if args.command == "graph":
             return lineage_graph.run(args)
         config = config_from_args(args)

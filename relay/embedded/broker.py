@@ -27,7 +27,8 @@ FAST_GROUP_PROPERTIES = {"session.timeout.ms": "6000", "heartbeat.interval.ms": 
 
 
 class BrokerUnavailable(RelayError):
-    """The embedded broker binary is missing or would not start."""
+    """The embedded broker binary is missing or would not start (or, for the demo, another
+    part it needs is not installed)."""
 
 
 def tansu_binary() -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from relay.config import build_config
-from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker
+from relay.embedded.broker import FAST_GROUP_PROPERTIES, BrokerUnavailable, EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.graph import example_query, render_graph_html
 from relay.embedded.runner import RelayThread
@@ -80,6 +80,14 @@ def summarize(events: list[dict[str, Any]]) -> list[str]:
 
 
 def run_demo(*, runs: int = 12, spark: bool = True) -> int:
+    """Raises :class:`BrokerUnavailable` naming the missing part (the broker's wheel,
+    PySpark) before anything starts."""
+    if spark:
+        try:
+            import pyspark  # noqa: F401
+        except ImportError as err:
+            raise BrokerUnavailable("the PySpark demo needs PySpark (and Java 17): pip install "
+                                    "'lineage-relay[spark]', or run `lineage-relay demo --no-spark`") from err
     OUT.mkdir(exist_ok=True)
     (OUT / "lineage.sqlite").unlink(missing_ok=True)  # the picture shows this run only
     store = LineageStore(OUT / "lineage.sqlite")

@@ -60,6 +60,10 @@ def relay_configs() -> dict[str, str]:
     configs = {f"configmap:{name}": _configmap_text(name) for name in KUSTOMIZATIONS}
     configs["deploy/compose/relay.yaml"] = COMPOSE_RELAY_CONFIG.read_text()
     configs["examples/relay.yaml"] = EXAMPLE_RELAY_CONFIG.read_text()
+    # The README's configuration reference, as a reader would copy it.
+    readme = (ROOT / "README.md").read_text()
+    [reference] = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("kafka:\n")]
+    configs["README.md (configuration reference)"] = reference
     return configs
 
 
