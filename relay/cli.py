@@ -33,6 +33,9 @@ def _pairs(values: list[str] | None, flag: str) -> list[tuple[str, str]]:
 
 
 def config_from_args(args: argparse.Namespace) -> RelayConfig:
+    if not args.config and not args.bootstrap_servers and not args.collector:
+        raise ConfigError("run needs a configuration: --config relay.yaml, or at least --bootstrap-servers HOST:PORT "
+                          "and --collector NAME=URL (lineage-relay run --help lists the flags)")
     data: dict[str, Any] = load_yaml(args.config) if args.config else {}
     kafka: dict[str, Any] = {}
     if args.bootstrap_servers:

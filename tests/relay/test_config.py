@@ -202,6 +202,12 @@ def test_console_script_reports_bad_flag_and_exits_nonzero():
     assert "--collector 'marquez': expected NAME=VALUE" in out.stderr
 
 
+def test_run_without_any_configuration_says_what_it_needs():
+    out = subprocess.run([sys.executable, "-m", "relay", "run"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--config relay.yaml" in out.stderr and "--bootstrap-servers" in out.stderr and "--collector" in out.stderr
+
+
 def _collector(**extra):
     return {"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a", **extra}]}
 
