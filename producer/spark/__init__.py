@@ -8,7 +8,8 @@
 It registers a py4j ``QueryExecutionListener`` on the driver. Each action that writes data
 becomes a child run (START, then COMPLETE or FAIL) of the application run (START now,
 COMPLETE at ``spark.stop()``/exit, FAIL when the driver dies on an uncaught exception or
-leaves through ``sys.exit`` with a non-zero status),
+exits with a non-zero status: any ``SystemExit`` on Python 3.12+, ``sys.exit`` on 3.11, see
+:mod:`producer.spark.driver_exit`),
 with inputs, outputs, schema, dataSource, symlinks, lifecycleStateChange,
 outputStatistics, processing_engine, spark_properties and columnLineage facets.
 

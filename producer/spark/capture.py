@@ -24,8 +24,9 @@ import orjson
 
 from producer import events
 from producer.spark import columns, naming
-from producer.spark.jvm import ActionSnapshot, Relation
+from producer.spark.jvm import ActionSnapshot
 from producer.spark.plan import Node, parse_plan
+from producer.spark.relations import Relation
 
 SCHEMA_BASE = "https://github.com/lineage-relay/lineage-relay/blob/main/spec/facets"
 

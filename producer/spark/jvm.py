@@ -1,4 +1,4 @@
-"""The only module that talks to the JVM: one action's QueryExecution -> plain data.
+"""One action's QueryExecution -> plain data (where its data lives: :mod:`producer.spark.relations`).
 
 Cost is bounded per action: the plan crosses py4j once, as JSON (``TreeNode.toJSON``'s text,
 read in pieces that py4j returns without a stall, see :func:`plan_json`), and
@@ -10,138 +10,24 @@ building in :mod:`producer.spark.capture` is testable without Spark.
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import orjson
 
-# -- one release per action for the Java objects it made ---------------------------------
-# Every Java object that crosses py4j is kept alive on the JVM's side until Python lets it
-# go, which py4j does one object at a time: a "delete" round trip per object (measured: 86
-# per action, more than the calls that made them). Inside ``released_together(gateway)``,
-# the objects this thread receives are not finalised one by one; their ids are collected
-# and removed from py4j's table in one call when the block ends. Other threads (the job's)
-# are untouched.
-
-_tracking = threading.local()
-_PATCHED: list[bool] = []
-
-
-def _install_tracking() -> None:
-    """Wrap ``py4j.java_gateway.JavaObject.__init__`` once: inside a tracking block, a new
-    object's finalizer is dropped (so py4j never deletes it alone) and its id kept."""
-    if _PATCHED:
-        return
-    from py4j.java_gateway import JavaObject
-
-    original = JavaObject.__init__
-
-    def __init__(self: Any, target_id: str, gateway_client: Any) -> None:
-        original(self, target_id, gateway_client)
-        _take_over(gateway_client, target_id)
-
-    JavaObject.__init__ = __init__
-    _PATCHED.append(True)
-
-
-def _take_over(client: Any, target_id: str) -> None:
-    """Inside a tracking block: drop the object's py4j finalizer (its key as py4j builds
-    it) and keep its id for the block's release."""
-    ids = getattr(_tracking, "ids", None)
-    if ids is None:
-        return
-    from py4j.finalizer import ThreadSafeFinalizer
-
-    ThreadSafeFinalizer.remove_finalizer(f"{client.address}{client.port}{target_id}")
-    ids.append(target_id)
-
-
-def adopt(obj: Any) -> None:
-    """Release ``obj`` (a Java object made before the block, e.g. a callback's argument)
-    with the block's objects instead of on its own."""
-    target_id = getattr(obj, "_target_id", None)
-    client = getattr(obj, "_gateway_client", None)
-    if target_id is not None and client is not None:
-        _take_over(client, target_id)
-
-
-@contextmanager
-def untracked() -> Iterator[None]:
-    """Objects made here are finalised by py4j as usual (for those kept across actions)."""
-    ids = getattr(_tracking, "ids", None)
-    _tracking.ids = None
-    try:
-        yield
-    finally:
-        _tracking.ids = ids
-
-
-class _Bindings:
-    """py4j's object table on the JVM's side and what removes many ids in one call."""
-
-    def __init__(self, gateway: Any) -> None:
-        with untracked():
-            self.keys = gateway.java_gateway_server.getGateway().getBindings().keySet()
-            self.tokenizer = gateway.jvm.java.util.StringTokenizer
-            self.as_list = gateway.jvm.java.util.Collections.list
-        self.leftover: list[str] = []  # the last release's own tokenizer and list
-
-    def release(self, ids: list[str]) -> None:
-        ids = self.leftover + ids
-        self.leftover = []
-        if not ids:
-            return
-        _tracking.ids = self.leftover  # the tokenizer and list made by this release go next time
-        try:
-            # py4j matches no varargs (Arrays.asList), hence a tokenizer, an Enumeration.
-            self.keys.removeAll(self.as_list(self.tokenizer(",".join(ids), ",")))
-        finally:
-            _tracking.ids = None
-
-
-_BINDINGS: dict[int, tuple[Any, _Bindings]] = {}
-
-
-def _per_gateway(cache: dict[int, tuple[Any, Any]], gateway: Any, build: Any) -> Any:
-    """``build(gateway)``, made once per gateway. Keyed by identity: a py4j gateway answers
-    any attribute, so nothing can be stored on it."""
-    entry = cache.get(id(gateway))
-    if entry is None or entry[0] is not gateway:
-        entry = cache[id(gateway)] = (gateway, build(gateway))
-    return entry[1]
-
-
-@contextmanager
-def released_together(gateway: Any) -> Iterator[None]:
-    """See above. Nests (an inner block adds to the outer one). If the bulk release fails
-    (another py4j), the ids are deleted one by one, as py4j would have."""
-    if getattr(_tracking, "ids", None) is not None:
-        yield
-        return
-    _install_tracking()
-    ids: list[str] = []
-    try:
-        entry = _per_gateway(_BINDINGS, gateway, _Bindings)
-    except Exception:  # noqa: BLE001 - no bulk release here: py4j's own, object by object
-        yield
-        return
-    _tracking.ids = ids
-    try:
-        yield
-    finally:
-        _tracking.ids = None
-        try:
-            entry.release(ids)
-        except Exception:  # noqa: BLE001
-            _BINDINGS.pop(id(gateway), None)
-            client = gateway._gateway_client
-            for target_id in ids + entry.leftover:
-                client.garbage_collect_object(target_id)
-
+from producer.spark.java_objects import per_gateway, untracked
+from producer.spark.relations import (
+    RELATION_KINDS,
+    SEP,
+    LeafInfo,
+    Relation,
+    catalog_table,
+    opt,
+    qualified,
+    relation_of,
+    v2_created,
+)
 
 #: Analysed-plan roots that write data, by how their target is found.
 FILE_WRITES = {"InsertIntoHadoopFsRelationCommand"}
@@ -167,21 +53,6 @@ def command_of(qe: Any) -> str:
 
 
 @dataclass
-class Relation:
-    """Where data lives: a path, a catalog table (with its location), a JDBC table or a
-    DataSourceV2 table name."""
-
-    paths: list[str] = field(default_factory=list)
-    table: str | None = None          # db.table
-    location: str | None = None       # a catalog table's storage location
-    jdbc_url: str | None = None
-    jdbc_table: str | None = None
-    v2_name: str | None = None        # a DataSourceV2 table's identifier in its catalog
-    v2_catalog: str | None = None     # that catalog's name (``spark_catalog``, ``iceberg``, ...)
-    fmt: str | None = None
-
-
-@dataclass
 class ActionSnapshot:
     func: str
     command: str
@@ -203,14 +74,6 @@ class ActionSnapshot:
         return None if self.query_json is None else orjson.loads(self.query_json)
 
 
-def _opt(value: Any) -> Any:
-    return value.get() if value is not None and value.isDefined() else None
-
-
-#: Joins a Scala Seq's strings in one py4j call; no path contains it.
-_SEP = "\u001f"
-
-
 #: py4j answers with one message written through an 8 KiB buffer; a longer answer stalls
 #: ~40 ms on loopback (Nagle's algorithm on the JVM's side meets the delayed ACK on ours).
 #: Text is therefore read in pieces that fit, up to this length; above it, at once (one
@@ -227,7 +90,7 @@ def _json_tools(gateway: Any) -> tuple[Any, Any]:
             module = getattr(getattr(gateway.jvm.org.json4s.jackson, "JsonMethods$"), "MODULE$")
             return module.mapper(), gateway.jvm.java.io.StringWriter
 
-    return _per_gateway(_JSON_TOOLS, gateway, build)
+    return per_gateway(_JSON_TOOLS, gateway, build)
 
 
 _JSON_TOOLS: dict[int, tuple[Any, tuple[Any, Any]]] = {}
@@ -252,19 +115,13 @@ def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]
     return "".join(text.substring(i, min(length, i + _PIECE_CHARS)) for i in range(0, length, _PIECE_CHARS)), length
 
 
-@dataclass(frozen=True)
-class LeafInfo:
-    """A plan leaf as its JSON describes it."""
-
-    kind: str  # the class's simple name
-    has_table: bool  # a catalog table is attached (the JSON has "catalogTable" only then)
-
-
 def _leaf_infos(snap: ActionSnapshot) -> list[list[LeafInfo]] | None:
     """From the plan's JSON, its leaves in ``collectLeaves()`` order (both are pre-order
     walks of the children), then each subquery plan's in ``subqueriesAll()`` order (see
     :func:`producer.spark.columns.leaf_groups`): one list per plan; None when unknown."""
-    from producer.spark.columns import leaf_groups  # pure; the one definition of the order
+    from producer.spark.columns import (
+        leaf_groups,  # pure; the one definition of the order
+    )
 
     try:
         if snap.query_nodes is None:
@@ -291,84 +148,8 @@ def _input_leaves(gateway: Any, snap: ActionSnapshot, query: Any) -> list[Relati
     infos: list[list[LeafInfo | None]] = (
         groups if groups is not None and [len(g) for g in groups] == counts else [[None] * c for c in counts])
     # A leaf that cannot be data at rest (known from the JSON) is not even fetched.
-    return [relation_of(gateway, seq.apply(i), info) if info is None or info.kind in _RELATION_KINDS else None
+    return [relation_of(gateway, seq.apply(i), info) if info is None or info.kind in RELATION_KINDS else None
             for seq, group in zip(seqs, infos) for i, info in enumerate(group)]
-
-
-def _catalog_table(table: Any) -> Relation:
-    ident = table.identifier()
-    db = _opt(ident.database())
-    name = f"{db}.{ident.table()}" if db else ident.table()
-    loc = _opt(table.storage().locationUri())
-    return Relation(table=name, location=loc.toString() if loc is not None else None,
-                    fmt=_opt(table.provider()))
-
-
-def _logical_relation(gateway: Any, leaf: Any, has_table: bool | None = None) -> Relation | None:
-    relation = leaf.relation()
-    kind = relation.getClass().getSimpleName()
-    table = _opt(leaf.catalogTable()) if has_table is not False else None
-    if kind == "HadoopFsRelation":
-        rel = _catalog_table(table) if table is not None else Relation()
-        joined = relation.location().rootPaths().mkString(_SEP)
-        rel.paths = joined.split(_SEP) if joined else []
-        rel.fmt = rel.fmt or relation.fileFormat().toString().lower()
-        return rel
-    if kind == "JDBCRelation":
-        options = relation.jdbcOptions()
-        return Relation(jdbc_url=options.url(), jdbc_table=options.tableOrQuery())
-    if table is not None:
-        return _catalog_table(table)
-    return None
-
-
-#: Leaf classes that can be data at rest; any other leaf (a local relation, a range) is not.
-_RELATION_KINDS = frozenset({"LogicalRelation", "HiveTableRelation", "DataSourceV2Relation",
-                             "DataSourceV2ScanRelation"})
-
-
-def relation_of(gateway: Any, node: Any, leaf: LeafInfo | None = None) -> Relation | None:
-    """A plan leaf (or write target) as a :class:`Relation`, or None when it is not data
-    at rest (an in-memory DataFrame, a range). ``leaf``: what the plan's JSON tells about
-    it, which saves asking."""
-    kind = leaf.kind if leaf is not None else node.getClass().getSimpleName()
-    if kind == "LogicalRelation":
-        return _logical_relation(gateway, node, leaf.has_table if leaf is not None else None)
-    if kind == "HiveTableRelation":
-        return _catalog_table(node.tableMeta())
-    if kind in ("DataSourceV2Relation", "DataSourceV2ScanRelation"):
-        rel = node if kind == "DataSourceV2Relation" else node.relation()
-        catalog = _opt(rel.catalog())
-        return v2_table(rel.table(), catalog.name() if catalog is not None else None, _opt(rel.identifier()))
-    return None
-
-
-def v2_table(table: Any, catalog: str | None, ident: Any) -> Relation | None:
-    """A DataSourceV2 ``Table`` (None for Spark's ``noop`` sink). Named as the official
-    integration does: a JDBC catalog's table by its JDBC URL, a table with a ``location``
-    property (Iceberg, Delta, the session catalog) by that location, any other by its
-    catalog and identifier (``ident``; ``Table.name()`` when there is none)."""
-    kind = table.getClass().getSimpleName()
-    if kind == "NoopTable":
-        return None
-    name = str(ident.toString()) if ident is not None else str(table.name())
-    if kind == "JDBCTable":
-        return Relation(jdbc_url=table.jdbcOptions().url(), jdbc_table=name)
-    location = table.properties().get("location")
-    return Relation(v2_name=name, v2_catalog=catalog, location=str(location) if location is not None else None)
-
-
-def _v2_created(created: Any) -> Relation:
-    """The table a V2 CTAS/RTAS wrote (``ResolvedIdentifier``: catalog and identifier),
-    loaded from its catalog for its location or JDBC URL; if it cannot be loaded (a
-    failed CTAS), named by catalog and identifier."""
-    catalog, ident = created.catalog(), created.identifier()
-    catalog_name = str(catalog.name())
-    try:
-        rel = v2_table(catalog.loadTable(ident), catalog_name, ident)
-    except Exception:  # noqa: BLE001 - not created, or not a TableCatalog
-        rel = None
-    return rel if rel is not None else Relation(v2_name=str(ident.toString()), v2_catalog=catalog_name)
 
 
 def _unaliased(plan: Any) -> Any:
@@ -403,7 +184,7 @@ def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputByt
     metrics = plan.metrics()
     # All of them in one call, as "name -> SQLMetric(id: 1, name: Some(...), value: 42)"
     # (four round trips per metric otherwise); another format: one by one.
-    for entry in metrics.mkString(_SEP).split(_SEP):
+    for entry in metrics.mkString(SEP).split(SEP):
         match = _METRIC.fullmatch(entry)
         if match is not None and match.group(1) in names:
             out[match.group(1)] = int(match.group(2))
@@ -413,7 +194,7 @@ def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputByt
 def _metrics_one_by_one(metrics: Any, names: tuple[str, ...]) -> dict[str, int]:
     out: dict[str, int] = {}
     for name in names:
-        metric = _opt(metrics.get(name))
+        metric = opt(metrics.get(name))
         if metric is not None:
             out[name] = int(metric.value())
     return out
@@ -427,14 +208,14 @@ _ANALYSIS_PHASE = re.compile(r"(?:^|\u001f)analysis -> PhaseSummary\((\d+), ?-?\
 def _started_ms(qe: Any) -> int | None:
     try:
         phases = qe.tracker().phases()
-        match = _ANALYSIS_PHASE.search(phases.mkString(_SEP))  # one call, not four
+        match = _ANALYSIS_PHASE.search(phases.mkString(SEP))  # one call, not four
         return int(match.group(1)) if match is not None else _analysis_start_asked(phases)
     except Exception:  # noqa: BLE001 - older/other Spark: the caller falls back to the duration
         return None
 
 
 def _analysis_start_asked(phases: Any) -> int | None:
-    summary = _opt(phases.get("analysis"))
+    summary = opt(phases.get("analysis"))
     return int(summary.startTimeMs()) if summary is not None else None
 
 
@@ -447,30 +228,30 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     snap = ActionSnapshot(func=func, command=command, started_ms=_started_ms(qe))
     query = analyzed
     if command in FILE_WRITES:
-        table = _opt(analyzed.catalogTable())
-        snap.output = _catalog_table(table) if table is not None else Relation()
+        table = opt(analyzed.catalogTable())
+        snap.output = catalog_table(table) if table is not None else Relation()
         snap.output.paths = [analyzed.outputPath().toString()]
         snap.output.fmt = snap.output.fmt or analyzed.fileFormat().toString().lower()
         snap.mode = analyzed.mode().toString()
         query = analyzed.query()
     elif command in TABLE_CREATES:
-        snap.output = _catalog_table(analyzed.tableDesc() if command != "CreateDataSourceTableAsSelectCommand"
+        snap.output = catalog_table(analyzed.tableDesc() if command != "CreateDataSourceTableAsSelectCommand"
                                      else analyzed.table())
         # saveAsTable into an existing table runs this command too: its SaveMode tells
         # an append (no lifecycle change) from an overwrite or a create.
         snap.mode = analyzed.mode().toString()
         query = analyzed.query()
     elif command in TABLE_INSERTS:
-        snap.output = _catalog_table(analyzed.table())
+        snap.output = catalog_table(analyzed.table())
         snap.mode = "Overwrite" if analyzed.overwrite() else "Append"
         query = analyzed.query()
     elif command in SOURCE_SAVES:
         options = analyzed.options()
         source = analyzed.dataSource().getClass().getSimpleName()
         if "Jdbc" in source:
-            snap.output = Relation(jdbc_url=_opt(options.get("url")), jdbc_table=_opt(options.get("dbtable")))
-        elif _opt(options.get("path")) is not None:
-            snap.output = Relation(paths=[_opt(options.get("path"))], fmt=source)
+            snap.output = Relation(jdbc_url=opt(options.get("url")), jdbc_table=opt(options.get("dbtable")))
+        elif (path := opt(options.get("path"))) is not None:
+            snap.output = Relation(paths=[qualified(gateway, session, path, options)], fmt=source)
         snap.mode = analyzed.mode().toString()
         query = analyzed.query()
     elif command in V2_WRITES:
@@ -478,7 +259,7 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
         snap.mode = "Append" if command == "AppendData" else "Overwrite"
         query = analyzed.query()
     elif command in V2_CREATES:
-        snap.output = _v2_created(analyzed.name())
+        snap.output = v2_created(analyzed.name())
         snap.mode = "Create" if command != "ReplaceTableAsSelect" else "Overwrite"
         query = analyzed.query()
     elif command in V2_ROW_LEVEL or command in DELTA_ROW_LEVEL:

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import atexit
 import logging
-import sys
 import threading
 import time
 import traceback
 from typing import Any
 
 from producer import events
-from producer.spark import capture, jvm
+from producer.spark import capture, java_objects, jvm
 from producer.spark.capture import CaptureSettings
+from producer.spark.driver_exit import DriverExit
 
 log = logging.getLogger("producer.spark")
 
@@ -57,9 +57,7 @@ class SparkLineage:
         self._nested_writes: dict[str, dict[str, int]] = {}
         self._listener: _Listener | None = None
         self._jlistener: Any = None
-        self._uncaught: BaseException | None = None
-        self._prev_excepthook = None
-        self._orig_exit = None
+        self._driver_exit = DriverExit()
         self._orig_stop = None
 
     @property
@@ -85,12 +83,7 @@ class SparkLineage:
             finally:
                 self.end()
         sc.stop = stop
-        self._prev_excepthook = sys.excepthook
-        sys.excepthook = self._excepthook
-        # SystemExit never reaches sys.excepthook, and at exit its code is gone: sys.exit
-        # is wrapped to remember it (``raise SystemExit(n)`` written out is not seen).
-        self._orig_exit = sys.exit
-        sys.exit = self._exit
+        self._driver_exit.watch()
         atexit.register(self._at_exit)
         return self
 
@@ -110,10 +103,7 @@ class SparkLineage:
                 del self.spark.sparkContext.stop
             except AttributeError:
                 pass
-        if sys.excepthook == self._excepthook and self._prev_excepthook is not None:
-            sys.excepthook = self._prev_excepthook
-        if sys.exit == self._exit and self._orig_exit is not None:
-            sys.exit = self._orig_exit
+        self._driver_exit.unwatch()
         atexit.unregister(self._at_exit)
 
     def end(self, error: BaseException | None = None) -> None:
@@ -143,26 +133,9 @@ class SparkLineage:
         except Exception as err:  # noqa: BLE001 - best effort at shutdown
             log.debug("lineage: could not drain the listener bus: %s", err)
 
-    def _excepthook(self, exc_type: type, exc: BaseException, tb: Any) -> None:
-        self._uncaught = exc
-        (self._prev_excepthook or sys.__excepthook__)(exc_type, exc, tb)
-
-    def _exit(self, status: object = None) -> None:
-        """``sys.exit``: the job's exit, unchanged; a non-zero status on the main thread
-        (which ends the process, unless the job catches it) is kept for the application's
-        FAIL."""
-        try:
-            if status is not None and status != 0 and threading.current_thread() is threading.main_thread():
-                self._uncaught = SystemExit(status)
-        except Exception:  # noqa: BLE001 - a status that cannot be compared: the job's business
-            pass
-        if self._orig_exit is None:
-            raise SystemExit(status)
-        self._orig_exit(status)
-
     def _at_exit(self) -> None:
         try:
-            self.end(self._uncaught)
+            self.end(self._driver_exit.failure)
         except Exception:  # noqa: BLE001 - never raise at interpreter exit
             log.exception("lineage: could not emit the application's end")
 
@@ -329,8 +302,8 @@ class _Listener:
         if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
             return
         try:
-            with jvm.released_together(self._gateway):
-                jvm.adopt(qe)
+            with java_objects.released_together(self._gateway):
+                java_objects.adopt(qe)
                 owner.on_action(self._gateway, func_name, qe, duration_ns, None)
         except Exception:  # noqa: BLE001
             log.exception("lineage: listener failed")
@@ -340,9 +313,9 @@ class _Listener:
         if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
             return
         try:
-            with jvm.released_together(self._gateway):
-                jvm.adopt(qe)
-                jvm.adopt(exception)
+            with java_objects.released_together(self._gateway):
+                java_objects.adopt(qe)
+                java_objects.adopt(exception)
                 owner.on_action(self._gateway, func_name, qe, None, exception)
         except Exception:  # noqa: BLE001
             log.exception("lineage: listener failed")

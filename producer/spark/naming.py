@@ -9,8 +9,10 @@
 * JDBC ``jdbc:postgresql://host:5432/db`` + table ``schema.t`` -> (``postgres://host:5432``, ``db.schema.t``);
   mysql, sqlserver, db2, ... by their naming-spec scheme; Oracle ``jdbc:oracle:thin:u/p@//db:1521/ORCL``
   (or ``@db:1521:SID``) -> (``oracle://db:1521``, ``ORCL.schema.t``), as the spec's
-  ``{serviceName|sid}.{schema}.{table}``. User, password and other ``key=value`` URL
-  properties are never part of either.
+  ``{serviceName|sid}.{schema}.{table}``. A URL without a port gets the database's default
+  port where the official integration adds one (:data:`DEFAULT_PORTS`: ``postgres://host:5432``),
+  so both name one server alike; others (SQL Server, Redshift, ...) keep the host alone.
+  User, password and other ``key=value`` URL properties are never part of either.
 * JDBC ``query`` option (Spark passes ``(<query>) SPARK_GEN_SUBQ_<n>``): one dataset per table
   a simple query reads (:func:`jdbc_query_tables`); a query too involved to read safely is
   no dataset at all (:func:`jdbc_datasets` says why), never a made-up ``<db>.query`` that
@@ -33,8 +35,16 @@ _JDBC_SCHEMES = {
     "postgresql": "postgres", "postgres": "postgres", "mysql": "mysql", "mariadb": "mysql",
     "sqlserver": "sqlserver", "oracle": "oracle", "db2": "db2", "redshift": "redshift",
     "snowflake": "snowflake", "teradata": "teradata", "trino": "trino", "presto": "presto",
-    "clickhouse": "clickhouse", "sqlite": "sqlite",
+    "clickhouse": "clickhouse", "ch": "clickhouse", "sqlite": "sqlite",
 }
+#: The port a server listens on when its JDBC URL names none, by namespace scheme: those the
+#: official integration (openlineage-java's JDBC extractors) fills in. Teradata's URL may
+#: carry it as ``DBS_PORT=``, SQL Server's as ``portNumber=``.
+DEFAULT_PORTS = {"postgres": 5432, "mysql": 3306, "oracle": 1521, "teradata": 1025, "db2": 6789,
+                 "crate": 5432, "trino": 443, "oceanbase": 2881, "clickhouse": 8123}
+#: ``mysql:loadbalance://``, ``mysql+srv://``, ``clickhouse:http://``: the driver's
+#: sub-protocol; the server is after ``//`` as in any other URL.
+_SUB_PROTOCOL = re.compile(r"^(\w+)[\w+:-]*://")
 
 
 def strip_partitions(path: str) -> str:
@@ -81,7 +91,7 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     (``;user=u;password=p;`` of DB2 and SQL Server, ``,PASSWORD=p`` of Teradata).
     """
     raw = url[5:] if url.lower().startswith("jdbc:") else url
-    scheme = raw.split(":", 1)[0].lower()
+    scheme = re.match(r"\w*", raw).group(0).lower()   # mysql of mysql:loadbalance, mysql+srv
     name = table.strip()
     if is_jdbc_query(name):
         tables = jdbc_query_tables(name)
@@ -90,19 +100,50 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
         name = tables[0] if tables is not None and len(tables) == 1 else "query"
     if scheme == "oracle":
         netloc, database = _oracle(raw)
-        return f"oracle://{netloc}", ".".join(x for x in (database, name) if x)
+        return f"oracle://{_with_port(netloc, DEFAULT_PORTS['oracle'])}", ".".join(x for x in (database, name) if x)
     if scheme == "sqlserver":  # jdbc:sqlserver://host:1433;databaseName=db
         host_part = raw.split("//", 1)[-1]
         hostport, _, props = host_part.partition(";")
-        database = _jdbc_properties(props).get("databasename") or _jdbc_properties(props).get("database", "")
-        return f"sqlserver://{hostport.split('@')[-1]}", ".".join(x for x in (database, name) if x)
+        properties = _jdbc_properties(props)
+        database = properties.get("databasename") or properties.get("database", "")
+        hostport = hostport.split("@")[-1] or properties.get("servername", "")
+        port = properties.get("portnumber")
+        if port and ":" not in hostport.rpartition("]")[2]:
+            hostport = f"{hostport}:{port}"
+        return f"sqlserver://{hostport}", ".".join(x for x in (database, name) if x)
+    raw = _SUB_PROTOCOL.sub(r"\1://", raw, count=1)
     parts = urlsplit(raw)
-    try:
-        netloc = _netloc(parts.hostname, parts.port)
-    except ValueError:   # a port that is not a number: keep the host alone
-        netloc = parts.hostname or ""
-    return f"{_JDBC_SCHEMES.get(scheme, scheme)}://{netloc}", \
+    namespace_scheme = _JDBC_SCHEMES.get(scheme, scheme)
+    default_port = DEFAULT_PORTS.get(namespace_scheme)
+    if namespace_scheme == "teradata":   # jdbc:teradata://host/DATABASE=db,DBS_PORT=1025
+        default_port = _jdbc_properties(parts.path).get("dbs_port") or default_port
+    return f"{namespace_scheme}://{_servers(parts.netloc, default_port)}", \
         ".".join(x for x in (_jdbc_database(parts.path), name) if x)
+
+
+def _servers(netloc: str, default_port: int | str | None) -> str:
+    """``host:port`` of each server a JDBC URL names (failover lists: ``h1:5432,h2``), with
+    ``default_port`` where one has none; user info dropped, hosts lower-cased, IPv6
+    addresses kept in brackets."""
+    servers = []
+    for server in netloc.rpartition("@")[2].split(","):
+        if not server:
+            continue
+        try:
+            parts = urlsplit(f"//{server}")
+            host, port = parts.hostname, parts.port
+        except ValueError:   # a port that is not a number: keep the host alone
+            host, port = urlsplit(f"//{server.rpartition(':')[0]}").hostname, None
+        if host:
+            servers.append(_with_port(f"[{host}]" if ":" in host else host, port or default_port))
+    return ",".join(servers)
+
+
+def _with_port(host: str, port: int | str | None) -> str:
+    """``host`` with ``port`` unless it has one (``[::1]`` is an address, not a port)."""
+    if not host or port is None or ":" in host.rpartition("]")[2]:
+        return host
+    return f"{host}:{port}"
 
 
 def is_jdbc_query(table_or_query: str) -> bool:
@@ -240,9 +281,14 @@ def _oracle(raw: str) -> tuple[str, str]:
         hostport, _, service = target[2:].partition("/")
         return hostport, service.split(":", 1)[0]
     host, _, rest = target.partition(":")
+    if "/" in host:               # host/service: no port
+        host, _, rest = host.partition("/")
+        return host, rest
     port, _, sid = rest.partition(":")
     if not sid and "/" in port:   # host:port/service without the leading //
         port, _, sid = port.partition("/")
+    if not sid and not port.isdigit():   # host:SID: no port
+        port, sid = "", port
     return (f"{host}:{port}" if port else host), sid
 
 

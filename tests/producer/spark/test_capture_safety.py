@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from producer.spark import capture, columns, disable_lineage, enable_lineage, jvm
+from producer.spark import capture, columns, disable_lineage, enable_lineage, java_objects, jvm
 from tests.producer.spark.support import Recorder, drain
 from tests.support.relay import eventually
 from tests.support.spec import validator
@@ -200,5 +200,5 @@ def test_capture_releases_its_java_objects_together_and_leaves_none_behind(spark
     assert after - before <= 4, (before, after)
     # Of the deletes py4j sent meanwhile, none was for an object capture made: those went
     # in one call per action. (The job's own objects are still deleted one by one.)
-    captured_ids = set(jvm._BINDINGS[id(gateway)][1].leftover)
+    captured_ids = set(java_objects._BINDINGS[id(gateway)][1].leftover)
     assert not captured_ids & {target for _, target in deletes}

@@ -21,10 +21,37 @@ from producer.spark.naming import from_jdbc
     # Others that carry credentials in the URL.
     ("jdbc:postgresql://scott:tiger@db:5432/shop?password=tiger", "postgres://db:5432", "shop.hr.emp"),
     ("jdbc:sqlserver://db:1433;databaseName=shop;user=scott;password=tiger", "sqlserver://db:1433", "shop.hr.emp"),
-    ("jdbc:teradata://db/DATABASE=shop,USER=scott,PASSWORD=tiger", "teradata://db", "shop.hr.emp"),
+    ("jdbc:teradata://db/DATABASE=shop,USER=scott,PASSWORD=tiger", "teradata://db:1025", "shop.hr.emp"),
     ("jdbc:mysql://db:3306/shop;password=tiger", "mysql://db:3306", "shop.hr.emp"),
 ])
 def test_jdbc_names_follow_the_spec_without_credentials(url, namespace, name):
     got = from_jdbc(url, "hr.emp")
     assert got == (namespace, name)
     assert not any(secret in part.lower() for part in got for secret in ("scott", "tiger", "user", "password"))
+
+
+@pytest.mark.parametrize("url, namespace", [
+    # A URL without a port names the server as one with the default port does (the spec's
+    # {host}:{port}), with the defaults the official integration fills in.
+    ("jdbc:postgresql://db/shop", "postgres://db:5432"),
+    ("jdbc:mysql://db/shop", "mysql://db:3306"),
+    ("jdbc:oracle:thin:@//db/shop", "oracle://db:1521"),
+    ("jdbc:oracle:thin:scott/tiger@db:shop", "oracle://db:1521"),
+    ("jdbc:db2://db/shop", "db2://db:6789"),
+    ("jdbc:trino://db/shop", "trino://db:443"),
+    ("jdbc:clickhouse:http://db/shop", "clickhouse://db:8123"),
+    ("jdbc:teradata://db/DATABASE=shop", "teradata://db:1025"),
+    # A port given elsewhere in the URL is the port.
+    ("jdbc:teradata://db/DATABASE=shop,DBS_PORT=1026", "teradata://db:1026"),
+    ("jdbc:sqlserver://db;portNumber=1444;databaseName=shop", "sqlserver://db:1444"),
+    # Failover lists: each server; IPv6 addresses stay bracketed.
+    ("jdbc:postgresql://db1:5433,db2/shop", "postgres://db1:5433,db2:5432"),
+    ("jdbc:mysql:loadbalance://db1,db2:3307/shop", "mysql://db1:3306,db2:3307"),
+    ("jdbc:mysql+srv://db/shop", "mysql://db:3306"),
+    ("jdbc:postgresql://scott:tiger@[::1]/shop", "postgres://[::1]:5432"),
+    # No default in the official integration: the host alone, as it names them.
+    ("jdbc:sqlserver://db;databaseName=shop", "sqlserver://db"),
+    ("jdbc:redshift://cluster.example.com/shop", "redshift://cluster.example.com"),
+])
+def test_a_jdbc_server_without_a_port_in_its_url_is_named_with_its_default_port(url, namespace):
+    assert from_jdbc(url, "t")[0] == namespace

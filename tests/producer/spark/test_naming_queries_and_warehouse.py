@@ -65,7 +65,7 @@ def test_a_jdbc_query_is_read_as_the_tables_it_names_or_as_none_with_the_reason(
     that queried the database; now its tables, or no input and an extractionError."""
     from producer.spark import capture
     from producer.spark.capture import CaptureSettings
-    from producer.spark.jvm import Relation
+    from producer.spark.relations import Relation
 
     url = "jdbc:postgresql://etl:pw@db:5432/sales"
     errors: list[dict] = []

@@ -17,7 +17,7 @@ import pytest
 
 from producer.spark import capture, disable_lineage, enable_lineage
 from producer.spark.capture import CaptureSettings
-from producer.spark.jvm import Relation
+from producer.spark.relations import Relation
 from tests.producer.spark.support import Recorder, drain
 from tests.support.spec import validator
 

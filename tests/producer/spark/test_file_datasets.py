@@ -1,0 +1,135 @@
+"""File reads and writes are named as the official OpenLineage Spark integration names them,
+so lineage from this capture and from the JVM integration joins on the same datasets:
+
+* several files of one directory (a list of paths, or a glob that Spark expands into its
+  matches) are one dataset, the directory; a single file read alone is that file;
+* what it costs does not grow with the number of files read;
+* a ``save()`` path is absolute and qualified like any other file write's, whatever the
+  user typed (a relative path names nothing another job could find).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import py4j.clientserver
+import py4j.java_gateway
+import pytest
+
+from producer.spark import disable_lineage, enable_lineage
+from tests.producer.spark.support import Recorder, drain
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def captured(spark):
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, namespace="fd", app_name="fd")
+    try:
+        yield recorder
+    finally:
+        drain(spark)
+        disable_lineage(spark)
+
+
+def _files(directory, names):
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (directory / name).write_text("id,v\n1,a\n")
+    return [str(directory / name) for name in names]
+
+
+def _completed(spark, recorder: Recorder, action) -> dict:
+    """The COMPLETE event of the one action ``action`` runs."""
+    since = len(recorder.events)
+    action()
+    drain(spark)
+    ends = [e for e in recorder.events[since:] if e["eventType"] == "COMPLETE" and e["job"]["name"] != "fd"]
+    assert len(ends) == 1, [e["job"]["name"] for e in recorder.events[since:]]
+    return ends[0]
+
+
+def _names(datasets: list[dict]) -> list[tuple[str, str]]:
+    return [(d["namespace"], d["name"]) for d in datasets]
+
+
+def test_files_of_one_directory_are_one_dataset_the_directory(spark, tmp_path, captured):
+    a, b = _files(tmp_path / "in", ["a.csv", "b.csv"])
+    other = _files(tmp_path / "other", ["c.csv"])[0]
+    out = str(tmp_path / "out")
+
+    def write(paths):
+        return lambda: spark.read.csv(paths, header=True).write.mode("overwrite").parquet(out)
+
+    listed = _completed(spark, captured, write([a, b]))
+    globbed = _completed(spark, captured, write(str(tmp_path / "in" / "*.csv")))
+    with_dir = _completed(spark, captured, write([a, str(tmp_path / "in")]))
+    two_dirs = _completed(spark, captured, write([a, b, other]))
+
+    directory = ("file", str(tmp_path / "in"))
+    assert _names(listed["inputs"]) == [directory]
+    assert _names(globbed["inputs"]) == [directory]
+    assert _names(with_dir["inputs"]) == [directory]
+    assert _names(two_dirs["inputs"]) == [directory, ("file", str(tmp_path / "other"))]
+    assert _names(listed["outputs"]) == [("file", out)]
+
+
+def test_a_single_file_read_alone_is_named_by_the_file(spark, tmp_path, captured):
+    # As in the official integration (its "single-file datasets" fix): two different files
+    # of one directory, read by different jobs, are not one dataset.
+    a = _files(tmp_path / "in", ["a.csv", "b.csv"])[0]
+    done = _completed(spark, captured,
+                      lambda: spark.read.csv(a, header=True).write.mode("overwrite").parquet(str(tmp_path / "out")))
+    assert _names(done["inputs"]) == [("file", a)]
+
+
+@pytest.fixture
+def py4j_calls(monkeypatch):
+    """py4j commands sent from the listener's thread (not the test's), except deletes."""
+    main = threading.get_ident()
+    calls: list[str] = []
+    for cls in (py4j.clientserver.ClientServerConnection, py4j.java_gateway.GatewayConnection):
+        original = cls.send_command
+
+        def send_command(self, command, _original=original):
+            if threading.get_ident() != main and not command.startswith("m\nd\n"):
+                calls.append(command)
+            return _original(self, command)
+        monkeypatch.setattr(cls, "send_command", send_command)
+    return calls
+
+
+def test_naming_many_files_costs_no_more_py4j_calls_than_naming_two(spark, tmp_path, captured, py4j_calls):
+    few = _files(tmp_path / "few", ["a.csv", "b.csv"])
+    many = _files(tmp_path / "many", [f"f{i}.csv" for i in range(40)])
+    costs = []
+    for paths in (few, many):
+        df = spark.read.csv(paths, header=True)
+        drain(spark)
+        py4j_calls.clear()
+        done = _completed(spark, captured, lambda: df.write.mode("overwrite").parquet(str(tmp_path / "out")))
+        costs.append(len(py4j_calls))
+        assert len(done["inputs"]) == 1
+    assert costs[1] == costs[0], costs
+
+
+def test_a_save_path_is_named_absolute_and_qualified_like_other_file_writes(spark, tmp_path, captured):
+    """A source that is not a file format (Delta, say) gets the path as typed; Spark's console
+    sink takes the same route (a SaveIntoDataSourceCommand) and writes no files."""
+    df = spark.createDataFrame([(1, "a")], "id INT, v STRING")
+    working_dir = spark._jvm.java.lang.System.getProperty("user.dir")  # the JVM's, where Hadoop resolves
+
+    relative = _completed(spark, captured, lambda: df.write.format("console").mode("append").save("out/t"))
+    absolute = _completed(spark, captured,
+                          lambda: df.write.format("console").mode("append").save(str(tmp_path / "t")))
+    qualified = _completed(spark, captured,
+                           lambda: df.write.format("console").mode("append").save(f"file:{tmp_path}/q"))
+
+    assert _names(relative["outputs"]) == [("file", f"{working_dir}/out/t")]
+    assert _names(absolute["outputs"]) == [("file", str(tmp_path / "t"))]
+    assert _names(qualified["outputs"]) == [("file", f"{tmp_path}/q")]
+    # A file format's save() was already qualified by Spark itself.
+    parquet = _completed(spark, captured,
+                         lambda: df.write.format("parquet").mode("overwrite").save(str(tmp_path / "p")))
+    assert _names(parquet["outputs"]) == [("file", str(tmp_path / "p"))]
