@@ -1,4 +1,4 @@
-"""The relay: Kafka source -> decode/validate -> per-collector lanes -> commit.
+"""The relay: Kafka source -> decode/validate (:mod:`relay.intake`) -> per-collector lanes -> commit.
 
 Guarantees:
 - at-least-once: an offset is committed only when every record at or below it reached
@@ -33,21 +33,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 
 import confluent_kafka
 import orjson
-from confluent_kafka import KafkaError
-from prometheus_client import Gauge
 
 from relay import __version__
 from relay.backpressure import Backpressure
 from relay.config import RelayConfig
 from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
+from relay.intake import RecordIntake
+from relay.lag import measure_lag
 from relay.lane import CollectorLane
 from relay.logs import log_event
+from relay.loop_threads import on_daemon_thread
 from relay.metrics import RelayMetrics
 from relay.ops.kafka_range import open_consumer
 from relay.process import GC_EVERY_S, PeriodicCollection, decode_priority
@@ -55,11 +55,10 @@ from relay.rebalance import PartitionHandover
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.kinds import build_collector
 from relay.source.admin import connection_properties, create_topic
-from relay.source.kafka import MISSING_TOPIC, KafkaSource, SourceError
+from relay.source.kafka import KafkaSource
 from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker
 from relay.source.run_search import RunSearch
-from relay.stages.decode import decode_record
 from relay.stages.decode_worker import DecodeWorker
 from relay.state.changelog import RunStateChangelog
 from relay.state.store import RunStateStore
@@ -70,14 +69,6 @@ log = logging.getLogger("relay.app")
 #: ``__new__`` (one per record: ~2% of the event loop's time in the batch case).
 _new_ref = tuple.__new__
 
-#: Records per poll. Each batch costs a fixed round of thread hand-offs (consumer thread,
-#: decode worker's reader thread, event loop), each waiting for the GIL: 1000 -> 4000
-#: measured +3.5% events/s to one HTTP collector, +13% to a batch collector and the
-#: pipeline alone; 4000 -> 8000 another +3% and +10% (the loop's pause stays that of
-#: :data:`_HANDLE_SLICE` records). Memory is bounded by bytes, not by this count (see the
-#: module docstring).
-_POLL_BATCH = 8000
-_POLL_TIMEOUT_S = 0.1
 #: Records handled between two turns of the event loop: responses and batch sends are not
 #: held up for the whole poll (8000 records take ~80 ms to handle).
 _HANDLE_SLICE = 2000
@@ -164,14 +155,14 @@ class Relay:
             self.source, self.lanes, self.tracker, self.metrics, max_pending_bytes=config.pipeline.max_pending_bytes,
             state_unacked=(lambda: self.state.changelog.unacked) if self.state is not None else (lambda: 0),
             stopping=self._stop.is_set)
-        self._event_loop: asyncio.AbstractEventLoop | None = None  # set by start()
+        self._intake = RecordIntake(self.source, self.decoder, max_bytes=config.pipeline.max_event_bytes)
         self.started = False
         self.heartbeat = time.monotonic()
         self._gc = PeriodicCollection()
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
-        self._event_loop = asyncio.get_running_loop()
+        self._intake.start()
         k = self.config.kafka
         if k.create_dlq_topic:
             # Only connection settings are relevant to the admin client: take them from the
@@ -230,16 +221,17 @@ class Relay:
         commit_every = self.config.kafka.commit_interval_s
         next_commit = next_expire = next_lag = time.monotonic()
         next_gc = next_commit + GC_EVERY_S
-        batch = self._fetch()
+        intake = self._intake
+        batch = intake.fetch()
         try:
             while not self._stop.is_set():
                 (records, decoding), generation = await batch
                 await self.backpressure.apply()
                 # The next batch is consumed (and sent to the decode worker) while this one
                 # is decoded and handled.
-                batch = self._fetch()
+                batch = intake.fetch()
                 if decoding is None:  # no decode worker: here, which costs less than on the
-                    decoded = self._decode_here(records)  # consumer's thread (GIL contention)
+                    decoded = intake.decode_here(records)  # consumer's thread (GIL contention)
                 else:
                     decoded = await decoding
                 now = time.monotonic()
@@ -272,7 +264,7 @@ class Relay:
                     await self.commit(stop=self._stop)
                     next_commit = now + commit_every
                 if now >= next_lag:
-                    await self._measure_lag()
+                    await measure_lag(self.source, self.tracker, self.metrics)
                     await self.source.check_topics()  # only while some are missing
                     next_lag = now + _LAG_EVERY_S
                 if now >= next_gc:
@@ -281,70 +273,6 @@ class Relay:
         finally:
             # Fetched but not handled, hence never tracked: read again after a restart.
             await asyncio.gather(batch, return_exceptions=True)
-
-    async def _measure_lag(self) -> None:
-        """Per assigned partition: the records behind its end (not consumed yet), and the age
-        of its oldest record not done with: the oldest consumed and not settled (delivered
-        everywhere, dead-lettered or dropped), where the next commit stops; else, while
-        records wait to be consumed, the last one consumed (those waiting are newer: an
-        upper bound); else 0. That age is what counts against the topic's retention: a
-        record older than it is lost if the relay has to read it again. Not set for a
-        partition nothing was consumed from yet. A partition measured no more (given to
-        another replica by a rebalance, or its position unknown since it was assigned again)
-        loses both series: its last values would otherwise stay for ever, firing alerts and
-        counted twice in sums over the replicas."""
-        now_ms = time.time() * 1000
-        lag_records, lag_seconds = self.metrics.lag, self.metrics.lag_seconds
-        lags = await self.source.lag()
-        measured = {(topic, str(partition)) for topic, partition in lags}
-        for gauge in (lag_records, lag_seconds):
-            for labels in _label_sets(gauge) - measured:
-                gauge.remove(*labels)
-        for part, lag in lags.items():
-            labels = {"topic": part[0], "partition": str(part[1])}
-            lag_records.labels(**labels).set(lag)
-            oldest_ms, last_ms = self.tracker.record_ms(part)
-            ms = oldest_ms or (last_ms if lag else None)
-            if ms is not None:
-                lag_seconds.labels(**labels).set(max(0.0, (now_ms - ms) / 1000))
-            elif not lag:
-                lag_seconds.labels(**labels).set(0)
-
-    def _fetch(self) -> asyncio.Future:
-        return self.source.poll_soon(_POLL_BATCH, _POLL_TIMEOUT_S, then=self._decode)
-
-    def _decode(self, messages: list) -> tuple[list, asyncio.Future[list[LineageEvent | Rejection]] | None]:
-        """On the consumer's thread: the records among ``messages`` (consumer errors are
-        logged and skipped) and, with a decode worker, their decoding under way (a future
-        of this loop's, set from the worker's reader thread)."""
-        records = []
-        for message in messages:
-            err = message.error()
-            if err is None:
-                records.append(message)
-            elif err.code() == KafkaError._FATAL or err.fatal():
-                # The consumer is unusable for good (e.g. fenced by a member with the same
-                # group.instance.id): stop, so that a restart makes a new one, rather than
-                # go on consuming nothing. The last commit is tried on the way out.
-                # librdkafka hands a consumer's fatal error over as a message whose code is
-                # _FATAL and whose fatal() is False (the underlying error is in its text).
-                raise SourceError(f"the Kafka consumer hit a fatal error: {err.str()}; a restart makes a new "
-                                  "consumer (with static membership, give each replica its own "
-                                  "group.instance.id)")
-            elif err.code() != KafkaError._PARTITION_EOF:
-                if err.code() in MISSING_TOPIC:
-                    self.source.topic_missing(message.topic())
-                log_event(log, logging.WARNING, "consume_error", error=str(err))
-        if self.decoder is None:
-            return records, None
-        loop = self._event_loop
-        decoded: asyncio.Future[list[LineageEvent | Rejection]] = loop.create_future()
-        self.decoder.submit([m.value() for m in records], lambda results: _settle_soon(loop, decoded, results))
-        return records, decoded
-
-    def _decode_here(self, records: list) -> list[LineageEvent | Rejection]:
-        max_bytes = self.config.pipeline.max_event_bytes
-        return [decode_record(m.value(), max_bytes=max_bytes) for m in records]
 
     def _handle(self, message, result: LineageEvent | Rejection, now: float) -> None:
         topic, partition, offset = message.topic(), message.partition(), message.offset()
@@ -417,7 +345,7 @@ class Relay:
         await self.source.close(left(exit_by))
         await self.dead_letters.close(left(exit_by))
         if self.decoder is not None:
-            await self._within(exit_by, "decode_worker_close", _on_daemon_thread(self.decoder.close))
+            await self._within(exit_by, "decode_worker_close", on_daemon_thread(self.decoder.close))
         if self.state is not None:
             await self.state.close(left(exit_by))
         if self.run_search is not None:
@@ -433,37 +361,3 @@ class Relay:
         except asyncio.TimeoutError:
             log_event(log, logging.WARNING, "shutdown_step_timeout", step=step,
                       hint="given up to exit within drain_timeout_s + CLOSE_MARGIN_S of the stop")
-
-
-def _on_daemon_thread(fn: Callable[[], object]) -> asyncio.Future[object]:
-    """Start ``fn()`` on a daemon thread of its own; the future is done when it returned.
-    Given up on (the future cancelled), the thread does not hold up the process's exit, as
-    a thread of an executor would."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[object] = loop.create_future()
-
-    def run() -> None:
-        try:
-            fn()
-        finally:
-            _settle_soon(loop, done, None)
-    threading.Thread(target=run, name="relay-close", daemon=True).start()
-    return done
-
-
-def _settle_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: object) -> None:
-    """From another thread: ``future.set_result(result)`` on ``loop``."""
-    try:
-        loop.call_soon_threadsafe(_settle, future, result)
-    except RuntimeError:  # the loop is closed: nobody waits for it any more
-        pass
-
-
-def _settle(future: asyncio.Future, result: object) -> None:
-    if not future.done():  # cancelled meanwhile: at shutdown
-        future.set_result(result)
-
-
-def _label_sets(gauge: Gauge) -> set[tuple[str, str]]:
-    """The (topic, partition) label values of a per-partition gauge's series."""
-    return {(s.labels["topic"], s.labels["partition"]) for metric in gauge.collect() for s in metric.samples}

@@ -21,50 +21,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from relay.errors import RelayError
 from relay.kafka_log import KafkaLog, OffsetReset, with_log
 from relay.logs import log_event
-from relay.ops import OpsError
-from relay.ops.kafka_range import watermarks
+from relay.source.consumer_config import consumer_config
 from relay.source.consumer_thread import ConsumerThread
+from relay.source.offset_check import OffsetCheck
 from relay.source.offsets import Partition, format_partitions
 
 log = logging.getLogger("relay.source")
 
-#: What librdkafka may fetch in one response (``fetch.max.bytes``, a third of its default):
-#: with events of tens of MB this memory counts, and for small events it costs nothing
-#: measurable. A record larger than a fetch is still fetched whole; records of up to
-#: librdkafka's ``receive.message.max.bytes`` (100 MB) are received. What it may hold
-#: fetched ahead is ``queued.max.messages.kbytes`` (64 MiB by default; halving it halved
-#: the relay's intake of small events).
-FETCH_BYTES = 16 * 1024 * 1024
-#: Once that fetched-ahead queue has been full, librdkafka waits ``fetch.queue.backoff.ms``
-#: (1000 by default) before it fetches again, even when the queue was emptied meanwhile.
-#: A relay that drains the queue faster than that (small events at batch-collector rates)
-#: then got polls back empty for up to a second every ~27k events: the pipeline alone did
-#: 25.5k events/s, against 39-40k at 250 ms (and 37-39k at 20 ms). 250 ms covers queues
-#: drained at up to ~256 MiB/s, and with 20 MB events it leaves peak memory where the
-#: default does (~470-490 MiB in tests/relay/test_relay_oversize.py; 20 ms: ~530).
-FETCH_QUEUE_BACKOFF_MS = 250
-
-#: Defaults that make a manual-commit, at-least-once consumer; user properties win
-#: except for the ones the relay's guarantees depend on (see _FORCED).
-_DEFAULTS = {
-    "auto.offset.reset": "earliest",
-    "session.timeout.ms": "10000",
-    "heartbeat.interval.ms": "1000",
-    "max.poll.interval.ms": "300000",
-    "partition.assignment.strategy": "cooperative-sticky",
-    "fetch.wait.max.ms": "100",
-    "fetch.max.bytes": str(FETCH_BYTES),
-    "fetch.queue.backoff.ms": str(FETCH_QUEUE_BACKOFF_MS),
-}
-_FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
-#: Where ``auto.offset.reset`` sends a position the partition does not hold: its start
-#: (low watermark) or its end (high watermark). ``error`` is left to librdkafka.
-_RESET_TO_START = frozenset({"smallest", "earliest", "beginning"})
-_RESET_TO_END = frozenset({"largest", "latest", "end"})
 #: Seconds ``KafkaSource.close()`` waits for librdkafka to leave the group.
 CLOSE_TIMEOUT_S = 30.0
-#: Seconds the check of newly assigned partitions' committed offsets may take.
-OFFSET_CHECK_TIMEOUT_S = 10.0
 #: Seconds a check of the subscribed topics' metadata may take (see :meth:`KafkaSource.check_topics`).
 TOPIC_CHECK_TIMEOUT_S = 5.0
 #: How librdkafka reports a subscribed topic the cluster does not hold (a consumer error).
@@ -82,20 +47,6 @@ class SourceError(RelayError):
     pass
 
 
-def out_of_range(committed: int, low: int, high: int) -> str | None:
-    """Why a partition no longer holds its ``committed`` offset, or None when it does (or
-    nothing is committed): ``before_start``, retention removed records not read yet (they
-    are lost); ``beyond_end``, the topic was deleted and recreated (or truncated), and what
-    it holds now was never read."""
-    if committed < 0:
-        return None
-    if committed < low:
-        return "before_start"
-    if committed > high:
-        return "beyond_end"
-    return None
-
-
 class KafkaSource:
     """Consumes ``topics`` in consumer group ``group_id`` with manual commits.
 
@@ -109,27 +60,18 @@ class KafkaSource:
     is not known to hold (all of them until :meth:`check_topics` saw them).
 
     A newly assigned partition whose committed offset it no longer holds starts where
-    ``auto.offset.reset`` says, logged ``offset_reset`` and passed to ``on_offset_reset``.
-    librdkafka would do the same on the first fetch, but silently, and only with a broker
-    that answers ``OFFSET_OUT_OF_RANGE`` (some Kafka-compatible brokers answer an empty
-    fetch: the relay would wait there for ever). A committed offset beyond the partition's
-    end is confirmed with ``open_reader()``, an assign-only consumer (without one, only
-    offsets before the start are checked). Resets librdkafka makes later (retention
-    overtaking a lagging relay) come through its log line; all of librdkafka's log lines
-    become log events (:mod:`relay.kafka_log`).
+    ``auto.offset.reset`` says, logged ``offset_reset`` and passed to ``on_offset_reset``
+    (:mod:`relay.source.offset_check`; a committed offset beyond the partition's end is
+    confirmed with ``open_reader()``, an assign-only consumer). All of librdkafka's log
+    lines become log events (:mod:`relay.kafka_log`).
     """
 
     def __init__(self, *, bootstrap_servers: str, group_id: str, topics: tuple[str, ...],
                  properties: dict[str, str], on_assign: RebalanceHandler, on_revoke: RebalanceHandler,
                  on_lost: RebalanceHandler | None = None, on_offset_reset: OffsetReset | None = None,
                  open_reader: Callable[[], Consumer] | None = None) -> None:
-        conf: dict[str, Any] = {**_DEFAULTS, **properties, **_FORCED}
-        conf["bootstrap.servers"] = bootstrap_servers
-        conf["group.id"] = group_id
-        conf.setdefault("client.id", "lineage-relay")
-        self._reset_policy = str(conf["auto.offset.reset"]).lower()
-        self._on_offset_reset = on_offset_reset
-        self._open_reader = open_reader
+        conf = consumer_config(bootstrap_servers, group_id, properties)
+        self._offset_check = OffsetCheck(str(conf["auto.offset.reset"]).lower(), on_offset_reset, open_reader)
         #: Partitions of the latest assignment that start elsewhere than their committed
         #: offset (nothing before their start was delivered: there is nothing to read back).
         self.reset_at_assignment: frozenset[Partition] = frozenset()
@@ -214,64 +156,8 @@ class KafkaSource:
         :attr:`reset_at_assignment`. A check that fails is logged, and the partitions it
         did not decide start at their committed offset."""
         self.reset_at_assignment = frozenset()
-        policy = self._reset_policy
-        if not tps or (policy not in _RESET_TO_START and policy not in _RESET_TO_END):
-            return tps
-        deadline = time.monotonic() + OFFSET_CHECK_TIMEOUT_S
-        out = list(tps)
-        #: Committed beyond the end the broker's ListOffsets answers: some Kafka-compatible
-        #: brokers answer the last batch's first offset + 1 there, so a fetch confirms it.
-        beyond: dict[str, dict[int, tuple[int, int, int]]] = {}  # topic: {partition: (index, committed, low)}
-        try:
-            committed = consumer.committed(tps, timeout=OFFSET_CHECK_TIMEOUT_S)
-            for i, tp in enumerate(committed):
-                if tp.error is not None or tp.offset < 0:
-                    continue
-                if time.monotonic() > deadline:  # many partitions, a slow broker: bounded all the same
-                    log_event(log, logging.WARNING, "offset_check_incomplete", timeout_s=OFFSET_CHECK_TIMEOUT_S,
-                              unchecked=format_partitions([(t.topic, t.partition) for t in committed[i:]
-                                                           if t.error is None and t.offset >= 0]),
-                              hint="unchecked partitions start at their committed offset")
-                    break
-                low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
-                                                           timeout=max(0.1, deadline - time.monotonic()))
-                cause = out_of_range(tp.offset, low, high)
-                if cause == "before_start":
-                    out[i] = self._reset(tp, low, high, cause)
-                elif cause == "beyond_end" and self._open_reader is not None:
-                    beyond.setdefault(tp.topic, {})[tp.partition] = (i, tp.offset, low)
-            if beyond:
-                assert self._open_reader is not None
-                reader = self._open_reader()
-                try:
-                    for topic, parts in beyond.items():
-                        ends = watermarks(reader, topic, list(parts), timeout_s=max(0.1, deadline - time.monotonic()))
-                        for p, (i, at, low) in parts.items():
-                            if at > ends[p][1]:
-                                out[i] = self._reset(TopicPartition(topic, p, at), low, ends[p][1], "beyond_end")
-                finally:
-                    reader.close()
-        except (KafkaException, OpsError) as err:
-            log_event(log, logging.WARNING, "offset_check_failed", partitions=format_partitions(
-                [(tp.topic, tp.partition) for tp in tps]), error=str(err)[:300],
-                hint="partitions not checked start at their committed offset")
-        self.reset_at_assignment = frozenset((tp.topic, tp.partition) for a, tp in zip(tps, out) if a is not tp)
-        return out if self.reset_at_assignment else tps
-
-    def _reset(self, committed: TopicPartition, low: int, high: int, cause: str) -> TopicPartition:
-        """Where a partition that does not hold its ``committed`` offset starts (logged)."""
-        start = low if self._reset_policy in _RESET_TO_START else high
-        topic, partition = committed.topic, committed.partition
-        log_event(log, logging.WARNING, "offset_reset", topic=topic, partition=partition,
-                  from_offset=committed.offset, to_offset=start, low=low, high=high, cause=cause,
-                  records_lost=low - committed.offset if cause == "before_start" else 0,
-                  hint="retention removed records before the relay read them: raise the topic's retention.ms "
-                       "or the relay's capacity" if cause == "before_start" else
-                       "the topic was deleted and recreated (or truncated): it is read from where "
-                       "auto.offset.reset says")
-        if self._on_offset_reset is not None:
-            self._on_offset_reset(topic, partition)
-        return TopicPartition(topic, partition, start)
+        checked, self.reset_at_assignment = self._offset_check.checked(consumer, tps)
+        return checked
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]

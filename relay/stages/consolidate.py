@@ -18,15 +18,9 @@ the caller to carry out; time moves only with ``now`` (seconds, never going back
 
 In both holding modes:
 
-* START first: events before their run's START are captured. No START within
-  ``missing_start_timeout_s`` of the run's first event: ``on_missing_start="synthesize"``
-  emits one from the earliest eventTime, run/job facets and inputs seen (outcome facets
-  such as ``errorMessage`` left out), marked with :data:`SYNTHESIZED_START_FACET`;
-  ``"forward"`` lets the run go on without one.
-* Parent first: a run with a ``parent`` run facet emits its START only after the parent's
-  was emitted (or the parent finished or went on without one). An unseen parent is waited
-  for ``parent_hold_s``; a seen parent still without START at most ``parent_hold_s +
-  missing_start_timeout_s`` (this also breaks parent cycles).
+* START first: events before their run's START are captured. When the START goes out
+  (real or synthesized after ``missing_start_timeout_s``, parent first): see
+  :mod:`relay.stages.start_gate`.
 * Capture: an event not forwarded as itself gets :class:`Release`; it is in the run's
   :meth:`~RunConsolidator.to_state`, so its ticket may be settled once that is persisted.
   Built events (terminal, merged RUNNING, synthesized START, replayed captures) are new
@@ -34,8 +28,9 @@ In both holding modes:
   A captured event dropped later is a :class:`Drop` of such an event whose ``ticket`` is
   :data:`~relay.stages.run_state.SETTLED` (its own was released by the capture).
 * Finished runs keep only their id, in a set bounded by ``max_finished_runs`` and
-  ``finished_ttl_s``. A late event of one is dropped (``after_terminal``), except an OTHER
-  in coalesce mode (the spec allows OTHER after the terminal); it never opens a new run.
+  ``finished_ttl_s`` (:mod:`relay.stages.known_runs`). A late event of one is dropped
+  (``after_terminal``), except an OTHER in coalesce mode (the spec allows OTHER after the
+  terminal); it never opens a new run.
 * Expiry: opening a run beyond ``max_open_runs`` expires the least recently active one;
   ``tick`` expires runs idle for ``run_ttl_s``. :class:`Expired` comes first (counted in
   ``runs_expired``), then what the run held, so nothing captured is lost: its START if
@@ -56,13 +51,13 @@ before settling released tickets). A RunEvent without ``eventType`` counts as OT
 from __future__ import annotations
 
 import heapq
-import math
-from collections import OrderedDict
 from typing import Any, Literal
 
 import orjson
 
 from relay.events import TERMINAL_TYPES, LineageEvent
+from relay.stages.knobs import check_choice, check_count, check_seconds
+from relay.stages.known_runs import KnownRuns
 from relay.stages.merge import RunMerger, epoch_micros
 from relay.stages.run_state import (  # noqa: F401 - Action and the actions are re-exported
     EMITTED,
@@ -80,24 +75,16 @@ from relay.stages.run_state import (  # noqa: F401 - Action and the actions are 
     read_closed_state,
     settled_event,
 )
+from relay.stages.start_gate import StartGate
 
 Mode = Literal["passthrough", "consolidated", "coalesce"]
 MissingStartPolicy = Literal["synthesize", "forward"]
 
-# Reason codes: stable, used as metric labels and in the synthesized START facet.
+# Reason codes: stable, used as metric labels and in the synthesized START facet
+# (with relay.stages.start_gate.MISSING_START_TIMEOUT).
 AFTER_TERMINAL = "after_terminal"
 RUN_TTL = "run_ttl"
 MAX_OPEN_RUNS = "max_open_runs"
-MISSING_START_TIMEOUT = "missing_start_timeout"
-
-RELAY_PRODUCER = "https://github.com/lineage-relay/lineage-relay"
-#: Custom run facet on a START the relay made up (spec naming: prefix + camelCase).
-SYNTHESIZED_START_FACET = "lineageRelay_synthesizedStart"
-SYNTHESIZED_START_SCHEMA_URL = (
-    f"{RELAY_PRODUCER}/blob/main/spec/facets/SynthesizedStartRunFacet.json#/$defs/SynthesizedStartRunFacet"
-)
-# Run facets describing an outcome, left out of a synthesized START.
-_OUTCOME_RUN_FACETS = frozenset({"errorMessage"})
 # Event types that never reach a collector after their run's terminal (OTHER may).
 _NOT_AFTER_TERMINAL = frozenset({"START", "RUNNING", *TERMINAL_TYPES})
 
@@ -119,40 +106,40 @@ class RunConsolidator:
         max_finished_runs: int = 10_000,
         finished_ttl_s: float = 3600.0,
     ) -> None:
-        self.mode: Mode = _choice("mode", mode, ("passthrough", "consolidated", "coalesce"))
-        self._synthesize = _choice("on_missing_start", on_missing_start, ("synthesize", "forward")) == "synthesize"
-        self._settle_s = _seconds("settle_s", settle_s, zero_ok=True)
-        self._window_s = _seconds("coalesce_window_s", coalesce_window_s)
-        self._timeout_s = _seconds("missing_start_timeout_s", missing_start_timeout_s)
-        self._hold_s = _seconds("parent_hold_s", parent_hold_s, zero_ok=True)
-        self._ttl_s = _seconds("run_ttl_s", run_ttl_s)
-        self._finished_ttl_s = _seconds("finished_ttl_s", finished_ttl_s)
-        self._max_open = _count("max_open_runs", max_open_runs)
-        self._max_finished = _count("max_finished_runs", max_finished_runs)
+        self.mode: Mode = check_choice("mode", mode, ("passthrough", "consolidated", "coalesce"))
+        synthesize = check_choice("on_missing_start", on_missing_start, ("synthesize", "forward")) == "synthesize"
+        self._settle_s = check_seconds("settle_s", settle_s, zero_ok=True)
+        self._window_s = check_seconds("coalesce_window_s", coalesce_window_s)
+        self._timeout_s = check_seconds("missing_start_timeout_s", missing_start_timeout_s)
+        self._hold_s = check_seconds("parent_hold_s", parent_hold_s, zero_ok=True)
+        self._ttl_s = check_seconds("run_ttl_s", run_ttl_s)
+        finished_ttl_s = check_seconds("finished_ttl_s", finished_ttl_s)
+        self._max_open = check_count("max_open_runs", max_open_runs)
+        max_finished_runs = check_count("max_finished_runs", max_finished_runs)
         #: Runs that left the state by ``run_ttl`` or ``max_open_runs``.
         self.runs_expired = 0
-        #: STARTs made up under ``on_missing_start="synthesize"``.
-        self.starts_synthesized = 0
-        self._runs: OrderedDict[str, RunRecord] = OrderedDict()  # least recently touched first
-        self._unsorted = False  # restore() may have broken that order
-        self._finished: OrderedDict[str, tuple[float, str]] = OrderedDict()  # id -> (when, outcome)
-        self._gated: dict[str, set[str]] = {}  # parent id -> children whose START waits for it
-        self._timers: list[tuple[float, str]] = []  # (deadline, run id) heap; stale entries are harmless
+        self._known = KnownRuns(max_closed=max_finished_runs, closed_ttl_s=finished_ttl_s)
+        self._gate = StartGate(self._known, timeout_s=self._timeout_s, hold_s=self._hold_s, synthesize=synthesize)
+
+    @property
+    def starts_synthesized(self) -> int:
+        """STARTs made up under ``on_missing_start="synthesize"``."""
+        return self._gate.starts_synthesized
 
     @property
     def open_runs(self) -> int:
-        return len(self._runs)
+        return len(self._known.open)
 
     @property
     def finished_runs(self) -> int:
         """Run ids remembered as recently finished (or expired)."""
-        return len(self._finished)
+        return len(self._known.closed)
 
     @property
     def state_bytes(self) -> int:
         """Approximate JSON size of all open runs' state (walks every run: for metrics)."""
         size = 0
-        for run in self._runs.values():
+        for run in self._known.open.values():
             size += sum(m.size_bytes for m in (run.merged, run.running) if m is not None)
             size += sum(len(orjson.dumps(doc)) for doc in (run.start_doc, *(d for _, d in run.held)) if doc)
         return size
@@ -163,28 +150,30 @@ class RunConsolidator:
         if self.mode == "passthrough" or run_id is None or event.kind != "run":
             return [Forward(event)]
         out: list[Action] = []
-        self._sort_if_restored()
-        run = self._runs.get(run_id)
+        known = self._known
+        known.sort_if_restored()
+        runs = known.open
+        run = runs.get(run_id)
         if run is not None:
-            self._runs.move_to_end(run_id)
+            runs.move_to_end(run_id)
         else:
-            recent = self._finished.get(run_id)
+            recent = known.closed.get(run_id)
             if recent is not None and recent[1] == FINISHED:
                 if self.mode == "coalesce" and event.event_type == "OTHER":
                     return [Forward(event)]
                 return [Drop(event, AFTER_TERMINAL)]
-            while len(self._runs) >= self._max_open:
-                oldest = next(iter(self._runs.values()))
+            while len(runs) >= self._max_open:
+                oldest = next(iter(runs.values()))
                 out += self._expire(oldest, now, MAX_OPEN_RUNS,
                                     f"more than max_open_runs={self._max_open} open runs; least recently active")
             if recent is not None:  # expired while open: its START is already decided
-                self._finished.pop(run_id, None)
+                known.closed.pop(run_id, None)
             run = RunRecord(run_id, now, recent[1] if recent is not None else WAITING)
             if self.mode == "consolidated":
                 run.merged = RunMerger()
-            self._runs[run_id] = run
+            runs[run_id] = run
             if run.start == WAITING:
-                self._push(now + self._timeout_s, run_id)
+                known.push(now + self._timeout_s, run_id)
         run.touched = now
         if run.parent is None and event.parent_run_id and event.parent_run_id != run_id:
             run.parent = event.parent_run_id
@@ -204,7 +193,7 @@ class RunConsolidator:
         run.pending += 1
         if event.is_terminal and run.settle_until is None:
             run.settle_until = now + self._settle_s
-            self._push(run.settle_until, run.run_id)
+            self._known.push(run.settle_until, run.run_id)
         return [Release(event)]
 
     def _offer_coalesce(self, run: RunRecord, event: LineageEvent, now: float) -> list[Action]:
@@ -233,21 +222,20 @@ class RunConsolidator:
         """Emit whatever timers have made due, expire idle runs (``run_ttl_s``) and forget
         finished runs older than ``finished_ttl_s``."""
         out: list[Action] = []
-        self._sort_if_restored()
-        timers = self._timers
+        known = self._known
+        known.sort_if_restored()
+        timers = known.timers
         while timers and timers[0][0] <= now:
             _, run_id = heapq.heappop(timers)
-            run = self._runs.get(run_id)
+            run = known.open.get(run_id)
             if run is not None:
                 out += self._advance(run, now)
-        while self._runs:
-            run = next(iter(self._runs.values()))
+        while known.open:
+            run = next(iter(known.open.values()))
             if now - run.touched < self._ttl_s:
                 break
             out += self._expire(run, now, RUN_TTL, f"no event for run_ttl_s={self._ttl_s:g}s")
-        finished = self._finished
-        while finished and now - next(iter(finished.values()))[0] > self._finished_ttl_s:
-            finished.popitem(last=False)
+        known.forget_old_closed(now)
         return out
 
     # -- persistence ------------------------------------------------------------------
@@ -258,10 +246,11 @@ class RunConsolidator:
         whole state, a remembered closed run's outcome, or None when the run is not known
         (never seen, or forgotten by ``max_finished_runs``/``finished_ttl_s``: a persisted
         state can go)."""
-        run = self._runs.get(run_id)
+        known = self._known
+        run = known.open.get(run_id)
         if run is not None:
             return run.to_state()
-        closed = self._finished.get(run_id)
+        closed = known.closed.get(run_id)
         return closed_state(closed[1], closed[0]) if closed is not None else None
 
     def restore(self, run_id: str, state: dict[str, Any], now: float | None = None) -> None:
@@ -275,7 +264,7 @@ class RunConsolidator:
         closed = read_closed_state(run_id, state)
         if closed is not None:
             self.forget(run_id)
-            self._remember_closed(run_id, closed[0], closed[1] if now is None else now)
+            self._known.remember_closed(run_id, closed[0], closed[1] if now is None else now)
             return
         touched = state.get("touched") if isinstance(state, dict) else None
         shift = 0.0 if now is None or not isinstance(touched, (int, float)) else now - touched
@@ -283,24 +272,21 @@ class RunConsolidator:
         if (run.merged is None) == (self.mode == "consolidated"):
             raise ValueError(f"run state for {run_id} was not written in {self.mode!r} mode")
         self.forget(run_id)
-        self._finished.pop(run_id, None)
-        if self._runs and next(reversed(self._runs.values())).touched > run.touched:
-            self._unsorted = True
-        self._runs[run_id] = run
-        if run.start == WAITING and run.ready_at is not None and run.parent is not None:
-            self._gated.setdefault(run.parent, set()).add(run_id)
+        self._known.reopen(run)
+        self._gate.rejoin(run)
         for deadline in run.deadlines(self._timeout_s, self._hold_s):
-            self._push(deadline, run_id)
+            self._known.push(deadline, run_id)
 
     def forget(self, run_id: str) -> dict[str, Any] | None:
         """Drop an open or remembered closed run without emitting anything (e.g. its
         partition moved to another consumer, which restores it); return its state, or None
         if it was not known."""
-        run = self._runs.pop(run_id, None)
+        known = self._known
+        run = known.open.pop(run_id, None)
         if run is None:
-            closed = self._finished.pop(run_id, None)
+            closed = known.closed.pop(run_id, None)
             return closed_state(closed[1], closed[0]) if closed is not None else None
-        self._ungate(run)
+        self._gate.ungate(run)
         return run.to_state()
 
     # -- the state machine ------------------------------------------------------------
@@ -309,13 +295,13 @@ class RunConsolidator:
         """Do everything that is due for ``run``; safe to call at any time."""
         out: list[Action] = []
         if run.start == WAITING:
-            started = self._try_start(run, now, arriving, out)
+            started = self._gate.try_start(run, now, arriving, out)
             if not started:
                 return out
             if self.mode == "coalesce":
                 out += self._replay_held(run, now)
             out += self._release_children(run.run_id, now)
-            if run.run_id not in self._runs:
+            if run.run_id not in self._known.open:
                 return out
         if run.settle_until is not None and now >= run.settle_until:
             out.append(Forward(built_event(run.merged.consolidated_event(), now)))
@@ -324,68 +310,11 @@ class RunConsolidator:
             out += self._flush_running(run, now)
         return out
 
-    def _try_start(self, run: RunRecord, now: float, arriving: LineageEvent | None, out: list[Action]) -> bool:
-        """Emit the run's START (real or synthesized) if it is due and its parent allows;
-        return whether the run's START is now decided."""
-        if run.start_doc is None:
-            due = run.first_seen + self._timeout_s
-            if now < due:
-                return False
-            if not self._synthesize:
-                run.start = SKIPPED
-                self._ungate(run)
-                return True
-            if run.ready_at is None:
-                run.ready_at = due
-        elif run.ready_at is None:
-            run.ready_at = now
-        if not self._parent_allows(run, now):
-            if arriving is not None:
-                out.append(Release(arriving))
-            children = self._gated.setdefault(run.parent, set())
-            if run.run_id not in children:
-                children.add(run.run_id)
-                for deadline in (run.ready_at + self._hold_s, run.ready_at + self._hold_s + self._timeout_s):
-                    if deadline > now:  # a due timer would be popped again in the same tick
-                        self._push(deadline, run.run_id)
-            return False
-        out.append(self._start_action(run, now, arriving, MISSING_START_TIMEOUT))
-        return True
-
-    def _start_action(self, run: RunRecord, now: float, arriving: LineageEvent | None, reason: str) -> Forward:
-        """Mark the run started and return the Forward of its real or synthesized START."""
-        self._ungate(run)
-        run.start, run.ready_at = EMITTED, None
-        if arriving is not None:
-            run.start_doc = None
-            return Forward(arriving)
-        if run.start_doc is not None:
-            doc, run.start_doc = run.start_doc, None
-            return Forward(built_event(doc, now))
-        self.starts_synthesized += 1
-        merged = run.merged
-        if merged is None:
-            merged = RunMerger()
-            for at, doc in run.held:
-                merged.add(doc, at)
-        marker = {"_producer": RELAY_PRODUCER, "_schemaURL": SYNTHESIZED_START_SCHEMA_URL, "reason": reason}
-        doc = merged.start_event(run_facets={SYNTHESIZED_START_FACET: marker}, omit_run_facets=_OUTCOME_RUN_FACETS)
-        return Forward(built_event(doc, now))
-
-    def _parent_allows(self, run: RunRecord, now: float) -> bool:
-        parent_id = run.parent
-        if parent_id is None or parent_id in self._finished:
-            return True
-        parent = self._runs.get(parent_id)
-        waited = now - run.ready_at
-        if parent is None:
-            return waited >= self._hold_s
-        return parent.start != WAITING or waited >= self._hold_s + self._timeout_s
-
     def _release_children(self, parent_id: str, now: float) -> list[Action]:
+        """Let the children whose START waited for ``parent_id`` try again (in run id order)."""
         out: list[Action] = []
-        for child_id in sorted(self._gated.pop(parent_id, ())):
-            child = self._runs.get(child_id)
+        for child_id in sorted(self._gate.waiting.pop(parent_id, ())):
+            child = self._known.open.get(child_id)
             if child is not None and child.start == WAITING:
                 out += self._advance(child, now)
         return out
@@ -421,7 +350,7 @@ class RunConsolidator:
         if run.running is None:
             run.running = RunMerger()
             run.running_until = now + self._window_s
-            self._push(run.running_until, run.run_id)
+            self._known.push(run.running_until, run.run_id)
         run.running.add(doc, at)
 
     def _flush_running(self, run: RunRecord, now: float) -> list[Action]:
@@ -436,15 +365,15 @@ class RunConsolidator:
         self.runs_expired += 1
         out: list[Action] = [Expired(run.run_id, reason, f"run {run.run_id}: {detail}")]
         if run.start == WAITING:
-            if run.start_doc is not None or self._synthesize:
-                out.append(self._start_action(run, now, None, reason))
+            gate = self._gate
+            if run.start_doc is not None or gate.synthesize:
+                out.append(gate.emit_start(run, now, None, reason))
             else:
-                run.start = SKIPPED
-                self._ungate(run)
+                gate.skip(run)
         outcome = run.start
         if self.mode == "coalesce":
             out += self._replay_held(run, now)  # finishes the run if it holds a terminal
-            if run.run_id not in self._runs:
+            if run.run_id not in self._known.open:
                 return out
             out += self._flush_running(run, now)
         elif run.merged.has_terminal:
@@ -456,49 +385,7 @@ class RunConsolidator:
 
     def _finish(self, run: RunRecord, now: float, outcome: str) -> list[Action]:
         """Forget ``run`` but its id and ``outcome``; let children waiting on it go."""
-        self._runs.pop(run.run_id, None)
-        self._ungate(run)
-        self._remember_closed(run.run_id, outcome, now)
+        self._known.open.pop(run.run_id, None)
+        self._gate.ungate(run)
+        self._known.remember_closed(run.run_id, outcome, now)
         return self._release_children(run.run_id, now)
-
-    def _remember_closed(self, run_id: str, outcome: str, now: float) -> None:
-        self._finished[run_id] = (now, outcome)
-        self._finished.move_to_end(run_id)
-        while len(self._finished) > self._max_finished:
-            self._finished.popitem(last=False)
-
-    def _ungate(self, run: RunRecord) -> None:
-        if run.parent is not None:
-            children = self._gated.get(run.parent)
-            if children is not None:
-                children.discard(run.run_id)
-                if not children:
-                    del self._gated[run.parent]
-
-    def _push(self, deadline: float, run_id: str) -> None:
-        heapq.heappush(self._timers, (deadline, run_id))
-
-    def _sort_if_restored(self) -> None:
-        if self._unsorted:
-            self._runs = OrderedDict(sorted(self._runs.items(), key=lambda item: item[1].touched))
-            self._unsorted = False
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> Any:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-    return value
-
-
-def _seconds(name: str, value: float, *, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not zero_ok):
-        kind = "a non-negative" if zero_ok else "a positive"
-        raise ValueError(f"{name} must be {kind} number of seconds, got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value

@@ -19,8 +19,8 @@ import pytest
 
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import CUSTOM_RUN_FACET_SCHEMA_URL, PRODUCER_URI, spark_run
+from relay.source.consumer_config import FETCH_BYTES
 from relay.stages.rewrite import TOO_LARGE_FOR_COLLECTOR
-from relay.source.kafka import FETCH_BYTES
 from tests.support.kafka import produce, read_topic
 from tests.support.relay import RelayProcess
 from tests.support.spec import validator

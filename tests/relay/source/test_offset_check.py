@@ -1,8 +1,8 @@
-"""The check of newly assigned partitions' committed offsets (KafkaSource._checked): its
-decisions, edge cases included (auto.offset.reset's spellings, nothing committed, a failed
-check), against a consumer that answers given offsets. End to end, against a real broker
-(retention through a proxy that moves the log start, a recreated topic): see
-tests/relay/test_relay_offset_reset.py."""
+"""The check of newly assigned partitions' committed offsets (relay.source.offset_check,
+through KafkaSource._checked): its decisions, edge cases included (auto.offset.reset's
+spellings, nothing committed, a failed check), against a consumer that answers given
+offsets. End to end, against a real broker (retention through a proxy that moves the log
+start, a recreated topic): see tests/relay/test_relay_offset_reset.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import logging
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from relay.source import kafka as kafka_source
-from relay.source.kafka import KafkaSource, out_of_range
+from relay.source import offset_check
+from relay.source.kafka import KafkaSource
+from relay.source.offset_check import out_of_range
 
 INVALID = -1001  # librdkafka's "no committed offset"
 
@@ -107,7 +108,7 @@ def test_every_spelling_of_earliest_starts_at_the_start(policy):
 
 
 def test_a_check_out_of_time_leaves_the_rest_unchecked_and_says_which(caplog, monkeypatch):
-    monkeypatch.setattr(kafka_source, "OFFSET_CHECK_TIMEOUT_S", -1.0)  # its deadline is past already
+    monkeypatch.setattr(offset_check, "OFFSET_CHECK_TIMEOUT_S", -1.0)  # its deadline is past already
     resets: list = []
     answers = Answers(committed={0: 5, 1: INVALID, 2: 5}, marks={0: (20, 50), 2: (20, 50)})
     given = tps(0, 1, 2)

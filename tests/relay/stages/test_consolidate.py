@@ -15,7 +15,6 @@ from relay.stages.consolidate import (
     AFTER_TERMINAL,
     MAX_OPEN_RUNS,
     RUN_TTL,
-    SYNTHESIZED_START_FACET,
     Drop,
     Expired,
     Forward,
@@ -23,6 +22,7 @@ from relay.stages.consolidate import (
     RunConsolidator,
 )
 from relay.stages.decode import decode_record
+from relay.stages.start_gate import SYNTHESIZED_START_FACET
 from tests.support.spec import validator
 
 T0 = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
@@ -514,7 +514,7 @@ def test_random_traffic_keeps_the_invariants(mode, seed):
         c.offer(event, now)
         c.tick(now)
     c.tick(now + 1000.0)
-    assert c.c.open_runs == 0 and not c.c._gated
+    assert c.c.open_runs == 0 and not c.c._gate.waiting
     by_run: dict[str, list[str]] = {}
     for event in c.sent:
         by_run.setdefault(event.run_id, []).append(event.event_type)
