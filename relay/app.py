@@ -116,7 +116,7 @@ class Relay:
             changelog = RunStateChangelog(
                 bootstrap_servers=k.bootstrap_servers, topic=k.run_state_topic, input_topic=k.topics[0],
                 create=k.create_state_topic, producer_properties=k.producer_properties,
-                consumer_properties=k.consumer_properties,
+                consumer_properties=k.consumer_properties, replication_factor=k.topic_replication_factor,
                 on_producer_replaced=self.metrics.producers_replaced.labels(producer="run_state").inc)
             self.state = RunStateStore(changelog, [lane.table for lane in self.lanes if lane.table is not None],
                                        self.metrics)
@@ -171,7 +171,8 @@ class Relay:
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     None, lambda: create_topic(k.bootstrap_servers, k.dlq_topic, 1, client_properties=conn,
-                                               config={"max.message.bytes": _DLQ_MAX_MESSAGE_BYTES}))
+                                               config={"max.message.bytes": _DLQ_MAX_MESSAGE_BYTES},
+                                               replication_factor=k.topic_replication_factor))
             except Exception as err:  # noqa: BLE001 - it may exist and we may lack rights to create it
                 log_event(log, logging.WARNING, "dlq_topic_not_created", topic=k.dlq_topic, error=str(err))
         await self.dead_letters.start()

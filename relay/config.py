@@ -69,6 +69,9 @@ class KafkaConfig(Frozen):
     state_topic: str | None = None
     #: Create the state topic at start-up when missing (cleanup.policy=compact).
     create_state_topic: bool = True
+    #: Replication factor of the topics the relay creates (dead-letter, run-state, redrive
+    #: markers); None: the cluster's ``default.replication.factor`` (Kafka 2.4+, KIP-464).
+    topic_replication_factor: int | None = Field(None, ge=1)
 
     @property
     def run_state_topic(self) -> str:
@@ -112,6 +115,13 @@ class KafkaConfig(Frozen):
     @field_validator("consumer_properties")
     @classmethod
     def _consumer_properties(cls, v: dict[str, str]) -> dict[str, str]:
+        protocol = v.get("group.protocol", "classic").strip().lower()
+        if protocol != "classic":
+            # KIP-848: the broker assigns partitions and owns the session timeout; the relay's
+            # rebalance handling and defaults (session.timeout.ms, cooperative-sticky) are
+            # those of the classic protocol, the one it is tested with.
+            raise ValueError(f"group.protocol: {protocol!r} is not supported (the relay runs its consumer group "
+                             f"with the classic protocol); fix: remove it, or set it to classic")
         found = properties_problem(v, "consumer")  # librdkafka's own check, offline
         if found is not None:
             raise ValueError(found)

@@ -171,7 +171,7 @@ class RedriveLedger:
         conn = {k: v for k, v in props.items() if k.startswith(_CONNECTION_KEYS)}
         try:
             create_topic(self.kafka.bootstrap_servers, self.marker_topic, 1, {"cleanup.policy": "compact"},
-                         client_properties=conn)
+                         client_properties=conn, replication_factor=self.kafka.topic_replication_factor)
         except KafkaException as err:
             raise OpsError(f"cannot create the redrive marker topic {self.marker_topic}: {err}; "
                            f"create it (compacted) or grant the right to") from err

@@ -15,15 +15,19 @@ def connection_properties(properties: dict[str, str]) -> dict[str, str]:
 
 def create_topic(bootstrap_servers: str, name: str, partitions: int = 1,
                  config: dict[str, str] | None = None, timeout_s: float = 15.0,
-                 client_properties: dict[str, str] | None = None) -> None:
+                 client_properties: dict[str, str] | None = None, replication_factor: int | None = None) -> None:
     """Create a topic (idempotent: an existing topic is fine). ``client_properties``
-    carries the connection settings (security.protocol, sasl.*, ssl.*) the cluster needs."""
+    carries the connection settings (security.protocol, sasl.*, ssl.*) the cluster needs.
+    ``replication_factor`` None: the cluster's ``default.replication.factor`` (a fixed 1
+    made single-copy topics that ``acks=all`` writes cannot reach on clusters whose
+    ``min.insync.replicas`` is 2)."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(with_log({**(client_properties or {}), "bootstrap.servers": bootstrap_servers}))
     future = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
+        [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor or -1,
+                  config=config or {})],
         operation_timeout=timeout_s, request_timeout=timeout_s,
     )[name]
     try:

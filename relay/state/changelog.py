@@ -42,8 +42,9 @@ class StateError(RelayError):
 class RunStateChangelog:
     def __init__(self, *, bootstrap_servers: str, topic: str, input_topic: str, create: bool,
                  producer_properties: dict[str, str], consumer_properties: dict[str, str],
-                 on_producer_replaced: Callable[[], None] | None = None) -> None:
+                 on_producer_replaced: Callable[[], None] | None = None, replication_factor: int | None = None) -> None:
         self.topic = topic
+        self._replication_factor = replication_factor
         self._input_topic = input_topic
         self._create = create
         self._bootstrap = bootstrap_servers
@@ -83,7 +84,7 @@ class RunStateChangelog:
         if have is None and self._create:
             create_topic(self._bootstrap, self.topic, wanted,
                          {"cleanup.policy": "compact", "max.message.bytes": MAX_RECORD_BYTES},
-                         client_properties=self._admin_conf)
+                         client_properties=self._admin_conf, replication_factor=self._replication_factor)
             have = _partition_count(admin, self.topic)
         if have is None:
             raise StateError(f"kafka.state_topic: {self.topic!r} does not exist; create it (cleanup.policy=compact, "

@@ -321,6 +321,9 @@ def _kafka(**kafka: object) -> dict:
      r"fix: move it to producer_properties"),
     ({"producer_properties": {"fetch.wait.max.ms": 10}},
      r"kafka\.producer_properties: fetch\.wait\.max\.ms: a consumer property, which the producer ignores"),
+    # KIP-848: librdkafka takes it, then refuses the relay's own session.timeout.ms at start-up.
+    ({"consumer_properties": {"group.protocol": "consumer"}},
+     r"kafka\.consumer_properties: group\.protocol: 'consumer' is not supported .*; fix: remove it"),
 ])
 def test_librdkafka_properties_are_checked_when_the_config_is_read(kafka, message):
     with pytest.raises(ConfigError, match=message):
