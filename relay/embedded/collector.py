@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from relay.stages.json_bytes import dumps
+
 if TYPE_CHECKING:
     from relay.embedded.store import LineageStore
 
@@ -228,7 +230,7 @@ class RecordingCollector:
             with self._lock:
                 self.count += 1
                 if self.record:
-                    self.received.append(Received(doc, orjson.dumps(doc), dict(request.headers), now))
+                    self.received.append(Received(doc, dumps(doc), dict(request.headers), now))
             self._note(now, self.ok_status, doc)
         if not failed:
             return web.Response(status=204)

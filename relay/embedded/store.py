@@ -30,6 +30,7 @@ from typing import Any, Literal
 import orjson
 
 from relay.errors import RelayError
+from relay.stages.json_bytes import dumps
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -258,7 +259,7 @@ class LineageStore:
             db = self._db
             db.execute("BEGIN")
             db.execute("INSERT INTO events (event_time, event_type, run_id, job_id, body) VALUES (?, ?, ?, ?, ?)",
-                       (event_time, event_type, run_id, job_id, orjson.dumps(event).decode()))
+                       (event_time, event_type, run_id, job_id, dumps(event).decode()))
             db.executemany("INSERT OR IGNORE INTO jobs VALUES (?, ?, ?)", rows.jobs)
             db.executemany("INSERT OR IGNORE INTO datasets VALUES (?, ?, ?)", rows.datasets)
             db.executemany("INSERT OR IGNORE INTO dataset_aliases VALUES (?, ?, ?)", rows.aliases)

@@ -53,9 +53,8 @@ from __future__ import annotations
 import heapq
 from typing import Any, Literal
 
-import orjson
-
 from relay.events import TERMINAL_TYPES, LineageEvent
+from relay.stages.json_bytes import dumps
 from relay.stages.knobs import check_choice, check_count, check_seconds
 from relay.stages.known_runs import KnownRuns
 from relay.stages.merge import RunMerger, epoch_micros
@@ -141,7 +140,7 @@ class RunConsolidator:
         size = 0
         for run in self._known.open.values():
             size += sum(m.size_bytes for m in (run.merged, run.running) if m is not None)
-            size += sum(len(orjson.dumps(doc)) for doc in (run.start_doc, *(d for _, d in run.held)) if doc)
+            size += sum(len(dumps(doc)) for doc in (run.start_doc, *(d for _, d in run.held)) if doc)
         return size
 
     def offer(self, event: LineageEvent, now: float) -> list[Action]:

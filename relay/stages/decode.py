@@ -17,7 +17,12 @@ Contract of :func:`decode_record`:
 * It checks what the relay itself relies on (event kind, base fields, run and job
   identity, ``eventType``, ``eventTime``, container types), not the whole OpenLineage
   JSON schema: facet contents are the collectors' business. An optional field that is
-  present must have the schema's type (``null`` is not an absent field).
+  present must have the schema's type (``null`` is not an absent field). Container types
+  include each facets object the spec defines (``run.facets``, ``job.facets``,
+  ``dataset.facets``, an input's ``facets``/``inputFacets``, an output's
+  ``facets``/``outputFacets``) and its values: each facet is an object, whatever it holds.
+* An event may nest up to :data:`MAX_DEPTH` levels (objects and arrays within one another,
+  the event itself being level 1); a deeper one is refused as :data:`TOO_DEEP`.
 * Run ids are lower-cased so one run has one key whatever case its producer used
   (``doc`` and ``body`` keep the original spelling).
 
@@ -35,6 +40,7 @@ import orjson
 import xxhash
 
 from relay.events import EVENT_TYPES, LineageEvent, Rejection, SourceRef
+from relay.stages.json_bytes import TooDeep, dumps, dumps_deep
 
 # Rejection reason codes: stable, used as the dead-letter header and a metric label.
 EMPTY = "empty"
@@ -46,12 +52,21 @@ MISSING_FIELD = "missing_field"
 WRONG_TYPE = "wrong_type"
 INVALID_VALUE = "invalid_value"
 UNDECODABLE = "undecodable"
+#: Nested deeper than MAX_DEPTH levels.
+TOO_DEEP = "too_deep"
 #: Decoding the record killed the decode worker, twice (see relay.stages.decode_worker).
 DECODER_CRASHED = "decoder_crashed"
 REASONS = frozenset(
     {EMPTY, TOO_LARGE, NOT_UTF8, INVALID_JSON, NOT_OBJECT, MISSING_FIELD, WRONG_TYPE,
-     INVALID_VALUE, UNDECODABLE}
+     INVALID_VALUE, UNDECODABLE, TOO_DEEP}
 )
+
+#: The deepest nesting accepted, the event object being level 1. The relay reads events
+#: again with orjson, which reads 1024 levels, and nests them up to 4 levels deeper in its
+#: run state (relay.state.table) and 1 in a batch body: those must read back. It is also
+#: Jackson's default limit (StreamReadConstraints), which Java collectors such as Marquez
+#: apply. Deeper than 254 levels, orjson cannot write an event: see relay.stages.json_bytes.
+MAX_DEPTH = 1000
 
 #: Avro single-object encoding starts with these two bytes. No JSON text can: 0xC3 is a
 #: UTF-8 lead byte and 0x01 is not a continuation byte, so the check is unambiguous.
@@ -71,6 +86,7 @@ _EVENT_TIME = re.compile(
 #: The content digest of canonical JSON (dedupe, run state).
 content_digest = xxhash.xxh3_128_digest
 _MISSING: Any = object()
+_NO_FACETS: dict[str, Any] = {}
 _JSON_TYPES = {
     dict: "an object", list: "an array", str: "a string", int: "a number",
     float: "a number", bool: "a boolean", type(None): "null",
@@ -158,6 +174,9 @@ def _parse_failure(value: bytes | memoryview, err: orjson.JSONDecodeError) -> Re
             f"record value is not valid UTF-8: byte 0x{bad:02x} at offset {utf_err.start} "
             f"({utf_err.reason})",
         )
+    if str(err).startswith("depth limit exceeded"):  # orjson reads 1024 levels
+        return Rejection(TOO_DEEP, f"record value is nested more than 1024 levels deep (objects and arrays "
+                                   f"within one another), over the limit of {MAX_DEPTH} levels ({err})")
     return Rejection(INVALID_JSON, f"record value is not valid JSON: {err}")
 
 
@@ -175,7 +194,9 @@ def _decode_avro(value: bytes | memoryview) -> tuple[Any, bytes] | Rejection:
     except Exception as err:  # noqa: BLE001 - any codec failure is a property of the record
         return Rejection(UNDECODABLE, f"Avro record could not be decoded: {err}")
     try:
-        body = orjson.dumps(doc)
+        body = dumps(doc, max_depth=MAX_DEPTH)
+    except TooDeep as err:
+        return _too_deep(err)
     except orjson.JSONEncodeError as err:
         return Rejection(UNDECODABLE, f"Avro record holds a value JSON cannot carry: {err}")
     return doc, body
@@ -205,6 +226,10 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
             run_facets = None
         elif type(run_facets) is not dict:
             _optional(run, "facets", "run.facets", dict)
+        else:
+            for facet in run_facets.values():
+                if type(facet) is not dict:
+                    _facet_values(run_facets, "run.facets")
         job = get("job", _MISSING)
         if type(job) is not dict:
             _require_object(_field(doc, "job", "job"), "job")
@@ -219,7 +244,9 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
         dataset = _require_object(doc["dataset"], "dataset")
         _text(dataset, "namespace", "dataset.namespace")
         _text(dataset, "name", "dataset.name")
-        _optional(dataset, "facets", "dataset.facets", dict)
+        for facet in (_optional(dataset, "facets", "dataset.facets", dict) or _NO_FACETS).values():
+            if type(facet) is not dict:
+                _facet_values(dataset["facets"], "dataset.facets")
         job = None
     elif "job" in doc:
         kind = "job"
@@ -236,16 +263,37 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
         job_name = job.get("name")
         if type(job_name) is not str or not job_name:
             _text(job, "name", "job.name")
-        for obj, key, path, kind_of in ((job, "facets", "job.facets", dict), (doc, "inputs", "inputs", list),
-                                        (doc, "outputs", "outputs", list)):
-            value = obj.get(key, _MISSING)
-            if value is not _MISSING and type(value) is not kind_of:
-                _optional(obj, key, path, kind_of)
-        for key in ("inputs", "outputs"):
-            for i, item in enumerate(get(key) or ()):
+        job_facets = job.get("facets", _MISSING)
+        if job_facets is not _MISSING:
+            if type(job_facets) is not dict:
+                _optional(job, "facets", "job.facets", dict)
+            for facet in job_facets.values():
+                if type(facet) is not dict:
+                    _facet_values(job_facets, "job.facets")
+        for key, own in (("inputs", "inputFacets"), ("outputs", "outputFacets")):
+            items = get(key, _MISSING)
+            if items is _MISSING:
+                continue
+            if type(items) is not list:
+                _optional(doc, key, key, list)
+            for i, item in enumerate(items):
                 if type(item) is not dict or type(item.get("namespace")) is not str or \
                         type(item.get("name")) is not str:
                     _dataset_item(item, f"{key}[{i}]")
+                facets = item.get("facets", _MISSING)
+                if facets is not _MISSING:
+                    if type(facets) is not dict:
+                        _optional(item, "facets", f"{key}[{i}].facets", dict)
+                    for facet in facets.values():
+                        if type(facet) is not dict:
+                            _facet_values(facets, f"{key}[{i}].facets")
+                facets = item.get(own, _MISSING)
+                if facets is not _MISSING:
+                    if type(facets) is not dict:
+                        _optional(item, own, f"{key}[{i}].{own}", dict)
+                    for facet in facets.values():
+                        if type(facet) is not dict:
+                            _facet_values(facets, f"{key}[{i}].{own}")
     event_time = get("eventTime")
     if type(event_time) is not str:
         _string(doc, "eventTime", "eventTime")
@@ -256,11 +304,26 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
             _text(doc, key, key)
     try:
         canonical = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONEncodeError as err:
-        # orjson reads 1024 levels of nesting but writes only 254.
-        raise _Invalid(INVALID_VALUE, f"event cannot be canonicalised: {err}") from None
+    except orjson.JSONEncodeError:
+        # Nested over the 254 levels orjson writes (it reads 1024): the same bytes, by parts.
+        canonical = _deep_canonical(doc)
     return (doc, body, kind, content_digest(canonical), event_time, event_time_text, run_id,
             event_type, job_namespace, job_name, parent_run_id)
+
+
+def _deep_canonical(doc: dict[str, Any]) -> bytes:
+    try:
+        return dumps_deep(doc, orjson.OPT_SORT_KEYS, max_depth=MAX_DEPTH)
+    except TooDeep as err:
+        rejection = _too_deep(err)
+        raise _Invalid(rejection.reason, rejection.detail) from None
+    except orjson.JSONEncodeError as err:
+        raise _Invalid(INVALID_VALUE, f"event cannot be canonicalised: {err}") from None
+
+
+def _too_deep(err: TooDeep) -> Rejection:
+    return Rejection(TOO_DEEP, f"event is nested {err.depth} levels deep (objects and arrays within one another), "
+                               f"over the limit of {err.limit} levels")
 
 
 def _event_type(doc: dict[str, Any]) -> str | None:
@@ -359,6 +422,15 @@ def _dataset_item(item: Any, path: str) -> None:
     obj = _require_object(item, path)
     _string(obj, "namespace", f"{path}.namespace")
     _string(obj, "name", f"{path}.name")
+
+
+def _facet_values(facets: dict[str, Any], path: str) -> None:
+    """A facets object holding something other than a facet object: the spec's facets
+    objects (RunFacets, JobFacets, DatasetFacets...) allow only facets as their values."""
+    for name, facet in facets.items():
+        if type(facet) is not dict:
+            name = name if len(name) <= 80 else name[:77] + "..."
+            raise _Invalid(WRONG_TYPE, f"`{path}.{name}` must be an object (a facet), got {_type_name(facet)}")
 
 
 def _require_object(value: Any, path: str) -> dict[str, Any]:

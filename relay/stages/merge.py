@@ -47,6 +47,7 @@ import orjson
 
 from relay.events import TERMINAL_TYPES, LineageEvent
 from relay.stages.interning import intern as _intern
+from relay.stages.json_bytes import dumps
 
 STATE_VERSION = 1
 
@@ -74,7 +75,7 @@ def epoch_micros(moment: datetime) -> int:
 
 def _json_size(value: Any) -> int:
     try:
-        return len(orjson.dumps(value))
+        return len(dumps(value))
     except (TypeError, orjson.JSONEncodeError):  # not JSON data: a rough guess will do
         return len(repr(value))
 
@@ -85,7 +86,7 @@ def _json_text(value: Any) -> str:
     """``value`` as interned JSON text: equal facets of many runs share one string (freed
     with its last user: see :func:`interning_is_mortal`)."""
     try:
-        text = orjson.dumps(value).decode()
+        text = dumps(value).decode()
     except (TypeError, orjson.JSONEncodeError):  # e.g. an integer beyond 64 bits
         text = json.dumps(value, default=repr)
     return _intern(text)
@@ -257,8 +258,8 @@ class RunMerger:
                        for (ns, name), ds in self._inputs.items()],
             "outputs": [[ns, name, _facets_state(ds[0]), _facets_state(ds[1])]
                         for (ns, name), ds in self._outputs.items()],
-            # Bases as Fragments too: a base nested as deep as orjson writes must not get
-            # deeper in the state (see RunRecord.to_state).
+            # Bases as Fragments too, written by dumps: orjson writes 254 levels, decode
+            # accepts more (see RunRecord.to_state).
             "earliest": _entry_state(self._earliest),
             "latest": _entry_state(self._latest),
             "terminal": _entry_state(self._terminal),
@@ -319,7 +320,7 @@ def _merge_facets(store: _Facets, facets: Any, at: int) -> int:
 
 
 def _entry_state(entry: list | None) -> list | None:
-    return None if entry is None else [entry[0], orjson.Fragment(orjson.dumps(entry[1])), entry[2]]
+    return None if entry is None else [entry[0], orjson.Fragment(dumps(entry[1])), entry[2]]
 
 
 def _facets_doc(store: _Facets) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import orjson
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from relay.frozen import Frozen
+from relay.stages.json_bytes import dumps
 from relay.stages.redact import DEFAULT_SECRET_QUERY_PARAMS, Redactor
 from relay.stages.route import compile_glob
 
@@ -148,7 +149,7 @@ class Rewriter:
         if original is not None and limit is not None and len(original) > limit:
             # Known to be large: measure by parts rather than encode it whole to find out.
             return self._fit(doc)
-        body = original if (doc is event_doc and original is not None) else orjson.dumps(doc)
+        body = original if (doc is event_doc and original is not None) else dumps(doc)
         if limit is None or len(body) <= limit:
             return RewriteResult(body)
         del body  # the fitted encoding replaces it; never hold two
@@ -221,34 +222,49 @@ class Rewriter:
         return out if changed else facets
 
     def _scrub(self, value: Any) -> Any:
-        """Redact strings and mask keys, recursively; returns ``value`` itself if unchanged.
-        Recursion depth is bounded: decode_record rejects events nested over 254 levels."""
-        if isinstance(value, str):
-            return self._redactor.text(value) if self._redactor is not None else value
-        if isinstance(value, dict):
-            out = None
+        """Redact strings and mask keys at any depth; returns ``value`` itself if unchanged.
+        A loop, not recursion: decode accepts events nested deeper than Python's recursion
+        limit (relay.stages.decode.MAX_DEPTH)."""
+        redactor, mask = self._redactor, self._mask
+        if not isinstance(value, (dict, list)):
+            return redactor.text(value) if redactor is not None and isinstance(value, str) else value
+        frames = [self._frame(value, None)]
+        while True:
+            frame = frames[-1]
+            node, members, _copy, _place, is_dict, masked_pair = frame
+            for place, item in members:
+                if is_dict:
+                    if place in _ENVELOPE:
+                        continue
+                    if mask is not None and (mask(place) or (masked_pair and place == "value")):
+                        if item != MASK:
+                            _put(frame, place, MASK)
+                        continue
+                if isinstance(item, str):
+                    new = redactor.text(item) if redactor is not None else item
+                    if new is not item:
+                        _put(frame, place, new)
+                elif isinstance(item, (dict, list)):
+                    frames.append(self._frame(item, place))
+                    break
+            else:  # every member done
+                frames.pop()
+                result = node if frame[2] is None else frame[2]
+                if not frames:
+                    return result
+                if result is not node:
+                    _put(frames[-1], frame[3], result)
+
+    def _frame(self, container: dict[str, Any] | list[Any], place: Any) -> list[Any]:
+        """What :meth:`_scrub` keeps of a container it is in: [the container, its members
+        left, its copy once a member changed, its place in the container above, whether it
+        is an object, whether it is a masked ``{"name": ..., "value": ...}`` pair]."""
+        if isinstance(container, dict):
             mask = self._mask
-            name = value.get("name") if mask is not None else None
-            masked_pair = isinstance(name, str) and "value" in value and mask(name)
-            for key, item in value.items():
-                if key in _ENVELOPE:
-                    continue
-                if mask is not None and (mask(key) or (masked_pair and key == "value")):
-                    if item == MASK:
-                        continue
-                    new = MASK
-                else:
-                    new = self._scrub(item)
-                    if new is item:
-                        continue
-                if out is None:
-                    out = dict(value)
-                out[key] = new
-            return value if out is None else out
-        if isinstance(value, list):
-            new_list = [self._scrub(item) for item in value]
-            return new_list if any(n is not o for n, o in zip(new_list, value)) else value
-        return value
+            name = container.get("name") if mask is not None else None
+            masked_pair = isinstance(name, str) and "value" in container and mask(name)
+            return [container, iter(container.items()), None, place, True, masked_pair]
+        return [container, enumerate(container), None, place, False, False]
 
     def _map_job(self, namespace: str) -> str:
         for matches, target in self._ns_map:
@@ -290,11 +306,11 @@ class Rewriter:
         sites = list(_facet_sites(doc))
         # Bytes a facet takes in its object: "name":<facet>, plus one comma while it has siblings.
         candidates = [
-            (len(orjson.dumps(name)) + 1 + len(orjson.dumps(facet)), name, site)
+            (len(orjson.dumps(name)) + 1 + len(dumps(facet)), name, site)
             for site, (_path, facets) in enumerate(sites)
             for name, facet in facets.items()
         ]
-        start_size = len(orjson.dumps(_without(doc, {path: None for path, _facets in sites})))
+        start_size = len(dumps(_without(doc, {path: None for path, _facets in sites})))
         start_size += sum(size for size, _name, _site in candidates)
         start_size += sum(len(facets) - 1 for _path, facets in sites if facets)
         members = [len(facets) for _path, facets in sites]
@@ -322,7 +338,7 @@ class Rewriter:
         drops: dict[tuple[Any, ...], set[str] | None] = {}
         for i in taken:
             drops.setdefault(sites[candidates[i][2]][0], set()).add(candidates[i][1])
-        body = orjson.dumps(_without(doc, drops))
+        body = dumps(_without(doc, drops))
         if len(body) > limit:  # the arithmetic above is exact; this is the re-measurement
             return self._too_large(start_size, len(body), names)
         return RewriteResult(body, names)
@@ -334,6 +350,13 @@ class Rewriter:
         detail = (f"event is {start} bytes, over this collector's max_event_bytes of {self._max}; "
                   f"still {end} bytes after dropping {len(names)} facet(s) ({shown})")
         return RewriteResult(None, [], (TOO_LARGE_FOR_COLLECTOR, detail))
+
+
+def _put(frame: list[Any], place: Any, new: Any) -> None:
+    """Set a member of a :meth:`Rewriter._frame`'s container: in its copy, made at the first change."""
+    if frame[2] is None:
+        frame[2] = dict(frame[0]) if frame[4] else list(frame[0])
+    frame[2][place] = new
 
 
 def _any_glob(patterns: tuple[str, ...], flags: re.RegexFlag) -> Callable[[str], bool] | None:

@@ -25,6 +25,7 @@ import orjson
 from relay.events import EVENT_TYPES, LineageEvent, Rejection
 from relay.logs import log_event
 from relay.stages.decode import content_digest, decode_record, find_parent_run_id
+from relay.stages.json_bytes import dumps
 from relay.stages.merge import RunMerger
 
 # The same two actions as the sequencer's (one class each, so callers match them once).
@@ -84,17 +85,18 @@ class RunRecord:
 
     def to_state(self) -> dict[str, Any]:
         """JSON data for ``orjson.dumps`` only (restore what went through JSON): event
-        documents are embedded as ``orjson.Fragment``, so that the record adds no nesting
-        to them. orjson writes at most 254 levels and decode lets an event use them all;
-        nested a few levels below the record's root, such an event made every write of the
-        record raise (and the relay stop, again after each restart). The JSON is the same as
-        that of the documents themselves, so records written before read alike."""
+        documents are embedded as ``orjson.Fragment``, written by :func:`dumps`. orjson
+        writes at most 254 levels, and decode accepts events nested up to ``MAX_DEPTH``
+        (which leaves room for the levels the record adds when it is read back); written by
+        orjson, a deep event made every write of the record raise (and the relay stop,
+        again after each restart). The JSON is the same as that of the documents
+        themselves, so records written before read alike."""
         state = {slot: getattr(self, slot) for slot in self.__slots__}
         for slot in ("merged", "running"):
             state[slot] = state[slot].to_state() if state[slot] is not None else None
         if self.start_doc is not None:
-            state["start_doc"] = orjson.Fragment(orjson.dumps(self.start_doc))
-        state["held"] = [[at, orjson.Fragment(orjson.dumps(doc))] for at, doc in self.held]
+            state["start_doc"] = orjson.Fragment(dumps(self.start_doc))
+        state["held"] = [[at, orjson.Fragment(dumps(doc))] for at, doc in self.held]
         return {"v": STATE_VERSION, **state}
 
     @classmethod
@@ -166,7 +168,7 @@ def settled_event(doc: dict[str, Any], now: float) -> LineageEvent:
 def built_event(doc: dict[str, Any], now: float) -> LineageEvent:
     """A LineageEvent (no ``ticket``, no ``source``) for a document built from valid events,
     or kept in run state, consumed at ``now``."""
-    body = orjson.dumps(doc)
+    body = dumps(doc)
     event = decode_record(body, max_bytes=1 << 62)
     if not isinstance(event, LineageEvent):
         event = _as_kept(doc, body, event)
@@ -196,7 +198,7 @@ def _as_kept(doc: dict[str, Any], body: bytes, why: Rejection) -> LineageEvent:
     event_type = doc.get("eventType")
     facets = run.get("facets")
     return LineageEvent("run" if run else "dataset" if "dataset" in doc else "job", doc, body,
-                        content_digest(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)), event_time,
+                        content_digest(dumps(doc, orjson.OPT_SORT_KEYS)), event_time,
                         run_id.lower() if isinstance(run_id, str) else None,
                         event_type if event_type in EVENT_TYPES else None, _text(job.get("namespace")),
                         _text(job.get("name")), find_parent_run_id(facets if isinstance(facets, dict) else None))

@@ -159,9 +159,10 @@ def test_run_event_without_optional_parts():
 
 
 def test_malformed_parent_facet_is_ignored_not_rejected():
+    # Its contents, that is: a facet that is not an object at all is refused (wrong_type).
     event = decoded(edit(run_doc(), "run.facets.parent", {"run": {"runId": 7}}))
     assert event.parent_run_id is None
-    assert decoded(edit(run_doc(), "run.facets.parent", "x")).parent_run_id is None
+    assert decoded(edit(run_doc(), "run.facets.parent", {"run": "x"})).parent_run_id is None
 
 
 def test_terminal_event_types():
@@ -287,11 +288,11 @@ REJECTIONS = [
      "`dataset`"),
     ("job-event-missing-namespace", edit(job_doc(), "job.namespace"), "missing_field",
      "`job.namespace`"),
-    ("too-deep-to-canonicalise",
-     # orjson reads 1024 levels but writes only 254, so this parses yet cannot be hashed.
-     orjson.dumps(run_doc(run={"runId": RUN_ID, "facets": {"x": "DEEP"}})).replace(
-         b'"DEEP"', b"[" * 300 + b"]" * 300),
-     "invalid_value", "canonicalised"),
+    ("run-facet-string", edit(run_doc(), "run.facets.x", "a string"), "wrong_type", "`run.facets.x`"),
+    ("too-deep",  # the event 1 level, run 2, facets 3, x 4, then 997 arrays: 1001 levels
+     orjson.dumps(run_doc(run={"runId": RUN_ID, "facets": {"x": {"v": "DEEP"}}})).replace(
+         b'"DEEP"', b"[" * 997 + b"]" * 997),
+     "too_deep", "1001 levels deep"),
     ("avro-garbage", decode.AVRO_MARKER + b"\x00\x01garbage", "undecodable", "Avro"),
 ]
 

@@ -12,7 +12,10 @@ import yaml
 from pydantic import ValidationError
 
 from relay.embedded.sample import CUSTOM_RUN_FACET_SCHEMA_URL, PRODUCER_URI, dataset_event, spark_run
+from relay.events import LineageEvent
 from relay.stages import rewrite
+from relay.stages.decode import MAX_DEPTH, decode_record
+from relay.stages.json_bytes import dumps
 from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, RewriteConfig, Rewriter
 from tests.support.spec import validator
 
@@ -489,3 +492,32 @@ def test_bad_config_is_rejected_naming_the_key(config: dict, where: str) -> None
     with pytest.raises(ValidationError) as err:
         RewriteConfig.model_validate(config)
     assert where in str(err.value)
+
+
+# -- depth ---------------------------------------------------------------------------
+
+
+def test_an_event_as_deep_as_decode_accepts_is_rewritten() -> None:
+    # Deeper than orjson writes (254 levels) and than Python's recursion limit: redaction,
+    # masking, dropping and the size limit all still apply, at every depth.
+    doc = run_events()[0]
+    value: object = {"url": "postgres://etl:hunter2@db:5432/x", "password": "pw", "keep": "postgres://db/x"}
+    levels_above = 5  # the event, run, facets, deep, its "value"
+    for _ in range(MAX_DEPTH - levels_above - 1):
+        value = [value]
+    doc["run"]["facets"]["deep"] = custom_facet(value=value)
+    doc["run"]["facets"]["dropped"] = custom_facet(note="n" * 5_000)
+    raw = dumps(doc)
+    decoded = decode_record(raw, max_bytes=1 << 22)
+    assert isinstance(decoded, LineageEvent), decoded  # decode takes it: so must every collector's rewrite
+    r = rewriter(redact_credentials=True, mask_keys=["password"], drop_facets=["spark_*"],
+                 max_event_bytes=len(raw) - 1_000)
+    result = r.apply(orjson.loads(raw), original=raw)
+    assert result.rejection is None and result.dropped == ["dropped"]
+    body = result.body
+    assert body.count(b"[") - body.count(b"]") == 0 and b"[" * (MAX_DEPTH - levels_above - 1) + b"{" in body
+    assert b"hunter2" not in body and b'"password":"***"' in body and b"postgres://db/x" in body
+    assert b"spark_" not in body and b'"dropped"' not in body
+    assert decode_record(body, max_bytes=1 << 22).kind == "run"
+    # Nothing to change: the original bytes, as for any event.
+    assert rewriter(mask_keys=["nothing-here"]).apply(orjson.loads(raw), original=raw).body is raw
