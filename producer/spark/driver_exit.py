@@ -110,6 +110,10 @@ def _main_module_code() -> CodeType | None:
     """The code of the ``__main__`` module the main thread runs as a program (a script,
     ``python -m``, ``python -c``); None when it runs something else at the top (an
     interactive shell, a notebook kernel), where a SystemExit does not end the process."""
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        # python -i, the pyspark shell: the statement that called us looks like a main
+        # module's code, but the process goes on at a prompt after it.
+        return None
     main = sys.modules.get("__main__")
     frame = sys._current_frames().get(threading.main_thread().ident)
     if main is None or frame is None:

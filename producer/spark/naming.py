@@ -44,7 +44,7 @@ DEFAULT_PORTS = {"postgres": 5432, "mysql": 3306, "oracle": 1521, "teradata": 10
                  "crate": 5432, "trino": 443, "oceanbase": 2881, "clickhouse": 8123}
 #: ``mysql:loadbalance://``, ``mysql+srv://``, ``clickhouse:http://``: the driver's
 #: sub-protocol; the server is after ``//`` as in any other URL.
-_SUB_PROTOCOL = re.compile(r"^(\w+)[\w+:-]*://")
+_SUB_PROTOCOL = re.compile(r"^([\w-]+)(?:[+:][\w+:-]*)?://")
 
 
 def strip_partitions(path: str) -> str:
@@ -91,7 +91,7 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     (``;user=u;password=p;`` of DB2 and SQL Server, ``,PASSWORD=p`` of Teradata).
     """
     raw = url[5:] if url.lower().startswith("jdbc:") else url
-    scheme = re.match(r"\w*", raw).group(0).lower()   # mysql of mysql:loadbalance, mysql+srv
+    scheme = re.match(r"[\w-]*", raw).group(0).lower()   # mysql of mysql:loadbalance, mysql+srv; informix-sqli
     name = table.strip()
     if is_jdbc_query(name):
         tables = jdbc_query_tables(name)

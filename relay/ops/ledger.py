@@ -19,8 +19,9 @@ A marker names its record by offset and also carries the record's identity (its 
 and ``relay_time`` headers, :func:`identity`): a dead-letter topic deleted and created again
 starts at offset 0, and the markers of the records it held then (the marker topic is
 compacted, they stay) must not pass its new records off as re-driven. A marker whose
-identity differs from the record at its offset is ignored; one written before markers
-carried it (no ``record`` field) is trusted.
+identity differs from the record at its offset is forgotten when the scan meets that
+record (so neither the scan nor the position committed after it counts the record as
+re-driven); one written before markers carried it (no ``record`` field) is trusted.
 
 A marker is produced (and acknowledged) right after its record's delivery, before the
 position is committed, so a crash in between costs at most the deliveries in flight:
@@ -157,13 +158,22 @@ class RedriveLedger:
         if position is not None and offset < position:
             return True
         key = (partition, offset)
-        return key in self._marked and _same(self._marked[key], record)
+        if key not in self._marked:
+            return False
+        if _same(self._marked[key], record):
+            return True
+        del self._marked[key]  # an earlier topic's record at this offset: not this one
+        return False
 
     def delivered_to(self, partition: int, offset: int, record: str | None = None) -> frozenset[str]:
         """The collectors that pending record ``partition:offset`` (identity ``record``) was
         already re-driven to."""
-        have = self._delivered.get((partition, offset), {})
-        return frozenset(name for name, marked in have.items() if _same(marked, record))
+        key = (partition, offset)
+        have = self._delivered.get(key, {})
+        kept = {name: marked for name, marked in have.items() if _same(marked, record)}
+        if len(kept) != len(have):  # an earlier topic's record at this offset
+            self._delivered[key] = kept
+        return frozenset(kept)
 
     # -- writing -----------------------------------------------------------------------
     def open_for_writing(self) -> None:

@@ -96,13 +96,17 @@ class Selection:
             return False
         return True
 
-    def finish(self, ledger: RedriveLedger) -> None:
-        """After the scan: ``--offsets`` not read are re-driven already, or missing."""
+    def finish(self, ledger: RedriveLedger, lows: dict[int, int]) -> None:
+        """After the scan: ``--offsets`` not read are re-driven already, or missing. Not
+        read: below the redrive position, gone (retention), or never written; a marker
+        counts only for one gone, as one at an offset the topic never reached is an
+        earlier topic's (deleted and created again)."""
         if self._wanted is None:
             return
         for p, o in sorted(self._wanted - self._seen):
-            if ledger.is_done(p, o):
-                self._summary.already += 1  # below the redrive position: not even read
+            position = ledger.positions.get(p)
+            if (position is not None and o < position) or (o < lows.get(p, 0) and ledger.is_done(p, o)):
+                self._summary.already += 1  # not even read
             else:
                 self._summary.missing.append(f"{p}:{o}")
 
@@ -137,7 +141,7 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
             for record in records:
                 if selection.take(record):
                     targets.add(record)
-        selection.finish(ledger)
+        selection.finish(ledger, scan.lows)
         writer = None if args.dry_run else ledger
         if writer is not None and targets.count:
             writer.open_for_writing()

@@ -52,6 +52,8 @@ def test_jdbc_names_follow_the_spec_without_credentials(url, namespace, name):
     # No default in the official integration: the host alone, as it names them.
     ("jdbc:sqlserver://db;databaseName=shop", "sqlserver://db"),
     ("jdbc:redshift://cluster.example.com/shop", "redshift://cluster.example.com"),
+    # A scheme with a hyphen is one name, not a sub-protocol.
+    ("jdbc:informix-sqli://db:1533/shop", "informix-sqli://db:1533"),
 ])
 def test_a_jdbc_server_without_a_port_in_its_url_is_named_with_its_default_port(url, namespace):
     assert from_jdbc(url, "t")[0] == namespace
