@@ -11,6 +11,9 @@ Guarantees:
   that crossed it and the next one (fetched and decoded while one is handled, or waiting
   in the consumer's queue; each bounded by its ``queued.max.messages.kbytes``), and the
   one event being decoded or rewritten;
+- start-up gives way to a stop: one asked for while the relay starts (the broker not
+  answering) ends the start at once, and :meth:`run` returns as after a stop, with nothing
+  to commit (:mod:`relay.startup`);
 - graceful stop: :meth:`request_stop` stops consuming, drains deliveries for up to
   ``drain_timeout_s``, commits what was delivered and closes. Deliveries still running
   then are abandoned uncommitted (re-delivered after restart). The relay has returned at
@@ -36,10 +39,8 @@ import logging
 import time
 from collections.abc import Awaitable
 
-import confluent_kafka
 import orjson
 
-from relay import __version__
 from relay.backpressure import Backpressure
 from relay.config import RelayConfig
 from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
@@ -54,12 +55,12 @@ from relay.process import GC_EVERY_S, PeriodicCollection, decode_priority
 from relay.rebalance import PartitionHandover
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.kinds import build_collector
-from relay.source.admin import connection_properties, create_topic
 from relay.source.kafka import KafkaSource
 from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker
 from relay.source.run_search import RunSearch
 from relay.stages.decode_worker import DecodeWorker
+from relay.startup import StartInterrupted, component_versions, create_dead_letter_topic, until_stopped
 from relay.state.changelog import RunStateChangelog
 from relay.state.store import RunStateStore
 
@@ -162,31 +163,34 @@ class Relay:
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
+        """Start every part; :attr:`started` once the consumer subscribed. A stop asked for
+        meanwhile ends it (logged ``relay_start_interrupted``), also during the steps that
+        wait for the broker: it then returns with :attr:`started` False, and :meth:`run`
+        closes what was started. Raises :class:`~relay.state.changelog.StateError` when the
+        run-state topic cannot be used."""
         self._intake.start()
         k = self.config.kafka
-        if k.create_dlq_topic:
-            # Only connection settings are relevant to the admin client: take them from the
-            # producer properties (the dead-letter producer needs the same ones).
-            conn = connection_properties(k.producer_properties)
-            try:
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: create_topic(k.bootstrap_servers, k.dlq_topic, 1, client_properties=conn,
-                                               config={"max.message.bytes": _DLQ_MAX_MESSAGE_BYTES},
-                                               replication_factor=k.topic_replication_factor))
-            except Exception as err:  # noqa: BLE001 - it may exist and we may lack rights to create it
-                log_event(log, logging.WARNING, "dlq_topic_not_created", topic=k.dlq_topic, error=str(err))
-        await self.dead_letters.start()
-        if self.decoder is not None:
-            self.decoder.start()
-        if self.state is not None:
-            await self.state.start()
-        for lane in self.lanes:
-            await lane.start()
-        await self.source.start()
+        try:
+            if k.create_dlq_topic:
+                await until_stopped(self._stop, "dlq_topic",
+                                    create_dead_letter_topic(k, max_message_bytes=_DLQ_MAX_MESSAGE_BYTES))
+            await self.dead_letters.start()
+            if self.decoder is not None:
+                self.decoder.start()
+            if self.state is not None:
+                # Checked again for as long as the broker does not answer.
+                await until_stopped(self._stop, "run_state_topic", self.state.start())
+            for lane in self.lanes:
+                await lane.start()
+            if self._stop.is_set():  # the consumer is not given up half-made: it starts at once
+                raise StartInterrupted("consumer")
+            await self.source.start()
+        except StartInterrupted as interrupted:
+            log_event(log, logging.INFO, "relay_start_interrupted", step=interrupted.step)
+            return
         self.started = True
         log_event(log, logging.INFO, "relay_started", topics=",".join(k.topics), group=k.group_id,
-                  collectors=",".join(c.name for c in self.config.collectors), version=__version__,
-                  librdkafka=confluent_kafka.libversion()[0])
+                  collectors=",".join(c.name for c in self.config.collectors), **component_versions())
 
     def request_stop(self) -> None:
         """Stop consuming, drain and return from :meth:`run` within ``drain_timeout_s`` +
@@ -211,10 +215,12 @@ class Relay:
         return max(0.0, until - time.monotonic())
 
     async def run(self) -> None:
-        """Start, relay until :meth:`request_stop`, then stop gracefully."""
+        """Start, relay until :meth:`request_stop`, then stop gracefully (also when the stop
+        came during the start)."""
         await self.start()
         try:
-            await self._loop()
+            if self.started:
+                await self._loop()
         finally:
             await self._shutdown()
 

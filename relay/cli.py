@@ -10,7 +10,6 @@ import signal
 import sys
 from typing import Any
 
-from relay import __version__
 from relay.config import RelayConfig, build_config, load_yaml, merge
 from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
@@ -118,14 +117,12 @@ class _Version(argparse.Action):
 
 def version_line() -> str:
     """``lineage-relay X (librdkafka Y, confluent-kafka Z, aiohttp W, Python V)``: what a bug
-    report needs."""
-    import platform
+    report needs (the ``relay_started`` log line has the same fields)."""
+    from relay.startup import component_versions
 
-    import aiohttp
-    import confluent_kafka
-
-    return (f"lineage-relay {__version__} (librdkafka {confluent_kafka.libversion()[0]}, confluent-kafka "
-            f"{confluent_kafka.__version__}, aiohttp {aiohttp.__version__}, Python {platform.python_version()})")
+    v = component_versions()
+    return (f"lineage-relay {v['version']} (librdkafka {v['librdkafka']}, confluent-kafka {v['confluent_kafka']}, "
+            f"aiohttp {v['aiohttp']}, Python {v['python']})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,12 +4,17 @@
 are served by its own thread and handed to the event loop (a :class:`ProducerHost`, which
 replaces it after a fatal error), and opens a group-less consumer for each partition it
 reads. Writes never block the loop; :meth:`wait_acked` waits for them.
+
+At start-up, a broker that does not answer is waited for (:meth:`RunStateChangelog.start`),
+as the relay's consumer waits for it; what the broker answers is checked once, and a topic
+missing or mis-partitioned fails at once (:class:`StateError`, naming the key and the fix).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +25,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from relay.errors import RelayError
 from relay.kafka_log import with_log
 from relay.logs import log_event
+from relay.loop_threads import call_on_daemon_thread
+from relay.sinks.retry import backoff
 from relay.source.admin import connection_properties, create_topic
 from relay.source.producer import BATCH_TOO_LARGE, ProducerHost
 
@@ -33,10 +40,24 @@ _READ_TIMEOUT_S = 120.0
 #: as the relay's consumer can receive (librdkafka's receive.message.max.bytes), as the
 #: dead-letter ones do. At librdkafka's default (1 MB) such a run was kept in memory only.
 MAX_RECORD_BYTES = "100000000"
+#: How long one look at the cluster's topics, and the topic's creation, wait for the broker.
+_METADATA_TIMEOUT_S = 10.0
+_CREATE_TIMEOUT_S = 15.0
+#: Between two checks of the topic while the broker does not answer: full jitter, doubling
+#: from the first to the cap (each check itself waits up to _METADATA_TIMEOUT_S).
+_UNREACHABLE_BACKOFF_S = (1.0, 30.0)
+#: librdkafka's answers for "no answer from the cluster" (not "the cluster said no"): the
+#: topic is checked again until the broker answers, as the relay's consumer waits for it.
+_NO_ANSWER = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                        KafkaError._RESOLVE, KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION})
 
 
 class StateError(RelayError):
     """The state topic is missing, mis-partitioned or unreadable."""
+
+
+class _NoAnswer(Exception):
+    """The broker did not answer a check of the topics (worth trying again)."""
 
 
 class RunStateChangelog:
@@ -67,25 +88,49 @@ class RunStateChangelog:
 
     async def start(self) -> None:
         """Create the topic when missing (compacted, as many partitions as the input topic) and
-        check it; raises :class:`StateError` naming the fix."""
+        check it; raises :class:`StateError` naming the fix, at once, when the broker's answer
+        shows a topic missing or mis-partitioned, or refuses the request.
+
+        While the broker does not answer, checks again (backoff with full jitter, 1 s doubling
+        to 30 s), logging ``run_state_topic_unreachable`` each time, for as long as it takes:
+        cancel it to give up (a stop during start-up does). Each check runs on a daemon thread
+        of its own, so one given up on does not hold up the process's exit."""
         self._loop = asyncio.get_running_loop()
-        self.partitions = await self._loop.run_in_executor(self._executor, self._ensure_topic)
+        first_s, cap_s = _UNREACHABLE_BACKOFF_S
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self.partitions = await call_on_daemon_thread(self._ensure_topic, f"run-state-topic-{attempt}")
+                break
+            except _NoAnswer as err:
+                error = str(err)
+            retry_in_s = backoff(attempt, initial_s=first_s, cap_s=cap_s, rand=random.random)
+            log_event(log, logging.WARNING, "run_state_topic_unreachable", topic=self.topic, attempt=attempt,
+                      error=error, retry_in_s=round(retry_in_s, 1))
+            await asyncio.sleep(retry_in_s)
         self._host.start()
 
     def _ensure_topic(self) -> int:
+        """On a thread of its own (blocking); raises :class:`_NoAnswer` while the broker does
+        not answer, :class:`StateError` for what the answer shows."""
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(with_log({**self._admin_conf, "bootstrap.servers": self._bootstrap}))
-        wanted = _partition_count(admin, self._input_topic)
-        if wanted is None:
-            raise StateError(f"kafka.topics: input topic {self._input_topic!r} does not exist; consolidated/"
-                             "coalesce collectors partition their state like it, so create it first")
-        have = _partition_count(admin, self.topic)
-        if have is None and self._create:
-            create_topic(self._bootstrap, self.topic, wanted,
-                         {"cleanup.policy": "compact", "max.message.bytes": MAX_RECORD_BYTES},
-                         client_properties=self._admin_conf, replication_factor=self._replication_factor)
-            have = _partition_count(admin, self.topic)
+        try:
+            topics = _topics(admin)
+            wanted = _partition_count(topics, self._input_topic)
+            if wanted is None:
+                raise StateError(f"kafka.topics: input topic {self._input_topic!r} does not exist; consolidated/"
+                                 "coalesce collectors partition their state like it, so create it first")
+            have = _partition_count(topics, self.topic)
+            if have is None and self._create:
+                self._create_topic(wanted)
+                have = _partition_count(_topics(admin), self.topic)
+        finally:
+            # A raised error's traceback holds this frame: without this the client (its
+            # threads, its connection attempts) lived on until a cyclic collection.
+            del admin
         if have is None:
             raise StateError(f"kafka.state_topic: {self.topic!r} does not exist; create it (cleanup.policy=compact, "
                              f"{wanted} partitions) or set kafka.create_state_topic: true")
@@ -95,6 +140,22 @@ class RunStateChangelog:
                              f"{wanted} partitions or name another kafka.state_topic")
         log_event(log, logging.INFO, "run_state_topic_ready", topic=self.topic, partitions=have)
         return have
+
+    def _create_topic(self, partitions: int) -> None:
+        try:
+            create_topic(self._bootstrap, self.topic, partitions,
+                         {"cleanup.policy": "compact", "max.message.bytes": MAX_RECORD_BYTES},
+                         client_properties=self._admin_conf, replication_factor=self._replication_factor,
+                         timeout_s=_CREATE_TIMEOUT_S)
+        except TimeoutError:  # its text is empty
+            raise _NoAnswer(f"creating the topic: TimeoutError: no answer from the broker within "
+                            f"{_CREATE_TIMEOUT_S:g}s") from None
+        except KafkaException as err:
+            if _no_answer(err):
+                raise _NoAnswer(f"creating the topic: {err.args[0].str()}") from None
+            raise StateError(f"kafka.state_topic: creating {self.topic!r} failed: {err.args[0].str()}; create it "
+                             f"(cleanup.policy=compact, {partitions} partitions) or let the relay's "
+                             "kafka.producer_properties credentials create topics") from err
 
     # -- writing -----------------------------------------------------------------------
 
@@ -199,10 +260,25 @@ class RunStateChangelog:
         self._executor.shutdown(wait=False)
 
 
-def _partition_count(admin: Any, topic: str) -> int | None:
-    # All topics, not list_topics(topic): asking for one may auto-create it with the
-    # broker's default partition count.
-    metadata = admin.list_topics(timeout=10).topics.get(topic)
+def _no_answer(err: KafkaException) -> bool:
+    error = err.args[0] if err.args and isinstance(err.args[0], KafkaError) else None
+    return error is not None and (error.code() in _NO_ANSWER or error.retriable())
+
+
+def _topics(admin: Any) -> dict[str, Any]:
+    """The cluster's topics (all of them: asking for one may auto-create it with the
+    broker's default partition count)."""
+    try:
+        return admin.list_topics(timeout=_METADATA_TIMEOUT_S).topics
+    except KafkaException as err:
+        if _no_answer(err):
+            raise _NoAnswer(err.args[0].str()) from None
+        raise StateError(f"kafka.state_topic: listing the cluster's topics failed: {err.args[0].str()} (the "
+                         "relay's admin client uses the connection settings of kafka.producer_properties)") from err
+
+
+def _partition_count(topics: dict[str, Any], topic: str) -> int | None:
+    metadata = topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
         return None
     return len(metadata.partitions)
