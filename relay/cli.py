@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         log_event(log, logging.ERROR, "relay_failed", error=str(err))
         print(f"lineage-relay: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - a bug: one JSON line (traceback inside), not a raw traceback
+        log.error("relay_failed", exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}"}})
+        return 1
     return 0
 
 

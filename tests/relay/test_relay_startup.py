@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -237,3 +238,22 @@ def test_relay_started_names_the_versions_lineage_relay_version_prints(kafka, ca
     assert version_line() == (f"lineage-relay {__version__} (librdkafka {versions['librdkafka']}, confluent-kafka "
                               f"{versions['confluent_kafka']}, aiohttp {versions['aiohttp']}, "
                               f"Python {versions['python']})")
+
+
+def test_an_unexpected_error_is_one_json_line_with_its_traceback_and_exit_1(tmp_path):
+    """A bug (here: start() raising) must not end the process with a raw traceback: the
+    logs stay one JSON object per line, and the status tells a supervisor to restart it."""
+    prelude = ("import relay.app\n"
+               "async def broken(self):\n"
+               "    raise RuntimeError('a bug in start')\n"
+               "relay.app.Relay.start = broken\n")
+    code = prelude + ("import sys\nfrom relay.cli import main\n"
+                      "sys.exit(main(['run', '--bootstrap-servers', '127.0.0.1:1', '--collector', "
+                      "'m=http://127.0.0.1:1', '--http-port', '0']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # every line is JSON
+    [failed] = [line for line in lines if line["event"] == "relay_failed"]
+    assert failed["error"] == "RuntimeError: a bug in start"
+    assert "Traceback" in failed["exception"] and "a bug in start" in failed["exception"]
