@@ -10,10 +10,6 @@ so lineage from this capture and from the JVM integration joins on the same data
 
 from __future__ import annotations
 
-import threading
-
-import py4j.clientserver
-import py4j.java_gateway
 import pytest
 
 from producer.spark import disable_lineage, enable_lineage
@@ -82,22 +78,6 @@ def test_a_single_file_read_alone_is_named_by_the_file(spark, tmp_path, captured
     done = _completed(spark, captured,
                       lambda: spark.read.csv(a, header=True).write.mode("overwrite").parquet(str(tmp_path / "out")))
     assert _names(done["inputs"]) == [("file", a)]
-
-
-@pytest.fixture
-def py4j_calls(monkeypatch):
-    """py4j commands sent from the listener's thread (not the test's), except deletes."""
-    main = threading.get_ident()
-    calls: list[str] = []
-    for cls in (py4j.clientserver.ClientServerConnection, py4j.java_gateway.GatewayConnection):
-        original = cls.send_command
-
-        def send_command(self, command, _original=original):
-            if threading.get_ident() != main and not command.startswith("m\nd\n"):
-                calls.append(command)
-            return _original(self, command)
-        monkeypatch.setattr(cls, "send_command", send_command)
-    return calls
 
 
 def test_naming_many_files_costs_no_more_py4j_calls_than_naming_two(spark, tmp_path, captured, py4j_calls):
