@@ -43,7 +43,7 @@ import orjson
 
 from relay.backpressure import Backpressure
 from relay.config import RelayConfig
-from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
+from relay.events import REDRIVEN_FROM, REDRIVEN_HAVE, LineageEvent, Rejection, SourceRef
 from relay.intake import RecordIntake
 from relay.lag import measure_lag
 from relay.lane import CollectorLane
@@ -302,8 +302,10 @@ class Relay:
                 event.doc = orjson.loads(event.body)
             headers = message.headers()
             if headers is not None and any(name == REDRIVEN_FROM for name, _ in headers):
+                have = {n for name, v in headers if name == REDRIVEN_HAVE and v for n in v.decode().split(",")}
                 for lane in self.lanes:
-                    lane.offer_again(event, now)
+                    if lane.name not in have:
+                        lane.offer_again(event, now)
             else:
                 for lane in self.lanes:
                     lane.offer(event, now)

@@ -20,6 +20,9 @@ TERMINAL_TYPES = frozenset({"COMPLETE", "ABORT", "FAIL"})
 #: Kafka header of a record ``dlq redrive --to-topic`` wrote back to the topic it came
 #: from: the relay delivers it even where it was seen before (dedupe, after the terminal).
 REDRIVEN_FROM = "redriven_from"
+#: With ``redriven_from``: the collectors (comma-separated) an earlier redrive already
+#: delivered that record to; the relay does not send it to them again.
+REDRIVEN_HAVE = "redriven_have"
 
 
 class SourceRef(NamedTuple):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.config import RelayConfig
-from relay.events import REDRIVEN_FROM, LineageEvent, Rejection, SourceRef
+from relay.events import REDRIVEN_FROM, REDRIVEN_HAVE, LineageEvent, Rejection, SourceRef
 from relay.kafka_log import with_log
 from relay.ops import OpsError, kafka_error_text
 from relay.ops.dead_letters import DeadLetter
@@ -104,6 +104,9 @@ class TopicRedrive:
                 source = SourceRef.parse(record.source)
                 topic = source.topic if source is not None and source.topic in topics else topics[0]
                 headers = [(REDRIVEN_FROM, f"{kafka.dlq_topic}/{record.partition}/{record.offset}".encode())]
+                have = ledger.delivered_to(record.partition, record.offset, record.identity)
+                if have:  # an earlier redrive reached these: the relay leaves them out
+                    headers.append((REDRIVEN_HAVE, ",".join(sorted(have)).encode()))
                 deadline = time.monotonic() + _ACK_TIMEOUT_S
                 while True:
                     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -133,6 +134,50 @@ def test_a_record_meant_for_several_collectors_is_not_sent_again_to_one_that_has
         code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
         assert code == 0 and summary_value(out, "records scanned") == 0, out + err  # the position passed it
         assert received(a, victim) == 1 and received(b, victim) == 1
+
+
+def test_a_record_handed_back_to_the_relay_skips_the_collectors_a_redrive_reached(kafka, tmp_path, capsys):
+    """As above, ``a`` got the record from a first redrive and ``b`` refused it; then the
+    record goes back to the topic (``--to-topic``) for the relay: ``b`` gets it, ``a`` not
+    again (header ``redriven_have``)."""
+    topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
+    stream = sample_stream(2, seed=1)
+    sizes = sorted(len(v) for _, v in stream)
+    victim = orjson.loads(max(stream, key=lambda r: len(r[1]))[1])
+    with RecordingCollector() as a, RecordingCollector() as b:
+        urls = {"a": a.url, "b": b.url}
+        group = kafka.new_group()
+        produce(kafka.bootstrap_servers, topic, stream)
+        with RelayThread(relay_config(kafka.bootstrap_servers, topic, urls, group=group, dlq=dlq,
+                                      pipeline={"max_event_bytes": sizes[-2] + 50})):
+            assert a.wait_for(lambda c: c.count == len(stream) - 1, 30), f"a got {a.count}"
+            assert b.wait_for(lambda c: c.count == len(stream) - 1, 30), f"b got {b.count}"
+            read_topic(kafka.bootstrap_servers, dlq, expected=1, timeout_s=30)
+        config = relay_config(kafka.bootstrap_servers, topic, urls, group=group, dlq=dlq)
+        path = write_config(tmp_path / "relay.yaml", config)
+        b.reject_when(lambda doc: 400 if doc == victim else None)
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
+        assert code == 1 and received(a, victim) == 1 and received(b, victim) == 0, out + err
+
+        b.reject_when(lambda doc: None)
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--to-topic")
+        assert code == 0 and summary_value(out, "re-driven") == 1, out + err
+        back = read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 1)[-1]
+        assert back.headers["redriven_have"] == b"a"
+        with RelayThread(config):
+            assert b.wait_for(lambda c: received(c, victim) == 1, 30), "b never got the record"
+            # a settled record is committed: wait for the group to pass it, then look at a
+            assert committed_offsets_reach(kafka, topic, group, len(stream) + 1), "the relay did not settle it"
+        assert received(a, victim) == 1, "a got the record again"
+
+
+def committed_offsets_reach(kafka, topic: str, group: str, offset: int, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if committed_offsets(kafka.bootstrap_servers, topic, group, 1).get(0, -1) >= offset:
+            return True
+        time.sleep(0.2)  # polling the group's offsets until the condition holds
+    return False
 
 
 class DigestCollector:
