@@ -4,7 +4,6 @@ collectors: a record the relay dead-lettered is re-driven after a fix exactly on
 from __future__ import annotations
 
 import re
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from tests.support.dead_letters import write_dead_letters
 from tests.support.kafka import committed_offsets, produce, read_topic
 from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE, proxied_broker
 from tests.support.python_memory import peak_python_memory
-from tests.support.relay import RelayThread, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka
 
@@ -149,10 +148,8 @@ def recreate_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> None:
     answering it: the topic is created once the broker no longer lists it."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.delete_topics([topic], request_timeout=15)[topic].result(timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while topic in admin.list_topics(timeout=15).topics:
-        assert time.monotonic() < deadline, f"{topic} still listed {timeout_s}s after its deletion"
-        time.sleep(0.2)  # polling the broker's metadata until the condition holds
+    assert eventually(lambda: topic not in admin.list_topics(timeout=15).topics, timeout_s), \
+        f"{topic} still listed {timeout_s}s after its deletion"
     create_topic(bootstrap, topic, 1)
 
 

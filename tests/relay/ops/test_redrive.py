@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from tests.support.dead_letters import padded, write_dead_letters
 from tests.support.hanging_proxy import OFFSET_COMMIT, hanging_broker
 from tests.support.kafka import committed_offsets, produce, read_topic
 from tests.support.python_memory import peak_python_memory
-from tests.support.relay import RelayThread, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka
 
@@ -167,17 +166,9 @@ def test_a_record_handed_back_to_the_relay_skips_the_collectors_a_redrive_reache
         with RelayThread(config):
             assert b.wait_for(lambda c: received(c, victim) == 1, 30), "b never got the record"
             # a settled record is committed: wait for the group to pass it, then look at a
-            assert committed_offsets_reach(kafka, topic, group, len(stream) + 1), "the relay did not settle it"
+            assert eventually(lambda: committed_offsets(kafka.bootstrap_servers, topic, group, 1).get(0, -1)
+                              >= len(stream) + 1, 30), "the relay did not settle it"
         assert received(a, victim) == 1, "a got the record again"
-
-
-def committed_offsets_reach(kafka, topic: str, group: str, offset: int, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if committed_offsets(kafka.bootstrap_servers, topic, group, 1).get(0, -1) >= offset:
-            return True
-        time.sleep(0.2)  # polling the group's offsets until the condition holds
-    return False
 
 
 class DigestCollector:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
-import time
 
 import confluent_kafka.admin
 import pytest
@@ -17,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from relay.config import build_config
 from relay.errors import ConfigError
 from relay.source.admin import create_topic
-from tests.support.relay import RelayThread, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config
 
 
 def _admin_clients() -> int:
@@ -98,10 +97,7 @@ def test_the_relay_creates_its_dead_letter_and_run_state_topics_with_the_configu
                           collector={"mode": "consolidated"})
     config = config.model_copy(update={"kafka": config.kafka.model_copy(update={"topic_replication_factor": factor})})
     with RelayThread(config) as relay:
-        deadline = time.monotonic() + 30
-        while not (relay.relay is not None and relay.relay.started):
-            assert time.monotonic() < deadline, "the relay did not start"
-            time.sleep(0.05)  # polling for the condition, with a deadline
+        assert eventually(lambda: relay.relay is not None and relay.relay.started, 30), "the relay did not start"
     asked = {t.topic: t.replication_factor for t in asked_for}
     expected = factor or -1  # -1: the cluster's default.replication.factor
     assert asked == {dlq: expected, config.kafka.run_state_topic: expected}
