@@ -48,7 +48,7 @@ from relay.intake import RecordIntake
 from relay.lag import measure_lag
 from relay.lane import CollectorLane
 from relay.logs import log_event
-from relay.loop_threads import on_daemon_thread
+from relay.loop_threads import call_on_daemon_thread
 from relay.metrics import RelayMetrics
 from relay.ops.kafka_range import open_consumer
 from relay.process import GC_EVERY_S, PeriodicCollection, decode_priority
@@ -354,7 +354,8 @@ class Relay:
         await self.source.close(left(exit_by))
         await self.dead_letters.close(left(exit_by))
         if self.decoder is not None:
-            await self._within(exit_by, "decode_worker_close", on_daemon_thread(self.decoder.close))
+            closing = call_on_daemon_thread(self._close_decoder, "relay-close")
+            await self._within(exit_by, "decode_worker_close", closing)
         if self.state is not None:
             await self.state.close(left(exit_by))
         if self.run_search is not None:
@@ -362,6 +363,14 @@ class Relay:
         if self.lookback is not None:
             self.lookback.close()
         log_event(log, logging.INFO, "relay_stopped", abandoned=abandoned)
+
+    def _close_decoder(self) -> None:
+        """On a daemon thread: a failure to close is logged, and the shutdown goes on."""
+        assert self.decoder is not None
+        try:
+            self.decoder.close()
+        except Exception as err:  # noqa: BLE001 - the processes die with the relay anyway
+            log.error("decode_worker_close_failed", exc_info=err, extra={"fields": {"error": repr(err)}})
 
     async def _within(self, until: float, step: str, work: Awaitable[object]) -> None:
         """Await ``work`` until ``until`` (monotonic); past it, cancel it and log ``shutdown_step_timeout``."""

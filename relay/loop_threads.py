@@ -2,10 +2,9 @@
 
 * :func:`settle_soon`: from any thread, set a loop future's result on its loop; nothing
   happens if the future was cancelled meanwhile or the loop is closed.
-* :func:`on_daemon_thread`: run a blocking call on a daemon thread of its own, awaited as
-  a loop future; given up on, the thread does not hold up the process's exit.
-* :func:`call_on_daemon_thread`: the same, the future carrying the call's result or its
-  exception.
+* :func:`call_on_daemon_thread`: run a blocking call on a daemon thread of its own, awaited
+  as a loop future carrying its result or its exception; given up on, the thread does not
+  hold up the process's exit.
 """
 
 from __future__ import annotations
@@ -16,22 +15,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
-
-
-def on_daemon_thread(fn: Callable[[], object]) -> asyncio.Future[object]:
-    """Start ``fn()`` on a daemon thread of its own; the future is done when it returned.
-    Given up on (the future cancelled), the thread does not hold up the process's exit, as
-    a thread of an executor would."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[object] = loop.create_future()
-
-    def run() -> None:
-        try:
-            fn()
-        finally:
-            settle_soon(loop, done, None)
-    threading.Thread(target=run, name="relay-close", daemon=True).start()
-    return done
 
 
 def call_on_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
