@@ -36,7 +36,8 @@ Contract of :meth:`DecodeWorker.submit` (and :meth:`DecodeWorker.decode`, which 
 * The child exits when its input closes, so it never outlives the relay (kill -9 included).
 
 What crosses the pipes, and how: :mod:`relay.stages.decode_pipe`; the child's side:
-:mod:`relay.stages.decode_child`.
+:mod:`relay.stages.decode_child`; what is kept in flight (each child, each batch):
+:mod:`relay.stages.decode_inflight`.
 """
 
 from __future__ import annotations
@@ -47,15 +48,14 @@ import pickle
 import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import IO
 
 from relay.events import LineageEvent, Rejection
 from relay.logs import log_event
 from relay.stages.decode import DECODER_CRASHED, decode_record
+from relay.stages.decode_inflight import _answer_part, _Batch, _Child
 from relay.stages.decode_pipe import (
     Decoded,
     expand,
@@ -315,10 +315,6 @@ _ANSWER_SLACK = 4096
 _FRAME_SLACK = 1 << 20
 
 
-def _answer_part(batch: _Batch, index: int, results: list[Decoded]) -> None:
-    batch.part_done(index, results)
-
-
 def _crash_detail(value: bytes | None, exit_code: int | None) -> str:
     how = f"killed by signal {-exit_code}" if exit_code is not None and exit_code < 0 else f"exit code {exit_code}"
     return (f"the decode worker died decoding this record alone ({how}; the out-of-memory killer?), after "
@@ -333,73 +329,3 @@ def _stray_output() -> int:
         return sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured)
         return subprocess.DEVNULL
-
-
-class _Batch:
-    """One submitted batch, answered in parts (chunks) that may come from several children."""
-
-    __slots__ = ("_parts", "_remaining", "_on_done", "_lock")
-
-    def __init__(self, parts: int, on_done: Callable[[list[Decoded]], None]) -> None:
-        self._parts: list[list[Decoded] | None] = [None] * parts
-        self._remaining = parts
-        self._on_done: Callable[[list[Decoded]], None] | None = on_done
-        self._lock = threading.Lock()
-
-    def part_done(self, index: int, results: list[Decoded]) -> None:
-        with self._lock:
-            self._parts[index] = results
-            self._remaining -= 1
-            if self._remaining:
-                return
-            parts, on_done = self._parts, self._on_done
-            self._parts, self._on_done = [], None
-        assert on_done is not None
-        on_done(parts[0] if len(parts) == 1 else [r for part in parts for r in part])  # type: ignore[union-attr]
-
-
-class _Child:
-    """One decode process, its pipes, its reader thread and the batches it holds (oldest
-    first). Its stdout is the reader's alone: only the reader closes it."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], answers: IO[bytes]) -> None:
-        self.proc = proc
-        self.stdin = proc.stdin
-        self.stdout = answers  # the child's answers (its own stdout goes elsewhere)
-        self.pending: deque[tuple[Sequence[bytes | None], _Batch, int, bool]] = deque()
-        self.write_lock = threading.Lock()
-        self.dead = False
-        self.answered = False  # once: the environment works, a death is a record's doing
-        self.reader: threading.Thread | None = None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-
-    def reap(self) -> None:
-        """On the reader's thread, once it is done: the process gone, its pipes closed."""
-        for pipe in (self.stdin, self.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-    def shutdown(self) -> None:
-        """Close its input (its cue to exit) and wait for the reader to answer what it held."""
-        try:
-            if self.stdin is not None:
-                self.stdin.close()
-        except OSError:
-            pass
-        reader = self.reader
-        if reader is not None and reader is not threading.current_thread():
-            reader.join(timeout=10)
-            if reader.is_alive():  # a child that does not exit: make it
-                self.kill()
-                reader.join(timeout=5)

@@ -2,8 +2,8 @@
 
 orjson reads 1024 levels of nesting but writes only 254 (a deeper value raises
 ``JSONEncodeError: Recursion limit reached``), and decode accepts events nested up to
-:data:`relay.stages.decode.MAX_DEPTH` levels. Whatever encodes such a document, or a part
-of one, uses :func:`dumps` instead of ``orjson.dumps``.
+:data:`relay.stages.event_checks.MAX_DEPTH` levels. Whatever encodes such a document, or
+a part of one, uses :func:`dumps` instead of ``orjson.dumps``.
 
 Contract of :func:`dumps` (and :func:`dumps_deep`):
 

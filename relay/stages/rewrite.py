@@ -224,7 +224,7 @@ class Rewriter:
     def _scrub(self, value: Any) -> Any:
         """Redact strings and mask keys at any depth; returns ``value`` itself if unchanged.
         Recursion (~12% faster) unless the value is nested deeper than Python's recursion
-        limit allows, which decode accepts (relay.stages.decode.MAX_DEPTH): then a loop.
+        limit allows, which decode accepts (relay.stages.event_checks.MAX_DEPTH): then a loop.
         Neither changes ``value`` in place, so a recursion cut short leaves nothing behind."""
         try:
             return self._scrub_nested(value)

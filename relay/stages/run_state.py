@@ -24,7 +24,8 @@ import orjson
 
 from relay.events import EVENT_TYPES, LineageEvent, Rejection
 from relay.logs import log_event
-from relay.stages.decode import content_digest, decode_record, find_parent_run_id
+from relay.stages.decode import decode_record
+from relay.stages.event_checks import content_digest, find_parent_run_id
 from relay.stages.json_bytes import dumps
 from relay.stages.merge import RunMerger
 

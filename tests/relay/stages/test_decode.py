@@ -13,6 +13,7 @@ import pytest
 from relay.events import LineageEvent, Rejection, SourceRef
 from relay.stages import decode
 from relay.stages.decode import decode_record
+from relay.stages.event_checks import INVALID_VALUE
 from tests.support.spec import validator
 
 RUN_ID = "f69a6e9b-9bac-3c9a-9cf6-eacb70ecc9a9"
@@ -367,4 +368,4 @@ def test_avro_codec_errors_map_to_undecodable(fake_avro_codec):
 
 def test_avro_record_that_is_invalid_openlineage_is_rejected_by_field(fake_avro_codec):
     fake_avro_codec.decode = lambda value: edit(run_doc(), "run.runId", "nope")
-    assert rejected(decode.AVRO_MARKER + b"\x00").reason == decode.INVALID_VALUE
+    assert rejected(decode.AVRO_MARKER + b"\x00").reason == INVALID_VALUE

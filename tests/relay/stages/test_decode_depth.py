@@ -15,8 +15,9 @@ import pytest
 
 from relay.events import LineageEvent, Rejection
 from relay.stages import decode
-from relay.stages.decode import MAX_DEPTH, TOO_DEEP, content_digest, decode_record
+from relay.stages.decode import decode_record
 from relay.stages.decode_worker import DecodeWorker
+from relay.stages.event_checks import INVALID_VALUE, MAX_DEPTH, TOO_DEEP, content_digest
 
 RUN_ID = "f69a6e9b-9bac-3c9a-9cf6-eacb70ecc9a9"
 MAX = 1 << 22
@@ -111,7 +112,7 @@ def test_deeper_than_the_parser_reads_is_too_deep(levels: int) -> None:
 
 def test_a_deep_event_with_a_bad_field_gets_the_fields_reason() -> None:
     raw = body(MAX_DEPTH + 10).replace(RUN_ID.encode(), b"not-a-uuid")
-    assert decode_record(raw, max_bytes=MAX).reason == decode.INVALID_VALUE
+    assert decode_record(raw, max_bytes=MAX).reason == INVALID_VALUE
 
 
 def test_the_decode_worker_answers_as_decode_does() -> None:

@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 from relay.events import LineageEvent, Rejection
-from relay.stages.decode import WRONG_TYPE, decode_record
+from relay.stages.decode import decode_record
+from relay.stages.event_checks import WRONG_TYPE
 from tests.support.spec import SpecViolation, validator
 
 RUN_ID = "f69a6e9b-9bac-3c9a-9cf6-eacb70ecc9a9"

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from relay.embedded.sample import CUSTOM_RUN_FACET_SCHEMA_URL, PRODUCER_URI, dataset_event, spark_run
 from relay.events import LineageEvent
 from relay.stages import rewrite
-from relay.stages.decode import MAX_DEPTH, decode_record
+from relay.stages.decode import decode_record
+from relay.stages.event_checks import MAX_DEPTH
 from relay.stages.json_bytes import dumps
 from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, RewriteConfig, Rewriter
 from tests.support.spec import validator

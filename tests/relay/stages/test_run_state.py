@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 
 from relay.events import LineageEvent
-from relay.stages.decode import MAX_DEPTH, decode_record
+from relay.stages.decode import decode_record
+from relay.stages.event_checks import MAX_DEPTH
 from relay.stages.json_bytes import dumps
 from relay.stages.merge import RunMerger
 from relay.stages.run_state import WAITING, RunRecord, built_event
