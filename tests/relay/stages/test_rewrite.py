@@ -16,7 +16,8 @@ from relay.events import LineageEvent
 from relay.stages import rewrite
 from relay.stages.decode import MAX_DEPTH, decode_record
 from relay.stages.json_bytes import dumps
-from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, RewriteConfig, Rewriter
+from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, Rewriter
+from relay.stages.rewrite_config import RewriteConfig
 from tests.support.spec import validator
 
 START = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
