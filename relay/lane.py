@@ -36,11 +36,12 @@ from relay.sinks.deadletter import DeadLetterWriter
 from relay.source.offsets import Partition
 from relay.stages import run_state
 from relay.stages.consolidate import RunConsolidator
+from relay.stages.decisions import DeadLetter, Drop, Forward
 from relay.stages.dedupe import Deduper
 from relay.stages.rewrite import Rewriter
 from relay.stages.route import Router
 from relay.stages.run_route import HELD, RunRouter
-from relay.stages.sequence import DeadLetter, Drop, Forward, RunSequencer
+from relay.stages.sequence import RunSequencer
 from relay.state.table import RunStateTable
 
 log = logging.getLogger("relay.lane")

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from relay.frozen import Frozen
-from relay.stages.rewrite import RewriteConfig
+from relay.stages.rewrite_config import RewriteConfig
 from relay.stages.route import RouteConfig, kinds_list
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

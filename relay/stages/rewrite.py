@@ -1,8 +1,10 @@
 """Rewrite an event for one collector: namespace mapping, redaction, facet removal, size limit.
 
-A :class:`Rewriter` is built once per collector from its :class:`RewriteConfig`;
-:meth:`Rewriter.apply` turns the shared parsed event into the bytes that collector
-receives, or a rejection. It is pure and synchronous (no I/O, no clock).
+A :class:`Rewriter` is built once per collector from its :class:`RewriteConfig`
+(:mod:`relay.stages.rewrite_config`); :meth:`Rewriter.apply` turns the shared parsed event
+into the bytes that collector receives, or a rejection. It is pure and synchronous (no
+I/O, no clock). The copy-on-write walks over the event's facet paths are in
+:mod:`relay.stages.event_paths`.
 
 Contract of :meth:`Rewriter.apply`:
 
@@ -39,69 +41,23 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from relay.frozen import Frozen
+from relay.stages.event_paths import _facet_sites, _map_paths, _without
 from relay.stages.json_bytes import dumps
-from relay.stages.redact import DEFAULT_SECRET_QUERY_PARAMS, Redactor
+from relay.stages.redact import Redactor
+from relay.stages.rewrite_config import ESSENTIAL_FACETS, RewriteConfig
 from relay.stages.route import compile_glob
 
 #: Rejection reason: the event cannot be made to fit this collector's ``max_event_bytes``.
 TOO_LARGE_FOR_COLLECTOR = "too_large_for_collector"
 #: What a masked value becomes.
 MASK = "***"
-#: Facets the size limit keeps unless ``shrink_order`` names them exactly: lineage and identity.
-ESSENTIAL_FACETS = frozenset({"schema", "columnLineage", "parent", "dataSource", "jobType", "processing_engine"})
 _ENVELOPE = frozenset({"_producer", "_schemaURL", "_deleted"})
-class NamespaceMapping(Frozen):
-    """``from`` (an exact namespace or an fnmatch glob, case-sensitive) becomes ``to``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-    from_: str = Field(alias="from", min_length=1)
-    to: str = Field(min_length=1)
-
-
-class RewriteConfig(Frozen):
-    """What to change in events for one collector. The default changes nothing."""
-
-    #: Ordered; the first matching entry wins. Applies to job namespaces (also in ``parent``).
-    namespace_map: tuple[NamespaceMapping, ...] = ()
-    #: Also map dataset namespaces (inputs, outputs, DatasetEvent, ``columnLineage`` sources).
-    map_dataset_namespaces: bool = False
-    redact_credentials: bool = False
-    #: Replaces the default list; names are case-insensitive.
-    secret_query_params: tuple[str, ...] = DEFAULT_SECRET_QUERY_PARAMS
-    #: Facet names (globs) removed from run, job, dataset, input and output facets.
-    drop_facets: tuple[str, ...] = ()
-    #: Keys (case-insensitive globs) whose values become "***" anywhere inside facets;
-    #: also ``{"name": <key>, "value": ...}`` pairs (the environmentVariables facet shape).
-    mask_keys: tuple[str, ...] = ()
-    max_event_bytes: int | None = Field(None, ge=1024)
-    #: Facet-name globs tried in order; within an entry the largest facets go first.
-    #: ESSENTIAL_FACETS are only dropped when an entry is exactly their name.
-    shrink_order: tuple[str, ...] = ("*",)
-
-    @field_validator("secret_query_params", "drop_facets", "mask_keys", "shrink_order")
-    @classmethod
-    def _no_blank(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if any(not item for item in v):
-            raise ValueError("entries must be non-empty strings")
-        return v
-
-    @model_validator(mode="after")
-    def _meaningful(self) -> RewriteConfig:
-        if "shrink_order" in self.model_fields_set and self.max_event_bytes is None:
-            raise ValueError("shrink_order only applies with max_event_bytes; set max_event_bytes or remove it")
-        if "secret_query_params" in self.model_fields_set and not self.redact_credentials:
-            raise ValueError("secret_query_params only applies with redact_credentials: true")
-        if self.map_dataset_namespaces and not self.namespace_map:
-            raise ValueError("map_dataset_namespaces needs namespace_map entries")
-        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,63 +361,3 @@ def _any_glob(patterns: tuple[str, ...], flags: re.RegexFlag) -> Callable[[str],
 def _shrink_entry(entry: str) -> Callable[[str], bool]:
     matches = compile_glob(entry)
     return lambda name: name == entry if name in ESSENTIAL_FACETS else matches(name)
-
-
-def _map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[str], str],
-               list_key: str | None = None) -> Any:
-    """Map ``namespace`` of the objects at ``paths`` inside ``obj`` (or, with ``list_key``,
-    of each item of ``obj[list_key]``); copy-on-write."""
-    if not isinstance(obj, dict):
-        return obj
-    if list_key is not None:
-        items = obj.get(list_key)
-        if not isinstance(items, list):
-            return obj
-        new_items = [_map_paths(item, ((),), map_ns) for item in items]
-        return {**obj, list_key: new_items} if any(n is not o for n, o in zip(new_items, items)) else obj
-    for path in paths:
-        if not path:
-            namespace = obj.get("namespace")
-            if isinstance(namespace, str) and map_ns(namespace) != namespace:
-                obj = {**obj, "namespace": map_ns(namespace)}
-            continue
-        inner = obj.get(path[0])
-        new_inner = _map_paths(inner, (path[1:],), map_ns)
-        if new_inner is not inner:
-            obj = {**obj, path[0]: new_inner}
-    return obj
-
-
-def _facet_sites(doc: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """``(path, facets dict)`` for every place the spec puts facets."""
-    for holder in ("run", "job", "dataset"):
-        obj = doc.get(holder)
-        if isinstance(obj, dict) and isinstance(obj.get("facets"), dict):
-            yield (holder, "facets"), obj["facets"]
-    for group, own in (("inputs", "inputFacets"), ("outputs", "outputFacets")):
-        items = doc.get(group)
-        if isinstance(items, list):
-            for index, item in enumerate(items):
-                if isinstance(item, dict):
-                    for key in ("facets", own):
-                        if isinstance(item.get(key), dict):
-                            yield (group, index, key), item[key]
-
-
-def _without(doc: dict[str, Any], drops: dict[tuple[Any, ...], set[str] | None]) -> dict[str, Any]:
-    """``doc`` minus the named facets at each path (``None``: all of them); only the
-    containers on those paths are copied (shallowly), everything else is shared with ``doc``."""
-    out = dict(doc)
-    ours: set[int] = {id(out)}
-    for path, names in drops.items():
-        parent: Any = out
-        for key in path[:-1]:
-            child = parent[key]
-            if id(child) not in ours:
-                child = list(child) if isinstance(child, list) else dict(child)
-                ours.add(id(child))
-                parent[key] = child
-            parent = child
-        facets = parent[path[-1]]
-        parent[path[-1]] = {} if names is None else {k: v for k, v in facets.items() if k not in names}
-    return out

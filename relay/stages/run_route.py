@@ -39,8 +39,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from relay.events import LineageEvent
+from relay.stages.decisions import Decision, Drop, Forward
 from relay.stages.route import NOT_ROUTED, UNDECIDED, Router
-from relay.stages.sequence import Decision, Drop, Forward
 
 #: What :meth:`RunRouter.offer` answers for an event it holds.
 HELD = "held"
@@ -64,8 +64,8 @@ class _Run:
 class RunRouter:
     """See the module docstring. Contract of :meth:`offer`/:meth:`expire`: every event
     held is decided exactly once, by a later ``offer``/``expire`` call (as
-    :class:`~relay.stages.sequence.Forward`: routed, for the stages after routing to take
-    on; or :class:`~relay.stages.sequence.Drop` with ``not_routed``), unless
+    :class:`~relay.stages.decisions.Forward`: routed, for the stages after routing to take
+    on; or :class:`~relay.stages.decisions.Drop` with ``not_routed``), unless
     :meth:`discard` removes it first. One run's hold never delays another run's events."""
 
     def __init__(self, router: Router, *, hold_timeout_s: float, max_held_events: int, max_tracked_runs: int,

@@ -24,13 +24,13 @@ import orjson
 
 from relay.events import EVENT_TYPES, LineageEvent, Rejection
 from relay.logs import log_event
+
+# The same two actions as the sequencer's (one class each, so callers match them once).
+from relay.stages.decisions import Drop, Forward  # noqa: F401 - re-exported
 from relay.stages.decode import decode_record
 from relay.stages.event_checks import content_digest, find_parent_run_id
 from relay.stages.json_bytes import dumps
 from relay.stages.merge import RunMerger
-
-# The same two actions as the sequencer's (one class each, so callers match them once).
-from relay.stages.sequence import Drop, Forward  # noqa: F401 - re-exported
 
 log = logging.getLogger("relay.state")
 

@@ -6,54 +6,21 @@ arrive before its START. Collectors such as Marquez reject or mis-model that.
 or a memory bound forces a decision) and drops anything after the run's terminal event.
 
 It is pure and synchronous: it never reads the clock (``now`` is passed in, in seconds,
-and must not go backwards) and returns decisions for the caller to carry out.
+and must not go backwards) and returns decisions for the caller to carry out (their
+types and reason codes: :mod:`relay.stages.decisions`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 from operator import attrgetter
-from typing import Callable, Literal, TypeAlias
+from typing import Callable, Literal
 
 from relay.events import TERMINAL_TYPES, LineageEvent
-
-# Decision reason codes: stable, used as the dead-letter header and a metric label.
-AFTER_TERMINAL = "after_terminal"
-HOLD_TIMEOUT = "hold_timeout"
-HOLD_OVERFLOW = "hold_overflow"
+from relay.stages.decisions import AFTER_TERMINAL, HOLD_OVERFLOW, HOLD_TIMEOUT, DeadLetter, Decision, Drop, Forward
 
 HoldPolicy = Literal["forward", "dead_letter"]
-
-
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Send ``event`` to the collector now (``event.ticket is None`` when the run
-    consolidator built it)."""
-
-    event: LineageEvent
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """Do not send ``event``; it is accounted for under ``reason`` (``after_terminal``)."""
-
-    event: LineageEvent
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """Send ``event`` to the dead-letter topic with ``reason`` (``hold_timeout`` or
-    ``hold_overflow``) and the human ``detail``."""
-
-    event: LineageEvent
-    reason: str
-    detail: str
-
-
-Decision: TypeAlias = Forward | Drop | DeadLetter
 
 _by_event_time = attrgetter("event_time")
 #: What :class:`RunSequencer` holds for a run it does not track.

@@ -16,7 +16,8 @@ from relay.embedded.sample import sample_stream
 from relay.events import LineageEvent, SourceRef
 from relay.source import run_search
 from relay.source.run_search import _may_start_or_end
-from relay.stages.sequence import Drop, Forward, RunSequencer
+from relay.stages.decisions import Drop, Forward
+from relay.stages.sequence import RunSequencer
 
 WANTED = {"START", "COMPLETE", "FAIL", "ABORT"}
 

@@ -17,7 +17,8 @@ from relay.stages import rewrite
 from relay.stages.decode import decode_record
 from relay.stages.event_checks import MAX_DEPTH
 from relay.stages.json_bytes import dumps
-from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, RewriteConfig, Rewriter
+from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, Rewriter
+from relay.stages.rewrite_config import RewriteConfig
 from tests.support.spec import validator
 
 START = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)

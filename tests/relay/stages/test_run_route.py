@@ -7,10 +7,10 @@ import uuid
 import orjson
 
 from relay.events import LineageEvent
+from relay.stages.decisions import Drop, Forward
 from relay.stages.decode import decode_record
 from relay.stages.route import NOT_ROUTED, UNDECIDED, RouteConfig, Router
 from relay.stages.run_route import HELD, RunRouter
-from relay.stages.sequence import Drop, Forward
 
 WAREHOUSE = {"job_namespace": "spark-*", "dataset_namespace": "s3://warehouse*",
              "event_types": ["START", "COMPLETE", "FAIL"]}  # README's example

@@ -11,16 +11,9 @@ import orjson
 import pytest
 
 from relay.events import LineageEvent, SourceRef
+from relay.stages.decisions import AFTER_TERMINAL, HOLD_OVERFLOW, HOLD_TIMEOUT, DeadLetter, Drop, Forward
 from relay.stages.decode import decode_record
-from relay.stages.sequence import (
-    AFTER_TERMINAL,
-    HOLD_OVERFLOW,
-    HOLD_TIMEOUT,
-    DeadLetter,
-    Drop,
-    Forward,
-    RunSequencer,
-)
+from relay.stages.sequence import RunSequencer
 
 T0 = datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc)
 
