@@ -42,7 +42,7 @@ _POISON = frozenset({
 
 # The broker's refusals of a record batch for its size (the topic's max.message.bytes).
 # They fail every record of the batch, each of which may fit on its own: librdkafka does
-# not split a batch, so the sender retries with smaller batches (see Sender._on_delivery).
+# not split a batch, so the sender retries with smaller batches (see DeliveryReports._on_delivery).
 _BATCH_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 

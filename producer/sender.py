@@ -22,8 +22,9 @@ State machine, per loop (``_step``):
    is empty and nothing is queued, go back to direct sending.
 
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
-callbacks never take it, they set flags this loop acts on) and ``_count_lock`` (counters
-both threads write; nothing is called while it is held).
+callbacks never take it, they set flags this loop acts on; they are in
+:mod:`producer.delivery_reports`) and ``_count_lock`` (counters both threads write;
+nothing is called while it is held).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from producer.delivery import REJECT, batch_too_large, classify, poisons_instance
+from producer.delivery_reports import DeliveryReports
 from producer.errors import JournalError
 from producer.journal import Journal, Record
 
@@ -56,10 +57,9 @@ _BACKOFF_S = (0.2, 5.0)
 #: wiped broker), at the price of one reconnect per period during an outage.
 _STALL_S = (5.0, 60.0)
 RECLAIM_TIMEOUT_S = 5.0
-_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
-class Sender:
+class Sender(DeliveryReports):
     """Background half of LineageProducer; see the module docstring."""
 
     config: ProducerConfig
@@ -125,74 +125,6 @@ class Sender:
             self._spilling = True
             self._need_reclaim = True
             log.warning("event=journal_mode topic=%s reason=%s", self._topic, reason)
-
-    # --- librdkafka callbacks (run on the sender thread, inside poll) ------------------
-
-    def _configured_batch_bytes(self) -> int:
-        return int(self.config.kafka_properties().get("batch.size", 1_000_000))
-
-    def _shrinks_batch(self, err: KafkaError, size: int) -> bool:
-        """A batch refused for its size, holding this record of ``size`` bytes: if the
-        record may have shared it (it is under batch.size), ask for smaller batches and
-        keep the record; else it was alone, and is itself too large."""
-        if not batch_too_large(err.code()):
-            return False
-        if size >= (self._batch_bytes or self._configured_batch_bytes()):
-            return False
-        self._refused_batch = max(self._refused_batch or 0, size)
-        return True
-
-    def _on_delivery(self, seq: int, err: KafkaError | None, msg: Any) -> None:
-        self._last_report_at = time.monotonic()
-        try:
-            if err is None:
-                self._delivered += 1
-                self._kafka_down = False
-            elif classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
-                self._drop("rejected_by_broker", err.str(), key=msg.key())
-            else:
-                self._delivery_failures += 1
-                self._returned.append((seq, msg.key(), msg.value()))
-                self._note_failure(err)
-                if not self._spilling:
-                    self._want_journal = f"delivery_failed:{err.name()}"
-                if poisons_instance(err.code()) and self._fatal is None:
-                    self._fatal = err           # replaced, as after a fatal error
-        except Exception as cb_err:  # noqa: BLE001 - an exception here would surface in poll()
-            self._error("delivery_callback_failed", cb_err)
-        finally:
-            # Done only once it is on _returned: _not_journaled(), read from other threads
-            # without a lock, must not miss the record in between.
-            self._direct_done += 1
-
-    def _on_replay_delivery(self, err: KafkaError | None, msg: Any) -> None:
-        self._replay_outstanding -= 1
-        self._last_report_at = time.monotonic()
-        if err is None:
-            self._kafka_down = False
-            return
-        if classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
-            self._replay_rejected += 1
-            self._drop("rejected_by_broker", err.str(), key=msg.key())
-        else:
-            self._replay_failed = True
-            self._note_failure(err)
-            if poisons_instance(err.code()) and self._fatal is None:
-                self._fatal = err
-
-    def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
-            self._fatal = err
-            self._error("kafka_fatal", err.str())
-        elif err.code() == KafkaError._ALL_BROKERS_DOWN:
-            self._kafka_down = True
-            if not self._spilling:
-                self._want_journal = "all_brokers_down"
-
-    def _note_failure(self, err: KafkaError) -> None:
-        # A record we purged ourselves (reclaim) says nothing about Kafka.
-        if err.code() not in _PURGED:
-            self._kafka_down = True
 
     # --- the sender thread -------------------------------------------------------------
 

@@ -20,9 +20,10 @@ import orjson
 from relay.config import build_config
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, BrokerUnavailable, EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
+from relay.embedded.event_rows import qualified_name
 from relay.embedded.graph import example_query, render_graph_html
 from relay.embedded.runner import RelayThread
-from relay.embedded.store import LineageStore, qualified_name
+from relay.embedded.store import LineageStore
 from relay.kafka_log import with_log
 
 TOPIC = "openlineage"

@@ -1,11 +1,12 @@
 """A SQLite store of received OpenLineage events and the lineage graph they describe.
 
 Every event added is kept verbatim (table ``events``); the graph is derived from it as
-events arrive: jobs, datasets and their columns (``schema`` facet and column lineage),
-run -> job, job -> input/output dataset edges, and column lineage edges from the
-``columnLineage`` facet of outputs (``fields.<col>.inputFields[]``, one edge per
-transformation; the facet's dataset-wide ``dataset[]`` entries become edges whose target
-column is ``None``, meaning "every column of the output").
+events arrive (:mod:`relay.embedded.event_rows` reads each one): jobs, datasets and their
+columns (``schema`` facet and column lineage), run -> job, job -> input/output dataset
+edges, and column lineage edges from the ``columnLineage`` facet of outputs
+(``fields.<col>.inputFields[]``, one edge per transformation; the facet's dataset-wide
+``dataset[]`` entries become edges whose target column is ``None``, meaning "every column
+of the output").
 
 Ids are ``namespace/name`` for datasets and jobs. Queries accept an id, a name, a
 ``symlinks`` alias, or a suffix of any of them that starts at a ``.``, ``/`` or ``:``
@@ -22,13 +23,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 
+from relay.embedded.event_rows import _WHOLE, extract
 from relay.errors import RelayError
 from relay.stages.json_bytes import dumps
 
@@ -54,8 +56,6 @@ CREATE TABLE IF NOT EXISTS column_edges (
   PRIMARY KEY (source_dataset, source_field, target_dataset, target_field, job_id, type, subtype));
 CREATE INDEX IF NOT EXISTS column_edges_by_target ON column_edges (target_dataset, target_field);
 """
-#: ``target_field`` stored for a dataset-wide edge (SQLite primary keys and NULL do not mix).
-_WHOLE = ""
 _BOUNDARIES = "./:"
 
 
@@ -141,91 +141,6 @@ class Lineage:
     @property
     def columns(self) -> tuple[tuple[str, str], ...]:
         return tuple(dict.fromkeys((h.dataset, h.column) for h in self.hops if h.column is not None))
-
-
-# -- reading an event (pure) -----------------------------------------------------------
-@dataclass
-class _Extract:
-    jobs: list[tuple[str, str, str]] = field(default_factory=list)
-    datasets: list[tuple[str, str, str]] = field(default_factory=list)
-    aliases: list[tuple[str, str, str]] = field(default_factory=list)
-    columns: list[tuple[str, str, str | None, int | None]] = field(default_factory=list)
-    io: list[tuple[str, str, str]] = field(default_factory=list)
-    column_edges: list[tuple[str, str, str, str, str, str, str, str | None]] = field(default_factory=list)
-
-
-def qualified_name(namespace: str, name: str) -> str:
-    """One readable id per dataset or job: ``s3://bucket/key``, ``file:/data/x`` (a name that
-    is an absolute path joins its scheme-only namespace with ``:``), ``demo/job``."""
-    return f"{namespace}:{name}" if name.startswith("/") and "/" not in namespace else f"{namespace}/{name}"
-
-
-def _ref(obj: Any) -> tuple[str, str, str] | None:
-    if isinstance(obj, dict) and isinstance(obj.get("namespace"), str) and isinstance(obj.get("name"), str):
-        return qualified_name(obj["namespace"], obj["name"]), obj["namespace"], obj["name"]
-    return None
-
-
-def _facets(obj: dict[str, Any]) -> dict[str, Any]:
-    facets = obj.get("facets")
-    return facets if isinstance(facets, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _read_dataset(out: _Extract, obj: Any, job_id: str | None, direction: str | None) -> None:
-    ref = _ref(obj)
-    if ref is None:
-        return
-    ds_id = ref[0]
-    out.datasets.append(ref)
-    if job_id is not None and direction is not None:
-        out.io.append((job_id, ds_id, direction))
-    facets = _facets(obj)
-    schema = facets.get("schema") if isinstance(facets.get("schema"), dict) else {}
-    for pos, col in enumerate(_list(schema.get("fields")), 1):
-        if isinstance(col, dict) and isinstance(col.get("name"), str):
-            typ = col.get("type") if isinstance(col.get("type"), str) else None
-            out.columns.append((ds_id, col["name"], typ, pos))
-    symlinks = facets.get("symlinks") if isinstance(facets.get("symlinks"), dict) else {}
-    for ident in _list(symlinks.get("identifiers")):
-        alias = _ref(ident)
-        if alias is not None:
-            out.aliases.append((ds_id, alias[1], alias[2]))
-    lineage = facets.get("columnLineage") if isinstance(facets.get("columnLineage"), dict) else {}
-    fields = lineage.get("fields") if isinstance(lineage.get("fields"), dict) else {}
-    targets = [(name, spec.get("inputFields")) for name, spec in fields.items() if isinstance(spec, dict)]
-    targets.append((_WHOLE, lineage.get("dataset")))
-    for target, inputs in targets:
-        if target != _WHOLE:
-            out.columns.append((ds_id, target, None, None))
-        for source in _list(inputs):
-            src = _ref(source)
-            if src is None or not isinstance(source.get("field"), str):
-                continue
-            out.datasets.append(src)
-            out.columns.append((src[0], source["field"], None, None))
-            kinds = [t for t in _list(source.get("transformations")) if isinstance(t, dict)] or [{}]
-            for t in kinds:
-                desc = t.get("description") if isinstance(t.get("description"), str) else None
-                out.column_edges.append((src[0], source["field"], ds_id, target, job_id or "",
-                                         str(t.get("type") or ""), str(t.get("subtype") or ""), desc))
-
-
-def extract(event: dict[str, Any]) -> _Extract:
-    """The graph rows one event contributes (RunEvent, JobEvent or DatasetEvent)."""
-    out = _Extract()
-    job = _ref(event.get("job"))
-    job_id = job[0] if job else None
-    if job:
-        out.jobs.append(job)
-    for key, direction in (("inputs", "input"), ("outputs", "output")):
-        for ds in _list(event.get(key)):
-            _read_dataset(out, ds, job_id, direction)
-    _read_dataset(out, event.get("dataset"), None, None)
-    return out
 
 
 # -- the store --------------------------------------------------------------------------
