@@ -1,3 +1,5 @@
-from relay.cli import main
 import sys
+
+from relay.cli import main
+
 sys.exit(main())

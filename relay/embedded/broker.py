@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import subprocess
+import sys
 import time
 from pathlib import Path
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: ``target_field`` stored for a dataset-wide edge (SQLite primary keys and NULL do not mix).
-_WHOLE = ""
+WHOLE_DATASET = ""
 
 
 @dataclass
@@ -72,9 +72,9 @@ def _read_dataset(out: _Extract, obj: Any, job_id: str | None, direction: str | 
     lineage = facets.get("columnLineage") if isinstance(facets.get("columnLineage"), dict) else {}
     fields = lineage.get("fields") if isinstance(lineage.get("fields"), dict) else {}
     targets = [(name, spec.get("inputFields")) for name, spec in fields.items() if isinstance(spec, dict)]
-    targets.append((_WHOLE, lineage.get("dataset")))
+    targets.append((WHOLE_DATASET, lineage.get("dataset")))
     for target, inputs in targets:
-        if target != _WHOLE:
+        if target != WHOLE_DATASET:
             out.columns.append((ds_id, target, None, None))
         for source in _list(inputs):
             src = _ref(source)

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import orjson
 
-from relay.embedded.event_rows import _WHOLE, extract
+from relay.embedded.event_rows import WHOLE_DATASET, extract
 from relay.errors import RelayError
 from relay.stages.json_bytes import dumps
 
@@ -328,7 +328,7 @@ class LineageStore:
     def _column_step(self, node: tuple[str, str | None], up: bool, indirect: bool):
         ds, col = node
         if up:
-            wanted = [col, _WHOLE] if indirect and col is not None else [col]
+            wanted = [col, WHOLE_DATASET] if indirect and col is not None else [col]
             rows = self._query(
                 f"SELECT * FROM column_edges WHERE target_dataset = ? AND target_field IN "
                 f"({','.join('?' * len(wanted))}) ORDER BY source_dataset, source_field", (ds, *wanted))

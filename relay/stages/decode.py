@@ -34,10 +34,10 @@ from relay.stages.event_checks import (
     MISSING_FIELD,
     TOO_DEEP,
     WRONG_TYPE,
-    _check_event,
-    _Invalid,
-    _too_deep,
+    InvalidEvent,
     _type_name,
+    check_event,
+    too_deep_rejection,
 )
 from relay.stages.json_bytes import TooDeep, dumps
 
@@ -114,8 +114,8 @@ def decode_fields(value: bytes | memoryview | None, *, max_bytes: int) -> Reject
             NOT_OBJECT, f"record is {_type_name(doc)}; an OpenLineage event is a JSON object"
         )
     try:
-        return _check_event(doc, body)
-    except _Invalid as err:
+        return check_event(doc, body)
+    except InvalidEvent as err:
         return Rejection(err.reason, err.detail)
 
 
@@ -156,7 +156,7 @@ def _decode_avro(value: bytes | memoryview) -> tuple[Any, bytes] | Rejection:
     try:
         body = dumps(doc, max_depth=MAX_DEPTH)
     except TooDeep as err:
-        return _too_deep(err)
+        return too_deep_rejection(err)
     except orjson.JSONEncodeError as err:
         return Rejection(UNDECODABLE, f"Avro record holds a value JSON cannot carry: {err}")
     return doc, body

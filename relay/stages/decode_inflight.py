@@ -3,12 +3,12 @@
 :class:`~relay.stages.decode_worker.DecodeWorker` decides which child gets which chunk and
 what happens when one dies; these are what it keeps track of meanwhile:
 
-* :class:`_Child`: one decode process (``python -m relay.stages.decode_child``), its
+* :class:`DecodeChild`: one decode process (``python -m relay.stages.decode_child``), its
   input and answers pipes, the reader thread that reads the answers, and the chunks
   written to it and not yet answered, oldest first. A chunk is pending before it is written
   (its answer can come at once); the worker's lock guards ``pending`` and ``dead``, and the
   child's ``write_lock`` keeps ``pending`` in the order the chunks were written.
-* :class:`_Batch`: one submitted batch, cut into chunks that several children may answer,
+* :class:`DecodeBatch`: one submitted batch, cut into chunks that several children may answer,
   in any order (a dead child's chunks go again to others). Its callback runs once, with
   all the answers in order, on the thread that brought the last part, and the batch holds
   none of them after (a batch's events can be large).
@@ -25,11 +25,11 @@ from typing import IO
 from relay.stages.decode_pipe import Decoded
 
 
-def _answer_part(batch: _Batch, index: int, results: list[Decoded]) -> None:
+def answer_part(batch: DecodeBatch, index: int, results: list[Decoded]) -> None:
     batch.part_done(index, results)
 
 
-class _Batch:
+class DecodeBatch:
     """One submitted batch, answered in parts (chunks) that may come from several children."""
 
     __slots__ = ("_parts", "_remaining", "_on_done", "_lock")
@@ -52,7 +52,7 @@ class _Batch:
         on_done(parts[0] if len(parts) == 1 else [r for part in parts for r in part])  # type: ignore[union-attr]
 
 
-class _Child:
+class DecodeChild:
     """One decode process, its pipes, its reader thread and the batches it holds (oldest
     first). Its stdout is the reader's alone: only the reader closes it."""
 
@@ -60,7 +60,7 @@ class _Child:
         self.proc = proc
         self.stdin = proc.stdin
         self.stdout = answers  # the child's answers (its own stdout goes elsewhere)
-        self.pending: deque[tuple[Sequence[bytes | None], _Batch, int, bool]] = deque()
+        self.pending: deque[tuple[Sequence[bytes | None], DecodeBatch, int, bool]] = deque()
         self.write_lock = threading.Lock()
         self.dead = False
         self.answered = False  # once: the environment works, a death is a record's doing

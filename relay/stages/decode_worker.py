@@ -55,7 +55,7 @@ from pathlib import Path
 from relay.events import LineageEvent, Rejection
 from relay.logs import log_event
 from relay.stages.decode import DECODER_CRASHED, decode_record
-from relay.stages.decode_inflight import _answer_part, _Batch, _Child
+from relay.stages.decode_inflight import DecodeBatch, DecodeChild, answer_part
 from relay.stages.decode_pipe import (
     Decoded,
     expand,
@@ -98,7 +98,7 @@ class DecodeWorker:
         self._chunk_bytes = chunk_bytes
         #: Children, used in turn (a batch per child): on a machine with cores to spare,
         #: decoding scales with them.
-        self._children: list[_Child | None] = [None] * max(1, processes)
+        self._children: list[DecodeChild | None] = [None] * max(1, processes)
         self._turn = 0
         self._failures = 0
         self._closed = False
@@ -137,7 +137,7 @@ class DecodeWorker:
         if not chunks:
             on_done([])
             return
-        batch = _Batch(len(chunks), on_done)
+        batch = DecodeBatch(len(chunks), on_done)
         for index, chunk in enumerate(chunks):
             self._submit_chunk(chunk, batch, index)
 
@@ -159,7 +159,7 @@ class DecodeWorker:
                 child.shutdown()
 
     # -- helpers ---------------------------------------------------------------------
-    def _submit_chunk(self, chunk: Sequence[bytes | None], batch: _Batch, index: int, alone: bool = False) -> None:
+    def _submit_chunk(self, chunk: Sequence[bytes | None], batch: DecodeBatch, index: int, alone: bool = False) -> None:
         """Send ``chunk`` to the next child (``alone``: a value suspected of killing one,
         sent by itself). From the consumer's thread, and from a reader's re-sending what its
         dead child held: a child's write lock keeps its pending list in the order written."""
@@ -206,7 +206,7 @@ class DecodeWorker:
                 result.doc = None  # as from the child: the contract is the same either way
         return results
 
-    def _spawn(self) -> _Child:
+    def _spawn(self) -> DecodeChild:
         # The child imports the same relay package as this process, wherever it came from.
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root,
@@ -225,13 +225,13 @@ class DecodeWorker:
         answers = os.fdopen(answers_r, "rb")
         for pipe in (proc.stdin, answers):
             grow_pipe(pipe)
-        child = _Child(proc, answers)
+        child = DecodeChild(proc, answers)
         child.reader = threading.Thread(target=self._read_answers, args=(child,), name="decode-worker-reader",
                                         daemon=True)
         child.reader.start()
         return child
 
-    def _read_answers(self, child: _Child) -> None:
+    def _read_answers(self, child: DecodeChild) -> None:
         """The reader thread of one child: hand its answers over in order; when it dies or
         answers garbage, send what it held to a new child (see the module docstring)."""
         assert child.stdout is not None
@@ -276,7 +276,7 @@ class DecodeWorker:
             error = f"{type(err).__name__}: {err}"
         self._child_failed(child, error, died)
 
-    def _child_failed(self, child: _Child, error: str | None, died: bool) -> None:
+    def _child_failed(self, child: DecodeChild, error: str | None, died: bool) -> None:
         with self._lock:
             child.dead = True
             orphans = list(child.pending)
@@ -303,7 +303,7 @@ class DecodeWorker:
             elif closing:  # no new child now: decoded here
                 batch.part_done(index, self._decode_here(values))
             elif n == 0 and died:  # what it was decoding: each value again, alone
-                part = _Batch(len(values), partial(_answer_part, batch, index))
+                part = DecodeBatch(len(values), partial(answer_part, batch, index))
                 for i, value in enumerate(values):
                     self._submit_chunk([value], part, i, alone=True)
             else:

@@ -1,8 +1,8 @@
 """What the relay checks of a parsed OpenLineage event, and its content digest.
 
 :func:`~relay.stages.decode.decode_fields` hands every JSON object it parsed (or decoded
-from Avro) to :func:`_check_event`, which returns what the relay needs of it or raises
-:class:`_Invalid`, turned into a ``Rejection`` there. Contract:
+from Avro) to :func:`check_event`, which returns what the relay needs of it or raises
+:class:`InvalidEvent`, turned into a ``Rejection`` there. Contract:
 
 * It checks what the relay itself relies on (event kind, base fields, run and job
   identity, ``eventType``, ``eventTime``, container types), not the whole OpenLineage
@@ -75,7 +75,7 @@ _JSON_TYPES = {
 _EVENT_TYPE_LIST = ", ".join(sorted(EVENT_TYPES))
 
 
-class _Invalid(Exception):
+class InvalidEvent(Exception):
     """Internal control flow only: turned into a Rejection before decode_record returns."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -83,7 +83,7 @@ class _Invalid(Exception):
         self.detail = detail
 
 
-def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
+def check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
     # Each check reads the field once and calls the helper, which names the error, only
     # when the field is not what it must be: the valid path makes few function calls.
     run_id = event_type = job_namespace = job_name = parent_run_id = None
@@ -97,7 +97,7 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
         if type(run_id) is not str:
             _string(run, "runId", "run.runId")
         if _UUID.fullmatch(run_id) is None:
-            raise _Invalid(
+            raise InvalidEvent(
                 INVALID_VALUE,
                 f"`run.runId` must be a UUID (8-4-4-4-12 hex digits), got {_show(run_id)}",
             )
@@ -119,7 +119,7 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
     elif "dataset" in doc:
         if "job" in doc and run is _MISSING:
             # Valid as neither: the spec's oneOf takes it for both a DatasetEvent and a JobEvent.
-            raise _Invalid(INVALID_VALUE, "event has `dataset` and `job` but no `run`: a DatasetEvent has no "
+            raise InvalidEvent(INVALID_VALUE, "event has `dataset` and `job` but no `run`: a DatasetEvent has no "
                                           "`job`, a JobEvent no `dataset` (the spec accepts exactly one of them)")
         kind = "dataset"
         dataset = _require_object(doc["dataset"], "dataset")
@@ -133,7 +133,7 @@ def _check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
         kind = "job"
         job = _require_object(doc["job"], "job")
     else:
-        raise _Invalid(
+        raise InvalidEvent(
             MISSING_FIELD,
             "event needs `run` (RunEvent), `dataset` (DatasetEvent) or `job` (JobEvent)",
         )
@@ -196,13 +196,13 @@ def _deep_canonical(doc: dict[str, Any]) -> bytes:
     try:
         return dumps_deep(doc, orjson.OPT_SORT_KEYS, max_depth=MAX_DEPTH)
     except TooDeep as err:
-        rejection = _too_deep(err)
-        raise _Invalid(rejection.reason, rejection.detail) from None
+        rejection = too_deep_rejection(err)
+        raise InvalidEvent(rejection.reason, rejection.detail) from None
     except orjson.JSONEncodeError as err:
-        raise _Invalid(INVALID_VALUE, f"event cannot be canonicalised: {err}") from None
+        raise InvalidEvent(INVALID_VALUE, f"event cannot be canonicalised: {err}") from None
 
 
-def _too_deep(err: TooDeep) -> Rejection:
+def too_deep_rejection(err: TooDeep) -> Rejection:
     return Rejection(TOO_DEEP, f"event is nested {err.depth} levels deep (objects and arrays within one another), "
                                f"over the limit of {err.limit} levels")
 
@@ -212,11 +212,11 @@ def _event_type(doc: dict[str, Any]) -> str | None:
     if event_type is _MISSING:
         return None
     if not isinstance(event_type, str):
-        raise _Invalid(
+        raise InvalidEvent(
             WRONG_TYPE, f"`eventType` must be a string, got {_type_name(event_type)}"
         )
     if event_type not in EVENT_TYPES:
-        raise _Invalid(
+        raise InvalidEvent(
             INVALID_VALUE,
             f"`eventType` must be one of {_EVENT_TYPE_LIST}, got {_show(event_type)}",
         )
@@ -243,7 +243,7 @@ def _parse_event_time(text: str) -> tuple[str, datetime]:
     Returns the text :func:`datetime.fromisoformat` read (see ``event_time_text``) and
     the datetime."""
     if _EVENT_TIME.fullmatch(text) is None:
-        raise _Invalid(
+        raise InvalidEvent(
             INVALID_VALUE,
             f"`eventTime` must be an ISO-8601 date-time such as 2024-01-01T12:00:00.000Z, "
             f"got {_show(text)}",
@@ -264,11 +264,11 @@ def _parse_event_time(text: str) -> tuple[str, datetime]:
         # The regex has vetted the shape, so the C parser is safe to use.
         parsed = datetime.fromisoformat(iso)
     except ValueError as err:
-        raise _Invalid(
+        raise InvalidEvent(
             INVALID_VALUE, f"`eventTime` {_show(text)} is not a real date-time: {err}"
         ) from None
     if parsed.tzinfo is None:
-        raise _Invalid(
+        raise InvalidEvent(
             INVALID_VALUE,
             f"`eventTime` has no timezone offset (add Z or +HH:MM), got {_show(text)}",
         )
@@ -278,14 +278,14 @@ def _parse_event_time(text: str) -> tuple[str, datetime]:
 def _field(obj: dict[str, Any], key: str, path: str) -> Any:
     value = obj.get(key, _MISSING)
     if value is _MISSING:
-        raise _Invalid(MISSING_FIELD, f"`{path}` is missing")
+        raise InvalidEvent(MISSING_FIELD, f"`{path}` is missing")
     return value
 
 
 def _string(obj: dict[str, Any], key: str, path: str) -> str:
     value = _field(obj, key, path)
     if not isinstance(value, str):
-        raise _Invalid(WRONG_TYPE, f"`{path}` must be a string, got {_type_name(value)}")
+        raise InvalidEvent(WRONG_TYPE, f"`{path}` must be a string, got {_type_name(value)}")
     return value
 
 
@@ -293,7 +293,7 @@ def _text(obj: dict[str, Any], key: str, path: str) -> str:
     """A required, non-empty string."""
     value = _string(obj, key, path)
     if not value:
-        raise _Invalid(INVALID_VALUE, f"`{path}` must not be empty")
+        raise InvalidEvent(INVALID_VALUE, f"`{path}` must not be empty")
     return value
 
 
@@ -311,12 +311,12 @@ def _facet_values(facets: dict[str, Any], path: str) -> None:
     for name, facet in facets.items():
         if type(facet) is not dict:
             name = name if len(name) <= 80 else name[:77] + "..."
-            raise _Invalid(WRONG_TYPE, f"`{path}.{name}` must be an object (a facet), got {_type_name(facet)}")
+            raise InvalidEvent(WRONG_TYPE, f"`{path}.{name}` must be an object (a facet), got {_type_name(facet)}")
 
 
 def _require_object(value: Any, path: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _Invalid(WRONG_TYPE, f"`{path}` must be an object, got {_type_name(value)}")
+        raise InvalidEvent(WRONG_TYPE, f"`{path}` must be an object, got {_type_name(value)}")
     return value
 
 
@@ -325,7 +325,7 @@ def _optional(obj: dict[str, Any], key: str, path: str, kind: type) -> Any:
     if value is _MISSING:
         return None
     if not isinstance(value, kind):
-        raise _Invalid(
+        raise InvalidEvent(
             WRONG_TYPE, f"`{path}` must be {_JSON_TYPES[kind]}, got {_type_name(value)}"
         )
     return value

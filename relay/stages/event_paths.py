@@ -1,7 +1,7 @@
 """Paths into a parsed OpenLineage event document, for :class:`~relay.stages.rewrite.Rewriter`.
 
-Where the spec puts facets (:func:`_facet_sites`), and edits at paths: a namespace mapped
-(:func:`_map_paths`), facets removed (:func:`_without`). Copy-on-write: the parsed event
+Where the spec puts facets (:func:`facet_sites`), and edits at paths: a namespace mapped
+(:func:`map_paths`), facets removed (:func:`without_facets`). Copy-on-write: the parsed event
 is shared by every collector, so its input is never mutated; an edit copies only the
 containers on its path and shares everything else with the input.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def _map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[str], str],
+def map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[str], str],
                list_key: str | None = None) -> Any:
     """Map ``namespace`` of the objects at ``paths`` inside ``obj`` (or, with ``list_key``,
     of each item of ``obj[list_key]``); copy-on-write."""
@@ -22,7 +22,7 @@ def _map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[s
         items = obj.get(list_key)
         if not isinstance(items, list):
             return obj
-        new_items = [_map_paths(item, ((),), map_ns) for item in items]
+        new_items = [map_paths(item, ((),), map_ns) for item in items]
         return {**obj, list_key: new_items} if any(n is not o for n, o in zip(new_items, items)) else obj
     for path in paths:
         if not path:
@@ -31,13 +31,13 @@ def _map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[s
                 obj = {**obj, "namespace": map_ns(namespace)}
             continue
         inner = obj.get(path[0])
-        new_inner = _map_paths(inner, (path[1:],), map_ns)
+        new_inner = map_paths(inner, (path[1:],), map_ns)
         if new_inner is not inner:
             obj = {**obj, path[0]: new_inner}
     return obj
 
 
-def _facet_sites(doc: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
+def facet_sites(doc: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
     """``(path, facets dict)`` for every place the spec puts facets."""
     for holder in ("run", "job", "dataset"):
         obj = doc.get(holder)
@@ -53,7 +53,7 @@ def _facet_sites(doc: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], dict[st
                             yield (group, index, key), item[key]
 
 
-def _without(doc: dict[str, Any], drops: dict[tuple[Any, ...], set[str] | None]) -> dict[str, Any]:
+def without_facets(doc: dict[str, Any], drops: dict[tuple[Any, ...], set[str] | None]) -> dict[str, Any]:
     """``doc`` minus the named facets at each path (``None``: all of them); only the
     containers on those paths are copied (shallowly), everything else is shared with ``doc``."""
     out = dict(doc)

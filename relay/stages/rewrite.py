@@ -47,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from relay.stages.event_paths import _facet_sites, _map_paths, _without
+from relay.stages.event_paths import facet_sites, map_paths, without_facets
 from relay.stages.json_bytes import dumps
 from relay.stages.redact import Redactor
 from relay.stages.rewrite_config import ESSENTIAL_FACETS, RewriteConfig
@@ -170,7 +170,7 @@ class Rewriter:
                 continue
             new = self._scrub(facet) if self._scrub_on else facet
             if name == "parent" and self._ns_map:
-                new = _map_paths(new, (("job",), ("root", "job")), self._map_job)
+                new = map_paths(new, (("job",), ("root", "job")), self._map_job)
             elif name == "columnLineage" and self._map_datasets:
                 new = self._map_column_lineage(new)
             changed = changed or new is not facet
@@ -273,13 +273,13 @@ class Rewriter:
         changes: dict[str, Any] = {}
         fields = facet.get("fields")
         if isinstance(fields, dict):
-            new_fields = {name: _map_paths(spec, (), self._map_dataset, list_key="inputFields")
+            new_fields = {name: map_paths(spec, (), self._map_dataset, list_key="inputFields")
                           for name, spec in fields.items()}
             if any(new_fields[name] is not spec for name, spec in fields.items()):
                 changes["fields"] = new_fields
         dataset_wide = facet.get("dataset")
         if isinstance(dataset_wide, list):
-            new_wide = [_map_paths(item, ((),), self._map_dataset) for item in dataset_wide]
+            new_wide = [map_paths(item, ((),), self._map_dataset) for item in dataset_wide]
             if any(n is not o for n, o in zip(new_wide, dataset_wide)):
                 changes["dataset"] = new_wide
         return {**facet, **changes} if changes else facet
@@ -295,14 +295,14 @@ class Rewriter:
         """
         limit = self._max
         assert limit is not None
-        sites = list(_facet_sites(doc))
+        sites = list(facet_sites(doc))
         # Bytes a facet takes in its object: "name":<facet>, plus one comma while it has siblings.
         candidates = [
             (len(orjson.dumps(name)) + 1 + len(dumps(facet)), name, site)
             for site, (_path, facets) in enumerate(sites)
             for name, facet in facets.items()
         ]
-        start_size = len(dumps(_without(doc, {path: None for path, _facets in sites})))
+        start_size = len(dumps(without_facets(doc, {path: None for path, _facets in sites})))
         start_size += sum(size for size, _name, _site in candidates)
         start_size += sum(len(facets) - 1 for _path, facets in sites if facets)
         members = [len(facets) for _path, facets in sites]
@@ -330,7 +330,7 @@ class Rewriter:
         drops: dict[tuple[Any, ...], set[str] | None] = {}
         for i in taken:
             drops.setdefault(sites[candidates[i][2]][0], set()).add(candidates[i][1])
-        body = dumps(_without(doc, drops))
+        body = dumps(without_facets(doc, drops))
         if len(body) > limit:  # the arithmetic above is exact; this is the re-measurement
             return self._too_large(start_size, len(body), names)
         return RewriteResult(body, names)
