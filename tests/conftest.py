@@ -6,7 +6,6 @@ the fixture raise, so every test that needs it errors and the run fails.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -50,6 +49,30 @@ def spark(tmp_path_factory):
         yield session
     finally:
         session.stop()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The shared PySpark session is one per process: under pytest-xdist (``./dev test``) every
+    test that uses it goes to one worker (``--dist loadgroup``), so a run starts one session."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` pytest-xdist groups tests by a suffix it writes into their
+    node ids; where it cannot (pytest 9.2 with xdist 3.8), every worker would start a Spark
+    session of its own: say so rather than run that way."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    for item in session.items:
+        if item.get_closest_marker("xdist_group") is not None:
+            if not item.nodeid.endswith("@spark"):
+                raise pytest.UsageError(
+                    f"pytest-xdist did not group {item.nodeid} (pytest {pytest.__version__}): every worker would "
+                    "start a Spark session of its own; install the test extra's pytest (pip install -e '.[test]')")
+            return
 
 
 @pytest.fixture
