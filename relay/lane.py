@@ -14,13 +14,13 @@ state's ``seen`` digests.
 Every event offered to a lane takes one obligation on its offset ticket, released when
 the lane is done with it: delivered, dead-lettered, captured in durable run state, or
 deliberately not forwarded (duplicate, after-terminal), each counted under its reason.
+What a lane gives back when partitions are revoked or lost: :mod:`relay.lane_takeback`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from operator import attrgetter
 
 import orjson
@@ -28,12 +28,12 @@ import orjson
 from relay.config import CollectorConfig, PipelineConfig
 from relay.dispatch import RunOrderedDispatcher
 from relay.events import LineageEvent
+from relay.lane_takeback import PartitionTakeBack
 from relay.logs import log_event
 from relay.memory import release_after
 from relay.metrics import CollectorMetrics
 from relay.sinks.base import Collector, Undeliverable, relay_error
 from relay.sinks.deadletter import DeadLetterWriter
-from relay.source.offsets import Partition
 from relay.stages import run_state
 from relay.stages.consolidate import RunConsolidator
 from relay.stages.decisions import DeadLetter, Drop, Forward
@@ -48,7 +48,7 @@ log = logging.getLogger("relay.lane")
 _body = attrgetter("body")
 
 
-class CollectorLane:
+class CollectorLane(PartitionTakeBack):
     def __init__(self, collector: Collector, config: CollectorConfig, *, pipeline: PipelineConfig,
                  metrics: CollectorMetrics, dead_letters: DeadLetterWriter) -> None:
         self.name = collector.name
@@ -81,6 +81,8 @@ class CollectorLane:
         self._sequencer = self._consolidator = self.table = None
         #: Runs whose state the last revoke gave up (see _moved).
         self._moved_runs: set[str] = set()
+        #: Events on their way to the dead-letter topic (by id), until it has them.
+        self._dead_lettering: dict[int, LineageEvent] = {}
         if config.mode != "passthrough":
             k = config.consolidation
             self._consolidator = RunConsolidator(
@@ -130,7 +132,7 @@ class CollectorLane:
             event.ticket.acquire()
             self._apply_run_actions(self._consolidator.offer(event, now))
             return
-        if self._deduper is not None and self._deduper.check_and_remember(event.digest, now):
+        if self._deduper is not None and self._deduper.check_and_remember(event.digest, now, event.source):
             self._metrics.deduplicated.inc()
             return
         event.ticket.acquire()
@@ -185,7 +187,13 @@ class CollectorLane:
         if self.table is not None and event.run_id is not None and event.kind == "run":
             return
         if self._deduper is not None:
-            self._deduper.check_and_remember(event.digest, now)
+            src = event.source
+            if src is not None:
+                # Only for its own partition: a copy elsewhere may not have reached the
+                # collector although this one's offset was committed (see Deduper).
+                self._deduper.remember_settled(event.digest, now, src.topic, src.partition)
+            else:
+                self._deduper.check_and_remember(event.digest, now)
         if self._sequencer is not None:
             self._sequencer.prime(event, now)
 
@@ -273,8 +281,14 @@ class CollectorLane:
         if self.table is not None and event.run_id is not None:
             # The dispatcher lets runs waiting for it go right after this: so must the table.
             self.table.leaving(event)
+        dead_lettering = self._dead_lettering
+        dead_lettering[id(event)] = event
+
+        def written() -> None:
+            dead_lettering.pop(id(event), None)
+            self._settled(event)
         self._dlq.send(event.original, event.key, reason=reason, detail=detail, source=event.source,
-                       collector=self.name, on_done=lambda: self._settled(event))
+                       collector=self.name, on_done=written)
 
     def _settled(self, event: LineageEvent) -> None:
         """``event`` reached the collector or the dead-letter topic."""
@@ -306,76 +320,6 @@ class CollectorLane:
             log_event(log, logging.WARNING, "delivery_failed", collector=self.name, reason=failure.reason,
                       status=failure.status, source=str(event.source))
             self._dead_letter(event, failure.reason, failure.detail)
-
-    def revoke(self, partitions: set[Partition]) -> int:
-        """Drop queued and held events of revoked partitions (the new owner re-reads them),
-        forget their runs' state (the new owner restores it), their digests and what the
-        sequencer learnt from forwarding them, so that a re-read here is neither taken for
-        a duplicate nor dropped as after the run's terminal."""
-        forgotten: set[str] = set()
-        if self.table is not None:
-            forgotten, abandoned = self.table.revoke({p for _, p in partitions})
-            for event in abandoned:
-                self._dispatcher.forget_gate(event)
-        self._moved_runs = forgotten
-        owned_by_revoked = self._moved(partitions)
-        dropped = self._dispatcher.remove_where(owned_by_revoked)
-        if self._sequencer is not None:
-            self._sequencer.rollback(dropped)   # forwarded, not delivered: offered again later
-            dropped += self._sequencer.discard(owned_by_revoked)
-        self._forget(dropped)
-        self._hand_over(dropped, partitions)
-        undecided = 0
-        if self._run_router is not None:
-            # Held before any stage (nothing to forget); by partition only: they are in no
-            # run state, so a moved run's held events stay held here.
-            undecided = len(self._run_router.discard(
-                lambda e: e.source is not None and (e.source.topic, e.source.partition) in partitions))
-        return len(dropped) + undecided
-
-    def _hand_over(self, events: list[LineageEvent], partitions: set[Partition]) -> None:
-        """Events of moved runs read from a partition still assigned here: their run's
-        state, whose outbox holds them (they were sent only once it was written), went with
-        its own partition, whose new owner sends them. Nobody re-reads them, so their offsets
-        are settled here, or that partition's commits would stop at them for good."""
-        if not self._moved_runs:
-            return
-        for event in events:
-            src = event.source
-            if src is not None and event.ticket is not None and (src.topic, src.partition) not in partitions:
-                event.ticket.release()
-
-    def _moved(self, partitions: set[Partition]) -> Callable[[LineageEvent], bool]:
-        """Whether an event belongs to ``partitions``, or to a run whose state the last
-        :meth:`revoke` gave up (consolidated events built from run state have no source)."""
-        moved_runs = self._moved_runs
-
-        def moved(event: LineageEvent) -> bool:
-            src = event.source
-            return (src is not None and (src.topic, src.partition) in partitions) or event.run_id in moved_runs
-        return moved
-
-    def _forget(self, events: list[LineageEvent]) -> None:
-        """Taken back before delivery: their digests are no longer "seen"."""
-        if self._deduper is not None:
-            for event in events:
-                self._deduper.forget(event.digest)
-
-    def sending(self, partitions: set[Partition]) -> int:
-        """Events of ``partitions`` being delivered (handed to the collector, no verdict yet)."""
-        return self._dispatcher.sending_where(self._moved(partitions))
-
-    def abort(self, partitions: set[Partition]) -> int:
-        """Stop delivering (no more retries) the events of ``partitions`` under way, after
-        :meth:`revoke`: another member sends them again, and a retry of ours landing after
-        its later events of the same run would break the run's order. Taken back like the
-        queued ones (see :meth:`revoke`); returns how many."""
-        aborted = self._dispatcher.abort_where(self._moved(partitions))
-        if self._sequencer is not None:
-            self._sequencer.rollback(aborted)
-        self._forget(aborted)
-        self._hand_over(aborted, partitions)
-        return len(aborted)
 
     async def drain(self, timeout_s: float) -> bool:
         return await self._dispatcher.wait_idle(timeout_s)

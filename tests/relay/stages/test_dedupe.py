@@ -122,3 +122,38 @@ def test_memory_stays_bounded_under_many_distinct_events():
 def test_constructor_rejects_bad_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
         Deduper(**kwargs)
+
+
+def at(topic: str, partition: int) -> object:
+    return type("Where", (), {"topic": topic, "partition": partition})()
+
+
+def test_a_digest_read_back_below_a_commit_dedupes_only_its_own_partition():
+    dedupe = Deduper(ttl_s=60, max_entries=100)
+    digest = event(1).digest
+    dedupe.remember_settled(digest, 0.0, "ol", 1)
+    assert dedupe.check_and_remember(digest, 1.0, at("ol", 1)) is True
+    assert dedupe.check_and_remember(digest, 1.0, None) is False  # nowhere known: not proof
+    # Forwarded from there on: an ordinary digest, a duplicate wherever it comes from.
+    assert dedupe.check_and_remember(digest, 2.0, at("ol", 0)) is True
+    assert dedupe.check_and_remember(digest, 2.0, at("other", 1)) is True
+    # Another topic's partition of the same number is another partition.
+    dedupe.forget(digest)
+    dedupe.remember_settled(digest, 3.0, "ol", 1)
+    assert dedupe.check_and_remember(digest, 4.0, at("other", 1)) is False
+    # A digest already forwarded stays ordinary when a look-back reads a copy back.
+    dedupe.remember_settled(digest, 5.0, "ol", 2)
+    assert dedupe.check_and_remember(digest, 6.0, at("ol", 7)) is True
+
+
+def test_read_back_digests_expire_and_leave_with_their_entry():
+    dedupe = Deduper(ttl_s=10, max_entries=2)
+    a, b, c = (event(n).digest for n in (1, 2, 3))
+    dedupe.remember_settled(a, 0.0, "ol", 0)
+    assert dedupe.check_and_remember(a, 10.0, at("ol", 0)) is False  # expired: forwarded, ordinary now
+    assert dedupe.check_and_remember(a, 11.0, at("ol", 5)) is True
+    dedupe.remember_settled(b, 12.0, "ol", 0)
+    dedupe.remember_settled(c, 12.0, "ol", 0)  # evicts a
+    assert len(dedupe) == 2 and len(dedupe._where) == 2
+    assert dedupe.check_and_remember(a, 13.0, at("ol", 5)) is False  # evicts b, with its scope
+    assert len(dedupe) == 2 and set(dedupe._where) == {c}
