@@ -216,9 +216,9 @@ class Relay:
 
     async def run(self) -> None:
         """Start, relay until :meth:`request_stop`, then stop gracefully (also when the stop
-        came during the start)."""
-        await self.start()
+        came during the start, or when it failed: what it started is closed)."""
         try:
+            await self.start()
             if self.started:
                 await self._loop()
         finally:

@@ -210,6 +210,10 @@ def test_what_the_brokers_answer_shows_wrong_still_fails_at_once_naming_the_key(
     assert time.monotonic() - began < 15
     assert ("create_state_topic" if problem == "state_topic_missing" else "has 1 partitions") in str(failed.value)
     assert not records(caplog, "run_state_topic_unreachable")
+    # What the start had started is closed: its dead-letter producer's poll thread was left
+    # running (in an application embedding the relay, for good).
+    dlq_poll = relay.relay.dead_letters._host._thread
+    assert dlq_poll is not None and not dlq_poll.is_alive()
 
 
 def test_relay_started_names_the_versions_lineage_relay_version_prints(kafka, caplog):
