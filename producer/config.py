@@ -2,8 +2,8 @@
 
 Build it directly (``ProducerConfig(bootstrap_servers=..., topic=...)``) or with
 :func:`load_config`, which merges the OpenLineage ecosystem's sources in their precedence
-(explicit arguments > openlineage.yml > ``OPENLINEAGE__TRANSPORT__*`` env vars > Spark
-conf; the details are in :mod:`producer.sources`).
+(explicit arguments > Spark conf > openlineage.yml > ``OPENLINEAGE__TRANSPORT*`` env vars;
+the details are in :mod:`producer.sources`).
 Unknown keys and bad values raise :class:`producer.errors.ConfigError`, whose message
 names the key as the user spelled it and says how to fix it; neither it nor its traceback
 carries the values given. ``repr()`` masks secrets: every librdkafka property that can hold
@@ -298,6 +298,9 @@ def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) 
             if problem["type"] == "missing" and field == "bootstrap_servers":
                 msg = ("required: set bootstrap_servers=..., transport.properties.bootstrap.servers in "
                        "openlineage.yml, or spark.openlineage.transport.properties.bootstrap.servers")
+                if "transport_type" in origins:
+                    msg += (f" (the configured transport, {origins['transport_type']}, is not a kafka or "
+                            "lineage-relay one, so none of its settings are read)")
             elif problem["type"] == "extra_forbidden":
                 msg = f"unknown key; known keys: {', '.join(ProducerConfig.model_fields)}"
             lines.append(f"{where}: {msg}")
@@ -310,8 +313,8 @@ def load_config(overrides: Mapping[str, Any] | None = None, *,
                 environ: Mapping[str, str] | None = None,
                 cwd: Path | None = None, home: Path | None = None) -> ProducerConfig:
     """One validated config from every source, highest precedence first: ``overrides``
-    (ProducerConfig field names), openlineage.yml, ``OPENLINEAGE__TRANSPORT__*`` env vars,
-    ``spark_conf``. ``environ``/``cwd``/``home`` default to the process's (tests pass theirs).
+    (ProducerConfig field names), ``spark_conf``, openlineage.yml, ``OPENLINEAGE__TRANSPORT*``
+    env vars. ``environ``/``cwd``/``home`` default to the process's (tests pass theirs).
     """
     values, origins = collect(overrides, spark_conf=spark_conf, environ=environ, cwd=cwd, home=home)
     return build_config(values, origins)

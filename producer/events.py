@@ -235,3 +235,23 @@ def job_event(*, job_namespace: str, job_name: str, event_time: str | None = Non
         "producer": producer,
         "schemaURL": JOB_EVENT_SCHEMA_URL,
     }
+
+
+def without_facets(event: dict, names: frozenset[str] | set[str]) -> dict:
+    """``event`` minus the facets named ``names`` (run, job, and each dataset's ``facets``,
+    ``inputFacets``, ``outputFacets``), as the official ``facets.disabled`` setting removes
+    them; the event given is not changed."""
+    def strip(container: dict | None, key: str) -> dict | None:
+        facets = container.get(key) if container else None
+        if not facets or not names.intersection(facets):
+            return container
+        return {**container, key: {k: v for k, v in facets.items() if k not in names}}
+
+    out = dict(event)
+    for part in ("run", "job"):
+        if isinstance(out.get(part), dict):
+            out[part] = strip(out[part], "facets")
+    for part, extra in (("inputs", "inputFacets"), ("outputs", "outputFacets")):
+        if isinstance(out.get(part), list):
+            out[part] = [strip(strip(ds, "facets"), extra) if isinstance(ds, dict) else ds for ds in out[part]]
+    return out

@@ -22,18 +22,21 @@ Contract:
 * Each call of a decorated function (sync or async) is its own run.
 * The parent run is, in order: the ``parent=`` argument; the enclosing ``lineage_job``
   in the same thread or task (nested runs form a tree, with the outermost as root); the
-  producer's configured parent (``spark.openlineage.parentJob*``, explicit config); the
+  producer's configured parent (explicit config, else ``spark.openlineage.parent*`` when
+  it was built from Spark conf, else ``OPENLINEAGE_PARENT_ID`` as it was then); the
   ``OPENLINEAGE_PARENT_ID`` / ``OPENLINEAGE_ROOT_PARENT_ID`` environment variables
   (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders).
+  The root always comes with its parent, from the same place.
 * The namespace is ``namespace=``, else the producer's ``namespace`` config
   (``spark.openlineage.namespace`` / ``$OPENLINEAGE_NAMESPACE``), else ``"default"``.
 * Lineage never raises into the job. Without a ``producer=``, one process-wide producer
   is built on first use from every configuration source (:func:`producer.config.load_config`)
   and closed at interpreter exit; when it cannot be built (no bootstrap servers, an
   unwritable journal directory, ...) that is logged once, as a warning with the fix, and
-  the job runs without lineage (the failure is cached: config is not read again). A
-  malformed ``OPENLINEAGE_PARENT_ID`` is logged and ignored; an event that cannot be built
-  or emitted is logged and skipped. Mistakes in ``lineage_job``'s own arguments (a bad
+  the job runs without lineage (the failure is cached: config is not read again); with
+  ``OPENLINEAGE_DISABLED=true`` it is a :class:`producer.kafka.DisabledProducer`, which
+  sends nothing. A malformed ``OPENLINEAGE_PARENT_ID`` is logged and ignored; an event
+  that cannot be built or emitted is logged and skipped. Mistakes in ``lineage_job``'s own arguments (a bad
   ``parent=`` string) still raise, where it is constructed.
 """
 

@@ -59,7 +59,7 @@ from producer.errors import ConfigError, JournalError
 from producer.journal import adopt_orphans
 from producer.keys import message_key
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
-from producer.sources import TRANSPORT_TYPES, spark_disabled, spark_transport_type
+from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines (served on the sender thread), instead of raw stderr.
@@ -76,8 +76,8 @@ class ProducerStats:
     ``journaled``: written to the journal; ``replayed``: delivered from a journal;
     ``delivery_failures``: records librdkafka gave back (failed or purged), all journaled;
     ``dropped``: events that will never be sent, by reason; ``errors``: every problem
-    logged (drops included); ``pending``: not yet acknowledged; ``mode``: ``direct`` or
-    ``journal``.
+    logged (drops included); ``pending``: not yet acknowledged; ``mode``: ``direct``,
+    ``journal`` or ``disabled`` (:class:`DisabledProducer`).
     """
 
     emitted: int
@@ -97,8 +97,15 @@ class LineageProducer(Sender):
     ``LineageProducer()`` reads every configuration source (:func:`load_config`);
     ``LineageProducer(config)`` uses the given config; keyword ``overrides`` (ProducerConfig
     field names) take precedence over either. Configuration mistakes, including unknown
-    librdkafka properties, raise :class:`producer.errors.ConfigError` here.
+    librdkafka properties, raise :class:`producer.errors.ConfigError` here. While
+    ``OPENLINEAGE_DISABLED=true`` (the OpenLineage clients' switch) it builds a
+    :class:`DisabledProducer` instead: no configuration is read, nothing is sent.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
+        if cls is LineageProducer and disabled(os.environ):
+            return super().__new__(DisabledProducer)
+        return super().__new__(cls)
 
     def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
         if config is None:
@@ -281,6 +288,49 @@ class LineageProducer(Sender):
         """Count and log an event that will never be sent (for integrations that reject an
         event before it reaches :meth:`emit`)."""
         self._drop(reason, detail, key)
+
+
+class DisabledProducer(LineageProducer):
+    """What ``LineageProducer(...)`` builds while ``OPENLINEAGE_DISABLED=true``, as the official
+    clients fall back to a no-op transport: it reads no configuration, connects to nothing and
+    drops every event (counted in ``stats.emitted``). Logged once per process."""
+
+    config = None  # type: ignore[assignment]
+
+    def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
+        global _disabled_logged
+        self._count_lock = threading.Lock()
+        self._emitted = 0
+        if not _disabled_logged:
+            _disabled_logged = True
+            log.info("event=lineage_disabled reason=OPENLINEAGE_DISABLED=true fix=unset it to send lineage; "
+                     "events are dropped")
+
+    def emit(self, event: dict) -> None:
+        with self._count_lock:
+            self._emitted += 1
+
+    @property
+    def pending(self) -> int:
+        return 0
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        return 0
+
+    def close(self, timeout_s: float | None = None) -> None:
+        pass
+
+    @property
+    def stats(self) -> ProducerStats:
+        with self._count_lock:
+            return ProducerStats(emitted=self._emitted, delivered=0, journaled=0, replayed=0,
+                                 delivery_failures=0, errors=0, mode="disabled")
+
+    def drop(self, reason: str, detail: object, key: bytes | None = None) -> None:
+        pass
+
+
+_disabled_logged = False
 
 
 def _check_journal_dir(config: ProducerConfig) -> None:

@@ -17,8 +17,20 @@ producer's non-blocking, journaled delivery. A complete ``openlineage.yml``::
         bootstrap.servers: kafka-1:9092,kafka-2:9092
         # security.protocol: SASL_SSL
 
-The same keys work as ``OPENLINEAGE__TRANSPORT__TYPE=producer.openlineage_transport.LineageRelayTransport``
-etc. Unknown keys raise :class:`producer.errors.ConfigError` when the client is built.
+Environment variables work too; the client, not the producer, reads them, and hands the
+transport their keys in lower case:
+``OPENLINEAGE__TRANSPORT__TYPE=producer.openlineage_transport.LineageRelayTransport``,
+``OPENLINEAGE__TRANSPORT__TOPIC=openlineage``, ``OPENLINEAGE__TRANSPORT__BOOTSTRAP_SERVERS=kafka-1:9092``,
+``OPENLINEAGE__TRANSPORT__PROPERTIES__SECURITY_PROTOCOL=SASL_SSL`` (it arrives as
+``security_protocol`` and is read as ``security.protocol``, like every librdkafka name written
+with ``_`` for ``.``), or a whole mapping as JSON,
+``OPENLINEAGE__TRANSPORT__PROPERTIES='{"bootstrap.servers": "kafka-1:9092"}'``. An unknown key
+written in openlineage.yml (or the client's ``config=``) raises
+:class:`producer.errors.ConfigError` when the client is built; keys the client merges in from
+``OPENLINEAGE__TRANSPORT__*`` variables meant for other transports (``OPENLINEAGE_URL``
+becomes ``OPENLINEAGE__TRANSPORT__TRANSPORTS__DEFAULT_HTTP__*``) are logged once and
+skipped, as the official Kafka transport drops keys it does not know. While
+``OPENLINEAGE_DISABLED=true`` the client builds no transport at all.
 ``emit`` converts the client's event object to a dict (``Serde.to_dict``, as the official
 transports do before serialising) and never blocks or raises; ``close(timeout)`` flushes,
 then journals what is left.
@@ -29,11 +41,13 @@ the producer does not.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from producer.config import ProducerConfig, build_config
 from producer.errors import MissingDependency
 from producer.kafka import LineageProducer
+from producer.readers import env_foreign_keys
 from producer.sources import transport_layer
 
 try:
@@ -55,7 +69,10 @@ class LineageRelayConfig(Config):
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> LineageRelayConfig:
-        layer = transport_layer(params, "transport")
+        # openlineage-python merged the OPENLINEAGE__TRANSPORT__* variables into ``params``:
+        # those that are not ours (another transport's) are skipped, a typo in the file is not.
+        foreign = env_foreign_keys(os.environ)
+        layer = transport_layer(params, "transport", skippable=lambda key: key.lower() in foreign)
         return cls(build_config(layer.values, layer.origins))
 
 

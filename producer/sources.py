@@ -4,54 +4,72 @@
 Precedence, highest first (a key set higher wins; ``properties`` merge key by key):
 
 1. explicit arguments (``LineageProducer(**overrides)``, ``load_config(overrides)``);
-2. ``openlineage.yml``: ``$OPENLINEAGE_CONFIG``, else ``./openlineage.yml``, else
-   ``~/.openlineage/openlineage.yml`` (the first that exists), its ``transport:`` section;
-3. ``OPENLINEAGE__TRANSPORT__<KEY>`` environment variables (a JSON object or array is
-   parsed, so ``OPENLINEAGE__TRANSPORT__CONFIG='{"bootstrap.servers": "k:9092"}'`` works,
-   any other value stays text, so ``OPENLINEAGE__TRANSPORT__TOPIC=123`` is topic ``123``; so does
-   ``OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS=k:9092``), plus
-   ``OPENLINEAGE_NAMESPACE``, ``OPENLINEAGE_PARENT_ID`` and ``OPENLINEAGE_ROOT_PARENT_ID``
-   (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders;
-   a malformed one is logged and ignored: the scheduler set it, not this job's config);
-4. Spark conf: ``spark.openlineage.transport.{type,topicName,messageKey,properties.<librdkafka
+2. Spark conf: ``spark.openlineage.transport.{type,topicName,messageKey,properties.<librdkafka
    key>,encoding,journalDir,journalMaxBytes,queueMaxEvents}``, ``spark.openlineage.namespace``,
    ``spark.openlineage.{parentJobNamespace,parentJobName,parentRunId,rootParentJobNamespace,
-   rootParentJobName,rootParentRunId}``.
+   rootParentJobName,rootParentRunId}`` (the official Spark integration lets Spark conf win
+   over openlineage.yml);
+3. ``openlineage.yml``: ``$OPENLINEAGE_CONFIG``, else ``./openlineage.yml``, else
+   ``~/.openlineage/openlineage.yml`` (the first readable one), its ``transport:`` section
+   (openlineage-python lets it win over the variables below);
+4. ``OPENLINEAGE__TRANSPORT__<KEY>`` environment variables and ``OPENLINEAGE__TRANSPORT``
+   (the whole section as a JSON object, which wins over the single keys); a JSON object or
+   array value is parsed, any other stays text (``OPENLINEAGE__TRANSPORT__TOPIC=123`` is
+   topic ``123``; ``OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS=k:9092`` is
+   ``bootstrap.servers``), plus ``OPENLINEAGE_NAMESPACE``, ``OPENLINEAGE_PARENT_ID`` and
+   ``OPENLINEAGE_ROOT_PARENT_ID`` (``<namespace>/<job name>/<run id>``, as Airflow's
+   ``lineage_parent_id`` macro renders).
 
-A transport section is read only when its ``type`` is ours: ``kafka`` (the official Kafka
-transport's settings carry over unchanged), ``lineage-relay`` or the plugin's dotted path
-``producer.openlineage_transport.LineageRelayTransport``; a section of another type (say
-``http``) is ignored. Within a section that is read, keys are matched ignoring case and
-``_`` (``messageKey`` = ``message_key`` = ``MESSAGEKEY``) and an unknown key is an error.
-``config`` (Python client) and ``properties`` (Java client) both mean librdkafka properties
-(Java-only ones are handled in :mod:`producer.config`); ``topicName`` (Java) and ``topic``
-(Python) both mean the topic; ``flush`` is accepted and ignored (``emit`` never waits for
-the broker), so is ``localServerId`` (the Java transport only puts it in its own Kafka
-client id). Env vars nested deeper than ``PROPERTIES__<KEY>`` (``AUTH__TYPE``,
-``TRANSPORTS__...``, ``HEADERS__...``) belong to other transport types and are ignored when
-the type is not ours; under a ``kafka`` type they are an error.
+Whose transport it is, is decided on the merged section, as the official clients do: the
+``type`` of the highest source that sets one wins, and a source whose type differs from a
+higher one's is dropped whole (our type names count as one). Only a merged type of ours is read: ``kafka`` (the official
+Kafka transport's settings carry over unchanged), ``lineage-relay`` or the plugin's dotted
+path ``producer.openlineage_transport.LineageRelayTransport`` (no type anywhere counts as
+ours). So openlineage.yml ``type: http`` with ``OPENLINEAGE__TRANSPORT__TYPE=kafka`` is an
+HTTP setup, not ours. Keys are matched ignoring case and ``_`` (``messageKey`` =
+``message_key`` = ``MESSAGEKEY``); ``config`` (Python client) and ``properties`` (Java
+client) both mean librdkafka properties, whose names may be written with ``_`` for ``.``;
+``topicName`` (Java) and ``topic`` (Python) both mean the topic; ``flush`` is accepted and
+ignored (``emit`` never waits for the broker), so is ``localServerId``.
+
+A source that names our type itself (``type: kafka`` in openlineage.yml, in Spark conf or
+``OPENLINEAGE__TRANSPORT__TYPE``) was written for this producer: an unknown key in it is an
+error naming the key. Anything else that is not needed is logged once and skipped, never
+raised: settings of other transports (``OPENLINEAGE__TRANSPORT__AUTH__*``, ``HEADERS__*``,
+the ``TRANSPORTS__DEFAULT_HTTP__*`` openlineage-python writes for ``OPENLINEAGE_URL``), a
+malformed or unreadable openlineage.yml, a malformed ``OPENLINEAGE_PARENT_ID`` and an
+incomplete or invalid Spark parent (the parent facet is then omitted, as the official
+integration does). Parent and root always come from one source (explicit > Spark conf >
+``OPENLINEAGE_PARENT_ID``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from producer.errors import ConfigError
-from producer.events import env_parent_id
+from producer.parents import parent_values
+from producer.readers import (
+    TRANSPORT_TYPES,
+    Source,
+    disabled,
+    env_source,
+    find_yaml,
+    is_ours,
+    log_once,
+    spark_source,
+    yaml_source,
+)
+
+__all__ = ["TRANSPORT_TYPES", "collect", "disabled", "find_yaml", "is_ours", "spark_disabled",
+           "spark_transport_type", "transport_layer"]
 
 log = logging.getLogger("producer.config")
-
-TRANSPORT_TYPES = frozenset({
-    "kafka", "lineage-relay", "lineage_relay",
-    "producer.openlineage_transport.LineageRelayTransport",
-})
 
 # Normalised transport key (lower case, no "_") -> ProducerConfig field; None = ignored.
 _TRANSPORT_KEYS: dict[str, str | None] = {
@@ -68,17 +86,11 @@ _TRANSPORT_KEYS: dict[str, str | None] = {
     "queuemaxevents": "queue_max_events",
     "closetimeouts": "close_timeout_s",
 }
+_KNOWN = ("topic, messageKey, properties (or config), encoding, journalDir, journalMaxBytes, "
+          "queueMaxEvents, closeTimeoutS, bootstrapServers")
 _SPARK = "spark.openlineage."
-_SPARK_TOP: dict[str, str] = {
-    "namespace": "namespace",
-    "parentJobNamespace": "parent_job_namespace",
-    "parentJobName": "parent_job_name",
-    "parentRunId": "parent_run_id",
-    "rootParentJobNamespace": "root_parent_job_namespace",
-    "rootParentJobName": "root_parent_job_name",
-    "rootParentRunId": "root_parent_run_id",
-}
-_ENV = "OPENLINEAGE__TRANSPORT__"
+# librdkafka names never hold "_" but these C-API/callback ones; an env var name cannot hold ".".
+_UNDERSCORE_PROPERTY = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)+")
 
 
 class _Layer:
@@ -93,7 +105,7 @@ class _Layer:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{origin}: must be a mapping of librdkafka properties, "
                                   f"e.g. {{bootstrap.servers: 'kafka:9092'}}")
-            props = {str(k): v for k, v in value.items()}
+            props = _dotted(value)
             # Normalised per layer so a higher layer's bootstrap servers win either way.
             if "bootstrap.servers" in props:
                 self.set("bootstrap_servers", props.pop("bootstrap.servers"), f"{origin}.bootstrap.servers")
@@ -102,105 +114,52 @@ class _Layer:
             self.values[field] = value
         self.origins.setdefault(field, origin)
 
+    def update(self, other: _Layer) -> None:
+        for name, value in other.values.items():
+            if name == "properties":
+                self.values["properties"] = {**self.values.get("properties", {}), **value}
+            else:
+                self.values[name] = value
+            self.origins[name] = other.origins[name]
 
-def _is_ours(transport_type: Any) -> bool:
-    return transport_type is None or str(transport_type) in TRANSPORT_TYPES
+
+def _dotted(props: Mapping[Any, Any]) -> dict[str, Any]:
+    """librdkafka properties with ``bootstrap_servers`` read as ``bootstrap.servers`` (how
+    ``OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS`` reaches a transport through
+    openlineage-python); a name also given dotted keeps the dotted one's value."""
+    out: dict[str, Any] = {}
+    for key, value in props.items():
+        key = str(key)
+        if _UNDERSCORE_PROPERTY.fullmatch(key) and not key.endswith("_cb") and key != "on_delivery":
+            dotted = key.replace("_", ".")
+            if dotted not in props:
+                out[dotted] = value
+            continue
+        out[key] = value
+    return out
 
 
-def transport_layer(section: Mapping[str, Any], where: str) -> _Layer:
-    """Map one OpenLineage ``transport`` section onto ProducerConfig fields."""
+def transport_layer(section: Mapping[str, Any], where: str, *,
+                    origin: Callable[[str], str] | None = None,
+                    skippable: Callable[[str], bool] = lambda key: False,
+                    skip_level: int = logging.INFO) -> _Layer:
+    """Map one OpenLineage ``transport`` section onto ProducerConfig fields. An unknown key
+    raises, unless ``skippable(key)`` (it need not be ours): then it is logged once and skipped."""
+    origin = origin or (lambda key: f"{where}.{key}")
     layer = _Layer()
     for key, value in section.items():
         norm = str(key).replace("_", "").lower()
         if norm not in _TRANSPORT_KEYS:
-            known = "topic, messageKey, properties (or config), encoding, journalDir, journalMaxBytes, " \
-                    "queueMaxEvents, closeTimeoutS, bootstrapServers"
-            raise ConfigError(f"{where}.{key}: unknown transport key; known keys: {known}")
-        field = _TRANSPORT_KEYS[norm]
-        if field is not None:
-            layer.set(field, value, f"{where}.{key}")
-    return layer
-
-
-def find_yaml(environ: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
-    """The openlineage.yml the OpenLineage clients would read, or None."""
-    candidates = [environ.get("OPENLINEAGE_CONFIG"), cwd / "openlineage.yml",
-                  home / ".openlineage" / "openlineage.yml"]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
-
-def _yaml_layer(path: Path | None) -> _Layer:
-    if path is None:
-        return _Layer()
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: cannot read it as YAML ({err}); fix or remove the file") from err
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: must be a YAML mapping with a 'transport:' section")
-    section = doc.get("transport")
-    if not isinstance(section, dict) or not _is_ours(section.get("type")):
-        return _Layer()
-    return transport_layer(section, f"{path}: transport")
-
-
-def _env_value(raw: str) -> Any:
-    # Only a JSON object or array is structure; "123" or "true" is text the field converts
-    # as it needs (a topic named 123 stays a string).
-    if raw.lstrip()[:1] not in ("{", "["):
-        return raw
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def _env_layer(environ: Mapping[str, str]) -> _Layer:
-    layer = _Layer()
-    section: dict[str, Any] = {}
-    props: dict[str, Any] = {}
-    nested: list[str] = []
-    for var, raw in environ.items():
-        if not var.startswith(_ENV):
-            continue
-        parts = var[len(_ENV):].lower().split("__")
-        if len(parts) == 2 and parts[0] in ("properties", "config"):
-            # Environment variable names cannot hold '.', librdkafka names never hold '_'.
-            props[parts[1].replace("_", ".")] = raw
-        elif len(parts) == 1:
-            section[parts[0]] = _env_value(raw)
-        else:
-            nested.append(var)
-    # The type decides whose the section is: another tool's HTTP auth or composite
-    # transport settings must not stop this producer.
-    if not _is_ours(section.get("type")):
-        log.debug("event=env_transport_ignored type=%s reason=not a kafka/lineage-relay transport",
-                  section.get("type"))
-        section, props, nested = {}, {}, []
-    if nested:
-        raise ConfigError(f"{sorted(nested)[0]}: unknown transport setting; use {_ENV}<KEY> or "
-                          f"{_ENV}PROPERTIES__<LIBRDKAFKA_KEY>")
-    if section or props:
-        layer = transport_layer({k.upper(): v for k, v in section.items()}, "env OPENLINEAGE__TRANSPORT_")
-        if props:
-            layer.set("properties", props, f"env {_ENV}PROPERTIES__*")
-    if environ.get("OPENLINEAGE_NAMESPACE"):
-        layer.set("namespace", environ["OPENLINEAGE_NAMESPACE"], "env OPENLINEAGE_NAMESPACE")
-    parent_ignored = False
-    for var, prefix in (("OPENLINEAGE_PARENT_ID", "parent"), ("OPENLINEAGE_ROOT_PARENT_ID", "root_parent")):
-        parsed = env_parent_id(var, environ)
-        if prefix == "parent":
-            parent_ignored = bool(environ.get(var)) and parsed is None
-        elif parent_ignored:
-            continue   # a root without its (ignored) parent would be rejected
-        if parsed is not None:
-            ns, name, run_id = parsed
-            layer.set(f"{prefix}_job_namespace", ns, f"env {var}")
-            layer.set(f"{prefix}_job_name", name, f"env {var}")
-            layer.set(f"{prefix}_run_id", run_id, f"env {var}")
+            if skippable(str(key)):
+                log_once(skip_level, f"skip:{origin(str(key))}",
+                         "event=transport_setting_ignored key=%s reason=not a setting of the kafka/lineage-relay "
+                         "transport, from a source that does not name that transport type fix=remove it if it is "
+                         "meant for this producer (known keys: %s)", origin(str(key)), _KNOWN)
+                continue
+            raise ConfigError(f"{origin(str(key))}: unknown transport key; known keys: {_KNOWN}")
+        name = _TRANSPORT_KEYS[norm]
+        if name is not None:
+            layer.set(name, value, origin(str(key)))
     return layer
 
 
@@ -209,31 +168,37 @@ def spark_transport_type(conf: Mapping[str, str]) -> str | None:
 
 
 def spark_disabled(conf: Mapping[str, str], environ: Mapping[str, str]) -> bool:
-    return (str(conf.get(_SPARK + "disabled", "")).lower() == "true"
-            or environ.get("OPENLINEAGE_DISABLED", "").strip().lower() == "true")
+    return str(conf.get(_SPARK + "disabled", "")).strip().lower() == "true" or disabled(environ)
 
 
-def _spark_layer(conf: Mapping[str, str] | None) -> _Layer:
+def _transport(sources: list[Source], nested: list[str]) -> tuple[_Layer, str | None]:
+    """The merged transport of ``sources`` (lowest precedence first) as ProducerConfig values,
+    or an empty layer and a note naming the type when it is not ours."""
+    kept: list[Source] = []
+    merged_type: Any = None
+    for src in sources:
+        src_type = src.section.get("type")
+        same = str(src_type) == str(merged_type) or (is_ours(src_type) and is_ours(merged_type))
+        if src_type is not None and merged_type is not None and not same:
+            kept = []   # a different type replaces the lower sources whole, as in the official clients
+        kept.append(src)
+        if src_type is not None:
+            merged_type = src_type
+    if not is_ours(merged_type):
+        typed = next(s for s in reversed(kept) if s.section.get("type") is not None)
+        note = f"{typed.origin('type')}={merged_type}"
+        log_once(logging.DEBUG, f"notours:{note}", "event=transport_not_ours type=%s", note)
+        return _Layer(), note
+    if nested:
+        log_once(logging.INFO, "nested:" + ",".join(sorted(nested)),
+                 "event=transport_setting_ignored key=%s reason=settings of another transport type (auth, headers, "
+                 "composite transports), not read by the kafka/lineage-relay transport fix=none needed",
+                 ",".join(sorted(nested)))
     layer = _Layer()
-    if not conf:
-        return layer
-    section: dict[str, Any] = {}
-    props: dict[str, Any] = {}
-    prefix = _SPARK + "transport."
-    for key, value in conf.items():
-        if key.startswith(prefix + "properties."):
-            props[key[len(prefix + "properties."):]] = value
-        elif key.startswith(prefix):
-            section[key[len(prefix):]] = value
-        elif key.startswith(_SPARK) and key[len(_SPARK):] in _SPARK_TOP:
-            layer.set(_SPARK_TOP[key[len(_SPARK):]], value, key)
-    if (section or props) and _is_ours(section.get("type")):
-        transport = transport_layer(section, _SPARK + "transport")
-        for field, value in transport.values.items():
-            layer.set(field, value, transport.origins[field])
-        if props:
-            layer.set("properties", props, prefix + "properties.*")
-    return layer
+    for src in kept:
+        layer.update(transport_layer(src.section, src.where, origin=src.origin, skip_level=src.level,
+                                     skippable=lambda key, strict=src.declares_ours: not strict))
+    return layer, None
 
 
 def collect(overrides: Mapping[str, Any] | None = None, *,
@@ -243,24 +208,35 @@ def collect(overrides: Mapping[str, Any] | None = None, *,
     """Merge every source (see the module docstring) into ``(values, origins)``.
 
     ``values`` use ProducerConfig field names (not yet validated); ``origins`` say which
-    key each came from. ``environ``, ``cwd`` and ``home`` default to the process's.
+    key each came from (``origins["transport_type"]`` names a merged transport type that is
+    not ours). ``environ``, ``cwd`` and ``home`` default to the process's.
     """
     environ = os.environ if environ is None else environ
     cwd = Path.cwd() if cwd is None else Path(cwd)
     home = Path.home() if home is None else Path(home)
+    conf = spark_conf or {}
+    env, nested = env_source(environ)
+    sources = [s for s in (env, yaml_source(find_yaml(environ, cwd, home)), spark_source(conf)) if s]
+    merged = _Layer()
+    transport, note = _transport(sources, nested)
+    if environ.get("OPENLINEAGE_NAMESPACE"):
+        merged.set("namespace", environ["OPENLINEAGE_NAMESPACE"], "env OPENLINEAGE_NAMESPACE")
+    merged.update(transport)
+    if conf.get(_SPARK + "namespace"):
+        spark_ns = _Layer()
+        spark_ns.set("namespace", conf[_SPARK + "namespace"], _SPARK + "namespace")
+        merged.update(spark_ns)
     explicit = _Layer()
     for key, value in (overrides or {}).items():
         if value is not None:
             explicit.set(key, value, key)
-    layers = [_spark_layer(spark_conf), _env_layer(environ),
-              _yaml_layer(find_yaml(environ, cwd, home)), explicit]  # lowest first
-    values: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    for layer in layers:
-        for field, value in layer.values.items():
-            if field == "properties":
-                values["properties"] = {**values.get("properties", {}), **value}
-            else:
-                values[field] = value
-            origins[field] = layer.origins[field]
-    return values, origins
+    if not any(k.startswith(("parent_", "root_parent_")) for k in explicit.values):
+        parents = _Layer()
+        for name, (value, where) in parent_values(conf, environ).items():
+            parents.set(name, value, where)
+        merged.update(parents)
+    merged.update(explicit)
+    origins = dict(merged.origins)
+    if note is not None:
+        origins["transport_type"] = note
+    return merged.values, origins

@@ -17,12 +17,14 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 
 ================================================  =====================================
 ``spark.openlineage.disabled``                    ``true`` turns capture off (also ``$OPENLINEAGE_DISABLED``)
-``spark.openlineage.transport.*``                 where events go (or OPENLINEAGE__TRANSPORT__*, openlineage.yml)
+``spark.openlineage.transport.*``                 where events go (over openlineage.yml, over OPENLINEAGE__TRANSPORT__*)
 ``spark.openlineage.namespace``                   job namespace (default ``default``)
 ``spark.openlineage.appName``                     application job name (default: app name)
 ``spark.openlineage.parentJobNamespace`` etc.     parent/root parent run (also ``OPENLINEAGE_PARENT_ID``)
 ``spark.openlineage.capturedProperties``          Spark properties to report (comma list)
 ``spark.openlineage.columnLineage.enabled``       ``false`` skips column lineage
+``spark.openlineage.facets.disabled``             facets to leave out, ``[schema;columnLineage]``
+``spark.openlineage.facets.<name>.disabled``      ``true``/``false`` per facet (over the list)
 ``spark.openlineage.python.readOnlyActions``      ``true`` also reports actions that write nothing
 ``spark.openlineage.python.maxPlanBytes``         plans above this skip column lineage (32 MiB)
 ================================================  =====================================
@@ -34,6 +36,7 @@ import logging
 import os
 from typing import Any
 
+from producer import events
 from producer.errors import ConfigError
 from producer.spark.capture import CaptureSettings, snake
 from producer.spark.listener import SparkLineage
@@ -61,31 +64,63 @@ _TRANSPORT_FIELDS = frozenset({"bootstrap_servers", "topic", "properties", "mess
                                "journal_dir", "journal_max_bytes", "queue_max_events", "close_timeout_s"})
 
 
-def _transport_elsewhere(conf: dict[str, str]) -> bool:
+def _transport_elsewhere(conf: dict[str, str]) -> tuple[bool, str | None]:
     """Whether one of the other sources :func:`producer.config.load_config` merges
-    (``OPENLINEAGE__TRANSPORT__*`` env, openlineage.yml) configures a transport of ours."""
+    (``OPENLINEAGE__TRANSPORT*`` env, openlineage.yml) configures a transport of ours, and
+    the type of the transport they configure when it is not ours."""
     from producer.sources import collect
 
-    values, _origins = collect(spark_conf=conf)
-    return any(field in values for field in _TRANSPORT_FIELDS)
+    values, origins = collect(spark_conf=conf)
+    return any(field in values for field in _TRANSPORT_FIELDS), origins.get("transport_type")
 
 
 def _parents(conf: dict[str, str], producer: Any) -> tuple[tuple | None, tuple | None]:
+    """The producer's configured parent (explicit config; a built producer's already follows
+    Spark conf, then OPENLINEAGE_PARENT_ID), else Spark conf's, else OPENLINEAGE_PARENT_ID's:
+    parent and root from one source, an unusable one skipped (see :mod:`producer.parents`)."""
     cfg = getattr(producer, "config", None)
-    parent = getattr(cfg, "parent", None)
-    root = getattr(cfg, "root_parent", None)
-    if parent is None and conf.get(_P + "parentRunId"):
-        parent = (conf.get(_P + "parentJobNamespace", "default"), conf.get(_P + "parentJobName", "parent"),
-                  conf[_P + "parentRunId"])
-    if root is None and conf.get(_P + "rootParentRunId"):
-        root = (conf.get(_P + "rootParentJobNamespace", "default"), conf.get(_P + "rootParentJobName", "root"),
-                conf[_P + "rootParentRunId"])
-    from producer.events import env_parent_id
-    if parent is None:
-        parent = env_parent_id("OPENLINEAGE_PARENT_ID")
-    if root is None:
-        root = env_parent_id("OPENLINEAGE_ROOT_PARENT_ID")
+    if getattr(cfg, "parent", None) is not None:
+        return cfg.parent, getattr(cfg, "root_parent", None)
+    from producer.parents import resolve
+
+    parent, root, _source = resolve(conf, os.environ)
     return parent, root
+
+
+def disabled_facets(conf: dict[str, str]) -> frozenset[str]:
+    """Facet names turned off as the official integration reads them:
+    ``spark.openlineage.facets.disabled`` (``[a;b]`` or ``a;b``), then
+    ``spark.openlineage.facets.<name>.disabled`` (``true``/``false``) per facet."""
+    raw = str(conf.get(_P + "facets.disabled", "")).strip()
+    if raw.startswith("[") and raw.endswith("]"):
+        raw = raw[1:-1]
+    names = {name.strip() for name in raw.split(";") if name.strip()}
+    prefix = _P + "facets."
+    for key, value in conf.items():
+        if key.startswith(prefix) and key.endswith(".disabled") and len(key) > len(prefix + ".disabled"):
+            name = key[len(prefix):-len(".disabled")]
+            flag = str(value).strip().lower()
+            if flag == "true":
+                names.add(name)
+            elif flag == "false":
+                names.discard(name)
+            else:
+                log.warning("event=setting_ignored key=%s reason=expected true or false, got %r fix=set it to "
+                            "true or false", key, value)
+    return frozenset(names)
+
+
+class _FacetFilter:
+    """The sender, minus the disabled facets of every event (run, job and dataset facets)."""
+
+    def __init__(self, sender: Any, names: frozenset[str]) -> None:
+        self._sender, self._names = sender, names
+
+    def emit(self, event: dict) -> None:
+        self._sender.emit(events.without_facets(event, self._names))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sender, name)
 
 
 def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = None,
@@ -99,9 +134,12 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     the listener (undone). ``producer`` is anything with ``emit(dict)`` (default: a
     :class:`producer.LineageProducer` from the Spark conf and the other config sources;
     ``producer_overrides`` are its config fields). A mistake in *our* configuration (a
-    ``kafka`` transport without bootstrap servers, an unknown key, a bad value) raises
-    :class:`producer.errors.ConfigError` naming the key, here, before the job's work
-    starts; nothing after this call raises into the job. Calling it twice for one session
+    ``kafka`` transport without bootstrap servers, an unknown key in a section of type
+    ``kafka``, a bad value) raises :class:`producer.errors.ConfigError` naming the key, here,
+    before the job's work starts; problems in sources that are not needed (a malformed
+    openlineage.yml, another transport's ``OPENLINEAGE__TRANSPORT__*`` variables, an incomplete
+    or invalid ``spark.openlineage.parent*``) are logged once and skipped. Nothing after this
+    call raises into the job. Calling it twice for one session
     returns the running capture."""
     from producer.sources import TRANSPORT_TYPES, spark_disabled, spark_transport_type
 
@@ -141,8 +179,13 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
                      "capture not enabled here (pass producer= to send through this producer anyway)",
                      transport_type)
             return None
-        if producer_overrides or transport_type is not None or _transport_elsewhere(conf):
+        found, other = (False, None) if producer_overrides or transport_type else _transport_elsewhere(conf)
+        if producer_overrides or transport_type is not None or found:
             producer = built = LineageProducer(load_config(producer_overrides or None, spark_conf=conf))
+        elif other is not None:
+            log.info("lineage: the configured transport (%s) is not ours (kafka, lineage-relay); capture not "
+                     "enabled here (pass producer= to send through this producer anyway)", other)
+            return None
         else:
             log.warning("lineage: no transport configured (set spark.openlineage.transport.type=kafka and "
                         "spark.openlineage.transport.properties.bootstrap.servers, the OPENLINEAGE__TRANSPORT__* "
@@ -160,9 +203,10 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         warehouse=conf.get("spark.sql.warehouse.dir"),
     )
     parent, root = _parents(conf, producer)
+    off = disabled_facets(conf)
     lineage = SparkLineage(
-        spark, producer, settings, parent=parent, root=root, max_plan_bytes=max_plan,
-        read_only_actions=read_only)
+        spark, _FacetFilter(producer, off) if off else producer, settings, parent=parent, root=root,
+        max_plan_bytes=max_plan, read_only_actions=read_only)
     try:
         lineage.start()
     except Exception as err:  # noqa: BLE001 - a capture that cannot start must not stop the job

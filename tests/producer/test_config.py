@@ -47,16 +47,23 @@ def test_spark_conf_alone_configures_everything(tmp_path):
     assert cfg.root_parent == ("airflow", "dag", ROOT_ID)
 
 
-def test_precedence_is_explicit_then_yaml_then_env_then_spark(tmp_path):
+def test_precedence_is_explicit_then_spark_then_yaml_then_env(tmp_path):
+    """As the official Spark integration merges them (openlineage.yml, then Spark conf over it)
+    and openlineage-python does (openlineage.yml over OPENLINEAGE__ variables)."""
     yml = "transport:\n  type: kafka\n  topic: yml-topic\n  config:\n    linger.ms: 7\n"
     env = {"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__TOPIC": "env-topic",
            "OPENLINEAGE__TRANSPORT__MESSAGE_KEY": "env-key",
            "OPENLINEAGE__TRANSPORT__PROPERTIES__LINGER_MS": "3",
-           "OPENLINEAGE__TRANSPORT__PROPERTIES__BATCH_SIZE": "1000"}
+           "OPENLINEAGE__TRANSPORT__PROPERTIES__BATCH_SIZE": "1000",
+           "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": "env:9092",
+           "OPENLINEAGE_NAMESPACE": "env-ns"}
     cfg = _load(tmp_path, environ=env, spark_conf=SPARK, yml=yml)
-    assert cfg.topic == "yml-topic"          # yml over env and spark
-    assert cfg.message_key == "env-key"      # env over spark
+    assert (cfg.topic, cfg.message_key, cfg.bootstrap_servers) == ("spark-topic", "spark-key", "spark:9092")
+    assert cfg.namespace == "spark-ns"
     assert cfg.properties == {"compression.type": "zstd", "linger.ms": "7", "batch.size": "1000"}
+    cfg = _load(tmp_path, environ=env, yml=yml)
+    assert (cfg.topic, cfg.message_key, cfg.bootstrap_servers) == ("yml-topic", "env-key", "env:9092")
+    assert cfg.namespace == "env-ns"
     cfg = _load(tmp_path, {"topic": "explicit", "bootstrap_servers": "x:1"}, environ=env,
                 spark_conf=SPARK, yml=yml)
     assert (cfg.topic, cfg.bootstrap_servers) == ("explicit", "x:1")
@@ -103,10 +110,11 @@ def test_env_parent_ids_as_airflow_sets_them(tmp_path):
     ({"overrides": {"bootstrap_servers": "k:1", "properties": {"acks": "1"}}}, "acks='1' is not supported"),
     ({"overrides": {"bootstrap_servers": "k:1", "properties": {"enable.idempotence": False}}},
      "enable.idempotence='false' is not supported"),
-    ({"overrides": {"bootstrap_servers": "k:1", "parent_run_id": RUN_ID}}, "parent_job_namespace, parent_job_name missing"),
+    ({"overrides": {"bootstrap_servers": "k:1", "parent_run_id": RUN_ID}},
+     "parent_job_namespace, parent_job_name missing"),
     ({"overrides": {}}, "bootstrap_servers: required"),
-    ({"environ": {"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__AUTH__TYPE": "api_key"}},
-     "OPENLINEAGE__TRANSPORT__AUTH__TYPE: unknown transport setting"),
+    ({"environ": {"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__TOPC": "t"}},
+     "OPENLINEAGE__TRANSPORT__TOPC: unknown transport key"),
 ])
 def test_mistakes_name_the_key_and_the_fix(tmp_path, source, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):

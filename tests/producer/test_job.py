@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from datetime import datetime, timezone
 
 import pytest
 
-from producer import LineageProducer, events
+from producer import LineageProducer, events, job
 from producer.job import current_run, lineage_job
 from tests.producer.support import decode
 from tests.support.kafka import read_topic
@@ -115,3 +116,58 @@ def test_parent_comes_from_the_orchestrator_environment(kafka, producer, monkeyp
     assert env_parent["run"]["runId"] == parent_id and env_parent["root"]["run"]["runId"] == root_id
     assert docs[2]["run"]["facets"]["parent"]["run"]["runId"] == explicit
     assert "root" not in docs[2]["run"]["facets"]["parent"]
+
+
+@pytest.fixture
+def default_from(monkeypatch, tmp_path):
+    """A process whose lineage config is the test's OPENLINEAGE_* variables alone, and no
+    default producer yet (closed at the end)."""
+    for var in [v for v in os.environ if v.startswith("OPENLINEAGE")]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(job, "_default", None)
+
+    def configure(**env: str) -> None:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+    yield configure
+    if job._default is not None:
+        job._default.close(0)
+
+
+def _kafka_env(kafka, topic, tmp_path) -> dict[str, str]:
+    return {"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__TOPIC": topic,
+            "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+            "OPENLINEAGE__TRANSPORT__JOURNAL_DIR": str(tmp_path / "journal")}
+
+
+def test_other_transports_variables_do_not_cost_the_default_producer(kafka, tmp_path, default_from):
+    """OPENLINEAGE_URL makes openlineage-python write OPENLINEAGE__TRANSPORT__TRANSPORTS__*
+    into the process's environment; HTTP auth comes as OPENLINEAGE__TRANSPORT__AUTH__*."""
+    topic = kafka.new_topic("job-env")
+    default_from(**_kafka_env(kafka, topic, tmp_path),
+                 OPENLINEAGE__TRANSPORT__TRANSPORTS__DEFAULT_HTTP__TYPE="http",
+                 OPENLINEAGE__TRANSPORT__TRANSPORTS__DEFAULT_HTTP__URL="http://marquez:5000",
+                 OPENLINEAGE__TRANSPORT__AUTH__TYPE="api_key", OPENLINEAGE__TRANSPORT__AUTH__API_KEY="k")
+    with lineage_job("env.job"):
+        pass
+    assert job.default_producer().flush(10) == 0
+    records = read_topic(kafka.bootstrap_servers, topic, expected=2)
+    assert [decode(r.value)["eventType"] for r in records] == ["START", "COMPLETE"]
+
+
+def test_openlineage_disabled_sends_nothing(kafka, tmp_path, default_from, monkeypatch):
+    topic = kafka.new_topic("job-disabled")
+    default_from(**_kafka_env(kafka, topic, tmp_path), OPENLINEAGE_DISABLED="true")
+    with lineage_job("disabled.job"):
+        pass
+    job.default_producer().close(10)
+    assert not (tmp_path / "journal").exists()   # no producer was built
+    monkeypatch.delenv("OPENLINEAGE_DISABLED")
+    with LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic,
+                         journal_dir=tmp_path / "marker") as marker:
+        marker.emit(events.run_event("START", run_id=events.new_run_id(), job_namespace="t", job_name="marker"))
+    # One partition: anything the disabled job had sent would be ahead of the marker.
+    records = read_topic(kafka.bootstrap_servers, topic, expected=1)
+    assert [decode(r.value)["job"]["name"] for r in records] == ["marker"]

@@ -93,3 +93,25 @@ def test_a_bad_run_id_loses_the_events_not_the_function():
     with lineage_job("j", producer=sender, run_id="not-a-uuid"):
         pass
     assert sender.events == []
+
+
+def test_openlineage_disabled_needs_no_configuration(no_config, monkeypatch, caplog):
+    """The OpenLineage clients' switch: no transport, no error, one info line."""
+    from producer import kafka
+    from producer.kafka import DisabledProducer, LineageProducer
+
+    monkeypatch.setenv("OPENLINEAGE_DISABLED", "true")
+    monkeypatch.setattr(kafka, "_disabled_logged", False)
+    caplog.set_level(logging.INFO)
+
+    @lineage_job()
+    def work():
+        return "done"
+
+    assert work() == "done"
+    assert isinstance(job.default_producer(), DisabledProducer)
+    assert job.default_producer().stats.emitted == 2 and job.default_producer().stats.delivered == 0
+    explicit = LineageProducer(bootstrap_servers="127.0.0.1:1")
+    assert isinstance(explicit, DisabledProducer) and explicit.stats.mode == "disabled"
+    assert caplog.text.count("event=lineage_disabled reason=OPENLINEAGE_DISABLED=true") == 1
+    assert "bootstrap_servers" not in caplog.text

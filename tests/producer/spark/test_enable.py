@@ -85,12 +85,16 @@ def test_our_kafka_transport_misconfigured_still_fails_at_start(monkeypatch):
         enable_lineage(spark)
 
 
+class _BrokenSender(Recorder):
+    def emit(self, event: dict) -> None:
+        raise RuntimeError("the START event cannot be sent")
+
+
 def test_a_failed_start_unregisters_the_listener_and_undoes_the_hooks(caplog):
-    spark = FakeSession({"spark.openlineage.parentJobNamespace": "airflow", "spark.openlineage.parentJobName": "t",
-                         "spark.openlineage.parentRunId": "not-a-uuid"})   # the START event cannot be built
+    spark = FakeSession({})
     stop, hook = spark.sparkContext.stop, sys.excepthook
     caplog.set_level(logging.WARNING, "producer.spark")
-    assert enable_lineage(spark, producer=Recorder()) is None
+    assert enable_lineage(spark, producer=_BrokenSender()) is None
     assert [name for name, _ in spark.calls] == ["register", "unregister"] and spark.registered() == 0
     assert spark.sparkContext.stop == stop and sys.excepthook is hook
     assert id(spark._jsparkSession) not in _ACTIVE
@@ -114,3 +118,59 @@ def test_the_metastore_is_found_in_the_hadoop_configuration_too(spark):
             disable_lineage(spark)
     finally:
         hadoop.unset("hive.metastore.uris")
+
+
+RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
+
+
+@pytest.mark.parametrize("parent_conf", [
+    {"spark.openlineage.parentRunId": RUN_ID},                            # incomplete
+    {"spark.openlineage.parentJobNamespace": "airflow", "spark.openlineage.parentJobName": "dag.task",
+     "spark.openlineage.parentRunId": "{{ run_id }}"},                    # an unrendered template
+])
+def test_an_unusable_spark_parent_costs_the_parent_facet_not_the_capture(monkeypatch, caplog, parent_conf):
+    """As the official integration: the parent facet is omitted, the job and its lineage go on."""
+    from producer import parents
+
+    monkeypatch.delenv("OPENLINEAGE_PARENT_ID", raising=False)
+    monkeypatch.setattr(parents, "_warned", set())
+    caplog.set_level(logging.WARNING, "producer.config")
+    spark, sender = FakeSession(parent_conf), Recorder()
+    lineage = enable_lineage(spark, producer=sender)
+    try:
+        assert lineage is not None
+        [start] = sender.events
+        assert start["eventType"] == "START" and "parent" not in start["run"]["facets"]
+        assert "event=parent_ignored key" in caplog.text and "spark.openlineage.parentRunId" in caplog.text
+    finally:
+        disable_lineage(spark)
+
+
+def test_disabled_facets_are_left_out_as_the_official_integration_does():
+    spark, sender = FakeSession({"spark.openlineage.facets.disabled": "[processing_engine;spark_properties]",
+                                 "spark.openlineage.facets.spark_properties.disabled": "false",
+                                 "spark.openlineage.facets.jobType.disabled": "true",
+                                 "spark.app.name": "app"}), Recorder()
+    lineage = enable_lineage(spark, producer=sender)
+    try:
+        [start] = sender.events
+        assert "processing_engine" not in start["run"]["facets"] and "spark_properties" in start["run"]["facets"]
+        assert "jobType" not in start["job"].get("facets", {})
+    finally:
+        disable_lineage(spark)
+    assert lineage is not None
+
+
+def test_disabled_facets_are_left_out_of_datasets_too():
+    from producer import events
+
+    schema = events.facet("SchemaDatasetFacet", {"fields": []})
+    stats = events.facet("OutputStatisticsOutputDatasetFacet", {"rowCount": 1})
+    event = events.run_event(
+        "COMPLETE", run_id=RUN_ID, job_namespace="ns", job_name="j",
+        inputs=[events.dataset("s3://b", "in", {"schema": schema})],
+        outputs=[events.dataset("s3://b", "out", {"schema": schema}, output_facets={"outputStatistics": stats})])
+    out = events.without_facets(event, frozenset({"schema", "outputStatistics"}))
+    assert out["inputs"] == [{"namespace": "s3://b", "name": "in", "facets": {}}]
+    assert out["outputs"] == [{"namespace": "s3://b", "name": "out", "facets": {}, "outputFacets": {}}]
+    assert event["inputs"][0]["facets"] == {"schema": schema}   # the event given is left as it was

@@ -62,3 +62,57 @@ def test_no_transport_anywhere_or_another_tools_is_still_no_capture(no_ambient_c
     monkeypatch.setenv("OPENLINEAGE__TRANSPORT__URL", "http://marquez:5000")
     assert _enabled(FakeSession({})) is None
     assert "no transport configured" in caplog.text
+
+
+SPARK_KAFKA = {"spark.openlineage.transport.type": "kafka",
+               "spark.openlineage.transport.properties.bootstrap.servers": "127.0.0.1:9"}
+
+
+@pytest.fixture
+def fresh_logs(monkeypatch):
+    from producer import parents, readers
+
+    monkeypatch.setattr(readers, "_logged", set())
+    monkeypatch.setattr(parents, "_warned", set())
+
+
+def test_another_transports_variables_do_not_stop_spark_conf_kafka(no_ambient_config, monkeypatch):
+    """HTTP auth variables without OPENLINEAGE__TRANSPORT__TYPE: merged, not ours, skipped."""
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__AUTH__TYPE", "api_key")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__AUTH__API_KEY", "s3cret")
+    lineage = _enabled(FakeSession({**SPARK_KAFKA, "spark.openlineage.transport.journalDir":
+                                    str(no_ambient_config / "journal")}))
+    assert lineage is not None and lineage.sender.config.bootstrap_servers == "127.0.0.1:9"
+
+
+def test_a_malformed_openlineage_yml_does_not_stop_spark_conf_kafka(no_ambient_config, fresh_logs, caplog):
+    caplog.set_level(logging.WARNING, "producer.config")
+    (no_ambient_config / "openlineage.yml").write_text("transport:\n  type: http\n  url: http://x\n   endpoint: e\n")
+    lineage = _enabled(FakeSession({**SPARK_KAFKA, "spark.openlineage.transport.journalDir":
+                                    str(no_ambient_config / "journal")}))
+    assert lineage is not None
+    assert f"event=openlineage_yml_ignored path={no_ambient_config / 'openlineage.yml'}" in caplog.text
+
+
+def test_openlineage_yml_of_another_type_wins_over_env_kafka(no_ambient_config, monkeypatch, caplog):
+    """openlineage.yml (http) over OPENLINEAGE__ variables (kafka): an HTTP setup, not ours."""
+    (no_ambient_config / "openlineage.yml").write_text("transport:\n  type: http\n  url: http://marquez:5000\n")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "kafka")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS", "127.0.0.1:9")
+    caplog.set_level(logging.INFO, "producer.spark")
+    assert _enabled(FakeSession({})) is None
+    assert "the configured transport (" in caplog.text and "transport.type=http) is not ours" in caplog.text
+
+
+def test_spark_conf_wins_for_namespace_parent_and_root(no_ambient_config, monkeypatch):
+    run_id, root_id = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a", "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6b"
+    monkeypatch.setenv("OPENLINEAGE_NAMESPACE", "env-ns")
+    monkeypatch.setenv("OPENLINEAGE_PARENT_ID", "outer/outer.task/0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6c")
+    lineage = _enabled(FakeSession({
+        **SPARK_KAFKA, "spark.openlineage.transport.journalDir": str(no_ambient_config / "journal"),
+        "spark.openlineage.namespace": "spark-ns",
+        "spark.openlineage.parentJobNamespace": "airflow", "spark.openlineage.parentJobName": "dag.task",
+        "spark.openlineage.parentRunId": run_id, "spark.openlineage.rootParentJobNamespace": "airflow",
+        "spark.openlineage.rootParentJobName": "dag", "spark.openlineage.rootParentRunId": root_id}))
+    assert lineage.settings.namespace == lineage.sender.config.namespace == "spark-ns"
+    assert lineage.parent == ("airflow", "dag.task", run_id) and lineage.root == ("airflow", "dag", root_id)
