@@ -38,12 +38,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from relay_throughput import (  # noqa: E402
+    BATCH_EVENTS,
+    BATCH_PATH,
+    BATCH_REQUESTS,
+    CollectorProcess,
+    batch_ceiling,
+    bench_stream,
+    cpu_seconds,
+    load_topic,
+    measured,
+)
+
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker  # noqa: E402
 from relay.source.consumer_config import _DEFAULTS as CONSUMER_DEFAULTS  # noqa: E402
 from relay.stages.decode import decode_fields  # noqa: E402
-from relay_throughput import (  # noqa: E402
-    BATCH_EVENTS, BATCH_PATH, BATCH_REQUESTS, CollectorProcess, batch_ceiling, bench_stream, cpu_seconds, load_topic,
-    measured)
 
 #: As the relay polls (relay.intake._POLL_BATCH).
 POLL_BATCH = 8000

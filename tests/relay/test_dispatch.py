@@ -11,8 +11,8 @@ from collections import defaultdict
 import pytest
 
 from relay.dispatch import RunOrderedDispatcher
-from relay.stages.decode import decode_record
 from relay.embedded.sample import sample_stream
+from relay.stages.decode import decode_record
 
 
 def events(n_runs: int):

@@ -11,7 +11,7 @@ import pytest
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.kafka import committed_offsets, produce, read_topic
-from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, PRODUCE, proxied_broker
+from tests.support.kafka_proxy import MESSAGE_TOO_LARGE, proxied_broker
 from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka

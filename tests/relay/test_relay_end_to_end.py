@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter, defaultdict
-
 from datetime import datetime, timezone
 
 import orjson

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 import pytest
 import requests
 
-from relay.server import start_server
 from relay.embedded.broker import create_topic
+from relay.server import start_server
 from tests.support.relay import RelayProcess, RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka

@@ -15,8 +15,8 @@ from typing import Any
 import requests
 
 from relay.config import RelayConfig, build_config
-from relay.embedded.runner import RelayThread  # noqa: F401 - re-exported for tests
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, free_port
+from relay.embedded.runner import RelayThread  # noqa: F401 - re-exported for tests
 
 
 def relay_config(bootstrap: str, topic: str, collectors: dict[str, str], *, group: str, dlq: str,

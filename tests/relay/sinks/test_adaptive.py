@@ -9,10 +9,17 @@ import statistics
 import time
 
 import pytest
+
 from relay.config import CollectorConfig, ConfigError, build_config
 from relay.embedded.collector import RecordingCollector
 from relay.metrics import RelayMetrics
-from relay.sinks.adaptive import LATENCY_DECREASE, OVERLOAD_DECREASE, WINDOW, AdaptiveLimit, Outcome
+from relay.sinks.adaptive import (
+    LATENCY_DECREASE,
+    OVERLOAD_DECREASE,
+    WINDOW,
+    AdaptiveLimit,
+    Outcome,
+)
 from relay.sinks.http import _LIMIT_LOG_EVERY_S, HttpCollector
 from tests.support.busy_collector import BusyCollector
 from tests.support.clock import Clock

@@ -13,14 +13,19 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+import relay.source.producer as producer_module
 from relay.embedded.broker import EmbeddedBroker, free_port
 from relay.metrics import RelayMetrics
 from relay.sinks.deadletter import DeadLetterWriter
-import relay.source.producer as producer_module
 from relay.source.producer import ProducerHost
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
-from tests.support.kafka_proxy import (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE,
-                                      UNKNOWN_PRODUCER_ID, proxied_broker)
+from tests.support.kafka_proxy import (
+    INVALID_PRODUCER_EPOCH,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    PRODUCE,
+    UNKNOWN_PRODUCER_ID,
+    proxied_broker,
+)
 from tests.support.relay import eventually
 
 pytestmark = pytest.mark.kafka
