@@ -38,13 +38,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from producer.errors import ConfigError
 from producer.sources import collect
 
 log = logging.getLogger("producer.config")
 
+_SPARK = "spark.openlineage."
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # Every librdkafka property that can hold a secret: sasl.password, ssl.key.password,
 # ssl.keystore.password, ssl.key.pem, ssl_key, sasl.oauthbearer.config (clientSecret=...),
@@ -131,6 +132,8 @@ class ProducerConfig(BaseModel):
     root_parent_job_namespace: str | None = None
     root_parent_job_name: str | None = None
     root_parent_run_id: str | None = None
+    # Where parent_* came from: "explicit", "spark" or "env" (see parent_source).
+    _parent_source: str = PrivateAttr("explicit")
 
     @model_validator(mode="before")
     @classmethod
@@ -240,6 +243,14 @@ class ProducerConfig(BaseModel):
         return (self.parent_job_namespace, self.parent_job_name, self.parent_run_id)  # type: ignore[return-value]
 
     @property
+    def parent_source(self) -> Literal["explicit", "spark", "env"]:
+        """Where the parent (and root) came from: ``explicit`` (given to the config or
+        :func:`load_config`), ``spark`` (``spark.openlineage.parent*``) or ``env``
+        (``OPENLINEAGE_PARENT_ID``). :func:`producer.spark.enable_lineage` lets only an
+        explicit one win over the session's Spark conf."""
+        return self._parent_source  # type: ignore[return-value]
+
+    @property
     def root_parent(self) -> tuple[str, str, str] | None:
         if self.root_parent_run_id is None:
             return None
@@ -252,6 +263,15 @@ class ProducerConfig(BaseModel):
         props["bootstrap.servers"] = self.bootstrap_servers
         props["queue.buffering.max.messages"] = str(self.queue_max_events)
         return props
+
+    def __eq__(self, other: object) -> bool:
+        # The settings, not where the parent came from, make two configs equal.
+        if not isinstance(other, ProducerConfig):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self), *self.__dict__.values()))
 
     def __repr_args__(self):  # type: ignore[override]
         for name, value in super().__repr_args__():
@@ -288,7 +308,7 @@ def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) 
     """
     origins = origins or {}
     try:
-        return ProducerConfig(**values)
+        config = ProducerConfig(**values)
     except ValidationError as err:
         lines = []
         for problem in err.errors():
@@ -306,6 +326,18 @@ def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) 
             lines.append(f"{where}: {msg}")
         # from None: pydantic's error, chained, would print the values given (passwords too).
         raise ConfigError("invalid producer configuration:\n  " + "\n  ".join(lines)) from None
+    where = origins.get("parent_run_id", "")
+    config._parent_source = "env" if where.startswith("env ") else "spark" if where.startswith(_SPARK) else "explicit"
+    return config
+
+
+def with_overrides(config: ProducerConfig, overrides: Mapping[str, Any]) -> ProducerConfig:
+    """``config`` with ``overrides`` (ProducerConfig field names) applied and validated; the
+    parent keeps its source unless the overrides set one."""
+    built = build_config({**config.model_dump(exclude_none=True), **overrides})
+    if not any(key.startswith(("parent_", "root_parent_")) for key in overrides):
+        built._parent_source = config._parent_source
+    return built
 
 
 def load_config(overrides: Mapping[str, Any] | None = None, *,

@@ -53,6 +53,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from producer import events
+from producer.errors import ConfigError
 from producer.events import env_parent_id, parse_parent_id
 from producer.kafka import LineageProducer
 
@@ -91,10 +92,13 @@ def default_producer() -> LineageProducer | NoLineage:
             try:
                 _default = LineageProducer()
             except Exception as err:  # noqa: BLE001 - lineage must never break the job
+                # A ConfigError's text names keys, never values; any other error's text could
+                # quote a configuration value (a password), so only its type is logged.
+                reason = (" ".join(str(err).split()) if isinstance(err, ConfigError)
+                          else f"{type(err).__name__} while building the producer")
                 log.warning("event=lineage_disabled reason=%s fix=configure the producer (bootstrap servers "
                             "in openlineage.yml, OPENLINEAGE__TRANSPORT__* or Spark conf; a writable journal "
-                            "dir) or pass producer= to lineage_job; the job runs without lineage",
-                            str(err).replace("\n", " "))
+                            "dir) or pass producer= to lineage_job; the job runs without lineage", reason)
                 _default = NoLineage()
         return _default
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import threading
 import time
 import weakref
@@ -54,7 +55,7 @@ from typing import Any, Callable
 from confluent_kafka import KafkaException, Producer
 
 from producer.codec import encode_json
-from producer.config import ProducerConfig, build_config, load_config
+from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
 from producer.journal import adopt_orphans
 from producer.keys import message_key
@@ -64,6 +65,7 @@ from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_tr
 log = logging.getLogger(__name__)
 # librdkafka's own log lines (served on the sender thread), instead of raw stderr.
 _RDKAFKA_LOG = logging.getLogger("producer.librdkafka")
+_REJECTED_VALUE = re.compile(r'Invalid value ".*" (for configuration property ")', re.DOTALL)
 #: How long emit() waits for the journal writer when the spill queue is full (disk, not network).
 _FULL_WAIT_S = 1.0
 
@@ -99,19 +101,20 @@ class LineageProducer(Sender):
     field names) take precedence over either. Configuration mistakes, including unknown
     librdkafka properties, raise :class:`producer.errors.ConfigError` here. While
     ``OPENLINEAGE_DISABLED=true`` (the OpenLineage clients' switch) it builds a
-    :class:`DisabledProducer` instead: no configuration is read, nothing is sent.
+    :class:`DisabledProducer` instead (a subclass's constructor too: an instance of both): no
+    configuration source is read, nothing is sent.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
-        if cls is LineageProducer and disabled(os.environ):
-            return super().__new__(DisabledProducer)
+        if disabled(os.environ) and not issubclass(cls, DisabledProducer):
+            return super().__new__(_disabled_class(cls))
         return super().__new__(cls)
 
     def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
         if config is None:
             config = load_config(overrides)
         elif overrides:
-            config = build_config({**config.model_dump(exclude_none=True), **overrides})
+            config = with_overrides(config, overrides)
         self.config = config
         self._encode = _encoder(config.encoding)
         self._topic = config.topic
@@ -156,8 +159,11 @@ class LineageProducer(Sender):
             return Producer({**props, "error_cb": self._on_error,
                              "logger": _RDKAFKA_LOG})
         except KafkaException as err:
-            raise ConfigError(f"properties: librdkafka rejected the configuration: {err.args[0].str()} "
-                              "(fix or remove that property)") from err
+            # librdkafka quotes the value it rejects (Invalid value "..." for configuration property
+            # "..."): only the property is named, and its exception is not chained (it holds the value).
+            reason = _REJECTED_VALUE.sub(r"Invalid value \1", err.args[0].str())
+            raise ConfigError(f"properties: librdkafka rejected the configuration: {reason} "
+                              "(fix or remove that property)") from None
 
     # --- the hot path ----------------------------------------------------------------
 
@@ -291,14 +297,18 @@ class LineageProducer(Sender):
 
 
 class DisabledProducer(LineageProducer):
-    """What ``LineageProducer(...)`` builds while ``OPENLINEAGE_DISABLED=true``, as the official
-    clients fall back to a no-op transport: it reads no configuration, connects to nothing and
-    drops every event (counted in ``stats.emitted``). Logged once per process."""
-
-    config = None  # type: ignore[assignment]
+    """What ``LineageProducer(...)`` (or a subclass's constructor) builds while
+    ``OPENLINEAGE_DISABLED=true``, as the official clients fall back to a no-op transport: it
+    reads no configuration source, connects to nothing and drops every event (counted in
+    ``stats.emitted``). Logged once per process. ``config`` is the config given, else
+    ProducerConfig's defaults (``bootstrap_servers`` empty), with the keyword overrides that
+    name its fields applied as given (not validated: nothing uses them)."""
 
     def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
         global _disabled_logged
+        base = config if config is not None else ProducerConfig.model_construct(bootstrap_servers="")
+        self.config = base.model_copy(update={k: v for k, v in overrides.items()
+                                              if k in ProducerConfig.model_fields and v is not None})
         self._count_lock = threading.Lock()
         self._emitted = 0
         if not _disabled_logged:
@@ -331,6 +341,19 @@ class DisabledProducer(LineageProducer):
 
 
 _disabled_logged = False
+_DISABLED_CLASSES: dict[type, type] = {}
+
+
+def _disabled_class(cls: type) -> type:
+    """:class:`DisabledProducer` for ``LineageProducer`` itself; for a subclass, one that is
+    both (its own methods first, calling down to the disabled ones), so ``isinstance`` and the
+    subclass's additions still hold."""
+    if cls is LineageProducer:
+        return DisabledProducer
+    if cls not in _DISABLED_CLASSES:
+        _DISABLED_CLASSES[cls] = type(f"Disabled{cls.__name__}", (cls, DisabledProducer),
+                                      {"__module__": cls.__module__, "__doc__": DisabledProducer.__doc__})
+    return _DISABLED_CLASSES[cls]
 
 
 def _check_journal_dir(config: ProducerConfig) -> None:

@@ -51,9 +51,11 @@ class Source:
     where: str
     section: dict[str, Any]
     origin: Callable[[str], str]
-    # True when the source names our transport type itself: an unknown key in it is a mistake;
-    # in any other source it is skipped, logged at ``level``.
-    declares_ours: bool = False
+    # True when an unknown key in it is a mistake (raised): openlineage.yml and Spark conf are
+    # always written for this transport once the merged type is ours, the environment only when
+    # it names our type itself (other tools share OPENLINEAGE__TRANSPORT__*); otherwise an
+    # unknown key is skipped, logged at ``level``.
+    strict: bool = True
     level: int = logging.WARNING
 
 
@@ -78,16 +80,54 @@ def find_yaml(environ: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
     return None
 
 
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load``, but a value that cannot be built (``since: 2024-02-30``: a date
+    that does not exist) is a YAML error with its position, like any other mistake in the file."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any value the loader cannot build
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot build this value ({type(err).__name__})", node.start_mark) from None
+
+
+def _where(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def yaml_problem(err: BaseException) -> str:
+    """Why a file cannot be read, without its text: PyYAML's own message quotes the offending
+    line (``sasl.password: "hunter2...``), so only the problem and where it is are kept."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        problem = err.problem or err.context or "malformed YAML"
+        mark = err.problem_mark or err.context_mark
+        text = f"{problem} at {_where(mark)}" if mark is not None else problem
+        if err.context_mark is not None and mark is not err.context_mark and \
+                err.context_mark.line != getattr(mark, "line", None):
+            text += f" (started at {_where(err.context_mark)})"
+        return text
+    if isinstance(err, yaml.reader.ReaderError):
+        return f"{err.reason} (character {err.position})"
+    if isinstance(err, UnicodeDecodeError):
+        return f"not {err.encoding} text (byte {err.start})"
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    return type(err).__name__
+
+
 def yaml_source(path: Path | None) -> Source | None:
     if path is None:
         return None
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        reason = " ".join(str(err).split())
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+    except Exception as err:  # noqa: BLE001 - any file that cannot be read is read as empty
+        # Never str(err): PyYAML quotes the offending line, which may hold a password.
         log_once(logging.WARNING, f"badyaml:{path}",
-                 "event=openlineage_yml_ignored path=%s reason=cannot read it as YAML (%s) fix=correct or remove "
-                 "the file; it is read as empty", path, reason)
+                 "event=openlineage_yml_ignored path=%s reason=cannot read it as YAML: %s fix=correct or remove "
+                 "the file; it is read as empty", path, yaml_problem(err))
         return None
     section = doc.get("transport") if isinstance(doc, dict) else None
     if section is None:
@@ -102,8 +142,7 @@ def yaml_source(path: Path | None) -> Source | None:
                  "'transport:' followed by indented keys; it is read as empty", path)
         return None
     where = f"{path}: transport"
-    return Source(where, section, lambda key: f"{where}.{key}",
-                   declares_ours=section.get("type") is not None and is_ours(section.get("type")))
+    return Source(where, section, lambda key: f"{where}.{key}")
 
 
 def _env_value(raw: str) -> Any:
@@ -123,7 +162,7 @@ def env_json_section(environ: Mapping[str, str]) -> dict[str, Any]:
         return {}
     value = _env_value(raw)
     if not isinstance(value, dict):
-        log_once(logging.WARNING, f"badjson:{raw}",
+        log_once(logging.WARNING, f"badjson:{hash(raw)}",
                  "event=env_transport_ignored var=%s reason=not a JSON object fix=set it to the transport "
                  "section as JSON, e.g. '{\"type\": \"kafka\", \"topic\": \"openlineage\"}', or unset it",
                  _ENV_SECTION)
@@ -133,13 +172,26 @@ def env_json_section(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def env_source(environ: Mapping[str, str]) -> tuple[Source | None, list[str]]:
     """The ``OPENLINEAGE__TRANSPORT*`` variables as one section, and the nested variables
-    (settings of other transports, never read)."""
+    (settings of other transports, never read). A valid ``OPENLINEAGE__TRANSPORT`` JSON object
+    is the whole section: as in openlineage-python, the single variables are then not read
+    (their names are logged once, never their values)."""
+    nested = sorted(var for var in environ if var.startswith(_ENV) and _nested(var))
+    whole = env_json_section(environ)
+    if whole:
+        ignored = sorted(var for var in environ if var.startswith(_ENV) and not _nested(var))
+        if ignored:
+            log_once(logging.WARNING, "jsonwins:" + ",".join(ignored),
+                     "event=env_transport_ignored vars=%s reason=%s holds the whole transport section, which "
+                     "replaces them (as openlineage-python reads them) fix=move what is still needed into %s "
+                     "and unset them", ",".join(ignored), _ENV_SECTION, _ENV_SECTION)
+        section = {str(key).lower(): value for key, value in whole.items()}
+        return Source("env", section, lambda key: f"{_ENV_SECTION}.{key}", strict=_names_ours(section),
+                      level=logging.INFO), nested
     section: dict[str, Any] = {}
     origins: dict[str, str] = {}
     props: dict[str, Any] = {}
-    nested: list[str] = []
     for var, raw in sorted(environ.items()):
-        if not var.startswith(_ENV):
+        if not var.startswith(_ENV) or _nested(var):
             continue
         parts = var[len(_ENV):].lower().split("__")
         if len(parts) == 2 and parts[0] in ("properties", "config"):
@@ -148,24 +200,25 @@ def env_source(environ: Mapping[str, str]) -> tuple[Source | None, list[str]]:
         elif len(parts) == 1:
             section[parts[0]] = _env_value(raw)
             origins[parts[0]] = var
-        else:
-            nested.append(var)
     if props:
         given = section.get("properties", section.get("config"))
         section["properties"] = {**props, **(given if isinstance(given, dict) else {})}
         section.pop("config", None)
-    whole = env_json_section(environ)
-    for key, value in whole.items():   # the whole section as JSON wins over single variables
-        key = str(key).lower()
-        if isinstance(value, dict) and isinstance(section.get(key), dict):
-            value = {**section[key], **value}
-        section[key] = value
-        origins[key] = f"{_ENV_SECTION}.{key}"
     if not section:
         return None, nested
-    declares = section.get("type") is not None and is_ours(section.get("type"))
     return Source("env", section, lambda key: origins.get(key, f"{_ENV}{key.upper()}"),
-                   declares_ours=declares, level=logging.INFO), nested
+                  strict=_names_ours(section), level=logging.INFO), nested
+
+
+def _nested(var: str) -> bool:
+    """``OPENLINEAGE__TRANSPORT__AUTH__TYPE``, ``..._TRANSPORTS__DEFAULT_HTTP__URL``: a setting of
+    another transport (``PROPERTIES__<NAME>``/``CONFIG__<NAME>`` are librdkafka properties)."""
+    parts = var[len(_ENV):].lower().split("__")
+    return len(parts) > 1 and not (len(parts) == 2 and parts[0] in ("properties", "config"))
+
+
+def _names_ours(section: Mapping[str, Any]) -> bool:
+    return section.get("type") is not None and is_ours(section.get("type"))
 
 
 def spark_source(conf: Mapping[str, str]) -> Source | None:
@@ -178,26 +231,26 @@ def spark_source(conf: Mapping[str, str]) -> Source | None:
             section[key[len(prefix):]] = value
     if not section:
         return None
-    declares = section.get("type") is not None and is_ours(section.get("type"))
 
     def origin(key: str) -> str:
         return prefix + ("properties.*" if key == "properties" else key)
-    return Source(_SPARK + "transport", section, origin, declares_ours=declares)
+    return Source(_SPARK + "transport", section, origin)
 
 
 def env_foreign_keys(environ: Mapping[str, str]) -> set[str]:
-    """Transport keys (lower case) the ``OPENLINEAGE__TRANSPORT*`` variables bring that need not
-    be ours: every nested one (``AUTH__*``, ``TRANSPORTS__*``: never a setting of this
-    transport), and all of them unless the variables themselves name our type."""
-    whole = env_json_section(environ)
-    own_type = whole.get("type", environ.get(_ENV + "TYPE"))
-    declares = own_type is not None and is_ours(own_type)
+    """Transport keys (lower case) the ``OPENLINEAGE__TRANSPORT*`` variables bring into the
+    section openlineage-python hands a transport that need not be ours: every nested one
+    (``AUTH__*``, ``TRANSPORTS__*``: never a setting of this transport), and all of them unless
+    the variables themselves name our type. A valid ``OPENLINEAGE__TRANSPORT`` JSON object
+    replaces the single variables, so only its keys count then."""
+    whole = {str(key).lower(): value for key, value in env_json_section(environ).items()}
+    if whole:
+        return set() if _names_ours(whole) else set(whole)
+    declares = _names_ours({"type": environ.get(_ENV + "TYPE")})
     keys: set[str] = set()
     for var in environ:
         if var.startswith(_ENV):
             parts = var[len(_ENV):].lower().split("__")
             if not declares or (len(parts) > 1 and parts[0] not in ("properties", "config")):
                 keys.add(parts[0])
-    if not declares:
-        keys.update(str(k).lower() for k in whole)
     return keys

@@ -12,18 +12,18 @@ Precedence, highest first (a key set higher wins; ``properties`` merge key by ke
 3. ``openlineage.yml``: ``$OPENLINEAGE_CONFIG``, else ``./openlineage.yml``, else
    ``~/.openlineage/openlineage.yml`` (the first readable one), its ``transport:`` section
    (openlineage-python lets it win over the variables below);
-4. ``OPENLINEAGE__TRANSPORT__<KEY>`` environment variables and ``OPENLINEAGE__TRANSPORT``
-   (the whole section as a JSON object, which wins over the single keys); a JSON object or
-   array value is parsed, any other stays text (``OPENLINEAGE__TRANSPORT__TOPIC=123`` is
-   topic ``123``; ``OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS=k:9092`` is
-   ``bootstrap.servers``), plus ``OPENLINEAGE_NAMESPACE``, ``OPENLINEAGE_PARENT_ID`` and
-   ``OPENLINEAGE_ROOT_PARENT_ID`` (``<namespace>/<job name>/<run id>``, as Airflow's
-   ``lineage_parent_id`` macro renders).
+4. ``OPENLINEAGE__TRANSPORT__<KEY>`` environment variables, or ``OPENLINEAGE__TRANSPORT``
+   (the whole section as a JSON object, which then replaces the single variables, as in
+   openlineage-python; their names are logged once); a JSON object or array value is
+   parsed, any other stays text (``OPENLINEAGE__TRANSPORT__TOPIC=123`` is topic ``123``;
+   ``OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS=k:9092`` is ``bootstrap.servers``),
+   plus ``OPENLINEAGE_NAMESPACE``, ``OPENLINEAGE_PARENT_ID`` and ``OPENLINEAGE_ROOT_PARENT_ID``
+   (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders).
 
 Whose transport it is, is decided on the merged section, as the official clients do: the
 ``type`` of the highest source that sets one wins, and a source whose type differs from a
-higher one's is dropped whole (our type names count as one). Only a merged type of ours is read: ``kafka`` (the official
-Kafka transport's settings carry over unchanged), ``lineage-relay`` or the plugin's dotted
+higher one's is dropped whole (our type names count as one). Only a merged type of ours is
+read: ``kafka`` (the official Kafka transport's settings carry over unchanged), ``lineage-relay`` or the plugin's dotted
 path ``producer.openlineage_transport.LineageRelayTransport`` (no type anywhere counts as
 ours). So openlineage.yml ``type: http`` with ``OPENLINEAGE__TRANSPORT__TYPE=kafka`` is an
 HTTP setup, not ours. Keys are matched ignoring case and ``_`` (``messageKey`` =
@@ -32,15 +32,18 @@ client) both mean librdkafka properties, whose names may be written with ``_`` f
 ``topicName`` (Java) and ``topic`` (Python) both mean the topic; ``flush`` is accepted and
 ignored (``emit`` never waits for the broker), so is ``localServerId``.
 
-A source that names our type itself (``type: kafka`` in openlineage.yml, in Spark conf or
-``OPENLINEAGE__TRANSPORT__TYPE``) was written for this producer: an unknown key in it is an
-error naming the key. Anything else that is not needed is logged once and skipped, never
-raised: settings of other transports (``OPENLINEAGE__TRANSPORT__AUTH__*``, ``HEADERS__*``,
-the ``TRANSPORTS__DEFAULT_HTTP__*`` openlineage-python writes for ``OPENLINEAGE_URL``), a
-malformed or unreadable openlineage.yml, a malformed ``OPENLINEAGE_PARENT_ID`` and an
-incomplete or invalid Spark parent (the parent facet is then omitted, as the official
-integration does). Parent and root always come from one source (explicit > Spark conf >
-``OPENLINEAGE_PARENT_ID``).
+When the merged type is ours (no type anywhere counts), openlineage.yml's and Spark conf's
+transport sections were written for this producer: an unknown key in them is an error naming
+the key (``transport.topc``), whether or not they set a type. The ``OPENLINEAGE__TRANSPORT*``
+variables are shared with other tools, so an unknown key there is an error only when they
+name our type themselves (``OPENLINEAGE__TRANSPORT__TYPE=kafka``). Anything else that is not
+needed is logged once and skipped, never raised: other keys in those variables and settings
+of other transports (``OPENLINEAGE__TRANSPORT__AUTH__*``, ``HEADERS__*``, the
+``TRANSPORTS__DEFAULT_HTTP__*`` openlineage-python writes for ``OPENLINEAGE_URL``), a
+malformed or unreadable openlineage.yml (only the problem and its line are logged, never the
+file's text), a malformed ``OPENLINEAGE_PARENT_ID`` and an incomplete or invalid Spark
+parent (the parent facet is then omitted, as the official integration does). Parent and
+root always come from one source (explicit > Spark conf > ``OPENLINEAGE_PARENT_ID``).
 """
 
 from __future__ import annotations
@@ -197,7 +200,7 @@ def _transport(sources: list[Source], nested: list[str]) -> tuple[_Layer, str | 
     layer = _Layer()
     for src in kept:
         layer.update(transport_layer(src.section, src.where, origin=src.origin, skip_level=src.level,
-                                     skippable=lambda key, strict=src.declares_ours: not strict))
+                                     skippable=lambda key, strict=src.strict: not strict))
     return layer, None
 
 

@@ -23,7 +23,7 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 ``spark.openlineage.parentJobNamespace`` etc.     parent/root parent run (also ``OPENLINEAGE_PARENT_ID``)
 ``spark.openlineage.capturedProperties``          Spark properties to report (comma list)
 ``spark.openlineage.columnLineage.enabled``       ``false`` skips column lineage
-``spark.openlineage.facets.disabled``             facets to leave out, ``[schema;columnLineage]``
+``spark.openlineage.facets.disabled``             facets to leave out, ``[schema;columnLineage]`` (then not computed)
 ``spark.openlineage.facets.<name>.disabled``      ``true``/``false`` per facet (over the list)
 ``spark.openlineage.python.readOnlyActions``      ``true`` also reports actions that write nothing
 ``spark.openlineage.python.maxPlanBytes``         plans above this skip column lineage (32 MiB)
@@ -75,11 +75,12 @@ def _transport_elsewhere(conf: dict[str, str]) -> tuple[bool, str | None]:
 
 
 def _parents(conf: dict[str, str], producer: Any) -> tuple[tuple | None, tuple | None]:
-    """The producer's configured parent (explicit config; a built producer's already follows
-    Spark conf, then OPENLINEAGE_PARENT_ID), else Spark conf's, else OPENLINEAGE_PARENT_ID's:
-    parent and root from one source, an unusable one skipped (see :mod:`producer.parents`)."""
+    """The producer's explicitly configured parent, else this session's Spark conf's, else
+    OPENLINEAGE_PARENT_ID's: parent and root from one source, an unusable one skipped (see
+    :mod:`producer.parents`). A parent the producer's config took from Spark conf or the
+    environment when it was built does not beat this session's Spark conf."""
     cfg = getattr(producer, "config", None)
-    if getattr(cfg, "parent", None) is not None:
+    if getattr(cfg, "parent", None) is not None and getattr(cfg, "parent_source", "explicit") == "explicit":
         return cfg.parent, getattr(cfg, "root_parent", None)
     from producer.parents import resolve
 
@@ -134,8 +135,8 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     the listener (undone). ``producer`` is anything with ``emit(dict)`` (default: a
     :class:`producer.LineageProducer` from the Spark conf and the other config sources;
     ``producer_overrides`` are its config fields). A mistake in *our* configuration (a
-    ``kafka`` transport without bootstrap servers, an unknown key in a section of type
-    ``kafka``, a bad value) raises :class:`producer.errors.ConfigError` naming the key, here,
+    ``kafka`` transport without bootstrap servers, an unknown key in openlineage.yml's or Spark
+    conf's transport section, a bad value) raises :class:`producer.errors.ConfigError` naming the key, here,
     before the job's work starts; problems in sources that are not needed (a malformed
     openlineage.yml, another transport's ``OPENLINEAGE__TRANSPORT__*`` variables, an incomplete
     or invalid ``spark.openlineage.parent*``) are logged once and skipped. Nothing after this
@@ -165,7 +166,10 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     if wanted is None:
         raw = conf.get(_P + "capturedProperties")
         wanted = [p.strip() for p in raw.split(",") if p.strip()] if raw else list(_DEFAULT_PROPERTIES)
+    off = disabled_facets(conf)
     col_lineage = column_lineage if column_lineage is not None else _bool(conf, _P + "columnLineage.enabled", True)
+    # A disabled columnLineage facet would be thrown away: not computed at all.
+    col_lineage = col_lineage and "columnLineage" not in off
     read_only = (read_only_actions if read_only_actions is not None
                  else _bool(conf, _P + "python.readOnlyActions", False))
     built = None
@@ -203,7 +207,6 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         warehouse=conf.get("spark.sql.warehouse.dir"),
     )
     parent, root = _parents(conf, producer)
-    off = disabled_facets(conf)
     lineage = SparkLineage(
         spark, _FacetFilter(producer, off) if off else producer, settings, parent=parent, root=root,
         max_plan_bytes=max_plan, read_only_actions=read_only)

@@ -128,6 +128,24 @@ def test_unknown_librdkafka_property_fails_at_construction(tmp_path):
                         properties={"no.such.property": "1"})
 
 
+def test_a_value_librdkafka_rejects_is_not_quoted(tmp_path):
+    """librdkafka's message quotes the rejected value (a secret put in the wrong property):
+    the error names the property only, and does not chain librdkafka's exception."""
+    with pytest.raises(ConfigError, match='Invalid value for configuration property "security.protocol"') as raised:
+        LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path,
+                        properties={"security.protocol": "hunter2-secret"})
+    assert "hunter2" not in "".join(traceback.format_exception(raised.value))
+
+
+def test_overrides_keep_where_the_parent_came_from(tmp_path):
+    cfg = _load(tmp_path, {"bootstrap_servers": "127.0.0.1:1"},
+                environ={"OPENLINEAGE_PARENT_ID": f"airflow/dag.task/{RUN_ID}"})
+    with LineageProducer(cfg, journal_dir=tmp_path, topic="other") as producer:
+        assert producer.config.parent == cfg.parent and producer.config.parent_source == "env"
+        assert producer.config.topic == "other"
+    assert cfg == ProducerConfig(**cfg.model_dump())   # equal settings are equal configs
+
+
 def test_secrets_never_print():
     cfg = ProducerConfig(bootstrap_servers="k:1", properties={"sasl.password": "hunter2",
                                                              "ssl.key.password": "pw", "linger.ms": 5})

@@ -68,6 +68,33 @@ def test_a_typo_in_a_section_of_ours_still_fails(tmp_path):
         _load(tmp_path, spark_conf={**SPARK_KAFKA, "spark.openlineage.transport.topicNmae": "t"})
 
 
+@pytest.mark.parametrize("source, key", [
+    ({"yml": "transport:\n  topc: lineage-prod\n  properties: {bootstrap.servers: 'k:9092'}\n"}, "transport.topc"),
+    ({"spark_conf": {"spark.openlineage.transport.topc": "lineage-prod",
+                     "spark.openlineage.transport.properties.bootstrap.servers": "k:9092"}},
+     "spark.openlineage.transport.topc"),
+    # The type set by another source: openlineage.yml's own section is still ours.
+    ({"yml": "transport:\n  topc: lineage-prod\n",
+      "environ": {"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__CONFIG__BOOTSTRAP_SERVERS": "k:1"}},
+     "transport.topc"),
+])
+def test_a_typo_in_openlineage_yml_or_spark_conf_without_a_type_fails(tmp_path, source, key):
+    """No type anywhere is our transport: a misspelt topic must not send to the default topic."""
+    with pytest.raises(ConfigError, match=f"{key}: unknown transport key"):
+        _load(tmp_path, environ=source.get("environ"), spark_conf=source.get("spark_conf"), yml=source.get("yml"))
+
+
+def test_unknown_variables_without_our_type_are_still_skipped(tmp_path, caplog):
+    """The OPENLINEAGE__TRANSPORT__* variables are shared with other tools: without a type of
+    ours there, an unknown one is skipped, whatever the other sources say."""
+    caplog.set_level(logging.INFO, "producer.config")
+    yml = "transport:\n  type: kafka\n  properties: {bootstrap.servers: 'k:9092'}\n"
+    cfg = _load(tmp_path, environ={"OPENLINEAGE__TRANSPORT__URL": "http://marquez:5000"}, yml=yml)
+    assert cfg.bootstrap_servers == "k:9092"
+    [line] = _lines(caplog, "transport_setting_ignored")
+    assert "OPENLINEAGE__TRANSPORT__URL" in line and "marquez" not in line
+
+
 # --- whose transport it is: decided on the merged config (finding 8) ---------------------
 
 def test_openlineage_yml_of_another_type_wins_over_env_kafka(tmp_path):
@@ -85,17 +112,33 @@ def test_openlineage_yml_of_another_type_wins_over_env_kafka(tmp_path):
 
 # --- OPENLINEAGE__TRANSPORT as one JSON object (finding 4) -------------------------------
 
-def test_the_whole_transport_section_as_json(tmp_path):
+def test_the_whole_transport_section_as_json(tmp_path, caplog):
     section = {"type": "kafka", "topic": "t1", "config": {"bootstrap.servers": "k:9092", "linger.ms": 3}}
     cfg = _load(tmp_path, environ={"OPENLINEAGE__TRANSPORT": json.dumps(section)})
     assert (cfg.topic, cfg.bootstrap_servers, cfg.properties) == ("t1", "k:9092", {"linger.ms": "3"})
-    cfg = _load(tmp_path, environ={"OPENLINEAGE__TRANSPORT": json.dumps(section),
-                                   "OPENLINEAGE__TRANSPORT__TOPIC": "nested",
-                                   "OPENLINEAGE__TRANSPORT__MESSAGE_KEY": "k"})
-    assert (cfg.topic, cfg.message_key) == ("t1", "k")   # the JSON section wins on conflicts
+    # As in openlineage-python, the JSON section replaces the single variables: stale ones
+    # (a key, a password, a typo) are not read, and are named in one line, without their values.
+    caplog.set_level(logging.INFO, "producer.config")
+    stale = {"OPENLINEAGE__TRANSPORT__TOPIC": "nested", "OPENLINEAGE__TRANSPORT__MESSAGE_KEY": "stale-key",
+             "OPENLINEAGE__TRANSPORT__PROPERTIES__SASL_PASSWORD": "hunter2-secret",
+             "OPENLINEAGE__TRANSPORT__TOPC": "typo"}
+    cfg = _load(tmp_path, environ={"OPENLINEAGE__TRANSPORT": json.dumps(section), **stale})
+    assert (cfg.topic, cfg.message_key, cfg.properties) == ("t1", None, {"linger.ms": "3"})
+    [line] = _lines(caplog, "env_transport_ignored")
+    assert all(var in line for var in stale) and "fix=" in line
+    assert not any(value in caplog.text for value in stale.values())
 
 
 # --- parent and root from one source (findings 3, 7) -------------------------------------
+
+def test_a_config_knows_where_its_parent_came_from(tmp_path):
+    env = {"OPENLINEAGE_PARENT_ID": f"other/outer.task/{OUTER_ID}"}
+    assert _load(tmp_path, {"bootstrap_servers": "k:1"}, environ=env).parent_source == "env"
+    assert _load(tmp_path, environ=env, spark_conf={**SPARK_KAFKA, **SPARK_PARENT}).parent_source == "spark"
+    explicit = {"bootstrap_servers": "k:1", "parent_job_namespace": "a", "parent_job_name": "b",
+                "parent_run_id": RUN_ID}
+    assert _load(tmp_path, explicit, environ=env).parent_source == "explicit"
+
 
 def test_parent_and_root_come_from_one_source(tmp_path):
     inherited = {"OPENLINEAGE_PARENT_ID": f"other/outer.task/{OUTER_ID}"}
@@ -136,6 +179,44 @@ def test_a_malformed_openlineage_yml_is_logged_and_read_as_empty(tmp_path, caplo
     assert cfg.bootstrap_servers == "spark:9092"
     [line] = _lines(caplog, "openlineage_yml_ignored")
     assert str(tmp_path / "openlineage.yml") in line and "fix=" in line
+
+
+SECRET = "hunter2-secret"
+
+
+@pytest.mark.parametrize("yml, where", [
+    # An unclosed quote: PyYAML's message quotes the line it is on.
+    ('transport:\n  type: kafka\n  properties:\n    bootstrap.servers: k:9092\n    sasl.password: "hunter2-secret\n',
+     "line 6, column 1"),
+    ("transport:\n  type: kafka\n  properties:\n    sasl.password: hunter2-secret: x\n", "line 4, column 34"),
+    ("transport:\n  type: kafka\n  properties:\n\tsasl.password: hunter2-secret\n", "line 4, column 1"),
+    # A value PyYAML cannot build (no such date): not even a YAMLError.
+    ("transport:\n  type: kafka\n  properties:\n    sasl.password: hunter2-secret\n    since: 2024-02-30\n",
+     "line 5, column 12"),
+])
+def test_a_malformed_openlineage_yml_never_logs_its_text(tmp_path, caplog, yml, where):
+    caplog.set_level(logging.DEBUG)
+    cfg = _load(tmp_path, spark_conf=SPARK_KAFKA, yml=yml)
+    assert cfg.bootstrap_servers == "spark:9092" and "sasl.password" not in cfg.properties
+    [line] = _lines(caplog, "openlineage_yml_ignored")
+    assert where in line and "fix=" in line
+    with pytest.raises(ConfigError) as raised:
+        _load(tmp_path, yml=yml)
+    assert "bootstrap_servers: required" in str(raised.value)
+    assert SECRET not in caplog.text and SECRET not in str(raised.value)
+
+
+def test_a_value_yaml_cannot_build_in_another_tools_section_skips_the_file(tmp_path, caplog):
+    """``since: 2024-02-30`` makes PyYAML raise ValueError: the file is read as empty, and a
+    missing setting is the ConfigError the caller expects, not a ValueError."""
+    caplog.set_level(logging.WARNING, "producer.config")
+    yml = "transport:\n  type: kafka\n  topic: t\nsomething_else:\n  since: 2024-02-30\n"
+    cfg = _load(tmp_path, spark_conf=SPARK_KAFKA, yml=yml)
+    assert (cfg.bootstrap_servers, cfg.topic) == ("spark:9092", "openlineage")
+    [line] = _lines(caplog, "openlineage_yml_ignored")
+    assert "line 5, column 10" in line and "it is read as empty" in line
+    with pytest.raises(ConfigError, match="bootstrap_servers: required"):
+        _load(tmp_path, yml=yml)
 
 
 def test_an_unreadable_openlineage_yml_gives_way_to_the_next(tmp_path, monkeypatch):

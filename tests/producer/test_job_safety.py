@@ -115,3 +115,46 @@ def test_openlineage_disabled_needs_no_configuration(no_config, monkeypatch, cap
     assert isinstance(explicit, DisabledProducer) and explicit.stats.mode == "disabled"
     assert caplog.text.count("event=lineage_disabled reason=OPENLINEAGE_DISABLED=true") == 1
     assert "bootstrap_servers" not in caplog.text
+
+
+def test_a_disabled_producer_has_a_usable_config(no_config, monkeypatch):
+    from producer.kafka import DisabledProducer, LineageProducer
+
+    monkeypatch.setenv("OPENLINEAGE_DISABLED", "true")
+    assert LineageProducer().config.topic == "openlineage"
+    assert LineageProducer(topic="mine").config.topic == "mine"
+    given = ProducerConfig(bootstrap_servers="k:1", topic="given")
+    assert LineageProducer(given).config == given
+    assert DisabledProducer().config.close_timeout_s == 10.0
+
+
+def test_a_subclass_of_lineage_producer_honours_openlineage_disabled(no_config, monkeypatch, tmp_path):
+    from producer.kafka import DisabledProducer, LineageProducer
+
+    class Mine(LineageProducer):
+        def emit(self, event: dict) -> None:
+            super().emit({**event, "mine": True})
+
+        def team(self) -> str:
+            return "data"
+
+    monkeypatch.setenv("OPENLINEAGE_DISABLED", "true")
+    mine = Mine(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path / "journal")
+    assert isinstance(mine, Mine) and isinstance(mine, DisabledProducer) and mine.team() == "data"
+    mine.emit({"eventType": "START"})
+    assert mine.stats.mode == "disabled" and mine.stats.emitted == 1 and mine.flush() == 0
+    mine.close()
+    assert not (tmp_path / "journal").exists()   # nothing was built
+    assert type(Mine()) is type(mine)
+
+
+def test_a_failure_building_the_default_producer_never_logs_its_text(no_config, monkeypatch, caplog):
+    """Only a ConfigError's text (it names keys, never values) is logged; any other error's
+    text could quote a configuration value."""
+    def failing(*args, **kwargs):
+        raise ValueError("sasl.password='hunter2-secret' cannot be used")
+    monkeypatch.setattr(job, "LineageProducer", failing)
+    caplog.set_level(logging.WARNING, "producer.job")
+    with lineage_job("j"):
+        pass
+    assert "event=lineage_disabled reason=ValueError" in caplog.text and "hunter2" not in caplog.text

@@ -174,3 +174,37 @@ def test_disabled_facets_are_left_out_of_datasets_too():
     assert out["inputs"] == [{"namespace": "s3://b", "name": "in", "facets": {}}]
     assert out["outputs"] == [{"namespace": "s3://b", "name": "out", "facets": {}, "outputFacets": {}}]
     assert event["inputs"][0]["facets"] == {"schema": schema}   # the event given is left as it was
+
+
+@pytest.mark.parametrize("disabled", [
+    {"spark.openlineage.facets.disabled": "[columnLineage]"},
+    {"spark.openlineage.facets.columnLineage.disabled": "true"},
+])
+def test_a_disabled_column_lineage_facet_is_not_computed(spark, tmp_path, monkeypatch, disabled):
+    """Tracing a plan's columns costs the listener thread; a facet that is left out must not be traced."""
+    from producer.spark import columns
+    from tests.producer.spark.support import drain
+
+    traced: list[object] = []
+    real_trace = columns.trace
+
+    def counting(*args, **kwargs):
+        traced.append(args[0])
+        return real_trace(*args, **kwargs)
+    monkeypatch.setattr(columns, "trace", counting)
+    real_conf = spark.sparkContext.getConf().getAll()
+    src = spark.range(5).selectExpr("id", "id * 2 AS twice")
+    for conf, expect_traced in ((disabled, False), ({}, True)):
+        monkeypatch.setattr(spark.sparkContext, "getConf", lambda conf=conf: SimpleNamespace(
+            getAll=lambda: [*real_conf, *conf.items()]))
+        sender, traced[:] = Recorder(), []
+        enable_lineage(spark, producer=sender, app_name="cols")
+        try:
+            src.write.mode("overwrite").parquet(str(tmp_path / "out"))
+            drain(spark)
+        finally:
+            disable_lineage(spark)
+        outputs = [o for e in sender.events for o in e.get("outputs", [])]
+        assert outputs, "the write is reported"
+        assert bool(traced) is expect_traced
+        assert any("columnLineage" in o.get("facets", {}) for o in outputs) is expect_traced

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from producer.errors import ConfigError
 from producer.spark import disable_lineage, enable_lineage
 from tests.producer.spark.test_enable import FakeSession
 
@@ -116,3 +117,51 @@ def test_spark_conf_wins_for_namespace_parent_and_root(no_ambient_config, monkey
         "spark.openlineage.rootParentJobName": "dag", "spark.openlineage.rootParentRunId": root_id}))
     assert lineage.settings.namespace == lineage.sender.config.namespace == "spark-ns"
     assert lineage.parent == ("airflow", "dag.task", run_id) and lineage.root == ("airflow", "dag", root_id)
+
+
+def test_a_value_yaml_cannot_build_does_not_stop_spark_conf_kafka(no_ambient_config, fresh_logs, caplog):
+    """``since: 2024-02-30`` (no such date) in another tool's part of openlineage.yml: PyYAML
+    raises ValueError, which must neither escape enable_lineage nor cost the capture."""
+    caplog.set_level(logging.WARNING, "producer")
+    (no_ambient_config / "openlineage.yml").write_text(
+        "transport:\n  type: http\n  url: http://m\nsomething_else:\n  since: 2024-02-30\n")
+    lineage = _enabled(FakeSession({**SPARK_KAFKA, "spark.openlineage.transport.journalDir":
+                                    str(no_ambient_config / "journal")}))
+    assert lineage is not None and lineage.sender.config.bootstrap_servers == "127.0.0.1:9"
+    assert _enabled(FakeSession({})) is None
+    assert "no transport configured" in caplog.text and "line 5, column 10" in caplog.text
+
+
+def test_a_typo_in_openlineage_yml_without_a_type_fails_at_start(no_ambient_config):
+    """No type anywhere is our transport: ``topc`` must not send everything to the default topic."""
+    (no_ambient_config / "openlineage.yml").write_text(
+        "transport:\n  topc: lineage-prod\n  properties:\n    bootstrap.servers: 127.0.0.1:9\n")
+    with pytest.raises(ConfigError, match="transport.topc: unknown transport key"):
+        enable_lineage(FakeSession({}))
+
+
+def test_spark_conf_parent_wins_over_the_env_parent_a_given_producer_took(no_ambient_config, monkeypatch):
+    """A producer built by LineageProducer(...) took OPENLINEAGE_PARENT_ID from the environment;
+    the session's Spark conf parent still wins (Spark conf > env); an explicit one does not yield."""
+    from producer.config import load_config
+    from tests.producer.spark.support import Recorder
+
+    run_id = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
+    spark_parent = {"spark.openlineage.parentJobNamespace": "airflow", "spark.openlineage.parentJobName": "dag.task",
+                    "spark.openlineage.parentRunId": run_id}
+    monkeypatch.setenv("OPENLINEAGE_PARENT_ID", "outer/outer.task/0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6c")
+    for config, parent in [
+        (load_config({"bootstrap_servers": "127.0.0.1:9"}), ("airflow", "dag.task", run_id)),
+        (load_config({"bootstrap_servers": "127.0.0.1:9", "parent_job_namespace": "mine", "parent_job_name": "job",
+                      "parent_run_id": run_id}), ("mine", "job", run_id)),
+    ]:
+        sender = Recorder()
+        sender.config = config
+        spark = FakeSession(spark_parent)
+        lineage = enable_lineage(spark, producer=sender)
+        try:
+            assert lineage.parent == parent
+            [start] = sender.events
+            assert start["run"]["facets"]["parent"]["job"]["namespace"] == parent[0]
+        finally:
+            disable_lineage(spark)
