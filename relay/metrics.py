@@ -139,7 +139,7 @@ class RelayMetrics:
         self.state_writes = Counter(p + "run_state_writes", "Run-state changelog records acknowledged, by result",
                                     ["result"], registry=r)
         self.batch_requests = Counter(p + "batch_requests", "Batch POSTs answered, by result (ok, partial, retry, "
-                                      "refused, unattributed)", ["collector", "result"], registry=r)
+                                      "refused, unattributed, unsupported)", ["collector", "result"], registry=r)
         self.offset_resets = Counter(p + "offset_resets", "Partitions read from elsewhere than their committed "
                                      "offset because the partition no longer held it (retention, a recreated "
                                      "topic)", ["topic"], registry=r)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from relay.config import CollectorConfig, RetryConfig
+from relay.config import CollectorConfig
 from relay.events import LineageEvent
 from relay.metrics import RelayMetrics
 from relay.sinks.kinds import build_collector
@@ -118,9 +118,7 @@ def collector_config(config: CollectorConfig, max_attempts: int | None) -> Colle
         if config.retry.max_attempts is not None:
             return config
         max_attempts = OPS_MAX_ATTEMPTS
-    retry = RetryConfig(initial_backoff_s=config.retry.initial_backoff_s,
-                        max_backoff_s=config.retry.max_backoff_s, max_attempts=max_attempts)
-    return config.model_copy(update={"retry": retry})
+    return config.model_copy(update={"retry": config.retry.model_copy(update={"max_attempts": max_attempts})})
 
 
 class BatchDelivery:

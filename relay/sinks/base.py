@@ -21,7 +21,9 @@ from typing import Protocol
 
 @dataclass(frozen=True, slots=True)
 class Undeliverable:
-    reason: str          # "collector_rejected" | "retries_exhausted" | "relay_error"
+    #: "collector_rejected" | "retries_exhausted" | "collector_failed_event" | "relay_error",
+    #: or a kind's own (``connector_not_enabled``, ``collector_skipped``).
+    reason: str
     detail: str
     status: int | None = None
 

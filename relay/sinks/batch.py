@@ -25,7 +25,12 @@ What this guarantees, and why:
 * A batch refused whole with a permanent status, or a reply that cannot say which events
   failed, sends each of its events alone to the single-event endpoint, so one bad event
   does not take its neighbours to the dead-letter topic. An event larger than
-  ``max_bytes`` on its own also goes alone.
+  ``max_bytes`` on its own also goes alone. So does an event whose batches were answered
+  a bare 500 ``retry.poison_after_attempts`` times while the collector accepted other
+  events (:func:`relay.sinks.retry.count_failure`): the batch cannot say whether this
+  event is the one it fails on, the single-event endpoint can.
+* A batch endpoint that does not exist (404, 405, 501 to a batch) is given up for good
+  (until restart): every event goes alone from then on, logged once (``batch_unsupported``).
 * Offsets: each event settles only when its ``deliver`` returns, so an offset is committed
   only after every event at or below it was delivered or dead-lettered.
 
@@ -49,8 +54,8 @@ from relay.logs import log_event
 from relay.metrics import CollectorMetrics
 from relay.sinks.base import Undeliverable, relay_error
 from relay.sinks.batch_reply import MAX_REPLY_BYTES, BatchReading, EventOutcome, read_batch_reply
-from relay.sinks.http import HttpCollector, Retriable
-from relay.sinks.retry import Verdict, classify
+from relay.sinks.http import HttpCollector, Refuse, Retriable
+from relay.sinks.retry import EventFailures, Verdict, classify, count_failure
 
 log = logging.getLogger("relay.sinks.batch")
 
@@ -70,7 +75,7 @@ def enclose(head: bytes, bodies: list[bytes], tail: bytes) -> bytes:
 
 
 def json_array(bodies: list[bytes]) -> bytes:
-    """The spec's batch body: a JSON array of events."""
+    """The proposed batch body (OpenLineage PR #4109): a JSON array of events."""
     return enclose(b"[", bodies, b"]")
 
 
@@ -85,6 +90,8 @@ class _Item:
     token: Any
     at: float
     attempt: int = 1
+    #: What its failed attempts said so far (a batch answered a bare 500 counts).
+    failures: EventFailures = EventFailures()
     #: Set when the caller stopped waiting (its ``deliver`` was cancelled, or :meth:`cancel`):
     #: not sent again, and no verdict.
     dropped: bool = False
@@ -97,6 +104,10 @@ class _Item:
         self.dropped = True
         if self.alone is not None:
             self.alone.cancel()
+
+
+class _Unsupported(Exception):
+    """The batch endpoint is known not to exist: the batch is not sent."""
 
 
 def _set_verdict(future: asyncio.Future[Undeliverable | None], verdict: Undeliverable | None) -> None:
@@ -113,13 +124,15 @@ def _no_verdict(done: Done, token: Any) -> None:
 class BatchCollector:
     def __init__(self, config: CollectorConfig, metrics: CollectorMetrics,
                  classify_status: Callable[[int | None], Verdict] = classify,
-                 envelope: Envelope = json_array) -> None:
+                 envelope: Envelope = json_array, refuse: Refuse | None = None) -> None:
         assert config.batch is not None and config.batch_target is not None
         self.name = config.name
         self.config = config
         self._metrics = metrics
         #: The connection, shared; also delivers events that go alone.
-        self.single = HttpCollector(config, metrics, classify_status)
+        self.single = HttpCollector(config, metrics, classify_status, refuse)
+        #: Set once the batch endpoint answered that it does not exist: every event goes alone.
+        self.unsupported = False
         self._envelope = envelope
         self._url = URL(config.batch_target)
         b = config.batch
@@ -171,7 +184,7 @@ class BatchCollector:
         from inside this call. Returns what stops the delivery (``cancel()``, then no
         verdict comes): the queued item, or the task of an event that goes alone."""
         loop = asyncio.get_running_loop()
-        if len(body) + _ENVELOPE_BYTES > self._max_bytes:
+        if self.unsupported or len(body) + _ENVELOPE_BYTES > self._max_bytes:
             return self._alone(body, done, token)
         item = _Item(body, done, token, loop.time())
         self._enqueue(item)
@@ -213,7 +226,13 @@ class BatchCollector:
         elif kind == "reject":
             item.done(item.token, Undeliverable("collector_rejected", outcome.detail, outcome.status))
         else:
-            max_attempts = self.config.retry.max_attempts
+            retry = self.config.retry
+            item.failures, failed_event = count_failure(item.failures, outcome.status, self.single.accepted,
+                                                        retry.poison_after_attempts)
+            if failed_event:  # alone, it is judged on its own (a 500 there is its own)
+                item.alone = self._alone(item.body, item.done, item.token)
+                return
+            max_attempts = retry.max_attempts
             if max_attempts is not None and item.attempt >= max_attempts:
                 item.done(item.token, Undeliverable("retries_exhausted",
                                                     f"after {item.attempt} attempts: {outcome.detail}",
@@ -280,6 +299,8 @@ class BatchCollector:
         assert self._slots is not None
         wait_s: float | None = None
         try:
+            if self.unsupported:  # it answered so while this batch was waiting to go
+                raise _Unsupported
             try:
                 reply = await self.single.exchange(self._url, self._envelope([item.body for item in batch]),
                                                    MAX_REPLY_BYTES)
@@ -290,6 +311,8 @@ class BatchCollector:
                 wait_s = reply.wait_s
                 reading = read_batch_reply(reply.status, None if reply.unread else reply.body, len(batch),
                                            self.single.verdict)
+        except _Unsupported:  # not sent: no request to count
+            reading = BatchReading([EventOutcome("single", "batch endpoint unsupported")] * len(batch), "")
         except asyncio.CancelledError:  # closing: no verdict comes for these
             for item in batch:
                 _no_verdict(item.done, item.token)
@@ -303,16 +326,7 @@ class BatchCollector:
                                    "refused")
         finally:
             self._slots.release()
-        self._metrics.batch_requests(reading.result).inc()
-        if reading.result != "ok":
-            failed = sum(1 for o in reading.outcomes if o.outcome != "delivered")
-            first = next((o.detail for o in reading.outcomes if o.outcome != "delivered"), "")
-            log_event(log, logging.WARNING, "batch_not_all_delivered", collector=self.name,
-                      result=reading.result, events=len(batch), failed=failed, detail=first[:200],
-                      note=reading.note or None)
-        elif reading.note:  # delivered, but the reply was odd (too long to read)
-            log_event(log, logging.WARNING, "batch_reply_not_read", collector=self.name, events=len(batch),
-                      note=reading.note)
+        self._note_reading(reading, len(batch))
         settle = self._settle
         for item, outcome in zip(batch, reading.outcomes):
             if not item.dropped:
@@ -320,3 +334,27 @@ class BatchCollector:
                     settle(item, outcome, wait_s)
                 except Exception as err:  # noqa: BLE001 - one failing caller must not strand the others
                     log_event(log, logging.ERROR, "batch_settle_error", collector=self.name, error=repr(err)[:300])
+
+    def _note_reading(self, reading: BatchReading, events: int) -> None:
+        """Counts what a batch reply said (a metric, the collector's accepted events) and
+        logs what was odd about it; the first ``unsupported`` reply switches to single events."""
+        if not reading.result:
+            return
+        self._metrics.batch_requests(reading.result).inc()
+        self.single.accepted += sum(1 for o in reading.outcomes if o.outcome == "delivered")
+        if reading.result == "unsupported":
+            if not self.unsupported:
+                self.unsupported = True
+                log_event(log, logging.ERROR, "batch_unsupported", collector=self.name, url=str(self._url),
+                          detail=reading.outcomes[0].detail[:300] if reading.outcomes else "",
+                          note="every event now goes alone to the single-event endpoint, until the relay restarts; "
+                               "set batch: null if the collector has no batch endpoint")
+        elif reading.result != "ok":
+            failed = sum(1 for o in reading.outcomes if o.outcome != "delivered")
+            first = next((o.detail for o in reading.outcomes if o.outcome != "delivered"), "")
+            log_event(log, logging.WARNING, "batch_not_all_delivered", collector=self.name,
+                      result=reading.result, events=events, failed=failed, detail=first[:200],
+                      note=reading.note or None)
+        elif reading.note:  # delivered, but the reply was odd (too long to read)
+            log_event(log, logging.WARNING, "batch_reply_not_read", collector=self.name, events=events,
+                      note=reading.note)

@@ -1,24 +1,33 @@
 """What a batch endpoint's answer means for each event in the batch: pure, no I/O.
 
-The OpenLineage spec's ``POST /lineage/batch`` answers 204 (all received), or 200 with
-``{"status": "success" | "partial_success", "summary": {...}, "failed_events": [{"index",
-"reason", "retriable"}]}``. OpenMetadata answers the same shape with ``failedEvents`` and
-``status: "failure"`` when nothing went in; both spellings are read.
+The batch endpoint and its reply are not in a released OpenLineage spec (the spec's
+``OpenLineage.yml`` defines ``POST /lineage`` alone): the reply read here is the one
+proposed for it (OpenLineage PR #4109: 204 when all were received, or 200 with ``{"status":
+"success" | "partial_success" | "failure", "summary": {...}, "failed_events": [{"index",
+"reason", "retriable"}]}``) and the one OpenMetadata implements (``failedEvents``; its
+``summary`` also counts ``partial`` events, written with some datasets unresolved); both
+spellings are read.
 
 :func:`read_batch_reply` turns one answer into one :class:`EventOutcome` per event:
 
 * 2xx: each event listed as failed is ``retry`` when ``retriable`` is true, ``reject``
   (dead letter) otherwise (also when the flag is missing: an unknown failure is not retried
-  forever); every other event is delivered. A reply that reports failures without saying
-  which events failed (no list, entries without a valid index, or a ``summary.failed``
-  above the number listed) cannot be attributed:
-  every event not known to have failed is re-sent alone (``single``; at-least-once).
+  forever); every other event is delivered, whatever ``status`` says (OpenMetadata answers
+  ``partial_success`` for events it took with some datasets unresolved, listing none). Only
+  when the reply counts more failures than it lists (``summary.failed`` above the entries
+  with a valid index, entries without one, or ``status: failure`` with neither a list nor a
+  count) can the failures not be placed: every event not known to have failed is re-sent
+  alone (``single``; at-least-once).
   A body that is not a JSON object names no failed events: every event is delivered, the
   2xx stands. So does a body over :data:`MAX_REPLY_BYTES`, which is not read at all.
+* 404, 405 or 501: there is no batch endpoint (``unsupported``): every event is re-sent
+  alone, and the caller sends single events from then on.
 * a retriable status (408, 429, 5xx; see the kind's classify): every event is ``retry``.
-* a permanent status (other 4xx): the batch as a whole was refused, perhaps for one bad
-  event; every event is re-sent alone on the single-event endpoint (``single``), so only
-  the bad one is dead-lettered.
+* a permanent status (other 4xx) whose body lists failed events (OpenMetadata answers 400
+  so when every event of the batch failed): the listed events as for a 2xx, the others
+  re-sent alone (a refusal says nothing of them). Otherwise the batch as a whole was
+  refused, perhaps for one bad event; every event is re-sent alone on the single-event
+  endpoint (``single``), so only the bad one is dead-lettered.
 """
 
 from __future__ import annotations
@@ -33,12 +42,15 @@ from relay.sinks.retry import Verdict
 
 Outcome = Literal["delivered", "retry", "reject", "single"]
 
-#: How much of a 2xx batch reply is read. Enough for the spec's reply listing every event of
+#: How much of a batch reply is read. Enough for a reply listing every event of
 #: the largest batch (``batch.max_events`` is at most 10,000) as failed, with ~400 bytes an
 #: entry for its index, flag and reason; and little enough that ``batch.max_requests`` (at
 #: most 64) replies held at once stay bounded. A longer body, from a collector or a proxy
 #: gone wrong (or endless), is not a spec reply: not read, its connection closed.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
+#: What a batch URL answers when there is no batch endpoint behind it (as OpenLineage PR
+#: #4109 proposes: 404 and 501; 405 from a server that only has other methods there).
+UNSUPPORTED = frozenset({404, 405, 501})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,19 +69,28 @@ class BatchReading:
     """Per-event outcomes, in batch order, and what was odd about the reply (for the log)."""
 
     outcomes: list[EventOutcome]
-    #: ``ok`` | ``partial`` | ``retry`` | ``refused`` | ``unattributed``: a metric label.
+    #: ``ok`` | ``partial`` | ``retry`` | ``refused`` | ``unattributed`` | ``unsupported``:
+    #: a metric label ("" for a batch that was not sent).
     result: str
     note: str = ""
 
 
 def read_batch_reply(status: int, body: bytes | None, count: int,
                      classify: Callable[[int | None], Verdict]) -> BatchReading:
-    """``body`` None: a 2xx body over :data:`MAX_REPLY_BYTES`, not read."""
+    """``body`` None: a body over :data:`MAX_REPLY_BYTES`, not read."""
+    if status in UNSUPPORTED:
+        outcome = EventOutcome("single", f"batch endpoint answered HTTP {status}: {_snippet(body)}", status)
+        return BatchReading([outcome] * count, "unsupported")
     verdict = classify(status)
     if verdict is Verdict.RETRY:
         outcome = EventOutcome("retry", f"batch answered HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "retry")
     if verdict is Verdict.REJECT:
+        reply = _json_object(body) if body is not None else None
+        if reply is not None and _failed_list(reply):
+            alone = EventOutcome("single", f"batch refused with HTTP {status}, this event not listed as failed; "
+                                           "sending it alone", status)
+            return _per_event(reply, count, alone, status)
         outcome = EventOutcome("single", f"batch refused with HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "refused")
     if body is None:
@@ -81,16 +102,15 @@ def read_batch_reply(status: int, body: bytes | None, count: int,
     reply = _json_object(body)
     if reply is None:
         return BatchReading([DELIVERED] * count, "ok")
-    failed = reply.get("failed_events", reply.get("failedEvents"))
-    state = reply.get("status")
-    if not isinstance(failed, list) or not failed:
-        if state in ("partial_success", "failure") or _summary_failed(reply) > 0:
-            outcome = EventOutcome("single", f"batch reply says {state or 'some failed'} without listing "
-                                             "failed events; sending each event alone")
-            return BatchReading([outcome] * count, "unattributed", "failures not listed")
-        return BatchReading([DELIVERED] * count, "ok")
-    outcomes = [DELIVERED] * count
-    ignored = 0
+    return _per_event(reply, count, DELIVERED, None)
+
+
+def _per_event(reply: dict, count: int, unlisted: EventOutcome, status: int | None) -> BatchReading:
+    """Outcomes from a reply's list of failed events; ``unlisted`` for the events it does
+    not name, unless it counts failures it does not place (see the module's docstring)."""
+    failed = _failed_list(reply)
+    outcomes = [unlisted] * count
+    placed = ignored = 0
     for entry in failed:
         index = entry.get("index") if isinstance(entry, dict) else None
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
@@ -98,19 +118,27 @@ def read_batch_reply(status: int, body: bytes | None, count: int,
             continue
         reason = entry.get("reason")
         detail = f"batch item {index} failed: {reason if isinstance(reason, str) else 'no reason given'}"
-        outcomes[index] = EventOutcome("retry" if entry.get("retriable") is True else "reject", detail)
-    placed = sum(1 for o in outcomes if o is not DELIVERED)
-    unlisted = _summary_failed(reply) - placed
-    if ignored or unlisted > 0:
-        # Some failures cannot be placed (entries without a valid index, or a summary that
-        # counts more failures than the list names, as a collector listing only the first
-        # few would): whatever is not known to have failed goes again, alone.
-        why = (f"{ignored} failed_events entries without a valid index" if ignored else
-               f"the summary counts {placed + unlisted} failed, the list names {placed}")
-        resend = EventOutcome("single", f"{why}; sending the others alone")
-        outcomes = [resend if o is DELIVERED else o for o in outcomes]
-        return BatchReading(outcomes, "unattributed", why)
-    return BatchReading(outcomes, "partial")
+        placed += outcomes[index] is unlisted
+        outcomes[index] = EventOutcome("retry" if entry.get("retriable") is True else "reject", detail, status)
+    counted = _summary_failed(reply)
+    state = reply.get("status")
+    if counted is None and not failed and isinstance(state, str) and state.lower() == "failure":
+        why = "the reply says failure without listing or counting failed events"
+    elif ignored:
+        why = f"{ignored} failed_events entries without a valid index"
+    elif counted is not None and counted > placed:
+        why = f"the summary counts {counted} failed, the list names {placed}"
+    else:
+        return BatchReading(outcomes, "partial" if placed or status is not None else "ok")
+    # Some failures cannot be placed (as a collector listing only the first few would):
+    # whatever is not known to have failed goes again, alone.
+    resend = EventOutcome("single", f"{why}; sending the others alone", status)
+    return BatchReading([resend if o is unlisted else o for o in outcomes], "unattributed", why)
+
+
+def _failed_list(reply: dict) -> list:
+    failed = reply.get("failed_events", reply.get("failedEvents"))
+    return failed if isinstance(failed, list) else []
 
 
 def _json_object(body: bytes) -> dict | None:
@@ -123,10 +151,11 @@ def _json_object(body: bytes) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _summary_failed(reply: dict) -> int:
+def _summary_failed(reply: dict) -> int | None:
+    """``summary.failed``, or None when the reply has no such count."""
     summary = reply.get("summary")
     failed = summary.get("failed") if isinstance(summary, dict) else None
-    return failed if isinstance(failed, int) and not isinstance(failed, bool) else 0
+    return failed if isinstance(failed, int) and not isinstance(failed, bool) else None
 
 
 def _snippet(body: bytes | None) -> str:

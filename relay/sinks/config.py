@@ -26,6 +26,19 @@ class RetryConfig(Frozen):
     max_backoff_s: float = Field(30.0, gt=0)
     #: None = retry until delivered (a collector that is down pauses the relay, nothing is lost).
     max_attempts: int | None = Field(None, ge=1)
+    #: An event answered a bare HTTP 500 this many times, with the collector accepting other
+    #: events between those answers, is one the collector fails on (not an outage): it is
+    #: dead-lettered as ``collector_failed_event`` instead of holding its run and the
+    #: partition's commits for ever. None = retry such events too until delivered.
+    poison_after_attempts: int | None = 5
+
+    @field_validator("poison_after_attempts")
+    @classmethod
+    def _poison_after(cls, v: int | None) -> int | None:
+        if v is not None and v < 2:
+            raise ValueError("must be at least 2 (one HTTP 500 cannot tell an event the collector fails on from "
+                             "an outage), or null to retry such events until delivered")
+        return v
 
 
 class MissingStartConfig(Frozen):
@@ -81,11 +94,12 @@ class TlsConfig(Frozen):
 
 
 class BatchConfig(Frozen):
-    """Delivery through the collector's ``POST <lineage>/batch`` endpoint (OpenLineage spec):
+    """Delivery through the collector's ``POST <lineage>/batch`` endpoint (as OpenLineage PR
+    #4109 proposes it, and OpenMetadata has it; a 404, 405 or 501 there: single events):
     a batch goes out when it holds ``max_events`` events, when the next event would take it
     over ``max_bytes``, or ``linger_ms`` after its first event, whichever comes first."""
 
-    #: Path appended to ``url``; default: ``endpoint`` + ``/batch`` (the spec's layout).
+    #: Path appended to ``url``; default: ``endpoint`` + ``/batch`` (the proposed layout).
     endpoint: str | None = None
     max_events: int = Field(200, ge=1, le=10_000)
     max_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -204,7 +218,7 @@ class CollectorConfig(Frozen):
     def _kind_rules(self) -> CollectorConfig:
         if self.batch is not None and not type(self).supports_batch:
             raise ValueError(f"batch: type {self.type} has no batch endpoint; remove batch (a server that takes "
-                             "the spec's POST .../lineage/batch can be configured as type: http with batch)")
+                             "POST .../lineage/batch can be configured as type: http with batch)")
         adaptive = self.adaptive_concurrency
         if adaptive is not None:
             ceiling, key = (self.batch.max_requests, "batch.max_requests") if self.batch is not None \

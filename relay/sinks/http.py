@@ -7,6 +7,15 @@ is permanent: the event is returned as :class:`Undeliverable` for the dead-lette
 Which statuses mean what is the collector kind's ``classify`` (:mod:`relay.sinks.kinds`);
 with a ``token_file``, a 401 re-reads the file and is retried, so a rotated secret is
 picked up without restart (and a wrong one pauses delivery instead of dead-lettering).
+A kind may also recognise an answer by its body as a failure of its own (``refuse``: e.g.
+Atlan's 401 for a connector that is not enabled), dead-lettered under its own reason even
+with a token file, and logged once.
+
+An event the collector answers with a bare HTTP 500 again and again while it accepts other
+events is one it fails on, not an outage: after ``retry.poison_after_attempts`` such answers
+it is dead-lettered (``collector_failed_event``) instead of holding its run, and the
+partition's commits, for ever (:func:`relay.sinks.retry.count_failure` decides). While
+nothing is accepted (an outage), its 500s do not count and it is retried as before.
 
 The connection (session, TLS, credentials, the Retry-After gate) is shared with
 :class:`~relay.sinks.batch.BatchCollector` through :meth:`HttpCollector.exchange`.
@@ -19,7 +28,6 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
@@ -33,96 +41,41 @@ from relay.sinks.adaptive import AdaptiveLimit, Outcome
 from relay.sinks.auth import TokenSource, auth_header_value, ssl_context
 from relay.sinks.base import Undeliverable
 from relay.sinks.deadlines import Deadlines
-from relay.sinks.retry import Verdict, backoff, classify, retry_after
+from relay.sinks.reply import (
+    DRAIN_LIMIT,
+    NO_ANSWER,
+    SNIPPET,
+    Reply,
+    Retriable,
+    no_answer,
+    read_body,
+    redirect_detail,
+)
+from relay.sinks.retry import EventFailures, Verdict, backoff, classify, count_failure, retry_after
+
+__all__ = ["HttpCollector", "Refuse", "Reply", "Retriable"]
 
 log = logging.getLogger("relay.sinks.http")
-_SNIPPET = 300
-#: How much of a 2xx answer to one event is read. Its status is the acknowledgement and its
-#: body is not used: it is read (and dropped) only so the connection can carry the next
-#: request. Enough for any ordinary body (an echo of the event, a JSON status); past it the
-#: connection is closed instead, so a collector or proxy answering 200 with a huge or endless
-#: body costs a new connection, not memory or the rest of the request's timeout.
-_DRAIN_LIMIT = 64 * 1024
+#: A kind's reading of an answer that is not a success (status, first bytes of the body):
+#: a failure it recognises, with its own reason, or None.
+Refuse = Callable[[int, bytes], "Undeliverable | None"]
 #: An adaptive limit that shrinks is logged at most this often per collector.
 _LIMIT_LOG_EVERY_S = 10.0
 
 
-#: What aiohttp raises when there is no answer: the attempt deserves another try.
-_NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
-
-
-class Retriable(Exception):
-    """An attempt that deserves another try: no answer, or a retriable status."""
-
-    def __init__(self, detail: str, status: int | None, wait_s: float | None) -> None:
-        super().__init__(detail)
-        self.detail, self.status, self.wait_s = detail, status, wait_s
-
-
-def _no_answer(err: BaseException) -> Retriable:
-    return Retriable(f"{type(err).__name__}: {err}", None, None)
-
-
-@dataclass(slots=True)
-class Reply:
-    """A collector's answer: for 2xx the body the caller asked for (see
-    :meth:`HttpCollector.exchange`), the first bytes otherwise."""
-
-    status: int
-    body: bytes
-    #: Seconds from a Retry-After header, when the answer carried one.
-    wait_s: float | None = None
-    #: A 2xx body over the caller's limit: not read (``body`` is empty); a connection left
-    #: mid-body is closed, not reused.
-    unread: bool = False
-
-    @property
-    def snippet(self) -> str:
-        return self.body[:_SNIPPET].decode("utf-8", "replace")
-
-
-async def _read_body(resp: aiohttp.ClientResponse, limit: int, keep: int) -> bytes | None:
-    """A 2xx body still arriving, read to its end: its first ``keep`` bytes, or None when
-    it is over ``limit`` bytes: then no more of it is read and the connection is closed (it
-    cannot carry another request before the body's end). Never holds more than ``keep``
-    bytes and what aiohttp buffers: ``readany`` leaves aiohttp's flow control on, where
-    ``read()`` turns it off and holds the whole body. A body that does not end is cut by
-    the request's deadline."""
-    content = resp.content
-    length = resp.content_length
-    if length is not None and length > limit:  # announced: not even its first bytes
-        resp.close()
-        return None
-    chunks: list[bytes] = []
-    kept = 0
-    while chunk := await content.readany():
-        if content.total_bytes > limit:  # what arrived, read or not
-            resp.close()
-            return None
-        if kept < keep:
-            chunks.append(chunk[:keep - kept])
-            kept += len(chunks[-1])
-    return b"".join(chunks)
-
-
-def _redirect_detail(resp: aiohttp.ClientResponse) -> str:
-    location = resp.headers.get("Location", "")
-    try:  # usually relative (a trailing slash added): resolved against where the event went
-        target = resp.url.join(URL(location)).with_user(None).with_password(None).with_query(None) \
-            if location else None
-    except ValueError:  # not a URL: as given, without anything after '?' or '@'
-        target = location.split("?", 1)[0].rsplit("@", 1)[-1][:200]
-    return (f"redirected to {target or '(no Location)'}: the relay does not follow redirects (the event would "
-            f"be lost, or sent elsewhere with its credentials); set the collector's url to where it points.")
-
-
 class HttpCollector:
     def __init__(self, config: CollectorConfig, metrics: CollectorMetrics,
-                 classify_status: Callable[[int | None], Verdict] = classify) -> None:
+                 classify_status: Callable[[int | None], Verdict] = classify, refuse: Refuse | None = None) -> None:
         self.name = config.name
         self.config = config
         self._metrics = metrics
         self._classify = classify_status
+        self._refuse = refuse
+        #: Reasons of recognised refusals already logged (each is logged once).
+        self._refusals_logged: set[str] = set()
+        #: Events this collector accepted so far (single or in batches): whether it accepted
+        #: any between two failures of one event tells a failing event from an outage.
+        self.accepted = 0
         # Parsed once: parsing the URL string was a measurable share of each POST.
         self._target = URL(config.target)
         self._session: aiohttp.ClientSession | None = None
@@ -203,10 +156,10 @@ class HttpCollector:
         there is no answer (connection error, reset, timeout; the answer's body included:
         it must end within ``timeout_s`` too).
 
-        ``keep``: how much of a 2xx body the caller wants (a batch reply); a longer one is
-        not read (``Reply.unread``). None (single events): its first bytes, for the detail
+        ``keep``: how much of a 2xx or 4xx body the caller wants (a batch reply); a longer
+        one is not read (``Reply.unread``). None (single events): its first bytes, for the detail
         of a 2xx the kind refuses; the body is read on (and dropped) up to
-        :data:`_DRAIN_LIMIT`, and a longer one is not read either."""
+        :data:`DRAIN_LIMIT`, and a longer one is not read either."""
         gate = self._gate
         if gate is None:
             await self._hold_back()
@@ -259,8 +212,8 @@ class HttpCollector:
                 return await self._reply(resp, keep)
             finally:
                 resp.release()
-        except _NO_ANSWER as err:
-            raise _no_answer(err) from err
+        except NO_ANSWER as err:
+            raise no_answer(err) from err
         except asyncio.CancelledError:
             if deadlines.expired(task):
                 raise self._timed_out() from None
@@ -281,25 +234,29 @@ class HttpCollector:
         return Retriable(f"TimeoutError: no answer within {self.config.timeout_s:g} s", None, None)
 
     async def _reply(self, resp: aiohttp.ClientResponse, keep: int | None) -> Reply:
-        """The answer: of a 2xx, its body up to ``keep`` bytes (see :meth:`exchange`); of
-        anything else its first bytes, and a 401 re-reads the token file, a Retry-After on a
-        retriable status holds back every request to this collector."""
+        """The answer: of a 2xx, its body up to ``keep`` bytes (see :meth:`exchange`); of a
+        4xx to a batch too (it may say which events failed); of anything else its first
+        bytes, and a 401 re-reads the token file, a Retry-After on a retriable status holds
+        back every request to this collector."""
         status = resp.status
-        if 200 <= status < 300:
-            limit, wanted = (_DRAIN_LIMIT, _SNIPPET) if keep is None else (keep, keep)
+        if 200 <= status < 300 or (keep is not None and 400 <= status < 500):
+            limit, wanted = (DRAIN_LIMIT, SNIPPET) if keep is None else (keep, keep)
             content = resp.content
             if content.is_eof():  # all of it came with the headers, if any: no read to wait for
-                if content.total_bytes > limit:
-                    return Reply(status, b"", unread=True)
-                return Reply(status, content.read_nowait(wanted))
-            body = await _read_body(resp, limit, wanted)
-            return Reply(status, b"", unread=True) if body is None else Reply(status, body)
-        reply = Reply(status, await resp.content.read(_SNIPPET))
+                reply = Reply(status, b"", unread=True) if content.total_bytes > limit \
+                    else Reply(status, content.read_nowait(wanted))
+            else:
+                body = await read_body(resp, limit, wanted)
+                reply = Reply(status, b"", unread=True) if body is None else Reply(status, body)
+            if status < 300:
+                return reply
+        else:
+            reply = Reply(status, await resp.content.read(SNIPPET))
         if 300 <= status < 400:
             # Not followed (allow_redirects=False): a 301-303 would be re-sent as a GET
             # without the event, whose 2xx would count as delivered, and a 307/308 to
             # another host would take the event there with any custom auth header.
-            reply.body = _redirect_detail(resp).encode() + b" " + reply.body
+            reply.body = redirect_detail(resp).encode() + b" " + reply.body
         if status == 401:
             self._tokens.refresh()
         after = retry_after(resp.headers.get("Retry-After"))
@@ -308,14 +265,43 @@ class HttpCollector:
             self._not_before = max(self._not_before, time.monotonic() + after)
         return reply
 
+    def refused(self, reply: Reply) -> Undeliverable | None:
+        """The kind's own reading of an answer that is not a success (see ``refuse``), or
+        None. Each reason is logged once, as an ERROR line of its own name."""
+        if self._refuse is None or reply.status in self._successes:
+            return None
+        known = self._refuse(reply.status, reply.body)
+        if known is not None and known.reason not in self._refusals_logged:
+            self._refusals_logged.add(known.reason)
+            log_event(log, logging.ERROR, known.reason, collector=self.name, status=reply.status,
+                      detail=known.detail[:400])
+        return known
+
     def _judge(self, reply: Reply) -> Undeliverable | None:
         """None for a success; an Undeliverable for a refusal; raises Retriable otherwise."""
+        if (known := self.refused(reply)) is not None:
+            return known
         verdict = self.verdict(reply.status)
         if verdict is Verdict.SUCCESS:
+            self.accepted += 1
             return None
         if verdict is Verdict.REJECT:
             return Undeliverable("collector_rejected", f"HTTP {reply.status}: {reply.snippet}", reply.status)
         raise Retriable(f"HTTP {reply.status}: {reply.snippet}", reply.status, reply.wait_s)
+
+    def _failed_again(self, seen: EventFailures, failure: Retriable) -> tuple[EventFailures, Undeliverable | None]:
+        """One more failed attempt of an event (see :func:`relay.sinks.retry.count_failure`):
+        what is known of its failures now, and the dead letter when they say the collector
+        fails on this event (it accepts others) rather than being down."""
+        seen, failed_event = count_failure(seen, failure.status, self.accepted, self.config.retry.poison_after_attempts)
+        if not failed_event:
+            return seen, None
+        return seen, Undeliverable(
+            "collector_failed_event",
+            f"HTTP {failure.status} to this event {seen.strikes} times while the collector accepted other events "
+            f"in between ({seen.attempts} attempts in all): the collector fails on this event, it is not down "
+            f"(retry.poison_after_attempts={self.config.retry.poison_after_attempts}). Last answer: {failure.detail}",
+            failure.status)
 
     async def _attempt(self, body: bytes) -> Undeliverable | None:
         """One POST of one event. Raises Retriable for what deserves another try."""
@@ -362,16 +348,17 @@ class HttpCollector:
                         # (none: Marquez's 201; a small JSON) needs no read: aiohttp gave the
                         # connection back at its end, and release() spares the three
                         # coroutines of read() (measured: ~1.8 of ~52 us per POST). One still
-                        # arriving is drained up to _DRAIN_LIMIT; past it, the connection is
+                        # arriving is drained up to DRAIN_LIMIT; past it, the connection is
                         # closed and the event still delivered.
                         if not resp.content.is_eof():
-                            await _read_body(resp, _DRAIN_LIMIT, 0)
+                            await read_body(resp, DRAIN_LIMIT, 0)
+                        self.accepted += 1
                         return None
                     reply = await self._reply(resp, None)
                 finally:
                     resp.release()
-            except _NO_ANSWER as err:
-                raise _no_answer(err) from err
+            except NO_ANSWER as err:
+                raise no_answer(err) from err
             except asyncio.CancelledError:
                 if deadlines.expired(task):
                     raise self._timed_out() from None
@@ -384,6 +371,7 @@ class HttpCollector:
         max_attempts = self.config.retry.max_attempts
         if max_attempts == 1:
             return Undeliverable("retries_exhausted", f"after 1 attempt: {failure.detail}", failure.status)
+        seen = self._failed_again(EventFailures(), failure)[0]
         self._metrics.retried.inc()
         log_event(log, logging.WARNING, "delivery_retry", collector=self.name, attempt=1,
                   status=failure.status, detail=failure.detail[:200])
@@ -392,7 +380,17 @@ class HttpCollector:
             stop=stop_after_attempt(max_attempts - 1) if max_attempts else stop_never,
             wait=self._wait, retry=retry_if_exception_type(Retriable),
             before_sleep=self._before_sleep, reraise=True)
+
+        async def attempt() -> Undeliverable | None:
+            nonlocal seen
+            try:
+                return await self._attempt(body)
+            except Retriable as err:
+                seen, failed_event = self._failed_again(seen, err)
+                if failed_event is not None:
+                    return failed_event
+                raise
         try:
-            return await retrying(self._attempt, body)
+            return await retrying(attempt)
         except Retriable as last:
             return Undeliverable("retries_exhausted", f"after {max_attempts} attempts: {last.detail}", last.status)

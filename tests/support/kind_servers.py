@@ -8,22 +8,33 @@ envelope) and the event kinds the service takes. What it accepted is in
 :attr:`KindServer.events`; every request, accepted or not, in :attr:`KindServer.requests`.
 
 * Marquez: ``POST /api/v1/lineage``, any event kind, 201; 400 for a non-object body,
-  422 for an event without ``eventTime``/``producer``.
+  422 for an event without ``eventTime``/``producer``. :data:`MARQUEZ_0_42` answers
+  DatasetEvents and JobEvents 200 without storing them, as Marquez 0.35.0-0.42.x do.
 * Atlan: ``POST /events/openlineage/<connector>/api/v1/lineage``, API key required,
-  RunEvents only (400 otherwise), 200.
+  RunEvents only (400 otherwise), 200; another connector's path is answered 401
+  ``Unauthorized: url path not configured to receive data, urlPath: ...``, as Atlan does
+  for a connector that is not set up.
 * DataHub: ``POST /openapi/openlineage/api/v1/lineage``, token required, RunEvents only
   (400 otherwise), 201.
 * OpenMetadata: ``POST /api/v1/openlineage/lineage`` (200 with a JSON status) and
   ``POST /api/v1/openlineage/lineage/batch`` taking ``{"events": [...]}`` (200 with
-  ``summary`` and ``failedEvents`` for events it could not take), JWT required, RunEvents
-  only.
+  ``summary`` and ``failedEvents`` for events it could not take; events :attr:`KindServer.partial`
+  picks are taken but reported in ``summary.partial`` and ``unresolvedDatasets``, not in
+  ``failedEvents``, with ``status: partial_success``; 400 with ``failedEvents`` when every
+  event failed, as the newest releases answer), JWT required, RunEvents only.
+
+Faults, settable while the server runs: :attr:`KindServer.fails_on` picks events answered
+a steady bare 500 (an event the service throws on: Marquez, DataHub, OpenMetadata's
+single endpoint), while the others are taken; :attr:`KindServer.outage` answers every
+request with one status (the service is down).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -43,17 +54,29 @@ class Contract:
     batch_envelope: str | None = None
     #: Answer a single event with ``{"status": "success", ...}`` (OpenMetadata).
     json_answer: bool = False
+    #: Event kinds answered 200 and not stored (Marquez 0.35.0-0.42.x: dataset, job).
+    skipped_kinds: tuple[str, ...] = ()
+    #: ``/events/openlineage/{connector}/api/v1/lineage`` of other connectors answers 401 (Atlan).
+    connector_paths: bool = False
+    #: The status of a batch whose every event failed (the newest OpenMetadata: 400).
+    all_failed_status: int = 200
 
 
 MARQUEZ = Contract("/api/v1/lineage", 201, needs_token=False, run_events_only=False)
+MARQUEZ_0_42 = replace(MARQUEZ, skipped_kinds=("dataset", "job"))
 DATAHUB = Contract("/openapi/openlineage/api/v1/lineage", 201, needs_token=True, run_events_only=True)
 OPENMETADATA = Contract("/api/v1/openlineage/lineage", 200, needs_token=True, run_events_only=True,
                         batch_path="/api/v1/openlineage/lineage/batch", batch_envelope="events_object",
-                        json_answer=True)
+                        json_answer=True, all_failed_status=400)
+#: A generic OpenLineage HTTP endpoint with the proposed ``POST .../lineage/batch`` (a JSON array).
+GENERIC = Contract("/api/v1/lineage", 201, needs_token=False, run_events_only=False,
+                   batch_path="/api/v1/lineage/batch", batch_envelope="array")
+ATLAN_PATHS = "/events/openlineage/{connector}/api/v1/lineage"
 
 
 def atlan(connector: str) -> Contract:
-    return Contract(f"/events/openlineage/{connector}/api/v1/lineage", 200, needs_token=True, run_events_only=True)
+    return Contract(ATLAN_PATHS.format(connector=connector), 200, needs_token=True, run_events_only=True,
+                    connector_paths=True)
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,17 @@ class KindServer:
     events: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     port: int = 0
+    #: Events answered a steady bare 500 (single events; in a batch: listed as failed).
+    fails_on: Callable[[dict[str, Any]], bool] | None = None
+    #: Every request answered with this status (the service is down); None: up.
+    outage: int | None = None
+    #: Batch events taken with some datasets left unresolved (OpenMetadata's ``partial``).
+    partial: Callable[[dict[str, Any]], bool] | None = None
+    #: A batch holding a ``fails_on`` event is answered a bare 500 as a whole, nothing of it
+    #: taken (a server whose exception escapes its per-event loop), instead of listing it.
+    whole_batch_500: bool = False
+    #: Every batch request answered with this status (404, 405, 501: no batch endpoint).
+    batch_answer: int | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -111,18 +145,36 @@ class KindServer:
         with self._lock:
             self.requests.append(Request(request.path, status, request.headers.get("Authorization"), events))
 
+    def _down(self, request: web.Request, events: int) -> web.Response | None:
+        outage = self.outage
+        if outage is None:
+            return None
+        self._log(request, outage, events)
+        return web.Response(status=outage, text="service unavailable" if outage != 500 else "")
+
     async def _single(self, request: web.Request) -> web.Response:
         raw = await request.read()
+        if (down := self._down(request, 1)) is not None:
+            return down
         problem = self._refusal(request)
+        if problem is None and self.contract.connector_paths and request.path != self.contract.path:
+            problem = (401, f"Unauthorized: url path not configured to receive data, urlPath: {request.path}")
         if problem is None:
             try:
                 doc = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 doc = None
             problem = self._event_problem(doc)
+        if problem is None and self.fails_on is not None and self.fails_on(doc):
+            # Marquez and DataHub answer an exception while handling an event with a bare 500.
+            problem = (500, orjson.dumps({"status": "failure", "message": "Error processing event: boom"}).decode()
+                       if self.contract.json_answer else "")
         if problem is not None:
             self._log(request, problem[0], 1)
             return web.Response(status=problem[0], text=problem[1])
+        if kind_of(doc) in self.contract.skipped_kinds:
+            self._log(request, 200, 1)  # Marquez 0.35-0.42: "Unsupported event type ... Skipping without error"
+            return web.Response(status=200, body=raw, content_type="application/json")
         with self._lock:
             self.events.append(doc)
         self._log(request, self.contract.ok_status, 1)
@@ -133,6 +185,11 @@ class KindServer:
 
     async def _batch(self, request: web.Request) -> web.Response:
         raw = await request.read()
+        if (down := self._down(request, 0)) is not None:
+            return down
+        if self.batch_answer is not None:
+            self._log(request, self.batch_answer, 0)
+            return web.Response(status=self.batch_answer, text="no batch endpoint here")
         problem = self._refusal(request)
         docs: Any = None
         if problem is None:
@@ -149,26 +206,43 @@ class KindServer:
         if problem is not None:
             self._log(request, problem[0], 0)
             return web.Response(status=problem[0], text=problem[1])
-        failed = []
+        if self.whole_batch_500 and self.fails_on is not None and any(
+                isinstance(d, dict) and self.fails_on(d) for d in docs):
+            self._log(request, 500, len(docs))
+            return web.Response(status=500, text="Internal Server Error")
+        failed, unresolved = [], []
         for index, doc in enumerate(docs):
             bad = self._event_problem(doc)
+            if bad is None and self.fails_on is not None and self.fails_on(doc):
+                bad = (500, "java.lang.IllegalStateException: boom")
             if bad is not None:
                 failed.append({"index": index, "reason": bad[1], "retriable": False})
                 continue
+            if self.partial is not None and self.partial(doc):
+                unresolved.append({"eventIndex": index, "namespace": "s3://nowhere", "name": "unknown_table",
+                                   "reason": "notFound", "message": "no table found; not created"})
             with self._lock:
                 self.events.append(doc)
-        self._log(request, 200, len(docs))
-        summary = {"received": len(docs), "successful": len(docs) - len(failed), "failed": len(failed), "skipped": 0}
-        status = "success" if not failed else ("partial_success" if len(failed) < len(docs) else "failure")
-        answer: dict[str, Any] = {"status": status, "summary": summary, "lineageEdgesCreated": len(docs)}
+        partial = len({u["eventIndex"] for u in unresolved})
+        summary = {"received": len(docs), "successful": len(docs) - len(failed) - partial, "failed": len(failed),
+                   "partial": partial, "skipped": 0}
+        if not failed and not partial:
+            status = "success"
+        else:
+            status = "failure" if len(failed) == len(docs) else "partial_success"
+        answer: dict[str, Any] = {"status": status, "summary": summary, "lineageEdgesCreated": len(docs) - len(failed)}
         if failed:
             answer["failedEvents"] = failed
-        return web.json_response(answer)
+        if unresolved:
+            answer["unresolvedDatasets"] = unresolved
+        code = self.contract.all_failed_status if failed and len(failed) == len(docs) else 200
+        self._log(request, code, len(docs))
+        return web.json_response(answer, status=code)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> KindServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post(self.contract.path, self._single)
+        app.router.add_post(ATLAN_PATHS if self.contract.connector_paths else self.contract.path, self._single)
         if self.contract.batch_path is not None:
             app.router.add_post(self.contract.batch_path, self._batch)
 

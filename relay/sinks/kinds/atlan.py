@@ -10,6 +10,12 @@ or ABORT), so the default ``mode`` is ``consolidated``: each run goes as its STA
 one terminal event holding everything the run said. It takes RunEvents only. Job
 namespaces must equal the Atlan connection name: map them with ``rewrite.namespace_map``.
 Default size limit: 5 MB per event (shrunk by dropping facets first, see ``rewrite``).
+
+A connector path Atlan is not set up for is answered 401 with ``Unauthorized: url path not
+configured to receive data, urlPath: ...`` (what pyatlan and the Java SDK turn into
+OPENLINEAGE_NOT_CONFIGURED). That is not a credentials problem: the event is dead-lettered
+as ``connector_not_enabled`` (even with a ``token_file``, whose 401s are otherwise retried)
+and one ERROR line of that name says which connector to enable, or to fix ``connector``.
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ from typing import Any, ClassVar
 from pydantic import model_validator
 
 from relay.config import CollectorConfig, DeliveryMode, EventKind
+from relay.sinks.base import Undeliverable
 from relay.sinks.kinds.base import CollectorKind
 
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _CONNECTOR = re.compile(r"^[A-Za-z0-9_-]+$")
+#: Atlan's answer to a connector path it is not set up to receive events on.
+NOT_CONFIGURED = b"url path not configured to receive data"
 
 
 def endpoint_for(connector: str) -> str:
@@ -71,3 +80,16 @@ class AtlanKind(CollectorKind):
     config_class = AtlanConfig
     success_statuses = frozenset({200, 201, 202})
     permanent_statuses = frozenset({400, 401, 403, 404, 413, 422})
+
+    @classmethod
+    def refusal(cls, config: CollectorConfig, status: int, body: bytes) -> Undeliverable | None:
+        if status != 401 or NOT_CONFIGURED not in body.lower():
+            return None
+        connector = getattr(config, "connector", "?")
+        answer = body[:300].decode("utf-8", "replace")
+        return Undeliverable(
+            "connector_not_enabled",
+            f"connector not enabled in Atlan: {config.target} is not set up to receive OpenLineage events, so Atlan "
+            f"refuses every event sent there (not a credentials problem). Enable the OpenLineage connector "
+            f"{connector!r} in Atlan, or set connector: to one that is enabled. Atlan answered HTTP 401: {answer}",
+            status)

@@ -12,11 +12,12 @@ any object with the :class:`~relay.sinks.base.Collector` protocol.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar
 
 from relay.config import CollectorConfig
 from relay.metrics import CollectorMetrics
-from relay.sinks.base import Collector
+from relay.sinks.base import Collector, Undeliverable
 from relay.sinks.batch import BatchCollector, Envelope, json_array
 from relay.sinks.http import HttpCollector
 from relay.sinks.retry import Verdict, classify
@@ -44,10 +45,21 @@ class CollectorKind:
         return classify(status)
 
     @classmethod
+    def refusal(cls, config: CollectorConfig, status: int, body: bytes) -> Undeliverable | None:
+        """A failure the service answers for one known cause, told by its status and the
+        first bytes of its body: the dead letter, with a reason of its own (logged once per
+        collector), or None for the generic policy. Pure. Asked for every answer to a single
+        event that is not a success, before the verdict: a recognised 401 is not retried for
+        a ``token_file``."""
+        return None
+
+    @classmethod
     def build(cls, config: CollectorConfig, metrics: CollectorMetrics) -> Collector:
         """The collector for ``config`` (an instance of :attr:`config_class`)."""
         plain = not cls.success_statuses and not cls.permanent_statuses
         verdict = classify if plain else cls.classify
+        own = getattr(cls.refusal, "__func__", None) is not CollectorKind.refusal.__func__
+        refuse = partial(cls.refusal, config) if own else None
         if config.batch is not None:
-            return BatchCollector(config, metrics, verdict, cls.batch_envelope)
-        return HttpCollector(config, metrics, verdict)
+            return BatchCollector(config, metrics, verdict, cls.batch_envelope, refuse)
+        return HttpCollector(config, metrics, verdict, refuse)

@@ -3,7 +3,12 @@
 ``POST <url>/api/v1/openlineage/lineage`` takes one RunEvent; ``POST
 <url>/api/v1/openlineage/lineage/batch`` takes ``{"events": [...]}`` and answers 200 with
 ``status`` (``success``, ``partial_success``, ``failure``), a ``summary`` and
-``failedEvents`` (``index``, ``reason``, ``retriable``). Both need an OpenMetadata JWT as
+``failedEvents`` (``index``, ``reason``, ``retriable``); events it took with some datasets
+unresolved count in ``summary.partial`` and ``unresolvedDatasets``, not in ``failedEvents``
+(delivered: they are not sent again). The newest releases answer 400 with ``failedEvents``
+when every event of the batch failed: read per event too. Its single endpoint answers an
+exception with 500, so an event it fails on is dead-lettered after
+``retry.poison_after_attempts`` (:mod:`relay.sinks.http`). Both need an OpenMetadata JWT as
 ``Authorization: Bearer <jwt>`` (required here; a bot's token from ``token_file`` rotates
 without restart). RunEvents only. Batch delivery is on by default (``batch: null`` sends
 one event per request). OpenMetadata only turns COMPLETE events into lineage and skips the

@@ -263,6 +263,12 @@ def test_operator_commands_give_up_on_an_event_when_retries_are_otherwise_unlimi
     assert collector_config(unlimited, 3).retry.max_attempts == 3
     bounded = CollectorConfig(name="c", url="http://127.0.0.1:9", retry={"max_attempts": 4})
     assert collector_config(bounded, None).retry.max_attempts == 4
+    # The rest of the retry policy is the collector's own: an event it keeps failing on is
+    # given up as in the relay (the override used to reset it to the default).
+    tuned = CollectorConfig(name="c", url="http://127.0.0.1:9", retry={"poison_after_attempts": 3,
+                                                                       "initial_backoff_s": 0.5})
+    assert collector_config(tuned, None).retry.poison_after_attempts == 3
+    assert collector_config(tuned, 2).retry.model_dump() == {**tuned.retry.model_dump(), "max_attempts": 2}
 
 
 def test_progress_prints_every_tenth_off_a_terminal_and_redraws_on_one():

@@ -65,3 +65,40 @@ def test_a_success_reply_too_long_to_read_delivers_every_event_and_says_so():
     reading = read_batch_reply(200, None, 3, classify)
     assert [o.outcome for o in reading.outcomes] == ["delivered"] * 3
     assert reading.result == "ok" and "not read" in reading.note
+
+
+def test_an_event_not_listed_as_failed_is_delivered_whatever_the_status_says():
+    """OpenMetadata: events written with some datasets unresolved are counted in
+    summary.partial and listed in unresolvedDatasets, never in failedEvents."""
+    reply = {"status": "partial_success", "summary": {"received": 3, "successful": 1, "failed": 0, "partial": 2},
+             "unresolvedDatasets": [{"eventIndex": 0, "namespace": "s3://x", "name": "t", "reason": "notFound"}]}
+    reading = read_batch_reply(200, orjson.dumps(reply), 3, classify)
+    assert [o.outcome for o in reading.outcomes] == ["delivered"] * 3 and reading.result == "ok"
+    assert outcomes(200, {"status": "PARTIAL_SUCCESS"}, 2) == ["delivered"] * 2
+    # Failures counted but not listed, or a failure neither listed nor counted: not placed.
+    assert outcomes(200, {"status": "partial_success", "summary": {"failed": 1}}, 2) == ["single"] * 2
+    assert outcomes(200, {"status": "failure"}, 2) == ["single"] * 2
+    assert outcomes(200, {"status": "failure", "summary": {"received": 2, "failed": 0, "skipped": 2}}, 2) == \
+        ["delivered"] * 2
+
+
+def test_a_4xx_listing_failed_events_gives_per_event_verdicts():
+    """The newest OpenMetadata answers 400 with failedEvents when every event failed."""
+    reply = {"status": "failure", "summary": {"received": 2, "failed": 2},
+             "failedEvents": [{"index": 0, "reason": "no such table", "retriable": False},
+                              {"index": 1, "reason": "timeout", "retriable": True}]}
+    reading = read_batch_reply(400, orjson.dumps(reply), 2, classify)
+    assert [(o.outcome, o.status) for o in reading.outcomes] == [("reject", 400), ("retry", 400)]
+    assert "no such table" in reading.outcomes[0].detail and reading.result == "partial"
+    # One it does not name: a refusal says nothing of it, so it goes alone.
+    reply = {"status": "failure", "failedEvents": [{"index": 1, "reason": "bad", "retriable": False}]}
+    assert outcomes(400, reply, 3) == ["single", "reject", "single"]
+    # A 4xx body without a list is a batch refused whole, as before.
+    assert outcomes(400, {"message": "Invalid batch format"}, 2) == ["single", "single"]
+
+
+def test_a_batch_url_answering_404_405_or_501_has_no_batch_endpoint():
+    for status in (404, 405, 501):
+        reading = read_batch_reply(status, b"Not Found", 2, classify)
+        assert [o.outcome for o in reading.outcomes] == ["single", "single"] and reading.result == "unsupported"
+    assert outcomes(503, b"", 1) == ["retry"] and outcomes(500, b"", 1) == ["retry"]

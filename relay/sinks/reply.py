@@ -1,0 +1,89 @@
+"""A collector's answer as :class:`~relay.sinks.http.HttpCollector` reads it: :class:`Reply`,
+:class:`Retriable` (no answer, or one that deserves another try), and how a body is read
+without holding more of it than wanted."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+from yarl import URL
+
+#: How much of an answer's body a detail quotes.
+SNIPPET = 300
+#: How much of a 2xx answer to one event is read. Its status is the acknowledgement and its
+#: body is not used: it is read (and dropped) only so the connection can carry the next
+#: request. Enough for any ordinary body (an echo of the event, a JSON status); past it the
+#: connection is closed instead, so a collector or proxy answering 200 with a huge or endless
+#: body costs a new connection, not memory or the rest of the request's timeout.
+DRAIN_LIMIT = 64 * 1024
+
+#: What aiohttp raises when there is no answer: the attempt deserves another try.
+NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class Retriable(Exception):
+    """An attempt that deserves another try: no answer, or a retriable status."""
+
+    def __init__(self, detail: str, status: int | None, wait_s: float | None) -> None:
+        super().__init__(detail)
+        self.detail, self.status, self.wait_s = detail, status, wait_s
+
+
+def no_answer(err: BaseException) -> Retriable:
+    return Retriable(f"{type(err).__name__}: {err}", None, None)
+
+
+@dataclass(slots=True)
+class Reply:
+    """A collector's answer: for 2xx the body the caller asked for (see
+    :meth:`HttpCollector.exchange`), the first bytes otherwise (a batch's 4xx: its body
+    too, as for a 2xx)."""
+
+    status: int
+    body: bytes
+    #: Seconds from a Retry-After header, when the answer carried one.
+    wait_s: float | None = None
+    #: A body over the caller's limit: not read (``body`` is empty); a connection left
+    #: mid-body is closed, not reused.
+    unread: bool = False
+
+    @property
+    def snippet(self) -> str:
+        return self.body[:SNIPPET].decode("utf-8", "replace")
+
+
+async def read_body(resp: aiohttp.ClientResponse, limit: int, keep: int) -> bytes | None:
+    """A body still arriving, read to its end: its first ``keep`` bytes, or None when it
+    is over ``limit`` bytes: then no more of it is read and the connection is closed (it
+    cannot carry another request before the body's end). Never holds more than ``keep``
+    bytes and what aiohttp buffers: ``readany`` leaves aiohttp's flow control on, where
+    ``read()`` turns it off and holds the whole body. A body that does not end is cut by
+    the request's deadline."""
+    content = resp.content
+    length = resp.content_length
+    if length is not None and length > limit:  # announced: not even its first bytes
+        resp.close()
+        return None
+    chunks: list[bytes] = []
+    kept = 0
+    while chunk := await content.readany():
+        if content.total_bytes > limit:  # what arrived, read or not
+            resp.close()
+            return None
+        if kept < keep:
+            chunks.append(chunk[:keep - kept])
+            kept += len(chunks[-1])
+    return b"".join(chunks)
+
+
+def redirect_detail(resp: aiohttp.ClientResponse) -> str:
+    location = resp.headers.get("Location", "")
+    try:  # usually relative (a trailing slash added): resolved against where the event went
+        target = resp.url.join(URL(location)).with_user(None).with_password(None).with_query(None) \
+            if location else None
+    except ValueError:  # not a URL: as given, without anything after '?' or '@'
+        target = location.split("?", 1)[0].rsplit("@", 1)[-1][:200]
+    return (f"redirected to {target or '(no Location)'}: the relay does not follow redirects (the event would "
+            f"be lost, or sent elsewhere with its credentials); set the collector's url to where it points.")
