@@ -71,8 +71,7 @@ class DeadLetterWriter:
 
     def _produce(self, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]],
                  reason: str, on_done: Callable[[], None], size_refusals: int = 0) -> None:
-        producer = self._host.producer
-        if producer is None:  # closed: the record's offset is not committed, it comes again
+        if self._host.producer is None:  # closed: the record's offset is not committed, it comes again
             return
         assert self._loop is not None
         loop = self._loop
@@ -96,7 +95,8 @@ class DeadLetterWriter:
                 self._host.delivery_failed(err)
                 loop.call_soon_threadsafe(retry, err)
         try:
-            producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=delivered)
+            # False: closed meanwhile (the offset is not committed, the record comes again).
+            self._host.produce(self.topic, value=value, key=key, headers=headers, on_delivery=delivered)
         except BufferError:
             loop.call_later(0.05, self._produce, value, key, headers, reason, on_done, size_refusals)
         except KafkaException as err:  # a fatal producer until its replacement, or a record over message.max.bytes

@@ -67,12 +67,26 @@ class ProducerHost:
         self._fatal: KafkaError | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Held to produce and to swap producers (see produce()).
+        self._swap = threading.Lock()
 
     def start(self) -> None:
         producer = self.producer = Producer(self._conf)
         # The thread keeps its own reference: close() drops self.producer before the last flush.
         self._thread = threading.Thread(target=self._poll_forever, args=(producer,), name=self.name, daemon=True)
         self._thread.start()
+
+    def produce(self, topic: str, **kwargs: Any) -> bool:
+        """``Producer.produce`` on the live producer (its exceptions pass through); False when
+        closed. A record goes either to a producer before it is replaced, whose last purge
+        then fails it (its writer tries again), or to the new one: never to a replaced
+        producer nobody polls any more, whose report would never come."""
+        with self._swap:
+            producer = self.producer
+            if producer is None:
+                return False
+            producer.produce(topic, **kwargs)
+            return True
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback, on the poll thread (inside poll or flush)."""
@@ -116,27 +130,35 @@ class ProducerHost:
         log_event(log, logging.ERROR, "kafka_producer_fatal", producer=self.name, error=str(err),
                   in_librdkafka=len(old))
         for in_flight in (False, True):
-            try:
-                old.purge(in_queue=True, in_flight=in_flight)
-            except KafkaException as purge_err:
-                log_event(log, logging.WARNING, "kafka_producer_purge_failed", producer=self.name,
-                          error=str(purge_err))
-            deadline = time.monotonic() + SETTLE_S
-            while len(old) and time.monotonic() < deadline:
-                self._poll(old, 0.05)  # serves the delivery reports: the writers retry what failed
+            self._purge_and_serve(old, in_flight)
         self._fatal = None  # the old producer's, raised again while it was served
         new = Producer(self._conf)
-        if self.producer is old:  # else close() took it meanwhile: the new one is not used
-            self.producer = new
+        with self._swap:
+            if self.producer is old:  # else close() took it meanwhile: the new one is not used
+                self.producer = new
+        # Records produced on the old one since its purge (a producer spoilt by an answer, not
+        # fatal in librdkafka, still takes them): failed now, so their writers try again.
+        self._purge_and_serve(old, in_flight=True)
         self.replaced += 1
         if self._on_replaced is not None:
             self._on_replaced()
         log_event(log, logging.WARNING, "kafka_producer_replaced", producer=self.name, replaced=self.replaced)
         return new
 
+    def _purge_and_serve(self, old: Producer, in_flight: bool) -> None:
+        try:
+            old.purge(in_queue=True, in_flight=in_flight)
+        except KafkaException as purge_err:
+            log_event(log, logging.WARNING, "kafka_producer_purge_failed", producer=self.name,
+                      error=str(purge_err))
+        deadline = time.monotonic() + SETTLE_S
+        while len(old) and time.monotonic() < deadline:
+            self._poll(old, 0.05)  # serves the delivery reports: the writers retry what failed
+
     def close(self, timeout_s: float) -> None:
         """Flush for up to ``timeout_s`` (blocking: run it off the event loop), then stop."""
-        producer, self.producer = self.producer, None
+        with self._swap:
+            producer, self.producer = self.producer, None
         if producer is not None:
             try:
                 producer.flush(timeout_s)

@@ -162,8 +162,7 @@ class RunStateChangelog:
     def write(self, partition: int, key: bytes, value: bytes | None, on_done: Callable[[str], None]) -> None:
         """Produce one record (``value`` None: a tombstone); ``on_done(OK | FAILED | TOO_LARGE)``
         runs on the loop once the broker answered."""
-        producer = self._host.producer
-        assert producer is not None and self._loop is not None
+        assert self._loop is not None
         loop = self._loop
         self.unacked += 1
         self._idle.clear()
@@ -187,7 +186,8 @@ class RunStateChangelog:
                 self._host.delivery_failed(err)
             loop.call_soon_threadsafe(self._done, on_done, status)
         try:
-            producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivered)
+            if not self._host.produce(self.topic, value=value, key=key, partition=partition, on_delivery=delivered):
+                loop.call_soon(self._done, on_done, FAILED)  # closed
         except BufferError:
             loop.call_soon(self._done, on_done, FAILED)
         except KafkaException as err:

@@ -255,3 +255,41 @@ async def test_an_answer_that_spoils_the_producer_id_replaces_the_dead_letter_pr
                                                  {"producer": "dead_letter"}) == 1
         records = read_topic(broker.bootstrap_servers, "dlq", expected=4, timeout_s=3)
         assert [r.value for r in records][:1] == [b"first"] and {r.value for r in records} == {b"first", b"refused"}
+
+
+class SlowToMake:
+    """Stands in for ``Producer``: making the replacement waits until ``go`` is set
+    (``making`` tells it began), as a busy machine can make it slow."""
+
+    def __init__(self) -> None:
+        self.making, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, conf):  # noqa: ANN001, ANN204
+        self.making.set()
+        assert self.go.wait(30)
+        return Producer(conf)
+
+
+async def test_a_dead_letter_sent_while_the_replacement_is_made_is_acknowledged(kafka, monkeypatch):
+    """A delivery error that spoils the producer id (not fatal to librdkafka) makes the host
+    replace the producer; the old one still takes records. One sent after the old one's
+    purge, before the new one took over, used to stay on the old producer, which nobody polls
+    any more: its report never came, and the dead letter (its offset) waited for ever."""
+    topic = kafka.new_topic("dlq-swap")
+    metrics = RelayMetrics()
+    writer = DeadLetterWriter(bootstrap_servers=kafka.bootstrap_servers, topic=topic, properties={}, metrics=metrics)
+    await writer.start()
+    done: list[str] = []
+    slow = SlowToMake()
+    try:
+        monkeypatch.setattr(producer_module, "Producer", slow)
+        writer._host.delivery_failed(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "injected"))
+        assert await asyncio.get_running_loop().run_in_executor(None, slow.making.wait, 10)
+        writer.send(b"meanwhile", b"run:ns/job", reason="invalid_json", detail="d", source=None,
+                    on_done=lambda: done.append("meanwhile"))
+        slow.go.set()
+        await _until(lambda: done == ["meanwhile"], 20, "the dead letter acknowledged")
+    finally:
+        slow.go.set()
+        await writer.close()
+    assert [r.value for r in read_topic(kafka.bootstrap_servers, topic, expected=1, timeout_s=5)] == [b"meanwhile"]
