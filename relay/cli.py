@@ -21,14 +21,29 @@ from relay.state.changelog import StateError
 log = logging.getLogger("relay.cli")
 
 
+#: What each NAME=VALUE flag takes, as shown when one is malformed.
+_PAIR_FORMS = {
+    "--collector": "NAME=URL, e.g. --collector marquez=http://127.0.0.1:5000",
+    "--collector-mode": "NAME=MODE, e.g. --collector-mode marquez=consolidated",
+    "--consumer-property": "KEY=VALUE, e.g. --consumer-property session.timeout.ms=6000",
+}
+
+
 def _pairs(values: list[str] | None, flag: str) -> list[tuple[str, str]]:
     out = []
-    for item in values or []:
+    for i, item in enumerate(values or [], 1):
         name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise ConfigError(f"{flag} {item!r}: expected NAME=VALUE, e.g. {flag} marquez=http://127.0.0.1:5000")
+        if not sep or not name.strip() or not value.strip():
+            # Not the item: a property's value may be a password (sasl.password:hunter2).
+            which = f"the {_ordinal(i)} {flag}" if len(values or []) > 1 else flag
+            why = "no =" if not sep else "nothing before =" if not name.strip() else "nothing after ="
+            raise ConfigError(f"{which}: expected {_PAIR_FORMS.get(flag, 'NAME=VALUE')} ({why})")
         out.append((name.strip(), value.strip()))
     return out
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def config_from_args(args: argparse.Namespace) -> RelayConfig:
@@ -59,6 +74,12 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
     flag_collectors = _pairs(args.collector, "--collector")
     if flag_collectors:
         by_name = {c.get("name"): dict(c) for c in data.get("collectors") or [] if isinstance(c, dict)}
+        flag_names = [name for name, _url in flag_collectors]
+        repeated = sorted({n for n in flag_names if flag_names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"--collector: names must be unique, repeated: {', '.join(repeated)}; give each "
+                              "collector its own name (a --collector replaces the url of the config file's "
+                              "collector of that name)")
         for name, url in flag_collectors:
             by_name.setdefault(name, {"name": name})["url"] = url
         data["collectors"] = list(by_name.values())
