@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -119,13 +121,41 @@ async def serve(config: RelayConfig) -> None:
         loop.add_signal_handler(sig, relay.request_stop)
     runner = None
     if config.http.port is not None:
-        runner, port = await start_server(relay, config.http.host, config.http.port)
+        try:
+            runner, port = await start_server(relay, config.http.host, config.http.port)
+        except OSError as err:
+            raise ConfigError(_listen_problem(err)) from None
         log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
     try:
         await relay.run()
     finally:
         if runner is not None:
             await runner.cleanup()
+
+
+def _listen_problem(err: OSError) -> str:
+    """What to fix when the HTTP server cannot listen: ``http.host`` or ``http.port``."""
+    why = err.strerror or type(err).__name__
+    if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
+        return (f"http.host: cannot listen there ({why}); give an address of this machine, such as 0.0.0.0 "
+                "(all) or 127.0.0.1")
+    if err.errno == errno.EADDRINUSE:
+        return (f"http.port: cannot listen there ({why}: another process, or another relay, has it); stop it, "
+                "give another port, or 0 for any free one")
+    if err.errno == errno.EACCES:
+        return f"http.port: cannot listen there ({why}; ports below 1024 need privileges); give a port from 1024"
+    return f"http.host/http.port: cannot listen there ({why}); fix http.host or http.port"
+
+
+def check_files(config: RelayConfig) -> None:
+    """What ``run`` reads before it starts, read now (no network): each collector's token
+    (``token_env``, ``token_file``) and TLS files (``tls.ca_bundle``, ``tls.client_cert``).
+    Raises :class:`ConfigError` naming the key."""
+    from relay.sinks.auth import TokenSource, ssl_context
+
+    for collector in config.collectors:
+        TokenSource(collector)
+        ssl_context(collector)
 
 
 class _Version(argparse.Action):
@@ -166,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check-config":
             cfg = build_config(load_yaml(args.path))
+            check_files(cfg)
             print(f"{args.path}: OK ({len(cfg.collectors)} collector(s): {', '.join(c.name for c in cfg.collectors)})")
             return 0
         if args.command == "demo":

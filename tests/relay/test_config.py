@@ -590,3 +590,46 @@ def test_a_malformed_flag_is_not_echoed_and_its_example_fits_the_flag(flag, item
         config_from_args(args)
     message = str(refused.value)
     assert expected in message and "hunter2" not in message
+
+
+def test_check_config_reads_the_files_and_variables_run_reads_first(tmp_path, monkeypatch, capsys):
+    """A missing token_file or tls.ca_bundle, or an unset token_env, passed check-config and stopped run."""
+    monkeypatch.delenv("NOPE_UNSET_TOKEN", raising=False)
+    for entry, message in (
+            ("token_file: /nonexistent/token", "collectors.m.token_file: cannot read /nonexistent/token"),
+            ("tls: {ca_bundle: /nonexistent/ca.pem}", "collectors.m.tls.ca_bundle: cannot load /nonexistent/ca.pem"),
+            ("token_env: NOPE_UNSET_TOKEN", "collectors.m.token_env: environment variable NOPE_UNSET_TOKEN")):
+        path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092'}\n"
+                               f"collectors: [{{name: m, url: 'https://m:5000', {entry}}}]\n")
+        assert main(["check-config", str(path)]) == 2
+        assert message in capsys.readouterr().err
+    token = tmp_path / "token"
+    token.write_text("t0k\n")
+    path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092'}\n"
+                           f"collectors: [{{name: m, url: 'https://m:5000', token_file: '{token}'}}]\n")
+    assert main(["check-config", str(path)]) == 0
+    assert "t0k" not in capsys.readouterr().out
+
+
+def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
+    import asyncio
+    import socket
+
+    from relay.cli import _listen_problem
+    from relay.server import start_server
+
+    async def problem(host: str, port: int) -> str:
+        try:
+            runner, _ = await start_server(None, host, port)  # type: ignore[arg-type]
+        except OSError as err:
+            return _listen_problem(err)
+        await runner.cleanup()
+        raise AssertionError("it listened")
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        in_use = asyncio.run(problem("127.0.0.1", busy.getsockname()[1]))
+    assert in_use.startswith("http.port: cannot listen there") and "0 for any free one" in in_use
+    for host in ("no-such-host.invalid", "192.0.2.1"):  # unknown name; not an address of this machine
+        assert asyncio.run(problem(host, 0)).startswith("http.host: cannot listen there")
