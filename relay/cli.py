@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -21,14 +23,29 @@ from relay.state.changelog import StateError
 log = logging.getLogger("relay.cli")
 
 
+#: What each NAME=VALUE flag takes, as shown when one is malformed.
+_PAIR_FORMS = {
+    "--collector": "NAME=URL, e.g. --collector marquez=http://127.0.0.1:5000",
+    "--collector-mode": "NAME=MODE, e.g. --collector-mode marquez=consolidated",
+    "--consumer-property": "KEY=VALUE, e.g. --consumer-property session.timeout.ms=6000",
+}
+
+
 def _pairs(values: list[str] | None, flag: str) -> list[tuple[str, str]]:
     out = []
-    for item in values or []:
+    for i, item in enumerate(values or [], 1):
         name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise ConfigError(f"{flag} {item!r}: expected NAME=VALUE, e.g. {flag} marquez=http://127.0.0.1:5000")
+        if not sep or not name.strip() or not value.strip():
+            # Not the item: a property's value may be a password (sasl.password:hunter2).
+            which = f"the {_ordinal(i)} {flag}" if len(values or []) > 1 else flag
+            why = "no =" if not sep else "nothing before =" if not name.strip() else "nothing after ="
+            raise ConfigError(f"{which}: expected {_PAIR_FORMS.get(flag, 'NAME=VALUE')} ({why})")
         out.append((name.strip(), value.strip()))
     return out
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def config_from_args(args: argparse.Namespace) -> RelayConfig:
@@ -59,6 +76,12 @@ def config_from_args(args: argparse.Namespace) -> RelayConfig:
     flag_collectors = _pairs(args.collector, "--collector")
     if flag_collectors:
         by_name = {c.get("name"): dict(c) for c in data.get("collectors") or [] if isinstance(c, dict)}
+        flag_names = [name for name, _url in flag_collectors]
+        repeated = sorted({n for n in flag_names if flag_names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"--collector: names must be unique, repeated: {', '.join(repeated)}; give each "
+                              "collector its own name (a --collector replaces the url of the config file's "
+                              "collector of that name)")
         for name, url in flag_collectors:
             by_name.setdefault(name, {"name": name})["url"] = url
         data["collectors"] = list(by_name.values())
@@ -98,13 +121,41 @@ async def serve(config: RelayConfig) -> None:
         loop.add_signal_handler(sig, relay.request_stop)
     runner = None
     if config.http.port is not None:
-        runner, port = await start_server(relay, config.http.host, config.http.port)
+        try:
+            runner, port = await start_server(relay, config.http.host, config.http.port)
+        except OSError as err:
+            raise ConfigError(_listen_problem(err)) from None
         log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
     try:
         await relay.run()
     finally:
         if runner is not None:
             await runner.cleanup()
+
+
+def _listen_problem(err: OSError) -> str:
+    """What to fix when the HTTP server cannot listen: ``http.host`` or ``http.port``."""
+    why = err.strerror or type(err).__name__
+    if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
+        return (f"http.host: cannot listen there ({why}); give an address of this machine, such as 0.0.0.0 "
+                "(all) or 127.0.0.1")
+    if err.errno == errno.EADDRINUSE:
+        return (f"http.port: cannot listen there ({why}: another process, or another relay, has it); stop it, "
+                "give another port, or 0 for any free one")
+    if err.errno == errno.EACCES:
+        return f"http.port: cannot listen there ({why}; ports below 1024 need privileges); give a port from 1024"
+    return f"http.host/http.port: cannot listen there ({why}); fix http.host or http.port"
+
+
+def check_files(config: RelayConfig) -> None:
+    """What ``run`` reads before it starts, read now (no network): each collector's token
+    (``token_env``, ``token_file``) and TLS files (``tls.ca_bundle``, ``tls.client_cert``).
+    Raises :class:`ConfigError` naming the key."""
+    from relay.sinks.auth import TokenSource, ssl_context
+
+    for collector in config.collectors:
+        TokenSource(collector)
+        ssl_context(collector)
 
 
 class _Version(argparse.Action):
@@ -145,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check-config":
             cfg = build_config(load_yaml(args.path))
+            check_files(cfg)
             print(f"{args.path}: OK ({len(cfg.collectors)} collector(s): {', '.join(c.name for c in cfg.collectors)})")
             return 0
         if args.command == "demo":

@@ -31,6 +31,7 @@ from relay.sinks.config import (
     RetryConfig,
     TlsConfig,
 )
+from relay.source.consumer_config import PRODUCER_DEFAULTS, RELAY_SETS
 from relay.source.properties import problem as properties_problem
 
 __all__ = [
@@ -43,11 +44,26 @@ __all__ = [
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
-def _topic_name(name: str) -> str:
-    """``name`` if Kafka takes it as a topic name, else ValueError saying what it takes."""
+def _topic_name(name: str, which: str = "") -> str:
+    """``name`` if Kafka takes it as a topic name, else ValueError saying what is wrong with
+    it (never the name itself: it may come from an environment variable)."""
     if _TOPIC_NAME.fullmatch(name) is None or name in (".", ".."):
-        raise ValueError(f"{name!r} is not a Kafka topic name: use letters, digits, '.', '_' and '-' only "
-                         "(at most 249); several topics are a list, or one string separated by commas")
+        if not name:
+            why = "is empty"
+        elif len(name) > 249:
+            why = f"is {len(name)} characters long"
+        elif name in (".", ".."):
+            why = "is '.' or '..'"
+        else:
+            bad = {c for c in name if not (c.isascii() and (c.isalnum() or c in "._-"))}
+            kinds = [what for what, hit in (("a space", " " in bad), ("','", "," in bad),
+                                            ("a control character", any(not c.isprintable() for c in bad)),
+                                            ("a non-ASCII character", any(not c.isascii() for c in bad)))
+                     if hit]
+            others = sorted(c for c in bad if c.isascii() and c.isprintable() and c not in " ,")
+            why = "holds " + ", ".join([*kinds, *(repr(c) for c in others)])
+        raise ValueError(f"{which or 'the name'} is not a Kafka topic name (it {why}); use letters, digits, '.', "
+                         "'_' and '-' only (at most 249); several topics are a list, or one string separated by commas")
     return name
 
 
@@ -83,6 +99,22 @@ class KafkaConfig(Frozen):
         if not any(host.strip() for host in v.split(",")):
             raise ValueError("must list at least one broker as host:port, e.g. kafka:9092 (an environment "
                              "variable set but empty gives ''; set it, or write ${NAME:-kafka:9092})")
+        for i, entry in enumerate(host.strip() for host in v.split(",")):
+            if "/" in entry:  # a scheme (http://, SASL_SSL://) or a path
+                raise ValueError(f"broker {i + 1} is a URL; list brokers as host:port without a scheme or path, "
+                                 "e.g. kafka:9092 (TLS and SASL are set by security.protocol in "
+                                 "consumer_properties and producer_properties)")
+        return v
+
+    @field_validator("group_id")
+    @classmethod
+    def _group_id(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty (an environment variable set but empty gives ''; librdkafka "
+                             "aborts on an empty group id); set it, write ${NAME:-lineage-relay}, or leave "
+                             "group_id out for the default lineage-relay")
+        if not v.isprintable():
+            raise ValueError("holds a line break or a control character; set the group id alone")
         return v
 
     @field_validator("topics", mode="before")
@@ -96,8 +128,8 @@ class KafkaConfig(Frozen):
     def _topic_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
             raise ValueError("must name at least one topic to consume, e.g. [openlineage]")
-        for name in v:
-            _topic_name(name)
+        for i, name in enumerate(v):
+            _topic_name(name, f"topic {i + 1}" if len(v) > 1 else "")
         return v
 
     @field_validator("dlq_topic", "state_topic")
@@ -115,13 +147,17 @@ class KafkaConfig(Frozen):
     @field_validator("consumer_properties")
     @classmethod
     def _consumer_properties(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            fix = RELAY_SETS.get(key.strip())
+            if fix is not None:
+                raise ValueError(f"{key}: the relay sets it itself, so this value would be ignored; fix: {fix}")
         protocol = v.get("group.protocol", "classic").strip().lower()
         if protocol != "classic":
             # KIP-848: the broker assigns partitions and owns the session timeout; the relay's
             # rebalance handling and defaults (session.timeout.ms, cooperative-sticky) are
             # those of the classic protocol, the one it is tested with.
-            raise ValueError(f"group.protocol: {protocol!r} is not supported (the relay runs its consumer group "
-                             f"with the classic protocol); fix: remove it, or set it to classic")
+            raise ValueError("group.protocol: only classic is supported (the relay runs its consumer group "
+                             "with the classic protocol); fix: remove it, or set it to classic")
         found = properties_problem(v, "consumer")  # librdkafka's own check, offline
         if found is not None:
             raise ValueError(found)
@@ -130,9 +166,23 @@ class KafkaConfig(Frozen):
     @field_validator("producer_properties")
     @classmethod
     def _producer_properties(cls, v: dict[str, str]) -> dict[str, str]:
-        found = properties_problem(v, "producer")
+        for key in ("bootstrap.servers", "metadata.broker.list"):
+            if key in v:
+                raise ValueError(f"{key}: the relay sets it itself, so this value would be ignored; "
+                                 "fix: remove it, and set kafka.bootstrap_servers")
+        for key in ("acks", "request.required.acks"):
+            if key in v and v[key].strip().lower() not in ("all", "-1"):
+                # Dead letters and run state are written with enable.idempotence: true, which
+                # librdkafka refuses with any other acks (and they must not be lost).
+                raise ValueError(f"{key}: the relay writes dead letters and run state idempotently, which needs "
+                                 f"{key}: all; fix: remove it (the relay sets all), or set it to all")
+        if v.get("enable.idempotence", "true").strip().lower() not in ("true", "1"):
+            raise ValueError("enable.idempotence: the relay's dead letters and run state must not be duplicated "
+                             "or reordered; fix: remove it (the relay sets true)")
+        # Checked as the relay's producers are made: with its own defaults under them.
+        found = properties_problem({**PRODUCER_DEFAULTS, **v}, "producer")
         if found is not None:
-            raise ValueError(found)
+            raise ValueError(found + " (the relay's producers set enable.idempotence: true and acks: all)")
         return v
 
 

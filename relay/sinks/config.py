@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -16,6 +17,14 @@ from relay.stages.rewrite_config import RewriteConfig
 from relay.stages.route import RouteConfig, kinds_list
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def _controls(text: str) -> bool:
+    """Whether ``text`` holds what no HTTP header value can carry: a line break or another
+    control character (a horizontal tab is allowed)."""
+    return any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in text)
 
 
 class RetryConfig(Frozen):
@@ -244,6 +253,9 @@ class CollectorConfig(Frozen):
     @field_validator("token")
     @classmethod
     def _printable_token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and not v.get_secret_value().strip():
+            raise ValueError("is empty (an environment variable set but empty gives ''), so every request would be "
+                             "refused; set the variable, or remove token (or use token_env or token_file)")
         if v is not None and not v.get_secret_value().strip().isprintable():
             raise ValueError("the token holds a line break or a control character, which no HTTP header can "
                              "carry; set the token alone")
@@ -259,16 +271,96 @@ class CollectorConfig(Frozen):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not _NAME.fullmatch(v):
             raise ValueError("use letters, digits, '_', '.', '-' (it labels metrics and dead-letter records)")
         return v
 
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
+        # Never the URL itself in a message: it may come from a variable, with credentials.
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError("must be an http:// or https:// base URL such as http://marquez:5000")
+        if any(c.isspace() or not c.isprintable() for c in v):
+            raise ValueError("holds a space, a line break or a control character; write the base URL alone, "
+                             "such as http://marquez:5000")
+        parts = urlsplit(v)
+        if "@" in parts.netloc:
+            raise ValueError("holds credentials (user:password@); remove them from the URL and give them as "
+                             "token (token_env, token_file) or headers")
+        if parts.query or v.endswith("?"):
+            raise ValueError("has a query string (?...); the relay appends endpoint to a base URL, so give the "
+                             "base URL alone, such as http://marquez:5000")
+        if parts.fragment or "#" in v:
+            raise ValueError("has a fragment (#...); give the base URL alone, such as http://marquez:5000")
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError("has a port that is not a number from 1 to 65535; fix the port, or leave it out "
+                             "for the scheme's own (80, 443)")
+        if not parts.hostname:
+            raise ValueError("has no host; write it such as http://marquez:5000")
         return v.rstrip("/")
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        # Never a value in a message: headers carry API keys.
+        for name, value in v.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError("a header name holds a space, ':' or a character HTTP does not allow in one; "
+                                 "use letters, digits and '-', such as X-Api-Key")
+            if _controls(value):
+                raise ValueError(f"{name}: the value holds a line break or a control character, which no HTTP "
+                                 "header can carry (a value read from a file often ends in a newline); set the "
+                                 "value alone")
+        lowered = [name.lower() for name in v]
+        repeated = sorted({n for n in lowered if lowered.count(n) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)}: given more than once (header names ignore case); keep one")
+        return v
+
+    @field_validator("auth_header")
+    @classmethod
+    def _auth_header(cls, v: str) -> str:
+        if not _HEADER_NAME.fullmatch(v):
+            raise ValueError("must be an HTTP header name such as Authorization or X-Api-Key (not empty, no "
+                             "spaces or ':'); leave it out for Authorization")
+        return v
+
+    @field_validator("auth_scheme")
+    @classmethod
+    def _auth_scheme(cls, v: str) -> str:
+        if _controls(v) or v != v.strip():
+            raise ValueError("holds a line break, a control character or surrounding spaces; write the scheme "
+                             "alone, such as Bearer, or '' for the bare token")
+        return v
+
+    @model_validator(mode="after")
+    def _url_is_a_base(self) -> CollectorConfig:
+        # A base URL may have a path of its own (a reverse proxy's prefix, http://proxy/marquez);
+        # one that already ends with the endpoint the relay appends would post to it twice.
+        path = urlsplit(self.url).path.rstrip("/")
+        endpoint = self.endpoint.rstrip("/")
+        if endpoint and (path == endpoint or path.endswith(endpoint)):
+            which = f"the endpoint {endpoint}" if "endpoint" not in self.model_fields_set else "endpoint"
+            raise ValueError(f"url: its path ends with {which}, which the relay appends to url (it would post "
+                             f"to it twice, and be answered 404); fix: remove {which} from url, keeping only "
+                             "the base URL (and a proxy's path prefix, if any)")
+        return self
+
+    @model_validator(mode="after")
+    def _token_header_is_free(self) -> CollectorConfig:
+        if self.token is None and self.token_env is None and self.token_file is None:
+            return self
+        taken = [name for name in self.headers if name.lower() == self.auth_header.lower()]
+        if taken:
+            raise ValueError(f"headers.{taken[0]}: the token is sent in this header (auth_header), and would "
+                             "replace it; fix: remove it from headers, or remove the token, or send the token "
+                             "in another header (auth_header)")
+        return self
 
     @field_validator("endpoint")
     @classmethod
@@ -280,7 +372,7 @@ class CollectorConfig(Frozen):
     @field_validator("token_env")
     @classmethod
     def _token_env(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             raise ValueError("must be an environment variable name such as MARQUEZ_TOKEN (not its value)")
         return v
 

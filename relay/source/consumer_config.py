@@ -41,6 +41,20 @@ _DEFAULTS = {
 }
 _FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
 
+_COMMITS = "remove it: the relay commits offsets itself, once an event is delivered everywhere"
+#: Consumer properties the relay sets itself, whatever ``consumer_properties`` say (see
+#: :func:`consumer_config`), with the fix the configuration check gives for each: they are
+#: refused there rather than silently overwritten.
+RELAY_SETS = {
+    "group.id": "remove it, and set kafka.group_id",
+    "bootstrap.servers": "remove it, and set kafka.bootstrap_servers",
+    "metadata.broker.list": "remove it, and set kafka.bootstrap_servers",
+    **{key: _COMMITS for key in _FORCED},
+}
+#: What the relay's own producers (dead letters, run state, redrive markers) set under
+#: ``producer_properties``; the configuration check applies them too.
+PRODUCER_DEFAULTS = {"enable.idempotence": "true", "acks": "all"}
+
 
 def consumer_config(bootstrap_servers: str, group_id: str, properties: dict[str, str]) -> dict[str, Any]:
     """The consumer's configuration: :data:`_DEFAULTS`, overridden by ``properties``, then

@@ -89,7 +89,8 @@ class RouteRule(Frozen):
             for item in v:
                 name = item.upper() if isinstance(item, str) else item
                 if name not in EVENT_TYPES:
-                    raise ValueError(f"unknown event type {item!r}; use some of {', '.join(sorted(EVENT_TYPES))}")
+                    raise ValueError(f"entry {len(out) + 1} is not an event type; use some of "
+                                     f"{', '.join(sorted(EVENT_TYPES))}")
                 out.append(name)
             if not out:
                 raise ValueError("must list at least one event type (or leave the key out)")

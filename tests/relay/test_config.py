@@ -59,7 +59,7 @@ def token_of(tmp_path, template):
     (None, "${MARQUEZ_TOKEN:-fallback}", "fallback"),
     ("t0k", "${MARQUEZ_TOKEN:-fallback}", "t0k"),
     # "-" alone: only an unset variable takes the default.
-    ("", "${MARQUEZ_TOKEN-fallback}", ""),
+    ("", "t${MARQUEZ_TOKEN-fallback}", "t"),  # (an empty token alone is refused)
     (None, "${MARQUEZ_TOKEN-fallback}", "fallback"),
     ("t0k", "Bearer ${MARQUEZ_TOKEN-x}!", "Bearer t0k!"),
     # "$${" is a literal "${"; a "$" not before "{" is kept; what a variable holds is taken as it is.
@@ -199,7 +199,7 @@ def test_console_script_reports_bad_flag_and_exits_nonzero():
     out = subprocess.run([sys.executable, "-m", "relay", "run", "--bootstrap-servers", "x",
                           "--collector", "marquez"], capture_output=True, text=True)
     assert out.returncode == 2
-    assert "--collector 'marquez': expected NAME=VALUE" in out.stderr
+    assert "--collector: expected NAME=URL, e.g. --collector marquez=http://127.0.0.1:5000 (no =)" in out.stderr
 
 
 def test_run_without_any_configuration_says_what_it_needs():
@@ -314,7 +314,8 @@ def _kafka(**kafka: object) -> dict:
      r"fix: check it against librdkafka's CONFIGURATION\.md"),
     ({"consumer_properties": {"auto.offset.reset": "earlest"}},
      r'kafka\.consumer_properties: auto\.offset\.reset: Invalid value "earlest"'),
-    ({"producer_properties": {"acks": "most"}}, r'kafka\.producer_properties: (acks|request\.required\.acks): Invalid'),
+    ({"producer_properties": {"acks": "most"}}, r"kafka\.producer_properties: acks: the relay writes dead letters .*"
+                                                r"fix: remove it \(the relay sets all\), or set it to all"),
     # A producer property among the consumer's (named as written, not by librdkafka's alias).
     ({"consumer_properties": {"session.timeout.ms": 6000, "linger.ms": 5}},
      r"kafka\.consumer_properties: linger\.ms: a producer property, which the consumer ignores; "
@@ -323,7 +324,7 @@ def _kafka(**kafka: object) -> dict:
      r"kafka\.producer_properties: fetch\.wait\.max\.ms: a consumer property, which the producer ignores"),
     # KIP-848: librdkafka takes it, then refuses the relay's own session.timeout.ms at start-up.
     ({"consumer_properties": {"group.protocol": "consumer"}},
-     r"kafka\.consumer_properties: group\.protocol: 'consumer' is not supported .*; fix: remove it"),
+     r"kafka\.consumer_properties: group\.protocol: only classic is supported .*; fix: remove it"),
 ])
 def test_librdkafka_properties_are_checked_when_the_config_is_read(kafka, message):
     with pytest.raises(ConfigError, match=message):
@@ -375,3 +376,260 @@ def test_numbers_with_a_leading_zero_or_a_colon_stay_as_written(tmp_path):
     props = config.kafka.consumer_properties
     assert (props["client.id"], props["client.rack"], props["fetch.wait.max.ms"]) == ("0755", "12:30", "50")
     assert config.kafka.commit_interval_s == 0.5 and config.collectors[0].timeout_s == 7
+
+
+# -- refused at start-up what only failed at run (each names the key and the fix, never a value) --
+
+
+def _argparser():
+    import argparse
+
+    from relay.cli import _add_relay_flags
+
+    p = argparse.ArgumentParser()
+    _add_relay_flags(p)
+    return p
+
+
+def _refused(data: dict) -> str:
+    with pytest.raises(ConfigError) as refused:
+        build_config(data)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("group_id", ["", "  "])
+def test_an_empty_group_id_is_refused_not_left_to_abort_librdkafka(tmp_path, monkeypatch, capsys, group_id):
+    """librdkafka aborted the process (an assertion, exit 134) on an empty group.id."""
+    message = _refused(_kafka(group_id=group_id))
+    assert "kafka.group_id: must not be empty" in message and "${NAME:-lineage-relay}" in message
+    monkeypatch.setenv("GROUP_ID", group_id)
+    path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092', group_id: '${GROUP_ID}'}\n"
+                           "collectors: [{name: m, url: 'http://m:5000'}]\n")
+    assert main(["check-config", str(path)]) == 2
+    assert "kafka.group_id: must not be empty" in capsys.readouterr().err
+
+
+def test_an_empty_inline_token_is_refused_like_an_empty_token_env(tmp_path, monkeypatch, capsys):
+    """token: ${ATLAN_TOKEN} with the variable empty passed 'needs credentials': every event got 401."""
+    monkeypatch.setenv("ATLAN_TOKEN", "")
+    path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092'}\n"
+                           "collectors: [{name: a, type: atlan, tenant: acme, connector: spark, "
+                           "token: '${ATLAN_TOKEN}'}]\n")
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "collectors.0.token: is empty" in err and "set the variable, or remove token" in err
+    assert "token" in _refused(_collector(token="   "))  # blanks only: as empty
+
+
+def test_a_collector_name_repeated_in_flags_is_refused():
+    p = _argparser()
+    args = p.parse_args(["--bootstrap-servers", "k:9092", "--collector", "m=http://a:5000",
+                         "--collector", "m=http://b:5000"])
+    with pytest.raises(ConfigError, match=r"--collector: names must be unique, repeated: m; give each"):
+        config_from_args(args)
+
+
+@pytest.mark.parametrize("collector,message", [
+    ({"type": "marquez", "url": "http://h:5000/api/v1/lineage"},
+     r"collectors\.0: url: its path ends with the endpoint /api/v1/lineage, which the relay appends.*"
+     r"fix: remove the endpoint /api/v1/lineage from url"),
+    ({"url": "http://h:5000/proxy/api/v1/lineage/"}, r"url: its path ends with the endpoint /api/v1/lineage"),
+    ({"type": "datahub", "url": "http://gms:8080/openapi/openlineage/api/v1/lineage"},
+     r"url: its path ends with the endpoint /openapi/openlineage/api/v1/lineage"),
+    ({"url": "http://h:5000/?tenant=hunter2"}, r"collectors\.0\.url: has a query string .*give the base URL alone"),
+    ({"url": "http://h:5000/#hunter2"}, r"collectors\.0\.url: has a fragment"),
+    ({"url": "http://user:hunter2@h:5000"}, r"collectors\.0\.url: holds credentials .*give them as token"),
+    ({"url": "http://h:99999"}, r"collectors\.0\.url: has a port that is not a number from 1 to 65535"),
+    ({"url": "http://h:0"}, r"collectors\.0\.url: has a port that is not"),
+    ({"url": "http://h:hunter2"}, r"collectors\.0\.url: has a port that is not"),
+    ({"url": "http://h:5000\nhunter2"}, r"collectors\.0\.url: holds a space, a line break or a control character"),
+])
+def test_a_collector_url_must_be_a_base_url(collector, message):
+    refused = _refused({"kafka": {"bootstrap_servers": "k:9092"}, "collectors": [{"name": "m", **collector}]})
+    assert re.search(message, refused), refused
+    assert "hunter2" not in refused
+
+
+def test_a_base_url_keeps_a_path_prefix():
+    """A reverse proxy's prefix stays: only a path that already ends with the endpoint is refused."""
+    for url, target in (("http://h/marquez", "http://h/marquez/api/v1/lineage"),
+                        ("http://h:5000/", "http://h:5000/api/v1/lineage"),
+                        ("https://h/api/v1", "https://h/api/v1/api/v1/lineage")):
+        assert build_config(_collector(url=url)).collectors[0].target == target
+    assert build_config(_collector(url="http://h/lineage", endpoint="/api/v1/lineage")).collectors[0].target \
+        == "http://h/lineage/api/v1/lineage"
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"headers": {"X-Api-Key": "hunter2\n"}},
+     r"collectors\.0\.headers: X-Api-Key: the value holds a line break or a control character.*set the value alone"),
+    ({"headers": {"X-Api-Key": "hun\x00ter2"}}, r"collectors\.0\.headers: X-Api-Key: the value holds"),
+    ({"headers": {"X Api Key": "hunter2"}}, r"collectors\.0\.headers: a header name holds a space"),
+    ({"headers": {"": "hunter2"}}, r"collectors\.0\.headers: a header name"),
+    ({"headers": {"x-api-key": "hunter2", "X-API-KEY": "hunter2"}}, r"collectors\.0\.headers: x-api-key: given more"),
+    ({"auth_header": ""}, r"collectors\.0\.auth_header: must be an HTTP header name"),
+    ({"auth_header": "X-Token\n"}, r"collectors\.0\.auth_header: must be an HTTP header name"),
+    ({"auth_scheme": "Bearer\n"}, r"collectors\.0\.auth_scheme: holds a line break"),
+    ({"token": "t", "headers": {"authorization": "Basic hunter2"}},
+     r"collectors\.0: headers\.authorization: the token is sent in this header \(auth_header\), and would replace it; "
+     r"fix: remove it from headers"),
+    ({"token_env": "TOK", "auth_header": "X-Api-Key", "headers": {"X-API-KEY": "hunter2"}},
+     r"headers\.X-API-KEY: the token is sent in this header"),
+])
+def test_collector_headers_that_no_request_could_carry_are_refused_naming_the_header(extra, message):
+    refused = _refused(_collector(**extra))
+    assert re.search(message, refused), refused
+    assert "hunter2" not in refused
+
+
+def test_good_headers_pass():
+    c = build_config(_collector(headers={"X-Api-Key": "k-123", "X-Tenant": "a\tb"}, token="t",
+                                auth_header="X-Token", auth_scheme="")).collectors[0]
+    assert c.headers == {"X-Api-Key": "k-123", "X-Tenant": "a\tb"} and c.auth_header == "X-Token"
+
+
+@pytest.mark.parametrize("properties,message", [
+    ({"acks": 0}, r"kafka\.producer_properties: acks: the relay writes dead letters and run state idempotently, "
+                  r"which needs acks: all; fix: remove it \(the relay sets all\), or set it to all"),
+    ({"acks": 1}, r"kafka\.producer_properties: acks: .*fix: remove it"),
+    ({"request.required.acks": "0"}, r"kafka\.producer_properties: request\.required\.acks: .*fix: remove it"),
+    ({"enable.idempotence": False}, r"kafka\.producer_properties: enable\.idempotence: .*fix: remove it"),
+    # What librdkafka refuses only with the relay's own defaults (enable.idempotence: true) applied.
+    ({"max.in.flight.requests.per.connection": 10},
+     r"kafka\.producer_properties: .*max\.in\.flight.*enable\.idempotence.*the relay's producers set "
+     r"enable\.idempotence: true"),
+    ({"bootstrap.servers": "k:9092"}, r"kafka\.producer_properties: bootstrap\.servers: .*kafka\.bootstrap_servers"),
+])
+def test_producer_properties_are_checked_with_the_relays_own_producer_defaults(properties, message):
+    """acks: 0 passed check-config, then the run failed after 15 s on enable.idempotence."""
+    assert re.search(message, _refused(_kafka(producer_properties=properties)))
+
+
+def test_producer_acks_all_passes():
+    for acks in ("all", "-1", -1):
+        assert build_config(_kafka(producer_properties={"acks": acks})).kafka.producer_properties
+
+
+@pytest.mark.parametrize("key,fix", [
+    ("group.id", r"fix: remove it, and set kafka\.group_id"),
+    ("bootstrap.servers", r"fix: remove it, and set kafka\.bootstrap_servers"),
+    ("metadata.broker.list", r"fix: remove it, and set kafka\.bootstrap_servers"),
+    ("enable.auto.commit", r"fix: remove it: the relay commits offsets itself"),
+    ("enable.auto.offset.store", r"fix: remove it: the relay commits offsets itself"),
+])
+def test_consumer_properties_the_relay_sets_itself_are_refused(key, fix):
+    from relay.source.consumer_config import RELAY_SETS, consumer_config
+
+    value = "true" if key.startswith("enable") else "hunter2:9092"
+    refused = _refused(_kafka(consumer_properties={key: value}))
+    assert re.search(rf"kafka\.consumer_properties: {re.escape(key)}: the relay sets it itself.*{fix}", refused)
+    assert "hunter2" not in refused
+    # Every property consumer_config sets over the user's is in RELAY_SETS.
+    conf = consumer_config("b:9092", "g", {k: "user" for k in RELAY_SETS})
+    assert {k for k in RELAY_SETS if conf.get(k, "user") != "user"} >= {"group.id", "bootstrap.servers",
+                                                                        "enable.auto.commit",
+                                                                        "enable.auto.offset.store"}
+
+
+def test_a_consumer_property_flag_goes_through_the_same_check():
+    args = _argparser().parse_args(["--bootstrap-servers", "k:9092", "--collector", "m=http://a:5000",
+                                    "--consumer-property", "group.id=other"])
+    with pytest.raises(ConfigError, match=r"kafka\.consumer_properties: group\.id: .*kafka\.group_id"):
+        config_from_args(args)
+
+
+@pytest.mark.parametrize("servers", ["http://kafka:9092", "kafka:9092,SASL_SSL://kafka2:9093", "kafka:9092/"])
+def test_bootstrap_servers_that_are_urls_are_refused(servers):
+    refused = _refused(_kafka(bootstrap_servers=servers))
+    assert re.search(r"kafka\.bootstrap_servers: broker \d is a URL; list brokers as host:port without a scheme",
+                     refused)
+    assert "kafka2" not in refused
+
+
+def test_bootstrap_servers_as_host_port_pass():
+    assert build_config(_kafka(bootstrap_servers="k1:9092, k2:9092,[::1]:9092")).kafka.bootstrap_servers
+
+
+@pytest.mark.parametrize("data,message,value", [
+    (_kafka(topics=["ok", "hunter2 x"]), r"kafka\.topics: topic 2 is not a Kafka topic name \(it holds a space\)",
+     "hunter2"),
+    (_kafka(topics="hunter2,"), r"kafka\.topics: topic 2 is not a Kafka topic name \(it is empty\)", "hunter2"),
+    (_kafka(topics=["hunter2" * 40]), r"kafka\.topics: the name is not a Kafka topic name \(it is 280 characters",
+     "hunter2"),
+    (_kafka(dlq_topic="hunter2/dlq"), r"kafka\.dlq_topic: the name is not a Kafka topic name \(it holds '/'\)",
+     "hunter2"),
+    (_kafka(consumer_properties={"group.protocol": "hunter2"}), r"group\.protocol: only classic is supported",
+     "hunter2"),
+    (_collector(type="hunter2"), r"collectors\.0\.type: unknown collector type; use one of", "hunter2"),
+    (_collector(type="hunter2.kinds.Acme"), r"collectors\.0\.type: cannot import the module", "hunter2"),
+    (_collector(route={"include": [{"event_types": ["START", "hunter2"]}]}),
+     r"event_types: entry 2 is not an event type; use some of ABORT", "hunter2"),
+    ({"kafka": {"bootstrap_servers": "k:9092"},
+      "collectors": [{"name": "a", "type": "atlan", "tenant": "Hunter2", "connector": "spark", "token": "t"}]},
+     r"tenant: not an Atlan tenant name", "Hunter2"),
+    ({"kafka": {"bootstrap_servers": "k:9092"},
+      "collectors": [{"name": "a", "type": "atlan", "tenant": "acme", "connector": "hunter2/x", "token": "t"}]},
+     r"connector: must be one path segment", "hunter2"),
+])
+def test_validation_messages_say_what_is_wrong_without_echoing_the_value(data, message, value):
+    refused = _refused(data)
+    assert re.search(message, refused), refused
+    assert value not in refused
+
+
+@pytest.mark.parametrize("flag,item,expected", [
+    ("--consumer-property", "sasl.password:hunter2",
+     "--consumer-property: expected KEY=VALUE, e.g. --consumer-property session.timeout.ms=6000 (no =)"),
+    ("--consumer-property", "sasl.password=", "--consumer-property: expected KEY=VALUE, e.g."),
+    ("--collector", "=http://hunter2:5000", "--collector: expected NAME=URL, e.g. --collector marquez="),
+    ("--collector-mode", "hunter2", "--collector-mode: expected NAME=MODE, e.g. --collector-mode marquez=consolidated"),
+])
+def test_a_malformed_flag_is_not_echoed_and_its_example_fits_the_flag(flag, item, expected):
+    args = _argparser().parse_args(["--bootstrap-servers", "k:9092", "--collector", "m=http://a:5000", flag, item])
+    with pytest.raises(ConfigError) as refused:
+        config_from_args(args)
+    message = str(refused.value)
+    assert expected in message and "hunter2" not in message
+
+
+def test_check_config_reads_the_files_and_variables_run_reads_first(tmp_path, monkeypatch, capsys):
+    """A missing token_file or tls.ca_bundle, or an unset token_env, passed check-config and stopped run."""
+    monkeypatch.delenv("NOPE_UNSET_TOKEN", raising=False)
+    for entry, message in (
+            ("token_file: /nonexistent/token", "collectors.m.token_file: cannot read /nonexistent/token"),
+            ("tls: {ca_bundle: /nonexistent/ca.pem}", "collectors.m.tls.ca_bundle: cannot load /nonexistent/ca.pem"),
+            ("token_env: NOPE_UNSET_TOKEN", "collectors.m.token_env: environment variable NOPE_UNSET_TOKEN")):
+        path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092'}\n"
+                               f"collectors: [{{name: m, url: 'https://m:5000', {entry}}}]\n")
+        assert main(["check-config", str(path)]) == 2
+        assert message in capsys.readouterr().err
+    token = tmp_path / "token"
+    token.write_text("t0k\n")
+    path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092'}\n"
+                           f"collectors: [{{name: m, url: 'https://m:5000', token_file: '{token}'}}]\n")
+    assert main(["check-config", str(path)]) == 0
+    assert "t0k" not in capsys.readouterr().out
+
+
+def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
+    import asyncio
+    import socket
+
+    from relay.cli import _listen_problem
+    from relay.server import start_server
+
+    async def problem(host: str, port: int) -> str:
+        try:
+            runner, _ = await start_server(None, host, port)  # type: ignore[arg-type]
+        except OSError as err:
+            return _listen_problem(err)
+        await runner.cleanup()
+        raise AssertionError("it listened")
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        in_use = asyncio.run(problem("127.0.0.1", busy.getsockname()[1]))
+    assert in_use.startswith("http.port: cannot listen there") and "0 for any free one" in in_use
+    for host in ("no-such-host.invalid", "192.0.2.1"):  # unknown name; not an address of this machine
+        assert asyncio.run(problem(host, 0)).startswith("http.host: cannot listen there")

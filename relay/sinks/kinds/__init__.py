@@ -37,21 +37,29 @@ def resolve_kind(name: str) -> type[CollectorKind]:
     if kind is not None:
         return kind
     if "." not in name:
-        raise ValueError(f"unknown collector type {name!r}; use one of {', '.join(BUILTIN)}, "
+        raise ValueError(f"unknown collector type; use one of {', '.join(BUILTIN)}, "
                          "or a dotted path package.module.Class to a third-party kind")
     module_name, _, attr = name.rpartition(".")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"cannot import {module_name} for collector type {name} ({err}); install the "
+        # Neither the path nor the error's text (which quotes it): type may come from a variable.
+        # A module it imports in turn is named (it is not part of the value).
+        missing = getattr(err, "name", None)
+        inner = missing is not None and not module_name.startswith(missing) and missing not in module_name
+        what = f"it imports {missing}, which is not installed" if inner else type(err).__name__
+        raise ValueError(f"cannot import the module of this dotted path ({what}); install the "
                          "package that provides it (pip install ...) or fix the dotted path") from None
     found = getattr(module, attr, None)
     if found is None:
-        raise ValueError(f"{module_name} has no {attr}; check the class name in type: {name}")
+        raise ValueError("the module has no class of the name the dotted path ends with; check the class name "
+                         "in type")
     if not (isinstance(found, type) and issubclass(found, CollectorKind)):
-        raise ValueError(f"{name} is not a collector kind; it must subclass relay.sinks.kinds.CollectorKind")
+        raise ValueError("the class this dotted path names is not a collector kind; it must subclass "
+                         "relay.sinks.kinds.CollectorKind")
     if not (isinstance(found.config_class, type) and issubclass(found.config_class, CollectorConfig)):
-        raise ValueError(f"{name}.config_class must subclass relay.config.CollectorConfig")
+        raise ValueError("the config_class of the kind this dotted path names must subclass "
+                         "relay.config.CollectorConfig")
     return found
 
 

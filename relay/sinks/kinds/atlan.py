@@ -62,14 +62,16 @@ class AtlanConfig(CollectorConfig):
             raise ValueError("tenant and url: give one; tenant builds https://<tenant>.atlan.com")
         if isinstance(tenant, str):
             if not _TENANT.match(tenant):
-                raise ValueError(f"tenant: {tenant!r} is not an Atlan tenant name; use the first label of "
+                raise ValueError("tenant: not an Atlan tenant name (it may hold only lower-case letters, digits "
+                                 "and '-', starting with a letter or digit); use the first label of "
                                  "<tenant>.atlan.com, e.g. acme")
             data = {**data, "url": f"https://{tenant}.atlan.com"}
         elif data.get("url") is None:
             raise ValueError("tenant: type atlan needs tenant (https://<tenant>.atlan.com) or url")
         if isinstance(connector, str):
             if not _CONNECTOR.match(connector):
-                raise ValueError(f"connector: {connector!r} must be a path segment such as spark or airflow")
+                raise ValueError("connector: must be one path segment of letters, digits, '_' and '-', such as "
+                                 "spark or airflow")
             if "endpoint" not in data:
                 data = {**data, "endpoint": endpoint_for(connector)}
         return data

@@ -154,7 +154,7 @@ def test_body_is_not_parsed_unless_a_dataset_rule_needs_it() -> None:
     [
         ({"include": [{"job_namespace": "x", "colour": "red"}]}, "colour"),
         ({"include": [{}]}, "at least one"),
-        ({"include": [{"event_types": ["FINISHED"]}]}, "FINISHED"),
+        ({"include": [{"event_types": ["FINISHED"]}]}, "entry 1 is not an event type"),  # never the value
         ({"include": [{"job_name": ""}]}, "non-empty"),
         ({"exclude": [{"kinds": ["table"]}]}, "kinds"),
         ({"includes": []}, "includes"),
