@@ -109,6 +109,19 @@ async def settle(lane: CollectorLane) -> None:
     assert await lane.drain(5)
 
 
+async def read_again_and_see_it_sent(consumer: Consumer, collector: Collector, metrics: CollectorMetrics,
+                                     start: bytes, complete: bytes) -> None:
+    """p0 given back and read again from its committed offset (1, the COMPLETE whose dead
+    letter is not written yet): neither a duplicate nor after its run's terminal, it is sent
+    again (refused again), and its offset waits for its own dead letter."""
+    consumer.read(complete, P0, 1, 1.0)
+    await settle(consumer.lane)
+    assert collector.got == [start, complete, complete]
+    assert metrics.deduplicated._value.get() == 0
+    assert metrics.dropped("after_terminal")._value.get() == 0
+    assert consumer.tracker.committable() == {}
+
+
 async def test_a_copy_in_another_partition_is_delivered_after_a_restart_found_its_twin_committed():
     running = body("RUNNING")
     # Before the restart: the collector is down; A (p0@10) waits, its byte-identical copy B
@@ -161,14 +174,7 @@ async def test_a_dead_letter_not_written_at_a_revoke_keeps_the_record_read_again
         consumer.lane.revoke({P0})
         assert consumer.lane.abort({P0}) == 0
         assert consumer.tracker.revoke([P0]) == {P0: 1}
-        consumer.read(complete, P0, 1, 1.0)
-        await settle(consumer.lane)
-        # Neither a duplicate nor after its run's terminal: sent again, refused again, and
-        # its offset waits for its own dead letter.
-        assert collector.got == [start, complete, complete]
-        assert metrics.deduplicated._value.get() == 0
-        assert metrics.dropped("after_terminal")._value.get() == 0
-        assert consumer.tracker.committable() == {}
+        await read_again_and_see_it_sent(consumer, collector, metrics, start, complete)
         dead_letters.write_all()
         assert dead_letters.written == 2 and consumer.tracker.committable() == {P0: 2}
     finally:
@@ -197,11 +203,6 @@ async def test_a_dead_letter_refused_while_a_revoke_waits_is_taken_back_by_the_a
         assert len(dead_letters.waiting) == 1
         consumer.lane.abort({P0})
         consumer.tracker.revoke([P0])
-        consumer.read(complete, P0, 1, 1.0)
-        await settle(consumer.lane)
-        assert collector.got == [start, complete, complete]
-        assert metrics.deduplicated._value.get() == 0
-        assert metrics.dropped("after_terminal")._value.get() == 0
-        assert consumer.tracker.committable() == {}
+        await read_again_and_see_it_sent(consumer, collector, metrics, start, complete)
     finally:
         await consumer.lane.close()
