@@ -51,8 +51,9 @@ class Deduper:
         self._max_entries = max_entries
         # digest -> time first seen; insertion order is age order, oldest first.
         self._seen: OrderedDict[bytes, float] = OrderedDict()
-        # digest -> (topic, partition) for digests learnt by remember_settled (see above).
-        self._where: dict[bytes, tuple[str, int]] = {}
+        # digest -> the (topic, partition)s it was read back from, for digests learnt by
+        # remember_settled only (see above).
+        self._where: dict[bytes, set[tuple[str, int]]] = {}
         # Purging on every call cost ~1 us per event for a loop that finds nothing to do.
         self._purge_every_s = min(self._ttl_s / 100, 1.0)
         self._next_purge = -math.inf
@@ -69,7 +70,7 @@ class Deduper:
         if seen_at is not None:
             if now - seen_at < self._ttl_s:
                 scope = self._where.get(digest) if self._where else None
-                if scope is None or (where is not None and (where.topic, where.partition) == scope):
+                if scope is None or (where is not None and (where.topic, where.partition) in scope):
                     return True
             # Expired but not purged yet, or learnt for another partition (see the class
             # docstring): an ordinary entry from now on.
@@ -86,11 +87,15 @@ class Deduper:
         ``topic``/``partition`` (read back on assignment): later copies from that partition
         are duplicates, copies from others are not (see the class docstring)."""
         seen_at = self._seen.get(digest)
-        if seen_at is not None and now - seen_at < self._ttl_s and digest not in self._where:
-            return  # already an ordinary digest: it dedupes everywhere
+        if seen_at is not None and now - seen_at < self._ttl_s:
+            scope = self._where.get(digest)
+            if scope is None:
+                return  # already an ordinary digest: it dedupes everywhere
+            scope.add((topic, partition))  # read back from several partitions: each dedupes
+            return
         self._seen.pop(digest, None)
         self._seen[digest] = now
-        self._where[digest] = (topic, partition)
+        self._where[digest] = {(topic, partition)}
         if len(self._seen) > self._max_entries:
             self._evict_oldest()
 

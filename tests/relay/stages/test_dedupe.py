@@ -141,6 +141,13 @@ def test_a_digest_read_back_below_a_commit_dedupes_only_its_own_partition():
     dedupe.forget(digest)
     dedupe.remember_settled(digest, 3.0, "ol", 1)
     assert dedupe.check_and_remember(digest, 4.0, at("other", 1)) is False
+    # Read back from two partitions: copies from either are duplicates.
+    dedupe.forget(digest)
+    dedupe.remember_settled(digest, 4.5, "ol", 1)
+    dedupe.remember_settled(digest, 4.5, "ol", 3)
+    assert dedupe.check_and_remember(digest, 4.6, at("ol", 3)) is True
+    assert dedupe.check_and_remember(digest, 4.6, at("ol", 1)) is True
+    assert dedupe.check_and_remember(digest, 4.7, at("ol", 9)) is False  # then ordinary
     # A digest already forwarded stays ordinary when a look-back reads a copy back.
     dedupe.remember_settled(digest, 5.0, "ol", 2)
     assert dedupe.check_and_remember(digest, 6.0, at("ol", 7)) is True
