@@ -252,6 +252,16 @@ class PipelineConfig(Frozen):
     lookback: LookbackConfig = LookbackConfig()
 
     @model_validator(mode="after")
+    def _decode_knobs_need_the_worker(self) -> PipelineConfig:
+        if not self.decode_worker:
+            for key in ("decode_processes", "decode_priority"):
+                if key in self.model_fields_set and getattr(self, key) != type(self).model_fields[key].default:
+                    raise ValueError(f"{key}: only used with decode_worker: true, and decode_worker is false "
+                                     "(decoding runs on the event loop's thread), so it would have no effect; "
+                                     f"fix: remove {key}, or set decode_worker: true")
+        return self
+
+    @model_validator(mode="after")
     def _search_before_timeout(self) -> PipelineConfig:
         look, order = self.lookback, self.ordering
         if look.search_after_s is not None and look.max_records and look.search_records and order.enabled \

@@ -248,6 +248,44 @@ class CollectorConfig(Frozen):
         if self.mode == "passthrough" and "consolidation" in self.model_fields_set:
             raise ValueError("consolidation: only used with mode consolidated or coalesce; "
                              "set mode: consolidated (or coalesce), or remove consolidation")
+        # Each holding mode reads one knob the other does not (relay.stages.consolidate).
+        given = self.consolidation.model_fields_set
+        for key, used_by, other in (("settle_s", "consolidated", "coalesce"),
+                                    ("coalesce_window_s", "coalesce", "consolidated")):
+            if self.mode == other and key in given:
+                raise ValueError(f"consolidation.{key}: only used with mode {used_by}, so under mode {other} it "
+                                 f"would have no effect; fix: remove it, or set mode: {used_by}")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_needs_https(self) -> CollectorConfig:
+        # Only settings that differ from the defaults: an all-default block changes nothing.
+        if self.tls != TlsConfig() and not self.url.lower().startswith("https://"):
+            raise ValueError("tls: only used with an https:// url, and url is http://, so these settings would "
+                             "have no effect (the collector is reached in plain text); fix: use the collector's "
+                             "https:// url, or remove tls")
+        return self
+
+    @model_validator(mode="after")
+    def _routes_can_match(self) -> CollectorConfig:
+        # A rule that no event the collector takes can match: an include rule that routes
+        # nothing, or an exclude rule that excludes nothing.
+        taken = set(self.event_kinds)
+        for which, rules in (("include", self.route.include), ("exclude", self.route.exclude)):
+            for i, rule in enumerate(rules):
+                kinds = taken & set(rule.kinds) if rule.kinds is not None else taken
+                if not kinds:
+                    raise ValueError(
+                        f"route.{which}.{i}.kinds: names only event kinds this collector does not take "
+                        f"(event_kinds: {', '.join(self.event_kinds)}"
+                        f"{'' if 'event_kinds' in self.model_fields_set else f', the default of type {self.type}'}"
+                        "); such events are dropped before any rule, so this rule never matches; fix: add "
+                        "those kinds to event_kinds, or remove the rule")
+                if rule.event_types is not None and "run" not in kinds:
+                    raise ValueError(
+                        f"route.{which}.{i}.event_types: only RunEvents have an eventType, and this collector "
+                        f"takes no RunEvents (event_kinds: {', '.join(self.event_kinds)}), so this rule never "
+                        "matches; fix: add run to event_kinds, or remove event_types")
         return self
 
     @field_validator("token")

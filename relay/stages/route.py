@@ -108,6 +108,10 @@ class RouteRule(Frozen):
             raise ValueError(
                 "a rule needs at least one of job_namespace, job_name, dataset_namespace, event_types, kinds"
             )
+        if self.event_types is not None and self.kinds is not None and "run" not in self.kinds:
+            raise ValueError(
+                f"event_types: only RunEvents have an eventType, and kinds names only {', '.join(self.kinds)}, "
+                "so this rule never matches; fix: add run to kinds, or remove event_types (or kinds)")
         return self
 
 

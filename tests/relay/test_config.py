@@ -633,3 +633,67 @@ def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
     assert in_use.startswith("http.port: cannot listen there") and "0 for any free one" in in_use
     for host in ("no-such-host.invalid", "192.0.2.1"):  # unknown name; not an address of this machine
         assert asyncio.run(problem(host, 0)).startswith("http.host: cannot listen there")
+
+
+@pytest.mark.parametrize("data,message", [
+    (_collector(mode="coalesce", consolidation={"settle_s": 5}),
+     r"collectors\.0: .*consolidation\.settle_s: only used with mode consolidated.*fix: remove it, or set mode: "
+     r"consolidated"),
+    (_collector(mode="consolidated", consolidation={"coalesce_window_s": 5}),
+     r"consolidation\.coalesce_window_s: only used with mode coalesce.*fix: remove it, or set mode: coalesce"),
+    (_collector(route={"include": [{"kinds": ["dataset"], "event_types": ["COMPLETE"]}]}),
+     r"collectors\.0\.route\.include\.0: .*event_types: only RunEvents have an eventType.*fix: add run to kinds"),
+    (_collector(route={"exclude": [{"kinds": "job", "event_types": ["START"]}]}),
+     r"route\.exclude\.0: .*never matches"),
+    (_collector(type="datahub", route={"include": [{"kinds": ["dataset"]}]}),
+     r"route\.include\.0\.kinds: names only event kinds this collector does not take \(event_kinds: run, the "
+     r"default of type datahub\).*fix: add those kinds to event_kinds, or remove the rule"),
+    (_collector(event_kinds=["dataset", "job"], route={"include": [{"event_types": ["COMPLETE"]}]}),
+     r"route\.include\.0\.event_types: only RunEvents have an eventType.*fix: add run to event_kinds"),
+    (_collector(tls={"ca_bundle": "/etc/ssl/ca.pem"}),
+     r"collectors\.0: .*tls: only used with an https:// url.*fix: use the collector's https:// url, or remove tls"),
+    (_collector(tls={"verify": False}), r"tls: only used with an https:// url"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
+      "pipeline": {"decode_worker": False, "decode_processes": 4}},
+     r"pipeline: .*decode_processes: only used with decode_worker: true.*fix: remove decode_processes, or set "
+     r"decode_worker: true"),
+    ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
+      "pipeline": {"decode_worker": False, "decode_priority": "idle"}}, r"decode_priority: only used with"),
+])
+def test_settings_that_would_have_no_effect_are_refused_naming_the_key_and_the_fix(data, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(data)
+
+
+def test_the_settings_each_mode_reads_and_defaults_written_out_are_accepted():
+    assert build_config(_collector(mode="consolidated", consolidation={"settle_s": 5, "parent_hold_s": 1}))
+    assert build_config(_collector(mode="coalesce", consolidation={"coalesce_window_s": 5, "max_open_runs": 9}))
+    assert build_config(_collector(url="https://a", tls={"ca_bundle": "/etc/ssl/ca.pem"}))
+    # An all-default tls block (as examples/relay.yaml writes it out) changes nothing either way.
+    assert build_config(_collector(tls={"ca_bundle": None, "client_cert": None, "client_key": None, "verify": True}))
+    assert build_config(_collector(route={"include": [{"kinds": ["run", "dataset"], "event_types": ["COMPLETE"]}]}))
+    assert build_config(_collector(type="datahub", route={"include": [{"kinds": ["run", "dataset"]}]}))
+    cfg = build_config({**_collector(), "pipeline": {"decode_worker": False, "decode_processes": 1}})
+    assert not cfg.pipeline.decode_worker
+
+
+@pytest.mark.parametrize("data,key", [
+    ({**_collector(), "http": {"port": False}}, r"http\.port"),
+    (_collector(concurrency=True), r"collectors\.0\.concurrency"),
+    ({**_collector(), "pipeline": {"decode_processes": True}}, r"pipeline\.decode_processes"),
+    ({**_collector(), "drain_timeout_s": True}, r"drain_timeout_s"),
+    ({**_collector(), "kafka": {"bootstrap_servers": "x", "topic_replication_factor": True}},
+     r"kafka\.topic_replication_factor"),
+])
+def test_true_or_false_where_a_number_goes_is_refused(data, key):
+    with pytest.raises(ConfigError, match=key + r": is true or false where a number is expected; fix: write a number"):
+        build_config(data)
+
+
+def test_numbers_from_environment_variables_still_read_as_numbers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PORT", "9200")
+    monkeypatch.setenv("CONCURRENCY", "8")
+    monkeypatch.setenv("MARQUEZ_TOKEN", "t")
+    cfg = load_config(write(tmp_path, MINIMAL.replace("    token:", "    concurrency: ${CONCURRENCY}\n    token:")
+                            + "http:\n  port: ${PORT}\npipeline:\n  decode_worker: ${WORKER:-false}\n"))
+    assert cfg.http.port == 9200 and cfg.collectors[0].concurrency == 8 and cfg.pipeline.decode_worker is False
