@@ -216,7 +216,7 @@ class BatchCollector:
         task.add_done_callback(finished)
         return task
 
-    def _settle(self, item: _Item, outcome: EventOutcome, wait_s: float | None) -> None:
+    def _settle(self, item: _Item, outcome: EventOutcome, wait_s: float | None, request: int = 0) -> None:
         """What ``deliver`` does with one event's outcome in a batch reply."""
         kind = outcome.outcome
         if kind == "delivered":
@@ -227,7 +227,8 @@ class BatchCollector:
             item.done(item.token, Undeliverable("collector_rejected", outcome.detail, outcome.status))
         else:
             retry = self.config.retry
-            item.failures, failed_event = count_failure(item.failures, outcome.status, self.single.accepted,
+            record = self.single.tally.record(request)
+            item.failures, failed_event = count_failure(item.failures, outcome.status, record,
                                                         retry.poison_after_attempts)
             if failed_event:  # alone, it is judged on its own (a 500 there is its own)
                 item.alone = self._alone(item.body, item.done, item.token)
@@ -298,6 +299,7 @@ class BatchCollector:
     async def _send(self, batch: list[_Item]) -> None:
         assert self._slots is not None
         wait_s: float | None = None
+        request = 0  # its number once sent (see relay.sinks.retry.CollectorRecord)
         try:
             if self.unsupported:  # it answered so while this batch was waiting to go
                 raise _Unsupported
@@ -308,7 +310,7 @@ class BatchCollector:
                 outcome = EventOutcome("retry", f"batch: {err.detail}")
                 reading = BatchReading([outcome] * len(batch), "retry")
             else:
-                wait_s = reply.wait_s
+                wait_s, request = reply.wait_s, reply.request
                 reading = read_batch_reply(reply.status, None if reply.unread else reply.body, len(batch),
                                            self.single.verdict)
         except _Unsupported:  # not sent: no request to count
@@ -326,22 +328,23 @@ class BatchCollector:
                                    "refused")
         finally:
             self._slots.release()
-        self._note_reading(reading, len(batch))
+        self._note_reading(reading, len(batch), request)
         settle = self._settle
         for item, outcome in zip(batch, reading.outcomes):
             if not item.dropped:
                 try:
-                    settle(item, outcome, wait_s)
+                    settle(item, outcome, wait_s, request)
                 except Exception as err:  # noqa: BLE001 - one failing caller must not strand the others
                     log_event(log, logging.ERROR, "batch_settle_error", collector=self.name, error=repr(err)[:300])
 
-    def _note_reading(self, reading: BatchReading, events: int) -> None:
+    def _note_reading(self, reading: BatchReading, events: int, request: int = 0) -> None:
         """Counts what a batch reply said (a metric, the collector's accepted events) and
         logs what was odd about it; the first ``unsupported`` reply switches to single events."""
         if not reading.result:
             return
         self._metrics.batch_requests(reading.result).inc()
-        self.single.accepted += sum(1 for o in reading.outcomes if o.outcome == "delivered")
+        if any(o.outcome == "delivered" for o in reading.outcomes):
+            self.single.tally.accept(request)
         if reading.result == "unsupported":
             if not self.unsupported:
                 self.unsupported = True

@@ -122,8 +122,10 @@ def _per_event(reply: dict, count: int, unlisted: EventOutcome, status: int | No
         outcomes[index] = EventOutcome("retry" if entry.get("retriable") is True else "reject", detail, status)
     counted = _summary_failed(reply)
     state = reply.get("status")
-    if counted is None and not failed and isinstance(state, str) and state.lower() == "failure":
-        why = "the reply says failure without listing or counting failed events"
+    if counted is None and not placed and isinstance(state, str) and state.lower() not in ("success", "ok"):
+        # It says some failed (partial_success, failure) but neither lists them in a form
+        # read here nor counts them: nothing is known to have been delivered.
+        why = f"the reply says {state[:40]} without listing or counting failed events"
     elif ignored:
         why = f"{ignored} failed_events entries without a valid index"
     elif counted is not None and counted > placed:

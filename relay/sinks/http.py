@@ -11,11 +11,9 @@ A kind may also recognise an answer by its body as a failure of its own (``refus
 Atlan's 401 for a connector that is not enabled), dead-lettered under its own reason even
 with a token file, and logged once.
 
-An event the collector answers with a bare HTTP 500 again and again while it accepts other
-events is one it fails on, not an outage: after ``retry.poison_after_attempts`` such answers
-it is dead-lettered (``collector_failed_event``) instead of holding its run, and the
-partition's commits, for ever (:func:`relay.sinks.retry.count_failure` decides). While
-nothing is accepted (an outage), its 500s do not count and it is retried as before.
+An event answered a bare 500 again and again while the collector accepts others is one it
+fails on, not an outage: it is dead-lettered (``collector_failed_event``; see
+:func:`relay.sinks.retry.count_failure`, fed by :class:`~relay.sinks.reply.ReplyTally`).
 
 The connection (session, TLS, credentials, the Retry-After gate) is shared with
 :class:`~relay.sinks.batch.BatchCollector` through :meth:`HttpCollector.exchange`.
@@ -44,14 +42,22 @@ from relay.sinks.deadlines import Deadlines
 from relay.sinks.reply import (
     DRAIN_LIMIT,
     NO_ANSWER,
-    SNIPPET,
     Reply,
+    ReplyTally,
     Retriable,
     no_answer,
     read_body,
-    redirect_detail,
+    read_reply,
 )
-from relay.sinks.retry import EventFailures, Verdict, backoff, classify, count_failure, retry_after
+from relay.sinks.retry import (
+    FAILED_EVENT_STATUS,
+    EventFailures,
+    Verdict,
+    backoff,
+    classify,
+    count_failure,
+    retry_after,
+)
 
 __all__ = ["HttpCollector", "Refuse", "Reply", "Retriable"]
 
@@ -73,9 +79,9 @@ class HttpCollector:
         self._refuse = refuse
         #: Reasons of recognised refusals already logged (each is logged once).
         self._refusals_logged: set[str] = set()
-        #: Events this collector accepted so far (single or in batches): whether it accepted
-        #: any between two failures of one event tells a failing event from an outage.
-        self.accepted = 0
+        #: Its requests and what came back (single or batches): whether it accepted others
+        #: between two failures of one event tells a failing event from an outage.
+        self.tally = ReplyTally()
         # Parsed once: parsing the URL string was a measurable share of each POST.
         self._target = URL(config.target)
         self._session: aiohttp.ClientSession | None = None
@@ -206,12 +212,19 @@ class HttpCollector:
         assert self._session is not None
         deadlines = self._deadlines
         task = deadlines.begin()
+        tally = self.tally
+        tally.sent += 1
+        request = tally.sent
         try:
             resp = await self._session.post(url, data=body, headers=self._auth_headers(), allow_redirects=False)
             try:
-                return await self._reply(resp, keep)
+                reply = await self._reply(resp, keep)
             finally:
                 resp.release()
+            reply.request = request
+            if reply.status == FAILED_EVENT_STATUS:
+                tally.failed += 1
+            return reply
         except NO_ANSWER as err:
             raise no_answer(err) from err
         except asyncio.CancelledError:
@@ -238,25 +251,10 @@ class HttpCollector:
         4xx to a batch too (it may say which events failed); of anything else its first
         bytes, and a 401 re-reads the token file, a Retry-After on a retriable status holds
         back every request to this collector."""
-        status = resp.status
-        if 200 <= status < 300 or (keep is not None and 400 <= status < 500):
-            limit, wanted = (DRAIN_LIMIT, SNIPPET) if keep is None else (keep, keep)
-            content = resp.content
-            if content.is_eof():  # all of it came with the headers, if any: no read to wait for
-                reply = Reply(status, b"", unread=True) if content.total_bytes > limit \
-                    else Reply(status, content.read_nowait(wanted))
-            else:
-                body = await read_body(resp, limit, wanted)
-                reply = Reply(status, b"", unread=True) if body is None else Reply(status, body)
-            if status < 300:
-                return reply
-        else:
-            reply = Reply(status, await resp.content.read(SNIPPET))
-        if 300 <= status < 400:
-            # Not followed (allow_redirects=False): a 301-303 would be re-sent as a GET
-            # without the event, whose 2xx would count as delivered, and a 307/308 to
-            # another host would take the event there with any custom auth header.
-            reply.body = redirect_detail(resp).encode() + b" " + reply.body
+        reply = await read_reply(resp, keep)
+        status = reply.status
+        if status < 300:
+            return reply
         if status == 401:
             self._tokens.refresh()
         after = retry_after(resp.headers.get("Retry-After"))
@@ -283,17 +281,18 @@ class HttpCollector:
             return known
         verdict = self.verdict(reply.status)
         if verdict is Verdict.SUCCESS:
-            self.accepted += 1
+            self.tally.accept(reply.request)
             return None
         if verdict is Verdict.REJECT:
             return Undeliverable("collector_rejected", f"HTTP {reply.status}: {reply.snippet}", reply.status)
-        raise Retriable(f"HTTP {reply.status}: {reply.snippet}", reply.status, reply.wait_s)
+        raise Retriable(f"HTTP {reply.status}: {reply.snippet}", reply.status, reply.wait_s, reply.request)
 
     def _failed_again(self, seen: EventFailures, failure: Retriable) -> tuple[EventFailures, Undeliverable | None]:
         """One more failed attempt of an event (see :func:`relay.sinks.retry.count_failure`):
         what is known of its failures now, and the dead letter when they say the collector
         fails on this event (it accepts others) rather than being down."""
-        seen, failed_event = count_failure(seen, failure.status, self.accepted, self.config.retry.poison_after_attempts)
+        seen, failed_event = count_failure(seen, failure.status, self.tally.record(failure.request),
+                                           self.config.retry.poison_after_attempts)
         if not failed_event:
             return seen, None
         return seen, Undeliverable(
@@ -338,6 +337,9 @@ class HttpCollector:
                 return await self._attempt(body)
             deadlines = self._deadlines
             task = deadlines.begin()
+            tally = self.tally
+            tally.sent += 1
+            request = tally.sent
             try:
                 resp = await session.post(self._target, data=body, headers=self._auth_headers(),
                                           allow_redirects=False)
@@ -352,9 +354,14 @@ class HttpCollector:
                         # closed and the event still delivered.
                         if not resp.content.is_eof():
                             await read_body(resp, DRAIN_LIMIT, 0)
-                        self.accepted += 1
+                        tally.accepted += 1
+                        if request > tally.last_accepted:
+                            tally.last_accepted = request
                         return None
                     reply = await self._reply(resp, None)
+                    reply.request = request
+                    if reply.status == FAILED_EVENT_STATUS:
+                        tally.failed += 1
                 finally:
                     resp.release()
             except NO_ANSWER as err:

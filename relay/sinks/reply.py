@@ -1,6 +1,6 @@
 """A collector's answer as :class:`~relay.sinks.http.HttpCollector` reads it: :class:`Reply`,
 :class:`Retriable` (no answer, or one that deserves another try), and how a body is read
-without holding more of it than wanted."""
+without holding more of it than wanted; :class:`ReplyTally`, what came back so far."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import aiohttp
 from yarl import URL
+
+from relay.sinks.retry import CollectorRecord
 
 #: How much of an answer's body a detail quotes.
 SNIPPET = 300
@@ -26,9 +28,11 @@ NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 class Retriable(Exception):
     """An attempt that deserves another try: no answer, or a retriable status."""
 
-    def __init__(self, detail: str, status: int | None, wait_s: float | None) -> None:
+    def __init__(self, detail: str, status: int | None, wait_s: float | None, request: int = 0) -> None:
         super().__init__(detail)
         self.detail, self.status, self.wait_s = detail, status, wait_s
+        #: The number of the request answered so (see relay.sinks.retry.CollectorRecord).
+        self.request = request
 
 
 def no_answer(err: BaseException) -> Retriable:
@@ -48,6 +52,8 @@ class Reply:
     #: A body over the caller's limit: not read (``body`` is empty); a connection left
     #: mid-body is closed, not reused.
     unread: bool = False
+    #: The request's number, as it was sent (see relay.sinks.retry.CollectorRecord).
+    request: int = 0
 
     @property
     def snippet(self) -> str:
@@ -87,3 +93,53 @@ def redirect_detail(resp: aiohttp.ClientResponse) -> str:
         target = location.split("?", 1)[0].rsplit("@", 1)[-1][:200]
     return (f"redirected to {target or '(no Location)'}: the relay does not follow redirects (the event would "
             f"be lost, or sent elsewhere with its credentials); set the collector's url to where it points.")
+
+
+async def read_reply(resp: aiohttp.ClientResponse, keep: int | None) -> Reply:
+    """The answer: of a 2xx, its body up to ``keep`` bytes (None: a single event's, read
+    on and dropped up to :data:`DRAIN_LIMIT`); of a 4xx to a batch too (it may say which
+    events failed); of anything else its first bytes. A redirect's detail says where it
+    pointed."""
+    status = resp.status
+    if 200 <= status < 300 or (keep is not None and 400 <= status < 500):
+        limit, wanted = (DRAIN_LIMIT, SNIPPET) if keep is None else (keep, keep)
+        content = resp.content
+        if content.is_eof():  # all of it came with the headers, if any: no read to wait for
+            reply = Reply(status, b"", unread=True) if content.total_bytes > limit \
+                else Reply(status, content.read_nowait(wanted))
+        else:
+            body = await read_body(resp, limit, wanted)
+            reply = Reply(status, b"", unread=True) if body is None else Reply(status, body)
+        if status < 300:
+            return reply
+    else:
+        reply = Reply(status, await resp.content.read(SNIPPET))
+    if 300 <= status < 400:
+        # Not followed (allow_redirects=False): a 301-303 would be re-sent as a GET
+        # without the event, whose 2xx would count as delivered, and a 307/308 to
+        # another host would take the event there with any custom auth header.
+        reply.body = redirect_detail(resp).encode() + b" " + reply.body
+    return reply
+
+
+class ReplyTally:
+    """A collector's requests, numbered as they are sent, and what came back: how many were
+    accepted (the highest number among them) and how many were answered a bare 500. What
+    :func:`relay.sinks.retry.count_failure` reads to tell an event the collector fails on
+    from an outage."""
+
+    __slots__ = ("sent", "last_accepted", "accepted", "failed")
+
+    def __init__(self) -> None:
+        self.sent = self.last_accepted = self.accepted = self.failed = 0
+
+    def accept(self, request: int) -> None:
+        """Request number ``request`` was accepted (an event, or a batch with events)."""
+        self.accepted += 1
+        if request > self.last_accepted:
+            self.last_accepted = request
+
+    def record(self, request: int) -> CollectorRecord:
+        """What came back so far, for a failure of request number ``request``."""
+        return CollectorRecord(request, self.last_accepted, self.accepted, self.failed)
+

@@ -44,36 +44,71 @@ def classify(status: int | None) -> Verdict:
 FAILED_EVENT_STATUS = 500
 
 
+#: Other events' bare 500s allowed for each request the collector accepted between two
+#: strikes of one event: a collector answering a share of all requests 500 (overload, one
+#: bad node behind a load balancer) fails no event in particular.
+OTHERS_FAILED_PER_ACCEPTED = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorRecord:
+    """What a collector's requests said so far, handed to :func:`count_failure`. Requests
+    are numbered as they are sent."""
+
+    #: The number of the request that just failed.
+    request: int
+    #: The highest number of a request the collector accepted (0: none yet).
+    last_accepted: int
+    #: Requests accepted so far.
+    accepted: int
+    #: Requests answered a bare 500 so far (the one that just failed included).
+    failed: int
+
+
 @dataclass(frozen=True, slots=True)
 class EventFailures:
     """What one event's failed attempts said so far (see :func:`count_failure`)."""
 
     #: Failed attempts, whatever the cause.
     attempts: int = 0
-    #: Bare 500 answers counted against the event: its first, then each one that came after
-    #: the collector accepted another event since the last one counted.
+    #: Bare 500 answers counted against the event (see :func:`count_failure`).
     strikes: int = 0
-    #: The collector's count of accepted events when the last strike was counted.
-    accepted_at: int = 0
+    #: The collector's record at the last strike: its failing request's number, and the
+    #: counts of accepted and failed requests then.
+    mark_request: int = 0
+    mark_accepted: int = 0
+    mark_failed: int = 0
+    #: Its own bare 500s since the last strike that did not count (not others' failures).
+    own_failed: int = 0
 
 
-def count_failure(seen: EventFailures, status: int | None, accepted: int,
+def count_failure(seen: EventFailures, status: int | None, record: CollectorRecord,
                   poison_after: int | None) -> tuple[EventFailures, bool]:
     """One more failed attempt of one event (``status`` None: no answer): what is known of
     its failures now, and whether the collector fails on this event rather than being down
     (then it is dead-lettered instead of retried).
 
-    ``accepted`` is how many events the collector has accepted so far (it only grows). A
-    bare 500 is a strike when it is the event's first, or when the collector accepted some
-    other event since the last strike: a collector that is down (its database, a bad deploy)
-    answers every event 500 and accepts none in between, so however long that lasts, its
-    500s count at most once more than the event's first (requests under way when it broke).
-    Anything else (408, 429, 502-504, no answer) counts no strike and takes none away.
-    ``poison_after`` strikes decide; None never does."""
-    strikes, mark = seen.strikes, seen.accepted_at
-    if status == FAILED_EVENT_STATUS and poison_after is not None and (strikes == 0 or accepted > mark):
-        strikes, mark = strikes + 1, accepted
-    now = EventFailures(seen.attempts + 1, strikes, mark)
+    A bare 500 is a strike when it is the event's first, or when, since the last strike,
+    (a) the collector accepted a request sent after that strike's request (answers to
+    requests sent before an outage still arrive after it began: they prove nothing), and
+    (b) other requests were answered 500 at most :data:`OTHERS_FAILED_PER_ACCEPTED` times per
+    request accepted (a collector failing a share of everything fails no event in
+    particular). So a collector that is down, or failing at random, adds at most the
+    event's first strike however long it lasts. Anything else (408, 429, 502-504, no
+    answer) counts no strike and takes none away. ``poison_after`` strikes decide; None
+    never does."""
+    strikes, own_failed = seen.strikes, seen.own_failed
+    marks = (seen.mark_request, seen.mark_accepted, seen.mark_failed)
+    if status == FAILED_EVENT_STATUS and poison_after is not None:
+        accepted_since = record.accepted - seen.mark_accepted
+        others_failed = record.failed - seen.mark_failed - own_failed - 1
+        if strikes == 0 or (record.last_accepted > seen.mark_request and accepted_since > 0
+                            and others_failed <= OTHERS_FAILED_PER_ACCEPTED * accepted_since):
+            strikes, own_failed = strikes + 1, 0
+            marks = (record.request, record.accepted, record.failed)
+        else:
+            own_failed += 1
+    now = EventFailures(seen.attempts + 1, strikes, *marks, own_failed)
     return now, poison_after is not None and strikes >= poison_after
 
 

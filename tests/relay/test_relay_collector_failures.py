@@ -58,25 +58,29 @@ def test_an_event_the_collector_fails_on_is_dead_lettered_its_run_goes_on_and_an
             "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "topics": [topic], "group_id": group,
                       "dlq_topic": dlq, "consumer_properties": dict(FAST_GROUP_PROPERTIES), "commit_interval_s": 0.5},
             "collectors": [{"name": "marquez", "type": "marquez", "url": marquez.url,
-                            "retry": {"initial_backoff_s": 0.01, "max_backoff_s": 0.1}}],
+                            # Retries far apart next to the traffic, as in production (up to
+                            # 30 s): the two failing events' 500s are a small share of all.
+                            "retry": {"initial_backoff_s": 0.2, "max_backoff_s": 1.0}}],
             "http": {"port": None}, "drain_timeout_s": 10})
         with RelayThread(config) as relay:
             def failed_events() -> float:
                 return relay.metric("lineage_relay_events_dead_lettered_total", reason="collector_failed_event")
 
-            # Other runs keep coming while the two are retried: each filler run is produced
-            # once the last one was delivered (a collector nothing else reaches cannot tell
-            # an event it fails on from an outage, and the relay keeps retrying then).
+            # Other runs keep coming while the two are retried: ten filler runs at a time,
+            # the next ten once they were delivered (a collector nothing else reaches cannot
+            # tell an event it fails on from an outage, nor one whose other events fail about
+            # as often as they are accepted, and the relay keeps retrying then).
             fillers = 0
             while failed_events() < 2:
-                assert fillers < 60, f"not dead-lettered after {fillers} filler runs: {failed_events()}"
-                filler = spark_run("ns-filler", f"filler.job_{fillers}", start=T0 + timedelta(hours=1, seconds=fillers),
-                                   rng=rng, with_running=0)
-                produce(kafka.bootstrap_servers, topic, records(filler))
-                produced += records(filler)
-                done = identity(filler[-1])
-                assert marquez.wait_for(lambda s: any(identity(e) == done for e in s.received()), 30)
-                fillers += 1
+                assert fillers < 600, f"not dead-lettered after {fillers} filler runs: {failed_events()}"
+                batch = [spark_run("ns-filler", f"filler.job_{fillers + i}", rng=rng, with_running=2,
+                                   start=T0 + timedelta(hours=1, seconds=fillers + i)) for i in range(10)]
+                batch_records = records(list(chain.from_iterable(batch)))
+                produce(kafka.bootstrap_servers, topic, batch_records)
+                produced += batch_records
+                last = {identity(run[-1]) for run in batch}
+                assert marquez.wait_for(lambda s: last <= {identity(e) for e in s.received()}, 30)
+                fillers += 10
             assert eventually(lambda: committed() == len(produced), 30), (committed(), len(produced))
             assert eventually(lambda: len(marquez.received()) == len(produced) - 2, 30)
 

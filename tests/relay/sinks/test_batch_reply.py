@@ -74,7 +74,15 @@ def test_an_event_not_listed_as_failed_is_delivered_whatever_the_status_says():
              "unresolvedDatasets": [{"eventIndex": 0, "namespace": "s3://x", "name": "t", "reason": "notFound"}]}
     reading = read_batch_reply(200, orjson.dumps(reply), 3, classify)
     assert [o.outcome for o in reading.outcomes] == ["delivered"] * 3 and reading.result == "ok"
-    assert outcomes(200, {"status": "PARTIAL_SUCCESS"}, 2) == ["delivered"] * 2
+    # Says some failed, but neither lists them in a form read here nor counts them (an
+    # integer summary.failed): nothing is known delivered, so each goes alone.
+    for reply in ({"status": "PARTIAL_SUCCESS"}, {"status": "partial_success", "errors": [{"index": 1}]},
+                  {"status": "partial_success", "summary": {"failed": "2"}},
+                  {"status": "partial_success", "failedEvents": {"index": 1}}):
+        assert outcomes(200, reply, 2) == ["single"] * 2, reply
+    # A list alone (the shape OpenLineage PR #4109 proposes) places what failed.
+    reply = {"status": "partial_success", "failed_events": [{"index": 1, "reason": "r", "retriable": False}]}
+    assert outcomes(200, reply, 2) == ["delivered", "reject"]
     # Failures counted but not listed, or a failure neither listed nor counted: not placed.
     assert outcomes(200, {"status": "partial_success", "summary": {"failed": 1}}, 2) == ["single"] * 2
     assert outcomes(200, {"status": "failure"}, 2) == ["single"] * 2

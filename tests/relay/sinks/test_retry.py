@@ -2,7 +2,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from relay.sinks.retry import EventFailures, Verdict, backoff, classify, count_failure, retry_after
+from relay.sinks.retry import CollectorRecord, EventFailures, Verdict, backoff, classify, count_failure, retry_after
 
 
 @pytest.mark.parametrize("status,verdict", [
@@ -35,36 +35,74 @@ def test_full_jitter_backoff_is_capped_and_grows():
     assert backoff(5, initial_s=0.5, cap_s=10, rand=lambda: 0.0) == 0.0
 
 
-def failures(answers: list[tuple[int | None, int]], poison_after: int | None = 3) -> list[bool]:
-    """Each ``(status, events the collector accepted so far)`` in turn: the verdicts."""
+class Collector:
+    """A collector's record as requests go out and come back (see CollectorRecord)."""
+
+    def __init__(self) -> None:
+        self.sent = self.last_accepted = self.accepted = self.failed = 0
+
+    def send(self) -> int:
+        self.sent += 1
+        return self.sent
+
+    def accept(self, request: int) -> None:
+        self.accepted += 1
+        self.last_accepted = max(self.last_accepted, request)
+
+    def fail(self, request: int, status: int | None = 500) -> CollectorRecord:
+        self.failed += status == 500
+        return CollectorRecord(request, self.last_accepted, self.accepted, self.failed)
+
+
+def poisoned(collector: Collector, steps: list, poison_after: int | None = 3) -> list[bool]:
+    """``steps``: ``("event", status)`` an attempt of the event under test, failed so;
+    ``("ok", n)`` n other requests sent and accepted; ``("other500", n)`` n other requests
+    answered 500. The verdicts of the event's attempts."""
     seen, verdicts = EventFailures(), []
-    for status, accepted in answers:
-        seen, failed_event = count_failure(seen, status, accepted, poison_after)
-        verdicts.append(failed_event)
+    for what, arg in steps:
+        if what == "event":
+            seen, failed_event = count_failure(seen, arg, collector.fail(collector.send(), arg), poison_after)
+            verdicts.append(failed_event)
+        for _ in range(arg if what != "event" else 0):
+            request = collector.send()
+            collector.accept(request) if what == "ok" else collector.fail(request)
     return verdicts
 
 
 def test_a_500_repeated_while_the_collector_accepts_others_is_the_events_own():
-    assert failures([(500, 10), (500, 11), (500, 12)]) == [False, False, True]
-    seen = EventFailures()
-    for status, accepted in [(500, 10), (503, 10), (500, 11), (None, 12), (500, 13)]:
-        seen, _ = count_failure(seen, status, accepted, 3)
-    assert seen == EventFailures(attempts=5, strikes=3, accepted_at=13)
+    steps = [("event", 500), ("ok", 10), ("event", 500), ("ok", 10), ("event", 500)]
+    assert poisoned(Collector(), steps) == [False, False, True]
+    # Other outage signals in between neither count nor reset.
+    steps = [("event", 500), ("ok", 3), ("event", 503), ("event", None), ("event", 500), ("ok", 3), ("event", 500)]
+    assert poisoned(Collector(), steps) == [False] * 4 + [True]
 
 
 def test_an_outage_never_makes_a_failed_event_however_long():
     # Nothing accepted between the 500s: the collector is down, not failing on this event.
-    assert failures([(500, 7)] * 50) == [False] * 50
-    # An outage that began while other requests were under way: those may still be accepted
-    # after this event's first 500; that counts once, never enough.
-    assert failures([(500, 7), (500, 9)] + [(500, 9)] * 50) == [False] * 52
+    assert poisoned(Collector(), [("event", 500)] * 50) == [False] * 50
+    # An outage that began while other requests were under way: their acceptances arrive
+    # after this event's 500s, but they were sent before: they prove nothing.
+    collector = Collector()
+    early = [collector.send() for _ in range(64)]
+    seen, verdicts = EventFailures(), []
+    for n in range(50):
+        seen, failed_event = count_failure(seen, 500, collector.fail(collector.send()), 3)
+        verdicts.append(failed_event)
+        collector.accept(early[n])  # one answer to a request sent before the outage
+    assert verdicts == [False] * 50 and seen.strikes == 1
     # Outage signals other than a bare 500 never count.
-    assert failures([(status, n) for n, status in enumerate([502, 503, 504, 408, 429, None] * 5)]) == [False] * 30
+    statuses = [502, 503, 504, 408, 429, None] * 5
+    assert poisoned(Collector(), [step for s in statuses for step in (("event", s), ("ok", 1))]) == [False] * 30
 
 
-def test_an_outage_between_the_events_500s_neither_counts_nor_resets():
-    assert failures([(500, 1), (500, 2), (503, 2), (503, 2), (500, 2), (500, 3)]) == [False] * 5 + [True]
+def test_a_collector_failing_a_share_of_everything_fails_no_event_in_particular():
+    # Half of all requests answered 500: others fail as often as they are accepted.
+    steps = [step for _ in range(50) for step in (("event", 500), ("ok", 5), ("other500", 5))]
+    assert poisoned(Collector(), steps) == [False] * 50
+    # A few other poison events among much accepted traffic still let it count.
+    steps = [step for _ in range(3) for step in (("event", 500), ("ok", 40), ("other500", 2))]
+    assert poisoned(Collector(), steps) == [False, False, True]
 
 
 def test_poison_after_none_never_gives_up():
-    assert failures([(500, n) for n in range(20)], poison_after=None) == [False] * 20
+    assert poisoned(Collector(), [("event", 500), ("ok", 3)] * 20, poison_after=None) == [False] * 20
