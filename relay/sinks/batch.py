@@ -216,7 +216,7 @@ class BatchCollector:
         task.add_done_callback(finished)
         return task
 
-    def _settle(self, item: _Item, outcome: EventOutcome, wait_s: float | None, request: int = 0) -> None:
+    def _settle(self, item: _Item, outcome: EventOutcome, wait_s: float | None, request: int) -> None:
         """What ``deliver`` does with one event's outcome in a batch reply."""
         kind = outcome.outcome
         if kind == "delivered":
@@ -337,9 +337,10 @@ class BatchCollector:
                 except Exception as err:  # noqa: BLE001 - one failing caller must not strand the others
                     log_event(log, logging.ERROR, "batch_settle_error", collector=self.name, error=repr(err)[:300])
 
-    def _note_reading(self, reading: BatchReading, events: int, request: int = 0) -> None:
-        """Counts what a batch reply said (a metric, the collector's accepted events) and
-        logs what was odd about it; the first ``unsupported`` reply switches to single events."""
+    def _note_reading(self, reading: BatchReading, events: int, request: int) -> None:
+        """Counts what a batch reply said (a metric; request ``request`` accepted when it
+        delivered any event: see ReplyTally) and logs what was odd about it; the first
+        ``unsupported`` reply switches to single events."""
         if not reading.result:
             return
         self._metrics.batch_requests(reading.result).inc()
