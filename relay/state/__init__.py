@@ -54,4 +54,12 @@ Not guaranteed
     state topic's ``max.message.bytes`` is kept in memory only (counted as
     ``run_state_writes_total{result="too_large"}``); a restart goes back to the run's last
     record written. Adding input partitions needs the same number added to the state topic.
+
+    No fencing: a replica that lost a partition without knowing it yet (cut off from the
+    group coordinator while still reaching the partition leaders, or frozen for longer than
+    ``session.timeout.ms``) goes on writing the partition's runs until librdkafka reports the
+    loss; a write of its that lands after the new owner's record of the same run replaces it
+    in the compacted topic, and the next owner restores that older state. Kafka
+    transactions (a transactional producer fenced by the consumer group's generation) would
+    fence it; not used.
 """
