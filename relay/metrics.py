@@ -84,12 +84,18 @@ class CollectorMetrics:
     _runs_expired: Counter
     _batch_requests: Counter
     _concurrency_limit: Gauge
+    _batch_fallback: Gauge
     name: str
 
     def concurrency_limit(self) -> Gauge:
         """Requests in flight the collector is allowed now (created by the collectors that
         have such a limit: an HTTP collector, fixed or adaptive)."""
         return self._concurrency_limit.labels(collector=self.name)
+
+    def batch_fallback(self) -> Gauge:
+        """1 while the collector's batch endpoint is given up and its events go alone (created
+        by batch collectors)."""
+        return self._batch_fallback.labels(collector=self.name)
 
     def dropped(self, reason: str) -> Counter:
         return self._dropped.labels(collector=self.name, reason=reason)
@@ -140,6 +146,10 @@ class RelayMetrics:
                                     ["result"], registry=r)
         self.batch_requests = Counter(p + "batch_requests", "Batch POSTs answered, by result (ok, partial, retry, "
                                       "refused, unattributed, unsupported)", ["collector", "result"], registry=r)
+        self.batch_fallback = Gauge(p + "batch_fallback", "1 while a collector's batch endpoint is given up "
+                                    "(404, 405 or 501 to batches in a row) and its events go alone to the "
+                                    "single-event endpoint, until a re-probe batch is accepted", ["collector"],
+                                    registry=r)
         self.offset_resets = Counter(p + "offset_resets", "Partitions read from elsewhere than their committed "
                                      "offset because the partition no longer held it (retention, a recreated "
                                      "topic)", ["topic"], registry=r)
@@ -169,5 +179,5 @@ class RelayMetrics:
             facets_dropped=self.facets_dropped.labels(collector=name),
             starts_synthesized=self.starts_synthesized.labels(collector=name),
             open_runs=self.open_runs.labels(collector=name),
-            _concurrency_limit=self.concurrency_limit,
+            _concurrency_limit=self.concurrency_limit, _batch_fallback=self.batch_fallback,
             _dropped=self.dropped, _runs_expired=self.runs_expired, _batch_requests=self.batch_requests, name=name)

@@ -29,8 +29,14 @@ What this guarantees, and why:
   a bare 500 ``retry.poison_after_attempts`` times while the collector accepted other
   events (:func:`relay.sinks.retry.count_failure`): the batch cannot say whether this
   event is the one it fails on, the single-event endpoint can.
-* A batch endpoint that does not exist (404, 405, 501 to a batch) is given up for good
-  (until restart): every event goes alone from then on, logged once (``batch_unsupported``).
+* A 404, 405 or 501 to a batch sends its events alone. ``batch.unsupported_after`` such
+  answers in a row (:mod:`relay.sinks.batch_fallback`; one may come from a proxy or an old
+  instance during a rolling deploy) give the batch endpoint up: every event goes alone
+  (``batch_unsupported``: ERROR the first time, WARNING after; the gauge
+  ``lineage_relay_batch_fallback`` is 1), and one batch tries the endpoint again every
+  ``batch.reprobe_after_s``: accepted, batching resumes (``batch_resumed``); answered 404,
+  405 or 501, single events for another interval (``batch_still_unsupported``). Answers to
+  batches sent before such a switch do not switch back. The clock is ``clock`` (injectable).
 * Offsets: each event settles only when its ``deliver`` returns, so an offset is committed
   only after every event at or below it was delivered or dead-lettered.
 
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +60,7 @@ from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
 from relay.sinks.base import Undeliverable, relay_error
+from relay.sinks.batch_fallback import BatchFallback
 from relay.sinks.batch_reply import MAX_REPLY_BYTES, BatchReading, EventOutcome, read_batch_reply
 from relay.sinks.http import HttpCollector, Refuse, Retriable
 from relay.sinks.retry import EventFailures, Verdict, classify, count_failure
@@ -107,7 +115,7 @@ class _Item:
 
 
 class _Unsupported(Exception):
-    """The batch endpoint is known not to exist: the batch is not sent."""
+    """The batch endpoint is given up (and no probe is due): the batch is not sent."""
 
 
 def _set_verdict(future: asyncio.Future[Undeliverable | None], verdict: Undeliverable | None) -> None:
@@ -124,18 +132,22 @@ def _no_verdict(done: Done, token: Any) -> None:
 class BatchCollector:
     def __init__(self, config: CollectorConfig, metrics: CollectorMetrics,
                  classify_status: Callable[[int | None], Verdict] = classify,
-                 envelope: Envelope = json_array, refuse: Refuse | None = None) -> None:
+                 envelope: Envelope = json_array, refuse: Refuse | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         assert config.batch is not None and config.batch_target is not None
         self.name = config.name
         self.config = config
         self._metrics = metrics
         #: The connection, shared; also delivers events that go alone.
         self.single = HttpCollector(config, metrics, classify_status, refuse)
-        #: Set once the batch endpoint answered that it does not exist: every event goes alone.
-        self.unsupported = False
+        b = config.batch
+        #: Whether batches go to the batch endpoint, or events alone (it answered 404s).
+        self.fallback = BatchFallback(b.unsupported_after, b.reprobe_after_s)
+        self._clock = clock
+        self._fallback_gauge = metrics.batch_fallback()
+        self._fallback_gauge.set(0)
         self._envelope = envelope
         self._url = URL(config.batch_target)
-        b = config.batch
         self._max_events, self._max_bytes, self._linger_s = b.max_events, b.max_bytes, b.linger_ms / 1000
         self._max_requests = b.max_requests
         self._queue: deque[_Item] = deque()
@@ -184,7 +196,8 @@ class BatchCollector:
         from inside this call. Returns what stops the delivery (``cancel()``, then no
         verdict comes): the queued item, or the task of an event that goes alone."""
         loop = asyncio.get_running_loop()
-        if self.unsupported or len(body) + _ENVELOPE_BYTES > self._max_bytes:
+        if (self.fallback.single and self.fallback.sends_alone(self._clock())  # no clock read while batching
+                or len(body) + _ENVELOPE_BYTES > self._max_bytes):
             return self._alone(body, done, token)
         item = _Item(body, done, token, loop.time())
         self._enqueue(item)
@@ -300,8 +313,9 @@ class BatchCollector:
         assert self._slots is not None
         wait_s: float | None = None
         request = 0  # its number once sent (see relay.sinks.retry.CollectorRecord)
+        ticket = self.fallback.ticket(self._clock())
         try:
-            if self.unsupported:  # it answered so while this batch was waiting to go
+            if ticket is None:  # given up, perhaps while this batch was waiting to go
                 raise _Unsupported
             try:
                 reply = await self.single.exchange(self._url, self._envelope([item.body for item in batch]),
@@ -328,7 +342,7 @@ class BatchCollector:
                                    "refused")
         finally:
             self._slots.release()
-        self._note_reading(reading, len(batch), request)
+        self._note_reading(reading, len(batch), request, ticket)
         settle = self._settle
         for item, outcome in zip(batch, reading.outcomes):
             if not item.dropped:
@@ -337,23 +351,18 @@ class BatchCollector:
                 except Exception as err:  # noqa: BLE001 - one failing caller must not strand the others
                     log_event(log, logging.ERROR, "batch_settle_error", collector=self.name, error=repr(err)[:300])
 
-    def _note_reading(self, reading: BatchReading, events: int, request: int) -> None:
+    def _note_reading(self, reading: BatchReading, events: int, request: int, ticket: int | None) -> None:
         """Counts what a batch reply said (a metric; request ``request`` accepted when it
-        delivered any event: see ReplyTally) and logs what was odd about it; the first
-        ``unsupported`` reply switches to single events."""
+        delivered any event: see ReplyTally), tells the fallback (batch ``ticket``) and logs
+        what was odd about it."""
         if not reading.result:
             return
         self._metrics.batch_requests(reading.result).inc()
         if any(o.outcome == "delivered" for o in reading.outcomes):
             self.single.tally.accept(request)
-        if reading.result == "unsupported":
-            if not self.unsupported:
-                self.unsupported = True
-                log_event(log, logging.ERROR, "batch_unsupported", collector=self.name, url=str(self._url),
-                          detail=reading.outcomes[0].detail[:300] if reading.outcomes else "",
-                          note="every event now goes alone to the single-event endpoint, until the relay restarts; "
-                               "set batch: null if the collector has no batch endpoint")
-        elif reading.result != "ok":
+        if ticket is not None:
+            self._fallback_changed(self.fallback.answered(ticket, reading.result, self._clock()), reading)
+        if reading.result not in ("ok", "unsupported"):  # unsupported: logged when it switches
             failed = sum(1 for o in reading.outcomes if o.outcome != "delivered")
             first = next((o.detail for o in reading.outcomes if o.outcome != "delivered"), "")
             log_event(log, logging.WARNING, "batch_not_all_delivered", collector=self.name,
@@ -362,3 +371,26 @@ class BatchCollector:
         elif reading.note:  # delivered, but the reply was odd (too long to read)
             log_event(log, logging.WARNING, "batch_reply_not_read", collector=self.name, events=events,
                       note=reading.note)
+
+    def _fallback_changed(self, change: str | None, reading: BatchReading) -> None:
+        if change is None:
+            return
+        assert self.config.batch is not None
+        reprobe, after = self.config.batch.reprobe_after_s, self.config.batch.unsupported_after
+        again = "until the relay restarts" if reprobe is None else f"batch endpoint tried again in {reprobe:g} s"
+        detail = reading.outcomes[0].detail[:300] if reading.outcomes else ""
+        if change == "resumed":
+            self._fallback_gauge.set(0)
+            log_event(log, logging.INFO, "batch_resumed", collector=self.name, url=str(self._url),
+                      note="the batch endpoint accepted a batch: events go in batches again")
+        elif change == "still_unsupported":
+            log_event(log, logging.WARNING, "batch_still_unsupported", collector=self.name, url=str(self._url),
+                      detail=detail, note=f"events still go alone to the single-event endpoint; {again}")
+        else:
+            self._fallback_gauge.set(1)
+            first = self.fallback.gave_up == 1
+            log_event(log, logging.ERROR if first else logging.WARNING, "batch_unsupported", collector=self.name,
+                      url=str(self._url), detail=detail,
+                      note=f"{after} batches in a row answered 404, 405 or 501: every event "
+                           f"now goes alone to the single-event endpoint; {again}; set batch: null if the "
+                           "collector has no batch endpoint")

@@ -87,7 +87,8 @@ class TlsConfig(Frozen):
 
 class BatchConfig(Frozen):
     """Delivery through the collector's ``POST <lineage>/batch`` endpoint (as OpenLineage PR
-    #4109 proposes it, and OpenMetadata has it; a 404, 405 or 501 there: single events):
+    #4109 proposes it, and OpenMetadata has it; 404, 405 or 501 there ``unsupported_after``
+    times in a row: single events, the endpoint tried again every ``reprobe_after_s``):
     a batch goes out when it holds ``max_events`` events, when the next event would take it
     over ``max_bytes``, or ``linger_ms`` after its first event, whichever comes first."""
 
@@ -98,12 +99,35 @@ class BatchConfig(Frozen):
     linger_ms: float = Field(20.0, ge=0)
     #: Batch POSTs in flight at once.
     max_requests: int = Field(4, ge=1, le=64)
+    #: Batches answered 404, 405 or 501 in a row (none accepted in between) before the batch
+    #: endpoint is given up for single events: one such answer may come from a proxy or an
+    #: old instance during a rolling deploy (:mod:`relay.sinks.batch_fallback`).
+    unsupported_after: int = 3
+    #: Once given up, one batch tries the endpoint again this long after; accepted, batching
+    #: resumes. None = never (single events until the relay restarts).
+    reprobe_after_s: float | None = 600.0
 
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith("/"):
             raise ValueError("must start with '/', e.g. /api/v1/lineage/batch")
+        return v
+
+    @field_validator("unsupported_after")
+    @classmethod
+    def _unsupported_after(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be at least 1 (1 gives the batch endpoint up on the first 404, 405 or 501); "
+                             "set batch: null if the collector has no batch endpoint")
+        return v
+
+    @field_validator("reprobe_after_s")
+    @classmethod
+    def _reprobe_after(cls, v: float | None) -> float | None:
+        if v is not None and v <= 0:
+            raise ValueError("must be above 0 (seconds before a batch endpoint given up is tried again), "
+                             "or null to never try it again")
         return v
 
 

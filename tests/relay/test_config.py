@@ -235,6 +235,25 @@ def test_bad_delivery_mode_settings_name_the_key(extra, message):
         build_config(_collector(**extra))
 
 
+def test_batch_fallback_knobs_and_their_defaults():
+    batch = build_config(_collector(batch={"unsupported_after": 5, "reprobe_after_s": None})).collectors[0].batch
+    assert batch.unsupported_after == 5 and batch.reprobe_after_s is None
+    batch = build_config(_collector(batch={})).collectors[0].batch
+    assert batch.unsupported_after == 3 and batch.reprobe_after_s == 600
+
+
+@pytest.mark.parametrize("batch,message", [
+    ({"unsupported_after": 0}, r"collectors\.0\.batch\.unsupported_after: must be at least 1 .*set batch: null"),
+    ({"reprobe_after_s": 0}, r"collectors\.0\.batch\.reprobe_after_s: must be above 0 .*or null to never"),
+    ({"reprobe_after_s": -5}, r"collectors\.0\.batch\.reprobe_after_s: must be above 0"),
+    ({"reprobe_after_s": float("inf")}, r"collectors\.0\.batch\.reprobe_after_s: .*fix: write a finite number"),
+    ({"reprobe_after_s": True}, r"collectors\.0\.batch\.reprobe_after_s: is true or false .*fix: write a number"),
+])
+def test_bad_batch_fallback_settings_name_the_key_and_the_fix(batch, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(_collector(batch=batch))
+
+
 def test_a_held_mode_needs_exactly_one_input_topic():
     data = _collector(mode="consolidated")
     data["kafka"]["topics"] = ["a", "b"]

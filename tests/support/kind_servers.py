@@ -26,7 +26,9 @@ envelope) and the event kinds the service takes. What it accepted is in
 Faults, settable while the server runs: :attr:`KindServer.fails_on` picks events answered
 a steady bare 500 (an event the service throws on: Marquez, DataHub, OpenMetadata's
 single endpoint), while the others are taken; :attr:`KindServer.outage` answers every
-request with one status (the service is down).
+request with one status (the service is down); :attr:`KindServer.batch_answers` and
+:attr:`KindServer.batch_answer` answer batch requests with a status of their own (404: no
+batch endpoint, or a proxy saying so for a while).
 """
 
 from __future__ import annotations
@@ -114,6 +116,10 @@ class KindServer:
     whole_batch_500: bool = False
     #: Every batch request answered with this status (404, 405, 501: no batch endpoint).
     batch_answer: int | None = None
+    #: Statuses the next batch requests are answered with, one each, before ``batch_answer``
+    #: (a proxy or an old instance answering 404 for a while), the events not taken; None:
+    #: that request is answered as without the script.
+    batch_answers: list[int | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -187,9 +193,11 @@ class KindServer:
         raw = await request.read()
         if (down := self._down(request, 0)) is not None:
             return down
-        if self.batch_answer is not None:
-            self._log(request, self.batch_answer, 0)
-            return web.Response(status=self.batch_answer, text="no batch endpoint here")
+        with self._lock:
+            scripted = self.batch_answers.pop(0) if self.batch_answers else self.batch_answer
+        if scripted is not None:
+            self._log(request, scripted, 0)
+            return web.Response(status=scripted, text="no batch endpoint here")
         problem = self._refusal(request)
         docs: Any = None
         if problem is None:

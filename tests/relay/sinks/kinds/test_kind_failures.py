@@ -219,7 +219,7 @@ async def test_atlan_credentials_that_are_wrong_are_still_retried_with_a_token_f
 
 
 @pytest.mark.parametrize("status", [404, 405, 501])
-async def test_a_batch_url_without_an_endpoint_sends_single_events_from_then_on(status, caplog):
+async def test_a_batch_url_without_an_endpoint_sends_single_events_after_unsupported_after_batches(status, caplog):
     with KindServer(GENERIC, batch_answer=status) as server:
         c, metrics = built(url=server.url, batch={"max_events": 3, "max_requests": 1, "linger_ms": 5})
         await c.start()
@@ -233,8 +233,10 @@ async def test_a_batch_url_without_an_endpoint_sends_single_events_from_then_on(
     assert sorted(e["run"]["runId"] for e in server.received()) == sorted([f"a{i}" for i in range(7)] +
                                                                           [f"b{i}" for i in range(4)])
     batches = [r for r in server.seen() if r.path == GENERIC.batch_path]
-    assert [(r.status, r.events) for r in batches] == [(status, 0)]  # tried once, then never again
-    assert sample(metrics, "lineage_relay_batch_requests_total", result="unsupported") == 1
+    # 3 + 3 + 1 events: batch.unsupported_after (3) batches in a row, then no batch until the re-probe.
+    assert [(r.status, r.events) for r in batches] == [(status, 0)] * 3
+    assert sample(metrics, "lineage_relay_batch_requests_total", result="unsupported") == 3
+    assert sample(metrics, "lineage_relay_batch_fallback") == 1
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == ["batch_unsupported"]
 
 
