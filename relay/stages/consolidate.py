@@ -24,7 +24,8 @@ In both holding modes:
 * Capture: an event not forwarded as itself gets :class:`Release`; it is in the run's
   :meth:`~RunConsolidator.to_state`, so its ticket may be settled once that is persisted.
   Built events (terminal, merged RUNNING, synthesized START, replayed captures) are new
-  LineageEvents without ``ticket``/``source``; ``body`` holds the same JSON, not the same bytes.
+  LineageEvents without ``ticket``/``source``; ``body`` holds the same JSON, not the same bytes
+  (integers beyond 64 bits included, exactly: ``offer`` reads an event holding one again).
   A captured event dropped later is a :class:`Drop` of such an event whose ``ticket`` is
   :data:`~relay.stages.run_state.SETTLED` (its own was released by the capture).
 * Finished runs keep only their id, in a set bounded by ``max_finished_runs`` and
@@ -54,7 +55,7 @@ import heapq
 from typing import Any, Literal
 
 from relay.events import TERMINAL_TYPES, LineageEvent
-from relay.stages.json_bytes import dumps
+from relay.stages.json_bytes import dumps, exact
 from relay.stages.knobs import check_choice, check_count, check_seconds
 from relay.stages.known_runs import KnownRuns
 from relay.stages.merge import RunMerger, epoch_micros
@@ -176,6 +177,12 @@ class RunConsolidator:
         run.touched = now
         if run.parent is None and event.parent_run_id and event.parent_run_id != run_id:
             run.parent = event.parent_run_id
+        if event.doc is not None:
+            # Merged and held documents are rebuilt: with their integers beyond 64 bits
+            # exact, not orjson's nearest floats (costs a scan of the bytes).
+            found = exact(event.body)
+            if found is not None:
+                event.doc = found
         if self.mode == "consolidated":
             out += self._offer_consolidated(run, event, now)
         else:

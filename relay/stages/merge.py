@@ -27,8 +27,12 @@ Contract:
   runs with identical facets (the same table's schema...) share one copy. Built events
   get freshly parsed facets.
 * :meth:`RunMerger.to_state` returns JSON data for ``orjson.dumps`` (facet values and
-  event bases are embedded as ``orjson.Fragment``); ``RunMerger.from_state(orjson.loads(
-  orjson.dumps(m.to_state())))`` behaves exactly like ``m`` for every later ``add`` and every build.
+  event bases are embedded as ``orjson.Fragment``); ``RunMerger.from_state(loads(
+  orjson.dumps(m.to_state())))`` behaves exactly like ``m`` for every later ``add`` and every build
+  (``loads`` from :mod:`relay.stages.json_bytes`: ``orjson.loads`` would read an integer
+  beyond 64 bits in a facet as a float).
+* Integers beyond 64 bits in the documents added are kept exactly (as long as the
+  documents hold them as integers: orjson reads one as the nearest float).
 * :attr:`RunMerger.size_bytes` approximates the JSON size of what is held (facets, bases,
   dataset keys); it is kept up to date on every ``add`` at the cost of encoding each new
   facet once.
@@ -47,7 +51,7 @@ import orjson
 
 from relay.events import TERMINAL_TYPES, LineageEvent
 from relay.stages.interning import intern as _intern
-from relay.stages.json_bytes import dumps
+from relay.stages.json_bytes import dumps, loads
 
 STATE_VERSION = 1
 
@@ -87,7 +91,7 @@ def _json_text(value: Any) -> str:
     with its last user: see :func:`interning_is_mortal`)."""
     try:
         text = dumps(value).decode()
-    except (TypeError, orjson.JSONEncodeError):  # e.g. an integer beyond 64 bits
+    except (TypeError, orjson.JSONEncodeError):  # not JSON data (a set...): keep what can be kept
         text = json.dumps(value, default=repr)
     return _intern(text)
 
@@ -227,7 +231,7 @@ class RunMerger:
         doc = dict(base)
         if event_type is not None:
             doc["eventType"] = event_type
-        facets = {name: orjson.loads(entry[1]) for name, entry in self._run.items() if name not in omit}
+        facets = {name: loads(entry[1]) for name, entry in self._run.items() if name not in omit}
         if extra:
             facets.update(extra)
         doc["run"] = {"runId": self.run_id, "facets": facets}
@@ -324,7 +328,7 @@ def _entry_state(entry: list | None) -> list | None:
 
 
 def _facets_doc(store: _Facets) -> dict[str, Any]:
-    return {name: orjson.loads(entry[1]) for name, entry in store.items()}
+    return {name: loads(entry[1]) for name, entry in store.items()}
 
 
 def _facets_state(store: _Facets) -> dict[str, list]:

@@ -48,7 +48,7 @@ from typing import Any
 import orjson
 
 from relay.stages.event_paths import facet_sites, map_paths, without_facets
-from relay.stages.json_bytes import dumps
+from relay.stages.json_bytes import dumps, exact, may_hold_big_int
 from relay.stages.redact import Redactor
 from relay.stages.rewrite_config import ESSENTIAL_FACETS, RewriteConfig
 from relay.stages.route import compile_glob
@@ -98,8 +98,19 @@ class Rewriter:
         """Rewrite ``event_doc`` (never mutated) for this collector.
 
         ``original``, the bytes ``event_doc`` was parsed from, is returned as the body when
-        nothing changes, so such events are forwarded byte-for-byte.
+        nothing changes, so such events are forwarded byte-for-byte. A rebuilt event keeps
+        the integers beyond 64 bits of ``original`` exactly, though ``event_doc`` came from
+        orjson, which reads one as the nearest float (without ``original``, as ``event_doc`` has it).
         """
+        result = self._apply(event_doc, original)
+        body = result.body
+        if original is not None and body is not None and body is not original and may_hold_big_int(body):
+            exact_doc = exact(original)  # rare: a float of 1e16 or more was written
+            if exact_doc is not None:
+                return self._apply(exact_doc, original)
+        return result
+
+    def _apply(self, event_doc: dict[str, Any], original: bytes | None) -> RewriteResult:
         doc = self._rewrite(event_doc) if not self.is_noop else event_doc
         limit = self._max
         if original is not None and limit is not None and len(original) > limit:

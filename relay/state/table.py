@@ -36,6 +36,7 @@ import orjson
 
 from relay.events import LineageEvent
 from relay.stages.consolidate import RunConsolidator
+from relay.stages.json_bytes import loads
 from relay.stages.run_state import built_event, read_closed_state
 
 RECORD_VERSION = 1
@@ -319,7 +320,7 @@ class RunStateTable:
         """Take back a run from its changelog record; its outbox is sent again.
         Raises ValueError for a record this version cannot read."""
         try:
-            record = orjson.loads(value)
+            record = loads(value)  # its events' integers beyond 64 bits exact, not floats
         except orjson.JSONDecodeError as err:
             raise ValueError(f"run state for {run_id} is not JSON: {err}") from err
         if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:

@@ -92,7 +92,7 @@ def test_no_recursion_at_any_depth() -> None:
 
 
 def test_orjson_refusals_are_raised_as_orjson_raises_them() -> None:
-    for bad in ({1: "int key"}, {"n": 2**64}, {"s": {1, 2}}):
+    for bad in ({1: "int key"}, {"s": {1, 2}}):
         with pytest.raises(orjson.JSONEncodeError) as shallow:
             dumps(bad)
         with pytest.raises(orjson.JSONEncodeError) as deep:
