@@ -15,6 +15,7 @@ import orjson
 import pytest
 import yaml
 from aiohttp import web
+from confluent_kafka import Producer
 
 from relay.cli import main as cli
 from relay.config import RelayConfig
@@ -213,3 +214,31 @@ def test_redrive_holds_a_bounded_part_of_the_values_however_many_it_sends(kafka,
         assert summary_value(out, "re-driven") == len(stream)
         assert a.received == Counter(hashlib.sha256(v).hexdigest() for _, v in stream), "each sent once"
     assert peak < total * 0.6, f"peak {peak / 1e6:.0f} MB of Python memory for {total / 1e6:.0f} MB of values"
+
+
+def test_a_dead_letter_whose_source_topic_is_gone_fails_alone(kafka, tmp_path, capsys):
+    """Two dead letters written without their value name originals in a topic deleted since
+    and in a partition the topic no longer has; a third is whole. Each of the two fails,
+    naming where its original was, and stays pending; the third is re-driven. (The command
+    stopped at the first, exit 2, "is the broker reachable?", re-driving nothing, every time.)"""
+    topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
+    [(key, value)] = sample_stream(1, seed=81)[:1]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    headers = [("reason", b"collector_rejected"), ("detail", b"HTTP 400"), ("collector", b"a"),
+               ("relay_time", b"2024-05-01T00:00:00+00:00")]
+    for source, whole in ((f"{topic}-deleted/0/7", False), (f"{topic}/0/0", True), (f"{topic}/5/7", False)):
+        omitted = [] if whole else [("value_omitted", b"1234")]
+        producer.produce(dlq, key=key, value=value if whole else None,
+                         headers=[*headers, ("source", source.encode()), *omitted])
+    assert producer.flush(30) == 0
+    with RecordingCollector() as a:
+        path = write_config(tmp_path / "relay.yaml", relay_config(kafka.bootstrap_servers, topic, {"a": a.url},
+                                                                  group=kafka.new_group(), dlq=dlq))
+        for args in ((), ("--to-topic",)):
+            code, out, err = run_cli_within(capsys, 60, "dlq", "redrive", "--config", path, *args)
+            assert code == 1, out + err
+            assert summary_value(out, "re-driven") == (1 if not args else 0), out
+            assert f"FAILED 0:0 (collector_rejected, from {topic}-deleted/0/7): its value was omitted (1234 bytes) " \
+                   f"and the original is no longer there: the record is no longer at {topic}-deleted/0/7" in out, out
+            assert f"FAILED 0:2 (collector_rejected, from {topic}/5/7)" in out and "no partition 5" in out, out
+            assert a.count == 1 and received(a, orjson.loads(value)) == 1
