@@ -242,3 +242,33 @@ def test_a_dead_letter_whose_source_topic_is_gone_fails_alone(kafka, tmp_path, c
                    f"and the original is no longer there: the record is no longer at {topic}-deleted/0/7" in out, out
             assert f"FAILED 0:2 (collector_rejected, from {topic}/5/7)" in out and "no partition 5" in out, out
             assert a.count == 1 and received(a, orjson.loads(value)) == 1
+
+
+def test_a_record_one_collector_refused_goes_back_to_the_relay_for_that_collector_only(kafka, tmp_path, capsys):
+    """``b`` refused an event that ``a`` took; the dead letter names ``b``. Handed back to
+    the relay (``--to-topic``), it reaches ``b``, and not ``a`` a second time (the relay
+    sent it to every collector again: ``a`` got it twice)."""
+    topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
+    stream = sample_stream(4, seed=83)
+    victim = orjson.loads(stream[3][1])
+    with RecordingCollector() as a, RecordingCollector() as b:
+        group = kafka.new_group()
+        config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url, "b": b.url}, group=group, dlq=dlq)
+        path = write_config(tmp_path / "relay.yaml", config)
+        b.reject_when(lambda doc: 400 if doc == victim else None)
+        produce(kafka.bootstrap_servers, topic, stream)
+        with RelayThread(config):
+            assert a.wait_for(lambda c: c.count == len(stream), 30), f"a got {a.count}"
+            assert b.wait_for(lambda c: c.count == len(stream) - 1, 30), f"b got {b.count}"
+            [dead] = read_topic(kafka.bootstrap_servers, dlq, expected=1, timeout_s=30)
+        assert dead.headers["collector"] == b"b"
+        b.reject_when(lambda doc: None)
+
+        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path, "--to-topic")
+        assert code == 0 and summary_value(out, "re-driven") == 1, out + err
+        with RelayThread(config):
+            assert b.wait_for(lambda c: received(c, victim) == 1, 30), "b never got the record"
+            assert eventually(lambda: committed_offsets(kafka.bootstrap_servers, topic, group, 1).get(0, -1)
+                              >= len(stream) + 1, 30), "the relay did not settle it"
+        assert received(a, victim) == 1, "a got the record again"
+        assert a.count == len(stream) and b.count == len(stream)
