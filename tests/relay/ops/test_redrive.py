@@ -22,7 +22,7 @@ from relay.config import RelayConfig
 from relay.embedded.collector import AppThread, RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.dead_letters import padded, write_dead_letters
-from tests.support.hanging_proxy import OFFSET_COMMIT, hanging_broker
+from tests.support.hanging_proxy import FETCH, OFFSET_COMMIT, hanging_broker
 from tests.support.kafka import committed_offsets, produce, read_topic
 from tests.support.python_memory import peak_python_memory
 from tests.support.relay import RelayThread, eventually, relay_config
@@ -272,3 +272,36 @@ def test_a_record_one_collector_refused_goes_back_to_the_relay_for_that_collecto
                               >= len(stream) + 1, 30), "the relay did not settle it"
         assert received(a, victim) == 1, "a got the record again"
         assert a.count == len(stream) and b.count == len(stream)
+
+
+def test_a_broker_that_stops_answering_while_values_are_read_back_fails_redrive_naming_the_read(
+        tmp_path, capsys, monkeypatch):
+    """The broker hangs once the first event reached the collector, as the next value is
+    read back. The command ends in time, exit 2, saying which read got no answer and that
+    the broker may be unreachable, besides the marker it could not write (it said only
+    "1 redrive marker(s) were not written (first error: [])": the cause was lost)."""
+    monkeypatch.setattr("relay.ops.ledger._TIMEOUT_S", 2.0)
+    monkeypatch.setattr("relay.ops.ledger._ACK_TIMEOUT_S", 2.0)
+    monkeypatch.setattr("relay.ops.kafka_range._STALL_S", 2.0)
+    monkeypatch.setattr("relay.ops.stored_values.READ_AHEAD_BYTES", 1)  # every value is fetched when sent
+    stream = sample_stream(3, seed=85)
+    with hanging_broker() as (broker, proxy), RecordingCollector() as a:
+        broker.create_topic("ol", 1)
+        broker.create_topic("dlq", 1)
+        write_dead_letters(broker.bootstrap_servers, "dlq", stream, reason="collector_rejected", collector="a")
+        path = write_config(tmp_path / "relay.yaml", relay_config(broker.bootstrap_servers, "ol", {"a": a.url},
+                                                                  group="g", dlq="dlq",
+                                                                  collector={"concurrency": 1}))
+
+        def hang_after_the_first(_doc: dict) -> None:
+            if not proxy.hung.is_set():
+                proxy.hang_at(FETCH)
+            return None
+
+        a.reject_when(hang_after_the_first)
+        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path)
+        assert proxy.hung.is_set(), "the broker hung at a fetch"
+        assert code == 2, out + err
+        assert "no records arrived for 2s while reading dlq/0" in err and "is the broker reachable?" in err, err
+        assert "redrive marker(s) were not written" in err, err
+        assert a.count == 1
