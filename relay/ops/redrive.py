@@ -22,8 +22,10 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from confluent_kafka import KafkaException
+
 from relay.config import RelayConfig
-from relay.ops import OpsError
+from relay.ops import OpsError, kafka_error_text
 from relay.ops.dead_letters import DeadLetter, DeadLetterScan
 from relay.ops.kafka_range import LARGE_RECORD_OVERRIDES, open_consumer, parse_refs
 from relay.ops.ledger import RedriveLedger, group_id
@@ -147,13 +149,24 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
             writer.open_for_writing()
         target = "the input topic each record came from" if args.to_topic else \
             f"collector {args.collector}" if args.collector else "the collector named in each record"
+        failed: BaseException | None = None
         try:
             with ProgressBar("dlq: re-driving", targets.count, stream=stream) as bar:
                 targets.run(writer, bar)
+        except BaseException as err:
+            failed = err
+            raise
         finally:
             # Whatever happened, remember what did get through (markers, then position).
             if writer is not None:
-                summary.committed = writer.checkpoint(scan.offsets, scan.lows)
+                try:
+                    summary.committed = writer.checkpoint(scan.offsets, scan.lows)
+                except OpsError as late:
+                    if failed is None:
+                        raise
+                    # Most often the same broker failing again: say what failed first, too.
+                    cause = kafka_error_text(failed) if isinstance(failed, KafkaException) else str(failed)
+                    raise OpsError(f"{cause or type(failed).__name__}; then {late}") from failed
     finally:
         value_reader.close()
         consumer.close()

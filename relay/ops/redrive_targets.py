@@ -52,7 +52,10 @@ def _gone(record: DeadLetter, at: SourceRef | None, err: ValueGone | None = None
 
 class TopicRedrive:
     """``--to-topic``: each record produced back to its source topic (the first configured
-    topic when the source is not one the relay consumes), in dead-letter order, then marked."""
+    topic when the source is not one the relay consumes), in dead-letter order, then marked.
+    The relay sends it to the collectors it does not name in ``redriven_have``: for a record
+    one configured collector refused (header ``collector``), that collector alone; else
+    those an earlier redrive did not reach."""
 
     def __init__(self, config: RelayConfig, values: StoredValues, summary: RedriveSummary) -> None:
         self._config = config
@@ -81,6 +84,7 @@ class TopicRedrive:
             return
         topics = self._config.kafka.topics
         kafka = self._config.kafka
+        names = frozenset(c.name for c in self._config.collectors)
         conf = {**kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
                 "enable.idempotence": True, "acks": "all", "linger.ms": 20}
         producer = Producer(with_log(conf))
@@ -105,7 +109,11 @@ class TopicRedrive:
                 topic = source.topic if source is not None and source.topic in topics else topics[0]
                 headers = [(REDRIVEN_FROM, f"{kafka.dlq_topic}/{record.partition}/{record.offset}".encode())]
                 have = ledger.delivered_to(record.partition, record.offset, record.identity)
-                if have:  # an earlier redrive reached these: the relay leaves them out
+                if record.collector in names:
+                    # Refused by that collector alone: the others took it (or dead-lettered it
+                    # in a record of their own), so the relay must not send it to them again.
+                    have = have | (names - {record.collector})
+                if have:  # an earlier redrive (or the relay) reached these: the relay leaves them out
                     headers.append((REDRIVEN_HAVE, ",".join(sorted(have)).encode()))
                 deadline = time.monotonic() + _ACK_TIMEOUT_S
                 while True:

@@ -32,7 +32,7 @@ from confluent_kafka import Consumer
 
 from relay.events import SourceRef
 from relay.ops import OpsError
-from relay.ops.kafka_range import LARGE_RECORD_BATCH_BYTES, PartitionRange, read, watermarks
+from relay.ops.kafka_range import LARGE_RECORD_BATCH_BYTES, PartitionRange, partitions_of, read, watermarks
 
 #: Bytes of values read ahead and kept until asked for.
 READ_AHEAD_BYTES = 64 << 20
@@ -58,7 +58,7 @@ class StoredValues:
         self._sorted: set[tuple[str, int]] = set()
         self._ahead: OrderedDict[SourceRef, bytes | None] = OrderedDict()
         self._ahead_bytes = 0
-        self._marks: dict[tuple[str, int], tuple[int, int]] = dict(marks or {})
+        self._marks: dict[tuple[str, int], tuple[int, int] | None] = dict(marks or {})
 
     def want(self, at: SourceRef, uses: int = 1) -> None:
         """``at``'s value will be asked for ``uses`` more times."""
@@ -67,11 +67,15 @@ class StoredValues:
             self._sorted.discard((at.topic, at.partition))
         self._uses[at] = self._uses.get(at, 0) + uses
 
-    def remaining(self, topic: str, partition: int) -> tuple[int, int]:
-        """The partition's (log start, end) offsets, as first read."""
+    def remaining(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """The partition's (log start, end) offsets, as first read; None when the topic or
+        the partition no longer exists (a record there is gone, not a reason to stop)."""
         key = (topic, partition)
         if key not in self._marks:
-            self._marks.update({(topic, p): m for p, m in watermarks(self._consumer, topic, [partition]).items()})
+            if partition not in partitions_of(self._consumer, topic, missing_ok=True):
+                self._marks[key] = None
+            else:
+                self._marks.update({(topic, p): m for p, m in watermarks(self._consumer, topic, [partition]).items()})
         return self._marks[key]
 
     def get(self, at: SourceRef) -> bytes | None:
@@ -83,8 +87,11 @@ class StoredValues:
             found = self._read(at)
             if found is _GONE:
                 self._uses.pop(at, None)
-                low, high = self.remaining(at.topic, at.partition)
-                raise ValueGone(f"the record is no longer at {at} (offsets {low}..{high - 1} remain)")
+                marks = self.remaining(at.topic, at.partition)
+                if marks is None:
+                    raise ValueGone(f"the record is no longer at {at} (topic {at.topic} has no partition "
+                                    f"{at.partition} any more)")
+                raise ValueGone(f"the record is no longer at {at} (offsets {marks[0]}..{marks[1] - 1} remain)")
             value = found  # type: ignore[assignment]
         left = self._uses.get(at, 1) - 1
         if left > 0:
@@ -109,9 +116,10 @@ class StoredValues:
     def _read(self, at: SourceRef) -> bytes | None | object:
         """``at``'s value (``_GONE``: no such record), and the wanted values after it in
         its partition that fit."""
-        low, high = self.remaining(at.topic, at.partition)
-        if not low <= at.offset < high:
+        marks = self.remaining(at.topic, at.partition)
+        if marks is None or not marks[0] <= at.offset < marks[1]:
             return _GONE
+        high = marks[1]
         end = min(high, self._last_wanted(at) + 1)
         found: bytes | None | object = _GONE
         scanned = 0

@@ -21,6 +21,8 @@ from tests.support.kafka_proxy import LoopProxy
 
 #: The Kafka api key of a consumer group commit.
 OFFSET_COMMIT = 8
+#: The Kafka api key of a fetch.
+FETCH = 1
 
 
 class HangingProxy(LoopProxy):

@@ -15,13 +15,14 @@ import orjson
 import pytest
 import yaml
 from aiohttp import web
+from confluent_kafka import Producer
 
 from relay.cli import main as cli
 from relay.config import RelayConfig
 from relay.embedded.collector import AppThread, RecordingCollector
 from relay.embedded.sample import sample_stream
 from tests.support.dead_letters import padded, write_dead_letters
-from tests.support.hanging_proxy import OFFSET_COMMIT, hanging_broker
+from tests.support.hanging_proxy import FETCH, OFFSET_COMMIT, hanging_broker
 from tests.support.kafka import committed_offsets, produce, read_topic
 from tests.support.python_memory import peak_python_memory
 from tests.support.relay import RelayThread, eventually, relay_config
@@ -213,3 +214,94 @@ def test_redrive_holds_a_bounded_part_of_the_values_however_many_it_sends(kafka,
         assert summary_value(out, "re-driven") == len(stream)
         assert a.received == Counter(hashlib.sha256(v).hexdigest() for _, v in stream), "each sent once"
     assert peak < total * 0.6, f"peak {peak / 1e6:.0f} MB of Python memory for {total / 1e6:.0f} MB of values"
+
+
+def test_a_dead_letter_whose_source_topic_is_gone_fails_alone(kafka, tmp_path, capsys):
+    """Two dead letters written without their value name originals in a topic deleted since
+    and in a partition the topic no longer has; a third is whole. Each of the two fails,
+    naming where its original was, and stays pending; the third is re-driven. (The command
+    stopped at the first, exit 2, "is the broker reachable?", re-driving nothing, every time.)"""
+    topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
+    [(key, value)] = sample_stream(1, seed=81)[:1]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    headers = [("reason", b"collector_rejected"), ("detail", b"HTTP 400"), ("collector", b"a"),
+               ("relay_time", b"2024-05-01T00:00:00+00:00")]
+    for source, whole in ((f"{topic}-deleted/0/7", False), (f"{topic}/0/0", True), (f"{topic}/5/7", False)):
+        omitted = [] if whole else [("value_omitted", b"1234")]
+        producer.produce(dlq, key=key, value=value if whole else None,
+                         headers=[*headers, ("source", source.encode()), *omitted])
+    assert producer.flush(30) == 0
+    with RecordingCollector() as a:
+        path = write_config(tmp_path / "relay.yaml", relay_config(kafka.bootstrap_servers, topic, {"a": a.url},
+                                                                  group=kafka.new_group(), dlq=dlq))
+        for args in ((), ("--to-topic",)):
+            code, out, err = run_cli_within(capsys, 60, "dlq", "redrive", "--config", path, *args)
+            assert code == 1, out + err
+            assert summary_value(out, "re-driven") == (1 if not args else 0), out
+            assert f"FAILED 0:0 (collector_rejected, from {topic}-deleted/0/7): its value was omitted (1234 bytes) " \
+                   f"and the original is no longer there: the record is no longer at {topic}-deleted/0/7" in out, out
+            assert f"FAILED 0:2 (collector_rejected, from {topic}/5/7)" in out and "no partition 5" in out, out
+            assert a.count == 1 and received(a, orjson.loads(value)) == 1
+
+
+def test_a_record_one_collector_refused_goes_back_to_the_relay_for_that_collector_only(kafka, tmp_path, capsys):
+    """``b`` refused an event that ``a`` took; the dead letter names ``b``. Handed back to
+    the relay (``--to-topic``), it reaches ``b``, and not ``a`` a second time (the relay
+    sent it to every collector again: ``a`` got it twice)."""
+    topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
+    stream = sample_stream(4, seed=83)
+    victim = orjson.loads(stream[3][1])
+    with RecordingCollector() as a, RecordingCollector() as b:
+        group = kafka.new_group()
+        config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url, "b": b.url}, group=group, dlq=dlq)
+        path = write_config(tmp_path / "relay.yaml", config)
+        b.reject_when(lambda doc: 400 if doc == victim else None)
+        produce(kafka.bootstrap_servers, topic, stream)
+        with RelayThread(config):
+            assert a.wait_for(lambda c: c.count == len(stream), 30), f"a got {a.count}"
+            assert b.wait_for(lambda c: c.count == len(stream) - 1, 30), f"b got {b.count}"
+            [dead] = read_topic(kafka.bootstrap_servers, dlq, expected=1, timeout_s=30)
+        assert dead.headers["collector"] == b"b"
+        b.reject_when(lambda doc: None)
+
+        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path, "--to-topic")
+        assert code == 0 and summary_value(out, "re-driven") == 1, out + err
+        with RelayThread(config):
+            assert b.wait_for(lambda c: received(c, victim) == 1, 30), "b never got the record"
+            assert eventually(lambda: committed_offsets(kafka.bootstrap_servers, topic, group, 1).get(0, -1)
+                              >= len(stream) + 1, 30), "the relay did not settle it"
+        assert received(a, victim) == 1, "a got the record again"
+        assert a.count == len(stream) and b.count == len(stream)
+
+
+def test_a_broker_that_stops_answering_while_values_are_read_back_fails_redrive_naming_the_read(
+        tmp_path, capsys, monkeypatch):
+    """The broker hangs once the first event reached the collector, as the next value is
+    read back. The command ends in time, exit 2, saying which read got no answer and that
+    the broker may be unreachable, besides the marker it could not write (it said only
+    "1 redrive marker(s) were not written (first error: [])": the cause was lost)."""
+    monkeypatch.setattr("relay.ops.ledger._TIMEOUT_S", 2.0)
+    monkeypatch.setattr("relay.ops.ledger._ACK_TIMEOUT_S", 2.0)
+    monkeypatch.setattr("relay.ops.kafka_range._STALL_S", 2.0)
+    monkeypatch.setattr("relay.ops.stored_values.READ_AHEAD_BYTES", 1)  # every value is fetched when sent
+    stream = sample_stream(3, seed=85)
+    with hanging_broker() as (broker, proxy), RecordingCollector() as a:
+        broker.create_topic("ol", 1)
+        broker.create_topic("dlq", 1)
+        write_dead_letters(broker.bootstrap_servers, "dlq", stream, reason="collector_rejected", collector="a")
+        path = write_config(tmp_path / "relay.yaml", relay_config(broker.bootstrap_servers, "ol", {"a": a.url},
+                                                                  group="g", dlq="dlq",
+                                                                  collector={"concurrency": 1}))
+
+        def hang_after_the_first(_doc: dict) -> None:
+            if not proxy.hung.is_set():
+                proxy.hang_at(FETCH)
+            return None
+
+        a.reject_when(hang_after_the_first)
+        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path)
+        assert proxy.hung.is_set(), "the broker hung at a fetch"
+        assert code == 2, out + err
+        assert "no records arrived for 2s while reading dlq/0" in err and "is the broker reachable?" in err, err
+        assert "redrive marker(s) were not written" in err, err
+        assert a.count == 1
