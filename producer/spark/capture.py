@@ -48,7 +48,7 @@ def snake(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", s).strip("_").lower()
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower()
 
 
@@ -297,7 +297,7 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
               "/".join(out_refs[0].name.rstrip("/").split("/")[-2:]) if out_refs else snap.func)
     command = snake(snap.command)
     command = command[:-len("_command")] if command.endswith("_command") else command
-    job_name = f"{settings.app_job_name}.{command}.{_slug(target)}"
+    job_name = f"{settings.app_job_name}.{command}.{slug(target)}"
     if errors:
         run_facets["extractionError"] = events.facet("ExtractionErrorRunFacet", {
             "totalTasks": 1, "failedTasks": len(errors), "errors": errors})

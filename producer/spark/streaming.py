@@ -20,7 +20,8 @@ What is guaranteed:
   stops without an error, FAIL with an ``errorMessage`` facet when it stops with one, ABORT
   when the application ends while it still runs. The last two carry the datasets last known.
 * The progress is read (two py4j calls) at the first micro-batch of a run and then at most
-  once every :data:`PROGRESS_READ_INTERVAL_S`; other progress callbacks cost no py4j call.
+  once every :data:`PROGRESS_READ_INTERVAL_S`: while every open run has been read within
+  that interval, a progress callback costs no py4j call.
   Starting a query costs about a dozen py4j calls (its ids, name and sink), made on the
   query's thread before ``start()`` returns; its end, about five.
 * Datasets are named by :mod:`producer.spark.naming` from Spark's descriptions of the
@@ -147,10 +148,10 @@ def job_name(app_job_name: str, sink: str | None, query_name: str | None) -> str
     """``<app>.streaming.<target>``; see the module's docstring."""
     outputs = datasets([], sink, None)[1] if sink else []
     if outputs:
-        target = "/".join(outputs[0].name.rstrip("/").split("/")[-2:])
+        target = capture.slug("/".join(outputs[0].name.rstrip("/").split("/")[-2:]))
     else:
-        target = query_name or (capture.snake(_kind(sink)[0]) if sink else "") or "query"
-    return f"{app_job_name}.streaming.{capture.snake(target)}"
+        target = capture.slug(query_name or "") or (capture.snake(_kind(sink)[0]) if sink else "") or "query"
+    return f"{app_job_name}.streaming.{target}"
 
 
 @dataclass

@@ -142,6 +142,7 @@ def test_datasets_are_named_from_the_descriptions_spark_gives(sources, sink, ser
 
 def test_job_names_follow_the_sink_then_the_query_name():
     assert job_name("app", "FileSink[file:/data/lake/orders]", "q") == "app.streaming.lake_orders"
+    assert job_name("app", "FileSink[s3a://b/lake/ordersRaw]", None) == "app.streaming.lake_ordersraw"  # as batch
     assert job_name("app", "ForeachBatchSink", "loader") == "app.streaming.loader"
     assert job_name("app", "org.apache.spark.sql.execution.streaming.ConsoleTable$@5b411ef0", None) == \
         "app.streaming.console_table"
