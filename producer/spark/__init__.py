@@ -11,7 +11,9 @@ COMPLETE at ``spark.stop()``/exit, FAIL when the driver dies on an uncaught exce
 exits with a non-zero status: any ``SystemExit`` on Python 3.12+, ``sys.exit`` on 3.11, see
 :mod:`producer.spark.driver_exit`),
 with inputs, outputs, schema, dataSource, symlinks, lifecycleStateChange,
-outputStatistics, processing_engine, spark_properties and columnLineage facets.
+outputStatistics, processing_engine, spark_properties and columnLineage facets. Each run of a
+Structured Streaming query is a child run too (START, RUNNING once its datasets are known,
+COMPLETE, FAIL or ABORT; see :mod:`producer.spark.streaming`).
 
 Configuration (Spark conf, as the official integration names it; keyword arguments win):
 

@@ -48,7 +48,7 @@ def snake(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", s).strip("_").lower()
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower()
 
 
@@ -126,7 +126,7 @@ def _attr_schema(exprs: list[Node]) -> list[dict]:
     return _schema_fields([(e.name or "", _output_type(e)) for e in exprs])
 
 
-def _dataset_facets(ref: DatasetRef, schema: list[dict] | None) -> dict:
+def dataset_facets(ref: DatasetRef, schema: list[dict] | None) -> dict:
     facets: dict[str, Any] = {
         "dataSource": events.facet("DatasourceDatasetFacet",
                                    {"name": ref.namespace, "uri": _source_uri(ref.namespace)}),
@@ -262,7 +262,7 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     column_names = [n for n, _ in _output_names(query)]
     if out_refs:
         ref = out_refs[0]
-        facets = _dataset_facets(ref, _output_schema(snap, query))
+        facets = dataset_facets(ref, _output_schema(snap, query))
         if settings.column_lineage and query is not None:
             try:
                 result = columns.trace(query, lambda i, _leaf: leaf_ds[i] if i < len(leaf_ds) else None)
@@ -297,13 +297,13 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
               "/".join(out_refs[0].name.rstrip("/").split("/")[-2:]) if out_refs else snap.func)
     command = snake(snap.command)
     command = command[:-len("_command")] if command.endswith("_command") else command
-    job_name = f"{settings.app_job_name}.{command}.{_slug(target)}"
+    job_name = f"{settings.app_job_name}.{command}.{slug(target)}"
     if errors:
         run_facets["extractionError"] = events.facet("ExtractionErrorRunFacet", {
             "totalTasks": 1, "failedTasks": len(errors), "errors": errors})
     return ActionLineage(
         job_name=job_name,
-        inputs=[events.dataset(r.namespace, r.name, _dataset_facets(r, schemas.get(k))) for k, r in enumerate(inputs)],
+        inputs=[events.dataset(r.namespace, r.name, dataset_facets(r, schemas.get(k))) for k, r in enumerate(inputs)],
         outputs=outputs, run_facets=run_facets)
 
 
@@ -317,8 +317,8 @@ def engine_facets(settings: CaptureSettings) -> dict:
     return facets
 
 
-def job_type(kind: str) -> dict:
-    return {"jobType": events.facet("JobTypeJobFacet", {"processingType": "BATCH", "integration": "SPARK",
+def job_type(kind: str, processing: str = "BATCH") -> dict:
+    return {"jobType": events.facet("JobTypeJobFacet", {"processingType": processing, "integration": "SPARK",
                                                         "jobType": kind})}
 
 

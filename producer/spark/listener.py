@@ -8,6 +8,8 @@ Guarantees:
   thread never waits for lineage work. Emission is :meth:`LineageProducer.emit` (queue only).
 * Event order per run: START before COMPLETE/FAIL, and every action's events before the
   application's COMPLETE (``SparkContext.stop`` drains the listener bus before we emit it).
+* Streaming queries are listened to beside it (:mod:`producer.spark.streaming`); a session
+  where that cannot be done keeps its batch capture.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from producer import events
 from producer.spark import capture, java_objects, jvm
 from producer.spark.capture import CaptureSettings
 from producer.spark.driver_exit import DriverExit
+from producer.spark.streaming import StreamingLineage
 
 log = logging.getLogger("producer.spark")
 
@@ -57,6 +60,7 @@ class SparkLineage:
         self._nested_writes: dict[str, dict[str, int]] = {}
         self._listener: _Listener | None = None
         self._jlistener: Any = None
+        self._streaming: StreamingLineage | None = None
         self._driver_exit = DriverExit()
         self._orig_stop = None
 
@@ -73,6 +77,7 @@ class SparkLineage:
         ensure_callback_server_started(gateway)
         self._listener = _Listener(self, gateway)
         self._jlistener = _register(gateway, self.spark._jsparkSession.listenerManager(), self._listener)
+        self._streaming = StreamingLineage.attach(self, gateway)
         self._emit_app("START")
         # The application ends at SparkContext.stop (SparkSession.stop calls it) or at exit.
         self._orig_stop = sc.stop
@@ -98,6 +103,9 @@ class SparkLineage:
             except Exception as err:  # noqa: BLE001 - the session may be stopped already
                 log.debug("lineage: could not unregister the listener: %s", err)
             self._jlistener = None
+        streaming, self._streaming = self._streaming, None
+        if streaming is not None:
+            streaming.detach()
         if self._orig_stop is not None:
             try:
                 del self.spark.sparkContext.stop
@@ -114,6 +122,8 @@ class SparkLineage:
             self._ended = True
         try:
             self._drain()
+            if self._streaming is not None:
+                self._streaming.abort_open()
             if error is None:
                 self._emit_app("COMPLETE")
             else:

@@ -138,7 +138,7 @@ def test_a_v2_table_is_named_by_its_location_else_by_catalog_and_identifier():
     ("spark-catalog://my cat", "spark-catalog://my%20cat"),
 ])
 def test_the_data_source_uri_is_always_a_valid_uri(namespace, uri):
-    facets = capture._dataset_facets(capture.DatasetRef(namespace, "t"), None)
+    facets = capture.dataset_facets(capture.DatasetRef(namespace, "t"), None)
     assert facets["dataSource"]["uri"] == uri
     assert facets["dataSource"]["name"] == namespace
 

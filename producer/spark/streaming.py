@@ -1,0 +1,361 @@
+"""Structured Streaming lineage: one OpenLineage run per run of a streaming query.
+
+Micro-batches never reach the ``QueryExecutionListener`` of :mod:`producer.spark.listener`;
+this module listens to the session's ``StreamingQueryManager`` instead, through the py4j
+callback server that listener already uses (Spark's own ``PythonStreamingQueryListener``
+interface, which PySpark's ``spark.streams.addListener`` uses too, Spark 3.4+).
+
+What is guaranteed:
+
+* Each run of a query (``StreamingQuery.runId``, new at every ``start()``, also when it resumes
+  from a checkpoint) is one OpenLineage run with that ``runId``, a child of the application
+  run (``parent`` facet as the batch child runs), job type ``STREAMING`` / ``SPARK`` /
+  ``SQL_JOB`` as the official integration reports streaming queries, and job name
+  ``<app>.streaming.<target>``: ``<target>`` is the sink's dataset (the last two segments of
+  its path, as for batch writes), else the query's name (``queryName``), else the sink's kind
+  (``memory_sink``, ``console_table``, ``foreach_batch_sink``).
+* START when the query starts (its output dataset when the sink is a file sink; the inputs
+  are not known yet); RUNNING when the datasets known from the query's progress first differ
+  from those last reported (so, usually, once, after the first micro-batch); COMPLETE when it
+  stops without an error, FAIL with an ``errorMessage`` facet when it stops with one, ABORT
+  when the application ends while it still runs. The last two carry the datasets last known.
+* The progress is read (two py4j calls) at the first micro-batch of a run and then at most
+  once every :data:`PROGRESS_READ_INTERVAL_S`: while every open run has been read within
+  that interval, a progress callback costs no py4j call.
+  Starting a query costs about a dozen py4j calls (its ids, name and sink), made on the
+  query's thread before ``start()`` returns; its end, about five.
+* Datasets are named by :mod:`producer.spark.naming` from Spark's descriptions of the
+  sources and sink: ``FileStreamSource[<path>]`` and ``FileSink[<path>]`` (``DeltaSink[...]``
+  too) by path (a glob's pattern segments dropped); ``KafkaV2[Subscribe[a, b]]`` and
+  ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, the servers read once
+  from the query's plan. Rate, socket, memory, console and foreach sources and sinks are no
+  dataset. Anything else (a Kafka sink, whose description names no topic; a
+  ``SubscribePattern``; an unknown source or sink) is left out and named in an
+  ``extractionError`` run facet.
+* Nothing raises into the query: every callback is guarded, a failure is a log line (and an
+  ``extractionError`` facet on the run's next event). Emission only queues.
+
+Not guaranteed: queries started before ``enable_lineage`` (or in another session) are not
+reported; datasets of a query that fails before its first micro-batch completes are not
+known; writes made inside ``foreachBatch`` are ordinary batch actions, reported by the batch
+listener as their own runs; no schema or statistics facets.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from producer import events
+from producer.spark import capture, naming
+from producer.spark.capture import DatasetRef
+
+if TYPE_CHECKING:
+    from producer.spark.listener import SparkLineage
+
+log = logging.getLogger("producer.spark")
+
+#: After a run's first progress, its progress is read again at most this often (seconds).
+PROGRESS_READ_INTERVAL_S = 30.0
+_NOT_DATASETS = frozenset({
+    "RateStreamV2", "RateStream", "RatePerMicroBatchStream", "TextSocketV2", "TextSocketSource",
+    "TextSocketMicroBatchStream", "MemoryStream", "MemorySink", "ConsoleTable", "ConsoleSink",
+    "ForeachBatchSink", "ForeachWriterTable", "ForeachSink", "NoopTable"})
+_PATH_KINDS = frozenset({"FileStreamSource", "FileSink", "DeltaSink", "DeltaSource"})
+_KAFKA_SOURCES = frozenset({"KafkaV2", "KafkaSourceV1"})
+_GLOB = re.compile(r"[*?\[{]")
+_MAX_ERRORS = 8
+
+
+def _kind(description: str) -> tuple[str, str]:
+    """(simple class name, bracketed argument) of a description: ``FileSink[file:/x]`` ->
+    (``FileSink``, ``file:/x``); ``a.b.ConsoleTable$@5b41`` -> (``ConsoleTable``, ``""``).
+    Spark cuts some descriptions short (``RateStreamV2[rowsPerSecond=5, ...`` has no ``]``)."""
+    head, bracket, rest = description.partition("[")
+    head = head.split("@", 1)[0].rsplit(".", 1)[-1]
+    head = next((part for part in reversed(head.split("$")) if part), head)
+    return head, rest.removesuffix("]") if bracket else ""
+
+
+def _path_ref(path: str) -> DatasetRef:
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if _GLOB.search(part) and i > 0:
+            path = "/".join(parts[:i])
+            break
+    ns, name = naming.from_path(naming.redact_uri(path))
+    return DatasetRef(ns, name)
+
+
+def _kafka_topics(argument: str) -> list[str] | None:
+    """Topics of ``Subscribe[a, b]`` / ``Assign[a-0, b-1]``; None for a pattern or anything else."""
+    strategy, _, inner = argument.partition("[")
+    names = [t.strip() for t in inner.rstrip("]").split(",") if t.strip()]
+    if strategy == "Subscribe":
+        return list(dict.fromkeys(names))
+    if strategy == "Assign":
+        return list(dict.fromkeys(t.rsplit("-", 1)[0] for t in names))
+    return None
+
+
+def kafka_namespace(servers: str) -> str:
+    """``kafka://host:port`` of the first bootstrap server (naming spec), any ``PROTOCOL://`` dropped."""
+    first = servers.split(",")[0].strip()
+    return f"kafka://{first.split('://', 1)[-1]}"
+
+
+def datasets(sources: list[str], sink: str | None, kafka_servers: str | None) -> tuple[
+        list[DatasetRef], list[DatasetRef], list[str]]:
+    """(inputs, outputs, what was left out and why) of a query from Spark's descriptions."""
+    inputs: list[DatasetRef] = []
+    errors: list[str] = []
+    for description in sources:
+        kind, argument = _kind(description)
+        found: list[DatasetRef] = []
+        if kind in _NOT_DATASETS:
+            continue
+        if kind in _PATH_KINDS and argument:
+            found = [_path_ref(argument)]
+        elif kind in _KAFKA_SOURCES:
+            topics = _kafka_topics(argument)
+            if topics is None:
+                errors.append(f"source {description}: no topic names (a pattern?); left out")
+            elif not kafka_servers:
+                errors.append(f"source {description}: kafka bootstrap servers not found in the query's plan; "
+                              "left out")
+            else:
+                found = [DatasetRef(kafka_namespace(kafka_servers), topic) for topic in topics]
+        else:
+            errors.append(f"source {description}: not a known dataset; left out")
+        inputs.extend(r for r in found if not any((r.namespace, r.name) == (i.namespace, i.name) for i in inputs))
+    outputs: list[DatasetRef] = []
+    if sink:
+        kind, argument = _kind(sink)
+        if kind in _PATH_KINDS and argument:
+            outputs.append(_path_ref(argument))
+        elif kind not in _NOT_DATASETS:
+            errors.append(f"sink {sink}: not a known dataset (a Kafka sink names no topic); left out")
+    return inputs, outputs, errors
+
+
+def job_name(app_job_name: str, sink: str | None, query_name: str | None) -> str:
+    """``<app>.streaming.<target>``; see the module's docstring."""
+    outputs = datasets([], sink, None)[1] if sink else []
+    if outputs:
+        target = capture.slug("/".join(outputs[0].name.rstrip("/").split("/")[-2:]))
+    else:
+        target = capture.slug(query_name or "") or (capture.snake(_kind(sink)[0]) if sink else "") or "query"
+    return f"{app_job_name}.streaming.{target}"
+
+
+@dataclass
+class _Run:
+    run_id: str
+    job_name: str
+    query: Any = None          # the JVM StreamExecution, for the Kafka servers (read once)
+    inputs: list[DatasetRef] = field(default_factory=list)
+    outputs: list[DatasetRef] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    reported: tuple | None = None
+    last_read: float | None = None
+    kafka_servers: str | None = None
+    kafka_looked_up: bool = False
+
+    def key(self) -> tuple:
+        return (tuple((r.namespace, r.name) for r in self.inputs), tuple((r.namespace, r.name) for r in self.outputs))
+
+    def note(self, message: str) -> None:
+        if len(self.errors) < _MAX_ERRORS and message not in self.errors:
+            self.errors.append(message)
+
+
+class StreamingLineage:
+    """Streaming-query runs of one :class:`~producer.spark.listener.SparkLineage`; made by
+    :meth:`attach`, ended by :meth:`detach` (and :meth:`abort_open` at the application's end)."""
+
+    def __init__(self, lineage: SparkLineage, *, read_interval_s: float = PROGRESS_READ_INTERVAL_S,
+                 clock: Any = time.monotonic) -> None:
+        self._lineage = lineage
+        self._interval, self._clock = read_interval_s, clock
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.Lock()
+        self._listener: _QueryListener | None = None
+        self._jwrapper: Any = None
+
+    @classmethod
+    def attach(cls, lineage: SparkLineage, gateway: Any) -> StreamingLineage | None:
+        """Register on the session's StreamingQueryManager; None (one log line) when that
+        cannot be done (Spark before 3.4, a session without streams): batch capture goes on."""
+        streaming = cls(lineage)
+        try:
+            streaming._listener = _QueryListener(streaming)
+            wrapper = gateway.jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
+            streaming._jwrapper = wrapper(streaming._listener)
+            lineage.spark._jsparkSession.streams().addListener(streaming._jwrapper)
+        except Exception as err:  # noqa: BLE001 - streaming capture is optional
+            log.warning("lineage: streaming queries will not be captured (%s: %s)", type(err).__name__, err)
+            streaming.detach(gateway)
+            return None
+        return streaming
+
+    def detach(self, gateway: Any = None) -> None:
+        """Unregister; open runs get no further event."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.owner = None
+        jwrapper, self._jwrapper = self._jwrapper, None
+        try:
+            if jwrapper is not None:
+                self._lineage.spark._jsparkSession.streams().removeListener(jwrapper)
+        except Exception as err:  # noqa: BLE001 - the session may be stopped already
+            log.debug("lineage: could not remove the streaming listener: %s", err)
+        gateway = gateway or getattr(getattr(self._lineage.spark, "sparkContext", None), "_gateway", None)
+        pool = getattr(getattr(gateway, "gateway_property", None), "pool", None)
+        if pool is not None and listener is not None:
+            with pool.lock:  # py4j's pool keeps every Python object passed to Java
+                for key in [k for k, v in pool.dict.items() if v is listener]:
+                    del pool.dict[key]
+        with self._lock:
+            self._runs.clear()
+
+    def abort_open(self) -> None:
+        """ABORT every run still open (the application ends while its queries run)."""
+        with self._lock:
+            runs, self._runs = list(self._runs.values()), {}
+        for run in runs:
+            self._emit(run, "ABORT")
+
+    # -- callbacks (py4j threads; each guarded by _QueryListener) ------------------------------
+    def on_started(self, jevent: Any) -> None:
+        run_id, query_id, name, at = (str(jevent.runId().toString()), str(jevent.id().toString()),
+                                      jevent.name(), jevent.timestamp())
+        sink, query = None, None
+        errors = []
+        try:
+            wrapper = self._lineage.spark._jsparkSession.streams().get(query_id)
+            query = wrapper.streamingQuery() if wrapper is not None else None
+            sink = str(query.sink().toString()) if query is not None else None
+        except Exception as err:  # noqa: BLE001 - the run is still reported, without its sink
+            errors.append(f"could not read the query's sink: {err!r}")
+        run = _Run(run_id, job_name(self._lineage.settings.app_job_name, sink, name), query=query, errors=errors)
+        if sink:
+            _, run.outputs, left_out = datasets([], sink, None)
+            for message in left_out:
+                run.note(message)
+        run.reported = run.key()
+        with self._lock:
+            self._runs[run_id] = run
+        self._emit(run, "START", at)
+
+    def on_progress(self, jevent: Any) -> None:
+        now = self._clock()
+        with self._lock:
+            due = any(r.last_read is None or now - r.last_read >= self._interval for r in self._runs.values())
+        if not due:
+            return
+        progress = orjson.loads(str(jevent.progress().json()))
+        with self._lock:
+            run = self._runs.get(str(progress.get("runId")))
+        if run is None:
+            return
+        run.last_read = now
+        sources = [str(s.get("description", "")) for s in progress.get("sources") or []]
+        sink = (progress.get("sink") or {}).get("description")
+        if any(_kind(s)[0] in _KAFKA_SOURCES for s in sources) and not run.kafka_looked_up:
+            run.kafka_looked_up = True
+            try:
+                run.kafka_servers = _kafka_servers(run.query)
+            except Exception as err:  # noqa: BLE001
+                run.note(f"could not read the kafka bootstrap servers: {err!r}")
+        run.inputs, run.outputs, left_out = datasets(sources, sink, run.kafka_servers)
+        for message in left_out:
+            run.note(message)
+        if run.key() != run.reported:
+            run.reported = run.key()
+            self._emit(run, "RUNNING", progress.get("timestamp"))
+
+    def on_terminated(self, jevent: Any) -> None:
+        run_id = str(jevent.runId().toString())
+        with self._lock:
+            run = self._runs.pop(run_id, None)
+        if run is None:
+            return
+        failure = jevent.exception()
+        text = str(failure.get()) if failure is not None and failure.isDefined() else None
+        if text is None:
+            self._emit(run, "COMPLETE")
+            return
+        # Spark's text is the whole stack trace; the message is what comes before its Java frames
+        # (for a Python error in foreachBatch, that includes the Python traceback's last line).
+        message = text.split("\n\tat ", 1)[0].strip()[:4000]
+        self._emit(run, "FAIL", extra=capture.error_facet(message, text))
+
+    def _emit(self, run: _Run, event_type: str, at: str | None = None, extra: dict | None = None) -> None:
+        try:
+            lineage = self._lineage
+            run_facets = {**lineage._child_parent(), **capture.engine_facets(lineage.settings), **(extra or {})}
+            if run.errors:
+                run_facets["extractionError"] = events.facet("ExtractionErrorRunFacet", {
+                    "totalTasks": len(run.errors), "failedTasks": len(run.errors),
+                    "errors": [{"errorMessage": message} for message in run.errors]})
+            lineage.sender.emit(events.run_event(
+                event_type, run_id=run.run_id, event_time=at or None, job_namespace=lineage.settings.namespace,
+                job_name=run.job_name, run_facets=run_facets, job_facets=capture.job_type("SQL_JOB", "STREAMING"),
+                inputs=[events.dataset(r.namespace, r.name, capture.dataset_facets(r, None)) for r in run.inputs],
+                outputs=[events.dataset(r.namespace, r.name, capture.dataset_facets(r, None)) for r in run.outputs]))
+        except Exception:  # noqa: BLE001 - never into the query
+            log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
+
+
+def _kafka_servers(query: Any) -> str | None:
+    """``kafka.bootstrap.servers`` of the query's first source that has them (its analysed
+    plan's ``StreamingRelationV2`` leaves carry the reader's options)."""
+    if query is None:
+        return None
+    leaves = query.analyzedPlan().collectLeaves().iterator()
+    while leaves.hasNext():
+        leaf = leaves.next()
+        if leaf.getClass().getSimpleName() == "StreamingRelationV2":
+            servers = leaf.extraOptions().get("kafka.bootstrap.servers")
+            if servers:
+                return str(servers)
+    return None
+
+
+class _QueryListener:
+    """``org.apache.spark.sql.streaming.PythonStreamingQueryListener`` via py4j: the Java
+    event objects as they are (PySpark's own listener copies every field of every progress
+    into Python, dozens of py4j calls per micro-batch)."""
+
+    def __init__(self, owner: StreamingLineage) -> None:
+        self.owner: StreamingLineage | None = owner
+
+    def _call(self, method: str, jevent: Any) -> None:
+        owner = self.owner
+        if owner is None:
+            return
+        try:
+            getattr(owner, method)(jevent)
+        except Exception:  # noqa: BLE001 - never into the query
+            log.exception("lineage: streaming listener failed in %s", method)
+
+    def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802 - Java interface
+        self._call("on_started", jevent)
+
+    def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
+        self._call("on_progress", jevent)
+
+    def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
+        self._call("on_terminated", jevent)
+
+    class Java:
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
