@@ -6,6 +6,7 @@ the fixture raise, so every test that needs it errors and the run fails.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -16,6 +17,22 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.support.kafka import KafkaHandle, start_kafka  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    """The CLI's ``setup_logging`` (tests run ``lineage-relay ...`` in-process) makes the root
+    logger write to the ``sys.stderr`` of the moment, a capture that pytest closes when the
+    test ends: every later record of the worker's run then failed to print ("Logging error",
+    "I/O operation on closed file") and was lost to the tests after it. Each test gets the
+    root logger back as it found it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

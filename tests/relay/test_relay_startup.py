@@ -126,30 +126,43 @@ def test_a_relay_keeping_run_state_waits_for_the_broker_not_ready_then_starts_on
 
 
 def test_a_stop_while_the_run_state_topic_is_checked_again_ends_the_start_at_once(kafka, caplog, monkeypatch):
-    """The check blocks on the broker (10 s a look in production, 3 s here); the stop does
-    not wait for it: the relay returns at once, the check left behind on a daemon thread."""
+    """The check blocks on the broker (10 s a look in production); the stop does not wait for
+    it: the relay returns while the check is still blocked, left behind on a daemon thread.
+    Here the second look blocks until the test lets it go, so a stop that waited for it
+    would never return (no timing involved)."""
+    from relay.state import changelog
+
     monkeypatch.setattr("relay.state.changelog._METADATA_TIMEOUT_S", 3.0)
     monkeypatch.setattr("relay.state.changelog._UNREACHABLE_BACKOFF_S", (0.05, 0.1))
+    blocked, release = threading.Event(), threading.Event()
+    looks = []
+    real_topics = changelog._topics
+
+    def topics(admin):
+        looks.append(threading.current_thread())
+        if len(looks) >= 2:  # a check after the first: waits until the test is done
+            blocked.set()
+            release.wait(120)
+        return real_topics(admin)
+    monkeypatch.setattr("relay.state.changelog._topics", topics)
     bootstrap = f"127.0.0.1:{free_port()}"
     config = relay_config(bootstrap, "events", {"c": "http://127.0.0.1:9/unused"}, group="g", dlq="unused",
                           collector={"mode": "consolidated"}, drain_timeout_s=DRAIN_S,
                           kafka={"bootstrap_servers": bootstrap, "topics": ["events"], "group_id": "g",
                                  "create_dlq_topic": False})
-
-    def checking_again() -> bool:
-        """A check after the first (their threads are named run-state-topic-<attempt>) waits
-        for the broker."""
-        return any(t.name.startswith("run-state-topic-") and t.name != "run-state-topic-1" and t.is_alive()
-                   for t in threading.enumerate())
     with caplog.at_level(logging.INFO, logger="relay"):
         relay = RelayThread(config).start()
         try:
-            assert eventually(checking_again, 15)
+            assert eventually(blocked.is_set, 15)
             assert records(caplog, "run_state_topic_unreachable")
+            checking = looks[-1]
+            assert checking.name.startswith("run-state-topic-") and checking.name != "run-state-topic-1"
         finally:
-            began = time.monotonic()
-            relay.stop(timeout_s=DRAIN_S + CLOSE_MARGIN_S + SLACK_S)
-    assert time.monotonic() - began < 1.5, "the stop waited for the broker"
+            try:
+                relay.stop(timeout_s=DRAIN_S + CLOSE_MARGIN_S + SLACK_S + 10)
+                assert checking.is_alive() and not release.is_set(), "the stop waited for the broker"
+            finally:
+                release.set()
     assert [r.fields["step"] for r in records(caplog, "relay_start_interrupted")] == ["run_state_topic"]
     assert records(caplog, "relay_stopped") and not records(caplog, "relay_started")
 
