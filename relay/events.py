@@ -74,6 +74,12 @@ class LineageEvent:
     consumed_at: float = field(default=0.0, repr=False)
     #: Set by the pipeline: opaque bookkeeping handle (offset tracking); stages ignore it.
     ticket: Any = field(default=None, repr=False)
+    #: Set by decode: ``body`` holds an integer beyond 64 bits, which ``orjson.loads`` reads
+    #: as the nearest float (``doc`` from decode has it exactly), or rarely a string that
+    #: looks like one. What rebuilds the event from a tree parsed again reads ``body`` with
+    #: ``relay.stages.json_bytes.exact`` only then: False, the default of every other
+    #: constructor, skips that scan of the bytes.
+    big_int: bool = field(default=False, repr=False)
 
     @property
     def original(self) -> bytes:

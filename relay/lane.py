@@ -302,7 +302,7 @@ class CollectorLane(PartitionTakeBack):
         ``prepare`` only when there is a rewrite), or None when the rewrite refused it (then
         it is dead-lettered)."""
         body = event.body
-        result = self._rewriter.apply(orjson.loads(body), original=body)
+        result = self._rewriter.apply(orjson.loads(body), original=body, big_int=event.big_int)
         release_after(len(body))
         if result.rejection is not None:
             self._dead_letter(event, *result.rejection)

@@ -173,7 +173,7 @@ class BatchDelivery:
 
     async def _deliver(self, event: LineageEvent, body: bytes) -> Failure | None:
         if self._rewriter is not None:
-            result = self._rewriter.apply(orjson.loads(body), original=body)
+            result = self._rewriter.apply(orjson.loads(body), original=body, big_int=event.big_int)
             if result.rejection is not None:
                 return Failure(event, *result.rejection)
             body = result.body

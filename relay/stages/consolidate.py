@@ -25,7 +25,8 @@ In both holding modes:
   :meth:`~RunConsolidator.to_state`, so its ticket may be settled once that is persisted.
   Built events (terminal, merged RUNNING, synthesized START, replayed captures) are new
   LineageEvents without ``ticket``/``source``; ``body`` holds the same JSON, not the same bytes
-  (integers beyond 64 bits included, exactly: ``offer`` reads an event holding one again).
+  (integers beyond 64 bits included, exactly: ``offer`` reads an event holding one again,
+  one decode marked ``big_int``; built events are decoded, so they are marked alike).
   A captured event dropped later is a :class:`Drop` of such an event whose ``ticket`` is
   :data:`~relay.stages.run_state.SETTLED` (its own was released by the capture).
 * Finished runs keep only their id, in a set bounded by ``max_finished_runs`` and
@@ -177,9 +178,9 @@ class RunConsolidator:
         run.touched = now
         if run.parent is None and event.parent_run_id and event.parent_run_id != run_id:
             run.parent = event.parent_run_id
-        if event.doc is not None:
+        if event.big_int and event.doc is not None:
             # Merged and held documents are rebuilt: with their integers beyond 64 bits
-            # exact, not orjson's nearest floats (costs a scan of the bytes).
+            # exact, not the nearest floats of a tree orjson parsed again (the lanes do).
             found = exact(event.body)
             if found is not None:
                 event.doc = found

@@ -73,15 +73,19 @@ def decode_record(
     found = decode_fields(value, max_bytes=max_bytes)
     if type(found) is Rejection:
         return found
-    doc, body, kind, digest, event_time, _text, run_id, event_type, job_namespace, job_name, parent_run_id = found
-    return LineageEvent(kind, doc, body, digest, event_time, run_id, event_type, job_namespace, job_name,
-                        parent_run_id, source)
+    doc, body, kind, digest, event_time, _text, run_id, event_type, job_namespace, job_name, parent_run_id, \
+        big_int = found
+    event = LineageEvent(kind, doc, body, digest, event_time, run_id, event_type, job_namespace, job_name,
+                         parent_run_id, source)
+    if big_int:
+        event.big_int = True
+    return event
 
 
 def decode_fields(value: bytes | memoryview | None, *, max_bytes: int) -> Rejection | tuple[Any, ...]:
     """What :func:`decode_record` finds, as a plain tuple rather than a LineageEvent:
     ``(doc, body, kind, digest, event_time, event_time_text, run_id, event_type,
-    job_namespace, job_name, parent_run_id)``, or the same Rejection.
+    job_namespace, job_name, parent_run_id, big_int)``, or the same Rejection.
 
     ``event_time_text`` is ``eventTime`` normalised (upper case, fraction cut to
     microseconds) so that :func:`event_time_from_text` gives back ``event_time`` exactly,

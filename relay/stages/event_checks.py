@@ -16,7 +16,11 @@ from Avro) to :func:`check_event`, which returns what the relay needs of it or r
 * Run ids are lower-cased so one run has one key whatever case its producer used
   (``doc`` and ``body`` keep the original spelling).
 * An integer beyond 64 bits (orjson reads one as the nearest float) is kept exactly in
-  the returned ``doc`` and in the canonical JSON the digest is taken of.
+  the returned ``doc`` and in the canonical JSON the digest is taken of, and the last
+  field returned (``big_int``) is True (rarely too for a string that looks like one, as
+  ``"1e+19 18446744073709551616"`` does): what parses ``body`` again must use
+  :func:`relay.stages.json_bytes.loads` (or ``exact``) to keep it. When False, those read
+  nothing ``orjson.loads(body)`` does not, so rebuilds skip their scan of the bytes.
 * The digest (:data:`content_digest`) is the XXH3-128 of the canonical JSON. XXH3 is not
   a cryptographic hash: two different events could be made to collide on purpose, but only
   by someone who can already write to the topic (and could as well send a run's terminal
@@ -190,10 +194,14 @@ def check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
     except orjson.JSONEncodeError:
         # Nested over the 254 levels orjson writes (it reads 1024): the same bytes, by parts.
         canonical = _deep_canonical(doc)
-    if may_hold_big_int(canonical):  # rare: a float of 1e16 or more (or "e+" in a string)
-        doc, canonical = _exact_canonical(doc, body, canonical)
+    big_int = False
+    if may_hold_big_int(canonical):  # rare: a float of 9.2e18 or more (or such text in a string)
+        exact_doc = exact(body)  # two events that differ only in such an integer are not duplicates
+        if exact_doc is not None:
+            big_int = True
+            doc, canonical = exact_doc, dumps(exact_doc, orjson.OPT_SORT_KEYS, max_depth=MAX_DEPTH)
     return (doc, body, kind, content_digest(canonical), event_time, event_time_text, run_id,
-            event_type, job_namespace, job_name, parent_run_id)
+            event_type, job_namespace, job_name, parent_run_id, big_int)
 
 
 def _deep_canonical(doc: dict[str, Any]) -> bytes:
@@ -204,16 +212,6 @@ def _deep_canonical(doc: dict[str, Any]) -> bytes:
         raise InvalidEvent(rejection.reason, rejection.detail) from None
     except orjson.JSONEncodeError as err:
         raise InvalidEvent(INVALID_VALUE, f"event cannot be canonicalised: {err}") from None
-
-
-def _exact_canonical(doc: dict[str, Any], body: bytes, canonical: bytes) -> tuple[dict[str, Any], bytes]:
-    """The event read again keeping its integers beyond 64 bits, and its canonical JSON with
-    them exact (two events that differ only in one are not duplicates), when ``body`` holds
-    one; else ``doc`` and ``canonical`` as they were."""
-    exact_doc = exact(body)
-    if exact_doc is None:
-        return doc, canonical
-    return exact_doc, dumps(exact_doc, orjson.OPT_SORT_KEYS, max_depth=MAX_DEPTH)
 
 
 def too_deep_rejection(err: TooDeep) -> Rejection:

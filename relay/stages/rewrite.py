@@ -94,18 +94,26 @@ class Rewriter:
         """True when :meth:`apply` would change nothing: the caller may skip it."""
         return not (self._ns_map or self._redact or self._drop or self._mask or self._max is not None)
 
-    def apply(self, event_doc: dict[str, Any], *, original: bytes | None = None) -> RewriteResult:
+    def apply(self, event_doc: dict[str, Any], *, original: bytes | None = None,
+              big_int: bool = True) -> RewriteResult:
         """Rewrite ``event_doc`` (never mutated) for this collector.
 
         ``original``, the bytes ``event_doc`` was parsed from, is returned as the body when
         nothing changes, so such events are forwarded byte-for-byte. A rebuilt event keeps
         the integers beyond 64 bits of ``original`` exactly, though ``event_doc`` came from
-        orjson, which reads one as the nearest float (without ``original``, as ``event_doc`` has it).
+        orjson, which reads one as the nearest float (without ``original``, as ``event_doc`` has it);
+        ``max_event_bytes`` applies to that exact event (facets dropped, or refused, by its size).
+        ``big_int`` False (the event's :attr:`~relay.events.LineageEvent.big_int` from decode)
+        says ``original`` holds none: nothing is checked for one.
         """
         result = self._apply(event_doc, original)
         body = result.body
-        if original is not None and body is not None and body is not original and may_hold_big_int(body):
-            exact_doc = exact(original)  # rare: a float of 1e16 or more was written
+        if original is None or body is original or not big_int:
+            return result
+        # Rare: a float of 9.2e18 or more was written, or the float document did not fit (an
+        # integer of 20 digits is 22 bytes as a float: the exact event may fit, or drop less).
+        if body is None or result.dropped or may_hold_big_int(body):
+            exact_doc = exact(original)  # None (a scan of the bytes) unless it holds one
             if exact_doc is not None:
                 return self._apply(exact_doc, original)
         return result

@@ -29,7 +29,7 @@ from relay.logs import log_event
 from relay.stages.decisions import Drop, Forward  # noqa: F401 - re-exported
 from relay.stages.decode import decode_record
 from relay.stages.event_checks import content_digest, find_parent_run_id
-from relay.stages.json_bytes import dumps
+from relay.stages.json_bytes import dumps, has_big_int
 from relay.stages.merge import RunMerger
 
 log = logging.getLogger("relay.state")
@@ -198,11 +198,13 @@ def _as_kept(doc: dict[str, Any], body: bytes, why: Rejection) -> LineageEvent:
         event_time = _EPOCH
     event_type = doc.get("eventType")
     facets = run.get("facets")
-    return LineageEvent("run" if run else "dataset" if "dataset" in doc else "job", doc, body,
-                        content_digest(dumps(doc, orjson.OPT_SORT_KEYS)), event_time,
-                        run_id.lower() if isinstance(run_id, str) else None,
-                        event_type if event_type in EVENT_TYPES else None, _text(job.get("namespace")),
-                        _text(job.get("name")), find_parent_run_id(facets if isinstance(facets, dict) else None))
+    event = LineageEvent("run" if run else "dataset" if "dataset" in doc else "job", doc, body,
+                         content_digest(dumps(doc, orjson.OPT_SORT_KEYS)), event_time,
+                         run_id.lower() if isinstance(run_id, str) else None,
+                         event_type if event_type in EVENT_TYPES else None, _text(job.get("namespace")),
+                         _text(job.get("name")), find_parent_run_id(facets if isinstance(facets, dict) else None))
+    event.big_int = has_big_int(body)  # as decode would mark it (a rare path: a scan is fine)
+    return event
 
 
 def _text(value: Any) -> str | None:

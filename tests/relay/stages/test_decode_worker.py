@@ -373,3 +373,15 @@ def test_an_answer_longer_than_a_mebibyte_is_taken_from_a_reader_that_was_waitin
     finally:
         worker.close()
     assert "decode_worker_failed" not in caplog.text
+
+
+def test_an_event_holding_an_integer_beyond_64_bits_is_marked_across_the_pipe():
+    plain = orjson.dumps(spark_run("spark-prod", "etl.big", start=datetime(2024, 5, 1, tzinfo=UTC),
+                                   rng=random.Random(5))[0])
+    big = plain.replace(b'"run":{', b'"run":{"n":18446744073709551616,', 1)
+    looks_big = plain.replace(b'"run":{', b'"run":{"n":"1e+19","m":1e+19,', 1)  # a string, a float
+    got = decode_all(DecodeWorker(max_bytes=MAX), [plain, big, looks_big, big])
+    assert [e.big_int for e in got] == [False, True, False, True]
+    assert [e.big_int for e in (decode_record(v, max_bytes=MAX) for v in (plain, big, looks_big))] == \
+        [False, True, False]
+    assert decode_record(big, max_bytes=MAX).doc["run"]["n"] == 2**64

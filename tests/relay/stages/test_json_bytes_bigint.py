@@ -66,3 +66,25 @@ def test_detection():
     assert may_hold_big_int(orjson.dumps(orjson.loads(b'[340282366920938463463374607431768211455]')))
     assert may_hold_big_int(orjson.dumps(orjson.loads(b'[-9223372036854775809]')))
     assert not any(may_hold_big_int(orjson.dumps(doc)) for doc in events()[2:])  # Spark events: no false alarm
+
+
+def test_orjson_writes_the_plus_of_a_positive_exponent():
+    # may_hold_big_int looks for "e+": orjson before 3.11.7 wrote 1.8446744073709552e19, and
+    # with it every integer beyond 64 bits would silently become the nearest float again.
+    # pyproject.toml requires orjson>=3.11.7; if a later orjson writes exponents otherwise,
+    # this fails rather than the feature.
+    assert orjson.dumps(2.0**64) == b"1.8446744073709552e+19"
+    assert orjson.dumps(orjson.loads(b"-9223372036854775809")) == b"-9.223372036854776e+18"
+    for text in (b"[18446744073709551616]", b"[-9223372036854775809]", b"[1" + b"0" * 300 + b"]"):
+        assert may_hold_big_int(orjson.dumps(orjson.loads(text))), text
+
+
+def test_may_hold_big_int_alarms_only_for_a_float_of_9e18_or_more():
+    for written in (b'{"q":"SELECT price+tax FROM t"}', b'{"t":"2024-05-01T00:00:00+00:00"}', b"[1e+16]",
+                    b"[1.5e+17]", b'["e+19"]', b'["+e+19"]', b"[1e-19]", b"+", b"e+", b"e+19", b""):
+        assert not may_hold_big_int(written), written
+    for written in (b"[9.223372036854776e+18]", b"[1e+19]", b"[-3.4e+38]", b"[1e+100]", b"[1e+308]",
+                    b'{"q":"a+b","n":1.8e+19}', b"1e+19", b'["a 1e+25 b"]'):
+        assert may_hold_big_int(written), written
+    # A "+" at index 0 or 1 does not end the search.
+    assert may_hold_big_int(b"+1e+19") and may_hold_big_int(b"a+1e+19") and may_hold_big_int(b"++9e+18")

@@ -75,3 +75,41 @@ def test_an_event_without_one_is_rebuilt_as_orjson_writes_it(name: str) -> None:
     rebuilt = orjson.loads(body)
     assert body == orjson.dumps(rebuilt)  # orjson's bytes, as before
     assert rebuilt["run"]["facets"].get("trace", {}).get("seq", [1.5e300, 1e16]) == [1.5e300, 1e16]
+
+
+U64_PLUS_ONE = b"18446744073709551616"  # 2**64: 20 digits, 22 bytes as orjson's float
+
+
+@pytest.mark.parametrize("shrink_order", [["trace"], ["no-such-facet"]], ids=["may-drop-it", "drops-nothing"])
+def test_an_event_that_fits_with_its_exact_integers_is_neither_trimmed_nor_refused(shrink_order: list) -> None:
+    # As floats, the integers make the event 20 bytes longer than it is: too large.
+    doc = complete_event()
+    doc["run"]["facets"]["trace"] = {"_producer": PRODUCER_URI, "_schemaURL": CUSTOM_RUN_FACET_SCHEMA_URL,
+                                     "ids": ["@id@"] * 10}
+    original = orjson.dumps(doc).replace(b'"@id@"', U64_PLUS_ONE)
+    config = {"namespace_map": [{"from": "spark-prod", "to": "spark-PROD"}],  # the same length
+              "max_event_bytes": len(original), "shrink_order": shrink_order}
+    result = Rewriter(RewriteConfig.model_validate(config)).apply(orjson.loads(original), original=original)
+    assert result.rejection is None and result.dropped == []
+    assert result.body is not None and len(result.body) == len(original)
+    assert b'"ids":[' + b",".join([U64_PLUS_ONE] * 10) + b"]" in result.body
+    assert b'"namespace":"spark-PROD"' in result.body
+
+
+def test_an_event_decode_found_none_in_is_not_looked_at_again(monkeypatch) -> None:
+    import relay.stages.rewrite as rewrite
+
+    def exact(original: bytes) -> None:
+        raise AssertionError("the original bytes were scanned")
+    monkeypatch.setattr(rewrite, "exact", exact)
+    doc = complete_event()
+    doc["run"]["facets"]["trace"]["id"] = 1.5e300  # what an integer beyond 64 bits looks like to orjson
+    original = orjson.dumps(doc)
+    mapping = {"namespace_map": [{"from": "spark-*", "to": "analytics"}]}
+    rebuilt = Rewriter(RewriteConfig.model_validate(mapping)).apply(
+        orjson.loads(original), original=original, big_int=False)
+    assert b'"id":1.5e+300' in rebuilt.body
+    refused = Rewriter(RewriteConfig.model_validate({**mapping, "max_event_bytes": 1024,
+                                                     "shrink_order": ["no-such-facet"]})).apply(
+        orjson.loads(original), original=original, big_int=False)
+    assert refused.rejection is not None

@@ -74,3 +74,13 @@ def test_a_built_deep_event_has_the_digest_decode_gives_it() -> None:
     reordered = dumps(dict(reversed(list(doc.items()))))
     assert reordered != event.body
     assert event.digest == decode_record(reordered, max_bytes=1 << 22).digest
+
+
+def test_a_built_event_is_marked_when_it_holds_an_integer_beyond_64_bits() -> None:
+    # Valid or not (one an earlier version kept is sent as it is), as decode marks it.
+    for event_type in ("COMPLETE", "DONE"):
+        doc = deep_event(event_type, 4, levels=8)
+        assert not built_event(doc, now=5.0).big_int
+        doc["run"]["facets"]["deep"]["n"] = 2**64
+        event = built_event(doc, now=5.0)
+        assert event.big_int and event.doc["run"]["facets"]["deep"]["n"] == 2**64, event_type
