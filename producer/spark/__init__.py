@@ -152,9 +152,10 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
                     "classic PySpark, use the OpenLineage Spark jar on the server instead; capture not enabled",
                     type(spark).__name__)
         return None
-    key = id(jsession)
-    if key in _ACTIVE and not _ACTIVE[key].ended:
-        return _ACTIVE[key]
+    key = _session_key(spark)
+    running = _ACTIVE.get(key)
+    if running is not None and not running.ended and _same_session(running.spark, jsession):
+        return running
     conf = dict(spark.sparkContext.getConf().getAll())
     if spark_disabled(conf, os.environ):
         log.info("lineage: disabled by spark.openlineage.disabled / OPENLINEAGE_DISABLED")
@@ -229,9 +230,28 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
 
 def disable_lineage(spark: Any) -> None:
     """Stop capturing for ``spark`` (no application COMPLETE is emitted)."""
-    lineage = _ACTIVE.pop(id(getattr(spark, "_jsparkSession", None)), None)
-    if lineage is not None:
-        lineage.stop_capture()
+    jsession = getattr(spark, "_jsparkSession", None)
+    key = _session_key(spark)
+    if key in _ACTIVE and _same_session(_ACTIVE[key].spark, jsession):
+        _ACTIVE.pop(key).stop_capture()
+
+
+def _session_key(spark: Any) -> int:
+    """The JVM session's identity: PySpark can wrap one session in several Python objects,
+    each with its own py4j handle (``SparkSession.getActiveSession()`` on another thread makes
+    a new one), and capture must stay one per session (two would report every run twice)."""
+    try:
+        return int(spark.sparkContext._jvm.System.identityHashCode(spark._jsparkSession))
+    except Exception:  # noqa: BLE001 - a session without a JVM view: its handle's identity
+        return id(getattr(spark, "_jsparkSession", None))
+
+
+def _same_session(spark: Any, jsession: Any) -> bool:
+    """Whether ``spark`` runs on ``jsession`` (an identity-hash collision is not the same session)."""
+    try:
+        return spark._jsparkSession is jsession or bool(spark._jsparkSession.equals(jsession))
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _hadoop_setting(spark: Any, key: str) -> str | None:

@@ -18,7 +18,14 @@ What is guaranteed:
   are not known yet); RUNNING when the datasets known from the query's progress first differ
   from those last reported (so, usually, once, after the first micro-batch); COMPLETE when it
   stops without an error, FAIL with an ``errorMessage`` facet when it stops with one, ABORT
-  when the application ends while it still runs. The last two carry the datasets last known.
+  when the application ends (or ``disable_lineage`` is called) while it still runs. The last
+  three carry the datasets last known.
+* Order per run, whatever thread a callback comes on (``onQueryStarted`` runs on the query's
+  thread, the others on the listener bus, the application's end on the driver's): START
+  first, one terminal, nothing after it, and every terminal before the application's
+  COMPLETE. A run's state changes and its event is emitted under one lock (emission only
+  queues); py4j calls are made outside it. A query that starts once the application has
+  ended (or capture has stopped) is not reported (one log line).
 * The progress is read (two py4j calls) at the first micro-batch of a run and then at most
   once every :data:`PROGRESS_READ_INTERVAL_S`: while every open run has been read within
   that interval, a progress callback costs no py4j call.
@@ -184,7 +191,8 @@ class StreamingLineage:
         self._lineage = lineage
         self._interval, self._clock = read_interval_s, clock
         self._runs: dict[str, _Run] = {}
-        self._lock = threading.Lock()
+        self._closed = False      # the application ended or capture stopped: no new run
+        self._lock = threading.Lock()  # _runs, _closed, a run's datasets, and every emit
         self._listener: _QueryListener | None = None
         self._jwrapper: Any = None
 
@@ -205,7 +213,8 @@ class StreamingLineage:
         return streaming
 
     def detach(self, gateway: Any = None) -> None:
-        """Unregister; open runs get no further event."""
+        """ABORT the runs still open (capture stops while their queries run), then unregister."""
+        self.abort_open()
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.owner = None
@@ -221,15 +230,15 @@ class StreamingLineage:
             with pool.lock:  # py4j's pool keeps every Python object passed to Java
                 for key in [k for k, v in pool.dict.items() if v is listener]:
                     del pool.dict[key]
-        with self._lock:
-            self._runs.clear()
 
     def abort_open(self) -> None:
-        """ABORT every run still open (the application ends while its queries run)."""
+        """ABORT every run still open (the application ends while its queries run); no run
+        starts after. An event another thread is emitting is emitted before this returns."""
         with self._lock:
+            self._closed = True
             runs, self._runs = list(self._runs.values()), {}
-        for run in runs:
-            self._emit(run, "ABORT")
+            for run in runs:
+                self._emit(run, "ABORT")
 
     # -- callbacks (py4j threads; each guarded by _QueryListener) ------------------------------
     def on_started(self, jevent: Any) -> None:
@@ -250,8 +259,11 @@ class StreamingLineage:
                 run.note(message)
         run.reported = run.key()
         with self._lock:
+            if self._closed:
+                log.info("lineage: streaming run %s started after capture ended; not reported", run_id)
+                return
             self._runs[run_id] = run
-        self._emit(run, "START", at)
+            self._emit(run, "START", at)
 
     def on_progress(self, jevent: Any) -> None:
         now = self._clock()
@@ -267,34 +279,40 @@ class StreamingLineage:
         run.last_read = now
         sources = [str(s.get("description", "")) for s in progress.get("sources") or []]
         sink = (progress.get("sink") or {}).get("description")
+        left_out: list[str] = []
         if any(_kind(s)[0] in _KAFKA_SOURCES for s in sources) and not run.kafka_looked_up:
-            run.kafka_looked_up = True
+            run.kafka_looked_up = True  # the listener bus is the only thread reading these two
             try:
                 run.kafka_servers = _kafka_servers(run.query)
             except Exception as err:  # noqa: BLE001
-                run.note(f"could not read the kafka bootstrap servers: {err!r}")
-        run.inputs, run.outputs, left_out = datasets(sources, sink, run.kafka_servers)
-        for message in left_out:
-            run.note(message)
-        if run.key() != run.reported:
-            run.reported = run.key()
-            self._emit(run, "RUNNING", progress.get("timestamp"))
+                left_out.append(f"could not read the kafka bootstrap servers: {err!r}")
+        inputs, outputs, more = datasets(sources, sink, run.kafka_servers)
+        with self._lock:
+            if self._runs.get(run.run_id) is not run:
+                return  # ended while its progress was read
+            run.inputs, run.outputs = inputs, outputs
+            for message in left_out + more:
+                run.note(message)
+            if run.key() != run.reported:
+                run.reported = run.key()
+                self._emit(run, "RUNNING", progress.get("timestamp"))
 
     def on_terminated(self, jevent: Any) -> None:
         run_id = str(jevent.runId().toString())
         with self._lock:
-            run = self._runs.pop(run_id, None)
-        if run is None:
-            return
+            if run_id not in self._runs:
+                return
         failure = jevent.exception()
         text = str(failure.get()) if failure is not None and failure.isDefined() else None
-        if text is None:
-            self._emit(run, "COMPLETE")
-            return
-        # Spark's text is the whole stack trace; the message is what comes before its Java frames
-        # (for a Python error in foreachBatch, that includes the Python traceback's last line).
-        message = text.split("\n\tat ", 1)[0].strip()[:4000]
-        self._emit(run, "FAIL", extra=capture.error_facet(message, text))
+        extra = None
+        if text is not None:
+            # Spark's text is the whole stack trace; the message is what comes before its Java frames
+            # (for a Python error in foreachBatch, that includes the Python traceback's last line).
+            extra = capture.error_facet(text.split("\n\tat ", 1)[0].strip()[:4000], text)
+        with self._lock:
+            run = self._runs.pop(run_id, None)
+            if run is not None:  # else ABORTed meanwhile
+                self._emit(run, "COMPLETE" if extra is None else "FAIL", extra=extra)
 
     def _emit(self, run: _Run, event_type: str, at: str | None = None, extra: dict | None = None) -> None:
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
 
 from producer.spark import disable_lineage, enable_lineage
 from producer.spark.streaming import datasets, job_name
@@ -120,6 +121,44 @@ def test_disable_lineage_stops_streaming_runs_too(spark, tmp_path, captured):
     spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
     assert recorder.runs().get(str(query.runId)) is None
     assert len(spark._jsparkSession.streams().listListeners()) == 0
+
+
+@pytest.mark.spark
+def test_disable_lineage_while_a_query_runs_aborts_its_run(spark, captured):
+    recorder, _ = captured
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 1).load().writeStream.format("memory")
+             .queryName("ticks_disabled").start())
+    try:
+        assert eventually(lambda: str(query.runId) in recorder.runs(), 60)
+        disable_lineage(spark)
+    finally:
+        query.stop()
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
+    run = recorder.runs()[str(query.runId)]
+    assert [e["eventType"] for e in run] == ["START", "ABORT"]
+    validator().validate(run[-1])
+
+
+@pytest.mark.spark
+def test_enabling_again_through_another_handle_of_the_session_reports_each_run_once(spark, tmp_path, captured):
+    recorder, lineage = captured
+    # As SparkSession.getActiveSession() does on a thread other than the session's: a new Python
+    # object (and py4j handle) for the same JVM session.
+    other = SparkSession(spark.sparkContext, spark._jvm.SparkSession.getDefaultSession().get())
+    assert other is not spark and other._jsparkSession.equals(spark._jsparkSession)
+    try:
+        assert enable_lineage(other, producer=recorder, namespace="st", app_name="st") is lineage
+        source = _json_files(tmp_path / "in", count=1)
+        query = (spark.readStream.schema(SCHEMA).json(str(source)).writeStream.format("parquet")
+                 .option("path", str(tmp_path / "out")).option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(120)
+        run = _run_events(recorder, str(query.runId), "COMPLETE")
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(60_000)
+        assert [e["eventType"] for e in recorder.runs()[str(query.runId)]] == ["START", "RUNNING", "COMPLETE"], run
+        assert len(spark._jsparkSession.streams().listListeners()) == 1
+    finally:
+        disable_lineage(other)
 
 
 @pytest.mark.parametrize(("sources", "sink", "servers", "inputs", "outputs", "left_out"), [
