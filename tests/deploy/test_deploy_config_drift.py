@@ -195,16 +195,35 @@ def test_secret_creation_command_lists_exactly_the_variables_relay_yaml_reads(na
     assert documented == needed - literal_env
 
 
-def test_keda_scales_the_relay_on_its_own_group_and_topic():
-    (scaled,) = kustomize.load_documents(KEDA)
-    resources = kustomize.build(K8S_BASE)
-    dep, pdb = one(resources, "Deployment"), one(resources, "PodDisruptionBudget")
-    kafka = parse_relay_yaml(_configmap_text("base"))["kafka"]
+def _scaled_objects() -> dict[str, tuple[dict, list[dict]]]:
+    """Each ScaledObject the repository ships, by where it is applied: the optional file
+    beside the base, and every overlay that renders one; with the resources it scales."""
+    found = {"optional/keda-scaledobject.yaml + base": (kustomize.load_documents(KEDA)[0], kustomize.build(K8S_BASE))}
+    for name, directory in KUSTOMIZATIONS.items():
+        resources = kustomize.build(directory)
+        scaled = [r for r in resources if r.get("kind") == "ScaledObject"]
+        if scaled:
+            (found[name],) = [(scaled[0], resources)]
+    return found
+
+
+def test_an_overlay_ships_keda_autoscaling():
+    assert any(name.startswith("overlays/") for name in _scaled_objects()), "overlays/production-keda renders none"
+
+
+@pytest.mark.parametrize("where", sorted(_scaled_objects()))
+def test_keda_scales_the_relay_on_its_own_cluster_group_and_topic(where):
+    """The KEDA trigger reads the lag of the cluster, group and topic that the relay.yaml
+    applied with it names (an overlay's own, not the base's)."""
+    scaled, resources = _scaled_objects()[where]
+    dep, pdb, configmap = one(resources, "Deployment"), one(resources, "PodDisruptionBudget"), one(resources, "ConfigMap")
+    kafka = parse_relay_yaml(relay_yaml_of(configmap))["kafka"]
     (trigger,) = scaled["spec"]["triggers"]
     meta = trigger["metadata"]
     assert trigger["type"] == "kafka"
     assert scaled["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
     assert scaled["spec"]["scaleTargetRef"].get("kind", "Deployment") == "Deployment"
+    assert scaled["metadata"].get("namespace") == dep["metadata"].get("namespace")
     assert meta["consumerGroup"] == kafka.get("group_id", "lineage-relay")
     assert meta["topic"] in kafka.get("topics", ["openlineage"])
     assert meta["bootstrapServers"] == kafka["bootstrap_servers"]
