@@ -26,9 +26,12 @@ What is guaranteed:
   COMPLETE. A run's state changes and its event is emitted under one lock (emission only
   queues); py4j calls are made outside it. A query that starts once the application has
   ended (or capture has stopped) is not reported (one log line).
-* The progress is read (two py4j calls) at the first micro-batch of a run and then at most
-  once every :data:`PROGRESS_READ_INTERVAL_S`: while every open run has been read within
-  that interval, a progress callback costs no py4j call.
+* A run's progress is read (two py4j calls) at its first micro-batch and then at most once
+  every :data:`PROGRESS_READ_INTERVAL_S`, each run on its own schedule: while no open run is
+  due, a progress callback costs no py4j call. An idle notice (``onQueryIdle``, Spark 3.5+,
+  two py4j calls) puts its run's next read an interval later: a query idle from its start
+  never posts a progress, and would otherwise keep every other query's progress read. So a
+  run's first datasets after idling are read within an interval of its last idle notice.
   Starting a query costs about a dozen py4j calls (its ids, name and sink), made on the
   query's thread before ``start()`` returns; its end, about five.
 * Datasets are named by :mod:`producer.spark.naming` from Spark's descriptions of the
@@ -44,8 +47,10 @@ What is guaranteed:
 
 Not guaranteed: queries started before ``enable_lineage`` (or in another session) are not
 reported; datasets of a query that fails before its first micro-batch completes are not
-known; writes made inside ``foreachBatch`` are ordinary batch actions, reported by the batch
-listener as their own runs; no schema or statistics facets.
+known, nor those of one that stops within :data:`PROGRESS_READ_INTERVAL_S` of its last idle
+notice (Spark 3.5+: its first micro-batch came after it was idle); writes made inside
+``foreachBatch`` are ordinary batch actions, reported by the batch listener as their own
+runs; no schema or statistics facets.
 """
 
 from __future__ import annotations
@@ -170,7 +175,7 @@ class _Run:
     outputs: list[DatasetRef] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reported: tuple | None = None
-    last_read: float | None = None
+    next_read: float = float("-inf")   # due at once: the first micro-batch is read
     kafka_servers: str | None = None
     kafka_looked_up: bool = False
 
@@ -268,15 +273,15 @@ class StreamingLineage:
     def on_progress(self, jevent: Any) -> None:
         now = self._clock()
         with self._lock:
-            due = any(r.last_read is None or now - r.last_read >= self._interval for r in self._runs.values())
+            due = any(now >= r.next_read for r in self._runs.values())
         if not due:
             return
         progress = orjson.loads(str(jevent.progress().json()))
         with self._lock:
             run = self._runs.get(str(progress.get("runId")))
-        if run is None:
-            return
-        run.last_read = now
+            if run is None or now < run.next_read:
+                return  # another run was due: this one keeps its own schedule
+            run.next_read = now + self._interval
         sources = [str(s.get("description", "")) for s in progress.get("sources") or []]
         sink = (progress.get("sink") or {}).get("description")
         left_out: list[str] = []
@@ -296,6 +301,13 @@ class StreamingLineage:
             if run.key() != run.reported:
                 run.reported = run.key()
                 self._emit(run, "RUNNING", progress.get("timestamp"))
+
+    def on_idle(self, jevent: Any) -> None:
+        run_id, now = str(jevent.runId().toString()), self._clock()
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is not None:
+                run.next_read = max(run.next_read, now + self._interval)
 
     def on_terminated(self, jevent: Any) -> None:
         run_id = str(jevent.runId().toString())
@@ -370,7 +382,7 @@ class _QueryListener:
         self._call("on_progress", jevent)
 
     def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
-        pass
+        self._call("on_idle", jevent)
 
     def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
         self._call("on_terminated", jevent)
