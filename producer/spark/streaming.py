@@ -30,11 +30,12 @@ What is guaranteed:
   every :data:`PROGRESS_READ_INTERVAL_S`, each run on its own schedule: while no open run is
   due, a progress callback costs no py4j call. An idle notice (``onQueryIdle``, Spark 3.5+,
   two py4j calls) puts its run's next read an interval later: a query idle from its start
-  never posts a progress, and would otherwise keep every other query's progress read. So a
-  run's first datasets after idling are read within an interval of its last idle notice.
+  never posts a progress, and would otherwise keep every other query's progress read. A
+  run whose progress was never read (idle until it stopped) has its last one read at its
+  end (two py4j calls), so its terminal names its datasets.
   Starting a query costs about a dozen py4j calls (its ids, name and sink), made on the
   query's thread before ``start()`` returns; its end, about five.
-* Datasets are named by :mod:`producer.spark.naming` from Spark's descriptions of the
+* Datasets are named by :mod:`producer.spark.streaming_names` from Spark's descriptions of the
   sources and sink: ``FileStreamSource[<path>]`` and ``FileSink[<path>]`` (``DeltaSink[...]``
   too) by path (a glob's pattern segments dropped); ``KafkaV2[Subscribe[a, b]]`` and
   ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, the servers read once
@@ -47,8 +48,8 @@ What is guaranteed:
 
 Not guaranteed: queries started before ``enable_lineage`` (or in another session) are not
 reported; datasets of a query that fails before its first micro-batch completes are not
-known, nor those of one that stops within :data:`PROGRESS_READ_INTERVAL_S` of its last idle
-notice (Spark 3.5+: its first micro-batch came after it was idle); writes made inside
+known (a RUNNING with them may come up to an interval after an idle query's first
+micro-batch, or only its terminal has them); writes made inside
 ``foreachBatch`` are ordinary batch actions, reported by the batch listener as their own
 runs; no schema or statistics facets.
 """
@@ -56,7 +57,6 @@ runs; no schema or statistics facets.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,8 +65,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from producer import events
-from producer.spark import capture, naming
+from producer.spark import capture
 from producer.spark.capture import DatasetRef
+from producer.spark.streaming_names import KAFKA_SOURCES, datasets, job_name, source_kind
 
 if TYPE_CHECKING:
     from producer.spark.listener import SparkLineage
@@ -75,95 +76,7 @@ log = logging.getLogger("producer.spark")
 
 #: After a run's first progress, its progress is read again at most this often (seconds).
 PROGRESS_READ_INTERVAL_S = 30.0
-_NOT_DATASETS = frozenset({
-    "RateStreamV2", "RateStream", "RatePerMicroBatchStream", "TextSocketV2", "TextSocketSource",
-    "TextSocketMicroBatchStream", "MemoryStream", "MemorySink", "ConsoleTable", "ConsoleSink",
-    "ForeachBatchSink", "ForeachWriterTable", "ForeachSink", "NoopTable"})
-_PATH_KINDS = frozenset({"FileStreamSource", "FileSink", "DeltaSink", "DeltaSource"})
-_KAFKA_SOURCES = frozenset({"KafkaV2", "KafkaSourceV1"})
-_GLOB = re.compile(r"[*?\[{]")
 _MAX_ERRORS = 8
-
-
-def _kind(description: str) -> tuple[str, str]:
-    """(simple class name, bracketed argument) of a description: ``FileSink[file:/x]`` ->
-    (``FileSink``, ``file:/x``); ``a.b.ConsoleTable$@5b41`` -> (``ConsoleTable``, ``""``).
-    Spark cuts some descriptions short (``RateStreamV2[rowsPerSecond=5, ...`` has no ``]``)."""
-    head, bracket, rest = description.partition("[")
-    head = head.split("@", 1)[0].rsplit(".", 1)[-1]
-    head = next((part for part in reversed(head.split("$")) if part), head)
-    return head, rest.removesuffix("]") if bracket else ""
-
-
-def _path_ref(path: str) -> DatasetRef:
-    parts = path.split("/")
-    for i, part in enumerate(parts):
-        if _GLOB.search(part) and i > 0:
-            path = "/".join(parts[:i])
-            break
-    ns, name = naming.from_path(naming.redact_uri(path))
-    return DatasetRef(ns, name)
-
-
-def _kafka_topics(argument: str) -> list[str] | None:
-    """Topics of ``Subscribe[a, b]`` / ``Assign[a-0, b-1]``; None for a pattern or anything else."""
-    strategy, _, inner = argument.partition("[")
-    names = [t.strip() for t in inner.rstrip("]").split(",") if t.strip()]
-    if strategy == "Subscribe":
-        return list(dict.fromkeys(names))
-    if strategy == "Assign":
-        return list(dict.fromkeys(t.rsplit("-", 1)[0] for t in names))
-    return None
-
-
-def kafka_namespace(servers: str) -> str:
-    """``kafka://host:port`` of the first bootstrap server (naming spec), any ``PROTOCOL://`` dropped."""
-    first = servers.split(",")[0].strip()
-    return f"kafka://{first.split('://', 1)[-1]}"
-
-
-def datasets(sources: list[str], sink: str | None, kafka_servers: str | None) -> tuple[
-        list[DatasetRef], list[DatasetRef], list[str]]:
-    """(inputs, outputs, what was left out and why) of a query from Spark's descriptions."""
-    inputs: list[DatasetRef] = []
-    errors: list[str] = []
-    for description in sources:
-        kind, argument = _kind(description)
-        found: list[DatasetRef] = []
-        if kind in _NOT_DATASETS:
-            continue
-        if kind in _PATH_KINDS and argument:
-            found = [_path_ref(argument)]
-        elif kind in _KAFKA_SOURCES:
-            topics = _kafka_topics(argument)
-            if topics is None:
-                errors.append(f"source {description}: no topic names (a pattern?); left out")
-            elif not kafka_servers:
-                errors.append(f"source {description}: kafka bootstrap servers not found in the query's plan; "
-                              "left out")
-            else:
-                found = [DatasetRef(kafka_namespace(kafka_servers), topic) for topic in topics]
-        else:
-            errors.append(f"source {description}: not a known dataset; left out")
-        inputs.extend(r for r in found if not any((r.namespace, r.name) == (i.namespace, i.name) for i in inputs))
-    outputs: list[DatasetRef] = []
-    if sink:
-        kind, argument = _kind(sink)
-        if kind in _PATH_KINDS and argument:
-            outputs.append(_path_ref(argument))
-        elif kind not in _NOT_DATASETS:
-            errors.append(f"sink {sink}: not a known dataset (a Kafka sink names no topic); left out")
-    return inputs, outputs, errors
-
-
-def job_name(app_job_name: str, sink: str | None, query_name: str | None) -> str:
-    """``<app>.streaming.<target>``; see the module's docstring."""
-    outputs = datasets([], sink, None)[1] if sink else []
-    if outputs:
-        target = capture.slug("/".join(outputs[0].name.rstrip("/").split("/")[-2:]))
-    else:
-        target = capture.slug(query_name or "") or (capture.snake(_kind(sink)[0]) if sink else "") or "query"
-    return f"{app_job_name}.streaming.{target}"
 
 
 @dataclass
@@ -176,6 +89,7 @@ class _Run:
     errors: list[str] = field(default_factory=list)
     reported: tuple | None = None
     next_read: float = float("-inf")   # due at once: the first micro-batch is read
+    read: bool = False                  # a progress was read (else its last one is, when it stops)
     kafka_servers: str | None = None
     kafka_looked_up: bool = False
 
@@ -282,25 +196,36 @@ class StreamingLineage:
             if run is None or now < run.next_read:
                 return  # another run was due: this one keeps its own schedule
             run.next_read = now + self._interval
+        found = self._datasets(run, progress)
+        with self._lock:
+            if self._runs.get(run.run_id) is not run:
+                return  # ended while its progress was read
+            self._take(run, *found)
+            if run.key() != run.reported:
+                run.reported = run.key()
+                self._emit(run, "RUNNING", progress.get("timestamp"))
+
+    def _datasets(self, run: _Run, progress: dict) -> tuple[list[DatasetRef], list[DatasetRef], list[str]]:
+        """The datasets a progress (as JSON data) names, and what was left out; py4j only for
+        a Kafka source's servers, once a run."""
+        run.read = True
         sources = [str(s.get("description", "")) for s in progress.get("sources") or []]
         sink = (progress.get("sink") or {}).get("description")
         left_out: list[str] = []
-        if any(_kind(s)[0] in _KAFKA_SOURCES for s in sources) and not run.kafka_looked_up:
+        if any(source_kind(s)[0] in KAFKA_SOURCES for s in sources) and not run.kafka_looked_up:
             run.kafka_looked_up = True  # the listener bus is the only thread reading these two
             try:
                 run.kafka_servers = _kafka_servers(run.query)
             except Exception as err:  # noqa: BLE001
                 left_out.append(f"could not read the kafka bootstrap servers: {err!r}")
         inputs, outputs, more = datasets(sources, sink, run.kafka_servers)
-        with self._lock:
-            if self._runs.get(run.run_id) is not run:
-                return  # ended while its progress was read
-            run.inputs, run.outputs = inputs, outputs
-            for message in left_out + more:
-                run.note(message)
-            if run.key() != run.reported:
-                run.reported = run.key()
-                self._emit(run, "RUNNING", progress.get("timestamp"))
+        return inputs, outputs, left_out + more
+
+    @staticmethod
+    def _take(run: _Run, inputs: list[DatasetRef], outputs: list[DatasetRef], notes: list[str]) -> None:
+        run.inputs, run.outputs = inputs, outputs
+        for message in notes:
+            run.note(message)
 
     def on_idle(self, jevent: Any) -> None:
         run_id, now = str(jevent.runId().toString()), self._clock()
@@ -316,6 +241,16 @@ class StreamingLineage:
                 return
         failure = jevent.exception()
         text = str(failure.get()) if failure is not None and failure.isDefined() else None
+        run = self._runs.get(run_id)
+        found = None
+        if run is not None and not run.read and run.query is not None:
+            # Never read (idle until it stopped): its last progress names its datasets (2 calls).
+            try:
+                last = run.query.lastProgress()
+                if last is not None:
+                    found = self._datasets(run, orjson.loads(str(last.json())))
+            except Exception as err:  # noqa: BLE001 - the terminal goes out without them
+                found = (run.inputs, run.outputs, [f"could not read the query's last progress: {err!r}"])
         extra = None
         if text is not None:
             # Spark's text is the whole stack trace; the message is what comes before its Java frames
@@ -324,6 +259,8 @@ class StreamingLineage:
         with self._lock:
             run = self._runs.pop(run_id, None)
             if run is not None:  # else ABORTed meanwhile
+                if found is not None:
+                    self._take(run, *found)
                 self._emit(run, "COMPLETE" if extra is None else "FAIL", extra=extra)
 
     def _emit(self, run: _Run, event_type: str, at: str | None = None, extra: dict | None = None) -> None:

@@ -9,7 +9,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from producer.spark import disable_lineage, enable_lineage
-from producer.spark.streaming import datasets, job_name
+from producer.spark.streaming_names import datasets, job_name
 from tests.producer.spark.support import Recorder
 from tests.support.relay import eventually
 from tests.support.spec import validator

@@ -121,3 +121,36 @@ def test_each_run_is_read_on_its_own_schedule():
     clock.now += 20
     assert _progress(listener, jvm, BUSY, source="other") == 2
     assert _running(recorder, BUSY) == [["/landing/in"], ["/landing/other"]]
+
+
+def _terminate(listener, jvm, run_id):
+    jvm.calls.clear()
+    listener.onQueryTerminated(jvm.obj(runId=jvm.uuid(run_id), id=jvm.uuid(run_id),
+                                       exception=jvm.obj(isDefined=False)))
+    return [c for c in jvm.calls if c in ("lastProgress", "json")]
+
+
+def _ended(recorder, run_id):
+    (terminal,) = [e for e in recorder.runs()[run_id] if e["eventType"] in ("COMPLETE", "FAIL", "ABORT")]
+    return [d["name"] for d in terminal["inputs"]], [d["name"] for d in terminal["outputs"]]
+
+
+def test_a_query_idle_until_it_stops_names_its_datasets_in_its_terminal():
+    """Never read (each idle notice put its read off), its last progress is read at its end."""
+    jvm, clock, recorder, listener = _setup()
+    _start(listener, jvm, IDLE)
+    _idle(listener, jvm, IDLE)
+    text = orjson.dumps({"runId": IDLE, "sources": [{"description": "FileStreamSource[file:/landing/late]"}],
+                         "sink": {"description": "FileSink[file:/lake/out]"}}).decode()
+    listener.owner._runs[IDLE].query = jvm.obj(lastProgress=jvm.obj(json=text))
+    assert _terminate(listener, jvm, IDLE) == ["lastProgress", "json"]
+    assert _ended(recorder, IDLE) == (["/landing/late"], ["/lake/out"])
+
+
+def test_a_query_read_before_it_stops_costs_no_read_at_its_end():
+    jvm, clock, recorder, listener = _setup()
+    _start(listener, jvm, BUSY)
+    _progress(listener, jvm, BUSY)
+    listener.owner._runs[BUSY].query = jvm.obj(lastProgress=jvm.obj(json="{}"))
+    assert _terminate(listener, jvm, BUSY) == []
+    assert _ended(recorder, BUSY) == (["/landing/in"], ["/lake/out"])
