@@ -12,7 +12,7 @@ import socket
 import sys
 from typing import Any
 
-from relay.config import RelayConfig, build_config, load_yaml, merge
+from relay.config import RelayConfig, build_config, merge, read_config
 from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
 from relay.logs import log_event, setup_logging
@@ -48,11 +48,18 @@ def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def config_from_args(args: argparse.Namespace) -> RelayConfig:
+def config_from_args(args: argparse.Namespace, warnings: list[str] | None = None) -> RelayConfig:
+    """The configuration of ``run``: the file's (if any) under the flags. What is worth a
+    warning though valid (a secret written in the file) is appended to ``warnings``."""
     if not args.config and not args.bootstrap_servers and not args.collector:
         raise ConfigError("run needs a configuration: --config relay.yaml, or at least --bootstrap-servers HOST:PORT "
                           "and --collector NAME=URL (lineage-relay run --help lists the flags)")
-    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    data: dict[str, Any] = {}
+    if args.config:
+        read = read_config(args.config)
+        data = read.data
+        if warnings is not None:
+            warnings.extend(read.inline_secrets)
     kafka: dict[str, Any] = {}
     if args.bootstrap_servers:
         kafka["bootstrap_servers"] = args.bootstrap_servers
@@ -195,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "check-config":
-            cfg = build_config(load_yaml(args.path))
+            read = read_config(args.path)
+            cfg = build_config(read.data)
             check_files(cfg)
+            for line in read.warnings():
+                print(f"lineage-relay: warning: {line}", file=sys.stderr)
             print(f"{args.path}: OK ({len(cfg.collectors)} collector(s): {', '.join(c.name for c in cfg.collectors)})")
             return 0
         if args.command == "demo":
@@ -210,11 +220,15 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         if args.command == "graph":
             return lineage_graph.run(args)
-        config = config_from_args(args)
+        inline: list[str] = []
+        config = config_from_args(args, inline)
     except ConfigError as err:
         print(f"lineage-relay: {err}", file=sys.stderr)
         return 2
     setup_logging(config.log_level)
+    for key in inline:  # once, at start-up; the key names the collector, never the value
+        log_event(log, logging.WARNING, "secret_in_config_file", key=key,
+                  fix="take it from an environment variable (${NAME}), or use token_env or token_file")
     try:
         asyncio.run(serve(config))
     except (ConfigError, StateError) as err:  # found at start-up: a token or TLS file that cannot

@@ -3,22 +3,23 @@
 Sources, in precedence order: command-line flags > YAML file > defaults. YAML values may
 reference environment variables as ``${NAME}``, ``${NAME:-default}`` (NAME unset or empty)
 or ``${NAME-default}`` (NAME unset), for secrets; ``$${`` is a literal ``${``, and any
-other ``${`` is refused (see :func:`_interpolate`).
-Unknown keys and bad values raise :class:`ConfigError` naming the key and the fix.
+other ``${`` is refused (see :mod:`relay.config_file`).
+Unknown keys and bad values raise :class:`ConfigError` naming the key and the fix, every
+one of them at once (:mod:`relay.config_errors` words them).
 A collector's own settings are in :mod:`relay.sinks.config`, the ``kafka:`` section's in
 :mod:`relay.source.config` (both re-exported here).
 """
 
 from __future__ import annotations
 
-import os
-import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from relay.config_errors import error_lines, where
+from relay.config_file import Loc, inline_secrets, interpolate, read_yaml
 from relay.errors import ConfigError
 from relay.frozen import Frozen
 from relay.sinks.config import CollectorConfig, DeliveryMode, EventKind
@@ -36,7 +37,7 @@ __all__ = [
     "AdaptiveConcurrencyConfig", "BatchConfig", "CollectorConfig", "ConfigError", "ConsolidationConfig",
     "DedupeConfig", "DeliveryMode", "EventKind", "HttpServerConfig", "KafkaConfig", "LookbackConfig",
     "MissingStartConfig", "OrderingConfig", "PipelineConfig", "RelayConfig", "RetryConfig", "TlsConfig",
-    "build_config", "load_config", "load_yaml", "merge",
+    "ConfigFile", "build_config", "load_config", "load_yaml", "merge", "read_config",
 ]
 
 class DedupeConfig(Frozen):
@@ -179,52 +180,16 @@ class RelayConfig(Frozen):
         return any(c.mode != "passthrough" for c in self.collectors)
 
 
-_FIX_HINTS = {
-    "extra_forbidden": "remove it (unknown key; check the spelling against the README's configuration reference)",
-    "missing": "add it",
-    "finite_number": "write a finite number (.inf and .nan are refused)",
-}
-
-#: ``$${`` (a literal ``${``), or a reference: ``${NAME}``, ``${NAME:-default}`` (NAME unset
-#: or empty) or ``${NAME-default}`` (NAME unset), as in the shell. A default holds no ``}``
-#: and no ``${`` (no nesting). A ``$`` not followed by ``{`` is kept as it is.
-_ENV = re.compile(r"\$\$\{"
-                  r"|\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>(?:[^$}]|\$(?!\{))*))?\}")
-
-_ENV_FORMS = ("write ${NAME}, ${NAME:-default} (NAME unset or empty) or ${NAME-default} (NAME unset), "
-              "with a plain default (no ${...} inside: set the variable itself, or write the value), "
-              "or $${ for a literal ${")
+def _validation_lines(data: dict[str, Any], skip: tuple[Loc, ...] = ()) -> list[str]:
+    try:
+        RelayConfig.model_validate(data)
+    except ValidationError as err:
+        return error_lines(err, data, RelayConfig, skip)
+    return []
 
 
-def _interpolate(value: Any, where: str) -> Any:
-    """``value`` with its environment references replaced. Refused, naming the key but never
-    the value (it may hold a secret): a reference to an unset variable without a default,
-    and a ``${`` that is not a reference (nested, ``${NAME:?message}``, a typo). What a
-    variable holds is taken as it is (a ``${`` in a password stays)."""
-    if isinstance(value, str):
-        if "$" not in value:
-            return value
-        if "${" in _ENV.sub(" ", value):  # what is left once the references are out
-            raise ConfigError(f"{where}: a ${{ that is not an environment reference (nested, ${{NAME:?message}}, "
-                              f"a typo); {_ENV_FORMS}")
-
-        def sub(m: re.Match[str]) -> str:
-            name, op, default = m.group("name"), m.group("op"), m.group("default")
-            if name is None:
-                return "${"
-            found = os.environ.get(name)
-            if op is not None and (found is None or (op == ":-" and not found)):
-                return default
-            if found is None:
-                raise ConfigError(f"{where}: environment variable {name} is not set; export it or write "
-                                  f"${{{name}:-default}}")
-            return found
-        return _ENV.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: _interpolate(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate(v, f"{where}.{i}") for i, v in enumerate(value)]
-    return value
+def _invalid(lines: list[str]) -> ConfigError:
+    return ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
 
 
 def build_config(data: dict[str, Any]) -> RelayConfig:
@@ -232,43 +197,39 @@ def build_config(data: dict[str, Any]) -> RelayConfig:
     try:
         return RelayConfig.model_validate(data)
     except ValidationError as err:
-        lines = []
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            fix = _FIX_HINTS.get(e["type"], "")
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {msg}" + (f"; fix: {fix}" if fix else ""))
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+        raise _invalid(error_lines(err, data, RelayConfig)) from None
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe YAML whose numbers are YAML 1.2's: ``0755`` and ``12:30`` stay text, where
-    YAML 1.1 read them as octal and base 60 (493 and 750): a property, a numeric password or
-    an id with a leading zero changed silently on its way to librdkafka."""
+@dataclass(frozen=True)
+class ConfigFile:
+    """A configuration file read: its data (references replaced), and what to warn about
+    though it is valid (a secret written in the file), each naming the key, never the value."""
+
+    data: dict[str, Any]
+    inline_secrets: tuple[str, ...] = ()
+
+    def warnings(self) -> list[str]:
+        return [f"{key}: a secret written in the file itself (not ${{NAME}}); fix: take it from an environment "
+                "variable (key: ${NAME}, set from a Kubernetes Secret)"
+                + (", or use token_env or token_file" if key.endswith(".token") else "")
+                for key in self.inline_secrets]
 
 
-_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+)$"),
-                              list("-+0123456789"))
-_Loader.add_implicit_resolver(
-    _FLOAT, re.compile(r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
-                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+def read_config(path: str | Path) -> ConfigFile:
+    """The file at ``path``, its references replaced. Raises :class:`ConfigError` listing
+    every unset variable and every ``${`` that is no reference, with what else is wrong in
+    the file (its other keys validated as they are)."""
+    raw = read_yaml(path)
+    found = interpolate(raw)
+    if found.problems:
+        lines = [f"{where(loc, found.data)}: {msg}" for loc, msg in found.problems]
+        raise _invalid(lines + _validation_lines(found.data, tuple(loc for loc, _ in found.problems)))
+    inline = inline_secrets(raw, found.referenced)
+    return ConfigFile(found.data, tuple(where(loc, found.data) for loc in inline))
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        raw = yaml.load(p.read_text(), Loader=_Loader) or {}  # noqa: S506 - a SafeLoader
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {p}: {err.strerror}") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{p} is not valid YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping with keys kafka, collectors, ...")
-    return _interpolate(raw, "")
+    return read_config(path).data
 
 
 def load_config(path: str | Path) -> RelayConfig:

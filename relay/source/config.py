@@ -155,7 +155,7 @@ class KafkaConfig(Frozen):
             raise ValueError("enable.idempotence: the relay's dead letters and run state must not be duplicated "
                              "or reordered; fix: remove it (the relay sets true)")
         # Checked as the relay's producers are made: with its own defaults under them.
-        found = properties_problem({**PRODUCER_DEFAULTS, **v}, "producer")
+        found = properties_problem(v, "producer", PRODUCER_DEFAULTS)
         if found is not None:
             raise ValueError(found + " (the relay's producers set enable.idempotence: true and acks: all)")
         return v

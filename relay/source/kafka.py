@@ -25,6 +25,7 @@ from relay.source.consumer_config import consumer_config
 from relay.source.consumer_thread import ConsumerThread
 from relay.source.offset_check import OffsetCheck
 from relay.source.offsets import Partition, format_partitions
+from relay.source.properties import scrub
 
 log = logging.getLogger("relay.source")
 
@@ -112,7 +113,9 @@ class KafkaSource:
         try:
             self._consumer = await self._call(Consumer, self._conf)
         except KafkaException as err:
-            raise SourceError(f"cannot create the Kafka consumer: {err}") from err
+            # librdkafka quotes values (a file's path, a mechanism from a secret variable).
+            text = scrub(str(err), {k: v for k, v in self._conf.items() if isinstance(v, str)})
+            raise SourceError(f"cannot create the Kafka consumer: {text}") from err
         await self._call(lambda: self._consumer.subscribe(
             self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost))
 

@@ -116,7 +116,7 @@ def test_poison_after_attempts_is_validated_naming_the_key():
 
     with pytest.raises(ConfigError) as err:
         collector(type="marquez", url="http://m", retry={"poison_after_attempts": 1})
-    assert "collectors.0.retry.poison_after_attempts" in str(err.value)
+    assert "collectors.c.retry.poison_after_attempts" in str(err.value)
     assert "must be at least 2" in str(err.value)
     assert collector(type="marquez", url="http://m").retry.poison_after_attempts == 5
 

@@ -62,7 +62,7 @@ def test_atlan_builds_its_url_from_tenant_and_connector_and_holds_runs():
     assert "needs tenant" in rejected(type="atlan", connector="spark", token="k")
     assert "not an Atlan tenant name" in rejected(type="atlan", tenant="https://acme.atlan.com", connector="s",
                                                   token="k")
-    assert "collectors.0.connector: Field required" in rejected(type="atlan", tenant="acme", token="k")
+    assert "collectors.c.connector: Field required" in rejected(type="atlan", tenant="acme", token="k")
     assert AtlanKind.classify(200) is Verdict.SUCCESS and AtlanKind.classify(401) is Verdict.REJECT
 
 
@@ -100,16 +100,17 @@ def test_generic_batch_endpoint_follows_the_spec_layout():
     assert c.batch_target == "http://h/ol/api/v1/lineage/batch" and c.concurrency == 100
     assert collector(url="http://h", batch={"endpoint": "/bulk"}).batch_target == "http://h/bulk"
     assert collector(url="http://h", batch={}, concurrency=8).concurrency == 8
-    assert "collectors.0.batch.max_events" in rejected(url="http://h", batch={"max_events": 0})
-    assert "collectors.0.batch.lingr_ms: Extra inputs" in rejected(url="http://h", batch={"lingr_ms": 5})
+    assert "collectors.c.batch.max_events" in rejected(url="http://h", batch={"max_events": 0})
+    assert "collectors.c.batch.lingr_ms: unknown key; did you mean linger_ms?" in rejected(url="http://h",
+                                                                                        batch={"lingr_ms": 5})
 
 
 def test_unknown_types_and_keys_name_the_key_and_the_fix():
     refused = rejected(type="marques", url="http://m")
-    assert "collectors.0.type: unknown collector type; use one of http, marquez" in refused
+    assert "collectors.c.type: unknown collector type; use one of http, marquez" in refused
     assert "marques" not in refused  # a value is never echoed (it may come from a variable)
-    assert "collectors.0.tenant: Extra inputs are not permitted" in rejected(type="marquez", url="http://m", tenant="x")
-    assert "collectors.0.event_kinds.0" in rejected(url="http://m", event_kinds=["runs"])
+    assert "collectors.c.tenant: unknown key; fix: remove it" in rejected(type="marquez", url="http://m", tenant="x")
+    assert "collectors.c.event_kinds.0" in rejected(url="http://m", event_kinds=["runs"])
     assert "give the token one way only" in rejected(url="http://m", token="a", token_env="B")
     assert "token_env: must be an environment variable name" in rejected(url="http://m", token_env="abc-def")
 
@@ -119,13 +120,13 @@ def test_a_dotted_path_plugs_in_a_third_party_kind():
     assert type(c).__name__ == "InboxConfig" and c.mailbox == "lineage"
     built = build_collector(c, RelayMetrics().for_collector("c"))
     assert type(built).__name__ == "InboxCollector" and built.mailbox == "lineage"
-    assert "collectors.0.mailbox: Field required" in rejected(type="tests.support.plugin_kind.InboxKind", url="http://u")
+    assert "collectors.c.mailbox: Field required" in rejected(type="tests.support.plugin_kind.InboxKind", url="http://u")
 
 
 def test_a_bad_dotted_path_says_what_to_install_or_fix():
     # The dotted path is never echoed (it may come from a variable): what is wrong with it is said.
     refused = rejected(type="lineage_acme.kinds.Acme", url="http://a")
-    assert "collectors.0.type: cannot import the module of this dotted path (ModuleNotFoundError); install the " \
+    assert "collectors.c.type: cannot import the module of this dotted path (ModuleNotFoundError); install the " \
            "package that provides it" in refused and "lineage_acme" not in refused
     refused = rejected(type="tests.support.plugin_kind.Missing", url="http://a")
     assert "the module has no class of the name the dotted path ends with" in refused and "Missing" not in refused
