@@ -89,6 +89,10 @@ _FIXED = {
     "acks": ("all", "-1"),
     "request.required.acks": ("all", "-1"),
 }
+#: librdkafka properties the producer reads itself (record and batch size limits): whole numbers
+#: of bytes. librdkafka would read "10MB" as 10 (it parses the leading digits).
+_BYTE_SIZES = ("message.max.bytes", "batch.size")
+_WHOLE_NUMBER = re.compile(r"\s*\+?[0-9]+\s*")
 _OWNED = ("on_delivery", "delivery.report.only.error", "error_cb", "throttle_cb", "stats_cb",
           "logger", "dr_cb", "dr_msg_cb", "queue.buffering.max.messages")
 
@@ -195,6 +199,10 @@ class ProducerConfig(BaseModel):
                 continue
             if key in _OWNED:
                 raise ValueError(f"{key!r} is managed by the producer and cannot be set (remove it)")
+            if key in _BYTE_SIZES and not _WHOLE_NUMBER.fullmatch(value):
+                # The value is not quoted: a ConfigError names keys, never values (see producer.job).
+                raise ValueError(f"{key} must be a whole number of bytes, without a unit "
+                                 f"(e.g. {key}: 10485760 for 10 MiB)")
             allowed = _FIXED.get(key)
             if allowed and value.lower() not in allowed:
                 raise ValueError(

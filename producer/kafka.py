@@ -29,6 +29,7 @@ then drops the event with reason ``queue_full``.
 Not guaranteed: events still in memory when the process is killed with SIGKILL (or
 crashes in native code) are lost -- up to ``queue_max_events`` in librdkafka plus as many
 in the spill queue; the journal itself survives. Dropped, counted and logged by reason:
+``not_an_event`` (not a dict, event object or JSON object text: :mod:`producer.event_values`),
 ``unencodable`` (JSON cannot carry a value), ``too_large`` (over ``message.max.bytes``),
 ``rejected_by_broker`` (a record Kafka will never accept), ``journal_full``,
 ``journal_write_failed``, ``queue_full`` (above), ``closed`` (emit after close),
@@ -57,6 +58,7 @@ from confluent_kafka import KafkaException, Producer
 from producer.codec import encode_json
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
+from producer.event_values import NotAnEvent, as_event
 from producer.journal import adopt_orphans
 from producer.keys import message_key
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
@@ -168,10 +170,17 @@ class LineageProducer(Sender):
     # --- the hot path ----------------------------------------------------------------
 
     def emit(self, event: dict) -> None:
-        """Queue one event for Kafka. Never blocks on the network, never raises."""
+        """Queue one event for Kafka. Never blocks on the network, never raises. A value that
+        is not an event (:mod:`producer.event_values`) is dropped: ``not_an_event``."""
         try:
             with self._count_lock:
                 self._emitted += 1
+            if type(event) is not dict:
+                try:
+                    event = as_event(event)
+                except NotAnEvent as err:
+                    self._drop("not_an_event", err)
+                    return
             try:
                 value = self._encode(event)
                 key = self._fixed_key

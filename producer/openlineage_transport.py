@@ -6,7 +6,7 @@ producer's non-blocking, journaled delivery. A complete ``openlineage.yml``::
 
     transport:
       type: producer.openlineage_transport.LineageRelayTransport
-      topic: openlineage                  # "topicName" works too
+      topicName: openlineage              # "topic" (openlineage-python's name) works too
       encoding: json                      # or avro (single-object encoding)
       # messageKey: fixed-key             # default: the official per-event keys
       # journalDir: /var/spool/lineage    # default: ~/.cache/lineage-relay/journal/<topic>

@@ -164,7 +164,7 @@ def env_json_section(environ: Mapping[str, str]) -> dict[str, Any]:
     if not isinstance(value, dict):
         log_once(logging.WARNING, f"badjson:{hash(raw)}",
                  "event=env_transport_ignored var=%s reason=not a JSON object fix=set it to the transport "
-                 "section as JSON, e.g. '{\"type\": \"kafka\", \"topic\": \"openlineage\"}', or unset it",
+                 "section as JSON, e.g. '{\"type\": \"kafka\", \"topicName\": \"openlineage\"}', or unset it",
                  _ENV_SECTION)
         return {}
     return value
@@ -184,9 +184,11 @@ def env_source(environ: Mapping[str, str]) -> tuple[Source | None, list[str]]:
                      "event=env_transport_ignored vars=%s reason=%s holds the whole transport section, which "
                      "replaces them (as openlineage-python reads them) fix=move what is still needed into %s "
                      "and unset them", ",".join(ignored), _ENV_SECTION, _ENV_SECTION)
+        # Lower case to find "type" however it is written; an error names the key as written.
+        written = {str(key).lower(): str(key) for key in whole}
         section = {str(key).lower(): value for key, value in whole.items()}
-        return Source("env", section, lambda key: f"{_ENV_SECTION}.{key}", strict=_names_ours(section),
-                      level=logging.INFO), nested
+        return Source("env", section, lambda key: f"{_ENV_SECTION}.{written.get(key, key)}",
+                      strict=_names_ours(section), level=logging.INFO), nested
     section: dict[str, Any] = {}
     origins: dict[str, str] = {}
     props: dict[str, Any] = {}

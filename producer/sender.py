@@ -19,7 +19,8 @@ State machine, per loop (``_step``):
 4. in journal mode, *replay*: send the oldest journal's next batch and wait for all of
    it to be acknowledged before committing and sending the next (a failed batch is
    re-read after a backoff: order is kept, duplicates are possible). When every journal
-   is empty and nothing is queued, go back to direct sending.
+   is empty, nothing is queued and Kafka has acknowledged a record since it went down
+   (``_kafka_down`` is clear), go back to direct sending.
 
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
 callbacks never take it, they set flags this loop acts on; they are in
@@ -151,7 +152,7 @@ class Sender(DeliveryReports):
             self._fatal = err.args[0]
 
     def _step(self) -> None:
-        busy = self._spilling and (self._spill or self._replay is None)
+        busy = self._spilling and (self._spill or (self._replay is None and not self._idle_in_journal_mode()))
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
         self._check_stall()
         replace = self._fatal is not None or self._stalled or self._refused_batch is not None
@@ -170,6 +171,12 @@ class Sender(DeliveryReports):
         self._persist()
         if self._spilling:
             self._advance_replay()
+
+    def _idle_in_journal_mode(self) -> bool:
+        # Kafka is down and the journal is empty: nothing to replay until the next event
+        # (emit() queues it; the next poll, at most _IDLE_POLL_S away, journals it).
+        return self._kafka_down and not self._returned and not any(
+            j.pending for j in [*self._journals, *([self._own] if self._own else [])])
 
     def _check_stall(self) -> None:
         """Records waiting and no delivery report for ``_stall_s``: librdkafka is stuck."""
@@ -303,6 +310,12 @@ class Sender(DeliveryReports):
             self._journals.pop(0).close()
         journal = self._journals[0] if self._journals else self._own
         if journal is None or journal.pending == 0:
+            if self._kafka_down:
+                # Not back to direct sending before Kafka acknowledges something: librdkafka
+                # says "all brokers down" once per outage, so records produced directly now
+                # would sit in it until the stall detector (and close() would wait for it).
+                # The next event goes through the journal, and its replay probes Kafka.
+                return
             with self._lock:
                 if not self._spill and not self._returned and self._direct_outstanding() == 0:
                     self._spilling = False

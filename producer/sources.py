@@ -89,7 +89,9 @@ _TRANSPORT_KEYS: dict[str, str | None] = {
     "queuemaxevents": "queue_max_events",
     "closetimeouts": "close_timeout_s",
 }
-_KNOWN = ("topic, messageKey, properties (or config), encoding, journalDir, journalMaxBytes, "
+# Named as the README and openlineage.yml examples write them (the Java transport's names;
+# openlineage-python's ``topic`` and ``config`` are the alternatives).
+_KNOWN = ("topicName (or topic), messageKey, properties (or config), encoding, journalDir, journalMaxBytes, "
           "queueMaxEvents, closeTimeoutS, bootstrapServers")
 _SPARK = "spark.openlineage."
 # librdkafka names never hold "_" but these C-API/callback ones; an env var name cannot hold ".".

@@ -115,11 +115,31 @@ def test_env_parent_ids_as_airflow_sets_them(tmp_path):
     ({"overrides": {}}, "bootstrap_servers: required"),
     ({"environ": {"OPENLINEAGE__TRANSPORT__TYPE": "kafka", "OPENLINEAGE__TRANSPORT__TOPC": "t"}},
      "OPENLINEAGE__TRANSPORT__TOPC: unknown transport key"),
+    ({"yml": "transport:\n  type: kafka\n  properties:\n    bootstrap.servers: k:1\n    message.max.bytes: 10MB\n"},
+     "transport.properties: message.max.bytes must be a whole number of bytes, without a unit"),
+    ({"environ": {"OPENLINEAGE__TRANSPORT__TYPE": "kafka",
+                  "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": "k:1",
+                  "OPENLINEAGE__TRANSPORT__PROPERTIES__MESSAGE_MAX_BYTES": "abc"}},
+     "OPENLINEAGE__TRANSPORT__PROPERTIES__.*: message.max.bytes must be a whole number of bytes"),
+    ({"overrides": {"bootstrap_servers": "k:1", "properties": {"batch.size": "1MB"}}},
+     "batch.size must be a whole number of bytes"),
 ])
 def test_mistakes_name_the_key_and_the_fix(tmp_path, source, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         _load(tmp_path, source.get("overrides"), environ=source.get("environ"),
               spark_conf=source.get("spark_conf"), yml=source.get("yml"))
+
+
+def test_a_bad_byte_size_fails_at_construction_with_a_config_error(tmp_path):
+    """librdkafka reads "10MB" as 10 (and "1000abc" as 1000); the producer reads these
+    sizes itself. Either way the user gets a ConfigError naming the property."""
+    for value in ("10MB", "abc", "1000abc", "1.5e6"):
+        with pytest.raises(ConfigError, match="message.max.bytes must be a whole number of bytes"):
+            LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path,
+                            properties={"message.max.bytes": value})
+    with LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path,
+                         properties={"message.max.bytes": 2_000_000, "batch.size": "500000"}) as p:
+        assert p.config.properties["message.max.bytes"] == "2000000"
 
 
 def test_unknown_librdkafka_property_fails_at_construction(tmp_path):

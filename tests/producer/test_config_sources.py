@@ -84,6 +84,22 @@ def test_a_typo_in_openlineage_yml_or_spark_conf_without_a_type_fails(tmp_path, 
         _load(tmp_path, environ=source.get("environ"), spark_conf=source.get("spark_conf"), yml=source.get("yml"))
 
 
+def test_messages_name_the_transport_keys_as_documented_and_as_written(tmp_path, caplog):
+    """The README and examples write topicName; an unknown key is named as the user wrote it,
+    also inside the OPENLINEAGE__TRANSPORT JSON section (read ignoring case)."""
+    section = {"type": "kafka", "topicNam": "t", "properties": {"bootstrap.servers": "k:9092"}}
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, environ={"OPENLINEAGE__TRANSPORT": json.dumps(section)})
+    assert "OPENLINEAGE__TRANSPORT.topicNam: unknown transport key; known keys: topicName (or topic), " \
+        "messageKey, properties (or config)" in str(info.value)
+    caplog.set_level(logging.WARNING, "producer.config")
+    _load(tmp_path, environ={"OPENLINEAGE__TRANSPORT": "[1]", "OPENLINEAGE__TRANSPORT__TYPE": "kafka",
+                             "OPENLINEAGE__TRANSPORT__TOPICNAME": "t",
+                             "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": "k:1"})
+    [line] = _lines(caplog, "env_transport_ignored")
+    assert '"topicName": "openlineage"' in line
+
+
 def test_unknown_variables_without_our_type_are_still_skipped(tmp_path, caplog):
     """The OPENLINEAGE__TRANSPORT__* variables are shared with other tools: without a type of
     ours there, an unknown one is skipped, whatever the other sources say."""

@@ -73,6 +73,24 @@ def test_an_unwritable_journal_dir_does_not_break_the_function(no_config, monkey
     assert isinstance(job.default_producer(), job.NoLineage)
 
 
+def test_a_bad_librdkafka_number_does_not_break_the_function(no_config, monkeypatch, caplog):
+    """A property the producer reads as a number, set to text: the job runs without lineage
+    and the one warning names the property."""
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "kafka")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__PROPERTIES__MESSAGE_MAX_BYTES", "abc")
+    caplog.set_level(logging.WARNING, "producer.job")
+
+    @lineage_job()
+    def work():
+        return "done"
+
+    assert work() == "done"
+    assert isinstance(job.default_producer(), job.NoLineage)
+    warnings = [r.getMessage() for r in caplog.records if "lineage_disabled" in r.getMessage()]
+    assert len(warnings) == 1 and "message.max.bytes must be a whole number of bytes" in warnings[0]
+
+
 def test_a_malformed_parent_id_is_ignored(monkeypatch, caplog):
     monkeypatch.setenv("OPENLINEAGE_PARENT_ID", "not-a-parent-id")
     caplog.set_level(logging.WARNING, "producer.config")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from producer import LineageProducer
+from producer import LineageProducer, sender
 from relay.embedded.broker import EmbeddedBroker, free_port
 from tests.producer.support import FAST_RECONNECT, assert_all_arrived_in_order, seq_event, wait_for
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
@@ -238,6 +239,58 @@ def test_close_with_the_broker_away_does_not_wait_for_what_is_already_journaled(
     again.close()                                   # no flush(): close() replays the journal
     assert again.stats.pending == 0 and again.stats.replayed == 30
     assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
+
+
+def test_an_event_emitted_after_all_brokers_down_goes_to_the_journal_at_once(broker, kafka, tmp_path,
+                                                                           caplog, monkeypatch):
+    """librdkafka reports "all brokers down" once per outage, before the job has emitted
+    anything. An event emitted later must go to the journal at once, not sit in librdkafka
+    until the stall detector gives up on it: close() (and interpreter exit) during an outage
+    waits only until every event is in the journal. The stall period is made far longer
+    than any wait here, so only the all-brokers-down report can journal the event."""
+    monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    topic = kafka.new_topic("after-down")
+    # librdkafka reports the outage again after a reconnect backoff; a long one keeps this
+    # test about the first report (the default, 10 s, is as long as the waits below).
+    p = LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic=topic, journal_dir=tmp_path,
+                        close_timeout_s=300, properties={"reconnect.backoff.max.ms": "120000"})
+    try:
+        wait_for(lambda: "reason=all_brokers_down" in caplog.text, 10, "librdkafka reporting all brokers down")
+        p.emit(seq_event(0))
+        wait_for(lambda: p.stats.journaled == 1, 10, "the event in the journal")
+        assert p.stats.mode == "journal"
+        p.emit(seq_event(1))
+        started = time.monotonic()
+    finally:
+        p.close()
+    assert time.monotonic() - started < 30, "close() waited for the outage"
+    assert p.stats.journaled == 2 and p.stats.pending == 2 and p.stats.dropped == {}
+    assert "reason=stalled" not in caplog.text
+    with _producer(kafka.bootstrap_servers, topic, tmp_path) as again:
+        assert again.flush(30) == 0
+    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=2), range(2))
+
+
+def test_after_all_brokers_down_the_producer_goes_direct_once_kafka_takes_an_event(broker, tmp_path,
+                                                                                   caplog, monkeypatch):
+    """Journal mode lasts until Kafka acknowledges something: the first events after the
+    broker comes up go through the journal, and the producer then sends directly again."""
+    monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    with _producer(broker.bootstrap_servers, "down-then-up", tmp_path) as p:
+        wait_for(lambda: "reason=all_brokers_down" in caplog.text, 10, "librdkafka reporting all brokers down")
+        p.emit(seq_event(0))
+        wait_for(lambda: p.stats.journaled == 1, 10, "the event in the journal")
+        broker.start()
+        broker.create_topic("down-then-up", 1)
+        assert p.flush(30) == 0
+        # The sender counts the replay and leaves journal mode just after the commit flush() sees.
+        wait_for(lambda: p.stats.mode == "direct" and p.stats.replayed == 1, 10, "direct sending again")
+        p.emit(seq_event(1))
+        assert p.flush(30) == 0
+        assert p.stats.journaled == 1, "the second event was sent directly"
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, "down-then-up", expected=2), range(2))
 
 
 def test_a_wiped_broker_that_forgot_the_producer_id_is_recovered_from(broker, tmp_path):
