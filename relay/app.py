@@ -55,6 +55,7 @@ from relay.process import GC_EVERY_S, PeriodicCollection, decode_priority
 from relay.rebalance import PartitionHandover
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.sinks.kinds import build_collector
+from relay.source.broker_contact import BrokerContact
 from relay.source.kafka import KafkaSource
 from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker
@@ -146,12 +147,15 @@ class Relay:
             state_settle_s=_STATE_SETTLE_S, stop=self._stop, time_left=lambda: self._left(self._exit_by),
             reset_at_assignment=lambda: self.source.reset_at_assignment)
         resets = self.metrics.offset_resets
+        #: Whether the cluster has answered yet (/readyz's ``broker_unreachable``).
+        self.broker = BrokerContact(k.bootstrap_servers)
         self.source = KafkaSource(bootstrap_servers=k.bootstrap_servers, group_id=k.group_id, topics=k.topics,
                                   properties=k.consumer_properties, on_assign=handover.assigned,
                                   on_revoke=handover.revoked, on_lost=handover.lost,
                                   on_offset_reset=lambda topic, _p: resets.labels(topic=topic).inc(),
                                   open_reader=lambda: open_consumer(k, k.group_id,
-                                                                    client_id="lineage-relay-offset-check"))
+                                                                    client_id="lineage-relay-offset-check"),
+                                  broker=self.broker)
         self.backpressure = Backpressure(
             self.source, self.lanes, self.tracker, self.metrics, max_pending_bytes=config.pipeline.max_pending_bytes,
             state_unacked=(lambda: self.state.changelog.unacked) if self.state is not None else (lambda: 0),
@@ -169,17 +173,19 @@ class Relay:
         closes what was started. Raises :class:`~relay.state.changelog.StateError` when the
         run-state topic cannot be used."""
         self._intake.start()
+        self.broker.start()
         k = self.config.kafka
         try:
             if k.create_dlq_topic:
                 await until_stopped(self._stop, "dlq_topic",
-                                    create_dead_letter_topic(k, max_message_bytes=_DLQ_MAX_MESSAGE_BYTES))
+                                    create_dead_letter_topic(k, self.broker, max_message_bytes=_DLQ_MAX_MESSAGE_BYTES))
             await self.dead_letters.start()
             if self.decoder is not None:
                 self.decoder.start()
             if self.state is not None:
                 # Checked again for as long as the broker does not answer.
                 await until_stopped(self._stop, "run_state_topic", self.state.start())
+                self.broker.mark_answered()  # the run-state topic's metadata
             for lane in self.lanes:
                 await lane.start()
             if self._stop.is_set():  # the consumer is not given up half-made: it starts at once
@@ -206,9 +212,9 @@ class Relay:
     @property
     def ready(self) -> bool:
         """Consuming its share: started, joined its group (its share may be empty: an idle
-        replica is ready), every subscribed topic in the cluster, not stopping."""
+        replica is ready), every subscribed topic seen in the cluster, not stopping."""
         return (self.started and not self.stopping and self.source.joined
-                and not self.source.missing_topics)
+                and not self.source.unseen_topics)
 
     @staticmethod
     def _left(until: float) -> float:
@@ -332,6 +338,7 @@ class Relay:
         # After a failure of the loop too: /readyz says so, and a revocation (leaving the
         # group) does not wait for deliveries again.
         self.request_stop()
+        self.broker.close()
         exit_by = self._exit_by
         drained_by = exit_by - CLOSE_MARGIN_S
         left = self._left

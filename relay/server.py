@@ -35,8 +35,7 @@ def build_app(relay: Relay) -> web.Application:
         ready = relay.ready
         body = {"ready": ready, "paused": relay.source.paused, "partitions": len(relay.source.assignment)}
         if not ready:
-            body["reason"] = ("stopping" if relay.stopping else "starting" if not relay.started
-                              else "missing_topics" if relay.source.missing_topics else "joining_group")
+            body["reason"] = _not_ready_reason(relay)
             if relay.source.missing_topics:
                 body["missing_topics"] = sorted(relay.source.missing_topics)
         return web.json_response(body, status=200 if ready else 503)
@@ -52,6 +51,21 @@ def build_app(relay: Relay) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+def _not_ready_reason(relay: Relay) -> str:
+    """Why /readyz answers 503, what to look at first: the broker has not answered at all
+    (a wrong address: no topic is blamed, none is known missing), a subscribed topic the
+    cluster said it does not hold, the group not joined yet, a topic not checked yet."""
+    if relay.stopping:
+        return "stopping"
+    if relay.broker.unreachable:
+        return "broker_unreachable"
+    if not relay.started:
+        return "starting"
+    if relay.source.missing_topics:
+        return "missing_topics"
+    return "joining_group" if not relay.source.joined else "checking_topics"
 
 
 async def start_server(relay: Relay, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -19,10 +19,13 @@ import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from confluent_kafka import KafkaError, KafkaException
+
 from relay.config import KafkaConfig
 from relay.logs import log_event
 from relay.loop_threads import call_on_daemon_thread
 from relay.source.admin import connection_properties, create_topic
+from relay.source.broker_contact import BrokerContact, from_broker
 
 # The relay loop's logger: ``dlq_topic_not_created`` has always been logged there.
 log = logging.getLogger("relay.app")
@@ -61,10 +64,12 @@ async def until_stopped(stop: asyncio.Event, step: str, work: Awaitable[T]) -> T
     raise StartInterrupted(step)
 
 
-async def create_dead_letter_topic(kafka: KafkaConfig, *, max_message_bytes: str) -> None:
+async def create_dead_letter_topic(kafka: KafkaConfig, broker: BrokerContact, *, max_message_bytes: str) -> None:
     """Create ``kafka.dlq_topic`` when missing, waiting up to :data:`DLQ_CREATE_TIMEOUT_S`;
     a failure is logged ``dlq_topic_not_created`` (it may exist, and the relay may lack the
-    rights to create it) and the relay goes on."""
+    rights to create it) and the relay goes on. The broker's answer, a refusal too, is told
+    to ``broker``; when no broker ever answered, the log line says so and names
+    ``kafka.bootstrap_servers`` (librdkafka's own error then only says "Timed out")."""
     timeout_s = DLQ_CREATE_TIMEOUT_S
     # Only connection settings are relevant to the admin client: take them from the
     # producer properties (the dead-letter producer needs the same ones).
@@ -76,11 +81,24 @@ async def create_dead_letter_topic(kafka: KafkaConfig, *, max_message_bytes: str
                                  replication_factor=kafka.topic_replication_factor),
             "dlq-topic")
     except TimeoutError:  # its text is empty
-        log_event(log, logging.WARNING, "dlq_topic_not_created", topic=kafka.dlq_topic,
-                  error=f"TimeoutError: no answer from the broker within {timeout_s:g}s")
+        error = f"TimeoutError: no answer from the broker within {timeout_s:g}s"
+    except KafkaException as err:
+        if err.args and isinstance(err.args[0], KafkaError) and from_broker(err.args[0]):
+            broker.mark_answered()  # a refusal: the rights to create it, a policy
+        error = f"{type(err).__name__}: {err}"
     except Exception as err:  # noqa: BLE001 - it may exist and we may lack rights to create it
-        log_event(log, logging.WARNING, "dlq_topic_not_created", topic=kafka.dlq_topic,
-                  error=f"{type(err).__name__}: {err}")
+        error = f"{type(err).__name__}: {err}"
+    else:
+        broker.mark_answered()
+        return
+    if broker.answered:
+        log_event(log, logging.WARNING, "dlq_topic_not_created", topic=kafka.dlq_topic, error=error)
+    else:
+        log_event(log, logging.WARNING, "dlq_topic_not_created", topic=kafka.dlq_topic, error=error,
+                  bootstrap_servers=kafka.bootstrap_servers,
+                  hint="no broker answered: check kafka.bootstrap_servers (host names and ports), that the broker "
+                       "runs and that this host can reach it; the relay goes on, and consumes once the broker "
+                       "answers")
 
 
 def component_versions() -> dict[str, str]:

@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from relay.errors import RelayError
 from relay.kafka_log import KafkaLog, OffsetReset, with_log
 from relay.logs import log_event
+from relay.source.broker_contact import BrokerContact
 from relay.source.consumer_config import consumer_config
 from relay.source.consumer_thread import ConsumerThread
 from relay.source.offset_check import OffsetCheck
@@ -57,8 +58,11 @@ class KafkaSource:
     us) commit nothing; ``on_lost`` defaults to ``on_revoke``.
 
     :attr:`joined` turns True once the first assignment was handled (an empty one too: an
-    idle member has joined); :attr:`missing_topics` names the subscribed topics the cluster
-    is not known to hold (all of them until :meth:`check_topics` saw them).
+    idle member has joined); :attr:`unseen_topics` names the subscribed topics not yet seen
+    in the cluster's metadata (all of them until :meth:`check_topics` saw them), and
+    :attr:`missing_topics` those of them the cluster said it does not hold (none while it
+    has not answered: an unreachable broker is not a missing topic). Every answer of the
+    cluster is told to ``broker`` (:class:`~relay.source.broker_contact.BrokerContact`).
 
     A newly assigned partition whose committed offset it no longer holds starts where
     ``auto.offset.reset`` says, logged ``offset_reset`` and passed to ``on_offset_reset``
@@ -70,7 +74,8 @@ class KafkaSource:
     def __init__(self, *, bootstrap_servers: str, group_id: str, topics: tuple[str, ...],
                  properties: dict[str, str], on_assign: RebalanceHandler, on_revoke: RebalanceHandler,
                  on_lost: RebalanceHandler | None = None, on_offset_reset: OffsetReset | None = None,
-                 open_reader: Callable[[], Consumer] | None = None) -> None:
+                 open_reader: Callable[[], Consumer] | None = None, broker: BrokerContact | None = None) -> None:
+        self.broker = broker or BrokerContact(bootstrap_servers)
         conf = consumer_config(bootstrap_servers, group_id, properties)
         self._offset_check = OffsetCheck(str(conf["auto.offset.reset"]).lower(), on_offset_reset, open_reader)
         #: Partitions of the latest assignment that start elsewhere than their committed
@@ -101,8 +106,10 @@ class KafkaSource:
         #: The group handed this member its share (possibly none) and on_assign handled it.
         self.joined = False
         #: Subscribed topics not (yet) seen in the cluster's metadata: none of their records
-        #: is consumed (a misspelt name, a topic not created yet or deleted).
-        self.missing_topics: frozenset[str] = frozenset(self._topics)
+        #: is consumed. :attr:`missing_topics`: those the cluster said it does not hold (a
+        #: misspelt name, a topic not created yet or deleted); the others have had no answer.
+        self.unseen_topics: frozenset[str] = frozenset(self._topics)
+        self.missing_topics: frozenset[str] = frozenset()
         self._reported_missing: frozenset[str] = frozenset()
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -149,6 +156,7 @@ class KafkaSource:
             # and a later assignment: one paused when it was revoked or lost, and not resumed
             # since (set_paused resumes only what is assigned), would never be fetched again.
             (consumer.pause if self.paused else consumer.resume)(tps)
+        self.broker.mark_answered()  # the group coordinator did
         self._hand_over(self._on_assign, parts)
         self.joined = True
         log_event(log, logging.INFO, "partitions_assigned", partitions=format_partitions(parts))
@@ -267,30 +275,35 @@ class KafkaSource:
                           and (still_own is None or still_own(part))})
 
     def topic_missing(self, topic: str | None) -> None:
-        """librdkafka reported ``topic`` (a subscribed one) missing from the cluster: counted
-        as missing until :meth:`check_topics` sees it. Any thread."""
+        """librdkafka reported ``topic`` (a subscribed one) missing from the cluster (its
+        metadata said so): counted as missing until :meth:`check_topics` sees it. Any thread."""
+        self.broker.mark_answered()
         if topic in self._topics and topic not in self.missing_topics:
+            self.unseen_topics = self.unseen_topics | {topic}
             self.missing_topics = self.missing_topics | {topic}
 
     async def check_topics(self) -> None:
-        """Ask the cluster's metadata whether the topics in :attr:`missing_topics` exist now
-        (one request per such topic; nothing when none is missing). A check that fails
-        (the cluster unreachable) changes nothing."""
-        consumer, missing = self._consumer, self.missing_topics
-        if consumer is None or not missing:
+        """Ask the cluster's metadata whether the topics in :attr:`unseen_topics` exist now
+        (one request per such topic; nothing when all were seen): those it does not hold
+        are :attr:`missing_topics`. A check that fails (the cluster unreachable) changes
+        nothing."""
+        consumer, unseen = self._consumer, self.unseen_topics
+        if consumer is None or not unseen:
             return
 
         def present(topic: str) -> bool:
             # One topic's metadata: a consumer does not create it (allow.auto.create.topics).
             found = consumer.list_topics(topic, timeout=TOPIC_CHECK_TIMEOUT_S).topics.get(topic)
+            self.broker.mark_answered()
             return found is not None and found.error is None and bool(found.partitions)
         try:
-            seen = {topic for topic in missing if await self._call(present, topic)}
+            seen = {topic for topic in unseen if await self._call(present, topic)}
         except KafkaException as err:
-            log_event(log, logging.WARNING, "topic_check_failed", topics=",".join(sorted(missing)),
+            log_event(log, logging.WARNING, "topic_check_failed", topics=",".join(sorted(unseen)),
                       error=str(err)[:300])
             return
-        self.missing_topics = self.missing_topics - seen
+        self.unseen_topics = self.unseen_topics - seen
+        self.missing_topics = (self.missing_topics | unseen) - seen
         if self.missing_topics and self.missing_topics != self._reported_missing:
             log_event(log, logging.WARNING, "topics_missing", topics=",".join(sorted(self.missing_topics)),
                       hint="nothing of them is consumed and /readyz answers 503: check kafka.topics, or create "

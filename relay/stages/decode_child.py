@@ -1,8 +1,20 @@
 """The decode worker's child process (``python -m relay.stages.decode_child MAX_BYTES
 PRIORITY ANSWERS_FD``): decodes each batch of values from its stdin and writes the answers
-to ``ANSWERS_FD``, until its stdin closes. See :mod:`relay.stages.decode_worker`."""
+to ``ANSWERS_FD``, until its stdin closes. See :mod:`relay.stages.decode_worker`.
+
+It ignores SIGINT and SIGTERM: the relay owns the stop. A Ctrl-C in a terminal, or a
+SIGTERM to the whole process group or cgroup (systemd), reaches the child as well as the
+relay; a child that died of it printed a plain-text ``KeyboardInterrupt`` traceback amid
+the JSON log lines, and the relay, still draining, took it for a failed decoder. The relay
+stops its children by closing their input, and a relay that dies closes it too."""
 
 from __future__ import annotations
+
+import signal
+
+if __name__ == "__main__":  # first, before the imports below: a stop may come at once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 import os
 import pickle

@@ -66,7 +66,14 @@ class DecodeChild:
         self.answered = False  # once: the environment works, a death is a record's doing
         self.reader: threading.Thread | None = None
 
-    def kill(self) -> None:
+    def kill(self, grace_s: float = 0.0) -> None:
+        """Kill the process, unless it exits within ``grace_s`` (one that closed its answers
+        is on its way out: its own exit status says why, not the SIGKILL that would follow)."""
+        if grace_s > 0:
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             self.proc.kill()
 

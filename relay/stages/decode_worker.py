@@ -289,7 +289,7 @@ class DecodeWorker:
                 self._failures += 1
             failures = self._failures
         if not expected:
-            child.kill()
+            child.kill(grace_s=_EXIT_GRACE_S if died else 0.0)
         child.reap()
         if expected:
             return
@@ -310,6 +310,9 @@ class DecodeWorker:
                 self._submit_chunk(values, batch, index)
 
 
+#: How long a child that closed its answers may take to exit before it is killed: its exit
+#: status is then its own in ``decode_worker_failed`` (a traceback's 1, a signal's), not -9.
+_EXIT_GRACE_S = 1.0
 #: A bound on an answer's length (see _read_answers): per value, and per frame.
 _ANSWER_SLACK = 4096
 _FRAME_SLACK = 1 << 20

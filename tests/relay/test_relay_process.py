@@ -1,4 +1,4 @@
-"""The relay as a real process: crash (kill -9) and graceful stop (SIGTERM)."""
+"""The relay as a real process: crash (kill -9) and graceful stop (SIGTERM, Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -160,3 +160,26 @@ def test_librdkafka_lines_are_json_log_events_too(tmp_path):
     assert any("127.0.0.1" in line["message"] for line in kafka_lines)
     assert any(line["client"].startswith("lineage-relay#consumer") for line in kafka_lines)
     assert "|FAIL|" not in text  # librdkafka's own format
+
+
+def test_ctrl_c_stops_cleanly_in_json_lines_without_a_decoder_failure(kafka, tmp_path):
+    """Ctrl-C sends SIGINT to the whole process group, the decode processes included: one
+    died with a plain-text KeyboardInterrupt traceback amid the JSON lines, and the relay,
+    still draining, logged decode_worker_failed (exit_code -9) on a clean stop. The relay
+    owns the stop: it exits 0, as on SIGTERM."""
+    topic, dlq, group = kafka.new_topic("ctrl-c"), kafka.new_topic("dlq"), kafka.new_group()
+    produce(kafka.bootstrap_servers, topic, sample_stream(20, seed=5))
+    with RecordingCollector() as collector:
+        proc = RelayProcess(relay_args(kafka, topic, dlq, group, collector), log_path=tmp_path / "relay.log",
+                            own_group=True).start()
+        try:
+            assert collector.wait_for(lambda c: c.count >= 20, 30)  # the decode process has decoded them
+            code = proc.interrupt(30)
+        finally:
+            proc.close()
+    text = (tmp_path / "relay.log").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]  # every line is JSON, or this raises
+    events = [line["event"] for line in lines]
+    assert code == 0, text[-2000:]
+    assert "decode_worker_failed" not in events, text[-2000:]
+    assert "relay_stopped" in events, events

@@ -94,7 +94,9 @@ def test_a_relay_keeping_run_state_waits_for_the_broker_not_ready_then_starts_on
         kafka, caplog, monkeypatch):
     """The broker is not there when a consolidated relay starts: it died after ~26 s with a
     multi-line traceback (``Failed to get metadata``). It now checks again, one warning per
-    look, not ready meanwhile, and starts once the broker answers."""
+    look, not ready meanwhile (the broker named as the reason), and starts once the broker
+    answers."""
+    monkeypatch.setattr("relay.source.broker_contact.SILENT_AFTER_S", 0.1)
     monkeypatch.setattr("relay.state.changelog._METADATA_TIMEOUT_S", 0.5)
     monkeypatch.setattr("relay.state.changelog._UNREACHABLE_BACKOFF_S", (0.1, 0.2))
     topic, group = kafka.new_topic("late-broker", partitions=2), kafka.new_group()
@@ -115,10 +117,11 @@ def test_a_relay_keeping_run_state_waits_for_the_broker_not_ready_then_starts_on
                 assert warning.fields["topic"] == config.kafka.run_state_topic
                 assert "Failed to get metadata" in warning.fields["error"], warning.fields
                 status, body = readyz(base)
-                assert (status, body["reason"]) == (503, "starting"), body
+                assert (status, body["reason"]) == (503, "broker_unreachable"), body
                 proxy.start()  # the broker answers from now on
                 assert eventually(lambda: readyz(base)[0] == 200, 30), readyz(base)
             assert records(caplog, "run_state_topic_ready") and records(caplog, "relay_started")
+            assert records(caplog, "broker_unreachable") and records(caplog, "broker_answered")
         finally:
             relay.stop(timeout_s=DRAIN_S + CLOSE_MARGIN_S + SLACK_S + 10)
             if proxy._server is not None:
@@ -189,7 +192,9 @@ def test_a_dlq_topic_not_created_for_want_of_an_answer_says_so(caplog, monkeypat
 
 async def test_a_dlq_topic_creation_timing_out_is_logged_with_the_wait(caplog, monkeypatch):
     """The wait for the broker's answer running out (concurrent.futures' TimeoutError, whose
-    text is empty: the creation at 15 s with an unreachable broker) is named as such."""
+    text is empty: the creation at 15 s with an unreachable broker) is named as such, and,
+    no broker having answered, so is the address to check."""
+    from relay.source.broker_contact import BrokerContact
     from relay.startup import DLQ_CREATE_TIMEOUT_S, create_dead_letter_topic
 
     def no_answer(*_args: object, **_kwargs: object) -> None:
@@ -197,10 +202,38 @@ async def test_a_dlq_topic_creation_timing_out_is_logged_with_the_wait(caplog, m
     monkeypatch.setattr("relay.startup.create_topic", no_answer)
     config = relay_config("127.0.0.1:9", "events", {"c": "http://127.0.0.1:9/unused"}, group="g", dlq="the-dlq")
     with caplog.at_level(logging.INFO, logger="relay"):
-        await create_dead_letter_topic(config.kafka, max_message_bytes="1000")
+        await create_dead_letter_topic(config.kafka, BrokerContact("127.0.0.1:9"), max_message_bytes="1000")
     [warning] = records(caplog, "dlq_topic_not_created")
-    assert warning.fields == {"topic": "the-dlq",
+    assert warning.fields.pop("hint").startswith("no broker answered: check kafka.bootstrap_servers")
+    assert warning.fields == {"topic": "the-dlq", "bootstrap_servers": "127.0.0.1:9",
                               "error": f"TimeoutError: no answer from the broker within {DLQ_CREATE_TIMEOUT_S:g}s"}
+
+
+def test_an_unreachable_broker_is_named_early_at_start_up(caplog, monkeypatch):
+    """Against an unreachable broker the relay logged nothing of its own for 15 s, then
+    ``dlq_topic_not_created`` with librdkafka's "Failed while waiting for controller: Local:
+    Timed out", no hint that the bootstrap servers cannot be reached. It now warns
+    ``broker_unreachable`` (naming them) within the first seconds, and the dead-letter
+    warning says that no broker answered."""
+    monkeypatch.setattr("relay.source.broker_contact.SILENT_AFTER_S", 0.5)
+    monkeypatch.setattr("relay.startup.DLQ_CREATE_TIMEOUT_S", 3.0)
+    bootstrap = f"127.0.0.1:{free_port()}"
+    config = relay_config(bootstrap, "events", {"c": "http://127.0.0.1:9/unused"}, group="g", dlq="the-dlq",
+                          drain_timeout_s=DRAIN_S)
+    with caplog.at_level(logging.INFO, logger="relay"):
+        relay = RelayThread(config).start()
+        try:
+            assert eventually(lambda: records(caplog, "dlq_topic_not_created"), 20)
+        finally:
+            relay.stop(timeout_s=DRAIN_S + CLOSE_MARGIN_S + SLACK_S)
+    unreachable = records(caplog, "broker_unreachable")
+    [not_created] = records(caplog, "dlq_topic_not_created")
+    assert unreachable and unreachable[0].levelno == logging.WARNING
+    assert caplog.records.index(unreachable[0]) < caplog.records.index(not_created)  # before the 15 s wait ends
+    assert unreachable[0].fields["bootstrap_servers"] == bootstrap
+    assert "kafka.bootstrap_servers" in unreachable[0].fields["hint"]
+    assert not_created.fields["bootstrap_servers"] == bootstrap
+    assert "no broker answered" in not_created.fields["hint"], not_created.fields
 
 
 @pytest.mark.parametrize("problem", ["state_topic_missing", "partition_counts_differ"])

@@ -14,7 +14,8 @@ def relay(*, polled_s_ago: float, rebalancing_s: float | None = None) -> SimpleN
     now = time.monotonic()
     source = SimpleNamespace(paused=False, assignment=set(), handover_timeout_s=300.0,
                              rebalancing_since=None if rebalancing_s is None else now - rebalancing_s)
-    return SimpleNamespace(started=True, stopping=False, heartbeat=now - polled_s_ago, source=source)
+    return SimpleNamespace(started=True, stopping=False, heartbeat=now - polled_s_ago, source=source,
+                           broker=SimpleNamespace(unreachable=False))
 
 
 async def healthz(state: SimpleNamespace) -> tuple[int, dict]:
@@ -42,13 +43,22 @@ async def readyz(state: SimpleNamespace) -> tuple[int, dict]:
 
 
 async def test_readyz_says_why_the_relay_is_not_ready():
-    """An operator looking at a pod that stays unready sees the reason: still joining its
-    group, a subscribed topic the cluster does not hold (named), or stopping."""
+    """An operator looking at a pod that stays unready sees the reason: the broker does not
+    answer, still joining its group, a subscribed topic the cluster does not hold (named),
+    one not checked yet, or stopping."""
     state = relay(polled_s_ago=0)
     state.source.joined, state.source.missing_topics = False, frozenset()
     state.ready = False
     assert await readyz(state) == (503, {"ready": False, "paused": False, "partitions": 0,
                                          "reason": "joining_group"})
+    state.broker.unreachable = True
+    assert (await readyz(state))[1]["reason"] == "broker_unreachable"
+    state.started = False
+    assert (await readyz(state))[1]["reason"] == "broker_unreachable"
+    state.started, state.broker.unreachable = True, False
+    state.source.joined = True
+    assert (await readyz(state))[1]["reason"] == "checking_topics"
+    state.source.joined = False
     state.source.missing_topics = frozenset({"opnelineage"})
     status, body = await readyz(state)
     assert (status, body["reason"], body["missing_topics"]) == (503, "missing_topics", ["opnelineage"])

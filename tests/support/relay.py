@@ -37,18 +37,21 @@ def relay_config(bootstrap: str, topic: str, collectors: dict[str, str], *, grou
 
 
 class RelayProcess:
-    """``lineage-relay run`` as a child process with its own /metrics port."""
+    """``lineage-relay run`` as a child process with its own /metrics port; ``own_group``:
+    in a process group of its own, as a terminal runs a command (see :meth:`interrupt`)."""
 
-    def __init__(self, args: list[str], *, log_path: Path) -> None:
+    def __init__(self, args: list[str], *, log_path: Path, own_group: bool = False) -> None:
         self.http_port = free_port()
         self.args = [sys.executable, "-m", "relay", "run", *args, "--http-port", str(self.http_port)]
         self.log_path = log_path
+        self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
         log = open(self.log_path, "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=self.own_group)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"relay exited early: {self.log_path.read_text()[-2000:]}"
@@ -73,9 +76,18 @@ class RelayProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout_s)
 
+    def interrupt(self, timeout_s: float) -> int:
+        """Ctrl-C: SIGINT to the whole process group (``own_group``), as a terminal sends it."""
+        assert self.proc is not None and self.own_group
+        os.killpg(self.proc.pid, signal.SIGINT)
+        return self.proc.wait(timeout_s)
+
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            if self.own_group:  # its decode processes too
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
             self.proc.wait(10)
 
 
