@@ -35,10 +35,15 @@ class ReasonGroup:
     """The records of one reason, as ``list`` summarises them."""
 
     first: DeadLetter
-    last: DeadLetter
     count: int = 0
     pending: int = 0
     collectors: set[str] = field(default_factory=set)
+    #: Per dead-letter partition, the first and last offset of the reason's records there
+    #: (offsets of different partitions do not compare: one range would mix them).
+    spans: dict[int, list[int]] = field(default_factory=dict)
+
+    def offsets(self) -> str:
+        return ", ".join(f"{p}:{first} .. {p}:{last}" for p, (first, last) in sorted(self.spans.items()))
 
 
 class DeadLetterListing:
@@ -53,8 +58,9 @@ class DeadLetterListing:
         record = replace(record, key=None, value=None)
         group = self.groups.get(record.reason)
         if group is None:
-            group = self.groups[record.reason] = ReasonGroup(first=record, last=record)
-        group.last = record
+            group = self.groups[record.reason] = ReasonGroup(first=record)
+        span = group.spans.setdefault(record.partition, [record.offset, record.offset])
+        span[0], span[1] = min(span[0], record.offset), max(span[1], record.offset)
         group.count += 1
         group.pending += not record.redriven
         if record.collector:
@@ -69,7 +75,7 @@ class DeadLetterListing:
         for reason, group in sorted(self.groups.items(), key=lambda kv: -kv[1].count):
             collectors = sorted(group.collectors) or ["-"]
             lines.append(f"{reason:<24} {group.count:>7} record(s) {group.pending:>7} pending  "
-                         f"offsets {group.first.ref} .. {group.last.ref}  collectors: {', '.join(collectors)}")
+                         f"offsets {group.offsets()}  collectors: {', '.join(collectors)}")
             lines.append(f"    e.g. {group.first.ref} from {group.first.source or '?'}: {group.first.detail[:200]}")
         return "\n".join(lines)
 
