@@ -126,14 +126,28 @@ def relation_of(gateway: Any, node: Any, leaf: LeafInfo | None = None) -> Relati
     return None
 
 
+#: Spark's DataSourceV2 file tables: a file read when ``spark.sql.sources.useV1SourceList``
+#: leaves its format out (the default lists them all, and reads are V1 ``HadoopFsRelation``s).
+_FILE_TABLES = frozenset({"ParquetTable", "OrcTable", "CSVTable", "JsonTable", "TextTable", "AvroTable"})
+
+
 def v2_table(table: Any, catalog: str | None, ident: Any) -> Relation | None:
     """A DataSourceV2 ``Table`` (None for Spark's ``noop`` sink). Named as the official
     integration does: a JDBC catalog's table by its JDBC URL, a table with a ``location``
     property (Iceberg, Delta, the session catalog) by that location, any other by its
-    catalog and identifier (``ident``; ``Table.name()`` when there is none)."""
+    catalog and identifier (``ident``; ``Table.name()`` when there is none). A file table
+    (a path read through a V2 file source) by its paths, as the same read through V1 is."""
     kind = table.getClass().getSimpleName()
     if kind == "NoopTable":
         return None
+    if kind in _FILE_TABLES:
+        index = table.fileIndex()
+        roots = index.rootPaths()
+        joined = roots.mkString(SEP)
+        paths = joined.split(SEP) if joined else []
+        if len(paths) > 1:
+            paths = _directories(index, roots, paths)
+        return Relation(paths=paths, fmt=str(table.formatName()).lower())
     name = str(ident.toString()) if ident is not None else str(table.name())
     if kind == "JDBCTable":
         return Relation(jdbc_url=table.jdbcOptions().url(), jdbc_table=name)

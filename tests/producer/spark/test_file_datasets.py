@@ -113,3 +113,30 @@ def test_a_save_path_is_named_absolute_and_qualified_like_other_file_writes(spar
     parquet = _completed(spark, captured,
                          lambda: df.write.format("parquet").mode("overwrite").save(str(tmp_path / "p")))
     assert _names(parquet["outputs"]) == [("file", str(tmp_path / "p"))]
+
+
+@pytest.fixture
+def v2_file_sources(spark):
+    """File reads through Spark's DataSourceV2 file tables (ParquetTable, CSVTable...): what
+    ``spark.sql.sources.useV1SourceList`` without the formats gives (the session is shared)."""
+    key = "spark.sql.sources.useV1SourceList"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+def test_a_read_through_a_v2_file_source_is_named_as_through_v1(spark, tmp_path, captured, v2_file_sources):
+    """Such a read was named ``spark_catalog`` / ``parquet file:/<path>`` (the table's
+    name), so it never joined the write of the same files."""
+    written = str(tmp_path / "in")
+    spark.range(3).write.mode("overwrite").parquet(written)
+    drain(spark)  # its own events before the reads
+    a, b = _files(tmp_path / "csv", ["a.csv", "b.csv"])
+    out = str(tmp_path / "out")
+    parquet = _completed(spark, captured, lambda: spark.read.parquet(written).write.mode("overwrite").parquet(out))
+    assert _names(parquet["inputs"]) == [("file", written)]
+    csv = _completed(spark, captured, lambda: spark.read.csv([a, b], header=True).write.mode("overwrite").parquet(out))
+    assert _names(csv["inputs"]) == [("file", str(tmp_path / "csv"))]
