@@ -255,6 +255,7 @@ class LineageProducer(Sender):
         waits out an outage. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
         if self._closed:
             return
+        self._take_back_if_kafka_is_down(timeout_s)
         self._wait(timeout_s, self._nothing_to_wait_for)
         with self._lock:
             self._closed = True

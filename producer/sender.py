@@ -19,8 +19,7 @@ State machine, per loop (``_step``):
 4. in journal mode, *replay*: send the oldest journal's next batch and wait for all of
    it to be acknowledged before committing and sending the next (a failed batch is
    re-read after a backoff: order is kept, duplicates are possible). When every journal
-   is empty, nothing is queued and Kafka has acknowledged a record since it went down
-   (``_kafka_down`` is clear), go back to direct sending.
+   is empty and nothing is queued, go back to direct sending.
 
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
 callbacks never take it, they set flags this loop acts on; they are in
@@ -34,6 +33,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -58,6 +58,9 @@ _BACKOFF_S = (0.2, 5.0)
 #: wiped broker), at the price of one reconnect per period during an outage.
 _STALL_S = (5.0, 60.0)
 RECLAIM_TIMEOUT_S = 5.0
+#: close() while Kafka is known down: how long it waits for any answer from Kafka before
+#: taking the records in librdkafka back into the journal (see _take_back_if_kafka_is_down).
+_DOWN_GRACE_S = 2.0
 
 
 class Sender(DeliveryReports):
@@ -67,6 +70,7 @@ class Sender(DeliveryReports):
     _topic: str
     _producer: Producer
     _journals: list[Journal]
+    _wait: Callable[[float | None, Callable[[], bool]], None]  # LineageProducer's
 
     def _init_sender(self, max_spill: int) -> None:
         self._max_spill = max_spill
@@ -152,7 +156,7 @@ class Sender(DeliveryReports):
             self._fatal = err.args[0]
 
     def _step(self) -> None:
-        busy = self._spilling and (self._spill or (self._replay is None and not self._idle_in_journal_mode()))
+        busy = self._spilling and (self._spill or self._replay is None)
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
         self._check_stall()
         replace = self._fatal is not None or self._stalled or self._refused_batch is not None
@@ -172,11 +176,20 @@ class Sender(DeliveryReports):
         if self._spilling:
             self._advance_replay()
 
-    def _idle_in_journal_mode(self) -> bool:
-        # Kafka is down and the journal is empty: nothing to replay until the next event
-        # (emit() queues it; the next poll, at most _IDLE_POLL_S away, journals it).
-        return self._kafka_down and not self._returned and not any(
-            j.pending for j in [*self._journals, *([self._own] if self._own else [])])
+    def _take_back_if_kafka_is_down(self, timeout_s: float | None) -> None:
+        """For close(): Kafka said all brokers are down (librdkafka says it once per outage,
+        often before the first event) and acknowledged nothing since, while records sit in
+        librdkafka, where they would wait for the stall detector (``_stall_s``, 5 s and more).
+        Kafka gets ``_DOWN_GRACE_S`` to answer anything: a broker that is back answers within
+        it, which clears ``_kafka_down``, and close() then waits for delivery as usual. No
+        answer at all: the records go to the journal now."""
+        if not (self._kafka_down and not self._spilling and self._direct_outstanding()):
+            return
+        since = self._last_report_at
+        grace = min(_DOWN_GRACE_S, self.config.close_timeout_s if timeout_s is None else timeout_s)
+        self._wait(grace, lambda: self._last_report_at != since or self._direct_outstanding() == 0)
+        if self._kafka_down and self._last_report_at == since and self._direct_outstanding():
+            self._want_journal = "closing_while_kafka_down"
 
     def _check_stall(self) -> None:
         """Records waiting and no delivery report for ``_stall_s``: librdkafka is stuck."""
@@ -310,12 +323,6 @@ class Sender(DeliveryReports):
             self._journals.pop(0).close()
         journal = self._journals[0] if self._journals else self._own
         if journal is None or journal.pending == 0:
-            if self._kafka_down:
-                # Not back to direct sending before Kafka acknowledges something: librdkafka
-                # says "all brokers down" once per outage, so records produced directly now
-                # would sit in it until the stall detector (and close() would wait for it).
-                # The next event goes through the journal, and its replay probes Kafka.
-                return
             with self._lock:
                 if not self._spill and not self._returned and self._direct_outstanding() == 0:
                     self._spilling = False

@@ -241,56 +241,72 @@ def test_close_with_the_broker_away_does_not_wait_for_what_is_already_journaled(
     assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
 
 
-def test_an_event_emitted_after_all_brokers_down_goes_to_the_journal_at_once(broker, kafka, tmp_path,
-                                                                           caplog, monkeypatch):
+def test_close_after_all_brokers_down_journals_the_events_without_waiting_for_the_stall(broker, kafka, tmp_path,
+                                                                                      caplog, monkeypatch):
     """librdkafka reports "all brokers down" once per outage, before the job has emitted
-    anything. An event emitted later must go to the journal at once, not sit in librdkafka
-    until the stall detector gives up on it: close() (and interpreter exit) during an outage
-    waits only until every event is in the journal. The stall period is made far longer
-    than any wait here, so only the all-brokers-down report can journal the event."""
+    anything; events emitted later sit in librdkafka until the stall detector gives up on
+    them (5 s and more). close() gives Kafka a short grace to answer, then takes them back
+    into the journal: interpreter exit during an outage took ~4.9 s. The stall period is
+    made far longer than any wait here, so only close() can journal the events."""
     monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
     caplog.set_level(logging.WARNING, "producer.kafka")
     topic = kafka.new_topic("after-down")
     # librdkafka reports the outage again after a reconnect backoff; a long one keeps this
-    # test about the first report (the default, 10 s, is as long as the waits below).
+    # test about the first report.
     p = LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic=topic, journal_dir=tmp_path,
-                        close_timeout_s=300, properties={"reconnect.backoff.max.ms": "120000"})
+                        close_timeout_s=60, properties={"reconnect.backoff.max.ms": "120000"})
     try:
         wait_for(lambda: "reason=all_brokers_down" in caplog.text, 10, "librdkafka reporting all brokers down")
+        wait_for(lambda: p.stats.mode == "direct", 10, "direct sending again (the journal was empty)")
         p.emit(seq_event(0))
-        wait_for(lambda: p.stats.journaled == 1, 10, "the event in the journal")
-        assert p.stats.mode == "journal"
         p.emit(seq_event(1))
         started = time.monotonic()
     finally:
         p.close()
     assert time.monotonic() - started < 30, "close() waited for the outage"
     assert p.stats.journaled == 2 and p.stats.pending == 2 and p.stats.dropped == {}
-    assert "reason=stalled" not in caplog.text
+    assert "reason=closing_while_kafka_down" in caplog.text and "reason=stalled" not in caplog.text
     with _producer(kafka.bootstrap_servers, topic, tmp_path) as again:
         assert again.flush(30) == 0
     assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=2), range(2))
 
 
-def test_after_all_brokers_down_the_producer_goes_direct_once_kafka_takes_an_event(broker, tmp_path,
-                                                                                   caplog, monkeypatch):
-    """Journal mode lasts until Kafka acknowledges something: the first events after the
-    broker comes up go through the journal, and the producer then sends directly again."""
+def test_close_after_kafka_came_back_delivers_instead_of_journaling(broker, tmp_path, caplog, monkeypatch):
+    """Kafka down at start (reported), then back, nothing acknowledged since: the events a
+    job emits then are delivered by close(), not left in the journal (where, in a pod that
+    goes away, nobody resends them)."""
     monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
     caplog.set_level(logging.WARNING, "producer.kafka")
     with _producer(broker.bootstrap_servers, "down-then-up", tmp_path) as p:
         wait_for(lambda: "reason=all_brokers_down" in caplog.text, 10, "librdkafka reporting all brokers down")
-        p.emit(seq_event(0))
-        wait_for(lambda: p.stats.journaled == 1, 10, "the event in the journal")
         broker.start()
         broker.create_topic("down-then-up", 1)
+        for i in range(200):
+            p.emit(seq_event(i))
+    assert p.stats.delivered == 200 and p.stats.journaled == 0 and p.stats.pending == 0, p.stats
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, "down-then-up", expected=200), range(200))
+
+
+def test_a_journal_that_cannot_be_written_does_not_stop_direct_sending(broker, tmp_path, caplog, monkeypatch):
+    """Kafka down at start, then back; the journal's disk full: events still go to Kafka
+    (journal mode that waited for an acknowledgement from the journal dropped them all)."""
+    import errno
+
+    from producer import journal
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(journal.Journal, "append", full)
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    with _producer(broker.bootstrap_servers, "disk-full", tmp_path) as p:
+        wait_for(lambda: "reason=all_brokers_down" in caplog.text, 10, "librdkafka reporting all brokers down")
+        broker.start()
+        broker.create_topic("disk-full", 1)
+        wait_for(lambda: p.stats.mode == "direct", 10, "direct sending again (the journal was empty)")
+        for i in range(20):
+            p.emit(seq_event(i))
         assert p.flush(30) == 0
-        # The sender counts the replay and leaves journal mode just after the commit flush() sees.
-        wait_for(lambda: p.stats.mode == "direct" and p.stats.replayed == 1, 10, "direct sending again")
-        p.emit(seq_event(1))
-        assert p.flush(30) == 0
-        assert p.stats.journaled == 1, "the second event was sent directly"
-    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, "down-then-up", expected=2), range(2))
+    assert p.stats.delivered == 20 and p.stats.dropped == {}, p.stats
 
 
 def test_a_wiped_broker_that_forgot_the_producer_id_is_recovered_from(broker, tmp_path):
