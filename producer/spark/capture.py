@@ -28,7 +28,8 @@ from producer.spark.jvm import ActionSnapshot
 from producer.spark.plan import Node, parse_plan
 from producer.spark.relations import Relation
 
-SCHEMA_BASE = "https://github.com/lineage-relay/lineage-relay/blob/main/spec/facets"
+#: Where the custom facets' schemas are: this repository's spec/facets/, at the release _producer names.
+SCHEMA_BASE = "https://raw.githubusercontent.com/lineage-relay/lineage-relay/0.1.0/spec/facets"
 
 
 @dataclass(frozen=True)
