@@ -8,7 +8,8 @@ decision to the sender's next ``_step``: they count, log drops and errors, and r
 what they saw -- a failed direct record on ``_returned`` (to be journaled), and the flags
 ``_want_journal`` (go to journal mode), ``_fatal`` (replace the librdkafka instance),
 ``_refused_batch`` (rebuild it with smaller batches), ``_replay_failed`` (read the replay
-batch again) and ``_kafka_down``.
+batch again) and ``_kafka_down``; an acknowledgement resets what is logged once an outage
+(``_journal_mode_told``, ``_rdkafka_log``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from producer.delivery import REJECT, batch_too_large, classify, poisons_instanc
 
 if TYPE_CHECKING:
     from producer.config import ProducerConfig
+    from producer.librdkafka_log import LibrdkafkaLog
 
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
@@ -39,6 +41,8 @@ class DeliveryReports:
     _direct_done: int
     _spilling: bool
     _kafka_down: bool
+    _rdkafka_log: LibrdkafkaLog
+    _journal_mode_told: str | None
     _want_journal: str | None
     _fatal: KafkaError | None
     _replay_outstanding: int
@@ -64,7 +68,7 @@ class DeliveryReports:
         try:
             if err is None:
                 self._delivered += 1
-                self._kafka_down = False
+                self._kafka_up()
             elif classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
                 self._drop("rejected_by_broker", err.str(), key=msg.key())
             else:
@@ -86,7 +90,7 @@ class DeliveryReports:
         self._replay_outstanding -= 1
         self._last_report_at = time.monotonic()
         if err is None:
-            self._kafka_down = False
+            self._kafka_up()
             return
         if classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
             self._replay_rejected += 1
@@ -105,6 +109,14 @@ class DeliveryReports:
             self._kafka_down = True
             if not self._spilling:
                 self._want_journal = "all_brokers_down"
+
+    def _kafka_up(self) -> None:
+        # Kafka took a record: the next journal mode, and the next outage's librdkafka lines,
+        # are reported at WARNING again (a partly down cluster's lines only once it was all down).
+        self._journal_mode_told = None
+        if self._kafka_down:
+            self._kafka_down = False
+            self._rdkafka_log.forget()
 
     def _note_failure(self, err: KafkaError) -> None:
         # A record we purged ourselves (reclaim) says nothing about Kafka.

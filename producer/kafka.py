@@ -65,8 +65,6 @@ from producer.sender import RECLAIM_TIMEOUT_S, Sender
 from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
 
 log = logging.getLogger(__name__)
-# librdkafka's own log lines (served on the sender thread), instead of raw stderr.
-_RDKAFKA_LOG = logging.getLogger("producer.librdkafka")
 _REJECTED_VALUE = re.compile(r'Invalid value ".*" (for configuration property ")', re.DOTALL)
 #: How long emit() waits for the journal writer when the spill queue is full (disk, not network).
 _FULL_WAIT_S = 1.0
@@ -159,7 +157,7 @@ class LineageProducer(Sender):
             props = {**props, "batch.size": str(self._batch_bytes)}
         try:
             return Producer({**props, "error_cb": self._on_error,
-                             "logger": _RDKAFKA_LOG})
+                             "logger": self._rdkafka_log})
         except KafkaException as err:
             # librdkafka quotes the value it rejects (Invalid value "..." for configuration property
             # "..."): only the property is named, and its exception is not chained (it holds the value).

@@ -41,6 +41,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from producer.delivery_reports import DeliveryReports
 from producer.errors import JournalError
 from producer.journal import Journal, Record
+from producer.librdkafka_log import LibrdkafkaLog
 
 if TYPE_CHECKING:
     from producer.config import ProducerConfig
@@ -97,6 +98,8 @@ class Sender(DeliveryReports):
         # stall); the next acknowledgement clears it. While it is set, close() does not
         # wait for records already in the journal: they wait for the next process.
         self._kafka_down = False
+        # Until Kafka takes records again, repeats log quietly: librdkafka's lines, journal mode's reason.
+        self._rdkafka_log, self._journal_mode_told = LibrdkafkaLog(), None
         self._need_reclaim = False
         self._want_journal: str | None = None
         self._fatal: KafkaError | None = None
@@ -129,7 +132,9 @@ class Sender(DeliveryReports):
         if not self._spilling:
             self._spilling = True
             self._need_reclaim = True
-            log.warning("event=journal_mode topic=%s reason=%s", self._topic, reason)
+            log.log(logging.INFO if reason == self._journal_mode_told else logging.WARNING,
+                    "event=journal_mode topic=%s reason=%s", self._topic, reason)
+            self._journal_mode_told = reason
 
     # --- the sender thread -------------------------------------------------------------
 

@@ -309,6 +309,59 @@ def test_a_journal_that_cannot_be_written_does_not_stop_direct_sending(broker, t
     assert p.stats.delivered == 20 and p.stats.dropped == {}, p.stats
 
 
+def test_an_outage_is_a_few_warnings_not_a_flood_of_librdkafka_lines(broker, tmp_path, caplog, monkeypatch):
+    """Kafka unreachable while a job emits: librdkafka's connection failure is logged once
+    at WARNING with its text (it was logged at every reconnect, a hundred lines in a 40 s
+    job, and again by every instance a stall rebuild made), the producer says once that
+    events go to the journal, and the repeats stay at DEBUG."""
+    monkeypatch.setattr(sender, "_STALL_S", (0.5, 1.0))
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    caplog.set_level(logging.DEBUG, "producer.librdkafka")   # last: it sets the handler's level too
+
+    def librdkafka(level_at_least: int) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "producer.librdkafka" and r.levelno >= level_at_least]
+
+    with _producer(broker.bootstrap_servers, "unreachable", tmp_path) as p:
+        for rebuilds in (1, 2):
+            deadline = time.monotonic() + 20
+            while caplog.text.count("event=producer_rebuilt") < rebuilds and time.monotonic() < deadline:
+                p.emit(seq_event(0))
+                time.sleep(0.01)  # ok: a job emitting while Kafka is away
+            assert caplog.text.count("event=producer_rebuilt") >= rebuilds
+            if rebuilds == 1:
+                warned_after_one_rebuild = len(librdkafka(logging.WARNING))
+        assert p.stats.dropped == {} and p.stats.journaled > 0
+    warned = librdkafka(logging.WARNING)
+    assert 1 <= len(warned) <= 2 and len(warned) == warned_after_one_rebuild, [r.getMessage() for r in warned]
+    assert all(r.levelno == logging.WARNING for r in warned)
+    assert "Connection refused" in warned[0].getMessage() and broker.bootstrap_servers in warned[0].getMessage()
+    assert caplog.text.count("event=journal_mode") == 1
+    repeats = [r for r in librdkafka(logging.DEBUG) if r.levelno == logging.DEBUG and "FAIL" in r.getMessage()]
+    assert len(repeats) >= 5, "the repeats are still there at DEBUG"
+
+
+def test_the_next_outage_is_reported_again_once_kafka_took_records(broker, tmp_path, caplog):
+    """Quiet repeats last only until Kafka acknowledges a record: a second outage gets its
+    WARNING lines (librdkafka's connection failure, journal mode) like the first."""
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    caplog.set_level(logging.WARNING, "producer.librdkafka")
+
+    def warned_failures() -> int:
+        return sum(r.name == "producer.librdkafka" and "FAIL" in r.getMessage() for r in caplog.records)
+
+    with _producer(broker.bootstrap_servers, "two-outages", tmp_path) as p:
+        wait_for(lambda: warned_failures() == 1 and "event=journal_mode" in caplog.text, 10, "the first outage")
+        broker.start()
+        broker.create_topic("two-outages", 1)
+        p.emit(seq_event(0))
+        assert p.flush(30) == 0
+        assert warned_failures() == 1
+        broker.stop()
+        p.emit(seq_event(1))
+        wait_for(lambda: warned_failures() == 2 and caplog.text.count("event=journal_mode") == 2, 20,
+                 "the second outage reported")
+
+
 def test_a_wiped_broker_that_forgot_the_producer_id_is_recovered_from(broker, tmp_path):
     # Tansu restarts empty; librdkafka's epoch bump does not satisfy it, so the replay
     # stalls until the producer replaces its librdkafka instance (new producer id).
