@@ -174,6 +174,8 @@ class ActionLineage:
 
 
 def _output_names(query: Node | None) -> list[tuple[str, Any]]:
+    """The plan's output columns as its expressions say: the fallback when Spark's own
+    schema of the written query is not at hand."""
     if query is None:
         return []
     # The root's output: a Project/Aggregate lists it; other roots pass their child's.
@@ -183,6 +185,9 @@ def _output_names(query: Node | None) -> list[tuple[str, Any]]:
             exprs = node.exprs(name)
             if exprs:
                 return [(e.name or "", _output_type(e)) for e in exprs]
+        if node.cls == "WithCTE" and node.children:
+            node = node.children[-1]  # children: the CTE definitions, then the query
+            continue
         if node.cls == "Window" and node.children:
             below = _output_names(node.children[0])
             return below + [(e.name or "", _output_type(e)) for e in node.exprs("windowExpressions")]
@@ -260,10 +265,13 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
 
     outputs: list[dict] = []
     out_refs = dataset_refs(snap.output, settings)
-    column_names = [n for n, _ in _output_names(query)]
     if out_refs:
         ref = out_refs[0]
-        facets = dataset_facets(ref, _output_schema(snap, query))
+        schema = _output_schema(snap, query)
+        # columnLineage is keyed by the schema facet's names, by position: a name found by
+        # walking the plan can be a CTE definition's or an inner query's.
+        column_names = [f["name"] for f in schema or []]
+        facets = dataset_facets(ref, schema)
         if settings.column_lineage and query is not None:
             try:
                 result = columns.trace(query, lambda i, _leaf: leaf_ds[i] if i < len(leaf_ds) else None)

@@ -192,9 +192,10 @@ class _Tracer:
         names = {e.expr_id: e.name for n in order
                  for f in ("projectList", "aggregateExpressions", "windowExpressions", "generatorOutput", "output")
                  for e in n.exprs(f) if e.expr_id is not None}
-        for out_id in self.outputs.get(id(self.query), []):
-            if out_id is not None:
-                self.result.columns.append((names.get(out_id) or f"col{out_id}", self.attrs.get(out_id, {})))
+        # One entry per output column, even one without an exprId: facet_fields names the
+        # columns by position.
+        for pos, out_id in enumerate(self.outputs.get(id(self.query), [])):
+            self.result.columns.append((names.get(out_id) or f"col{pos}", self.attrs.get(out_id, {})))
         return self.result
 
     def _refs(self, expr: Node) -> list[tuple[int, str, str, bool]]:
@@ -326,10 +327,14 @@ class _Tracer:
 def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
                  column_names: list[str] | None = None) -> tuple[dict, list[dict]]:
     """Render as the ColumnLineageDatasetFacet's ``fields`` and ``dataset`` members.
-    ``column_names`` renames the output columns by position (a write's target names)."""
+    ``column_names`` (the written schema's names) renames the output columns by position
+    when it names exactly as many columns as were traced; otherwise the positions cannot be
+    trusted and the plan's own names stand."""
     fields: dict[str, dict] = {}
+    if column_names is not None and len(column_names) != len(result.columns):
+        column_names = None
     for pos, (name, lineage) in enumerate(result.columns):
-        if column_names is not None and pos < len(column_names):
+        if column_names is not None:
             name = column_names[pos]
         direct: dict[SourceField, tuple[str, bool]] = {}
         indirect: dict[tuple[SourceField, str], bool] = {}
