@@ -15,6 +15,13 @@ outputStatistics, processing_engine, spark_properties and columnLineage facets. 
 Structured Streaming query is a child run too (START, RUNNING once its datasets are known,
 COMPLETE, FAIL or ABORT; see :mod:`producer.spark.streaming`).
 
+``disable_lineage(spark)`` switches capture off (both listeners; open streaming runs end in
+ABORT) but not the application run: a session has one application run however often capture
+is switched off and on. ``enable_lineage`` again continues it (same runId, no second START),
+and it ends once, COMPLETE or FAIL, at ``spark.stop()`` or exit, even when capture is off at
+that moment. Enabling again with another namespace, application name or parent ends it
+(COMPLETE) and starts a new one.
+
 Configuration (Spark conf, as the official integration names it; keyword arguments win):
 
 ================================================  =====================================
@@ -134,7 +141,10 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     line) when capture is disabled or cannot run: no transport configured, a transport of
     another type (``http``, ``console``: the OpenLineage JVM integration's business), a
     Spark Connect session (no driver JVM in this process), or a failure while registering
-    the listener (undone). ``producer`` is anything with ``emit(dict)`` (default: a
+    the listener (undone). After :func:`disable_lineage` it continues the session's
+    application run (same runId, no second START; through the same producer unless one is
+    given), unless the namespace, application name or parent differ: then that run ends
+    (COMPLETE) and a new one starts. ``producer`` is anything with ``emit(dict)`` (default: a
     :class:`producer.LineageProducer` from the Spark conf and the other config sources;
     ``producer_overrides`` are its config fields). A mistake in *our* configuration (a
     ``kafka`` transport without bootstrap servers, an unknown key in openlineage.yml's or Spark
@@ -154,7 +164,9 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         return None
     key = _session_key(spark)
     running = _ACTIVE.get(key)
-    if running is not None and not running.ended and _same_session(running.spark, jsession):
+    if running is not None and (running.ended or not _same_session(running.spark, jsession)):
+        running = None
+    if running is not None and running.capturing:
         return running
     conf = dict(spark.sparkContext.getConf().getAll())
     if spark_disabled(conf, os.environ):
@@ -176,6 +188,8 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     read_only = (read_only_actions if read_only_actions is not None
                  else _bool(conf, _P + "python.readOnlyActions", False))
     built = None
+    if producer is None and running is not None and not producer_overrides:
+        producer = _unfiltered(running.sender)   # capture switched back on: the same producer
     if producer is None:
         from producer.config import load_config
         from producer.kafka import LineageProducer
@@ -210,15 +224,25 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         warehouse=conf.get("spark.sql.warehouse.dir"),
     )
     parent, root = _parents(conf, producer)
+    sender = _FacetFilter(producer, off) if off else producer
+    if running is not None:
+        if running.identity == (settings.namespace, settings.app_job_name, parent, root):
+            try:
+                return running.resume(sender, settings, read_only_actions=read_only, max_plan_bytes=max_plan)
+            except Exception as err:  # noqa: BLE001 - a capture that cannot start must not stop the job
+                log.warning("lineage: could not start capture again (%s: %s); capture not enabled (the "
+                            "application run still ends at stop or exit)", type(err).__name__, err)
+                return None
+        running.end()   # another application (namespace, name or parent): the previous one ends here
     lineage = SparkLineage(
-        spark, _FacetFilter(producer, off) if off else producer, settings, parent=parent, root=root,
+        spark, sender, settings, parent=parent, root=root,
         max_plan_bytes=max_plan, read_only_actions=read_only)
     try:
         lineage.start()
     except Exception as err:  # noqa: BLE001 - a capture that cannot start must not stop the job
         log.warning("lineage: could not start capture (%s: %s); capture not enabled", type(err).__name__, err)
         try:
-            lineage.stop_capture()
+            lineage.release()
         except Exception:  # noqa: BLE001 - undo what can be undone
             log.debug("lineage: could not undo a failed start", exc_info=True)
         if built is not None:
@@ -229,11 +253,21 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
 
 
 def disable_lineage(spark: Any) -> None:
-    """Stop capturing for ``spark`` (no application COMPLETE is emitted)."""
+    """Stop capturing for ``spark``: the actions that finished before this call are reported
+    (Spark's listener bus is drained, up to 10 s), then both listeners are unregistered and
+    open streaming runs end in ABORT. The application run stays open (no event now): ``enable_lineage`` again
+    continues it (same runId, no second START), and it ends, COMPLETE or FAIL, at
+    ``spark.stop()`` or exit, whether capture is on then or not."""
     jsession = getattr(spark, "_jsparkSession", None)
     key = _session_key(spark)
-    if key in _ACTIVE and _same_session(_ACTIVE[key].spark, jsession):
-        _ACTIVE.pop(key).stop_capture()
+    running = _ACTIVE.get(key)
+    if running is not None and _same_session(running.spark, jsession):
+        running.drain()   # the actions that finished before this call are still reported
+        running.stop_capture()
+
+
+def _unfiltered(sender: Any) -> Any:
+    return sender._sender if isinstance(sender, _FacetFilter) else sender
 
 
 def _session_key(spark: Any) -> int:

@@ -8,6 +8,10 @@ Guarantees:
   thread never waits for lineage work. Emission is :meth:`LineageProducer.emit` (queue only).
 * Event order per run: START before COMPLETE/FAIL, and every action's events before the
   application's COMPLETE (``SparkContext.stop`` drains the listener bus before we emit it).
+* One application run per session, START once and COMPLETE/FAIL once (at
+  ``SparkContext.stop`` or exit), whether capture is on at that moment or not: switching
+  capture off (:meth:`SparkLineage.stop_capture`) and on again (:meth:`SparkLineage.resume`)
+  keeps the run open and its runId, so the actions captured after it are its children too.
 * Streaming queries are listened to beside it (:mod:`producer.spark.streaming`); a session
   where that cannot be done keeps its batch capture.
 """
@@ -20,6 +24,7 @@ import threading
 import time
 import traceback
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from producer import events
 from producer.spark import capture, java_objects, jvm
@@ -34,6 +39,8 @@ Parent = tuple[str, str, str]
 _WRITE_FUNCS = frozenset({"save", "insertInto", "saveAsTable", "command", "saveAsTextFile"})
 # A DataSourceV2 CTAS/RTAS runs its write as a nested action of this name, then itself.
 _CTAS_INNER_WRITE = "inner data writing for CTAS/RTAS"
+# What Spark calls a statement that failed analysis (its QueryExecution has no analysed plan).
+_ANALYSIS_FAILURE = "analyze"
 # Names Spark gives Dataset actions that only read: with read-only actions off, these are
 # dropped before a single py4j call (any other name costs one class lookup, ``jvm.command_of``).
 _READ_FUNCS = frozenset({"collect", "collectToPython", "collectAsArrowToPython", "collectAsList", "count",
@@ -69,22 +76,29 @@ class SparkLineage:
         return self._ended
 
     # -- lifecycle ----------------------------------------------------------------------
-    def start(self) -> SparkLineage:
-        from pyspark.java_gateway import ensure_callback_server_started
+    @property
+    def capturing(self) -> bool:
+        """Whether the listeners are registered (False after :meth:`stop_capture`)."""
+        return self._listener is not None
 
-        sc = self.spark.sparkContext
-        gateway = sc._gateway
-        ensure_callback_server_started(gateway)
-        self._listener = _Listener(self, gateway)
-        self._jlistener = _register(gateway, self.spark._jsparkSession.listenerManager(), self._listener)
-        self._streaming = StreamingLineage.attach(self, gateway)
+    @property
+    def identity(self) -> tuple:
+        """What names the application run: a capture enabled again with the same identity
+        continues it (see :meth:`resume`)."""
+        return self.settings.namespace, self.settings.app_job_name, self.parent, self.root
+
+    def start(self) -> SparkLineage:
+        """Register the listeners and start the application run (START); its end (COMPLETE
+        or FAIL) comes at ``SparkContext.stop`` or exit, captured or not at that moment."""
+        self._attach()
         self._emit_app("START")
         # The application ends at SparkContext.stop (SparkSession.stop calls it) or at exit.
-        self._orig_stop = sc.stop
+        sc = self.spark.sparkContext
+        orig_stop = self._orig_stop = sc.stop
 
         def stop(*args: Any, **kwargs: Any) -> Any:
             try:
-                return self._orig_stop(*args, **kwargs)
+                return orig_stop(*args, **kwargs)
             finally:
                 self.end()
         sc.stop = stop
@@ -92,8 +106,31 @@ class SparkLineage:
         atexit.register(self._at_exit)
         return self
 
+    def resume(self, sender: Any, settings: CaptureSettings, *, read_only_actions: bool,
+               max_plan_bytes: int) -> SparkLineage:
+        """Capture again after :meth:`stop_capture`, in the same application run: same runId,
+        no second START. Raises when the listeners cannot be registered (then nothing is)."""
+        self.sender, self.settings = sender, settings
+        self.read_only_actions, self.max_plan_bytes = read_only_actions, max_plan_bytes
+        try:
+            self._attach()
+        except BaseException:
+            self.stop_capture()
+            raise
+        return self
+
+    def _attach(self) -> None:
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        gateway = self.spark.sparkContext._gateway
+        ensure_callback_server_started(gateway)
+        self._listener = _Listener(self, gateway)
+        self._jlistener = _register(gateway, self.spark._jsparkSession.listenerManager(), self._listener)
+        self._streaming = StreamingLineage.attach(self, gateway)
+
     def stop_capture(self) -> None:
-        """Unregister the listener (no application event is emitted)."""
+        """Unregister the listeners; open streaming runs end in ABORT. The application run
+        stays open: :meth:`resume` continues it, and it still ends at stop or exit."""
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.detach()  # a no-op from now on, even if it could not be unregistered
@@ -106,7 +143,13 @@ class SparkLineage:
         streaming, self._streaming = self._streaming, None
         if streaming is not None:
             streaming.detach()
+
+    def release(self) -> None:
+        """Stop capturing and undo the stop and exit hooks, with no application event (a
+        start that failed; the application's end)."""
+        self.stop_capture()
         if self._orig_stop is not None:
+            self._orig_stop = None
             try:
                 del self.spark.sparkContext.stop
             except AttributeError:
@@ -121,7 +164,7 @@ class SparkLineage:
                 return
             self._ended = True
         try:
-            self._drain()
+            self.drain()
             if self._streaming is not None:
                 self._streaming.abort_open()
             if error is None:
@@ -130,9 +173,9 @@ class SparkLineage:
                 stack = "".join(traceback.format_exception(type(error), error, error.__traceback__))
                 self._emit_app("FAIL", capture.error_facet(f"{type(error).__name__}: {error}", stack, "PYTHON"))
         finally:
-            self.stop_capture()
+            self.release()
 
-    def _drain(self, timeout_ms: int = 10_000) -> None:
+    def drain(self, timeout_ms: int = 10_000) -> None:
         """Let Spark's listener bus deliver the last actions' callbacks, so their runs are
         emitted before the application's end (a no-op once the context is stopped, since
         ``SparkContext.stop`` drains it itself)."""
@@ -195,8 +238,8 @@ class SparkLineage:
             return
         if snap.output is not None and not snap.metrics and error is None:
             for path in [snap.output.location, *snap.output.paths]:
-                if path and path in self._nested_writes:
-                    snap.metrics = self._nested_writes.pop(path)
+                if path and _path_key(path) in self._nested_writes:
+                    snap.metrics = self._nested_writes.pop(_path_key(path))
                     break
         try:
             lineage = capture.analyse(snap, self.settings)
@@ -258,7 +301,35 @@ class SparkLineage:
         metrics = jvm._metrics(qe.executedPlan())
         if len(self._nested_writes) > 16:
             self._nested_writes.clear()
-        self._nested_writes[analyzed.outputPath().toString()] = metrics
+        self._nested_writes[_path_key(analyzed.outputPath().toString())] = metrics
+
+
+def _never_analysed(gateway: Any, func: str, qe: Any, exception: Any) -> bool:
+    """Whether a failed action has no analysed plan (its statement never analysed: a missing
+    table, a bad column), so there is nothing to report. ``qe.analyzed()`` would throw the
+    job's AnalysisException again, and PySpark logs every AnalysisException it converts at
+    ERROR (the SQLQueryContextLogger): the job's error twice. Spark names such a failure
+    ``analyze``; for other AnalysisExceptions the plan is asked by reflection, whose
+    InvocationTargetException PySpark passes through unlogged."""
+    if func == _ANALYSIS_FAILURE:
+        return True
+    from py4j.java_gateway import is_instance_of
+
+    if not is_instance_of(gateway, exception, "org.apache.spark.sql.AnalysisException"):
+        return False
+    no_classes = gateway.new_array(gateway.jvm.java.lang.Class, 0)
+    try:
+        qe.getClass().getMethod("analyzed", no_classes).invoke(qe, gateway.new_array(gateway.jvm.java.lang.Object, 0))
+    except Exception:  # noqa: BLE001 - the analysis failure itself
+        return True
+    return False
+
+
+def _path_key(path: str) -> str:
+    """One spelling per location for matching a table's nested file write: Hadoop's
+    ``outputPath`` is ``file:/a b`` where the catalog's location URI is ``file:///a%20b``."""
+    parts = urlsplit(path)
+    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path).rstrip('/') or '/'}"
 
 
 def _without_stats(output: dict) -> dict:
@@ -326,6 +397,10 @@ class _Listener:
             with java_objects.released_together(self._gateway):
                 java_objects.adopt(qe)
                 java_objects.adopt(exception)
+                if _never_analysed(self._gateway, func_name, qe, exception):
+                    log.debug("lineage: action %r failed before its plan was analysed; nothing to report",
+                              func_name)
+                    return
                 owner.on_action(self._gateway, func_name, qe, None, exception)
         except Exception:  # noqa: BLE001
             log.exception("lineage: listener failed")

@@ -1,0 +1,150 @@
+"""What a long-lived session sees: one application run however often capture is switched off
+and on, a statement that fails analysis costing no log line beyond the job's own, and an
+external table's write statistics. Real PySpark (the shared session, or a driver process of
+its own where the session must stop)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from producer.spark import disable_lineage, enable_lineage
+from tests.producer.spark.support import Recorder, drain
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[3]
+
+TOGGLING_JOB = textwrap.dedent("""
+    import atexit, json
+    from pyspark.sql import SparkSession
+    from producer.spark import disable_lineage, enable_lineage
+    from tests.producer.spark.support import Recorder
+
+    recorder = Recorder()
+    atexit.register(lambda: print("EVENTS " + json.dumps(
+        [[e["eventType"], e["job"]["name"], e["run"]["runId"],
+          e["run"]["facets"].get("parent", {}).get("run", {}).get("runId")] for e in recorder.events]), flush=True))
+    spark = (SparkSession.builder.master("local[1]").appName("toggle_job").config("spark.ui.enabled", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("FATAL")
+    enable_lineage(spark, producer=recorder)
+    for i in range(4):
+        spark.range(3).write.mode("overwrite").parquet(f"out{i}")
+        disable_lineage(spark)
+        spark.range(3).write.mode("overwrite").parquet(f"off{i}")   # not captured
+        enable_lineage(spark, producer=recorder)
+    spark.range(3).write.mode("overwrite").parquet("last")
+    {ending}
+""")
+
+
+@pytest.mark.parametrize("ending", ["spark.stop()", "disable_lineage(spark); spark.stop()",
+                                    "disable_lineage(spark)  # and exit"])
+def test_switching_capture_off_and_on_keeps_one_application_run_that_ends_once(tmp_path, ending):
+    script = tmp_path / "job.py"
+    script.write_text(TOGGLING_JOB.replace("{ending}", ending))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("EVENTS ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    events = json.loads(lines[-1][len("EVENTS "):])
+    app = [(kind, run) for kind, job, run, _ in events if job == "toggle_job"]
+    assert [kind for kind, _ in app] == ["START", "COMPLETE"], app
+    assert app[0][1] == app[1][1]
+    children = [(kind, parent) for kind, job, _, parent in events if job != "toggle_job"]
+    assert len(children) == 2 * 5, "each captured write is START + COMPLETE; the writes with capture off none"
+    assert {parent for _, parent in children} == {app[0][1]}
+    assert events[-1][:2] == ["COMPLETE", "toggle_job"], "the application ends after its children"
+
+
+def test_enabling_again_continues_the_application_run_in_the_shared_session(spark, tmp_path):
+    first, second = Recorder(), Recorder()
+    lineage = enable_lineage(spark, producer=first, namespace="ar", app_name="ar")
+    try:
+        disable_lineage(spark)
+        again = enable_lineage(spark, producer=second, namespace="ar", app_name="ar")
+        assert again is lineage
+        spark.range(2).write.mode("overwrite").parquet(str(tmp_path / "out"))
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+    assert [e["eventType"] for e in first.events] == ["START"]
+    assert [e["job"]["name"] for e in second.events if e["job"]["name"] == "ar"] == [], "no second START"
+    parents = {e["run"]["facets"]["parent"]["run"]["runId"] for e in second.events}
+    assert parents == {first.events[0]["run"]["runId"]}
+
+
+def test_another_application_name_ends_the_paused_run_and_starts_a_new_one(spark):
+    first, second = Recorder(), Recorder()
+    enable_lineage(spark, producer=first, namespace="ar", app_name="ar_one")
+    disable_lineage(spark)
+    try:
+        enable_lineage(spark, producer=second, namespace="ar", app_name="ar_two")
+    finally:
+        disable_lineage(spark)
+    assert [(e["eventType"], e["job"]["name"]) for e in first.events] == [("START", "ar_one"),
+                                                                         ("COMPLETE", "ar_one")]
+    assert [(e["eventType"], e["job"]["name"]) for e in second.events] == [("START", "ar_two")]
+
+
+def test_a_statement_that_fails_analysis_logs_only_the_jobs_own_error(spark, caplog):
+    """PySpark logs each AnalysisException it converts at ERROR (SQLQueryContextLogger, which
+    does not propagate: its handler writes to stderr); capture must not make a second one."""
+    pyspark_errors = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            pyspark_errors.append(record)
+    handler = Collect(logging.ERROR)
+    from pyspark.logger import PySparkLogger
+
+    context_logger = PySparkLogger.getLogger("SQLQueryContextLogger")
+    context_logger.addHandler(handler)
+    recorder = Recorder()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="producer.spark"):
+            for capture_on in (False, True):
+                if capture_on:
+                    enable_lineage(spark, producer=recorder, namespace="ar", app_name="ar")
+                with pytest.raises(Exception, match="TABLE_OR_VIEW_NOT_FOUND"):
+                    spark.sql("INSERT INTO no_such_table SELECT 1")
+                drain(spark)
+    finally:
+        disable_lineage(spark)
+        context_logger.removeHandler(handler)
+    assert len(pyspark_errors) == 2, "one per failing statement, the job's own: " + repr(
+        [r.getMessage()[:80] for r in pyspark_errors])
+    ours = [r for r in caplog.records if r.name.startswith("producer") and r.levelno >= logging.INFO]
+    assert ours == [], [r.getMessage()[:200] for r in ours]
+    assert [e for e in recorder.events if e["job"]["name"] != "ar"] == []
+
+
+def test_an_external_table_written_by_save_as_table_has_its_output_statistics(spark, tmp_path):
+    """The table's own run reports the rows its inner file write wrote, wherever the table
+    lives: Hadoop spells the written path ``file:/a b``, the catalog ``file:///a%20b``."""
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, namespace="ar", app_name="ar")
+    try:
+        df = spark.range(5)
+        df.write.mode("overwrite").saveAsTable("ar_managed")
+        df.write.mode("overwrite").option("path", str(tmp_path / "ext")).saveAsTable("ar_external")
+        df.write.mode("overwrite").option("path", str(tmp_path / "ext space")).saveAsTable("ar_external_space")
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+        for table in ("ar_managed", "ar_external", "ar_external_space"):
+            spark.sql(f"DROP TABLE IF EXISTS {table}")
+    completes = [e for e in recorder.events if e["eventType"] == "COMPLETE" and e["job"]["name"] != "ar"]
+    assert len(completes) == 3
+    for event in completes:
+        (output,) = event["outputs"]
+        assert output.get("outputFacets", {}).get("outputStatistics", {}).get("rowCount") == 5, output["name"]
