@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from producer.spark.java_objects import per_gateway, untracked
 
@@ -46,7 +47,9 @@ def catalog_table(table: Any) -> Relation:
     db = opt(ident.database())
     name = f"{db}.{ident.table()}" if db else ident.table()
     loc = opt(table.storage().locationUri())
-    return Relation(table=name, location=loc.toString() if loc is not None else None,
+    # The catalog keeps a java.net.URI (file:/a%20b); a file write names the same place as
+    # Hadoop spells it (file:/a b): decoded, the table and its files are one dataset.
+    return Relation(table=name, location=unquote(str(loc.toString())) if loc is not None else None,
                     fmt=opt(table.provider()))
 
 

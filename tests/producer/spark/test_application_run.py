@@ -148,3 +148,7 @@ def test_an_external_table_written_by_save_as_table_has_its_output_statistics(sp
     for event in completes:
         (output,) = event["outputs"]
         assert output.get("outputFacets", {}).get("outputStatistics", {}).get("rowCount") == 5, output["name"]
+    # Named as a file write to the same place is (Hadoop's spelling), not the catalog's
+    # percent-encoded URI: the table and a job reading its files meet on one dataset.
+    named = {e["outputs"][0]["name"] for e in completes}
+    assert str(tmp_path / "ext space") in named and str(tmp_path / "ext") in named, named
