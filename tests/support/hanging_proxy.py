@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from relay.embedded.broker import EmbeddedBroker, free_port
+from relay.embedded.broker import EmbeddedBroker
 from tests.support.kafka_proxy import LoopProxy
 
 #: The Kafka api key of a consumer group commit.
@@ -94,6 +94,11 @@ class HangingProxy(LoopProxy):
 def hanging_broker() -> Iterator[tuple[EmbeddedBroker, HangingProxy]]:
     """A Tansu broker whose clients all go through a :class:`HangingProxy`
     (``broker.bootstrap_servers`` names the proxy)."""
-    port = free_port()
-    with EmbeddedBroker(advertised_port=port) as broker, HangingProxy(broker.port, port) as proxy:
-        yield broker, proxy
+    proxy = HangingProxy(0, 0)  # its port held from now on, for the broker to advertise
+    try:
+        with EmbeddedBroker(advertised_port=proxy.port) as broker:
+            proxy.upstream_port = broker.port
+            with proxy:
+                yield broker, proxy
+    finally:
+        proxy.release()

@@ -32,6 +32,7 @@ of a fetch answer (v12 and later, which name topics by id, as librdkafka 2.x ask
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import threading
 from collections import Counter
@@ -39,7 +40,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Self
 
-from relay.embedded.broker import EmbeddedBroker, free_port
+from relay.embedded.broker import EmbeddedBroker
 
 #: Kafka api keys used here.
 PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, HEARTBEAT, INIT_PRODUCER_ID = 0, 1, 2, 8, 12, 22
@@ -182,7 +183,14 @@ class LoopProxy:
     loop on its own thread; a subclass gives ``_serve(client_reader, client_writer)``."""
 
     def __init__(self, upstream_port: int, port: int, name: str) -> None:
-        self.upstream_port, self.port = upstream_port, port
+        # Bound now (0: any free port), listening from start(): a port found free and bound
+        # only later could be taken meanwhile, e.g. as the source port of another test
+        # worker's connection (seen: "address already in use" under 4 workers). A bound
+        # socket that does not listen refuses connections, as no proxy at all would.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", port))
+        self.upstream_port, self.port = upstream_port, self._sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
@@ -196,8 +204,13 @@ class LoopProxy:
     def start(self) -> Self:
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._serve, "127.0.0.1", self.port), self._loop).result(10)
+            asyncio.start_server(self._serve, sock=self._sock), self._loop).result(10)
         return self
+
+    def release(self) -> None:
+        """Give the port back without ever serving (a proxy that was not started)."""
+        if self._server is None:
+            self._sock.close()
 
     def stop(self) -> None:
         async def close() -> None:
@@ -366,6 +379,11 @@ class KafkaFaultProxy(LoopProxy):
 def proxied_broker() -> Iterator[tuple[EmbeddedBroker, KafkaFaultProxy]]:
     """A Tansu broker whose clients all go through a :class:`KafkaFaultProxy`
     (``broker.bootstrap_servers`` names the proxy)."""
-    port = free_port()
-    with EmbeddedBroker(advertised_port=port) as broker, KafkaFaultProxy(broker.port, port) as proxy:
-        yield broker, proxy
+    proxy = KafkaFaultProxy(0, 0)  # its port held from now on, for the broker to advertise
+    try:
+        with EmbeddedBroker(advertised_port=proxy.port) as broker:
+            proxy.upstream_port = broker.port
+            with proxy:
+                yield broker, proxy
+    finally:
+        proxy.release()
