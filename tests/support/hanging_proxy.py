@@ -13,11 +13,10 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from relay.embedded.broker import EmbeddedBroker
-from tests.support.kafka_proxy import LoopProxy
+from tests.support.kafka_proxy import LoopProxy, broker_behind
 
 #: The Kafka api key of a consumer group commit.
 OFFSET_COMMIT = 8
@@ -90,15 +89,7 @@ class HangingProxy(LoopProxy):
             writer.close()
 
 
-@contextmanager
-def hanging_broker() -> Iterator[tuple[EmbeddedBroker, HangingProxy]]:
+def hanging_broker() -> AbstractContextManager[tuple[EmbeddedBroker, HangingProxy]]:
     """A Tansu broker whose clients all go through a :class:`HangingProxy`
     (``broker.bootstrap_servers`` names the proxy)."""
-    proxy = HangingProxy(0, 0)  # its port held from now on, for the broker to advertise
-    try:
-        with EmbeddedBroker(advertised_port=proxy.port) as broker:
-            proxy.upstream_port = broker.port
-            with proxy:
-                yield broker, proxy
-    finally:
-        proxy.release()
+    return broker_behind(HangingProxy(0, 0))  # type: ignore[return-value]

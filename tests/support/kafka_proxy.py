@@ -37,7 +37,7 @@ import struct
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Self
 
 from relay.embedded.broker import EmbeddedBroker
@@ -376,10 +376,9 @@ class KafkaFaultProxy(LoopProxy):
 
 
 @contextmanager
-def proxied_broker() -> Iterator[tuple[EmbeddedBroker, KafkaFaultProxy]]:
-    """A Tansu broker whose clients all go through a :class:`KafkaFaultProxy`
-    (``broker.bootstrap_servers`` names the proxy)."""
-    proxy = KafkaFaultProxy(0, 0)  # its port held from now on, for the broker to advertise
+def broker_behind(proxy: LoopProxy) -> Iterator[tuple[EmbeddedBroker, LoopProxy]]:
+    """A Tansu broker advertising ``proxy``'s port (held since the proxy was made), so its
+    clients all go through the proxy; the proxy started once the broker is up."""
     try:
         with EmbeddedBroker(advertised_port=proxy.port) as broker:
             proxy.upstream_port = broker.port
@@ -387,3 +386,9 @@ def proxied_broker() -> Iterator[tuple[EmbeddedBroker, KafkaFaultProxy]]:
                 yield broker, proxy
     finally:
         proxy.release()
+
+
+def proxied_broker() -> AbstractContextManager[tuple[EmbeddedBroker, KafkaFaultProxy]]:
+    """A Tansu broker whose clients all go through a :class:`KafkaFaultProxy`
+    (``broker.bootstrap_servers`` names the proxy)."""
+    return broker_behind(KafkaFaultProxy(0, 0))  # type: ignore[return-value]
