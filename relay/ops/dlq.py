@@ -99,6 +99,8 @@ def render_record(r: DeadLetter) -> str:
 def run_list(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -> int:
     """Read the topic once, printing each record as it comes (``--show``), then the
     summary: no record is held, whatever the size of the topic."""
+    if args.limit is not None and args.limit < 1:  # 0 listed a full topic as empty, exit 0
+        raise OpsError("--limit must be at least 1")
     listing = DeadLetterListing()
     consumer = open_consumer(config.kafka, group_id(config.kafka), overrides=LARGE_RECORD_OVERRIDES)
     try:

@@ -31,3 +31,18 @@ def test_offsets_are_given_per_partition_not_mixed_across_them():
     assert "offsets 0:12 .. 0:40, 1:3 .. 1:9 " in line
     assert " 5 record(s)" in line and " 5 pending" in line
     assert "offsets 2:7 .. 2:7 " in _line(listing, "invalid_json")
+
+
+def test_a_limit_below_one_is_refused_not_listed_as_an_empty_topic(tmp_path, capsys):
+    """``--limit 0`` (or a negative one) listed "0 record(s)" with exit 0 for a topic full of
+    dead letters: an operator read it as an empty dead-letter topic. It is refused, exit 2,
+    before the broker is asked (none listens here)."""
+    from relay.cli import main as cli
+
+    path = tmp_path / "relay.yaml"
+    path.write_text("kafka: {bootstrap_servers: '127.0.0.1:1'}\ncollectors: [{name: a, url: 'http://127.0.0.1:1'}]\n")
+    for limit in ("0", "-1"):
+        assert cli(["dlq", "list", "--config", str(path), "--limit", limit]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert "lineage-relay dlq list: --limit must be at least 1" in captured.err
