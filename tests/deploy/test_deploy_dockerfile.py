@@ -77,6 +77,54 @@ def test_builder_copies_everything_pip_install_reads():
         assert any(s == top for s in sources), f"package {pattern} is not copied into the builder"
 
 
+def _runtime_closure() -> set[str]:
+    """The distributions ``pip install lineage-relay`` installs (names, normalised), read
+    from the test environment's metadata: pyproject's dependencies and theirs."""
+    from importlib import metadata
+
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+
+    names, todo = set(), [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+    while todo:
+        req = todo.pop()
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name in names or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        names.add(name)
+        for sub in metadata.distribution(req.name).requires or []:
+            sub_req = Requirement(sub)
+            if sub_req.marker is None or Marker(str(sub_req.marker)).evaluate({"extra": ""}):
+                todo.append(sub_req)
+    return names
+
+
+def test_runtime_dependencies_are_installed_at_pinned_versions():
+    # pip resolved pyproject's ranges afresh at every build: two builds of one commit could
+    # ship different aiohttp, pydantic, confluent-kafka (librdkafka) than the tests ran with.
+    from packaging.requirements import Requirement
+
+    builder = STAGES[0]
+    copied = {ins.value.split()[-1]: ins.value.split()[-2] for ins in builder.all("COPY")}
+    constraints_src = next((src for src in copied.values() if src.endswith("constraints.txt")), None)
+    assert constraints_src is not None, "the builder copies the constraints file"
+    install = next(ins.value for ins in builder.all("RUN") if " install " in ins.value)
+    assert re.search(r"(--constraint|-c)\s+\S*constraints\.txt", install), install
+    pins = {}
+    for line in (ROOT / constraints_src).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[re.sub(r"[-_.]+", "-", req.name).lower()] = spec.version
+    assert _runtime_closure() - set(pins) == set(), "pin every runtime dependency in deploy/constraints.txt"
+    for dep in PYPROJECT["project"]["dependencies"]:
+        req = Requirement(dep)
+        version = pins[re.sub(r"[-_.]+", "-", req.name).lower()]
+        assert req.specifier.contains(version), f"{req.name}=={version} is outside pyproject's {req.specifier}"
+
+
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE, SPARK_DOCKERFILE], ids=["relay", "spark-example"])
 def test_copied_files_exist_and_are_not_dockerignored(dockerfile):
     patterns = dockerignore_patterns(ROOT / ".dockerignore")
