@@ -93,3 +93,18 @@ def test_rates_are_taken_of_counters_only(dashboard):
     for expr in _queries(dashboard):
         for name in re.findall(r"\b(?:rate|increase)\(\s*(lineage_relay_[A-Za-z0-9_]+)", expr):
             assert name.endswith(("_total", "_bucket", "_sum", "_count")), f"{expr}: rate() of gauge {name}"
+
+
+def test_stats_over_a_window_count_counter_series_new_in_it(dashboard):
+    # A labelled counter's series appears at its first increment, already at 1 or more:
+    # increase() sees no rise in it, and "Dead-lettered (1h)" showed 0 after a reason's
+    # first dead letters. A stat's increase() over a window also counts, whole, the series
+    # that were not there a window ago.
+    for panel in _panels(dashboard):
+        if panel.get("type") != "stat":
+            continue
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name, window in re.findall(r"increase\((lineage_relay_[A-Za-z0-9_]+)(?:\{[^}]*\})?\[(\w+)\]\)", expr):
+                assert re.search(rf"{name}(\{{[^}}]*\}})? unless {name}(\{{[^}}]*\}})? offset {window}\b", expr), \
+                    f"{panel['title']}: {expr}"
