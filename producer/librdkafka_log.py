@@ -62,7 +62,7 @@ class LibrdkafkaLog:
             self._logger.log(logging.DEBUG, fmt, *args, **kwargs)
             return
         facility, _client, message = (str(a) for a in args)
-        if self._first(_kind(facility, message)):
+        if self._first(line_kind(facility, message)):
             level = logging.WARNING if facility == "FAIL" else level
             self._logger.log(level, fmt + " (repeats are logged at DEBUG)", *args, **kwargs)
         else:
@@ -82,7 +82,10 @@ class LibrdkafkaLog:
             return True
 
 
-def _kind(facility: str, message: str) -> tuple[str, str, str]:
+def line_kind(facility: str, message: str) -> tuple[str, str, str]:
+    """A line's kind: its facility, the broker its message begins with (or ``""``) and the
+    rest of its text with every number replaced by ``#`` (librdkafka's thread prefix left
+    out), so that one broker's repeated failures are one kind until their cause changes."""
     thread = _THREAD.match(message)
     text = message[thread.end():] if thread is not None else message
     broker = _BROKER.match(text)

@@ -20,15 +20,30 @@ forward, over records removed unread), counted in
 ``lineage_relay_offset_resets_total``. The relay checks the committed offsets of the
 partitions it is assigned itself (:class:`relay.source.kafka.KafkaSource`), so this line
 comes from resets while it consumes: retention overtaking a lagging relay.
+
+Repeats are logged in proportion. While a broker is unreachable librdkafka logs a line at
+every connection attempt (``Connect to ipv4#10.0.0.7:9092 failed: Connection refused``),
+several a second per client and a burst of ~100 whenever metadata is asked for: ~470 lines
+in 20 s against one down broker, burying the relay's own ``broker_unreachable``. A kind of
+line (per client: its facility, the broker its message names and its text with numbers left
+out, :func:`producer.librdkafka_log.line_kind`) is logged at its level at most once every
+:data:`REPEAT_EVERY_S`; the repeats in between go to DEBUG, and the next line logged at its
+level says how many there were (``repeated``). An outage of an hour is ~60 lines per client
+and cause, not ~85,000. At most :data:`_MAX_KINDS` kinds are remembered at once; beyond
+them a new kind goes to DEBUG until an old one has been quiet for the interval. Offset
+resets are never held back: each is its own warning and counted.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from producer.librdkafka_log import line_kind
 from relay.logs import log_event
 
 _log = logging.getLogger("relay.librdkafka")
@@ -49,14 +64,24 @@ _THREAD = re.compile(r"\[thrd:(?P<thread>[^\]]*)\]: ")
 
 OffsetReset = Callable[[str, int], None]
 
+#: A kind of line is logged at its level at most once in this many seconds (see above).
+REPEAT_EVERY_S = 60.0
+#: How many kinds of line are remembered at once.
+_MAX_KINDS = 256
+
 
 class KafkaLog:
     """What confluent-kafka calls with librdkafka's log lines (its ``logger``); see the
     module docstring. ``on_offset_reset(topic, partition)`` is called for each offset
     reset, on the thread serving the client."""
 
-    def __init__(self, on_offset_reset: OffsetReset | None = None) -> None:
+    def __init__(self, on_offset_reset: OffsetReset | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._on_offset_reset = on_offset_reset
+        self._clock = clock
+        #: kind -> [when a line of it was last logged at its level, repeats since then]
+        self._kinds: dict[tuple[str, ...], list] = {}
+        self._lock = threading.Lock()  # lines come from every thread serving a client
 
     def log(self, level: int, _fmt: str, facility: str = "", client: str = "", message: str = "",
             *_rest: Any) -> None:
@@ -70,9 +95,36 @@ class KafkaLog:
             if reset is not None:
                 self.offset_reset(reset, client)
                 return
-        if _log.isEnabledFor(level):
-            log_event(_log, level, "librdkafka", facility=facility, client=client,
-                      thread=thread["thread"] if thread is not None else None, message=message)
+        if not _log.isEnabledFor(level):
+            return
+        fields = {"facility": facility, "client": client,
+                  "thread": thread["thread"] if thread is not None else None, "message": message}
+        repeated = self._repeats_before(client, facility, message)
+        if repeated is None:
+            if _log.isEnabledFor(logging.DEBUG):
+                log_event(_log, logging.DEBUG, "librdkafka", **fields, level_was=logging.getLevelName(level))
+            return
+        log_event(_log, level, "librdkafka", **fields, **({"repeated": repeated} if repeated else {}))
+
+    def _repeats_before(self, client: str, facility: str, message: str) -> int | None:
+        """None when a line of this kind was logged at its level less than
+        :data:`REPEAT_EVERY_S` ago (or too many kinds are remembered); else how many lines of
+        the kind came since that one."""
+        kind = (client, *line_kind(facility, message))
+        now = self._clock()
+        with self._lock:
+            seen = self._kinds.get(kind)
+            if seen is not None and now - seen[0] < REPEAT_EVERY_S:
+                seen[1] += 1
+                return None
+            if seen is None and len(self._kinds) >= _MAX_KINDS:
+                for old in [k for k, (at, _) in self._kinds.items() if now - at >= REPEAT_EVERY_S]:
+                    del self._kinds[old]
+                if len(self._kinds) >= _MAX_KINDS:
+                    return None
+            repeated = seen[1] if seen is not None else 0
+            self._kinds[kind] = [now, 0]
+            return repeated
 
     def offset_reset(self, reset: re.Match[str], client: str) -> None:
         topic, partition, at, to = reset["topic"], int(reset["partition"]), int(reset["at"]), reset["to"]

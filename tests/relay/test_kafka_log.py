@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from relay.kafka_log import KafkaLog, with_log
+from relay.kafka_log import REPEAT_EVERY_S, KafkaLog, with_log
 
 FMT = "%s [%s] %s"
 #: librdkafka 2.x (leader epochs) and 1.x wordings of the same line.
@@ -82,3 +82,82 @@ def test_with_log_sets_the_logger_and_leaves_the_rest():
     conf = {"a": "1"}
     assert with_log(conf)["logger"] is not None and with_log(conf, mine) == {"a": "1", "logger": mine}
     assert conf == {"a": "1"}
+
+
+def _refused(broker: str, after_ms: int) -> str:
+    return (f"[thrd:{broker}/bootstrap]: {broker}/bootstrap: Connect to ipv4#{broker} failed: Connection refused "
+            f"(after {after_ms}ms in state CONNECT)")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_repeated_line_is_logged_at_its_level_once_a_minute_with_the_repeats_counted(caplog):
+    """A down broker makes librdkafka log a connection failure at every attempt (~470 lines
+    in 20 s of a relay's start-up were seen): one line of a kind at its level per
+    REPEAT_EVERY_S, the repeats at DEBUG, the next line at its level counting them."""
+    clock = _Clock()
+    sink = KafkaLog(clock=clock)
+    with caplog.at_level(logging.DEBUG, logger="relay.librdkafka"):
+        for attempt in range(300):
+            sink.log(logging.ERROR, FMT, "FAIL", "rdkafka#consumer-1", _refused("127.0.0.1:9", attempt % 7))
+            clock.now += 0.19  # 57 s in all: within the interval
+        clock.now = 1000.0 + REPEAT_EVERY_S
+        sink.log(logging.ERROR, FMT, "FAIL", "rdkafka#consumer-1", _refused("127.0.0.1:9", 3))
+    at_level = [r for r in caplog.records if r.levelno == logging.ERROR]
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert [r.fields.get("repeated") for r in at_level] == [None, 299]
+    assert len(debug) == 299 and {r.fields["level_was"] for r in debug} == {"ERROR"}
+    assert at_level[1].fields["message"] == _refused("127.0.0.1:9", 3).split("]: ", 1)[1]
+
+
+def test_repeats_held_back_are_not_logged_below_debug(caplog):
+    clock = _Clock()
+    sink = KafkaLog(clock=clock)
+    with caplog.at_level(logging.INFO, logger="relay.librdkafka"):
+        for attempt in range(50):
+            sink.log(logging.ERROR, FMT, "FAIL", "rdkafka#consumer-1", _refused("127.0.0.1:9", attempt))
+    assert len(caplog.records) == 1
+
+
+def test_each_client_broker_and_cause_is_a_kind_of_its_own(caplog):
+    sink = KafkaLog(clock=_Clock())
+    lines = [("FAIL", "rdkafka#consumer-1", _refused("10.0.0.1:9092", 0)),
+             ("FAIL", "rdkafka#producer-2", _refused("10.0.0.1:9092", 0)),     # another client
+             ("FAIL", "rdkafka#consumer-1", _refused("10.0.0.2:9092", 0)),     # another broker
+             ("FAIL", "rdkafka#consumer-1", "[thrd:main]: 10.0.0.1:9092/bootstrap: Failed to resolve "
+                                            "'kafka:9092': Name or service not known"),  # another cause
+             ("REQTMOUT", "rdkafka#consumer-1", "[thrd:main]: 10.0.0.1:9092/1: Timed out 1 in-flight requests")]
+    with caplog.at_level(logging.INFO, logger="relay.librdkafka"):
+        for _ in range(3):
+            for facility, client, message in lines:
+                sink.log(logging.WARNING, FMT, facility, client, message)
+    assert len(caplog.records) == len(lines)
+    assert [(r.fields["facility"], r.fields["client"]) for r in caplog.records] == [(f, c) for f, c, _ in lines]
+
+
+def test_offset_resets_are_never_held_back(caplog):
+    resets = []
+    sink = KafkaLog(on_offset_reset=lambda *a: resets.append(a), clock=_Clock())
+    with caplog.at_level(logging.INFO, logger="relay"):
+        for _ in range(4):
+            sink.log(logging.INFO, FMT, "OFFSET", "rdkafka#consumer-1", RESET_SEEN)
+    assert [r.getMessage() for r in caplog.records] == ["offset_reset"] * 4 and len(resets) == 4
+
+
+def test_the_kinds_remembered_are_bounded_and_quiet_ones_make_room(caplog, monkeypatch):
+    monkeypatch.setattr("relay.kafka_log._MAX_KINDS", 3)
+    clock = _Clock()
+    sink = KafkaLog(clock=clock)
+    with caplog.at_level(logging.INFO, logger="relay.librdkafka"):
+        for broker in ("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"):
+            sink.log(logging.ERROR, FMT, "FAIL", "c", _refused(broker, 0))
+        assert len(caplog.records) == 3  # the fourth kind: no room
+        clock.now += REPEAT_EVERY_S
+        sink.log(logging.ERROR, FMT, "FAIL", "c", _refused("10.0.0.5:1", 0))
+    assert len(caplog.records) == 4 and "10.0.0.5:1" in caplog.records[-1].fields["message"]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from producer.librdkafka_log import line_kind
 from relay.app import CLOSE_MARGIN_S
 from relay.embedded.broker import free_port
 from relay.state.changelog import StateError
@@ -234,6 +235,11 @@ def test_an_unreachable_broker_is_named_early_at_start_up(caplog, monkeypatch):
     assert "kafka.bootstrap_servers" in unreachable[0].fields["hint"]
     assert not_created.fields["bootstrap_servers"] == bootstrap
     assert "no broker answered" in not_created.fields["hint"], not_created.fields
+    # librdkafka's connection failures (one at every attempt, hundreds in these seconds)
+    # do not bury those warnings: one line per client and kind within REPEAT_EVERY_S.
+    lines = [(r.fields["client"], *line_kind(r.fields["facility"], r.fields["message"]))
+             for r in records(caplog, "librdkafka")]
+    assert lines and len(lines) == len(set(lines)), lines
 
 
 @pytest.mark.parametrize("problem", ["state_topic_missing", "partition_counts_differ"])
