@@ -26,6 +26,14 @@ FETCH_BYTES = 16 * 1024 * 1024
 #: drained at up to ~256 MiB/s, and with 20 MB events it leaves peak memory where the
 #: default does (~470-490 MiB in tests/relay/test_relay_oversize.py; 20 ms: ~530).
 FETCH_QUEUE_BACKOFF_MS = 250
+#: How often librdkafka asks for the subscribed topics' metadata
+#: (``topic.metadata.refresh.interval.ms``; its default is 5 minutes). Only then does it
+#: notice a subscribed topic gone (a broker back without its data, a topic deleted: the
+#: relay is told, logs ``topics_missing`` and /readyz answers 503) or one (re)created: the
+#: group gives out its partitions only then. At the default, a relay under a broker
+#: restarted empty went on answering ready with no partition and consumed the recreated
+#: topic only up to 5 minutes later. One small metadata request every 10 s.
+METADATA_REFRESH_MS = 10_000
 
 #: Defaults that make a manual-commit, at-least-once consumer; user properties win
 #: except for the ones the relay's guarantees depend on (see _FORCED).
@@ -38,6 +46,7 @@ _DEFAULTS = {
     "fetch.wait.max.ms": "100",
     "fetch.max.bytes": str(FETCH_BYTES),
     "fetch.queue.backoff.ms": str(FETCH_QUEUE_BACKOFF_MS),
+    "topic.metadata.refresh.interval.ms": str(METADATA_REFRESH_MS),
 }
 _FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
 
