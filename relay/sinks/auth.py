@@ -11,6 +11,7 @@ Secrets never print: nothing here logs a token or puts it in an exception messag
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import ssl
@@ -25,6 +26,12 @@ log = logging.getLogger("relay.sinks.auth")
 
 #: A token file is stat()ed at most this often (plus on every 401).
 CHECK_EVERY_S = 1.0
+#: Tokens of a rotating file scrubbed from answers: the current one and those before it (an
+#: answer to a request sent just before a rotation may quote the old one).
+TOKENS_REMEMBERED = 4
+#: Custom header values shorter than this are not scrubbed from answers: a short value (a
+#: tenant's name, ``json``) is no key, and replacing it everywhere would garble the answer.
+MIN_HEADER_SECRET = 8
 
 
 class TokenSource:
@@ -40,6 +47,8 @@ class TokenSource:
         self._stamp: tuple[int, int, int] | None = None
         self._bad_stamp: tuple[int, int, int] | None = None
         self._token: str | None = None
+        #: The tokens sent so far, latest last (at most TOKENS_REMEMBERED): see AnswerScrubber.
+        self.sent: list[str] = []
         if config.token is not None:
             # Stripped as the other sources are: a value from ${VAR} often ends in a newline
             # (a Secret made from a file), which no HTTP header can carry.
@@ -57,6 +66,8 @@ class TokenSource:
         self.rotates = self._file is not None
         if self._file is not None:
             self._read(initial=True)
+        if self._token:
+            self.sent.append(self._token)
 
     def __repr__(self) -> str:
         source = f"file {self._file}" if self._file else ("fixed" if self._token else "none")
@@ -107,6 +118,8 @@ class TokenSource:
         self._stamp = stamp
         changed = token != self._token
         self._token = token
+        if changed and not initial:
+            self.sent = [*self.sent, token][-TOKENS_REMEMBERED:]
         return changed
 
     def _unusable(self, stamp: tuple[int, int, int], initial: bool, why: str) -> bool:
@@ -119,6 +132,36 @@ class TokenSource:
             self._bad_stamp = stamp
             log_event(log, logging.WARNING, "token_file_unusable", error=message, hint="the last token stays in use")
         return False
+
+
+class AnswerScrubber:
+    """Takes a collector's credentials out of its answers, which the relay quotes in dead
+    letters' ``detail`` and in log lines: a collector or a gateway that echoes the request
+    (``invalid token Bearer ...``, a debug echo of the headers) would otherwise put the token
+    there. Its token(s), as sent and as JSON escapes them, and the values of its custom
+    headers (they carry API keys) become ``***``."""
+
+    __slots__ = ("_tokens", "_headers")
+
+    def __init__(self, config: CollectorConfig, tokens: TokenSource) -> None:
+        self._tokens = tokens
+        self._headers = [form for value in config.headers.values() if len(value.strip()) >= MIN_HEADER_SECRET
+                         for form in _forms(value.strip())]
+
+    def __call__(self, body: bytes) -> bytes:
+        if not body:
+            return body
+        for form in (*[f for token in self._tokens.sent for f in _forms(token)], *self._headers):
+            if form in body:
+                body = body.replace(form, b"***")
+        return body
+
+
+def _forms(secret: str) -> list[bytes]:
+    """How ``secret`` can appear in an answer: as is, and inside a JSON string."""
+    raw = secret.encode()
+    escaped = json.dumps(secret, ensure_ascii=False)[1:-1].encode()
+    return [raw] if escaped == raw else [raw, escaped]
 
 
 def auth_header_value(config: CollectorConfig, token: str) -> str:

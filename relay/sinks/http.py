@@ -36,7 +36,7 @@ from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
 from relay.sinks.adaptive import AdaptiveLimit, Outcome
-from relay.sinks.auth import TokenSource, auth_header_value, ssl_context
+from relay.sinks.auth import AnswerScrubber, TokenSource, auth_header_value, ssl_context
 from relay.sinks.base import Undeliverable
 from relay.sinks.deadlines import Deadlines
 from relay.sinks.reply import (
@@ -90,6 +90,7 @@ class HttpCollector:
         self._not_before = 0.0
         self._rand = random.Random()
         self._tokens = TokenSource(config)
+        self._scrub = AnswerScrubber(config, self._tokens)
         self._auth: dict[str, str] | None = None  # per-request header of a rotating token
         self._auth_token: str | None = None
         # Accept-Encoding set here rather than through skip_auto_headers, which makes aiohttp
@@ -252,6 +253,7 @@ class HttpCollector:
         bytes, and a 401 re-reads the token file, a Retry-After on a retriable status holds
         back every request to this collector."""
         reply = await read_reply(resp, keep)
+        reply.body = self._scrub(reply.body)  # quoted in dead letters and logs
         status = reply.status
         if status < 300:
             return reply
