@@ -186,12 +186,28 @@ def ssl_context(config: CollectorConfig) -> ssl.SSLContext | None:
         context.verify_mode = ssl.CERT_NONE
     if tls.client_cert is not None:
         try:
-            context.load_cert_chain(tls.client_cert, tls.client_key)
+            # A password callback, so that OpenSSL never prompts for an encrypted key's
+            # passphrase on the terminal: the relay (or check-config) would wait there.
+            context.load_cert_chain(tls.client_cert, tls.client_key, password=_no_passphrase)
+        except _EncryptedKey:
+            key = "client_key" if tls.client_key else "client_cert"  # the key may be in the cert's file
+            raise ConfigError(f"{where}.{key}: the private key in {tls.client_key or tls.client_cert} is "
+                              "encrypted (it needs a passphrase, which the relay cannot be given); give it "
+                              "unencrypted, e.g. openssl pkey -in <key> -out <plain key>, and mount it as a "
+                              "secret") from None
         except (OSError, ssl.SSLError) as err:
             raise ConfigError(f"{where}.client_cert: cannot load {tls.client_cert}"
                               f"{' with ' + tls.client_key if tls.client_key else ''} ({_why(err)}); "
                               "give PEM files of the client certificate and its unencrypted key") from None
     return context
+
+
+class _EncryptedKey(Exception):
+    """The client key asked for a passphrase."""
+
+
+def _no_passphrase() -> bytes:
+    raise _EncryptedKey
 
 
 def _why(err: Exception) -> str:
