@@ -54,11 +54,14 @@ class TokenSource:
             # (a Secret made from a file), which no HTTP header can carry.
             self._token = config.token.get_secret_value().strip()
         elif config.token_env is not None:
-            value = os.environ.get(config.token_env)
+            # Judged stripped, as it is sent: a Secret made from a file holding only a newline
+            # gives "\n", and passed for a token (every request then carried "Bearer ").
+            value = os.environ.get(config.token_env, "").strip()
             if not value:
                 raise ConfigError(f"{self._where}.token_env: environment variable {config.token_env} is not set "
-                                  "or empty; export it (e.g. from a Secret) or use token_file")
-            self._token = value.strip()
+                                  "or empty (or only spaces and line breaks); export it (e.g. from a Secret) or "
+                                  "use token_file")
+            self._token = value
             if not self._token.isprintable():  # an inline token is checked by CollectorConfig
                 raise ConfigError(f"{self._where}.token_env: the token holds a line break or a control character, "
                                   "which no HTTP header can carry; set the token alone")

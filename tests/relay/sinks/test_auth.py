@@ -262,3 +262,12 @@ def test_an_encrypted_client_key_fails_at_start_naming_the_key_without_a_passphr
     assert f"collectors.c.tls.client_key: the private key in {encrypted} is encrypted" in done.stderr, done.stderr
     assert "openssl pkey" in done.stderr
     assert "pass phrase" not in done.stderr.lower(), "OpenSSL prompted for a passphrase"
+
+
+@pytest.mark.parametrize("value", ["\n", "  ", " \r\n"])
+def test_a_token_env_holding_only_blanks_fails_at_start_like_an_empty_one(monkeypatch, value):
+    """A Secret made from a file holding only a newline: the token sent would be empty
+    (``Authorization: Bearer ``), as with an unset variable, which fails at start-up."""
+    monkeypatch.setenv("C_TOKEN", value)
+    with pytest.raises(ConfigError, match=r"collectors\.c\.token_env: environment variable C_TOKEN is not set or empty"):
+        TokenSource(config(token_env="C_TOKEN"))
