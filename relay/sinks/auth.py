@@ -32,6 +32,8 @@ TOKENS_REMEMBERED = 4
 #: Custom header values shorter than this are not scrubbed from answers: a short value (a
 #: tenant's name, ``json``) is no key, and replacing it everywhere would garble the answer.
 MIN_HEADER_SECRET = 8
+#: A secret's first bytes at the end of an answer cut short are scrubbed from this many on.
+_PREFIX_MIN = 4
 
 
 class TokenSource:
@@ -157,6 +159,11 @@ class AnswerScrubber:
         for form in (*[f for token in self._tokens.sent for f in _forms(token)], *self._headers):
             if form in body:
                 body = body.replace(form, b"***")
+            # Only the first bytes of an error answer are read: it may end inside a secret.
+            for length in range(len(form) - 1, _PREFIX_MIN - 1, -1):
+                if body.endswith(form[:length]):
+                    body = body[:-length] + b"***"
+                    break
         return body
 
 

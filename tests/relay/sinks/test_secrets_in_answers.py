@@ -115,3 +115,33 @@ async def test_a_batch_reply_quoting_the_token_in_its_reasons_is_scrubbed(echo, 
     assert "invalid credentials: Bearer ***" in failure.detail, failure.detail
     for text in (failure.detail, log_text(caplog)):
         assert "tok\\en" not in text and "tok\\\\en" not in text
+
+
+async def test_an_answer_cut_short_inside_the_token_leaks_no_part_of_it():
+    """Only the first 300 bytes of an error answer are read (the detail's snippet): one
+    that echoes the token there may end inside it."""
+    async def cut(request: web.Request) -> web.Response:
+        await request.read()
+        head = "x" * (300 - len("Bearer ") - 12)  # the read ends 12 characters into the token
+        return web.Response(status=400, text=f"{head}{request.headers['Authorization']} and more")
+
+    app = web.Application()
+    app.router.add_post("/api/v1/lineage", cut)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}",
+                              token=TOKEN)
+        http = HttpCollector(cfg, RelayMetrics().for_collector("c"))
+        await http.start()
+        try:
+            failure = await http.deliver(BODY)
+        finally:
+            await http.close()
+    finally:
+        await runner.cleanup()
+    assert failure is not None and failure.status == 400
+    assert failure.detail.endswith("Bearer ***"), failure.detail[-40:]
+    assert TOKEN[:12] not in failure.detail
