@@ -64,6 +64,10 @@ class CollectorLane(PartitionTakeBack):
             # Routed by run before offer()'s stages, which then route nothing: lanes without
             # such rules keep offer() as it is, with no per-event cost for this.
             self.offer = self._offer_by_run  # type: ignore[method-assign]
+        #: Whether a run's START may be left out while its other events are routed (rules
+        #: naming event_types: see _left_out); otherwise a START left out is its whole run's.
+        self._starts_left_out = any(rule.event_types is not None
+                                    for rule in (*config.route.include, *config.route.exclude))
         #: offer()'s per-event routing; None when everything is routed, or routed by run.
         self._router = None if router.routes_everything or self._run_router is not None else router
         rewriter = Rewriter(config.rewrite)
@@ -124,6 +128,7 @@ class CollectorLane(PartitionTakeBack):
             reason = self._router.accepts(event)
             if reason is not None:
                 self._metrics.dropped(reason).inc()
+                self._left_out(event, now)
                 return
         if self.table is not None and event.run_id is not None and event.kind == "run":
             if self.table.is_duplicate(event):
@@ -154,6 +159,18 @@ class CollectorLane(PartitionTakeBack):
             CollectorLane.offer(self, event, now)
         elif verdict is not HELD:
             self._metrics.dropped(verdict).inc()
+            self._left_out(event, now)
+
+    def _left_out(self, event: LineageEvent, now: float) -> None:
+        """A RunEvent this collector's route leaves out. Its START still begins the run for
+        the ordering: with a route such as ``event_types: [COMPLETE]`` (OpenMetadata's) the
+        routed events would otherwise wait ``hold_timeout_s`` for a START that never comes
+        here (and be dead-lettered with ``on_hold_timeout: dead_letter``). Only with rules
+        naming event_types: otherwise the run is not routed at all, and tracking it would
+        only push routed runs out of ``max_tracked_runs``."""
+        if self._starts_left_out and self._sequencer is not None and event.event_type == "START" \
+                and event.run_id is not None:
+            self._apply(self._sequencer.pass_start(event.run_id, now))
 
     def _run_routed(self, decisions: list, now: float) -> None:
         """Held events whose run was decided: routed ones go on to offer's stages (in
@@ -171,6 +188,7 @@ class CollectorLane(PartitionTakeBack):
                     CollectorLane.offer(self, event, now)
             else:
                 self._metrics.dropped(decision.reason).inc()
+                self._left_out(event, now)
             event.ticket.release()
 
     def prime(self, event: LineageEvent, now: float) -> None:
@@ -183,6 +201,8 @@ class CollectorLane(PartitionTakeBack):
             if not self._run_router.prime(event, now):
                 return
         elif self._router is not None and self._router.accepts(event) is not None:
+            if self._starts_left_out and self._sequencer is not None and event.event_type == "START":
+                self._sequencer.prime(event, now)  # it began the run all the same (see _left_out)
             return
         if self.table is not None and event.run_id is not None and event.kind == "run":
             return

@@ -247,6 +247,20 @@ class RunSequencer:
         if state is None and terminal:
             self._finish(run_id, now)
 
+    def pass_start(self, run_id: str, now: float) -> list[Decision]:
+        """The run's START is not for this collector (its route leaves it out): the run's
+        events that are must not wait for it (for ``hold_timeout_s``, or to be dead-lettered).
+        Its held events follow in order, as after a forwarded START; a known run is left
+        as it is. Returns the decisions that became due."""
+        if run_id in self._runs:
+            return []
+        hold = self._holds.pop(run_id, None)
+        self._start(run_id)
+        if hold is None:
+            return []
+        self._held_count -= len(hold.events)
+        return self._release_in_order(run_id, hold.events, now, self._terminal_grace_s)
+
     def held_since(self) -> list[tuple[str, float, LineageEvent]]:
         """Each run holding events (waiting for its START): its id, when its hold began,
         and its first held event (oldest hold first)."""
