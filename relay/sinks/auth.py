@@ -174,6 +174,25 @@ def _forms(secret: str) -> list[bytes]:
     return [raw] if escaped == raw else [raw, escaped]
 
 
+def session_headers(config: CollectorConfig, tokens: TokenSource, user_agent: str) -> dict[str, str]:
+    """What every request to the collector carries: the relay's own headers, the configured
+    ``headers``, and a token that does not rotate (a rotating one goes per request).
+
+    A configured header replaces the relay's of the same name in any case: header names
+    ignore case, and ``content-type`` beside the relay's ``Content-Type`` was sent twice,
+    which servers refuse (400: every event dead-lettered). Accept-Encoding is set here
+    rather than through aiohttp's skip_auto_headers, which copies the headers on every
+    request (measured: ~4% of the relay's CPU per event)."""
+    own = {"Content-Type": "application/json", "User-Agent": user_agent, "Accept-Encoding": "identity"}
+    given = {name.lower() for name in config.headers}
+    headers = {name: value for name, value in own.items() if name.lower() not in given}
+    headers.update(config.headers)
+    token = tokens.current()
+    if token is not None and not tokens.rotates:
+        headers[config.auth_header] = auth_header_value(config, token)
+    return headers
+
+
 def auth_header_value(config: CollectorConfig, token: str) -> str:
     return f"{config.auth_scheme} {token}" if config.auth_scheme else token
 
