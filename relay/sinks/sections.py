@@ -82,6 +82,11 @@ class TlsConfig(Frozen):
     def _key_needs_cert(self) -> TlsConfig:
         if self.client_key is not None and self.client_cert is None:
             raise ValueError("client_key needs client_cert; add client_cert (the PEM certificate) or remove client_key")
+        if not self.verify and self.ca_bundle is not None:
+            # Refused like any setting without effect: whoever gave a CA expects it checked.
+            raise ValueError("ca_bundle: has no effect with verify: false (the collector's certificate is not "
+                             "checked at all); fix: remove verify: false to verify against this CA, or remove "
+                             "ca_bundle")
         return self
 
 

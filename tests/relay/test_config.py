@@ -674,6 +674,9 @@ def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
     (_collector(tls={"ca_bundle": "/etc/ssl/ca.pem"}),
      r"collectors\.m: .*tls: only used with an https:// url.*fix: use the collector's https:// url, or remove tls"),
     (_collector(tls={"verify": False}), r"tls: only used with an https:// url"),
+    (_collector(url="https://a", tls={"verify": False, "ca_bundle": "/etc/ssl/ca.pem"}),
+     r"collectors\.m\.tls: .*ca_bundle: has no effect with verify: false.*fix: remove verify: false to verify "
+     r"against this CA, or remove ca_bundle"),
     ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
       "pipeline": {"decode_worker": False, "decode_processes": 4}},
      r"pipeline: .*decode_processes: only used with decode_worker: true.*fix: remove decode_processes, or set "
@@ -690,6 +693,7 @@ def test_the_settings_each_mode_reads_and_defaults_written_out_are_accepted():
     assert build_config(_collector(mode="consolidated", consolidation={"settle_s": 5, "parent_hold_s": 1}))
     assert build_config(_collector(mode="coalesce", consolidation={"coalesce_window_s": 5, "max_open_runs": 9}))
     assert build_config(_collector(url="https://a", tls={"ca_bundle": "/etc/ssl/ca.pem"}))
+    assert build_config(_collector(url="https://a", tls={"verify": False, "client_cert": "/etc/tls/c.pem"}))
     # An all-default tls block (as examples/relay.yaml writes it out) changes nothing either way.
     assert build_config(_collector(tls={"ca_bundle": None, "client_cert": None, "client_key": None, "verify": True}))
     assert build_config(_collector(route={"include": [{"kinds": ["run", "dataset"], "event_types": ["COMPLETE"]}]}))
