@@ -102,7 +102,9 @@ class TokenSource:
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
             if stamp == self._stamp:
                 return False
-            with open(self._file, encoding="utf-8") as f:
+            # utf-8-sig: a byte order mark (Notepad, PowerShell 5's Out-File) is no part of
+            # the token; it failed as "a line break or a control character inside the token".
+            with open(self._file, encoding="utf-8-sig") as f:
                 token = f.read().strip()
         except OSError as err:
             if initial:

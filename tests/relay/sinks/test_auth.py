@@ -271,3 +271,11 @@ def test_a_token_env_holding_only_blanks_fails_at_start_like_an_empty_one(monkey
     monkeypatch.setenv("C_TOKEN", value)
     with pytest.raises(ConfigError, match=r"collectors\.c\.token_env: environment variable C_TOKEN is not set or empty"):
         TokenSource(config(token_env="C_TOKEN"))
+
+
+def test_a_token_file_saved_with_a_byte_order_mark_is_read_without_it(tmp_path):
+    """Windows editors and PowerShell 5's ``Out-File -Encoding utf8`` write a UTF-8 byte
+    order mark first: it failed at start-up as a line break or a control character."""
+    path = tmp_path / "token"
+    path.write_bytes("\ufeffbom-token\r\n".encode())
+    assert TokenSource(config(token_file=str(path))).current() == "bom-token"
