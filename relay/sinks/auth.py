@@ -148,25 +148,39 @@ class AnswerScrubber:
     there. Its token(s), as sent and as JSON escapes them, and the values of its custom
     headers (they carry API keys) become ``***``."""
 
-    __slots__ = ("_tokens", "_headers")
+    __slots__ = ("_tokens", "_headers", "_sent", "_forms")
 
     def __init__(self, config: CollectorConfig, tokens: TokenSource) -> None:
         self._tokens = tokens
         self._headers = [form for value in config.headers.values() if len(value.strip()) >= MIN_HEADER_SECRET
                          for form in _forms(value.strip())]
+        self._sent: list[str] | None = None  # the tokens self._forms was made of
+        self._forms: list[bytes] = []
 
     def __call__(self, body: bytes) -> bytes:
         if not body:
             return body
-        for form in (*[f for token in self._tokens.sent for f in _forms(token)], *self._headers):
+        if self._tokens.sent is not self._sent:  # a new list on each rotation
+            self._sent = self._tokens.sent
+            self._forms = [*(f for token in self._sent for f in _forms(token)), *self._headers]
+        for form in self._forms:
             if form in body:
                 body = body.replace(form, b"***")
-            # Only the first bytes of an error answer are read: it may end inside a secret.
-            for length in range(len(form) - 1, _PREFIX_MIN - 1, -1):
-                if body.endswith(form[:length]):
-                    body = body[:-length] + b"***"
-                    break
+            body = _cut_short(body, form)
         return body
+
+
+def _cut_short(body: bytes, form: bytes) -> bytes:
+    """``body`` without a start of ``form`` it ends with (only the first bytes of an error
+    answer are read: it may end inside a secret). Linear in ``form``'s length: this runs on
+    every answer the relay reads."""
+    head = form[:_PREFIX_MIN]
+    at = body.find(head, max(0, len(body) - len(form) + 1))
+    while at != -1:
+        if form.startswith(body[at:]):
+            return body[:at] + b"***"
+        at = body.find(head, at + 1)
+    return body
 
 
 def _forms(secret: str) -> list[bytes]:
