@@ -26,6 +26,16 @@ class RetryConfig(Frozen):
     #: partition's commits for ever. None = retry such events too until delivered.
     poison_after_attempts: int | None = 5
 
+    @model_validator(mode="after")
+    def _initial_under_cap(self) -> RetryConfig:
+        # Every wait is capped at max_backoff_s: an initial_backoff_s above it has no effect
+        # (whoever set it, e.g. for a rate limit, would get shorter waits than written).
+        if self.initial_backoff_s > self.max_backoff_s:
+            raise ValueError(f"initial_backoff_s: {self.initial_backoff_s:g} is above max_backoff_s "
+                             f"({self.max_backoff_s:g}), which caps every wait, so it has no effect; fix: lower "
+                             "initial_backoff_s, or raise max_backoff_s")
+        return self
+
     @field_validator("poison_after_attempts")
     @classmethod
     def _poison_after(cls, v: int | None) -> int | None:

@@ -722,3 +722,12 @@ def test_numbers_from_environment_variables_still_read_as_numbers(tmp_path, monk
     cfg = load_config(write(tmp_path, MINIMAL.replace("    token:", "    concurrency: ${CONCURRENCY}\n    token:")
                             + "http:\n  port: ${PORT}\npipeline:\n  decode_worker: ${WORKER:-false}\n"))
     assert cfg.http.port == 9200 and cfg.collectors[0].concurrency == 8 and cfg.pipeline.decode_worker is False
+
+
+def test_an_initial_backoff_above_the_cap_is_refused_naming_both_keys():
+    """Every wait is capped at max_backoff_s: initial_backoff_s: 60 under the default cap of
+    30 had no effect, silently (waits stayed under 30 s)."""
+    with pytest.raises(ConfigError, match=r"collectors\.m\.retry: .*initial_backoff_s: 60 is above max_backoff_s "
+                                          r"\(30\).*fix: lower initial_backoff_s, or raise max_backoff_s"):
+        build_config(_collector(retry={"initial_backoff_s": 60}))
+    assert build_config(_collector(retry={"initial_backoff_s": 60, "max_backoff_s": 60}))
