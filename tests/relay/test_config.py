@@ -632,6 +632,23 @@ def test_check_config_reads_the_files_and_variables_run_reads_first(tmp_path, mo
     assert "t0k" not in capsys.readouterr().out
 
 
+def test_check_config_names_every_file_problem_at_once(tmp_path, monkeypatch, capsys):
+    """As for the file's own keys: it stopped at the first collector's, so fixing three took
+    three runs."""
+    monkeypatch.delenv("NOPE_UNSET_TOKEN", raising=False)
+    path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092'}\n"
+                           "collectors:\n"
+                           "  - {name: a, url: 'https://a:5000', token_file: /nonexistent/token}\n"
+                           "  - {name: b, url: 'https://b:5000', token_env: NOPE_UNSET_TOKEN,\n"
+                           "     tls: {ca_bundle: /nonexistent/ca.pem}}\n")
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    for message in ("collectors.a.token_file: cannot read /nonexistent/token",
+                    "collectors.b.token_env: environment variable NOPE_UNSET_TOKEN",
+                    "collectors.b.tls.ca_bundle: cannot load /nonexistent/ca.pem"):
+        assert message in err, err
+
+
 def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
     import asyncio
     import socket
