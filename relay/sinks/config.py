@@ -27,6 +27,8 @@ from relay.stages.route import RouteConfig, kinds_list
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: An HTTP header name (RFC 9110 token).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+#: Headers the relay sets from the body it sends and the answers it reads (lower case).
+_RELAY_OWNED_HEADERS = frozenset({"content-length", "transfer-encoding", "content-encoding", "accept-encoding"})
 
 
 def _controls(text: str) -> bool:
@@ -256,6 +258,12 @@ class CollectorConfig(Frozen):
                                  "header can carry (a value read from a file often ends in a newline); set the "
                                  "value alone")
         lowered = [name.lower() for name in v]
+        owned = [name for name in v if name.lower() in _RELAY_OWNED_HEADERS]
+        if owned:
+            raise ValueError(f"{owned[0]}: the relay sets this header itself (how the body is framed or encoded); "
+                             "a value given here breaks every request (Transfer-Encoding: answered 400) or its "
+                             "reading (Accept-Encoding: a compressed batch reply is not read, so the events it "
+                             "lists as failed count as delivered); fix: remove it from headers")
         repeated = sorted({n for n in lowered if lowered.count(n) > 1})
         if repeated:
             raise ValueError(f"{', '.join(repeated)}: given more than once (header names ignore case); keep one")
