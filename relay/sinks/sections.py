@@ -30,7 +30,13 @@ class RetryConfig(Frozen):
     def _initial_under_cap(self) -> RetryConfig:
         # Every wait is capped at max_backoff_s: an initial_backoff_s above it has no effect
         # (whoever set it, e.g. for a rate limit, would get shorter waits than written).
-        if self.initial_backoff_s > self.max_backoff_s:
+        # Only one the user wrote is refused: a low max_backoff_s alone (0.1 under the default
+        # 0.2) just lowers the default initial wait to it.
+        if "initial_backoff_s" not in self.model_fields_set:
+            if self.initial_backoff_s > self.max_backoff_s:
+                # Frozen model, still being built: the default is ours to set.
+                object.__setattr__(self, "initial_backoff_s", self.max_backoff_s)
+        elif self.initial_backoff_s > self.max_backoff_s:
             raise ValueError(f"initial_backoff_s: {self.initial_backoff_s:g} is above max_backoff_s "
                              f"({self.max_backoff_s:g}), which caps every wait, so it has no effect; fix: lower "
                              "initial_backoff_s, or raise max_backoff_s")
