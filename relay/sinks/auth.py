@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -29,8 +30,8 @@ CHECK_EVERY_S = 1.0
 #: Tokens of a rotating file scrubbed from answers: the current one and those before it (an
 #: answer to a request sent just before a rotation may quote the old one).
 TOKENS_REMEMBERED = 4
-#: Custom header values shorter than this are not scrubbed from answers: a short value (a
-#: tenant's name, ``json``) is no key, and replacing it everywhere would garble the answer.
+#: Secret header values shorter than this are not scrubbed from answers: so short a value is
+#: no key, and replacing it everywhere would garble the answer (tokens are always scrubbed).
 MIN_HEADER_SECRET = 8
 #: A secret's first bytes at the end of an answer cut short are scrubbed from this many on.
 _PREFIX_MIN = 4
@@ -142,52 +143,90 @@ class TokenSource:
 
 
 class AnswerScrubber:
-    """Takes a collector's credentials out of its answers, which the relay quotes in dead
-    letters' ``detail`` and in log lines: a collector or a gateway that echoes the request
+    """Takes a collector's credentials out of the text the relay quotes from its answers
+    (dead letters' ``detail``, log lines): a collector or a gateway that echoes the request
     (``invalid token Bearer ...``, a debug echo of the headers) would otherwise put the token
-    there. Its token(s), as sent and as JSON escapes them, and the values of its custom
-    headers (they carry API keys) become ``***``."""
+    there. Its token(s) and the values of its custom headers whose name says they are secret
+    (:data:`SECRET_HEADER`) become ``***``: as sent, as JSON escapes them, with ``/`` escaped
+    as ``\\/``, and a value's key alone after its scheme word (``ApiKey <key>``).
+
+    Only quoted text is scrubbed, never a body before it is read: a short token (``true``,
+    ``index``) replaced inside a batch reply's JSON changed what the reply said. A 2xx
+    answer that is not quoted costs nothing."""
 
     __slots__ = ("_tokens", "_headers", "_sent", "_forms")
 
     def __init__(self, config: CollectorConfig, tokens: TokenSource) -> None:
         self._tokens = tokens
-        self._headers = [form for value in config.headers.values() if len(value.strip()) >= MIN_HEADER_SECRET
-                         for form in _forms(value.strip())]
+        self._headers = [form for name, value in config.headers.items() if SECRET_HEADER.search(name)
+                         for secret in _header_secrets(value) for form in _forms(secret)]
         self._sent: list[str] | None = None  # the tokens self._forms was made of
-        self._forms: list[bytes] = []
+        self._forms: list[str] = []
 
-    def __call__(self, body: bytes) -> bytes:
-        if not body:
-            return body
+    def text(self, text: str, *, cut: bool = False) -> str:
+        """``text`` quoted from an answer, scrubbed; ``cut``: the answer was read (or
+        quoted) only in part, so it may end inside a secret."""
+        if not text:
+            return text
         if self._tokens.sent is not self._sent:  # a new list on each rotation
             self._sent = self._tokens.sent
-            self._forms = [*(f for token in self._sent for f in _forms(token)), *self._headers]
+            # Longest first: a form inside a longer one must not leave the rest of it behind.
+            self._forms = sorted({*(f for token in self._sent for f in _forms(token)), *self._headers},
+                                 key=len, reverse=True)
         for form in self._forms:
-            if form in body:
-                body = body.replace(form, b"***")
-            body = _cut_short(body, form)
-        return body
+            if form in text:
+                text = text.replace(form, "***")
+        if cut:
+            for form in self._forms:
+                text = _cut_short(text, form)
+        return text
+
+    def quote(self, body: bytes, limit: int, *, cut: bool) -> str:
+        """The first ``limit`` characters of an answer's ``body``, scrubbed (``cut``: the
+        body itself was read only in part)."""
+        if not body:
+            return ""
+        # Scrubbed past the limit first: a secret across it is whole there, and what is
+        # replaced gets shorter. A secret past the window's end is still cut short there.
+        window = 3 * limit
+        text = self.text(body[:window].decode("utf-8", "replace"))
+        return self.text(text[:limit], cut=cut or len(text) > limit or len(body) > window)
 
 
-def _cut_short(body: bytes, form: bytes) -> bytes:
-    """``body`` without a start of ``form`` it ends with (only the first bytes of an error
-    answer are read: it may end inside a secret). Linear in ``form``'s length: this runs on
-    every answer the relay reads."""
+#: Custom header names whose values are secrets (scrubbed from answers); other values (a
+#: tenant's name, a content type) are no secret, and replacing them garbled the answer.
+SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|signature|password|credential", re.IGNORECASE)
+#: A header value of a scheme word and a key (``ApiKey <key>``, ``Basic <base64>``).
+_SCHEME_VALUE = re.compile(r"[A-Za-z][A-Za-z0-9._-]*\s+(\S.*)")
+
+
+def _header_secrets(value: str) -> list[str]:
+    """A secret header's value, and its key alone when it follows a scheme word (a collector
+    may echo the key without it); neither when shorter than :data:`MIN_HEADER_SECRET`."""
+    value = value.strip()
+    secrets = [value]
+    if (scheme := _SCHEME_VALUE.fullmatch(value)) is not None:
+        secrets.append(scheme.group(1).strip())
+    return [secret for secret in secrets if len(secret) >= MIN_HEADER_SECRET]
+
+
+def _cut_short(text: str, form: str) -> str:
+    """``text`` without a start of ``form`` it ends with (a quote cut short may end inside
+    a secret). Linear in ``form``'s length."""
     head = form[:_PREFIX_MIN]
-    at = body.find(head, max(0, len(body) - len(form) + 1))
+    at = text.find(head, max(0, len(text) - len(form) + 1))
     while at != -1:
-        if form.startswith(body[at:]):
-            return body[:at] + b"***"
-        at = body.find(head, at + 1)
-    return body
+        if form.startswith(text[at:]):
+            return text[:at] + "***"
+        at = text.find(head, at + 1)
+    return text
 
 
-def _forms(secret: str) -> list[bytes]:
-    """How ``secret`` can appear in an answer: as is, and inside a JSON string."""
-    raw = secret.encode()
-    escaped = json.dumps(secret, ensure_ascii=False)[1:-1].encode()
-    return [raw] if escaped == raw else [raw, escaped]
+def _forms(secret: str) -> list[str]:
+    """How ``secret`` can appear in an answer: as is, inside a JSON string, and so with
+    ``/`` escaped as ``\\/`` (PHP's json_encode, some Java and .NET encoders)."""
+    escaped = json.dumps(secret, ensure_ascii=False)[1:-1]
+    return list(dict.fromkeys((secret, escaped, escaped.replace("/", "\\/"))))
 
 
 def session_headers(config: CollectorConfig, tokens: TokenSource, user_agent: str) -> dict[str, str]:

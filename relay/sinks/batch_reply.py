@@ -75,9 +75,32 @@ class BatchReading:
     note: str = ""
 
 
-def read_batch_reply(status: int, body: bytes | None, count: int,
-                     classify: Callable[[int | None], Verdict]) -> BatchReading:
-    """``body`` None: a body over :data:`MAX_REPLY_BYTES`, not read."""
+def read_batch_reply(status: int, body: bytes | None, count: int, classify: Callable[[int | None], Verdict],
+                     scrub: Callable[[str], str] | None = None,
+                     quote: Callable[[bytes], str] | None = None) -> BatchReading:
+    """``body`` None: a body over :data:`MAX_REPLY_BYTES`, not read. ``scrub`` and ``quote``
+    take the collector's credentials out of what the outcomes quote (see
+    relay.sinks.auth.AnswerScrubber): the body is parsed as it came, since scrubbing it
+    first changed what it said (a token ``true`` made a retriable failure delivered)."""
+    reading = _read(status, body, count, classify, quote or _raw)
+    if scrub is None or (reading.result == "ok" and not reading.note):  # all delivered: nothing quoted
+        return reading
+    done: dict[int, EventOutcome] = {}  # most outcomes are one object, repeated
+
+    def scrubbed(o: EventOutcome) -> EventOutcome:
+        if not o.detail:
+            return o
+        clean = done.get(id(o))
+        if clean is None:
+            clean = done[id(o)] = EventOutcome(o.outcome, scrub(o.detail), o.status)
+        return clean
+    return BatchReading([scrubbed(o) for o in reading.outcomes], reading.result, scrub(reading.note))
+
+
+def _read(status: int, body: bytes | None, count: int, classify: Callable[[int | None], Verdict],
+          quote: Callable[[bytes], str]) -> BatchReading:
+    def _snippet(body: bytes | None) -> str:  # the reply's first bytes, as quoted
+        return "(not read)" if body is None else quote(body)
     if status in UNSUPPORTED:
         outcome = EventOutcome("single", f"batch endpoint answered HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "unsupported")
@@ -160,5 +183,5 @@ def _summary_failed(reply: dict) -> int | None:
     return failed if isinstance(failed, int) and not isinstance(failed, bool) else None
 
 
-def _snippet(body: bytes | None) -> str:
-    return "(not read)" if body is None else body[:300].decode("utf-8", "replace")
+def _raw(body: bytes) -> str:
+    return body[:300].decode("utf-8", "replace")

@@ -26,6 +26,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
@@ -42,6 +43,7 @@ from relay.sinks.deadlines import Deadlines
 from relay.sinks.reply import (
     DRAIN_LIMIT,
     NO_ANSWER,
+    SNIPPET,
     Reply,
     ReplyTally,
     Retriable,
@@ -90,7 +92,8 @@ class HttpCollector:
         self._not_before = 0.0
         self._rand = random.Random()
         self._tokens = TokenSource(config)
-        self._scrub = AnswerScrubber(config, self._tokens)
+        #: Takes its credentials out of what is quoted from its answers (never out of a body read).
+        self.scrubber = AnswerScrubber(config, self._tokens)
         self._auth: dict[str, str] | None = None  # per-request header of a rotating token
         self._auth_token: str | None = None
         self._headers = session_headers(config, self._tokens, f"lineage-relay/{__version__}")
@@ -246,7 +249,6 @@ class HttpCollector:
         bytes, and a 401 re-reads the token file, a Retry-After on a retriable status holds
         back every request to this collector."""
         reply = await read_reply(resp, keep)
-        reply.body = self._scrub(reply.body)  # quoted in dead letters and logs
         status = reply.status
         if status < 300:
             return reply
@@ -264,7 +266,11 @@ class HttpCollector:
         if self._refuse is None or reply.status in self._successes:
             return None
         known = self._refuse(reply.status, reply.body)
-        if known is not None and known.reason not in self._refusals_logged:
+        if known is None:
+            return None
+        cut = reply.cut or len(reply.body) > SNIPPET  # its detail may quote the answer
+        known = replace(known, detail=self.scrubber.text(known.detail, cut=cut))
+        if known.reason not in self._refusals_logged:
             self._refusals_logged.add(known.reason)
             log_event(log, logging.ERROR, known.reason, collector=self.name, status=reply.status,
                       detail=known.detail[:400])
@@ -279,8 +285,12 @@ class HttpCollector:
             self.tally.accept(reply.request)
             return None
         if verdict is Verdict.REJECT:
-            return Undeliverable("collector_rejected", f"HTTP {reply.status}: {reply.snippet}", reply.status)
-        raise Retriable(f"HTTP {reply.status}: {reply.snippet}", reply.status, reply.wait_s, reply.request)
+            return Undeliverable("collector_rejected", f"HTTP {reply.status}: {self.quote(reply)}", reply.status)
+        raise Retriable(f"HTTP {reply.status}: {self.quote(reply)}", reply.status, reply.wait_s, reply.request)
+
+    def quote(self, reply: Reply) -> str:
+        """An answer's first bytes as details and log lines quote them (see AnswerScrubber)."""
+        return self.scrubber.quote(reply.body, SNIPPET, cut=reply.cut)
 
     def _failed_again(self, seen: EventFailures, failure: Retriable) -> tuple[EventFailures, Undeliverable | None]:
         """One more failed attempt of an event (see :func:`relay.sinks.retry.count_failure`):
