@@ -39,7 +39,7 @@ from relay.stages.consolidate import RunConsolidator
 from relay.stages.decisions import DeadLetter, Drop, Forward
 from relay.stages.dedupe import Deduper
 from relay.stages.rewrite import Rewriter
-from relay.stages.route import Router
+from relay.stages.route import Router, start_router
 from relay.stages.run_route import HELD, RunRouter
 from relay.stages.sequence import RunSequencer
 from relay.state.table import RunStateTable
@@ -64,10 +64,6 @@ class CollectorLane(PartitionTakeBack):
             # Routed by run before offer()'s stages, which then route nothing: lanes without
             # such rules keep offer() as it is, with no per-event cost for this.
             self.offer = self._offer_by_run  # type: ignore[method-assign]
-        #: Whether a run's START may be left out while its other events are routed (rules
-        #: naming event_types: see _left_out); otherwise a START left out is its whole run's.
-        self._starts_left_out = any(rule.event_types is not None
-                                    for rule in (*config.route.include, *config.route.exclude))
         #: offer()'s per-event routing; None when everything is routed, or routed by run.
         self._router = None if router.routes_everything or self._run_router is not None else router
         rewriter = Rewriter(config.rewrite)
@@ -102,6 +98,10 @@ class CollectorLane(PartitionTakeBack):
                 max_held_events=o.max_held_events, max_tracked_runs=o.max_tracked_runs,
                 finished_ttl_s=o.finished_ttl_s, terminal_grace_s=o.terminal_grace_s,
                 forward_other_after_terminal=o.forward_other_after_terminal)
+        #: Which START left out is left out by its event type alone, so still begins its run
+        #: (see _left_out); None without rules naming event_types (then nothing is done, at
+        #: no cost per event) or without a sequencer (consolidated/coalesce: not handled).
+        self._starts = start_router(config.route, config.event_kinds) if self._sequencer is not None else None
 
     async def start(self) -> None:
         await self.collector.start()
@@ -128,7 +128,8 @@ class CollectorLane(PartitionTakeBack):
             reason = self._router.accepts(event)
             if reason is not None:
                 self._metrics.dropped(reason).inc()
-                self._left_out(event, now)
+                if self._starts is not None:
+                    self._left_out(event, now)
                 return
         if self.table is not None and event.run_id is not None and event.kind == "run":
             if self.table.is_duplicate(event):
@@ -159,18 +160,30 @@ class CollectorLane(PartitionTakeBack):
             CollectorLane.offer(self, event, now)
         elif verdict is not HELD:
             self._metrics.dropped(verdict).inc()
-            self._left_out(event, now)
+            if self._starts is not None:
+                self._left_out(event, now)
 
-    def _left_out(self, event: LineageEvent, now: float) -> None:
-        """A RunEvent this collector's route leaves out. Its START still begins the run for
-        the ordering: with a route such as ``event_types: [COMPLETE]`` (OpenMetadata's) the
-        routed events would otherwise wait ``hold_timeout_s`` for a START that never comes
-        here (and be dead-lettered with ``on_hold_timeout: dead_letter``). Only with rules
-        naming event_types: otherwise the run is not routed at all, and tracking it would
-        only push routed runs out of ``max_tracked_runs``."""
-        if self._starts_left_out and self._sequencer is not None and event.event_type == "START" \
-                and event.run_id is not None:
-            self._apply(self._sequencer.pass_start(event.run_id, now))
+    def _left_out(self, event: LineageEvent, now: float, *, primed: bool = False) -> None:
+        """A RunEvent this collector's route leaves out. A START left out by its event type
+        alone still begins the run for the ordering: with ``event_types: [COMPLETE]``
+        (OpenMetadata's) the routed events would otherwise wait ``hold_timeout_s`` for a
+        START that never comes here (and be dead-lettered with ``on_hold_timeout:
+        dead_letter``). A START left out otherwise (another job namespace) is its whole
+        run's: tracking it would only push routed runs out of ``max_tracked_runs``. A
+        terminal left out ends a run so begun (FAIL under a COMPLETE-only route), or it
+        would stay tracked, open, never swept by ``finished_ttl_s``. ``primed``: read back
+        by the look-back (see :meth:`prime`)."""
+        run_id = event.run_id
+        if run_id is None:
+            return
+        if event.event_type == "START":
+            if self._starts.may_route(event):
+                if primed:
+                    self._sequencer.prime(event, now)
+                else:
+                    self._apply(self._sequencer.pass_start(run_id, now))
+        elif event.is_terminal:
+            self._sequencer.end_left_out(run_id, now)
 
     def _run_routed(self, decisions: list, now: float) -> None:
         """Held events whose run was decided: routed ones go on to offer's stages (in
@@ -188,7 +201,8 @@ class CollectorLane(PartitionTakeBack):
                     CollectorLane.offer(self, event, now)
             else:
                 self._metrics.dropped(decision.reason).inc()
-                self._left_out(event, now)
+                if self._starts is not None:
+                    self._left_out(event, now)
             event.ticket.release()
 
     def prime(self, event: LineageEvent, now: float) -> None:
@@ -199,10 +213,12 @@ class CollectorLane(PartitionTakeBack):
         run state instead."""
         if self._run_router is not None:
             if not self._run_router.prime(event, now):
+                if self._starts is not None:
+                    self._left_out(event, now, primed=True)  # it began (or ended) the run all the same
                 return
         elif self._router is not None and self._router.accepts(event) is not None:
-            if self._starts_left_out and self._sequencer is not None and event.event_type == "START":
-                self._sequencer.prime(event, now)  # it began the run all the same (see _left_out)
+            if self._starts is not None:
+                self._left_out(event, now, primed=True)
             return
         if self.table is not None and event.run_id is not None and event.kind == "run":
             return
@@ -229,7 +245,11 @@ class CollectorLane(PartitionTakeBack):
     def routes(self, event: LineageEvent) -> bool:
         """Whether this collector takes ``event`` by its route (pure: safe from another
         thread, as the run search's). Routed by run: whether it may have (see
-        :meth:`Router.may_route`)."""
+        :meth:`Router.may_route`). A START or a terminal left out by its event type alone
+        counts: it begins or ends its run here all the same (see :meth:`_left_out`)."""
+        if self._starts is not None and (event.event_type == "START" or event.is_terminal) \
+                and self._starts.may_route(event):
+            return True  # left out by its type alone, it still begins or ends its run (see _left_out)
         if self._run_router is not None:
             return self._route.may_route(event)
         return self._router is None or self._router.accepts(event) is None

@@ -261,6 +261,12 @@ class RunSequencer:
         self._held_count -= len(hold.events)
         return self._release_in_order(run_id, hold.events, now, self._terminal_grace_s)
 
+    def end_left_out(self, run_id: str, now: float) -> None:
+        """The run's terminal is left out by the route (FAIL under ``event_types: [COMPLETE]``):
+        an open run ends all the same, so ``finished_ttl_s`` forgets it."""
+        if self._runs.get(run_id, _UNKNOWN) is None and run_id not in self._grace:
+            self._finish(run_id, now)
+
     def held_since(self) -> list[tuple[str, float, LineageEvent]]:
         """Each run holding events (waiting for its START): its id, when its hold began,
         and its first held event (oldest hold first)."""
@@ -308,6 +314,10 @@ class RunSequencer:
             if predicate(terminal):
                 del self._grace[run_id]
                 removed.append(terminal)
+                # Read again, it must wait for its START again, not find the run open
+                # and go ahead of the run's events read again after it.
+                self._runs.pop(run_id, None)
+                self._finished.pop(run_id, None)
         if reorder:
             # A hold now begins later; keep _holds sorted by hold start for expire().
             self._holds = OrderedDict(sorted(self._holds.items(), key=lambda kv: kv[1].since))
