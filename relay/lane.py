@@ -140,6 +140,11 @@ class CollectorLane(PartitionTakeBack):
             return
         if self._deduper is not None and self._deduper.check_and_remember(event.digest, now, event.source):
             self._metrics.deduplicated.inc()
+            if event.event_type == "START" and self._sequencer is not None and event.run_id is not None:
+                # This collector has the run's START (delivered or under way) though the
+                # sequencer may not know the run: read again after a revoke took back its
+                # early terminal, which forgets it. Its events must not wait for another.
+                self._apply(self._sequencer.pass_start(event.run_id, now))
             return
         event.ticket.acquire()
         sequencer = self._sequencer

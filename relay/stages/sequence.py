@@ -248,10 +248,11 @@ class RunSequencer:
             self._finish(run_id, now)
 
     def pass_start(self, run_id: str, now: float) -> list[Decision]:
-        """The run's START is not for this collector (its route leaves it out): the run's
-        events that are must not wait for it (for ``hold_timeout_s``, or to be dead-lettered).
-        Its held events follow in order, as after a forwarded START; a known run is left
-        as it is. Returns the decisions that became due."""
+        """The run's START is not forwarded here (the route leaves it out, or this collector
+        has it already: a duplicate): the run's events must not wait for it (for
+        ``hold_timeout_s``, or to be dead-lettered). Its held events follow in order, as
+        after a forwarded START; a known run is left as it is. Returns the decisions that
+        became due."""
         if run_id in self._runs:
             return []
         hold = self._holds.pop(run_id, None)
@@ -263,9 +264,13 @@ class RunSequencer:
 
     def end_left_out(self, run_id: str, now: float) -> None:
         """The run's terminal is left out by the route (FAIL under ``event_types: [COMPLETE]``):
-        an open run ends all the same, so ``finished_ttl_s`` forgets it."""
+        an open run is forgotten after ``finished_ttl_s`` all the same. It stays open until
+        then: a revoke may take back events forwarded before that terminal, and nothing
+        taken back would reopen a run ended here (read again, they would be dropped as
+        ``after_terminal``, their offsets committed)."""
         if self._runs.get(run_id, _UNKNOWN) is None and run_id not in self._grace:
-            self._finish(run_id, now)
+            self._finished.pop(run_id, None)
+            self._finished[run_id] = now
 
     def held_since(self) -> list[tuple[str, float, LineageEvent]]:
         """Each run holding events (waiting for its START): its id, when its hold began,
@@ -390,6 +395,7 @@ class RunSequencer:
 
     def _finish(self, run_id: str, now: float) -> None:
         self._runs[run_id] = now
+        self._finished.pop(run_id, None)  # kept in the order of finishing, for expire()
         self._finished[run_id] = now
 
 

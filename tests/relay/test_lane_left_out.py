@@ -26,6 +26,19 @@ def in_namespace(e: LineageEvent, namespace: str) -> LineageEvent:
     return decoded
 
 
+class GatedCollector(Collector):
+    """Delivers while its gate is open; a delivery started while it is closed waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def deliver(self, body: bytes):
+        await self.gate.wait()
+        return await super().deliver(body)
+
+
 async def deliveries(collector: Collector, count: int) -> list[tuple[str, str]]:
     return [await asyncio.wait_for(collector.got.get(), 5) for _ in range(count)]
 
@@ -87,5 +100,49 @@ async def test_a_revoked_early_terminal_read_again_still_follows_the_runs_other_
             relay.offer(e, 5.0)  # read again from the committed offset
         relay.lane.expire(6.5)
         assert await deliveries(collector, 2) == [("a", "RUNNING"), ("a", "COMPLETE")]
+    finally:
+        await relay.lane.close()
+
+
+async def test_a_run_ended_by_a_left_out_terminal_gets_back_what_a_revoke_took():
+    """START delivered, RUNNING under way, FAIL left out by the route: the revoke took the
+    RUNNING back, and read again it was dropped as after_terminal (the left-out FAIL had
+    ended the run): lost for this collector, its offset committed."""
+    collector = GatedCollector()
+    relay = Relay(lane(collector, {"include": [{"event_types": ["START", "RUNNING", "COMPLETE"]}]}))
+    await relay.lane.start()
+    try:
+        relay.offer(event("START", "a"), 0.0)
+        assert await deliveries(collector, 1) == [("a", "START")]
+        collector.gate.clear()
+        relay.offer(event("RUNNING", "a", second=1), 0.1)
+        relay.offer(event("FAIL", "a", second=2), 0.2)
+        assert relay.lane.revoke({PART}) + relay.lane.abort({PART}) >= 1
+        collector.gate.set()
+        for e in (event("RUNNING", "a", second=1), event("FAIL", "a", second=2)):
+            relay.offer(e, 1.0)  # read again
+        assert ("a", "RUNNING") in await deliveries(collector, 1)
+    finally:
+        await relay.lane.close()
+
+
+async def test_a_revoked_early_terminal_of_a_run_whose_start_was_delivered_is_not_held_when_read_again():
+    """No route. The COMPLETE read before its START, the START delivered, the COMPLETE
+    waiting out its grace when the partition was revoked: read again, the START is a
+    duplicate and the COMPLETE waited hold_timeout_s for a START the collector already had
+    (or was dead-lettered)."""
+    collector = Collector()
+    relay = Relay(lane(collector, {}, terminal_grace_s=1.0, hold_timeout_s=60))
+    await relay.lane.start()
+    try:
+        relay.offer(event("COMPLETE", "a", second=3), 0.0)
+        relay.offer(event("START", "a"), 0.0)
+        assert await deliveries(collector, 1) == [("a", "START")]
+        assert relay.lane.revoke({PART}) == 1  # the COMPLETE, in its grace
+        for e in (event("COMPLETE", "a", second=3), event("START", "a"), event("RUNNING", "a", second=1)):
+            relay.offer(e, 5.0)  # read again from the committed offset
+        relay.lane.expire(6.5)   # past the COMPLETE's grace, far from hold_timeout_s
+        assert await deliveries(collector, 2) == [("a", "RUNNING"), ("a", "COMPLETE")]
+        assert relay.lane.held == 0
     finally:
         await relay.lane.close()
