@@ -157,12 +157,21 @@ def _listen_problem(err: OSError) -> str:
 def check_files(config: RelayConfig) -> None:
     """What ``run`` reads before it starts, read now (no network): each collector's token
     (``token_env``, ``token_file``) and TLS files (``tls.ca_bundle``, ``tls.client_cert``).
-    Raises :class:`ConfigError` naming the key."""
+    Raises :class:`ConfigError` naming the key; with several problems, each of them (as
+    for the file's own keys: fixing one at a time took a run per problem)."""
     from relay.sinks.auth import TokenSource, ssl_context
 
+    problems: list[str] = []
     for collector in config.collectors:
-        TokenSource(collector)
-        ssl_context(collector)
+        for check in (TokenSource, ssl_context):
+            try:
+                check(collector)
+            except ConfigError as err:
+                problems.append(str(err))
+    if len(problems) > 1:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+    if problems:
+        raise ConfigError(problems[0])
 
 
 class _Version(argparse.Action):

@@ -108,11 +108,15 @@ def _bool(_loc: Loc, _value: Any) -> str:
 def _text(loc: Loc, value: Any) -> str:
     if isinstance(value, (list, tuple, dict)):
         return "is a list or a mapping where one text value is expected; fix: write one value"
-    what = "a number" if isinstance(value, (int, float)) else "not text"
+    if isinstance(value, bool):  # before int, which bool subclasses: it is no number to the user
+        what, why = "true or false", "YAML reads unquoted true, false, yes, no, on and off as one"
+    else:
+        what = "a number" if isinstance(value, (int, float)) else "not text"
+        why = "YAML reads unquoted digits as a number"
     if is_secret(loc):
-        return (f"is {what} where text is expected (YAML reads unquoted digits as a number); fix: take it "
+        return (f"is {what} where text is expected ({why}); fix: take it "
                 f"from an environment variable ({loc[-1]}: ${{NAME}}, always text), or quote it")
-    return f"is {what} where text is expected (YAML reads unquoted digits as a number); fix: quote it"
+    return f"is {what} where text is expected ({why}); fix: quote it"
 
 
 def _mapping(_loc: Loc, _value: Any) -> str:

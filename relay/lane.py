@@ -39,7 +39,7 @@ from relay.stages.consolidate import RunConsolidator
 from relay.stages.decisions import DeadLetter, Drop, Forward
 from relay.stages.dedupe import Deduper
 from relay.stages.rewrite import Rewriter
-from relay.stages.route import Router
+from relay.stages.route import Router, start_router
 from relay.stages.run_route import HELD, RunRouter
 from relay.stages.sequence import RunSequencer
 from relay.state.table import RunStateTable
@@ -98,6 +98,10 @@ class CollectorLane(PartitionTakeBack):
                 max_held_events=o.max_held_events, max_tracked_runs=o.max_tracked_runs,
                 finished_ttl_s=o.finished_ttl_s, terminal_grace_s=o.terminal_grace_s,
                 forward_other_after_terminal=o.forward_other_after_terminal)
+        #: Which START left out is left out by its event type alone, so still begins its run
+        #: (see _left_out); None without rules naming event_types (then nothing is done, at
+        #: no cost per event) or without a sequencer (consolidated/coalesce: not handled).
+        self._starts = start_router(config.route, config.event_kinds) if self._sequencer is not None else None
 
     async def start(self) -> None:
         await self.collector.start()
@@ -124,6 +128,8 @@ class CollectorLane(PartitionTakeBack):
             reason = self._router.accepts(event)
             if reason is not None:
                 self._metrics.dropped(reason).inc()
+                if self._starts is not None:
+                    self._left_out(event, now)
                 return
         if self.table is not None and event.run_id is not None and event.kind == "run":
             if self.table.is_duplicate(event):
@@ -134,6 +140,11 @@ class CollectorLane(PartitionTakeBack):
             return
         if self._deduper is not None and self._deduper.check_and_remember(event.digest, now, event.source):
             self._metrics.deduplicated.inc()
+            if event.event_type == "START" and self._sequencer is not None and event.run_id is not None:
+                # This collector has the run's START (delivered or under way) though the
+                # sequencer may not know the run: read again after a revoke took back its
+                # early terminal, which forgets it. Its events must not wait for another.
+                self._apply(self._sequencer.pass_start(event.run_id, now))
             return
         event.ticket.acquire()
         sequencer = self._sequencer
@@ -154,6 +165,30 @@ class CollectorLane(PartitionTakeBack):
             CollectorLane.offer(self, event, now)
         elif verdict is not HELD:
             self._metrics.dropped(verdict).inc()
+            if self._starts is not None:
+                self._left_out(event, now)
+
+    def _left_out(self, event: LineageEvent, now: float, *, primed: bool = False) -> None:
+        """A RunEvent this collector's route leaves out. A START left out by its event type
+        alone still begins the run for the ordering: with ``event_types: [COMPLETE]``
+        (OpenMetadata's) the routed events would otherwise wait ``hold_timeout_s`` for a
+        START that never comes here (and be dead-lettered with ``on_hold_timeout:
+        dead_letter``). A START left out otherwise (another job namespace) is its whole
+        run's: tracking it would only push routed runs out of ``max_tracked_runs``. A
+        terminal left out ends a run so begun (FAIL under a COMPLETE-only route), or it
+        would stay tracked, open, never swept by ``finished_ttl_s``. ``primed``: read back
+        by the look-back (see :meth:`prime`)."""
+        run_id = event.run_id
+        if run_id is None:
+            return
+        if event.event_type == "START":
+            if self._starts.may_route(event):
+                if primed:
+                    self._sequencer.prime(event, now)
+                else:
+                    self._apply(self._sequencer.pass_start(run_id, now))
+        elif event.is_terminal:
+            self._sequencer.end_left_out(run_id, now)
 
     def _run_routed(self, decisions: list, now: float) -> None:
         """Held events whose run was decided: routed ones go on to offer's stages (in
@@ -171,6 +206,8 @@ class CollectorLane(PartitionTakeBack):
                     CollectorLane.offer(self, event, now)
             else:
                 self._metrics.dropped(decision.reason).inc()
+                if self._starts is not None:
+                    self._left_out(event, now)
             event.ticket.release()
 
     def prime(self, event: LineageEvent, now: float) -> None:
@@ -181,8 +218,12 @@ class CollectorLane(PartitionTakeBack):
         run state instead."""
         if self._run_router is not None:
             if not self._run_router.prime(event, now):
+                if self._starts is not None:
+                    self._left_out(event, now, primed=True)  # it began (or ended) the run all the same
                 return
         elif self._router is not None and self._router.accepts(event) is not None:
+            if self._starts is not None:
+                self._left_out(event, now, primed=True)
             return
         if self.table is not None and event.run_id is not None and event.kind == "run":
             return
@@ -209,7 +250,11 @@ class CollectorLane(PartitionTakeBack):
     def routes(self, event: LineageEvent) -> bool:
         """Whether this collector takes ``event`` by its route (pure: safe from another
         thread, as the run search's). Routed by run: whether it may have (see
-        :meth:`Router.may_route`)."""
+        :meth:`Router.may_route`). A START or a terminal left out by its event type alone
+        counts: it begins or ends its run here all the same (see :meth:`_left_out`)."""
+        if self._starts is not None and (event.event_type == "START" or event.is_terminal) \
+                and self._starts.may_route(event):
+            return True  # left out by its type alone, it still begins or ends its run (see _left_out)
         if self._run_router is not None:
             return self._route.may_route(event)
         return self._router is None or self._router.accepts(event) is None

@@ -75,9 +75,32 @@ class BatchReading:
     note: str = ""
 
 
-def read_batch_reply(status: int, body: bytes | None, count: int,
-                     classify: Callable[[int | None], Verdict]) -> BatchReading:
-    """``body`` None: a body over :data:`MAX_REPLY_BYTES`, not read."""
+def read_batch_reply(status: int, body: bytes | None, count: int, classify: Callable[[int | None], Verdict],
+                     scrub: Callable[[str], str] | None = None,
+                     quote: Callable[[bytes], str] | None = None) -> BatchReading:
+    """``body`` None: a body over :data:`MAX_REPLY_BYTES`, not read. ``scrub`` and ``quote``
+    take the collector's credentials out of what the outcomes quote (see
+    relay.sinks.auth.AnswerScrubber): the body is parsed as it came, since scrubbing it
+    first changed what it said (a token ``true`` made a retriable failure delivered)."""
+    reading = _read(status, body, count, classify, quote or _raw, scrub or _same)
+    if scrub is None or (reading.result == "ok" and not reading.note):  # all delivered: nothing quoted
+        return reading
+    done: dict[int, EventOutcome] = {}  # most outcomes are one object, repeated
+
+    def scrubbed(o: EventOutcome) -> EventOutcome:
+        if not o.detail:
+            return o
+        clean = done.get(id(o))
+        if clean is None:
+            clean = done[id(o)] = EventOutcome(o.outcome, scrub(o.detail), o.status)
+        return clean
+    return BatchReading([scrubbed(o) for o in reading.outcomes], reading.result, scrub(reading.note))
+
+
+def _read(status: int, body: bytes | None, count: int, classify: Callable[[int | None], Verdict],
+          quote: Callable[[bytes], str], scrub: Callable[[str], str]) -> BatchReading:
+    def _snippet(body: bytes | None) -> str:  # the reply's first bytes, as quoted
+        return "(not read)" if body is None else quote(body)
     if status in UNSUPPORTED:
         outcome = EventOutcome("single", f"batch endpoint answered HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "unsupported")
@@ -90,7 +113,7 @@ def read_batch_reply(status: int, body: bytes | None, count: int,
         if reply is not None and _failed_list(reply):
             alone = EventOutcome("single", f"batch refused with HTTP {status}, this event not listed as failed; "
                                            "sending it alone", status)
-            return _per_event(reply, count, alone, status)
+            return _per_event(reply, count, alone, status, scrub)
         outcome = EventOutcome("single", f"batch refused with HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "refused")
     if body is None:
@@ -102,10 +125,11 @@ def read_batch_reply(status: int, body: bytes | None, count: int,
     reply = _json_object(body)
     if reply is None:
         return BatchReading([DELIVERED] * count, "ok")
-    return _per_event(reply, count, DELIVERED, None)
+    return _per_event(reply, count, DELIVERED, None, scrub)
 
 
-def _per_event(reply: dict, count: int, unlisted: EventOutcome, status: int | None) -> BatchReading:
+def _per_event(reply: dict, count: int, unlisted: EventOutcome, status: int | None,
+               scrub: Callable[[str], str]) -> BatchReading:
     """Outcomes from a reply's list of failed events; ``unlisted`` for the events it does
     not name, unless it counts failures it does not place (see the module's docstring)."""
     failed = _failed_list(reply)
@@ -125,7 +149,8 @@ def _per_event(reply: dict, count: int, unlisted: EventOutcome, status: int | No
     if counted is None and not placed and isinstance(state, str) and state.lower() not in ("success", "ok"):
         # It says some failed (partial_success, failure) but neither lists them in a form
         # read here nor counts them: nothing is known to have been delivered.
-        why = f"the reply says {state[:40]} without listing or counting failed events"
+        # Scrubbed before it is cut: a token cut in two is no longer found whole.
+        why = f"the reply says {scrub(state)[:40]} without listing or counting failed events"
     elif ignored:
         why = f"{ignored} failed_events entries without a valid index"
     elif counted is not None and counted > placed:
@@ -136,6 +161,10 @@ def _per_event(reply: dict, count: int, unlisted: EventOutcome, status: int | No
     # whatever is not known to have failed goes again, alone.
     resend = EventOutcome("single", f"{why}; sending the others alone", status)
     return BatchReading([resend if o is unlisted else o for o in outcomes], "unattributed", why)
+
+
+def _same(text: str) -> str:
+    return text
 
 
 def _failed_list(reply: dict) -> list:
@@ -160,5 +189,5 @@ def _summary_failed(reply: dict) -> int | None:
     return failed if isinstance(failed, int) and not isinstance(failed, bool) else None
 
 
-def _snippet(body: bytes | None) -> str:
-    return "(not read)" if body is None else body[:300].decode("utf-8", "replace")
+def _raw(body: bytes) -> str:
+    return body[:300].decode("utf-8", "replace")

@@ -27,6 +27,15 @@ from relay.stages.route import RouteConfig, kinds_list
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: An HTTP header name (RFC 9110 token).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+#: Headers the relay sets from the body it sends and the answers it reads (lower case), each
+#: with why a value given in ``headers`` breaks delivery.
+_RELAY_OWNED_HEADERS = {
+    "content-length": "the relay frames each body itself; a fixed length breaks every request",
+    "transfer-encoding": "the relay frames each body itself; collectors answer 400 to every request",
+    "content-encoding": "the relay sends the body uncompressed; collectors cannot read it",
+    "accept-encoding": "the relay reads answers uncompressed only; a compressed batch reply is not read, so "
+                       "the events it lists as failed count as delivered",
+}
 
 
 def _controls(text: str) -> bool:
@@ -64,7 +73,8 @@ class CollectorConfig(Frozen):
     concurrency: int = Field(32, ge=1, le=1024)
     #: Events accepted for this collector but not yet delivered; above it the relay pauses consumption.
     max_pending: int = Field(20_000, ge=1)
-    headers: dict[str, str] = Field(default_factory=dict)
+    #: Out of repr(): values are often API keys (as tokens, they must never reach a log line).
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     #: The bearer token, at most one of: inline (use ``${VAR}``), ``token_env`` (the name of an
     #: environment variable read at start-up) or ``token_file`` (a mounted secret, re-read
     #: when it changes, without restart).
@@ -256,6 +266,11 @@ class CollectorConfig(Frozen):
                                  "header can carry (a value read from a file often ends in a newline); set the "
                                  "value alone")
         lowered = [name.lower() for name in v]
+        for name, value in v.items():
+            reason = _RELAY_OWNED_HEADERS.get(name.lower())
+            # Accept-Encoding: identity is what the relay sends itself: harmless, so accepted.
+            if reason is not None and not (name.lower() == "accept-encoding" and value.strip().lower() == "identity"):
+                raise ValueError(f"{name}: the relay sets this header itself ({reason}); fix: remove it from headers")
         repeated = sorted({n for n in lowered if lowered.count(n) > 1})
         if repeated:
             raise ValueError(f"{', '.join(repeated)}: given more than once (header names ignore case); keep one")

@@ -54,10 +54,9 @@ class Reply:
     unread: bool = False
     #: The request's number, as it was sent (see relay.sinks.retry.CollectorRecord).
     request: int = 0
-
-    @property
-    def snippet(self) -> str:
-        return self.body[:SNIPPET].decode("utf-8", "replace")
+    #: ``body`` is only the answer's first bytes: a quote of it may end inside a secret
+    #: (see relay.sinks.auth.AnswerScrubber). Quote it with HttpCollector.quote, never raw.
+    cut: bool = False
 
 
 async def read_body(resp: aiohttp.ClientResponse, limit: int, keep: int) -> bytes | None:
@@ -110,10 +109,13 @@ async def read_reply(resp: aiohttp.ClientResponse, keep: int | None) -> Reply:
         else:
             body = await read_body(resp, limit, wanted)
             reply = Reply(status, b"", unread=True) if body is None else Reply(status, body)
+        reply.cut = content.total_bytes > len(reply.body)
         if status < 300:
             return reply
     else:
         reply = Reply(status, await resp.content.read(SNIPPET))
+        # More of it left (or its end not seen yet, which at worst hides a harmless tail).
+        reply.cut = len(reply.body) == SNIPPET and not resp.content.at_eof()
     if 300 <= status < 400:
         # Not followed (allow_redirects=False): a 301-303 would be re-sent as a GET
         # without the event, whose 2xx would count as delivered, and a 307/308 to

@@ -26,6 +26,22 @@ class RetryConfig(Frozen):
     #: partition's commits for ever. None = retry such events too until delivered.
     poison_after_attempts: int | None = 5
 
+    @model_validator(mode="after")
+    def _initial_under_cap(self) -> RetryConfig:
+        # Every wait is capped at max_backoff_s: an initial_backoff_s above it has no effect
+        # (whoever set it, e.g. for a rate limit, would get shorter waits than written).
+        # Only one the user wrote is refused: a low max_backoff_s alone (0.1 under the default
+        # 0.2) just lowers the default initial wait to it.
+        if "initial_backoff_s" not in self.model_fields_set:
+            if self.initial_backoff_s > self.max_backoff_s:
+                # Frozen model, still being built: the default is ours to set.
+                object.__setattr__(self, "initial_backoff_s", self.max_backoff_s)
+        elif self.initial_backoff_s > self.max_backoff_s:
+            raise ValueError(f"initial_backoff_s: {self.initial_backoff_s:g} is above max_backoff_s "
+                             f"({self.max_backoff_s:g}), which caps every wait, so it has no effect; fix: lower "
+                             "initial_backoff_s, or raise max_backoff_s")
+        return self
+
     @field_validator("poison_after_attempts")
     @classmethod
     def _poison_after(cls, v: int | None) -> int | None:
@@ -82,6 +98,11 @@ class TlsConfig(Frozen):
     def _key_needs_cert(self) -> TlsConfig:
         if self.client_key is not None and self.client_cert is None:
             raise ValueError("client_key needs client_cert; add client_cert (the PEM certificate) or remove client_key")
+        if not self.verify and self.ca_bundle is not None:
+            # Refused like any setting without effect: whoever gave a CA expects it checked.
+            raise ValueError("ca_bundle: has no effect with verify: false (the collector's certificate is not "
+                             "checked at all); fix: remove verify: false to verify against this CA, or remove "
+                             "ca_bundle")
         return self
 
 

@@ -84,7 +84,8 @@ class HoldingLane(Protocol):
 
 
 #: Per run found and per lane (two bits each, lane ``i`` at ``2 * i``): the lane takes the
-#: START found (its route accepts it), the lane takes a terminal found.
+#: START found (its route accepts it, or leaves it out by its type alone: see
+#: CollectorLane.routes), the lane takes a terminal found.
 _BEGAN, _ENDED = 1, 2
 
 

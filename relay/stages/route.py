@@ -310,3 +310,25 @@ def dataset_namespaces(event: LineageEvent) -> list[str]:
                     if isinstance(namespace, str):
                         found.append(namespace)
     return found
+
+
+def start_router(config: RouteConfig, event_kinds: tuple[str, ...] | None = None) -> Router | None:
+    """The route with ``event_types`` taken out: which events it would route but for their
+    event type. A START that this router may route (:meth:`Router.may_route`) and the
+    collector's route leaves out is left out by its type alone (``event_types: [COMPLETE]``,
+    OpenMetadata's), so it still begins its run for the ordering; one it does not route is
+    left out with its whole run (another job namespace), which must not be tracked. None
+    when no rule names ``event_types`` (every START left out is its whole run's)."""
+    if all(rule.event_types is None for rule in (*config.include, *config.exclude)):
+        return None
+    include: list[RouteRule] = []
+    for rule in config.include:
+        rest = rule.model_copy(update={"event_types": None})
+        if all(getattr(rest, name) is None for name in RouteRule.model_fields):
+            include = []  # a rule of event_types alone: any event but for its type
+            break
+        include.append(rest)
+    # An exclude rule naming event_types excludes events by their type (with its other
+    # fields): it never leaves a START out by anything but its type.
+    exclude = tuple(rule for rule in config.exclude if rule.event_types is None)
+    return Router(RouteConfig.model_construct(include=tuple(include), exclude=exclude), event_kinds)

@@ -247,6 +247,31 @@ class RunSequencer:
         if state is None and terminal:
             self._finish(run_id, now)
 
+    def pass_start(self, run_id: str, now: float) -> list[Decision]:
+        """The run's START is not forwarded here (the route leaves it out, or this collector
+        has it already: a duplicate): the run's events must not wait for it (for
+        ``hold_timeout_s``, or to be dead-lettered). Its held events follow in order, as
+        after a forwarded START; a known run is left as it is. Returns the decisions that
+        became due."""
+        if run_id in self._runs:
+            return []
+        hold = self._holds.pop(run_id, None)
+        self._start(run_id)
+        if hold is None:
+            return []
+        self._held_count -= len(hold.events)
+        return self._release_in_order(run_id, hold.events, now, self._terminal_grace_s)
+
+    def end_left_out(self, run_id: str, now: float) -> None:
+        """The run's terminal is left out by the route (FAIL under ``event_types: [COMPLETE]``):
+        an open run is forgotten after ``finished_ttl_s`` all the same. It stays open until
+        then: a revoke may take back events forwarded before that terminal, and nothing
+        taken back would reopen a run ended here (read again, they would be dropped as
+        ``after_terminal``, their offsets committed)."""
+        if self._runs.get(run_id, _UNKNOWN) is None and run_id not in self._grace:
+            self._finished.pop(run_id, None)
+            self._finished[run_id] = now
+
     def held_since(self) -> list[tuple[str, float, LineageEvent]]:
         """Each run holding events (waiting for its START): its id, when its hold began,
         and its first held event (oldest hold first)."""
@@ -294,6 +319,10 @@ class RunSequencer:
             if predicate(terminal):
                 del self._grace[run_id]
                 removed.append(terminal)
+                # Read again, it must wait for its START again, not find the run open
+                # and go ahead of the run's events read again after it.
+                self._runs.pop(run_id, None)
+                self._finished.pop(run_id, None)
         if reorder:
             # A hold now begins later; keep _holds sorted by hold start for expire().
             self._holds = OrderedDict(sorted(self._holds.items(), key=lambda kv: kv[1].since))
@@ -366,6 +395,7 @@ class RunSequencer:
 
     def _finish(self, run_id: str, now: float) -> None:
         self._runs[run_id] = now
+        self._finished.pop(run_id, None)  # kept in the order of finishing, for expire()
         self._finished[run_id] = now
 
 

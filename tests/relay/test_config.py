@@ -496,6 +496,12 @@ def test_a_base_url_keeps_a_path_prefix():
      r"fix: remove it from headers"),
     ({"token_env": "TOK", "auth_header": "X-Api-Key", "headers": {"X-API-KEY": "hunter2"}},
      r"headers\.X-API-KEY: the token is sent in this header"),
+    # The relay frames the body and reads the answers itself: Transfer-Encoding was answered
+    # 400 (every event dead-lettered); with Accept-Encoding, a gzip batch reply was not read,
+    # so the events it listed as failed counted as delivered.
+    ({"headers": {"Transfer-Encoding": "chunked"}},
+     r"collectors\.m\.headers: Transfer-Encoding: the relay sets this header itself.*fix: remove it from headers"),
+    ({"headers": {"accept-encoding": "gzip"}}, r"collectors\.m\.headers: accept-encoding: the relay sets this"),
 ])
 def test_collector_headers_that_no_request_could_carry_are_refused_naming_the_header(extra, message):
     refused = _refused(_collector(**extra))
@@ -632,6 +638,23 @@ def test_check_config_reads_the_files_and_variables_run_reads_first(tmp_path, mo
     assert "t0k" not in capsys.readouterr().out
 
 
+def test_check_config_names_every_file_problem_at_once(tmp_path, monkeypatch, capsys):
+    """As for the file's own keys: it stopped at the first collector's, so fixing three took
+    three runs."""
+    monkeypatch.delenv("NOPE_UNSET_TOKEN", raising=False)
+    path = write(tmp_path, "kafka: {bootstrap_servers: 'k:9092'}\n"
+                           "collectors:\n"
+                           "  - {name: a, url: 'https://a:5000', token_file: /nonexistent/token}\n"
+                           "  - {name: b, url: 'https://b:5000', token_env: NOPE_UNSET_TOKEN,\n"
+                           "     tls: {ca_bundle: /nonexistent/ca.pem}}\n")
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    for message in ("collectors.a.token_file: cannot read /nonexistent/token",
+                    "collectors.b.token_env: environment variable NOPE_UNSET_TOKEN",
+                    "collectors.b.tls.ca_bundle: cannot load /nonexistent/ca.pem"):
+        assert message in err, err
+
+
 def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
     import asyncio
     import socket
@@ -674,6 +697,9 @@ def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
     (_collector(tls={"ca_bundle": "/etc/ssl/ca.pem"}),
      r"collectors\.m: .*tls: only used with an https:// url.*fix: use the collector's https:// url, or remove tls"),
     (_collector(tls={"verify": False}), r"tls: only used with an https:// url"),
+    (_collector(url="https://a", tls={"verify": False, "ca_bundle": "/etc/ssl/ca.pem"}),
+     r"collectors\.m\.tls: .*ca_bundle: has no effect with verify: false.*fix: remove verify: false to verify "
+     r"against this CA, or remove ca_bundle"),
     ({"kafka": {"bootstrap_servers": "x"}, "collectors": [{"name": "m", "url": "http://a"}],
       "pipeline": {"decode_worker": False, "decode_processes": 4}},
      r"pipeline: .*decode_processes: only used with decode_worker: true.*fix: remove decode_processes, or set "
@@ -690,6 +716,7 @@ def test_the_settings_each_mode_reads_and_defaults_written_out_are_accepted():
     assert build_config(_collector(mode="consolidated", consolidation={"settle_s": 5, "parent_hold_s": 1}))
     assert build_config(_collector(mode="coalesce", consolidation={"coalesce_window_s": 5, "max_open_runs": 9}))
     assert build_config(_collector(url="https://a", tls={"ca_bundle": "/etc/ssl/ca.pem"}))
+    assert build_config(_collector(url="https://a", tls={"verify": False, "client_cert": "/etc/tls/c.pem"}))
     # An all-default tls block (as examples/relay.yaml writes it out) changes nothing either way.
     assert build_config(_collector(tls={"ca_bundle": None, "client_cert": None, "client_key": None, "verify": True}))
     assert build_config(_collector(route={"include": [{"kinds": ["run", "dataset"], "event_types": ["COMPLETE"]}]}))
@@ -718,3 +745,12 @@ def test_numbers_from_environment_variables_still_read_as_numbers(tmp_path, monk
     cfg = load_config(write(tmp_path, MINIMAL.replace("    token:", "    concurrency: ${CONCURRENCY}\n    token:")
                             + "http:\n  port: ${PORT}\npipeline:\n  decode_worker: ${WORKER:-false}\n"))
     assert cfg.http.port == 9200 and cfg.collectors[0].concurrency == 8 and cfg.pipeline.decode_worker is False
+
+
+def test_an_initial_backoff_above_the_cap_is_refused_naming_both_keys():
+    """Every wait is capped at max_backoff_s: initial_backoff_s: 60 under the default cap of
+    30 had no effect, silently (waits stayed under 30 s)."""
+    with pytest.raises(ConfigError, match=r"collectors\.m\.retry: .*initial_backoff_s: 60 is above max_backoff_s "
+                                          r"\(30\).*fix: lower initial_backoff_s, or raise max_backoff_s"):
+        build_config(_collector(retry={"initial_backoff_s": 60}))
+    assert build_config(_collector(retry={"initial_backoff_s": 60, "max_backoff_s": 60}))

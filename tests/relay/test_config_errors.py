@@ -109,6 +109,11 @@ def test_every_unset_variable_is_reported_at_once_with_the_other_errors(tmp_path
     ("kafka: {bootstrap_servers: k:9092}\ncollectors: [{name: m, url: 'http://m', token: 123456789012}]\n",
      "collectors.m.token: is a number where text is expected (YAML reads unquoted digits as a number); fix: take "
      "it from an environment variable (token: ${NAME}, always text), or quote it"),
+    # YAML 1.1 reads an unquoted on/yes/true as a boolean: no number, no digits to blame.
+    ("kafka: {bootstrap_servers: k:9092}\ncollectors: [{name: m, url: 'http://m', headers: {X-Debug: on}}]\n",
+     "collectors.m.headers.X-Debug: is true or false where text is expected (YAML reads unquoted true, false, "
+     "yes, no, on and off as one); fix: take it from an environment variable (X-Debug: ${NAME}, always text), "
+     "or quote it"),
 ])
 def test_a_value_of_the_wrong_type_is_told_what_to_write_without_quoting_it(tmp_path, entry, line):
     message = refused(tmp_path, entry)

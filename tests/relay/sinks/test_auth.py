@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ipaddress
+import json
 import os
 import ssl
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -237,3 +240,42 @@ def test_an_inline_token_ending_in_a_newline_is_sent_without_it():
     """token: ${TOKEN} with TOKEN from a Secret made from a file ends in a newline: the
     config takes it, so the header must not carry it (aiohttp refused every request)."""
     assert TokenSource(config(token="inline-s3cret\n")).current() == "inline-s3cret"
+
+
+def test_an_encrypted_client_key_fails_at_start_naming_the_key_without_a_passphrase_prompt(tmp_path, pki):
+    """OpenSSL's default for an encrypted key is to prompt ``Enter PEM pass phrase:`` on the
+    terminal: run (or check-config) from a shell waited there for ever, and without a
+    terminal failed with ``(Invalid argument)``. Run without a controlling terminal (a new
+    session), so that the old behaviour fails this test rather than hanging it."""
+    key = serialization.load_pem_private_key(open(pki["client"][1], "rb").read(), password=None)
+    encrypted = tmp_path / "client.key"
+    encrypted.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(b"passphrase")))
+    path = tmp_path / "relay.yaml"
+    path.write_text(json.dumps({
+        "kafka": {"bootstrap_servers": "127.0.0.1:9092", "topics": ["t"]},
+        "collectors": [{"name": "c", "url": "https://127.0.0.1:8443",
+                        "tls": {"client_cert": pki["client"][0], "client_key": str(encrypted)}}]}))
+    done = subprocess.run([sys.executable, "-m", "relay", "check-config", str(path)], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, start_new_session=True, timeout=60)
+    assert done.returncode == 2, done
+    assert f"collectors.c.tls.client_key: the private key in {encrypted} is encrypted" in done.stderr, done.stderr
+    assert "openssl pkey" in done.stderr
+    assert "pass phrase" not in done.stderr.lower(), "OpenSSL prompted for a passphrase"
+
+
+@pytest.mark.parametrize("value", ["\n", "  ", " \r\n"])
+def test_a_token_env_holding_only_blanks_fails_at_start_like_an_empty_one(monkeypatch, value):
+    """A Secret made from a file holding only a newline: the token sent would be empty
+    (``Authorization: Bearer ``), as with an unset variable, which fails at start-up."""
+    monkeypatch.setenv("C_TOKEN", value)
+    with pytest.raises(ConfigError, match=r"collectors\.c\.token_env: environment variable C_TOKEN is not set or empty"):
+        TokenSource(config(token_env="C_TOKEN"))
+
+
+def test_a_token_file_saved_with_a_byte_order_mark_is_read_without_it(tmp_path):
+    """Windows editors and PowerShell 5's ``Out-File -Encoding utf8`` write a UTF-8 byte
+    order mark first: it failed at start-up as a line break or a control character."""
+    path = tmp_path / "token"
+    path.write_bytes("\ufeffbom-token\r\n".encode())
+    assert TokenSource(config(token_file=str(path))).current() == "bom-token"

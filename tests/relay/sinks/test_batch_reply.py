@@ -110,3 +110,15 @@ def test_a_batch_url_answering_404_405_or_501_has_no_batch_endpoint():
         reading = read_batch_reply(status, b"Not Found", 2, classify)
         assert [o.outcome for o in reading.outcomes] == ["single", "single"] and reading.result == "unsupported"
     assert outcomes(503, b"", 1) == ["retry"] and outcomes(500, b"", 1) == ["retry"]
+
+
+def test_a_reply_status_quoted_in_part_is_scrubbed_before_it_is_cut():
+    """The status is quoted cut to 40 characters: cut first, a token it echoes was no longer
+    whole when scrubbed, and its first part reached the note (logged) and each detail."""
+    token = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"
+    reply = {"status": f"failure: bad token {token}"}
+    reading = read_batch_reply(200, orjson.dumps(reply), 2, classify, scrub=lambda text: text.replace(token, "***"))
+    quoted = [reading.note] + [o.detail for o in reading.outcomes]
+    assert reading.result == "unattributed"
+    assert all("eyJhbGci" not in text for text in quoted), quoted
+    assert "failure: bad token ***" in reading.note

@@ -129,6 +129,21 @@ async def test_custom_auth_header_and_scheme():
         bare.stop()
 
 
+async def test_a_custom_header_replaces_the_relays_own_whatever_its_case():
+    """Header names ignore case: ``content-type`` beside the relay's ``Content-Type`` went
+    out twice, which the collector refused (400: every event dead-lettered)."""
+    with RecordingCollector() as server:
+        http, _ = collector_for(server, headers={"content-type": "application/json; charset=utf-8",
+                                                 "user-agent": "acme-relay/1"})
+        await http.start()
+        try:
+            assert await http.deliver(BODY) is None
+        finally:
+            await http.close()
+        headers = server.received[0].headers
+    assert headers["Content-Type"] == "application/json; charset=utf-8" and headers["User-Agent"] == "acme-relay/1"
+
+
 async def test_connections_are_reused_whatever_the_success_answer_carries():
     """Keep-alive holds for every kind of 2xx answer: an empty body (Marquez's 201), a
     JSON body, and a body that comes after the headers (read before the connection goes
