@@ -18,8 +18,10 @@ Contract:
 * Entering emits START, leaving emits COMPLETE, or FAIL when an exception escapes (the
   exception is re-raised, never swallowed). Both events carry the same run id (a UUIDv7),
   the job facets, and the inputs/outputs known at that moment; COMPLETE/FAIL also carry
-  those added with :meth:`JobRun.add_input` / :meth:`JobRun.add_output`.
-* Each call of a decorated function (sync or async) is its own run.
+  those added with :meth:`JobRun.add_input` / :meth:`JobRun.add_output`. A ``SystemExit``
+  whose status is 0 or None (``sys.exit()``, ``sys.exit(0)``) is a success: COMPLETE.
+* Each call of a decorated function (sync or async) is its own run. One ``lineage_job``
+  instance may be entered by several threads or tasks at once: each gets its own run.
 * The parent run is, in order: the ``parent=`` argument; the enclosing ``lineage_job``
   in the same thread or task (nested runs form a tree, with the outermost as root); the
   producer's configured parent (explicit config, else ``spark.openlineage.parent*`` when
@@ -118,6 +120,9 @@ class JobRun:
         self.outputs = outputs
         self.run_facets = run_facets
         self.job_facets = job_facets
+        # Set by lineage_job on entry, in the entering thread's (or task's) context: the exit
+        # resets that context's current run, whatever other threads do with the same instance.
+        self._token: contextvars.Token | None = None
 
     def add_input(self, ds: dict) -> None:
         """Record an input dataset (build it with :func:`producer.events.dataset`)."""
@@ -193,7 +198,6 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         if job_type is not None:
             self._job_facets.setdefault("jobType", _job_type_facet(job_type))
         self._run_id = run_id
-        self._active: list[tuple[JobRun, contextvars.Token]] = []
 
     # --- context manager -----------------------------------------------------------
 
@@ -211,14 +215,24 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
                      parent=parent, root=root, inputs=list(self._inputs), outputs=list(self._outputs),
                      run_facets=run_facets, job_facets=dict(self._job_facets))
         _emit(producer, run, "START")
-        self._active.append((run, _current.set(run)))
+        run._token = _current.set(run)
         return run
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
-        run, token = self._active.pop()
-        _current.reset(token)
+        # The run this exit ends is this context's innermost one (`with` blocks nest): not
+        # state on the instance, which one module-level `lineage_job(...)` shared by threads
+        # or tasks would mix up (another thread's run ended, its token reset here: ValueError).
+        run = _current.get()
+        if run is None or run._token is None:
+            log.error("event=lineage_job_exit_without_entry job=%s detail=no run entered in this thread or task; "
+                      "nothing emitted", self._name)
+            return
+        _current.reset(run._token)
+        run._token = None
         producer = self._producer or default_producer()
-        if exc is None:
+        if exc is None or (isinstance(exc, SystemExit) and _exit_succeeds(exc.code)):
+            # sys.exit(0) / sys.exit() (click and other CLIs end a successful command so) is
+            # a success for the process and its scheduler, as the Spark capture reads it too.
             _emit(producer, run, "COMPLETE")
         else:
             _emit(producer, run, "FAIL", exc)
@@ -243,7 +257,6 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         clone = lineage_job.__new__(lineage_job)
         clone.__dict__.update(self.__dict__)
         clone._name = self._name or name
-        clone._active = []
         clone._inputs, clone._outputs = list(self._inputs), list(self._outputs)
         return clone
 
@@ -270,6 +283,15 @@ def _emit(producer: Any, run: JobRun, event_type: str, exc: BaseException | None
         producer.emit(run.event(event_type, extra))
     except Exception as err:  # noqa: BLE001 - lineage must never break the job
         log.error("event=lineage_event_failed job=%s event_type=%s detail=%s", run.job_name, event_type, err)
+
+
+def _exit_succeeds(status: object) -> bool:
+    """Whether ``SystemExit(status)`` ends the process with status 0 (None or 0; a message
+    exits with 1)."""
+    try:
+        return status is None or (not isinstance(status, str) and bool(status == 0))
+    except Exception:  # noqa: BLE001 - a status that cannot be compared: treated as a failure
+        return False
 
 
 def current_run() -> JobRun | None:

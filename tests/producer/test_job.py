@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
 from datetime import datetime, timezone
 
@@ -171,3 +172,55 @@ def test_openlineage_disabled_sends_nothing(kafka, tmp_path, default_from, monke
     # One partition: anything the disabled job had sent would be ahead of the marker.
     records = read_topic(kafka.bootstrap_servers, topic, expected=1)
     assert [decode(r.value)["job"]["name"] for r in records] == ["marker"]
+
+
+def test_a_successful_sys_exit_inside_the_run_is_complete(kafka, producer):
+    # A CLI (click, a dbt-like tool) ends a successful command with sys.exit(0): the process
+    # and its scheduler see success, so must the lineage.
+    for status in (0, None):
+        with pytest.raises(SystemExit):
+            with lineage_job("cli.success", producer=producer):
+                raise SystemExit(status)
+    with pytest.raises(SystemExit):
+        with lineage_job("cli.failure", producer=producer):
+            raise SystemExit(3)
+    got = _events(kafka, producer, 6)
+    assert [e["eventType"] for e in got if e["job"]["name"] == "cli.success"] == ["START", "COMPLETE"] * 2
+    failed = [e for e in got if e["job"]["name"] == "cli.failure"]
+    assert [e["eventType"] for e in failed] == ["START", "FAIL"]
+    assert failed[1]["run"]["facets"]["errorMessage"]["message"] == "SystemExit: 3"
+
+
+def test_one_instance_entered_by_two_threads_gives_each_its_own_run(kafka, producer):
+    # A module-level `load = lineage_job("load")` used as `with load:` by worker threads.
+    shared = lineage_job("shared.load", producer=producer)
+    a_inside, b_inside, a_left = threading.Event(), threading.Event(), threading.Event()
+    runs: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def worker(name: str, entered: threading.Event, wait_for: threading.Event, before: threading.Event | None):
+        try:
+            if before is not None:
+                assert before.wait(10)
+            with shared as run:
+                runs[name] = run.run_id
+                entered.set()
+                assert wait_for.wait(10)
+                assert current_run() is run
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+        finally:
+            entered.set()
+            if name == "a":
+                a_left.set()
+
+    threads = [threading.Thread(target=worker, args=("a", a_inside, b_inside, None)),
+               threading.Thread(target=worker, args=("b", b_inside, a_left, a_inside))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert errors == []
+    got = _events(kafka, producer, 4)
+    by_run = {rid: [e["eventType"] for e in got if e["run"]["runId"] == rid] for rid in runs.values()}
+    assert len(by_run) == 2 and all(types == ["START", "COMPLETE"] for types in by_run.values()), by_run
