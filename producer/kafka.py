@@ -34,7 +34,7 @@ in the spill queue; the journal itself survives. Dropped, counted and logged by 
 ``rejected_by_broker`` (a record Kafka will never accept), ``journal_full``,
 ``journal_write_failed``, ``queue_full`` (above), ``closed`` (emit after close),
 ``lost_in_fatal_producer`` (records a broken librdkafka instance never gave back within
-5 s). A producer must not be used across ``fork()``.
+5 s). A forked child gets a fresh producer of its own (:mod:`producer.forking`).
 
 This module is the caller-facing half; the background thread (journal mode, reclaim,
 replay) is :mod:`producer.sender`.
@@ -59,6 +59,7 @@ from producer.codec import encode_json
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
+from producer.forking import reset_in_forked_children, start_in_forked_child
 from producer.journal import adopt_orphans
 from producer.keys import message_key
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
@@ -134,10 +135,14 @@ class LineageProducer(Sender):
         if self._journals:
             # Events a dead process left behind go first: start in journal mode.
             self._spilling = True
+        self._forked = False
+        self._start_sender()
+        _LIVE.add(self)
+
+    def _start_sender(self) -> None:
         self._sender = threading.Thread(target=self._run, name=f"lineage-producer[{self._topic}]",
                                         daemon=True)
         self._sender.start()
-        _LIVE.add(self)
 
     # --- construction helpers --------------------------------------------------------
 
@@ -171,6 +176,8 @@ class LineageProducer(Sender):
         """Queue one event for Kafka. Never blocks on the network, never raises. A value that
         is not an event (:mod:`producer.event_values`) is dropped: ``not_an_event``."""
         try:
+            if self._forked:
+                start_in_forked_child(self)
             with self._count_lock:
                 self._emitted += 1
             if type(event) is not dict:
@@ -253,6 +260,9 @@ class LineageProducer(Sender):
         waits out an outage. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
         if self._closed:
             return
+        if self._forked:   # a forked child that never emitted: nothing to send, no thread to stop
+            self._closed = True
+            return _LIVE.discard(self)
         self._take_back_if_kafka_is_down(timeout_s)
         self._wait(timeout_s, self._nothing_to_wait_for)
         with self._lock:
@@ -395,3 +405,6 @@ def _close_all_at_exit() -> None:
             producer.close()
         except Exception:  # noqa: BLE001 - best effort at exit; each producer logs its own
             log.exception("event=close_at_exit_failed")
+
+
+os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit))
