@@ -165,11 +165,12 @@ class ProducerConfig(BaseModel):
             raise ValueError("must be host:port[,host:port...], e.g. kafka-1:9092,kafka-2:9092")
         for part in v.split(","):
             # librdkafka takes only its security protocols as a prefix: with any other (an
-            # http:// URL copied from OPENLINEAGE_URL) or a path it logs a parse error and has
-            # no broker at all, so every event would go to the journal, never to Kafka.
-            scheme, sep, rest = part.strip().rpartition("://")
-            if (sep and scheme.upper() not in _BROKER_PROTOCOLS) or "/" in rest:
-                raise ValueError("must be host:port[,host:port...] without a URL scheme or path "
+            # http:// URL copied from OPENLINEAGE_URL) it logs a parse error and has no broker
+            # at all, so every event would go to the journal, never to Kafka. (A path after
+            # the port, kafka:9092/x, it ignores: it connects and delivers.)
+            scheme, sep, _ = part.strip().rpartition("://")
+            if sep and scheme.upper() not in _BROKER_PROTOCOLS:
+                raise ValueError("must be host:port[,host:port...] without a URL scheme "
                                  "(e.g. kafka-1:9092, not http://kafka-1:9092)")
         return v
 
