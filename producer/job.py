@@ -71,6 +71,17 @@ _default_lock = threading.Lock()
 _default: LineageProducer | NoLineage | None = None
 
 
+def _new_default_lock() -> None:
+    # A fork while another thread builds the default producer (adopting a large journal
+    # takes seconds) would leave the child's lock held by a thread it does not have: the
+    # child's first lineage_job would wait for ever. The child builds its own, if need be.
+    global _default_lock
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_default_lock)
+
+
 class NoLineage:
     """What :func:`default_producer` returns when no producer could be built: it drops
     every event, so the job runs unobserved instead of failing."""
