@@ -93,6 +93,8 @@ _FIXED = {
 #: of bytes. librdkafka would read "10MB" as 10 (it parses the leading digits).
 _BYTE_SIZES = ("message.max.bytes", "batch.size")
 _WHOLE_NUMBER = re.compile(r"\s*\+?[0-9]+\s*")
+#: The prefixes librdkafka accepts on a broker address (``SASL_SSL://kafka:9093``).
+_BROKER_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 _OWNED = ("on_delivery", "delivery.report.only.error", "error_cb", "throttle_cb", "stats_cb",
           "logger", "dr_cb", "dr_msg_cb", "queue.buffering.max.messages")
 
@@ -161,6 +163,15 @@ class ProducerConfig(BaseModel):
         v = v.strip()
         if not v or any(not part.strip() or ":" not in part for part in v.split(",")):
             raise ValueError("must be host:port[,host:port...], e.g. kafka-1:9092,kafka-2:9092")
+        for part in v.split(","):
+            # librdkafka takes only its security protocols as a prefix: with any other (an
+            # http:// URL copied from OPENLINEAGE_URL) it logs a parse error and has no broker
+            # at all, so every event would go to the journal, never to Kafka. (A path after
+            # the port, kafka:9092/x, it ignores: it connects and delivers.)
+            scheme, sep, _ = part.strip().rpartition("://")
+            if sep and scheme.upper() not in _BROKER_PROTOCOLS:
+                raise ValueError("must be host:port[,host:port...] without a URL scheme "
+                                 "(e.g. kafka-1:9092, not http://kafka-1:9092)")
         return v
 
     @field_validator("bootstrap_servers", "topic", "message_key", "namespace", "parent_job_namespace",

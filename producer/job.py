@@ -18,8 +18,10 @@ Contract:
 * Entering emits START, leaving emits COMPLETE, or FAIL when an exception escapes (the
   exception is re-raised, never swallowed). Both events carry the same run id (a UUIDv7),
   the job facets, and the inputs/outputs known at that moment; COMPLETE/FAIL also carry
-  those added with :meth:`JobRun.add_input` / :meth:`JobRun.add_output`.
-* Each call of a decorated function (sync or async) is its own run.
+  those added with :meth:`JobRun.add_input` / :meth:`JobRun.add_output`. A ``SystemExit``
+  whose status is 0 or None (``sys.exit()``, ``sys.exit(0)``) is a success: COMPLETE.
+* Each call of a decorated function (sync or async) is its own run. One ``lineage_job``
+  instance may be entered by several threads or tasks at once: each gets its own run.
 * The parent run is, in order: the ``parent=`` argument; the enclosing ``lineage_job``
   in the same thread or task (nested runs form a tree, with the outermost as root); the
   producer's configured parent (explicit config, else ``spark.openlineage.parent*`` when
@@ -46,6 +48,8 @@ import contextvars
 import functools
 import inspect
 import logging
+import os
+import struct
 import threading
 import traceback
 from collections.abc import Callable, Iterable
@@ -65,6 +69,17 @@ Parent = tuple[str, str, str]
 _current: contextvars.ContextVar[JobRun | None] = contextvars.ContextVar("lineage_job_run", default=None)
 _default_lock = threading.Lock()
 _default: LineageProducer | NoLineage | None = None
+
+
+def _new_default_lock() -> None:
+    # A fork while another thread builds the default producer (adopting a large journal
+    # takes seconds) would leave the child's lock held by a thread it does not have: the
+    # child's first lineage_job would wait for ever. The child builds its own, if need be.
+    global _default_lock
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_default_lock)
 
 
 class NoLineage:
@@ -118,6 +133,11 @@ class JobRun:
         self.outputs = outputs
         self.run_facets = run_facets
         self.job_facets = job_facets
+        # Set by lineage_job on entry. The exit ends the innermost open run its instance owns
+        # along this chain (see lineage_job.__exit__), whatever other threads do with it.
+        self._owner: lineage_job | None = None
+        self._outer: JobRun | None = None       # the context's current run at entry
+        self._token: contextvars.Token | None = None
 
     def add_input(self, ds: dict) -> None:
         """Record an input dataset (build it with :func:`producer.events.dataset`)."""
@@ -193,7 +213,8 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         if job_type is not None:
             self._job_facets.setdefault("jobType", _job_type_facet(job_type))
         self._run_id = run_id
-        self._active: list[tuple[JobRun, contextvars.Token]] = []
+        self._open_lock = threading.Lock()
+        self._open: list[JobRun] = []   # this instance's runs entered and not yet exited
 
     # --- context manager -----------------------------------------------------------
 
@@ -211,17 +232,73 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
                      parent=parent, root=root, inputs=list(self._inputs), outputs=list(self._outputs),
                      run_facets=run_facets, job_facets=dict(self._job_facets))
         _emit(producer, run, "START")
-        self._active.append((run, _current.set(run)))
+        run._owner, run._outer = self, _current.get()
+        with self._open_lock:
+            self._open.append(run)
+        run._token = _current.set(run)
         return run
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
-        run, token = self._active.pop()
-        _current.reset(token)
-        producer = self._producer or default_producer()
-        if exc is None:
-            _emit(producer, run, "COMPLETE")
-        else:
-            _emit(producer, run, "FAIL", exc)
+        try:
+            run = self._end_one_run()
+            if run is None:
+                log.error("event=lineage_job_exit_without_entry job=%s detail=no open run of this lineage_job; "
+                          "nothing emitted", self._name)
+                return
+            producer = self._producer or default_producer()
+            if exc is None or (isinstance(exc, SystemExit) and _exit_succeeds(exc.code)):
+                # sys.exit(0) / sys.exit() (click and other CLIs end a successful command so) is
+                # a success for the process and its scheduler, as the Spark capture reads it too.
+                _emit(producer, run, "COMPLETE")
+            else:
+                _emit(producer, run, "FAIL", exc)
+        except Exception as err:  # noqa: BLE001 - lineage must never break the job
+            log.error("event=lineage_job_exit_failed job=%s detail=%r", self._name, err)
+
+    def _end_one_run(self) -> JobRun | None:
+        """Claim the run this exit ends and restore the context's current run.
+
+        The innermost run *this instance* owns along the context's chain of runs: not simply
+        the context's innermost run, which may belong to another lineage_job (a generator
+        paused inside its own ``with inner:`` when ``with outer:`` exits), and not state on
+        the instance alone, which threads or tasks sharing one instance would mix up."""
+        current = _current.get()
+        run = current
+        while run is not None and not (run._owner is self and self._claim(run)):
+            run = run._outer
+        if run is None:
+            # Entered in another context (a task's enter and exit in different tasks, as
+            # pytest-asyncio runs a fixture's setup and teardown): end this instance's most
+            # recent open run rather than emit nothing.
+            with self._open_lock:
+                run = self._open.pop() if self._open else None
+            if run is None:
+                return None
+        if run is current:
+            try:
+                _current.reset(run._token)
+            except (ValueError, RuntimeError):  # the token belongs to another context
+                _current.set(run._outer)
+        # Never leave an ended run current (an outer one ended while this one was open).
+        restored = _current.get()
+        while restored is not None and restored._owner is not None and restored._owner._is_ended(restored):
+            restored = restored._outer
+        if restored is not _current.get():
+            _current.set(restored)
+        run._token = None
+        return run
+
+    def _claim(self, run: JobRun) -> bool:
+        with self._open_lock:
+            try:
+                self._open.remove(run)
+            except ValueError:   # already ended (by another thread or an earlier exit)
+                return False
+            return True
+
+    def _is_ended(self, run: JobRun) -> bool:
+        with self._open_lock:
+            return run not in self._open
 
     def _lineage(self, config: Any) -> tuple[Parent | None, Parent | None]:
         if self._parent is not None:
@@ -243,7 +320,7 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         clone = lineage_job.__new__(lineage_job)
         clone.__dict__.update(self.__dict__)
         clone._name = self._name or name
-        clone._active = []
+        clone._open_lock, clone._open = threading.Lock(), []
         clone._inputs, clone._outputs = list(self._inputs), list(self._outputs)
         return clone
 
@@ -270,6 +347,24 @@ def _emit(producer: Any, run: JobRun, event_type: str, exc: BaseException | None
         producer.emit(run.event(event_type, extra))
     except Exception as err:  # noqa: BLE001 - lineage must never break the job
         log.error("event=lineage_event_failed job=%s event_type=%s detail=%s", run.job_name, event_type, err)
+
+
+#: CPython exits with ``(int)PyLong_AsLong(code)``: a C long, then the OS keeps the low byte
+#: (POSIX) or 32 bits (Windows) of the status; an int out of a long's range exits with -1.
+_LONG_BITS = 8 * struct.calcsize("l")
+_STATUS_MASK = 0xFFFFFFFF if os.name == "nt" else 0xFF
+
+
+def _exit_succeeds(status: object) -> bool:
+    """Whether ``SystemExit(status)`` ends the process with exit status 0, as CPython decides:
+    None, or an int (bool included) whose status bits are 0 (0, False, 256 on POSIX).
+    Anything else (a message, 0.0, "0") is printed and exits with 1."""
+    if status is None:
+        return True
+    if not isinstance(status, int):
+        return False
+    value = int.__index__(status)   # the int's own value, as C reads it (a subclass's __eq__ aside)
+    return -(1 << (_LONG_BITS - 1)) <= value < (1 << (_LONG_BITS - 1)) and value & _STATUS_MASK == 0
 
 
 def current_run() -> JobRun | None:

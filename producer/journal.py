@@ -35,7 +35,7 @@ import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 
-from producer.errors import JournalError
+from producer.errors import ConfigError, JournalError
 
 log = logging.getLogger(__name__)
 
@@ -332,3 +332,16 @@ def adopt_orphans(root: Path, *, max_bytes: int, segment_bytes: int) -> list[Jou
         log.info("journal=%s event=adopted pending=%d", path, journal.pending)
         adopted.append(journal)
     return adopted
+
+
+def check_journal_dir(path: Path) -> None:
+    """Raise ConfigError unless ``path`` can be created and written: found at construction,
+    not during the first outage, when it would cost events."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"journal_dir: cannot create {path} ({err.strerror}); set journal_dir "
+                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"journal_dir: {path} is not writable; set journal_dir "
+                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory")

@@ -34,7 +34,7 @@ in the spill queue; the journal itself survives. Dropped, counted and logged by 
 ``rejected_by_broker`` (a record Kafka will never accept), ``journal_full``,
 ``journal_write_failed``, ``queue_full`` (above), ``closed`` (emit after close),
 ``lost_in_fatal_producer`` (records a broken librdkafka instance never gave back within
-5 s). A producer must not be used across ``fork()``.
+5 s). A forked child gets a fresh producer of its own (:mod:`producer.forking`).
 
 This module is the caller-facing half; the background thread (journal mode, reclaim,
 replay) is :mod:`producer.sender`.
@@ -55,11 +55,13 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer
 
-from producer.codec import encode_json
+from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
-from producer.journal import adopt_orphans
+from producer.forking import (close_at_exit, register_in_multiprocessing_child, reset_in_forked_children,
+                              start_in_forked_child)
+from producer.journal import adopt_orphans, check_journal_dir
 from producer.keys import message_key
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
 from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
@@ -116,13 +118,13 @@ class LineageProducer(Sender):
         elif overrides:
             config = with_overrides(config, overrides)
         self.config = config
-        self._encode = _encoder(config.encoding)
+        self._encode = encoder(config.encoding)
         self._topic = config.topic
         self._fixed_key = config.message_key.encode() if config.message_key else None
         props = config.kafka_properties()
         # Headroom for the record overhead librdkafka adds to the value.
         self._max_value = int(props.get("message.max.bytes", 1_000_000)) - 512
-        _check_journal_dir(config)
+        check_journal_dir(config.journal_path)
         self._init_sender(config.queue_max_events)
         self._producer = self._new_producer(props)
         try:
@@ -134,10 +136,15 @@ class LineageProducer(Sender):
         if self._journals:
             # Events a dead process left behind go first: start in journal mode.
             self._spilling = True
+        self._forked = False
+        self._start_sender()
+        _LIVE.add(self)
+        register_in_multiprocessing_child(_close_all_at_exit)
+
+    def _start_sender(self) -> None:
         self._sender = threading.Thread(target=self._run, name=f"lineage-producer[{self._topic}]",
                                         daemon=True)
         self._sender.start()
-        _LIVE.add(self)
 
     # --- construction helpers --------------------------------------------------------
 
@@ -171,6 +178,8 @@ class LineageProducer(Sender):
         """Queue one event for Kafka. Never blocks on the network, never raises. A value that
         is not an event (:mod:`producer.event_values`) is dropped: ``not_an_event``."""
         try:
+            if self._forked:
+                start_in_forked_child(self)
             with self._count_lock:
                 self._emitted += 1
             if type(event) is not dict:
@@ -253,6 +262,9 @@ class LineageProducer(Sender):
         waits out an outage. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
         if self._closed:
             return
+        if self._forked:   # a forked child that never emitted: nothing to send, no thread to stop
+            self._closed = True
+            return _LIVE.discard(self)
         self._take_back_if_kafka_is_down(timeout_s)
         self._wait(timeout_s, self._nothing_to_wait_for)
         with self._lock:
@@ -261,6 +273,11 @@ class LineageProducer(Sender):
         self._stop.set()
         # A fatal error's reclaim may take two of its waits (answers, then the purge).
         self._sender.join(2 * RECLAIM_TIMEOUT_S + 5)
+        if not self._sender.is_alive():
+            # Freed now, in this process: its callbacks hold this object (a cycle), so it would
+            # wait for the garbage collector, which may run first in a fork child, where
+            # destroying an instance whose threads stayed in the parent crashes or hangs.
+            self._producer = None
         _LIVE.discard(self)
         s = self.stats
         log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
@@ -364,27 +381,6 @@ def _disabled_class(cls: type) -> type:
     return _DISABLED_CLASSES[cls]
 
 
-def _check_journal_dir(config: ProducerConfig) -> None:
-    # Found now, not during the first outage, when it would cost events.
-    path = config.journal_path
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"journal_dir: cannot create {path} ({err.strerror}); set journal_dir "
-                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory") from err
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"journal_dir: {path} is not writable; set journal_dir "
-                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory")
-
-
-def _encoder(encoding: str) -> Callable[[dict], bytes]:
-    if encoding == "avro":
-        from producer.codec import avro
-
-        return avro.encode
-    return encode_json
-
-
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
 
 
@@ -392,6 +388,9 @@ _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
 def _close_all_at_exit() -> None:
     for producer in list(_LIVE):
         try:
-            producer.close()
+            close_at_exit(producer)
         except Exception:  # noqa: BLE001 - best effort at exit; each producer logs its own
             log.exception("event=close_at_exit_failed")
+
+
+os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit))

@@ -7,6 +7,7 @@ A reader tells them apart by the first two bytes: Avro single-object records sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import orjson
@@ -18,3 +19,12 @@ ENCODINGS: tuple[str, ...] = ("json", "avro")
 def encode_json(event: dict) -> bytes:
     """Compact UTF-8 JSON. Raises ``TypeError`` (orjson) for values JSON cannot carry."""
     return orjson.dumps(event)
+
+
+def encoder(encoding: str) -> Callable[[dict], bytes]:
+    """The event encoder for a ProducerConfig ``encoding`` (Avro imported only when used)."""
+    if encoding == "avro":
+        from producer.codec import avro
+
+        return avro.encode
+    return encode_json

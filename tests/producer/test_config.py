@@ -356,3 +356,24 @@ def test_parent_run_ids_are_canonical(tmp_path, written):
     assert cfg.parent_run_id == RUN_ID
     env = _load(tmp_path, {"bootstrap_servers": "k:1"}, environ={"OPENLINEAGE_PARENT_ID": f"airflow/t/{written}"})
     assert env.parent_run_id == RUN_ID
+
+
+@pytest.mark.parametrize("servers", ["http://kafka:9092", "k:1,https://kafka:9092"])
+def test_a_url_as_bootstrap_servers_fails_at_construction_naming_the_key(tmp_path, servers):
+    # librdkafka would log a parse error and run with no broker: every event journaled, none sent.
+    conf = {**SPARK, "spark.openlineage.transport.properties.bootstrap.servers": servers}
+    with pytest.raises(ConfigError, match=r"spark.openlineage.transport.properties.*bootstrap.servers: must be "
+                                          r"host:port\[,host:port...\] without a URL scheme"):
+        _load(tmp_path, spark_conf=conf)
+
+
+def test_a_librdkafka_security_protocol_prefix_is_a_valid_bootstrap_server(tmp_path):
+    conf = {**SPARK, "spark.openlineage.transport.properties.bootstrap.servers": "k:1,SASL_SSL://kafka:9093"}
+    assert _load(tmp_path, spark_conf=conf).bootstrap_servers == "k:1,SASL_SSL://kafka:9093"
+
+
+@pytest.mark.parametrize("servers", ["kafka:9092/openlineage", "k:1,PLAINTEXT://kafka:9092/x"])
+def test_a_path_after_the_port_is_accepted_as_librdkafka_accepts_it(tmp_path, servers):
+    # librdkafka ignores what follows the port: it connects to kafka:9092 and delivers.
+    conf = {**SPARK, "spark.openlineage.transport.properties.bootstrap.servers": servers}
+    assert _load(tmp_path, spark_conf=conf).bootstrap_servers == servers

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
 from datetime import datetime, timezone
 
@@ -171,3 +172,123 @@ def test_openlineage_disabled_sends_nothing(kafka, tmp_path, default_from, monke
     # One partition: anything the disabled job had sent would be ahead of the marker.
     records = read_topic(kafka.bootstrap_servers, topic, expected=1)
     assert [decode(r.value)["job"]["name"] for r in records] == ["marker"]
+
+
+def test_a_successful_sys_exit_inside_the_run_is_complete(kafka, producer):
+    # A CLI (click, a dbt-like tool) ends a successful command with sys.exit(0): the process
+    # and its scheduler see success, so must the lineage.
+    for status in (0, None):
+        with pytest.raises(SystemExit):
+            with lineage_job("cli.success", producer=producer):
+                raise SystemExit(status)
+    with pytest.raises(SystemExit):
+        with lineage_job("cli.failure", producer=producer):
+            raise SystemExit(3)
+    got = _events(kafka, producer, 6)
+    assert [e["eventType"] for e in got if e["job"]["name"] == "cli.success"] == ["START", "COMPLETE"] * 2
+    failed = [e for e in got if e["job"]["name"] == "cli.failure"]
+    assert [e["eventType"] for e in failed] == ["START", "FAIL"]
+    assert failed[1]["run"]["facets"]["errorMessage"]["message"] == "SystemExit: 3"
+
+
+def test_one_instance_entered_by_two_threads_gives_each_its_own_run(kafka, producer):
+    # A module-level `load = lineage_job("load")` used as `with load:` by worker threads.
+    shared = lineage_job("shared.load", producer=producer)
+    a_inside, b_inside, a_left = threading.Event(), threading.Event(), threading.Event()
+    runs: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def worker(name: str, entered: threading.Event, wait_for: threading.Event, before: threading.Event | None):
+        try:
+            if before is not None:
+                assert before.wait(10)
+            with shared as run:
+                runs[name] = run.run_id
+                entered.set()
+                assert wait_for.wait(10)
+                assert current_run() is run
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+        finally:
+            entered.set()
+            if name == "a":
+                a_left.set()
+
+    threads = [threading.Thread(target=worker, args=("a", a_inside, b_inside, None)),
+               threading.Thread(target=worker, args=("b", b_inside, a_left, a_inside))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert errors == []
+    got = _events(kafka, producer, 4)
+    by_run = {rid: [e["eventType"] for e in got if e["run"]["runId"] == rid] for rid in runs.values()}
+    assert len(by_run) == 2 and all(types == ["START", "COMPLETE"] for types in by_run.values()), by_run
+
+
+class _Recorder:
+    """A producer stand-in that keeps (job name, event type, run id) of every event."""
+
+    config = None
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def emit(self, event: dict) -> None:
+        self.seen.append((event["job"]["name"], event["eventType"], event["run"]["runId"]))
+
+
+def test_a_generator_paused_inside_its_own_run_does_not_take_the_callers_end():
+    # A streaming reader written as `with lineage_job("read"): yield rows`, partly consumed
+    # inside another job: the caller's exit ends the caller's run, not the reader's.
+    rec = _Recorder()
+    outer, inner = lineage_job("outer", producer=rec), lineage_job("inner", producer=rec)
+
+    def rows():
+        with inner:
+            yield 1
+            yield 2
+
+    with outer as outer_run:
+        reader = rows()
+        next(reader)
+        inner_run = current_run()
+    assert rec.seen[-1] == ("outer", "COMPLETE", outer_run.run_id)
+    assert current_run() is inner_run, "the reader's run is still open"
+    reader.close()
+    assert rec.seen[-1][:2] == ("inner", "FAIL") and rec.seen[-1][2] == inner_run.run_id
+    assert current_run() is None
+
+
+def test_enter_and_exit_in_different_tasks_inside_a_run_never_raise_into_the_job():
+    # pytest-asyncio runs an async fixture's setup and teardown in different tasks, both
+    # inside the session's run: the exit must end the fixture's run, and raise nothing.
+    rec = _Recorder()
+    fixture = lineage_job("fixture", producer=rec)
+
+    async def main() -> None:
+        with lineage_job("session", producer=rec):
+            await asyncio.create_task(_call(fixture.__enter__))
+            await asyncio.create_task(_call(fixture.__exit__, None, None, None))
+            assert current_run().job_name == "session"
+
+    async def _call(f, *args):
+        f(*args)
+
+    asyncio.run(main())
+    assert [(name, kind) for name, kind, _ in rec.seen] == [
+        ("session", "START"), ("fixture", "START"), ("fixture", "COMPLETE"), ("session", "COMPLETE")]
+    assert rec.seen[1][2] == rec.seen[2][2]
+
+
+@pytest.mark.parametrize(("status", "exit_status"), [
+    (None, 0), (0, 0), (False, 0), (256, 0), (0.0, 1), ("0", 1), ("", 1), (True, 1), (2, 2), (1 << 64, 255)])
+@pytest.mark.skipif(os.name == "nt", reason="POSIX exit statuses")
+def test_sys_exit_is_complete_exactly_when_the_process_exits_with_status_0(status, exit_status):
+    # What the scheduler sees is the process's exit status: CPython prints anything but
+    # None or an int and exits with 1 (sys.exit(0.0) fails), and the OS keeps the low byte.
+    rec = _Recorder()
+    with pytest.raises(SystemExit):
+        with lineage_job("cli", producer=rec):
+            raise SystemExit(status)
+    assert rec.seen[-1][1] == ("COMPLETE" if exit_status == 0 else "FAIL")

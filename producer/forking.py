@@ -1,0 +1,134 @@
+"""``fork()`` and the producer (used by :mod:`producer.kafka`).
+
+A child made by ``fork()`` (``multiprocessing``'s default start method on Linux before
+Python 3.14, ``os.fork()``) inherits the producer object but not its threads: neither the
+sender thread nor librdkafka's. Records given to the inherited instance would sit in
+memory for ever, and its ``flush()`` would return at once with them pending: lost without
+a word. So, in the child, every live producer is reset to fresh state by the fork hook
+and started (a new librdkafka instance, a new sender thread, its own journal) on the
+child's first ``emit``: a worker that emits nothing opens no connection. The parent keeps
+sending what it had queued and keeps its journals; the child closes its copies of their
+file descriptors, so a child that outlives a crashed parent does not keep the parent's
+journal from being adopted.
+
+A ``multiprocessing`` child (fork or forkserver) ends with ``os._exit``, which skips
+``atexit``: its producers -- inherited and started, or built in the child -- are closed by
+a ``multiprocessing`` finalizer instead, which that exit runs. At a forked child's exit,
+Kafka gets :data:`_FIRST_ANSWER_S` to acknowledge something if it has acknowledged nothing
+in the child yet, and none if it is known down: otherwise the records go to the child's
+journal at once (the next producer on the journal directory sends them), so a pool of
+short-lived workers does not wait ``close_timeout_s`` per worker during an outage. Once
+Kafka has acknowledged something, the exit flushes for ``close_timeout_s`` as usual.
+
+A child killed (``Pool.terminate()``, which leaving a ``with Pool()`` block calls) loses
+what it had not delivered, as any killed process does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from producer.sender import _DOWN_GRACE_S
+
+#: In a forked child: what each producer held in the parent (its librdkafka instance,
+#: journals, queues, locks). Kept referenced, never closed, used or freed: librdkafka's
+#: destroy would wait for threads the child does not have, the journals are the parent's,
+#: and freeing the parent's queues would write to every copy-on-write page they sit on.
+_inherited: list[dict[str, Any]] = []
+_exit_registered = False
+_in_forked_child = False
+#: A forked child's exit close: how long Kafka gets to acknowledge its first record in
+#: this child before the child journals what it holds. A healthy broker takes ~0.5 s
+#: (connection, producer id, linger), more over TLS to a distant cluster; what a child
+#: journals waits for the next producer on the journal directory, so not too short either.
+_FIRST_ANSWER_S = _DOWN_GRACE_S
+
+
+def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None]) -> None:
+    """The fork hook, in the child. It only builds locks and containers and closes fds: a
+    lock a parent thread held at the fork would never be released in the child, so none is
+    taken -- the producer's ``_fork_lock`` included: a producer still being started by a
+    thread of the parent (itself a forked child) is reset like any other."""
+    global _exit_registered, _close_all, _in_forked_child
+    _exit_registered = False
+    _in_forked_child = True
+    _close_all = close_all
+    for producer in list(live):
+        if getattr(producer, "_forked", None) is None or producer._closed:
+            continue
+        _inherited.append(dict(vars(producer)))
+        for journal in [*producer._journals, *([producer._own] if producer._own else [])]:
+            _close_inherited_fds(journal)
+        kafka_down = producer._kafka_down   # the parent's news of an outage holds for the child
+        producer._init_sender(producer.config.queue_max_events)
+        producer._kafka_down = kafka_down
+        producer._journals = []
+        producer._fork_lock = threading.Lock()
+        producer._forked = True
+
+
+def _close_inherited_fds(journal: Any) -> None:
+    # os.close only: flock(LOCK_UN) would release the lock the parent still holds (a flock
+    # belongs to the open file, shared by both processes), and the parent's writer must not
+    # be fsync-ed or written from here. The journal objects stay untouched in _inherited.
+    for fd in (journal._lock_fd, journal._writer):
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    # The reader's file is left open: it holds no lock, and closing its file object would
+    # take its buffer's lock, which the parent's sender may have held at the fork (a hang).
+
+
+def start_in_forked_child(producer: Any) -> None:
+    """On a forked child's first emit: a new librdkafka instance and sender thread."""
+    with producer._fork_lock:
+        if not producer._forked:
+            return
+        producer._producer = producer._new_producer()
+        producer._start_sender()
+        producer._forked = False
+    _close_at_multiprocessing_exit()
+
+
+def register_in_multiprocessing_child(close_all: Callable[[], None]) -> None:
+    """For a producer built in a ``multiprocessing`` child, which no fork hook saw (a
+    worker's first ``lineage_job`` builds the default producer): its exit skips ``atexit``."""
+    global _close_all
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and mp.parent_process() is not None:
+        _close_all = close_all
+        _close_at_multiprocessing_exit()
+
+
+def close_at_exit(producer: Any) -> None:
+    """Close ``producer`` at the process's exit; in a forked child, bounded (module docstring)."""
+    if _in_forked_child and not producer._forked and not producer._closed and producer._delivered == 0:
+        if not producer._kafka_down:
+            producer._wait(min(_FIRST_ANSWER_S, producer.config.close_timeout_s),
+                           lambda: producer._delivered > 0 or producer._kafka_down or producer.pending == 0)
+        if producer._delivered == 0 and producer.pending:
+            # Kafka took nothing in this child: journal now, and (as while Kafka is down)
+            # close() then waits only for the records to be in the journal.
+            producer._kafka_down = True
+            producer._want_journal = "child_exit_before_kafka_answered"
+    producer.close()
+
+
+_close_all: Callable[[], None] = lambda: None
+
+
+def _close_at_multiprocessing_exit() -> None:
+    global _exit_registered
+    mp_util = sys.modules.get("multiprocessing.util")
+    if _exit_registered or mp_util is None:
+        return
+    _exit_registered = True
+    # Registered here, not in the fork hook: a multiprocessing child clears the finalizers
+    # it inherited after the fork hooks ran. Priority >= 0: run before the child's exit.
+    mp_util.Finalize(None, _close_all, exitpriority=100)

@@ -1,0 +1,264 @@
+"""A producer inherited through fork() (multiprocessing's default start method on Linux):
+the child's events are delivered, the parent's too, and nothing is lost without a word."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from producer import LineageProducer, events, job
+from producer.journal import adopt_orphans
+from producer.job import lineage_job
+from tests.producer.support import decode, wait_for
+from tests.support.kafka import read_topic
+
+pytestmark = pytest.mark.kafka
+
+
+def _event(job_name: str) -> dict:
+    return events.run_event("START", run_id=events.new_run_id(), job_namespace="fork", job_name=job_name)
+
+
+def _worker(producer: LineageProducer, n: int) -> None:
+    # No flush, no close: the worker just returns, as a multiprocessing task does.
+    with lineage_job(f"worker.{n}", producer=producer):
+        producer.emit(_event(f"worker.{n}.extra"))
+
+
+def test_a_multiprocessing_fork_child_delivers_through_the_inherited_producer(kafka, tmp_path):
+    topic = kafka.new_topic("fork")
+    producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
+    try:
+        producer.emit(_event("parent.before"))
+        assert producer.flush(10) == 0
+        children = [multiprocessing.get_context("fork").Process(target=_worker, args=(producer, n))
+                    for n in range(2)]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join(30)
+        assert [c.exitcode for c in children] == [0, 0]
+        producer.emit(_event("parent.after"))
+        assert producer.flush(10) == 0
+    finally:
+        producer.close()
+    records = read_topic(kafka.bootstrap_servers, topic, expected=8, timeout_s=30)
+    names = sorted(decode(r.value)["job"]["name"] for r in records)
+    assert names == sorted(["parent.before", "parent.after", "worker.0", "worker.0", "worker.0.extra",
+                            "worker.1", "worker.1", "worker.1.extra"])
+    # The children's records went straight to Kafka: the parent's journal holds nothing.
+    assert producer.stats.journaled == 0
+
+
+def test_an_os_fork_child_flushes_its_events_to_kafka(kafka, tmp_path):
+    topic = kafka.new_topic("osfork")
+    producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: os._exit, so pytest does not run on in it
+            code = 0
+            try:
+                producer.emit(_event("osfork.child"))
+                code = 0 if producer.flush(20) == 0 else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's flush left its event pending"
+    finally:
+        producer.close()
+    records = read_topic(kafka.bootstrap_servers, topic, expected=1, timeout_s=30)
+    assert [decode(r.value)["job"]["name"] for r in records] == ["osfork.child"]
+
+
+def _exit_status(pid: int, timeout_s: float) -> int | str:
+    """The child's exit status; "hung" (and the child killed) if it has not exited in time."""
+    status: list[int] = []
+
+    def exited() -> bool:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status.append(os.waitstatus_to_exitcode(st))
+        return bool(status)
+
+    try:
+        wait_for(exited, timeout_s, f"child {pid} to exit")
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return "hung"
+    return status[0]
+
+
+def _in_child(body) -> None:
+    """Run ``body()`` in an os.fork() child and leave with its result as exit status (never
+    returning into pytest)."""
+    code = 9
+    try:
+        code = body()
+    finally:
+        os._exit(code)
+
+
+def test_a_grandchild_forked_while_its_parent_starts_the_producer_emits(kafka, tmp_path):
+    # A forked child's first emit starts its producer under _fork_lock; a fork from another
+    # of its threads meanwhile (a pool started while a thread's first job runs) must not
+    # leave the grandchild waiting for a lock held by a thread it does not have.
+    topic = kafka.new_topic("grandchild")
+    producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            def child() -> int:
+                held, release = threading.Event(), threading.Event()
+
+                def starting() -> None:   # holds the lock as start_in_forked_child does
+                    with producer._fork_lock:
+                        held.set()
+                        release.wait(60)
+
+                threading.Thread(target=starting, daemon=True).start()
+                held.wait(10)
+                grandchild = os.fork()
+                if grandchild == 0:
+                    def emits() -> int:
+                        producer.emit(_event("grandchild"))
+                        return 0 if producer.flush(20) == 0 else 3
+                    _in_child(emits)
+                status = _exit_status(grandchild, 30)
+                release.set()
+                return 0 if status == 0 else 5
+            _in_child(child)
+        assert _exit_status(pid, 60) == 0, "the grandchild's emit blocked (or its flush left the event)"
+    finally:
+        producer.close()
+    records = read_topic(kafka.bootstrap_servers, topic, expected=1, timeout_s=30)
+    assert [decode(r.value)["job"]["name"] for r in records] == ["grandchild"]
+
+
+def test_a_fork_while_another_thread_builds_the_default_producer_does_not_block_the_child(
+        kafka, tmp_path, monkeypatch):
+    # Building the default producer can take seconds (adopting a large journal left by a
+    # crash); a fork from another thread meanwhile must not leave the lock held in the child.
+    topic = kafka.new_topic("deflock")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "kafka")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TOPIC_NAME", topic)
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    monkeypatch.setenv("LINEAGE_RELAY_JOURNAL_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(job, "_default", None)
+    building, done = threading.Event(), threading.Event()
+
+    def slow_build() -> None:   # holds the lock as default_producer() does while it builds
+        with job._default_lock:
+            building.set()
+            done.wait(60)
+
+    builder = threading.Thread(target=slow_build)
+    builder.start()
+    try:
+        assert building.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            def child() -> int:
+                with lineage_job("child.job"):
+                    pass
+                return 0 if job.default_producer().flush(20) == 0 else 3
+            _in_child(child)
+        assert _exit_status(pid, 30) == 0, "the child's lineage_job blocked on the parent's lock"
+    finally:
+        done.set()
+        builder.join(10)
+    records = read_topic(kafka.bootstrap_servers, topic, expected=2, timeout_s=30)
+    assert [decode(r.value)["eventType"] for r in records] == ["START", "COMPLETE"]
+
+
+def _builds_its_own(bootstrap: str, topic: str, journal_dir: str) -> None:
+    # No flush, no close: a task returns, and a fork or forkserver child ends with os._exit.
+    producer = LineageProducer(bootstrap_servers=bootstrap, topic=topic, journal_dir=journal_dir)
+    with lineage_job("built.in.child", producer=producer):
+        pass
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_producer_built_in_a_multiprocessing_child_delivers_at_its_exit(kafka, tmp_path, method):
+    topic = kafka.new_topic(f"childbuilt-{method}")
+    child = multiprocessing.get_context(method).Process(
+        target=_builds_its_own, args=(kafka.bootstrap_servers, topic, str(tmp_path)))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    records = read_topic(kafka.bootstrap_servers, topic, expected=2, timeout_s=30)
+    assert [decode(r.value)["eventType"] for r in records] == ["START", "COMPLETE"]
+
+
+def _emit_once(producer: LineageProducer) -> None:
+    producer.emit(_event("short.task"))
+
+
+@pytest.mark.parametrize(("kafka_state", "bound_s"), [("refusing", 1.5), ("silent", 4.0)])
+def test_a_fork_childs_exit_does_not_wait_for_a_kafka_that_never_answers(tmp_path, kafka_state, bound_s):
+    # A pool of short tasks (maxtasksperchild) must not wait close_timeout_s (or the 5 s
+    # stall detector) at every worker's exit while Kafka is down or silent: Kafka gets
+    # _DOWN_GRACE_S (2 s) to acknowledge the child's first record, none once it is known
+    # down; then the record goes to the child's journal, for the next producer.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))   # refusing: bound, never listening
+    if kafka_state == "silent":
+        server.listen(16)           # connections complete in the backlog; nothing answers
+    try:
+        producer = LineageProducer(bootstrap_servers=f"127.0.0.1:{server.getsockname()[1]}", topic="t",
+                                   journal_dir=tmp_path, close_timeout_s=30)
+        try:
+            child = multiprocessing.get_context("fork").Process(target=_emit_once, args=(producer,))
+            started = time.monotonic()
+            child.start()
+            child.join(60)
+            took = time.monotonic() - started
+            assert child.exitcode == 0
+            assert took < bound_s, f"the child's exit took {took:.1f}s"
+            adopted = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20)
+            try:
+                assert [j.pending for j in adopted] == [1], "the child's event is in its journal"
+            finally:
+                for journal in adopted:
+                    journal.close()
+        finally:
+            producer.close(0.1)
+    finally:
+        server.close()
+
+
+def test_a_long_lived_fork_child_does_not_keep_the_parents_journal_from_being_adopted(tmp_path):
+    # The parent journaled during an outage and ended (or crashed) while a child it forked
+    # lives on: the next run must adopt the parent's journal, not find it locked.
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    read_end, write_end = os.pipe()
+    try:
+        producer = LineageProducer(bootstrap_servers=f"127.0.0.1:{refusing.getsockname()[1]}", topic="t",
+                                   journal_dir=tmp_path)
+        producer.emit(_event("parent"))
+        producer.flush(0)
+        wait_for(lambda: producer.stats.journaled == 1, 30, "the parent's event in its journal")
+        pid = os.fork()
+        if pid == 0:   # lives until the test closes the pipe; never emits
+            os.close(write_end)
+            _in_child(lambda: len(os.read(read_end, 1)))
+        os.close(read_end)
+        producer.close(0.1)
+        adopted = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20)
+        try:
+            assert [j.pending for j in adopted] == [1], "the parent's journal is held by its child"
+        finally:
+            for journal in adopted:
+                journal.close()
+    finally:
+        os.close(write_end)
+        refusing.close()
+    assert _exit_status(pid, 10) == 0
