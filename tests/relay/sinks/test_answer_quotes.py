@@ -15,6 +15,7 @@ from relay.config import CollectorConfig
 from relay.metrics import RelayMetrics
 from relay.sinks.batch import BatchCollector
 from relay.sinks.http import HttpCollector
+from tests.support.loopback_http import deliver_once
 
 BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
 FAST = {"initial_backoff_s": 0.01, "max_backoff_s": 0.05}
@@ -61,11 +62,7 @@ def answer(status: int, text: str) -> Callable[[web.Request], web.Response]:
 
 
 async def delivered(collector, body: bytes = BODY):
-    await collector.start()
-    try:
-        return await collector.deliver(body)
-    finally:
-        await collector.close()
+    return await deliver_once(collector, body)
 
 
 @pytest.mark.parametrize("token", ["true", "index"])

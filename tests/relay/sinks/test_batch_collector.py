@@ -14,6 +14,7 @@ from relay.embedded.collector import RecordingCollector
 from relay.metrics import RelayMetrics
 from relay.sinks.batch import BatchCollector
 from relay.sinks.batch_reply import MAX_REPLY_BYTES
+from tests.support.loopback_http import serve
 
 
 def event(i: int) -> bytes:
@@ -249,16 +250,8 @@ async def test_a_batch_whose_sending_raises_sends_its_events_alone(server, caplo
 
 
 async def _serve(routes) -> tuple[object, str]:  # noqa: ANN001 - (method, path, handler) triples
-    from aiohttp import web
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    for method, path, handler in routes:
-        app.router.add_route(method, path, handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, port = await serve(routes, client_max_size=64 * 1024 * 1024)
+    return runner, f"http://127.0.0.1:{port}"
 
 
 @pytest.mark.parametrize("framing", ["chunked", "content-length"])

@@ -11,6 +11,7 @@ from relay.config import CollectorConfig
 from relay.embedded.collector import RecordingCollector
 from relay.metrics import RelayMetrics
 from relay.sinks.http import HttpCollector
+from tests.support.loopback_http import serve as _serve
 
 BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
 
@@ -194,19 +195,6 @@ async def test_connections_are_reused_whatever_the_success_answer_carries():
         answered = [peer for k, peer in peers if k == kind]
         assert len(answered) == 15, (kind, len(answered))
         assert None not in answered and len(set(answered)) <= 4, (kind, len(set(answered)))
-
-
-async def _serve(routes) -> tuple[object, int]:  # noqa: ANN001 - (method, path, handler) triples
-    from aiohttp import web
-
-    app = web.Application()
-    for method, path, handler in routes:
-        app.router.add_route(method, path, handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("status, relative", [(301, False), (302, False), (303, False), (307, False),

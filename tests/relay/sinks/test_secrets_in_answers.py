@@ -17,6 +17,7 @@ from relay.config import CollectorConfig
 from relay.metrics import RelayMetrics
 from relay.sinks.batch import BatchCollector
 from relay.sinks.http import HttpCollector
+from tests.support.loopback_http import deliver_once, serve
 
 BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
 TOKEN = "s3cr3t-token-8a7b"
@@ -44,14 +45,8 @@ async def echo() -> AsyncIterator[tuple[str, list[int]]]:
         failed = [{"index": i, "reason": echoed(request), "retriable": False} for i in range(len(events))]
         return web.json_response({"failed_events": failed})
 
-    app = web.Application()
-    app.router.add_post("/api/v1/lineage", single)
-    app.router.add_post("/api/v1/lineage/batch", batch)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", statuses
+    runner, port = await serve([("POST", "/api/v1/lineage", single), ("POST", "/api/v1/lineage/batch", batch)])
+    yield f"http://127.0.0.1:{port}", statuses
     await runner.cleanup()
 
 
@@ -64,12 +59,7 @@ async def test_an_echoed_token_and_api_key_reach_neither_the_dead_letter_nor_the
     caplog.set_level(logging.DEBUG)
     cfg = CollectorConfig(name="c", url=url, token=TOKEN, headers={"X-Api-Key": API_KEY},
                           retry={"initial_backoff_s": 0.01, "max_backoff_s": 0.05})
-    http = HttpCollector(cfg, RelayMetrics().for_collector("c"))
-    await http.start()
-    try:
-        failure = await http.deliver(BODY)
-    finally:
-        await http.close()
+    failure = await deliver_once(HttpCollector(cfg, RelayMetrics().for_collector("c")), BODY)
     assert failure is not None and failure.reason == "collector_rejected" and failure.status == 400
     assert "invalid credentials: Bearer *** key=***" in failure.detail, failure.detail
     logged = log_text(caplog)
@@ -105,12 +95,7 @@ async def test_a_batch_reply_quoting_the_token_in_its_reasons_is_scrubbed(echo, 
     token = 'batch"tok\\en-9e8f'
     cfg = CollectorConfig(name="b", url=url, token=token, batch={"linger_ms": 5},
                           retry={"initial_backoff_s": 0.01, "max_backoff_s": 0.05})
-    collector = BatchCollector(cfg, RelayMetrics().for_collector("b"))
-    await collector.start()
-    try:
-        failure = await collector.deliver(BODY)
-    finally:
-        await collector.close()
+    failure = await deliver_once(BatchCollector(cfg, RelayMetrics().for_collector("b")), BODY)
     assert failure is not None and failure.reason == "collector_rejected"
     assert "invalid credentials: Bearer ***" in failure.detail, failure.detail
     for text in (failure.detail, log_text(caplog)):
@@ -125,21 +110,10 @@ async def test_an_answer_cut_short_inside_the_token_leaks_no_part_of_it():
         head = "x" * (300 - len("Bearer ") - 12)  # the read ends 12 characters into the token
         return web.Response(status=400, text=f"{head}{request.headers['Authorization']} and more")
 
-    app = web.Application()
-    app.router.add_post("/api/v1/lineage", cut)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, port = await serve([("POST", "/api/v1/lineage", cut)])
     try:
-        cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}",
-                              token=TOKEN)
-        http = HttpCollector(cfg, RelayMetrics().for_collector("c"))
-        await http.start()
-        try:
-            failure = await http.deliver(BODY)
-        finally:
-            await http.close()
+        cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{port}", token=TOKEN)
+        failure = await deliver_once(HttpCollector(cfg, RelayMetrics().for_collector("c")), BODY)
     finally:
         await runner.cleanup()
     assert failure is not None and failure.status == 400
