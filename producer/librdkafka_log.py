@@ -40,6 +40,9 @@ _THREAD = re.compile(r"\[thrd:[^\]]*\]: ")
 #: ``kafka:9092/bootstrap: ``, ``sasl_ssl://b-1.example:9096/2: `` -- a broker's own line.
 _BROKER = re.compile(r"(?P<broker>\S+:\d+/\w+): ")
 _NUMBERS = re.compile(r"\d+")
+#: ``(after 0ms in state CONNECT, 1 identical error(s) suppressed)``: librdkafka's own count
+#: of the repeats it held back, not a cause of its own.
+_SUPPRESSED = re.compile(r", \d+ identical error\(s\) suppressed")
 
 
 class LibrdkafkaLog:
@@ -84,10 +87,12 @@ class LibrdkafkaLog:
 
 def line_kind(facility: str, message: str) -> tuple[str, str, str]:
     """A line's kind: its facility, the broker its message begins with (or ``""``) and the
-    rest of its text with every number replaced by ``#`` (librdkafka's thread prefix left
-    out), so that one broker's repeated failures are one kind until their cause changes."""
+    rest of its text with every number replaced by ``#`` (librdkafka's thread prefix and its
+    count of the repeats it suppressed left out), so that one broker's repeated failures
+    are one kind until their cause changes."""
     thread = _THREAD.match(message)
     text = message[thread.end():] if thread is not None else message
+    text = _SUPPRESSED.sub("", text)
     broker = _BROKER.match(text)
     if broker is None:
         return facility, "", _NUMBERS.sub("#", text)

@@ -79,3 +79,16 @@ def test_the_number_of_warnings_is_bounded_whatever_the_lines(records, monkeypat
     for i in range(20):
         log.log(*_line(_fail(f"broker-{'abcdefghijklmnopqrstuvwxyz'[i]}:9092/bootstrap", RESOLVE)))
     assert sum(level >= WARN for level, _ in records()) == 4
+
+
+def test_librdkafka_counting_the_repeats_it_suppressed_is_no_new_kind(records):
+    """librdkafka's own repeat line, ``(after 0ms in state CONNECT, 1 identical error(s)
+    suppressed)``, was a kind of its own: a second WARNING in the same outage."""
+    log = LibrdkafkaLog()
+    broker = "127.0.0.1:9092/111"
+    log.log(*_line(_fail(broker, REFUSED)))
+    log.log(*_line(f"[thrd:{broker}]: {broker}: {REFUSED} (after 0ms in state CONNECT, 1 identical error(s) "
+                   "suppressed)"))
+    log.log(*_line(f"[thrd:{broker}]: {broker}: {REFUSED} (after 1ms in state CONNECT, 12 identical error(s) "
+                   "suppressed)"))
+    assert [level for level, _ in records()] == [WARN, logging.DEBUG, logging.DEBUG]

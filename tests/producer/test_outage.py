@@ -359,7 +359,9 @@ def test_the_next_outage_is_reported_again_once_kafka_took_records(broker, tmp_p
         assert warned_failures() == 1
         broker.stop()
         p.emit(seq_event(1))
-        wait_for(lambda: warned_failures() == 2 and caplog.text.count("event=journal_mode") == 2, 20,
+        # At least once more: librdkafka now knows the broker by two names (bootstrap and its
+        # node id), each a kind of line of its own, so the second outage may warn twice.
+        wait_for(lambda: warned_failures() >= 2 and caplog.text.count("event=journal_mode") >= 2, 20,
                  "the second outage reported")
 
 
