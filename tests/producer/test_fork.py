@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from producer import LineageProducer, events, job
+from producer import LineageProducer, events, forking, job, sender
 from producer.journal import adopt_orphans
 from producer.job import lineage_job
 from tests.producer.support import decode, wait_for
@@ -201,12 +201,18 @@ def _emit_once(producer: LineageProducer) -> None:
     producer.emit(_event("short.task"))
 
 
-@pytest.mark.parametrize(("kafka_state", "bound_s"), [("refusing", 1.5), ("silent", 4.0)])
-def test_a_fork_childs_exit_does_not_wait_for_a_kafka_that_never_answers(tmp_path, kafka_state, bound_s):
-    # A pool of short tasks (maxtasksperchild) must not wait close_timeout_s (or the 5 s
-    # stall detector) at every worker's exit while Kafka is down or silent: Kafka gets
-    # _DOWN_GRACE_S (2 s) to acknowledge the child's first record, none once it is known
-    # down; then the record goes to the child's journal, for the next producer.
+@pytest.mark.parametrize("kafka_state", ["refusing", "silent"])
+def test_a_fork_childs_exit_does_not_wait_for_a_kafka_that_never_answers(tmp_path, kafka_state, monkeypatch):
+    # A pool of short tasks (maxtasksperchild) must not wait close_timeout_s (or the stall
+    # detector) at every worker's exit while Kafka is down or silent: Kafka gets the grace
+    # (_DOWN_GRACE_S) to acknowledge the child's first record, none once it is known down;
+    # then the record goes to the child's journal, for the next producer. The child inherits
+    # the module state: a 0.25 s grace and a 30 s stall period put the exit expected (~0.5 s)
+    # far under the bound, and the exit without the grace (30 s) far over it.
+    monkeypatch.setattr(sender, "_DOWN_GRACE_S", 0.25)
+    monkeypatch.setattr(forking, "_FIRST_ANSWER_S", 0.25)
+    monkeypatch.setattr(sender, "_STALL_S", (30.0, 60.0))
+    bound_s = 10.0
     server = socket.socket()
     server.bind(("127.0.0.1", 0))   # refusing: bound, never listening
     if kafka_state == "silent":
