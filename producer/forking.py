@@ -120,7 +120,11 @@ def close_at_exit(producer: Any) -> None:
     producer.close()
 
 
-_close_all: Callable[[], None] = lambda: None
+def _close_nothing() -> None:
+    pass
+
+
+_close_all: Callable[[], None] = _close_nothing
 
 
 def _close_at_multiprocessing_exit() -> None:

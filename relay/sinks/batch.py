@@ -326,7 +326,8 @@ class BatchCollector:
             else:
                 wait_s, request = reply.wait_s, reply.request
                 reading = read_batch_reply(reply.status, None if reply.unread else reply.body, len(batch),
-                                           self.single.verdict, self.single.scrubber.text, lambda _: self.single.quote(reply))
+                                           self.single.verdict, self.single.scrubber.text,
+                                           lambda _: self.single.quote(reply))
         except _Unsupported:  # not sent: no request to count
             reading = BatchReading([EventOutcome("single", "batch endpoint unsupported")] * len(batch), "")
         except asyncio.CancelledError:  # closing: no verdict comes for these

@@ -32,7 +32,8 @@ from tests.deploy.deployfiles import (
 ARGS, STAGES = parse_dockerfile(DOCKERFILE)
 FINAL = STAGES[-1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|clang|make|build-essential|python3?-dev|libc6?-dev|pip3? install|apt-get install)\b")
+BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|clang|make|build-essential|python3?-dev|libc6?-dev|pip3? install"
+                         r"|apt-get install)\b")
 
 
 def test_multi_stage_onto_python_311_slim():

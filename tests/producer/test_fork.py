@@ -13,8 +13,8 @@ import time
 import pytest
 
 from producer import LineageProducer, events, forking, job, sender
-from producer.journal import adopt_orphans
 from producer.job import lineage_job
+from producer.journal import adopt_orphans
 from tests.producer.support import decode, wait_for
 from tests.support.kafka import read_topic
 

@@ -269,7 +269,8 @@ def test_a_token_env_holding_only_blanks_fails_at_start_like_an_empty_one(monkey
     """A Secret made from a file holding only a newline: the token sent would be empty
     (``Authorization: Bearer ``), as with an unset variable, which fails at start-up."""
     monkeypatch.setenv("C_TOKEN", value)
-    with pytest.raises(ConfigError, match=r"collectors\.c\.token_env: environment variable C_TOKEN is not set or empty"):
+    with pytest.raises(ConfigError,
+                       match=r"collectors\.c\.token_env: environment variable C_TOKEN is not set or empty"):
         TokenSource(config(token_env="C_TOKEN"))
 
 
