@@ -265,6 +265,11 @@ class CollectorConfig(Frozen):
                 raise ValueError(f"{name}: the value holds a line break or a control character, which no HTTP "
                                  "header can carry (a value read from a file often ends in a newline); set the "
                                  "value alone")
+            if not value.strip():
+                # ${VAR} with VAR set but empty: sent as it is, the collector sees a header
+                # without the key it expects (401 for every event), as with a blank token.
+                raise ValueError(f"{name}: the value is empty or blank (an environment variable set to \"\"?); "
+                                 "fix: give it a value, or remove the header")
         lowered = [name.lower() for name in v]
         for name, value in v.items():
             reason = _RELAY_OWNED_HEADERS.get(name.lower())

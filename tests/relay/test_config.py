@@ -502,6 +502,10 @@ def test_a_base_url_keeps_a_path_prefix():
     ({"headers": {"Transfer-Encoding": "chunked"}},
      r"collectors\.m\.headers: Transfer-Encoding: the relay sets this header itself.*fix: remove it from headers"),
     ({"headers": {"accept-encoding": "gzip"}}, r"collectors\.m\.headers: accept-encoding: the relay sets this"),
+    # ${API_KEY} with API_KEY set but empty: every request carried 'X-Api-Key: ' (401s).
+    ({"headers": {"X-Api-Key": ""}}, r"collectors\.m\.headers: X-Api-Key: the value is empty or blank.*fix: give it a "
+                                     r"value, or remove the header"),
+    ({"headers": {"X-Api-Key": "  "}}, r"collectors\.m\.headers: X-Api-Key: the value is empty or blank"),
 ])
 def test_collector_headers_that_no_request_could_carry_are_refused_naming_the_header(extra, message):
     refused = _refused(_collector(**extra))
