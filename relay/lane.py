@@ -175,9 +175,10 @@ class CollectorLane(PartitionTakeBack):
         START that never comes here (and be dead-lettered with ``on_hold_timeout:
         dead_letter``). A START left out otherwise (another job namespace) is its whole
         run's: tracking it would only push routed runs out of ``max_tracked_runs``. A
-        terminal left out ends a run so begun (FAIL under a COMPLETE-only route), or it
-        would stay tracked, open, never swept by ``finished_ttl_s``. ``primed``: read back
-        by the look-back (see :meth:`prime`)."""
+        terminal left out (FAIL under a COMPLETE-only route) does not end the run here (a
+        revoke could not reopen it) but has it forgotten ``finished_ttl_s`` later, or it
+        would stay tracked, open, for ever. ``primed``: read back by the look-back (see
+        :meth:`prime`)."""
         run_id = event.run_id
         if run_id is None:
             return
@@ -250,11 +251,12 @@ class CollectorLane(PartitionTakeBack):
     def routes(self, event: LineageEvent) -> bool:
         """Whether this collector takes ``event`` by its route (pure: safe from another
         thread, as the run search's). Routed by run: whether it may have (see
-        :meth:`Router.may_route`). A START or a terminal left out by its event type alone
-        counts: it begins or ends its run here all the same (see :meth:`_left_out`)."""
-        if self._starts is not None and (event.event_type == "START" or event.is_terminal) \
-                and self._starts.may_route(event):
-            return True  # left out by its type alone, it still begins or ends its run (see _left_out)
+        :meth:`Router.may_route`). A START left out by its event type alone counts: it
+        begins its run here all the same (see :meth:`_left_out`). A terminal left out does
+        not: it does not end the run here either, so the run search must not take the run
+        for finished (its held events would be dropped as after_terminal)."""
+        if self._starts is not None and event.event_type == "START" and self._starts.may_route(event):
+            return True
         if self._run_router is not None:
             return self._route.may_route(event)
         return self._router is None or self._router.accepts(event) is None

@@ -146,3 +146,24 @@ async def test_a_revoked_early_terminal_of_a_run_whose_start_was_delivered_is_no
         assert relay.lane.held == 0
     finally:
         await relay.lane.close()
+
+
+async def test_the_run_search_does_not_take_a_run_for_ended_by_a_terminal_the_route_leaves_out():
+    """After a restart the run search found the run's START and its FAIL further back; the
+    route leaves FAIL out, which does not end the run here (a RUNNING after it still goes).
+    The lane counted the FAIL as its own, so the held RUNNING was dropped as after_terminal."""
+    collector = Collector()
+    relay = Relay(lane(collector, {"include": [{"event_types": ["START", "RUNNING", "COMPLETE"]}]}))
+    await relay.lane.start()
+    try:
+        running = event("RUNNING", "a", second=3)
+        relay.offer(running, 0.0)  # its START lies before the committed offset: held
+        assert relay.lane.held == 1
+        # What the run search (relay.source.run_search) does with a START and a FAIL it found:
+        # a lane takes the run for begun or ended when lane.routes() says so.
+        began, ended = relay.lane.routes(event("START", "a")), relay.lane.routes(event("FAIL", "a", second=2))
+        assert began
+        relay.lane.learn_earlier(running.run_id, finished=ended, now=1.0)
+        assert await deliveries(collector, 1) == [("a", "RUNNING")]
+    finally:
+        await relay.lane.close()
