@@ -171,19 +171,24 @@ def test_a_stop_while_the_run_state_topic_is_checked_again_ends_the_start_at_onc
     assert records(caplog, "relay_stopped") and not records(caplog, "relay_started")
 
 
-def test_a_dlq_topic_not_created_for_want_of_an_answer_says_so(caplog, monkeypatch):
-    """The warning's error was empty when the creation timed out (a TimeoutError prints as
-    ""): it names the exception and what timed out."""
-    monkeypatch.setattr("relay.startup.DLQ_CREATE_TIMEOUT_S", 0.5)
-    bootstrap = f"127.0.0.1:{free_port()}"
+def _start_until_the_dlq_topic_is_given_up(caplog, bootstrap: str, within_s: float) -> None:
+    """A relay against ``bootstrap`` (nothing listens there), run until it logs
+    ``dlq_topic_not_created``, then stopped."""
     config = relay_config(bootstrap, "events", {"c": "http://127.0.0.1:9/unused"}, group="g", dlq="the-dlq",
                           drain_timeout_s=DRAIN_S)
     with caplog.at_level(logging.INFO, logger="relay"):
         relay = RelayThread(config).start()
         try:
-            assert eventually(lambda: records(caplog, "dlq_topic_not_created"), 10)
+            assert eventually(lambda: records(caplog, "dlq_topic_not_created"), within_s)
         finally:
             relay.stop(timeout_s=DRAIN_S + CLOSE_MARGIN_S + SLACK_S)
+
+
+def test_a_dlq_topic_not_created_for_want_of_an_answer_says_so(caplog, monkeypatch):
+    """The warning's error was empty when the creation timed out (a TimeoutError prints as
+    ""): it names the exception and what timed out."""
+    monkeypatch.setattr("relay.startup.DLQ_CREATE_TIMEOUT_S", 0.5)
+    _start_until_the_dlq_topic_is_given_up(caplog, f"127.0.0.1:{free_port()}", 10)
     [warning] = records(caplog, "dlq_topic_not_created")
     assert warning.fields["topic"] == "the-dlq"
     # Which gives up first, librdkafka's request or the wait for its answer, varies.
@@ -219,14 +224,7 @@ def test_an_unreachable_broker_is_named_early_at_start_up(caplog, monkeypatch):
     monkeypatch.setattr("relay.source.broker_contact.SILENT_AFTER_S", 0.5)
     monkeypatch.setattr("relay.startup.DLQ_CREATE_TIMEOUT_S", 3.0)
     bootstrap = f"127.0.0.1:{free_port()}"
-    config = relay_config(bootstrap, "events", {"c": "http://127.0.0.1:9/unused"}, group="g", dlq="the-dlq",
-                          drain_timeout_s=DRAIN_S)
-    with caplog.at_level(logging.INFO, logger="relay"):
-        relay = RelayThread(config).start()
-        try:
-            assert eventually(lambda: records(caplog, "dlq_topic_not_created"), 20)
-        finally:
-            relay.stop(timeout_s=DRAIN_S + CLOSE_MARGIN_S + SLACK_S)
+    _start_until_the_dlq_topic_is_given_up(caplog, bootstrap, 20)
     unreachable = records(caplog, "broker_unreachable")
     [not_created] = records(caplog, "dlq_topic_not_created")
     assert unreachable and unreachable[0].levelno == logging.WARNING
