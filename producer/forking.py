@@ -20,6 +20,17 @@ journal at once (the next producer on the journal directory sends them), so a po
 short-lived workers does not wait ``close_timeout_s`` per worker during an outage. Once
 Kafka has acknowledged something, the exit flushes for ``close_timeout_s`` as usual.
 
+A thread of the parent inside ``getaddrinfo()`` at the fork (librdkafka resolving a broker
+while it reconnects, or any other thread resolving a name) holds a glibc lock that no
+fork handler releases: every name resolution in the child then waits for ever, and so
+does a librdkafka instance built there (its close, purge and destroy wait for broker
+threads stuck resolving). Before the child's first librdkafka instance,
+:func:`resolver_usable` tries one resolution that takes that lock (numeric,
+``AI_ADDRCONFIG``), for up to :data:`_PROBE_S`; if it does not come back, the child sends
+nothing itself: its producers stay in journal mode (``resolver_locked_at_fork``) with
+:class:`NoKafka` in librdkafka's place, and their records wait in the child's journal for
+the next producer on the journal directory.
+
 A child killed (``Pool.terminate()``, which leaving a ``with Pool()`` block calls) loses
 what it had not delivered, as any killed process does.
 """
@@ -27,8 +38,10 @@ what it had not delivered, as any killed process does.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -46,6 +59,10 @@ _in_forked_child = False
 #: (connection, producer id, linger), more over TLS to a distant cluster; what a child
 #: journals waits for the next producer on the journal directory, so not too short either.
 _FIRST_ANSWER_S = _DOWN_GRACE_S
+#: How long the child's resolver probe may take (a netlink query: well under 1 ms).
+_PROBE_S = 1.0
+#: This process's probe result (None: not probed yet); reset in every forked child.
+_resolver_ok: bool | None = None
 
 
 def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None]) -> None:
@@ -53,9 +70,10 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None])
     lock a parent thread held at the fork would never be released in the child, so none is
     taken -- the producer's ``_fork_lock`` included: a producer still being started by a
     thread of the parent (itself a forked child) is reset like any other."""
-    global _exit_registered, _close_all, _in_forked_child
+    global _exit_registered, _close_all, _in_forked_child, _resolver_ok
     _exit_registered = False
     _in_forked_child = True
+    _resolver_ok = None
     _close_all = close_all
     for producer in list(live):
         if getattr(producer, "_forked", None) is None or producer._closed:
@@ -94,6 +112,46 @@ def start_in_forked_child(producer: Any) -> None:
         producer._start_sender()
         producer._forked = False
     _close_at_multiprocessing_exit()
+
+
+def resolver_usable() -> bool:
+    """Whether librdkafka can resolve names in this process (module docstring): always in a
+    process that no fork hook of ours ran in; in a forked child, whether one resolution
+    taking glibc's interface lock (``__check_pf``) comes back within :data:`_PROBE_S`. The
+    probe runs on a thread of its own: if the lock is held, that thread waits for ever
+    (a daemon thread; it holds nothing else). The answer holds for the process's life."""
+    global _resolver_ok
+    if not _in_forked_child:
+        return True
+    if _resolver_ok is None:
+        answered = threading.Event()
+        threading.Thread(target=_resolve_once, args=(answered,), name="lineage-producer-resolver-probe",
+                         daemon=True).start()
+        _resolver_ok = answered.wait(_PROBE_S)
+    return _resolver_ok
+
+
+def _resolve_once(answered: threading.Event) -> None:
+    try:
+        socket.getaddrinfo("127.0.0.1", 9, 0, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG | socket.AI_NUMERICHOST)
+    except OSError:
+        pass   # an answer all the same: the resolver did not hang
+    answered.set()
+
+
+class NoKafka:
+    """librdkafka's place in a forked child whose resolver a parent thread held at the fork
+    (module docstring): it takes no record, so the producer keeps them in its journal."""
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        raise BufferError("no Kafka client in this process: its resolver was locked at the fork")
+
+    def poll(self, timeout: float | None = None) -> int:
+        time.sleep(max(timeout or 0.0, 0.1))   # the sender's loop: ten turns a second, not 200
+        return 0
+
+    def purge(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 def register_in_multiprocessing_child(close_all: Callable[[], None]) -> None:

@@ -59,8 +59,8 @@ from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
-from producer.forking import (close_at_exit, register_in_multiprocessing_child, reset_in_forked_children,
-                              start_in_forked_child)
+from producer.forking import (NoKafka, close_at_exit, register_in_multiprocessing_child, reset_in_forked_children,
+                              resolver_usable, start_in_forked_child)
 from producer.journal import adopt_orphans, check_journal_dir
 from producer.keys import message_key
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
@@ -158,7 +158,14 @@ class LineageProducer(Sender):
             return None
         return cls(load_config(spark_conf=conf))
 
-    def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
+    def _new_producer(self, props: dict[str, str] | None = None) -> Producer | NoKafka:
+        if not resolver_usable():
+            # A forked child that cannot resolve names (producer.forking): journal only. Called
+            # before the sender runs or (a rebuild) under _lock, so no lock is taken here.
+            self._can_send = False
+            self._kafka_down = True
+            self._begin_journal_mode_locked("resolver_locked_at_fork")
+            return NoKafka()
         props = props or self.config.kafka_properties()
         if self._batch_bytes is not None:   # reduced after the broker refused a batch as too large
             props = {**props, "batch.size": str(self._batch_bytes)}

@@ -98,6 +98,7 @@ class Sender(DeliveryReports):
         # stall); the next acknowledgement clears it. While it is set, close() does not
         # wait for records already in the journal: they wait for the next process.
         self._kafka_down = False
+        self._can_send = True               # False: no Kafka client in this process (producer.forking)
         # Until Kafka takes records again, repeats log quietly: librdkafka's lines, journal mode's reason.
         self._rdkafka_log, self._journal_mode_told = LibrdkafkaLog(), None
         self._need_reclaim = False
@@ -322,7 +323,7 @@ class Sender(DeliveryReports):
             self._delivered += count - self._replay_rejected
             self._backoff = _BACKOFF_S[0]
             self._stall_s = _STALL_S[0]
-        if now < self._retry_at:
+        if now < self._retry_at or not self._can_send:
             return
         while self._journals and self._journals[0].pending == 0:
             self._journals.pop(0).close()

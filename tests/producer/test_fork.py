@@ -240,6 +240,61 @@ def test_a_fork_childs_exit_does_not_wait_for_a_kafka_that_never_answers(tmp_pat
         server.close()
 
 
+def _emit_and_tell(producer: LineageProducer | None, job_name: str, conn, bootstrap: str, topic: str,
+                   journal_dir: str) -> None:
+    if producer is None:   # built in the child, on the parent's journal directory
+        producer = LineageProducer(bootstrap_servers=bootstrap, topic=topic, journal_dir=journal_dir)
+    producer.emit(_event(job_name))
+    conn.send(getattr(forking, "_resolver_ok", None))   # False: this child found its resolver locked
+
+
+def _resolve_until(stop: threading.Event) -> None:
+    while not stop.is_set():
+        socket.getaddrinfo("127.0.0.1", 9, 0, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)
+
+
+@pytest.mark.parametrize("child_builds_its_own", [False, True])
+def test_fork_children_while_a_parent_thread_resolves_names_exit_and_lose_nothing(kafka, tmp_path,
+                                                                                   child_builds_its_own):
+    # A parent thread inside getaddrinfo() at the fork (librdkafka reconnecting, any HTTP
+    # client) holds glibc's interface lock for ever in the child: a librdkafka instance there
+    # never resolves, and its close waited close_timeout_s, then 15 s for the sender, and lost
+    # the event. Three parent threads resolving make most forks land while one holds it; each
+    # child must exit promptly, and every child's event reach the topic (directly, or from the
+    # child's journal through the next producer on the directory).
+    topic = kafka.new_topic(f"resolving-{child_builds_its_own}")
+    producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
+    stop = threading.Event()
+    resolvers = [threading.Thread(target=_resolve_until, args=(stop,), daemon=True) for _ in range(3)]
+    names, locked = [], 0
+    try:
+        for thread in resolvers:
+            thread.start()
+        while locked < 2 and len(names) < 30:
+            names.append(f"child.{len(names)}")
+            receive, send = multiprocessing.Pipe(duplex=False)
+            child = multiprocessing.get_context("fork").Process(target=_emit_and_tell, args=(
+                None if child_builds_its_own else producer, names[-1], send, kafka.bootstrap_servers, topic,
+                str(tmp_path)))
+            started = time.monotonic()
+            child.start()
+            child.join(60)
+            took = time.monotonic() - started
+            assert child.exitcode == 0
+            assert took < 8, f"{names[-1]}'s exit took {took:.1f}s"
+            locked += receive.poll(5) and receive.recv() is False
+    finally:
+        stop.set()
+        for thread in resolvers:
+            thread.join(10)
+        producer.close()
+    assert locked, f"no child of {len(names)} forked while a parent thread held the resolver's lock"
+    with LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path) as next_run:
+        assert next_run.flush(30) == 0
+    records = read_topic(kafka.bootstrap_servers, topic, expected=len(names), timeout_s=30)
+    assert sorted(decode(r.value)["job"]["name"] for r in records) == sorted(names)
+
+
 def test_a_long_lived_fork_child_does_not_keep_the_parents_journal_from_being_adopted(tmp_path):
     # The parent journaled during an outage and ended (or crashed) while a child it forked
     # lives on: the next run must adopt the parent's journal, not find it locked.
