@@ -22,14 +22,14 @@ Kafka has acknowledged something, the exit flushes for ``close_timeout_s`` as us
 
 A thread of the parent inside ``getaddrinfo()`` at the fork (librdkafka resolving a broker
 while it reconnects, or any other thread resolving a name) holds a glibc lock that no
-fork handler releases: every name resolution in the child then waits for ever, and so
-does a librdkafka instance built there (its close, purge and destroy wait for broker
-threads stuck resolving). Before the child's first librdkafka instance,
-:func:`resolver_usable` tries one resolution that takes that lock (numeric,
-``AI_ADDRCONFIG``), for up to :data:`_PROBE_S`; if it does not come back, the child sends
-nothing itself: its producers stay in journal mode (``resolver_locked_at_fork``) with
-:class:`NoKafka` in librdkafka's place, and their records wait in the child's journal for
-the next producer on the journal directory.
+fork handler releases (``__check_pf``'s, which every ``AI_ADDRCONFIG`` lookup takes, as
+librdkafka's do): librdkafka's resolutions in the child then wait for ever, and so do its
+close, purge and destroy. Before a process's first librdkafka instance,
+:func:`resolver_usable` tries one resolution that takes that lock (numeric), for up to
+:data:`_PROBE_S`; if it does not come back, the process's producers stay in journal mode
+(``resolver_locked_at_fork``) with :class:`NoKafka` in librdkafka's place (their records
+wait in the journal for the next producer on the journal directory), until the probe
+answers after all (a process too loaded to answer in time: :func:`resolver_answered`).
 
 A child killed (``Pool.terminate()``, which leaving a ``with Pool()`` block calls) loses
 what it had not delivered, as any killed process does.
@@ -61,8 +61,9 @@ _in_forked_child = False
 _FIRST_ANSWER_S = _DOWN_GRACE_S
 #: How long the child's resolver probe may take (a netlink query: well under 1 ms).
 _PROBE_S = 1.0
-#: This process's probe result (None: not probed yet); reset in every forked child.
-_resolver_ok: bool | None = None
+#: This process's resolver probe: set when it answered (None: not started); reset at fork.
+_probe: threading.Event | None = None
+_probe_deadline = 0.0
 
 
 def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None]) -> None:
@@ -70,10 +71,10 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None])
     lock a parent thread held at the fork would never be released in the child, so none is
     taken -- the producer's ``_fork_lock`` included: a producer still being started by a
     thread of the parent (itself a forked child) is reset like any other."""
-    global _exit_registered, _close_all, _in_forked_child, _resolver_ok
+    global _exit_registered, _close_all, _in_forked_child, _probe
     _exit_registered = False
     _in_forked_child = True
-    _resolver_ok = None
+    _probe = None
     _close_all = close_all
     for producer in list(live):
         if getattr(producer, "_forked", None) is None or producer._closed:
@@ -115,20 +116,24 @@ def start_in_forked_child(producer: Any) -> None:
 
 
 def resolver_usable() -> bool:
-    """Whether librdkafka can resolve names in this process (module docstring): always in a
-    process that no fork hook of ours ran in; in a forked child, whether one resolution
-    taking glibc's interface lock (``__check_pf``) comes back within :data:`_PROBE_S`. The
-    probe runs on a thread of its own: if the lock is held, that thread waits for ever
-    (a daemon thread; it holds nothing else). The answer holds for the process's life."""
-    global _resolver_ok
-    if not _in_forked_child:
-        return True
-    if _resolver_ok is None:
-        answered = threading.Event()
-        threading.Thread(target=_resolve_once, args=(answered,), name="lineage-producer-resolver-probe",
+    """Whether librdkafka can resolve names in this process (module docstring): whether one
+    resolution taking glibc's interface lock comes back within :data:`_PROBE_S` of this
+    process's first call (later calls wait for what is left of it). The probe runs on a
+    thread of its own: if the lock is held, that daemon thread waits for ever."""
+    global _probe, _probe_deadline
+    probe = _probe
+    if probe is None:
+        _probe = probe = threading.Event()
+        _probe_deadline = time.monotonic() + _PROBE_S
+        threading.Thread(target=_resolve_once, args=(probe,), name="lineage-producer-resolver-probe",
                          daemon=True).start()
-        _resolver_ok = answered.wait(_PROBE_S)
-    return _resolver_ok
+    return probe.wait(max(0.0, _probe_deadline - time.monotonic()))
+
+
+def resolver_answered() -> bool:
+    """Non-blocking: the probe has answered (possibly after :data:`_PROBE_S`)."""
+    probe = _probe
+    return probe is not None and probe.is_set()
 
 
 def _resolve_once(answered: threading.Event) -> None:
@@ -140,7 +145,7 @@ def _resolve_once(answered: threading.Event) -> None:
 
 
 class NoKafka:
-    """librdkafka's place in a forked child whose resolver a parent thread held at the fork
+    """librdkafka's place in a process whose resolver a parent thread held at the fork
     (module docstring): it takes no record, so the producer keeps them in its journal."""
 
     def produce(self, *args: Any, **kwargs: Any) -> None:

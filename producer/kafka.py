@@ -60,7 +60,7 @@ from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
 from producer.forking import (NoKafka, close_at_exit, register_in_multiprocessing_child, reset_in_forked_children,
-                              resolver_usable, start_in_forked_child)
+                              resolver_answered, resolver_usable, start_in_forked_child)
 from producer.journal import adopt_orphans, check_journal_dir
 from producer.keys import message_key
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
@@ -128,8 +128,10 @@ class LineageProducer(Sender):
         self._init_sender(config.queue_max_events)
         self._producer = self._new_producer(props)
         try:
-            self._journals = adopt_orphans(config.journal_path, max_bytes=config.journal_max_bytes,
-                                           segment_bytes=self._segment_bytes())
+            # Without a Kafka client (producer.forking), a dead process's journals are left
+            # for a producer that can send them.
+            self._journals = [] if not self._can_send else adopt_orphans(
+                config.journal_path, max_bytes=config.journal_max_bytes, segment_bytes=self._segment_bytes())
         except (OSError, JournalError) as err:
             self._journals = []
             self._error("journal_unreadable", err, path=str(config.journal_path))
@@ -160,7 +162,7 @@ class LineageProducer(Sender):
 
     def _new_producer(self, props: dict[str, str] | None = None) -> Producer | NoKafka:
         if not resolver_usable():
-            # A forked child that cannot resolve names (producer.forking): journal only. Called
+            # A fork child that cannot resolve names (producer.forking): journal only. Called
             # before the sender runs or (a rebuild) under _lock, so no lock is taken here.
             self._can_send = False
             self._kafka_down = True
@@ -258,7 +260,8 @@ class LineageProducer(Sender):
         """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
         (default ``close_timeout_s``) passes. Returns the number still pending (they stay
         queued or journaled, and are not lost)."""
-        self._wait(timeout_s, lambda: self.pending == 0)
+        # Without a Kafka client (producer.forking) nothing is acknowledged: the journal is the end.
+        self._wait(timeout_s, lambda: self.pending == 0 or (not self._can_send and self._not_journaled() == 0))
         return self.pending
 
     def close(self, timeout_s: float | None = None) -> None:
@@ -289,6 +292,17 @@ class LineageProducer(Sender):
         s = self.stats
         log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
                  self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors)
+
+    def _kafka_client_back(self) -> bool:
+        """Journal-only for want of a Kafka client: the resolver probe answered late after all
+        (a loaded process, not a lock held for ever): a real client now, and replay."""
+        if not resolver_answered():
+            return False
+        with self._lock:
+            self._producer = self._new_producer()
+            self._can_send, self._kafka_down = True, False
+        log.warning("event=kafka_client_started topic=%s reason=resolver_answered_late", self._topic)
+        return True
 
     def _nothing_to_wait_for(self) -> bool:
         return self.pending == 0 or (self._kafka_down and self._not_journaled() == 0)

@@ -19,7 +19,8 @@ State machine, per loop (``_step``):
 4. in journal mode, *replay*: send the oldest journal's next batch and wait for all of
    it to be acknowledged before committing and sending the next (a failed batch is
    re-read after a backoff: order is kept, duplicates are possible). When every journal
-   is empty and nothing is queued, go back to direct sending.
+   is empty and nothing is queued, go back to direct sending. (Without a Kafka client,
+   :class:`producer.forking.NoKafka`, no replay: the journal keeps everything.)
 
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
 callbacks never take it, they set flags this loop acts on; they are in
@@ -124,6 +125,9 @@ class Sender(DeliveryReports):
         self._left_journaled = 0            # pending records in journals closed at shutdown
 
     def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
+        raise NotImplementedError
+
+    def _kafka_client_back(self) -> bool:
         raise NotImplementedError
 
     def _segment_bytes(self) -> int:
@@ -323,7 +327,7 @@ class Sender(DeliveryReports):
             self._delivered += count - self._replay_rejected
             self._backoff = _BACKOFF_S[0]
             self._stall_s = _STALL_S[0]
-        if now < self._retry_at or not self._can_send:
+        if now < self._retry_at or not (self._can_send or self._kafka_client_back()):
             return
         while self._journals and self._journals[0].pending == 0:
             self._journals.pop(0).close()

@@ -245,7 +245,8 @@ def _emit_and_tell(producer: LineageProducer | None, job_name: str, conn, bootst
     if producer is None:   # built in the child, on the parent's journal directory
         producer = LineageProducer(bootstrap_servers=bootstrap, topic=topic, journal_dir=journal_dir)
     producer.emit(_event(job_name))
-    conn.send(getattr(forking, "_resolver_ok", None))   # False: this child found its resolver locked
+    producer.flush(20)   # as a pool task may: in a child that cannot send, until the event is in the journal
+    conn.send(getattr(producer, "_can_send", True))   # False: this child found its resolver locked
 
 
 def _resolve_until(stop: threading.Event) -> None:
@@ -260,13 +261,13 @@ def test_fork_children_while_a_parent_thread_resolves_names_exit_and_lose_nothin
     # client) holds glibc's interface lock for ever in the child: a librdkafka instance there
     # never resolves, and its close waited close_timeout_s, then 15 s for the sender, and lost
     # the event. Three parent threads resolving make most forks land while one holds it; each
-    # child must exit promptly, and every child's event reach the topic (directly, or from the
-    # child's journal through the next producer on the directory).
+    # child must flush and exit promptly, and every child's event reach the topic (directly, or
+    # from the child's journal through the next producer on the directory).
     topic = kafka.new_topic(f"resolving-{child_builds_its_own}")
     producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
     stop = threading.Event()
     resolvers = [threading.Thread(target=_resolve_until, args=(stop,), daemon=True) for _ in range(3)]
-    names, locked = [], 0
+    names, locked, child = [], 0, None
     try:
         for thread in resolvers:
             thread.start()
@@ -278,12 +279,17 @@ def test_fork_children_while_a_parent_thread_resolves_names_exit_and_lose_nothin
                 str(tmp_path)))
             started = time.monotonic()
             child.start()
+            send.close()
             child.join(60)
             took = time.monotonic() - started
             assert child.exitcode == 0
             assert took < 8, f"{names[-1]}'s exit took {took:.1f}s"
             locked += receive.poll(5) and receive.recv() is False
+            receive.close()
     finally:
+        if child is not None and child.is_alive():
+            child.kill()
+            child.join(10)
         stop.set()
         for thread in resolvers:
             thread.join(10)
@@ -293,6 +299,37 @@ def test_fork_children_while_a_parent_thread_resolves_names_exit_and_lose_nothin
         assert next_run.flush(30) == 0
     records = read_topic(kafka.bootstrap_servers, topic, expected=len(names), timeout_s=30)
     assert sorted(decode(r.value)["job"]["name"] for r in records) == sorted(names)
+
+
+def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp_path, monkeypatch):
+    # A process too loaded to answer the probe in time is not one whose resolver is locked for
+    # ever: it journals meanwhile, then sends everything, in order, once the probe answers.
+    release = threading.Event()
+    resolve = socket.getaddrinfo
+
+    def slow_resolve(*args):
+        release.wait(30)
+        return resolve(*args)
+
+    monkeypatch.setattr(forking.socket, "getaddrinfo", slow_resolve)
+    monkeypatch.setattr(forking, "_probe", None)
+    monkeypatch.setattr(forking, "_PROBE_S", 0.05)
+    topic = kafka.new_topic("late-probe")
+    producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
+    try:
+        producer.emit(_event("while.probing"))
+        assert producer.flush(30) == 1, "journaled: nothing can send it yet"
+        assert producer.stats.journaled == 1 and producer.stats.mode == "journal"
+        release.set()
+        wait_for(lambda: producer.stats.mode == "direct", 30, "back to direct sending")
+        producer.emit(_event("after.the.answer"))
+        assert producer.flush(30) == 0
+        assert producer.stats.delivered == 2 and producer.stats.replayed == 1
+    finally:
+        release.set()
+        producer.close()
+    records = read_topic(kafka.bootstrap_servers, topic, expected=2, timeout_s=30)
+    assert [decode(r.value)["job"]["name"] for r in records] == ["while.probing", "after.the.answer"]
 
 
 def test_a_long_lived_fork_child_does_not_keep_the_parents_journal_from_being_adopted(tmp_path):
