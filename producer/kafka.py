@@ -107,6 +107,8 @@ class LineageProducer(Sender):
     configuration source is read, nothing is sent.
     """
 
+    _client_refused = False   # a late Kafka client refused its configuration (_kafka_client_back)
+
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
         if disabled(os.environ) and not issubclass(cls, DisabledProducer):
             return super().__new__(_disabled_class(cls))
@@ -295,13 +297,26 @@ class LineageProducer(Sender):
 
     def _kafka_client_back(self) -> bool:
         """Journal-only for want of a Kafka client: the resolver probe answered late after all
-        (a loaded process, not a lock held for ever): a real client now, and replay."""
-        if not resolver_answered():
+        (a loaded process, not a lock held for ever): a real client now, the journals a dead
+        process left (not adopted at construction), and replay. Not while closing."""
+        if (self._client_refused or not resolver_answered() or self._stop.is_set() or self._closed
+                or self._want_journal is not None):
+            return False
+        try:
+            client = self._new_producer()
+        except ConfigError as err:   # not checked at construction, which built no client
+            self._client_refused = True
+            self._error("kafka_client_refused", err)
             return False
         with self._lock:
-            self._producer = self._new_producer()
+            self._producer = client
             self._can_send, self._kafka_down = True, False
         log.warning("event=kafka_client_started topic=%s reason=resolver_answered_late", self._topic)
+        try:
+            self._journals = adopt_orphans(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
+                                           segment_bytes=self._segment_bytes())
+        except (OSError, JournalError) as err:
+            self._error("journal_unreadable", err, path=str(self.config.journal_path))
         return True
 
     def _nothing_to_wait_for(self) -> bool:

@@ -303,7 +303,18 @@ def test_fork_children_while_a_parent_thread_resolves_names_exit_and_lose_nothin
 
 def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp_path, monkeypatch):
     # A process too loaded to answer the probe in time is not one whose resolver is locked for
-    # ever: it journals meanwhile, then sends everything, in order, once the probe answers.
+    # ever: it journals meanwhile, then sends everything, in order, once the probe answers,
+    # and what an earlier process left in the journal directory too.
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    topic = kafka.new_topic("late-probe")
+    earlier = LineageProducer(bootstrap_servers=f"127.0.0.1:{refusing.getsockname()[1]}", topic=topic,
+                              journal_dir=tmp_path)
+    earlier.emit(_event("left.behind"))
+    earlier.flush(0)
+    wait_for(lambda: earlier.stats.journaled == 1, 30, "the earlier process's event in its journal")
+    earlier.close(0.1)
+    refusing.close()
     release = threading.Event()
     resolve = socket.getaddrinfo
 
@@ -314,22 +325,51 @@ def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp
     monkeypatch.setattr(forking.socket, "getaddrinfo", slow_resolve)
     monkeypatch.setattr(forking, "_probe", None)
     monkeypatch.setattr(forking, "_PROBE_S", 0.05)
-    topic = kafka.new_topic("late-probe")
     producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
     try:
         producer.emit(_event("while.probing"))
-        assert producer.flush(30) == 1, "journaled: nothing can send it yet"
+        started = time.monotonic()
+        assert producer.flush(60) == 1, "journaled: nothing can send it yet"
+        assert time.monotonic() - started < 20, "flush() returns once the event is in the journal"
         assert producer.stats.journaled == 1 and producer.stats.mode == "journal"
         release.set()
         wait_for(lambda: producer.stats.mode == "direct", 30, "back to direct sending")
         producer.emit(_event("after.the.answer"))
         assert producer.flush(30) == 0
-        assert producer.stats.delivered == 2 and producer.stats.replayed == 1
+        assert producer.stats.delivered == 3 and producer.stats.replayed == 2
     finally:
         release.set()
         producer.close()
-    records = read_topic(kafka.bootstrap_servers, topic, expected=2, timeout_s=30)
-    assert [decode(r.value)["job"]["name"] for r in records] == ["while.probing", "after.the.answer"]
+    records = read_topic(kafka.bootstrap_servers, topic, expected=3, timeout_s=30)
+    assert [decode(r.value)["job"]["name"] for r in records] == ["left.behind", "while.probing", "after.the.answer"]
+
+
+def test_a_late_kafka_client_refusing_its_configuration_is_reported_once(tmp_path, monkeypatch):
+    # Construction built no client (the probe was late), so librdkafka's check of the
+    # properties comes when the probe answers: one error, and the journal keeps the events.
+    release = threading.Event()
+    resolve = socket.getaddrinfo
+
+    def slow_resolve(*args):
+        release.wait(30)
+        return resolve(*args)
+
+    monkeypatch.setattr(forking.socket, "getaddrinfo", slow_resolve)
+    monkeypatch.setattr(forking, "_probe", None)
+    monkeypatch.setattr(forking, "_PROBE_S", 0.05)
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path,
+                               properties={"no.such.property": "1"})
+    try:
+        producer.emit(_event("kept"))
+        release.set()
+        wait_for(lambda: producer.stats.errors == 1, 30, "the refused configuration reported")
+        producer.emit(_event("kept.too"))
+        wait_for(lambda: producer.stats.journaled == 2, 30, "the next event journaled (a later turn of the sender)")
+        assert producer.flush(30) == 2
+        assert producer.stats.errors == 1 and producer.stats.mode == "journal" and producer.stats.journaled == 2
+    finally:
+        release.set()
+        producer.close()
 
 
 def test_a_long_lived_fork_child_does_not_keep_the_parents_journal_from_being_adopted(tmp_path):
