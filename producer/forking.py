@@ -88,6 +88,7 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None])
         producer._journals = []
         producer._fork_lock = threading.Lock()
         producer._forked = True
+        producer._closing = False
 
 
 def _close_inherited_fds(journal: Any) -> None:
@@ -172,6 +173,7 @@ def register_in_multiprocessing_child(close_all: Callable[[], None]) -> None:
 
 def close_at_exit(producer: Any) -> None:
     """Close ``producer`` at the process's exit; in a forked child, bounded (module docstring)."""
+    producer._closing = True   # no late Kafka client from here on (kafka.py, _kafka_client_back)
     if _in_forked_child and not producer._forked and not producer._closed and producer._delivered == 0:
         if not producer._kafka_down:
             producer._wait(min(_FIRST_ANSWER_S, producer.config.close_timeout_s),

@@ -108,6 +108,7 @@ class LineageProducer(Sender):
     """
 
     _client_refused = False   # a late Kafka client refused its configuration (_kafka_client_back)
+    _closing = False          # close() began: no late Kafka client
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
         if disabled(os.environ) and not issubclass(cls, DisabledProducer):
@@ -274,6 +275,7 @@ class LineageProducer(Sender):
         waits out an outage. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
         if self._closed:
             return
+        self._closing = True
         if self._forked:   # a forked child that never emitted: nothing to send, no thread to stop
             self._closed = True
             return _LIVE.discard(self)
@@ -298,9 +300,8 @@ class LineageProducer(Sender):
     def _kafka_client_back(self) -> bool:
         """Journal-only for want of a Kafka client: the resolver probe answered late after all
         (a loaded process, not a lock held for ever): a real client now, the journals a dead
-        process left (not adopted at construction), and replay. Not while closing."""
-        if (self._client_refused or not resolver_answered() or self._stop.is_set() or self._closed
-                or self._want_journal is not None):
+        process left (not adopted at construction), and replay. Not once close() began."""
+        if self._client_refused or self._closing or not resolver_answered():
             return False
         try:
             client = self._new_producer()
@@ -308,15 +309,18 @@ class LineageProducer(Sender):
             self._client_refused = True
             self._error("kafka_client_refused", err)
             return False
-        with self._lock:
-            self._producer = client
-            self._can_send, self._kafka_down = True, False
-        log.warning("event=kafka_client_started topic=%s reason=resolver_answered_late", self._topic)
         try:
+            # Before the client: flush() must not see "can send, nothing pending" without them.
             self._journals = adopt_orphans(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
                                            segment_bytes=self._segment_bytes())
         except (OSError, JournalError) as err:
             self._error("journal_unreadable", err, path=str(self.config.journal_path))
+        with self._lock:
+            if self._closing:   # the adopted journals are closed with the others, still pending
+                return False
+            self._producer = client
+            self._can_send, self._kafka_down = True, False
+        log.warning("event=kafka_client_started topic=%s reason=resolver_answered_late", self._topic)
         return True
 
     def _nothing_to_wait_for(self) -> bool:

@@ -366,10 +366,21 @@ def test_a_late_kafka_client_refusing_its_configuration_is_reported_once(tmp_pat
         producer.emit(_event("kept.too"))
         wait_for(lambda: producer.stats.journaled == 2, 30, "the next event journaled (a later turn of the sender)")
         assert producer.flush(30) == 2
-        assert producer.stats.errors == 1 and producer.stats.mode == "journal" and producer.stats.journaled == 2
     finally:
         release.set()
-        producer.close()
+        producer.close()   # the sender's last turns: a retried client would count errors there too
+    assert producer.stats.errors == 1 and producer.stats.mode == "journal" and producer.stats.journaled == 2
+
+
+def test_a_resolver_probe_that_raises_counts_as_an_answer(monkeypatch):
+    # Only a resolver that never returns means a lock held for ever; a test harness's blocked
+    # network (getaddrinfo raising anything) must not leave the process without Kafka.
+    def refuse(*args):
+        raise RuntimeError("network access disabled")
+
+    monkeypatch.setattr(forking.socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(forking, "_probe", None)
+    assert forking.resolver_usable() is True
 
 
 def test_a_long_lived_fork_child_does_not_keep_the_parents_journal_from_being_adopted(tmp_path):
