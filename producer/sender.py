@@ -322,9 +322,10 @@ class Sender(DeliveryReports):
                 self._retry_at = now + self._backoff
                 self._backoff = min(self._backoff * 2, _BACKOFF_S[1])
                 return
-            journal.commit(pos, count)
+            # Counted before the commit drops them from ``pending``: a flush() that returns sees them.
             self._replayed += count - self._replay_rejected
             self._delivered += count - self._replay_rejected
+            journal.commit(pos, count)
             self._backoff = _BACKOFF_S[0]
             self._stall_s = _STALL_S[0]
         if now < self._retry_at or not (self._can_send or self._kafka_client_back()):

@@ -283,7 +283,7 @@ def test_fork_children_while_a_parent_thread_resolves_names_exit_and_lose_nothin
             child.join(60)
             took = time.monotonic() - started
             assert child.exitcode == 0
-            assert took < 8, f"{names[-1]}'s exit took {took:.1f}s"
+            assert took < 15, f"{names[-1]}'s exit took {took:.1f}s"
             locked += receive.poll(5) and receive.recv() is False
             receive.close()
     finally:

@@ -278,6 +278,9 @@ def test_close_after_kafka_came_back_delivers_instead_of_journaling(broker, tmp_
     job emits then are delivered by close(), not left in the journal (where, in a pod that
     goes away, nobody resends them)."""
     monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
+    # The grace close() gives a Kafka reported down: here long enough for librdkafka to reconnect
+    # on a loaded machine (the test is about delivering, not about the grace's length).
+    monkeypatch.setattr(sender, "_DOWN_GRACE_S", 30.0)
     caplog.set_level(logging.WARNING, "producer.kafka")
     with _producer(broker.bootstrap_servers, "down-then-up", tmp_path) as p:
         wait_for(lambda: "reason=all_brokers_down" in caplog.text, 10, "librdkafka reporting all brokers down")
