@@ -301,6 +301,22 @@ def test_fork_children_while_a_parent_thread_resolves_names_exit_and_lose_nothin
     assert sorted(decode(r.value)["job"]["name"] for r in records) == sorted(names)
 
 
+def _late_probe(monkeypatch) -> threading.Event:
+    """The next producer's resolver probe answers only once the returned event is set (a
+    process too loaded to answer within _PROBE_S)."""
+    release = threading.Event()
+    resolve = socket.getaddrinfo
+
+    def slow_resolve(*args):
+        release.wait(30)
+        return resolve(*args)
+
+    monkeypatch.setattr(forking.socket, "getaddrinfo", slow_resolve)
+    monkeypatch.setattr(forking, "_probe", None)
+    monkeypatch.setattr(forking, "_PROBE_S", 0.05)
+    return release
+
+
 def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp_path, monkeypatch):
     # A process too loaded to answer the probe in time is not one whose resolver is locked for
     # ever: it journals meanwhile, then sends everything, in order, once the probe answers,
@@ -315,16 +331,7 @@ def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp
     wait_for(lambda: earlier.stats.journaled == 1, 30, "the earlier process's event in its journal")
     earlier.close(0.1)
     refusing.close()
-    release = threading.Event()
-    resolve = socket.getaddrinfo
-
-    def slow_resolve(*args):
-        release.wait(30)
-        return resolve(*args)
-
-    monkeypatch.setattr(forking.socket, "getaddrinfo", slow_resolve)
-    monkeypatch.setattr(forking, "_probe", None)
-    monkeypatch.setattr(forking, "_PROBE_S", 0.05)
+    release = _late_probe(monkeypatch)
     producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
     try:
         producer.emit(_event("while.probing"))
@@ -347,16 +354,7 @@ def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp
 def test_a_late_kafka_client_refusing_its_configuration_is_reported_once(tmp_path, monkeypatch):
     # Construction built no client (the probe was late), so librdkafka's check of the
     # properties comes when the probe answers: one error, and the journal keeps the events.
-    release = threading.Event()
-    resolve = socket.getaddrinfo
-
-    def slow_resolve(*args):
-        release.wait(30)
-        return resolve(*args)
-
-    monkeypatch.setattr(forking.socket, "getaddrinfo", slow_resolve)
-    monkeypatch.setattr(forking, "_probe", None)
-    monkeypatch.setattr(forking, "_PROBE_S", 0.05)
+    release = _late_probe(monkeypatch)
     producer = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path,
                                properties={"no.such.property": "1"})
     try:
