@@ -15,7 +15,7 @@ from relay.embedded.sample import SCHEMA_URL, iso_time, sample_stream, spark_run
 from relay.events import LineageEvent
 from relay.stages.decode import decode_record
 from relay.stages.merge import consolidate
-from tests.support.kafka import committed_offsets, produce, read_topic
+from tests.support.kafka import committed_offsets, produce, read_to_end
 from tests.support.relay import RelayThread, eventually, relay_config
 from tests.support.runs import TERMINAL, by_run, finished_runs, normalised
 from tests.support.spec import validator
@@ -76,8 +76,7 @@ def test_consolidated_collector_sees_each_run_as_start_and_one_terminal_with_the
         for event in events:
             spec.validate(event)
     # The changelog got the runs' state, and every finished run is recorded as such.
-    records = read_topic(kafka.bootstrap_servers, f"{config.kafka.group_id}.run-state", expected=len(expected),
-                         timeout_s=10)
+    records = read_to_end(kafka.bootstrap_servers, f"{config.kafka.group_id}.run-state")
     assert {r.key.decode().partition("/")[2] for r in records} >= set(expected)
 
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker, create_topic
+from relay.ops.kafka_range import watermarks
 
 _counter = itertools.count()
 
@@ -121,6 +122,52 @@ def read_topic(bootstrap_servers: str, topic: str, *, expected: int, timeout_s: 
                     continue
                 out.append(ReadRecord(msg.key(), msg.value(), dict(msg.headers() or []),
                                       msg.partition(), msg.offset()))
+        return out
+    finally:
+        consumer.close()
+
+
+def end_offsets(bootstrap_servers: str, topic: str, *, timeout_s: float = 15.0) -> dict[int, int]:
+    """Each partition's high watermark now: the offset its next record gets. Confirmed by a
+    fetch (relay.ops.kafka_range.watermarks): Tansu answers ListOffsets with the last
+    batch's base offset + 1."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        md = consumer.list_topics(topic, timeout=timeout_s)
+        marks = watermarks(consumer, topic, sorted(md.topics[topic].partitions), timeout_s=timeout_s)
+        return {p: high for p, (_low, high) in marks.items()}
+    finally:
+        consumer.close()
+
+
+def read_to_end(bootstrap_servers: str, topic: str, *, timeout_s: float = 30.0) -> list[ReadRecord]:
+    """Every record the topic holds: read from the beginning up to each partition's high
+    watermark, taken first (see :func:`end_offsets`). Unlike :func:`read_topic` with an
+    ``expected`` above what exists, it does not stop at a deadline with whatever it got by
+    then: it fails if it cannot reach the end within ``timeout_s``, so a caller's exact
+    count proves there is nothing more (records written after the snapshot may be included)."""
+    ends = end_offsets(bootstrap_servers, topic)
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"reader-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "enable.partition.eof": True})
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        out: list[ReadRecord] = []
+        waiting = {p for p, end in ends.items() if end > 0}
+        deadline = time.monotonic() + timeout_s
+        while waiting and time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
+                        waiting.discard(msg.partition())
+                    continue
+                out.append(ReadRecord(msg.key(), msg.value(), dict(msg.headers() or []),
+                                      msg.partition(), msg.offset()))
+                if msg.offset() >= ends[msg.partition()] - 1:
+                    waiting.discard(msg.partition())
+        assert not waiting, f"{topic}: partitions {sorted(waiting)} not read to {ends} within {timeout_s}s"
         return out
     finally:
         consumer.close()

@@ -40,9 +40,11 @@ async def until(condition, what: str, timeout_s: float = 10.0) -> None:
 async def test_retries_resets_timeouts_and_5xx_until_delivered(server):
     server.fail_next(1, reset=True)
     server.fail_next(1, 502)
-    server.fail_next(1, delay_s=1.0)  # longer than the client timeout below
+    server.fail_next(1, delay_s=5.0)  # longer than the client timeout below
     server.fail_next(1, 408)
-    http, metrics = collector_for(server, token="tok", timeout_s=0.3)
+    # Not shorter: an answer that comes at once may take a while on a loaded machine, and
+    # its timeout would be one more retry (and, for the success, a second event).
+    http, metrics = collector_for(server, token="tok", timeout_s=2.0)
     await http.start()
     try:
         assert await http.deliver(BODY) is None

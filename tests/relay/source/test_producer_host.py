@@ -18,7 +18,7 @@ from relay.embedded.broker import EmbeddedBroker, free_port
 from relay.metrics import RelayMetrics
 from relay.sinks.deadletter import DeadLetterWriter
 from relay.source.producer import ProducerHost
-from tests.support.kafka import process_state, read_topic, unread_request_bytes
+from tests.support.kafka import process_state, read_to_end, read_topic, unread_request_bytes
 from tests.support.kafka_proxy import (
     INVALID_PRODUCER_EPOCH,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -107,7 +107,7 @@ def test_a_fatal_error_replaces_the_producer_and_writes_go_on(caplog):
             host.close(5)
         # The broker wrote the record whose answer the proxy turned into an error: the retry
         # writes it again (at least once, as for any lost answer).
-        records = read_topic(broker.bootstrap_servers, "host", expected=5, timeout_s=3)
+        records = read_to_end(broker.bootstrap_servers, "host")
         assert [r.value for r in records] == [b"before", b"refused", b"refused", b"after"]
 
 
@@ -162,7 +162,7 @@ def test_requests_on_the_wire_are_answered_before_the_retry(tmp_path):
             assert eventually(lambda: len(writer.acked) == 51, 20), "every record acknowledged once"
         finally:
             host.close(5)
-        records = read_topic(broker.bootstrap_servers, "wire", expected=61, timeout_s=3)
+        records = read_to_end(broker.bootstrap_servers, "wire")
         assert sorted(int(r.value) for r in records) == list(range(51)), "each record written once"
     finally:
         broker.stop()
@@ -227,7 +227,7 @@ async def test_the_dead_letter_writer_goes_on_after_a_fatal_error_and_counts_it(
             await writer.close()
         assert metrics.registry.get_sample_value(*replaced) == 1
         # The broker had written the dead letter whose answer was turned into an error.
-        records = read_topic(broker.bootstrap_servers, "dlq", expected=5, timeout_s=3)
+        records = read_to_end(broker.bootstrap_servers, "dlq")
         assert sorted((r.value, r.headers["reason"]) for r in records) == [
             (b"first", b"invalid_json"), (b"meanwhile", b"missing_field"),
             (b"refused", b"too_large"), (b"refused", b"too_large")]
@@ -253,7 +253,7 @@ async def test_an_answer_that_spoils_the_producer_id_replaces_the_dead_letter_pr
         assert writer._host.replaced == 1
         assert metrics.registry.get_sample_value("lineage_relay_kafka_producers_replaced_total",
                                                  {"producer": "dead_letter"}) == 1
-        records = read_topic(broker.bootstrap_servers, "dlq", expected=4, timeout_s=3)
+        records = read_to_end(broker.bootstrap_servers, "dlq")
         assert [r.value for r in records][:1] == [b"first"] and {r.value for r in records} == {b"first", b"refused"}
 
 
@@ -292,4 +292,4 @@ async def test_a_dead_letter_sent_while_the_replacement_is_made_is_acknowledged(
     finally:
         slow.go.set()
         await writer.close()
-    assert [r.value for r in read_topic(kafka.bootstrap_servers, topic, expected=1, timeout_s=5)] == [b"meanwhile"]
+    assert [r.value for r in read_topic(kafka.bootstrap_servers, topic, expected=1, timeout_s=30)] == [b"meanwhile"]
