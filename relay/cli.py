@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             read = read_config(args.path)
             cfg = build_config(read.data)
             check_files(cfg)
-            for line in read.warnings():
+            for line in read.warnings() + [w for c in cfg.collectors for w in c.warnings()]:
                 print(f"lineage-relay: warning: {line}", file=sys.stderr)
             print(f"{args.path}: OK ({len(cfg.collectors)} collector(s): {', '.join(c.name for c in cfg.collectors)})")
             return 0
@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in inline:  # once, at start-up; the key names the collector, never the value
         log_event(log, logging.WARNING, "secret_in_config_file", key=key,
                   fix="take it from an environment variable (${NAME}), or use token_env or token_file")
+    for line in (w for c in config.collectors for w in c.warnings()):
+        log_event(log, logging.WARNING, "config_warning", detail=line)
     try:
         asyncio.run(serve(config))
     except (ConfigError, StateError) as err:  # found at start-up: a token or TLS file that cannot

@@ -121,6 +121,20 @@ class CollectorConfig(Frozen):
                 data = {**data, "concurrency": max(1, min(1024, events * requests))}
         return data
 
+    def warnings(self) -> list[str]:
+        """What is valid but likely not meant, each naming the key and the fix (run logs
+        them at start-up, check-config prints them)."""
+        batch = self.batch
+        if batch is None or "concurrency" not in self.model_fields_set:
+            return []
+        full = batch.max_events * batch.max_requests
+        if self.concurrency >= min(full, 1024):
+            return []
+        return [f"collectors.{self.name}.concurrency: at most {self.concurrency} events in flight, fewer than "
+                f"batch.max_requests ({batch.max_requests}) full batches of batch.max_events ({batch.max_events}) "
+                f"hold ({full}): batches leave smaller and the collector gets more requests; fix: remove "
+                f"concurrency (it defaults to batch.max_events x batch.max_requests, at most 1024) or raise it"]
+
     @model_validator(mode="before")
     @classmethod
     def _kind_size_limit(cls, data: Any) -> Any:

@@ -156,3 +156,37 @@ def test_run_logs_the_inline_token_once_without_it(tmp_path, monkeypatch, capsys
     logged = [line for line in err.splitlines() if "secret_in_config_file" in line]
     assert len(logged) == 1 and "collectors.marquez.token" in logged[0] and '"WARNING"' in logged[0].upper()
     assert "s3cr3t" not in err
+
+
+BATCHES = """
+kafka: {bootstrap_servers: 127.0.0.1:9092}
+collectors:
+  - {name: om, type: http, url: http://om:8585, batch: {max_events: 200, max_requests: 4}CONCURRENCY}
+"""
+
+
+@pytest.mark.parametrize("concurrency, warned", [("", False), (", concurrency: 800", False),
+                                                 (", concurrency: 32", True)])
+def test_a_concurrency_below_full_batches_is_warned_about_by_check_config_and_run(
+        tmp_path, monkeypatch, capsys, concurrency, warned):
+    # Batches fill from the events in flight: concurrency 32 with 4 requests of 200 events
+    # sends batches of a few events each, a cap nothing told the user about.
+    import relay.cli
+
+    async def no_relay(_config):
+        return None
+
+    path = write(tmp_path, BATCHES.replace("CONCURRENCY", concurrency))
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr()
+    printed = [line for line in out.err.splitlines() if "warning" in line]
+    monkeypatch.setattr(relay.cli, "serve", no_relay)
+    assert main(["run", "--config", str(path)]) == 0
+    logged = [line for line in capsys.readouterr().err.splitlines() if "config_warning" in line]
+    if not warned:
+        assert printed == [] and logged == []
+        return
+    assert len(printed) == 1 and len(logged) == 1
+    for line in (printed[0], logged[0]):
+        assert "collectors.om.concurrency: at most 32 events in flight" in line and "(800)" in line
+        assert "fix: remove concurrency" in line
