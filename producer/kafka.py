@@ -61,7 +61,7 @@ from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
 from producer.forking import (NoKafka, close_at_exit, register_in_multiprocessing_child, reset_in_forked_children,
                               resolver_answered, resolver_usable, start_in_forked_child)
-from producer.journal import adopt_orphans, check_journal_dir
+from producer.journal import Journal, adopt_orphans, check_journal_dir
 from producer.keys import message_key
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
 from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
@@ -130,14 +130,9 @@ class LineageProducer(Sender):
         check_journal_dir(config.journal_path)
         self._init_sender(config.queue_max_events)
         self._producer = self._new_producer(props)
-        try:
-            # Without a Kafka client (producer.forking), a dead process's journals are left
-            # for a producer that can send them.
-            self._journals = [] if not self._can_send else adopt_orphans(
-                config.journal_path, max_bytes=config.journal_max_bytes, segment_bytes=self._segment_bytes())
-        except (OSError, JournalError) as err:
-            self._journals = []
-            self._error("journal_unreadable", err, path=str(config.journal_path))
+        # Without a Kafka client (producer.forking), a dead process's journals are left for a
+        # producer that can send them.
+        self._journals = self._adopt_orphans() if self._can_send else []
         if self._journals:
             # Events a dead process left behind go first: start in journal mode.
             self._spilling = True
@@ -167,7 +162,6 @@ class LineageProducer(Sender):
         if not resolver_usable():
             # A fork child that cannot resolve names (producer.forking): journal only. Called
             # before the sender runs or (a rebuild) under _lock, so no lock is taken here.
-            self._can_send = False
             self._kafka_down = True
             self._begin_journal_mode_locked("resolver_locked_at_fork")
             return NoKafka()
@@ -309,19 +303,30 @@ class LineageProducer(Sender):
             self._client_refused = True
             self._error("kafka_client_refused", err)
             return False
-        try:
-            # Before the client: flush() must not see "can send, nothing pending" without them.
-            self._journals = adopt_orphans(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                           segment_bytes=self._segment_bytes())
-        except (OSError, JournalError) as err:
-            self._error("journal_unreadable", err, path=str(self.config.journal_path))
+        # Before the client: flush() must not see "can send, nothing pending" without them.
+        self._journals = self._adopt_orphans()
         with self._lock:
             if self._closing:   # the adopted journals are closed with the others, still pending
                 return False
-            self._producer = client
-            self._can_send, self._kafka_down = True, False
+            self._producer = client   # _can_send from here on
+            self._kafka_down = False
         log.warning("event=kafka_client_started topic=%s reason=resolver_answered_late", self._topic)
         return True
+
+    @property
+    def _can_send(self) -> bool:
+        """Whether this process has a Kafka client (producer.forking: not when its resolver
+        did not answer)."""
+        return not isinstance(self._producer, NoKafka)
+
+    def _adopt_orphans(self) -> list[Journal]:
+        """The journals dead processes left in the journal directory (none if unreadable: logged)."""
+        try:
+            return adopt_orphans(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
+                                 segment_bytes=self._segment_bytes())
+        except (OSError, JournalError) as err:
+            self._error("journal_unreadable", err, path=str(self.config.journal_path))
+            return []
 
     def _nothing_to_wait_for(self) -> bool:
         return self.pending == 0 or (self._kafka_down and self._not_journaled() == 0)

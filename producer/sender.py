@@ -72,6 +72,7 @@ class Sender(DeliveryReports):
     _topic: str
     _producer: Producer
     _journals: list[Journal]
+    _can_send: bool   # LineageProducer's: False without a Kafka client (producer.forking.NoKafka)
     _wait: Callable[[float | None, Callable[[], bool]], None]  # LineageProducer's
 
     def _init_sender(self, max_spill: int) -> None:
@@ -99,7 +100,6 @@ class Sender(DeliveryReports):
         # stall); the next acknowledgement clears it. While it is set, close() does not
         # wait for records already in the journal: they wait for the next process.
         self._kafka_down = False
-        self._can_send = True               # False: no Kafka client in this process (producer.forking)
         # Until Kafka takes records again, repeats log quietly: librdkafka's lines, journal mode's reason.
         self._rdkafka_log, self._journal_mode_told = LibrdkafkaLog(), None
         self._need_reclaim = False

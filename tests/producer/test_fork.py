@@ -197,6 +197,16 @@ def test_a_producer_built_in_a_multiprocessing_child_delivers_at_its_exit(kafka,
     assert [decode(r.value)["eventType"] for r in records] == ["START", "COMPLETE"]
 
 
+def _orphans_pending(journal_dir) -> list[int]:
+    """Events pending in each journal a dead process left in ``journal_dir`` (adopted, then let go)."""
+    adopted = adopt_orphans(journal_dir, max_bytes=1 << 30, segment_bytes=1 << 20)
+    try:
+        return [j.pending for j in adopted]
+    finally:
+        for journal in adopted:
+            journal.close()
+
+
 def _emit_once(producer: LineageProducer) -> None:
     producer.emit(_event("short.task"))
 
@@ -228,12 +238,7 @@ def test_a_fork_childs_exit_does_not_wait_for_a_kafka_that_never_answers(tmp_pat
             took = time.monotonic() - started
             assert child.exitcode == 0
             assert took < bound_s, f"the child's exit took {took:.1f}s"
-            adopted = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20)
-            try:
-                assert [j.pending for j in adopted] == [1], "the child's event is in its journal"
-            finally:
-                for journal in adopted:
-                    journal.close()
+            assert _orphans_pending(tmp_path) == [1], "the child's event is in its journal"
         finally:
             producer.close(0.1)
     finally:
@@ -399,12 +404,7 @@ def test_a_long_lived_fork_child_does_not_keep_the_parents_journal_from_being_ad
             _in_child(lambda: len(os.read(read_end, 1)))
         os.close(read_end)
         producer.close(0.1)
-        adopted = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20)
-        try:
-            assert [j.pending for j in adopted] == [1], "the parent's journal is held by its child"
-        finally:
-            for journal in adopted:
-                journal.close()
+        assert _orphans_pending(tmp_path) == [1], "the parent's journal is held by its child"
     finally:
         os.close(write_end)
         refusing.close()
