@@ -1,4 +1,5 @@
-"""The runtime: a py4j ``QueryExecutionListener`` plus the application run's lifecycle.
+"""The runtime: the application run's lifecycle, and each action's run as the py4j
+``QueryExecutionListener`` (:mod:`producer.spark.execution_listener`) hands it over.
 
 Guarantees:
 
@@ -27,9 +28,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from producer import events
-from producer.spark import capture, java_objects, jvm
+from producer.spark import capture, jvm
 from producer.spark.capture import CaptureSettings
 from producer.spark.driver_exit import DriverExit
+from producer.spark.execution_listener import QueryExecutionListener, register_listener, unregister_listener
 from producer.spark.streaming import StreamingLineage
 
 log = logging.getLogger("producer.spark")
@@ -39,12 +41,6 @@ Parent = tuple[str, str, str]
 _WRITE_FUNCS = frozenset({"save", "insertInto", "saveAsTable", "command", "saveAsTextFile"})
 # A DataSourceV2 CTAS/RTAS runs its write as a nested action of this name, then itself.
 _CTAS_INNER_WRITE = "inner data writing for CTAS/RTAS"
-# What Spark calls a statement that failed analysis (its QueryExecution has no analysed plan).
-_ANALYSIS_FAILURE = "analyze"
-# Names Spark gives Dataset actions that only read: with read-only actions off, these are
-# dropped before a single py4j call (any other name costs one class lookup, ``jvm.command_of``).
-_READ_FUNCS = frozenset({"collect", "collectToPython", "collectAsArrowToPython", "collectAsList", "count",
-                         "head", "tail", "toPandas", "foreach", "foreachPartition", "toLocalIterator"})
 
 
 class SparkLineage:
@@ -65,7 +61,7 @@ class SparkLineage:
         self._lock = threading.Lock()
         self._ended = False
         self._nested_writes: dict[str, dict[str, int]] = {}
-        self._listener: _Listener | None = None
+        self._listener: QueryExecutionListener | None = None
         self._jlistener: Any = None
         self._streaming: StreamingLineage | None = None
         self._driver_exit = DriverExit()
@@ -124,8 +120,8 @@ class SparkLineage:
 
         gateway = self.spark.sparkContext._gateway
         ensure_callback_server_started(gateway)
-        self._listener = _Listener(self, gateway)
-        self._jlistener = _register(gateway, self.spark._jsparkSession.listenerManager(), self._listener)
+        self._listener = QueryExecutionListener(self, gateway)
+        self._jlistener = register_listener(gateway, self.spark._jsparkSession.listenerManager(), self._listener)
         self._streaming = StreamingLineage.attach(self, gateway)
 
     def stop_capture(self) -> None:
@@ -135,8 +131,8 @@ class SparkLineage:
         if listener is not None:
             listener.detach()  # a no-op from now on, even if it could not be unregistered
             try:
-                _unregister(self.spark.sparkContext._gateway, self.spark._jsparkSession.listenerManager(),
-                            listener, self._jlistener)
+                unregister_listener(self.spark.sparkContext._gateway, self.spark._jsparkSession.listenerManager(),
+                                    listener, self._jlistener)
             except Exception as err:  # noqa: BLE001 - the session may be stopped already
                 log.debug("lineage: could not unregister the listener: %s", err)
             self._jlistener = None
@@ -304,27 +300,6 @@ class SparkLineage:
         self._nested_writes[_path_key(analyzed.outputPath().toString())] = metrics
 
 
-def _never_analysed(gateway: Any, func: str, qe: Any, exception: Any) -> bool:
-    """Whether a failed action has no analysed plan (its statement never analysed: a missing
-    table, a bad column), so there is nothing to report. ``qe.analyzed()`` would throw the
-    job's AnalysisException again, and PySpark logs every AnalysisException it converts at
-    ERROR (the SQLQueryContextLogger): the job's error twice. Spark names such a failure
-    ``analyze``; for other AnalysisExceptions the plan is asked by reflection, whose
-    InvocationTargetException PySpark passes through unlogged."""
-    if func == _ANALYSIS_FAILURE:
-        return True
-    from py4j.java_gateway import is_instance_of
-
-    if not is_instance_of(gateway, exception, "org.apache.spark.sql.AnalysisException"):
-        return False
-    no_classes = gateway.new_array(gateway.jvm.java.lang.Class, 0)
-    try:
-        qe.getClass().getMethod("analyzed", no_classes).invoke(qe, gateway.new_array(gateway.jvm.java.lang.Object, 0))
-    except Exception:  # noqa: BLE001 - the analysis failure itself
-        return True
-    return False
-
-
 def _path_key(path: str) -> str:
     """One spelling per location for matching a table's nested file write: Hadoop's
     ``outputPath`` is ``file:/a b`` where the catalog's location URI is ``file:///a%20b``."""
@@ -334,76 +309,3 @@ def _path_key(path: str) -> str:
 
 def _without_stats(output: dict) -> dict:
     return {k: v for k, v in output.items() if k != "outputFacets"}
-
-
-def _listener_method(manager: Any, name: str) -> Any:
-    for method in manager.getClass().getMethods():
-        if method.getName() == name and method.getParameterCount() == 1:
-            return method
-    raise LookupError(f"ExecutionListenerManager.{name}(QueryExecutionListener) not found")
-
-
-def _register(gateway: Any, manager: Any, listener: _Listener) -> Any:
-    """Register ``listener``; returns a Java array holding its one Java proxy.
-
-    py4j makes a new Java proxy each time a Python object is passed to Java, so
-    ``manager.unregister(listener)`` would look for a proxy that was never registered and
-    leave the listener in place (every enable/disable cycle would then add one). The proxy
-    is made once, kept in a Java array, and register/unregister are called by reflection
-    with that array as their arguments, so it never comes back to Python."""
-    proxies = gateway.jvm.java.util.ArrayList()
-    proxies.add(listener)  # the one Java proxy
-    holder = proxies.toArray()
-    _listener_method(manager, "register").invoke(manager, holder)
-    return holder
-
-
-def _unregister(gateway: Any, manager: Any, listener: _Listener, holder: Any) -> None:
-    if holder is not None:
-        _listener_method(manager, "unregister").invoke(manager, holder)
-    # py4j's pool keeps every Python object ever passed to Java; let this one go.
-    pool = gateway.gateway_property.pool
-    with pool.lock:
-        for key in [k for k, v in pool.dict.items() if v is listener]:
-            del pool.dict[key]
-
-
-class _Listener:
-    """``org.apache.spark.sql.util.QueryExecutionListener`` implemented in Python via py4j."""
-
-    def __init__(self, owner: SparkLineage, gateway: Any) -> None:
-        self._owner: SparkLineage | None = owner
-        self._gateway = gateway
-
-    def detach(self) -> None:
-        self._owner = None
-
-    def onSuccess(self, func_name: str, qe: Any, duration_ns: int) -> None:  # noqa: N802 - Java interface
-        owner = self._owner
-        if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
-            return
-        try:
-            with java_objects.released_together(self._gateway):
-                java_objects.adopt(qe)
-                owner.on_action(self._gateway, func_name, qe, duration_ns, None)
-        except Exception:  # noqa: BLE001
-            log.exception("lineage: listener failed")
-
-    def onFailure(self, func_name: str, qe: Any, exception: Any) -> None:  # noqa: N802 - Java interface
-        owner = self._owner
-        if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
-            return
-        try:
-            with java_objects.released_together(self._gateway):
-                java_objects.adopt(qe)
-                java_objects.adopt(exception)
-                if _never_analysed(self._gateway, func_name, qe, exception):
-                    log.debug("lineage: action %r failed before its plan was analysed; nothing to report",
-                              func_name)
-                    return
-                owner.on_action(self._gateway, func_name, qe, None, exception)
-        except Exception:  # noqa: BLE001
-            log.exception("lineage: listener failed")
-
-    class Java:
-        implements = ["org.apache.spark.sql.util.QueryExecutionListener"]

@@ -1,7 +1,8 @@
 """An HTTP collector: POSTs each event to ``<url><endpoint>`` with keep-alive.
 
 Retries (tenacity) on connection errors, timeouts, 408, 429 and 5xx with capped
-exponential backoff and full jitter; a Retry-After header sets a collector-wide
+exponential backoff and full jitter (the attempts after the first:
+:mod:`relay.sinks.event_retries`); a Retry-After header sets a collector-wide
 "not before" time, so no other request to that collector overruns it. Any other 4xx
 is permanent: the event is returned as :class:`Undeliverable` for the dead-letter topic.
 Which statuses mean what is the collector kind's ``classify`` (:mod:`relay.sinks.kinds`);
@@ -29,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import aiohttp
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, stop_never
 from yarl import URL
 
 from relay import __version__
@@ -40,6 +40,7 @@ from relay.sinks.adaptive import AdaptiveLimit, Outcome
 from relay.sinks.auth import AnswerScrubber, TokenSource, auth_header_value, session_headers, ssl_context
 from relay.sinks.base import Undeliverable
 from relay.sinks.deadlines import Deadlines
+from relay.sinks.event_retries import EventRetries
 from relay.sinks.reply import (
     DRAIN_LIMIT,
     NO_ANSWER,
@@ -51,15 +52,7 @@ from relay.sinks.reply import (
     read_body,
     read_reply,
 )
-from relay.sinks.retry import (
-    FAILED_EVENT_STATUS,
-    EventFailures,
-    Verdict,
-    backoff,
-    classify,
-    count_failure,
-    retry_after,
-)
+from relay.sinks.retry import FAILED_EVENT_STATUS, Verdict, classify, retry_after
 
 __all__ = ["HttpCollector", "Refuse", "Reply", "Retriable"]
 
@@ -71,7 +64,7 @@ Refuse = Callable[[int, bytes], "Undeliverable | None"]
 _LIMIT_LOG_EVERY_S = 10.0
 
 
-class HttpCollector:
+class HttpCollector(EventRetries):
     def __init__(self, config: CollectorConfig, metrics: CollectorMetrics,
                  classify_status: Callable[[int | None], Verdict] = classify, refuse: Refuse | None = None) -> None:
         self.name = config.name
@@ -292,48 +285,16 @@ class HttpCollector:
         """An answer's first bytes as details and log lines quote them (see AnswerScrubber)."""
         return self.scrubber.quote(reply.body, SNIPPET, cut=reply.cut)
 
-    def _failed_again(self, seen: EventFailures, failure: Retriable) -> tuple[EventFailures, Undeliverable | None]:
-        """One more failed attempt of an event (see :func:`relay.sinks.retry.count_failure`):
-        what is known of its failures now, and the dead letter when they say the collector
-        fails on this event (it accepts others) rather than being down."""
-        seen, failed_event = count_failure(seen, failure.status, self.tally.record(failure.request),
-                                           self.config.retry.poison_after_attempts)
-        if not failed_event:
-            return seen, None
-        return seen, Undeliverable(
-            "collector_failed_event",
-            f"HTTP {failure.status} to this event {seen.strikes} times while the collector accepted other events "
-            f"in between ({seen.attempts} attempts in all): the collector fails on this event, it is not down "
-            f"(retry.poison_after_attempts={self.config.retry.poison_after_attempts}). Last answer: {failure.detail}",
-            failure.status)
-
     async def _attempt(self, body: bytes) -> Undeliverable | None:
         """One POST of one event. Raises Retriable for what deserves another try."""
         return self._judge(await self.exchange(self._target, body))
-
-    def backoff_s(self, attempt: int, wait_s: float | None) -> float:
-        """How long to wait after failed attempt number ``attempt`` (1-based): full jitter,
-        at least what a Retry-After asked for."""
-        jitter = backoff(attempt, initial_s=self.config.retry.initial_backoff_s,
-                         cap_s=self.config.retry.max_backoff_s, rand=self._rand.random)
-        return max(jitter, wait_s or 0.0)
-
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        return self.backoff_s(state.attempt_number + 1, getattr(exc, "wait_s", None))
-
-    def _before_sleep(self, state: RetryCallState) -> None:
-        self._metrics.retried.inc()
-        exc = state.outcome.exception() if state.outcome else None
-        log_event(log, logging.WARNING, "delivery_retry", collector=self.name,
-                  attempt=state.attempt_number + 1, status=getattr(exc, "status", None),
-                  detail=getattr(exc, "detail", str(exc))[:200])
 
     async def deliver(self, body: bytes) -> Undeliverable | None:
         # The first attempt, inlined: nearly every event takes only this path, and each
         # coroutine level between the delivering task and aiohttp is paid again every time
         # the task resumes (measured: ~4% of the relay's CPU per event for the two levels
-        # of _attempt and exchange). Later attempts go through the retry machinery.
+        # of _attempt and exchange). Later attempts go through the retry machinery
+        # (relay.sinks.event_retries).
         # `await session.post()` and `release()` (aiohttp's documented alternative to
         # `async with`) spare the four coroutines of the context managers' enter and exit.
         session = self._session
@@ -380,29 +341,4 @@ class HttpCollector:
             return self._judge(reply)
         except Retriable as first:
             failure = first
-        max_attempts = self.config.retry.max_attempts
-        if max_attempts == 1:
-            return Undeliverable("retries_exhausted", f"after 1 attempt: {failure.detail}", failure.status)
-        seen = self._failed_again(EventFailures(), failure)[0]
-        self._metrics.retried.inc()
-        log_event(log, logging.WARNING, "delivery_retry", collector=self.name, attempt=1,
-                  status=failure.status, detail=failure.detail[:200])
-        await asyncio.sleep(self.backoff_s(1, failure.wait_s))
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(max_attempts - 1) if max_attempts else stop_never,
-            wait=self._wait, retry=retry_if_exception_type(Retriable),
-            before_sleep=self._before_sleep, reraise=True)
-
-        async def attempt() -> Undeliverable | None:
-            nonlocal seen
-            try:
-                return await self._attempt(body)
-            except Retriable as err:
-                seen, failed_event = self._failed_again(seen, err)
-                if failed_event is not None:
-                    return failed_event
-                raise
-        try:
-            return await retrying(attempt)
-        except Retriable as last:
-            return Undeliverable("retries_exhausted", f"after {max_attempts} attempts: {last.detail}", last.status)
+        return await self._later_attempts(body, failure)

@@ -7,7 +7,8 @@ or a memory bound forces a decision) and drops anything after the run's terminal
 
 It is pure and synchronous: it never reads the clock (``now`` is passed in, in seconds,
 and must not go backwards) and returns decisions for the caller to carry out (their
-types and reason codes: :mod:`relay.stages.decisions`).
+types and reason codes: :mod:`relay.stages.decisions`). What it gives back and unlearns
+when events are taken back before delivery: :mod:`relay.stages.sequence_takeback`.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from operator import attrgetter
-from typing import Callable, Literal
+from typing import Literal
 
 from relay.events import TERMINAL_TYPES, LineageEvent
 from relay.stages.decisions import AFTER_TERMINAL, HOLD_OVERFLOW, HOLD_TIMEOUT, DeadLetter, Decision, Drop, Forward
+from relay.stages.sequence_takeback import SequenceTakeBack
 
 HoldPolicy = Literal["forward", "dead_letter"]
 
@@ -27,7 +29,7 @@ _by_event_time = attrgetter("event_time")
 _UNKNOWN = object()
 
 
-class _Hold:
+class RunHold:
     """Events of one run that arrived before its START, in arrival order."""
 
     __slots__ = ("events", "arrivals")
@@ -41,7 +43,7 @@ class _Hold:
         return self.arrivals[0]
 
 
-class RunSequencer:
+class RunSequencer(SequenceTakeBack):
     """Orders each run's events for one collector.
 
     Contract:
@@ -104,7 +106,7 @@ class RunSequencer:
         # run_id -> (terminal, release time); insertion order is release order.
         self._grace: OrderedDict[str, tuple[LineageEvent, float]] = OrderedDict()
         # Runs waiting for their START, ordered by when their hold began (oldest first).
-        self._holds: OrderedDict[str, _Hold] = OrderedDict()
+        self._holds: OrderedDict[str, RunHold] = OrderedDict()
         self._held_count = 0
         # Runs that may forward: run_id -> time of the forwarded terminal, or None while
         # the run is open. Least recently touched first. Disjoint from _holds.
@@ -181,7 +183,7 @@ class RunSequencer:
             return [Forward(event), *self._release_in_order(run_id, hold.events, now, self._terminal_grace_s)]
         hold = self._holds.get(run_id)
         if hold is None:
-            hold = self._holds[run_id] = _Hold()
+            hold = self._holds[run_id] = RunHold()
         hold.events.append(event)
         hold.arrivals.append(now)
         self._held_count += 1
@@ -297,55 +299,6 @@ class RunSequencer:
         forward_other = self._forward_other_after_terminal
         return [Forward(e) if e.event_type == "OTHER" and forward_other else Drop(e, AFTER_TERMINAL)
                 for e in sorted(hold.events, key=_by_event_time)]
-
-    def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
-        """Remove held events matching ``predicate`` without deciding them and return
-        them, e.g. on partition revoke, where the new owner will receive them again."""
-        removed: list[LineageEvent] = []
-        reorder = False
-        for run_id, hold in list(self._holds.items()):
-            matches = [predicate(event) for event in hold.events]
-            if not any(matches):
-                continue
-            removed += (event for event, hit in zip(hold.events, matches) if hit)
-            if all(matches):
-                del self._holds[run_id]
-                continue
-            reorder = reorder or matches[0]
-            hold.events = [e for e, hit in zip(hold.events, matches) if not hit]
-            hold.arrivals = [t for t, hit in zip(hold.arrivals, matches) if not hit]
-        self._held_count -= len(removed)
-        for run_id, (terminal, _until) in list(self._grace.items()):
-            if predicate(terminal):
-                del self._grace[run_id]
-                removed.append(terminal)
-                # Read again, it must wait for its START again, not find the run open
-                # and go ahead of the run's events read again after it.
-                self._runs.pop(run_id, None)
-                self._finished.pop(run_id, None)
-        if reorder:
-            # A hold now begins later; keep _holds sorted by hold start for expire().
-            self._holds = OrderedDict(sorted(self._holds.items(), key=lambda kv: kv[1].since))
-        return removed
-
-    def rollback(self, released: list[LineageEvent]) -> None:
-        """Undo what forwarding ``released`` recorded: they were forwarded, then taken back
-        before delivery (their partition revoked or lost), and will be offered again when
-        it is read again, here or by another replica. A run whose START is among them is
-        forgotten (it begins afresh: what is read again is held until its START); a run
-        whose terminal is among them is open again. Without this, a partition assigned
-        back to this replica would have those events dropped as ``after_terminal`` and
-        their offsets committed: lost."""
-        for event in released:
-            run_id = event.run_id
-            if run_id is None or run_id not in self._runs:
-                continue
-            if event.event_type == "START":
-                del self._runs[run_id]
-                self._finished.pop(run_id, None)
-            elif event.is_terminal and self._runs[run_id] is not None:
-                self._runs[run_id] = None
-                self._finished.pop(run_id, None)
 
     def _release_hold(self, run_id: str, now: float, reason: str) -> list[Decision]:
         """End a hold without a START, by the on_hold_timeout policy."""

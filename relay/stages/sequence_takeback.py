@@ -1,0 +1,87 @@
+"""What a :class:`~relay.stages.sequence.RunSequencer` gives back and unlearns when events
+are taken back before delivery: the sequencer's part of :mod:`relay.lane_takeback` (and of
+a record ``dlq redrive`` writes back, :meth:`relay.lane.CollectorLane.offer_again`). A
+mixin of RunSequencer, whose state it uses as declared here.
+
+Guarantees:
+
+* :meth:`SequenceTakeBack.discard` returns every held event it removes, none decided (the
+  caller hands them back), terminals waiting out their grace included (their run is then
+  unknown again: read again, such a terminal waits for its START again). The remaining
+  holds keep the order ``expire`` relies on (oldest hold first).
+* :meth:`SequenceTakeBack.rollback` undoes what forwarding the given events taught the
+  sequencer: a run whose START is among them is forgotten (what is read again is held
+  until its START), a run whose terminal is among them is open again. A copy read again,
+  here or by another replica, is then not dropped as ``after_terminal`` because of them
+  (which would commit its offset while it reached nothing).
+* Runs the given events do not touch are left as they are.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable
+
+from relay.events import LineageEvent
+
+if TYPE_CHECKING:
+    from relay.stages.sequence import RunHold
+
+
+class SequenceTakeBack:
+    """The take-back half of :class:`~relay.stages.sequence.RunSequencer`."""
+
+    _grace: OrderedDict[str, tuple[LineageEvent, float]]
+    _holds: OrderedDict[str, RunHold]
+    _held_count: int
+    _runs: OrderedDict[str, float | None]
+    _finished: OrderedDict[str, float]
+
+    def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
+        """Remove held events matching ``predicate`` without deciding them and return
+        them, e.g. on partition revoke, where the new owner will receive them again."""
+        removed: list[LineageEvent] = []
+        reorder = False
+        for run_id, hold in list(self._holds.items()):
+            matches = [predicate(event) for event in hold.events]
+            if not any(matches):
+                continue
+            removed += (event for event, hit in zip(hold.events, matches) if hit)
+            if all(matches):
+                del self._holds[run_id]
+                continue
+            reorder = reorder or matches[0]
+            hold.events = [e for e, hit in zip(hold.events, matches) if not hit]
+            hold.arrivals = [t for t, hit in zip(hold.arrivals, matches) if not hit]
+        self._held_count -= len(removed)
+        for run_id, (terminal, _until) in list(self._grace.items()):
+            if predicate(terminal):
+                del self._grace[run_id]
+                removed.append(terminal)
+                # Read again, it must wait for its START again, not find the run open
+                # and go ahead of the run's events read again after it.
+                self._runs.pop(run_id, None)
+                self._finished.pop(run_id, None)
+        if reorder:
+            # A hold now begins later; keep _holds sorted by hold start for expire().
+            self._holds = OrderedDict(sorted(self._holds.items(), key=lambda kv: kv[1].since))
+        return removed
+
+    def rollback(self, released: list[LineageEvent]) -> None:
+        """Undo what forwarding ``released`` recorded: they were forwarded, then taken back
+        before delivery (their partition revoked or lost), and will be offered again when
+        it is read again, here or by another replica. A run whose START is among them is
+        forgotten (it begins afresh: what is read again is held until its START); a run
+        whose terminal is among them is open again. Without this, a partition assigned
+        back to this replica would have those events dropped as ``after_terminal`` and
+        their offsets committed: lost."""
+        for event in released:
+            run_id = event.run_id
+            if run_id is None or run_id not in self._runs:
+                continue
+            if event.event_type == "START":
+                del self._runs[run_id]
+                self._finished.pop(run_id, None)
+            elif event.is_terminal and self._runs[run_id] is not None:
+                self._runs[run_id] = None
+                self._finished.pop(run_id, None)
