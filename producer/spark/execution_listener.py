@@ -98,9 +98,16 @@ class QueryExecutionListener:
     def detach(self) -> None:
         self._owner = None
 
-    def onSuccess(self, func_name: str, qe: Any, duration_ns: int) -> None:  # noqa: N802 - Java interface
+    def _owner_for(self, func_name: str) -> SparkLineage | None:
+        """The lineage to tell of action ``func_name``: None once detached, or for a read-only
+        action (``collect``, ``count``...) when those are not reported."""
         owner = self._owner
         if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
+            return None
+        return owner
+
+    def onSuccess(self, func_name: str, qe: Any, duration_ns: int) -> None:  # noqa: N802 - Java interface
+        if (owner := self._owner_for(func_name)) is None:
             return
         try:
             with java_objects.released_together(self._gateway):
@@ -110,8 +117,7 @@ class QueryExecutionListener:
             log.exception("lineage: listener failed")
 
     def onFailure(self, func_name: str, qe: Any, exception: Any) -> None:  # noqa: N802 - Java interface
-        owner = self._owner
-        if owner is None or (func_name in _READ_FUNCS and not owner.read_only_actions):
+        if (owner := self._owner_for(func_name)) is None:
             return
         try:
             with java_objects.released_together(self._gateway):
