@@ -13,13 +13,13 @@ when events are taken back before delivery: :mod:`relay.stages.sequence_takeback
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from operator import attrgetter
 from typing import Literal
 
 from relay.events import TERMINAL_TYPES, LineageEvent
 from relay.stages.decisions import AFTER_TERMINAL, HOLD_OVERFLOW, HOLD_TIMEOUT, DeadLetter, Decision, Drop, Forward
+from relay.stages.knobs import check_count, check_seconds
 from relay.stages.sequence_takeback import SequenceTakeBack
 
 HoldPolicy = Literal["forward", "dead_letter"]
@@ -84,10 +84,10 @@ class RunSequencer(SequenceTakeBack):
         terminal_grace_s: float = 0.0,
         forward_other_after_terminal: bool = True,
     ) -> None:
-        _require_seconds("hold_timeout_s", hold_timeout_s)
-        _require_seconds("finished_ttl_s", finished_ttl_s)
-        _require_count("max_held_events", max_held_events)
-        _require_count("max_tracked_runs", max_tracked_runs)
+        check_seconds("hold_timeout_s", hold_timeout_s)
+        check_seconds("finished_ttl_s", finished_ttl_s)
+        check_count("max_held_events", max_held_events)
+        check_count("max_tracked_runs", max_tracked_runs)
         if on_hold_timeout not in ("forward", "dead_letter"):
             raise ValueError(
                 f"on_hold_timeout must be 'forward' or 'dead_letter', got {on_hold_timeout!r}"
@@ -350,15 +350,3 @@ class RunSequencer(SequenceTakeBack):
         self._runs[run_id] = now
         self._finished.pop(run_id, None)  # kept in the order of finishing, for expire()
         self._finished[run_id] = now
-
-
-def _require_seconds(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value > 0
-    ):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-
-
-def _require_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
