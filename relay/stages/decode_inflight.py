@@ -24,6 +24,9 @@ from typing import IO
 
 from relay.stages.decode_pipe import Decoded
 
+#: How long reap() waits for a killed child to be gone before it leaves it to be reaped later.
+_REAP_AFTER_KILL_S = 10.0
+
 
 def answer_part(batch: DecodeBatch, index: int, results: list[Decoded]) -> None:
     batch.part_done(index, results)
@@ -78,7 +81,8 @@ class DecodeChild:
             self.proc.kill()
 
     def reap(self) -> None:
-        """On the reader's thread, once it is done: the process gone, its pipes closed."""
+        """On the reader's thread, once it is done: the process gone, its pipes closed. Never
+        raises: a child still not gone after SIGKILL is left with ``returncode`` None."""
         for pipe in (self.stdin, self.stdout):
             try:
                 if pipe is not None:
@@ -89,7 +93,13 @@ class DecodeChild:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(timeout=5)
+            try:
+                self.proc.wait(timeout=_REAP_AFTER_KILL_S)
+            except subprocess.TimeoutExpired:
+                # Killed but not yet gone (a machine this loaded can take that long): never
+                # raise here, as the reader must still answer the batches the child held.
+                # Its returncode stays None; subprocess reaps it later.
+                pass
 
     def shutdown(self) -> None:
         """Close its input (its cue to exit) and wait for the reader to answer what it held."""

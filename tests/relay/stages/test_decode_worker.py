@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -199,6 +200,41 @@ def test_a_child_killed_with_batches_in_flight_loses_none_of_them(caplog):
         assert [same(g, w) for g, w in zip(answers, want)] == [True] * len(want)
     assert replaced and not worker.in_process
     assert "decode_worker_failed" in caplog.text
+
+
+def test_a_killed_child_not_gone_in_time_still_has_its_batches_answered(monkeypatch, caplog):
+    """On a loaded machine a killed child can outlive reap()'s waits: the reader thread must
+    not die of it (it would leave the child's batches unanswered and the pipeline stuck)."""
+    small = [v for v in values() if v is None or len(v) <= MAX]
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        child = worker._proc
+        real_wait = subprocess.Popen.wait
+        waits: list[float | None] = []
+
+        def wait_not_gone(proc: subprocess.Popen, timeout: float | None = None):
+            if proc.pid != child.pid:
+                return real_wait(proc, timeout)
+            waits.append(timeout)
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0)
+
+        monkeypatch.setattr(subprocess.Popen, "wait", wait_not_gone)
+        child.send_signal(signal.SIGSTOP)  # it answers nothing sent from now on
+        futures = [Answer(worker, small) for _ in range(2)]
+        child.kill()
+        got = [f.result(timeout=60) for f in futures]
+        got.append(worker.decode(small))  # a new child serves
+        replaced = worker._proc.pid != child.pid
+    finally:
+        monkeypatch.undo()
+        worker.close()
+    want = [decode_record(v, max_bytes=MAX) for v in small]
+    for answers in got:
+        assert [same(g, w) for g, w in zip(answers, want)] == [True] * len(want)
+    assert replaced and waits, "reap() never waited on the killed child"
+    assert "decode_worker_failed" in caplog.text
+    assert real_wait(child, 30) == -signal.SIGKILL  # it was killed, and is reaped now
 
 
 @pytest.mark.parametrize("priority", ["low", "idle"])
