@@ -1,5 +1,10 @@
 """``lineage-relay dlq redrive``: re-send selected dead-letter records, once.
 
+The records are chosen explicitly: ``--reason R``, ``--offsets P:O,...`` (both: records
+matching both) or ``--all`` (every pending record); without one the command refuses, exit
+2, so that a bare ``dlq redrive`` does not re-send a whole topic by accident. ``--dry-run``
+alone previews every pending record (it sends nothing).
+
 Straight to a collector (the one named in the record, or ``--collector``; a record without
 one, rejected before any collector saw it, goes to every collector whose route takes it)
 or back to the input topic (``--to-topic``), where the relay processes it like any new
@@ -113,7 +118,20 @@ class Selection:
                 self._summary.missing.append(f"{p}:{o}")
 
 
+def check_selection(args: argparse.Namespace) -> None:
+    """Refuse a redrive that names no records: ``--reason``, ``--offsets`` or ``--all`` is
+    required (``--all`` alone), except for ``--dry-run``, which changes nothing."""
+    chosen = args.reason is not None or bool(args.offsets)
+    if args.all and chosen:
+        raise OpsError("--all re-drives every pending record: it excludes --reason and --offsets; "
+                       "drop --all to re-drive only the records they select")
+    if not args.all and not chosen and not args.dry_run:
+        raise OpsError("choose the records to re-drive: --reason R, --offsets P:O,... or --all (every pending "
+                       "record); `dlq list` shows them, and --dry-run previews a redrive without sending")
+
+
 def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -> int:
+    check_selection(args)
     if args.collector and args.to_topic:
         raise OpsError("--collector and --to-topic exclude each other: deliver straight to a collector, "
                        "or hand the records back to the relay")
