@@ -14,11 +14,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
+import aiohttp
 import orjson
 
 from relay.config import CollectorConfig
 from relay.events import LineageEvent
 from relay.metrics import RelayMetrics
+from relay.sinks.http import HttpCollector
 from relay.sinks.kinds import build_collector
 from relay.stages.rewrite import Rewriter
 
@@ -123,15 +125,36 @@ def collector_config(config: CollectorConfig, max_attempts: int | None) -> Colle
 
 class BatchDelivery:
     """Delivers chains to one collector. ``dry_run`` does everything but the POST
-    (the rewrite still runs, so events it would reject are reported)."""
+    (the rewrite still runs, so events it would reject are reported). ``before_post`` is
+    called right before each HTTP request (each attempt, each batch); what it raises ends
+    the delivery (``dlq redrive``'s lease check). A collector kind built on no
+    :class:`~relay.sinks.http.HttpCollector` gets it called before each event instead."""
 
-    def __init__(self, config: CollectorConfig, *, dry_run: bool = False) -> None:
+    def __init__(self, config: CollectorConfig, *, dry_run: bool = False,
+                 before_post: Callable[[], None] | None = None) -> None:
         self.config = config
         self.dry_run = dry_run
         rewriter = Rewriter(config.rewrite)
         self._rewriter = None if rewriter.is_noop else rewriter
         self._metrics = RelayMetrics()
         self._http = build_collector(config, self._metrics.for_collector(config.name))
+        self._before_event = before_post
+        #: What ``before_post`` raised: a batch collector turns it into a failure of the
+        #: events of the batch, the delivery still ends with it.
+        self._stopped: BaseException | None = None
+        http = self._http if isinstance(self._http, HttpCollector) else getattr(self._http, "single", None)
+        if before_post is not None and isinstance(http, HttpCollector):
+            async def check(_session: object, _ctx: object, _params: object) -> None:
+                try:
+                    before_post()
+                except BaseException as err:
+                    self._stopped = err
+                    raise
+
+            trace = aiohttp.TraceConfig()
+            trace.on_request_start.append(check)
+            http.trace_configs.append(trace)
+            self._before_event = None
 
     @property
     def retries(self) -> int:
@@ -158,6 +181,8 @@ class BatchDelivery:
                             on_failed(Failure(event, BODY_UNAVAILABLE, str(err)))
                             continue
                     failure = await self._deliver(event, body)
+                    if self._stopped is not None:
+                        raise self._stopped
                     if failure is None:
                         on_delivered(event)
                     else:
@@ -179,5 +204,7 @@ class BatchDelivery:
             body = result.body
         if self.dry_run:
             return None
+        if self._before_event is not None:
+            self._before_event()
         outcome = await self._http.deliver(body)
         return None if outcome is None else Failure(event, outcome.reason, outcome.detail)

@@ -35,6 +35,7 @@ from relay.ops.dead_letters import DeadLetter, DeadLetterScan
 from relay.ops.kafka_range import LARGE_RECORD_OVERRIDES, open_consumer, parse_refs
 from relay.ops.ledger import RedriveLedger, group_id
 from relay.ops.progress import ProgressBar
+from relay.ops.redrive_lock import LeaseLost, RedriveLock
 from relay.ops.redrive_targets import CollectorRedrive, TopicRedrive
 from relay.ops.stored_values import StoredValues
 
@@ -141,6 +142,41 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
     if args.max_attempts is not None and args.max_attempts < 1:
         raise OpsError("--max-attempts must be at least 1")
     summary = RedriveSummary()
+    # One redrive at a time per dead-letter topic; a dry run changes nothing and takes no lock.
+    lock = None if args.dry_run else RedriveLock(config.kafka, say=lambda line: print(line, file=stream))
+    if lock is not None:
+        try:
+            lock.acquire()
+        except BaseException:
+            lock.release()
+            raise
+    target = "the input topic each record came from" if args.to_topic else \
+        f"collector {args.collector}" if args.collector else "the collector named in each record"
+    try:
+        code = _redrive(args, config, stream, summary, lock)
+    except LeaseLost as lost:
+        print(summary.render(target, args.dry_run, group_id(config.kafka)))
+        raise OpsError(_stopped_message(lost, summary)) from lost
+    finally:
+        if lock is not None:
+            lock.release()
+    print(summary.render(target, args.dry_run, group_id(config.kafka)))
+    return code
+
+
+def _stopped_message(lost: LeaseLost, summary: RedriveSummary) -> str:
+    holder = lost.taken_by
+    then = (f"the redrive of host {holder.host}, pid {holder.pid} (holding the lock since {holder.since}) took it "
+            f"over and goes on; `dlq list` shows what is still pending once it ends" if holder is not None else
+            "another redrive may take the lock over; once none runs, `dlq list` shows what is still pending")
+    return (f"{lost}. This redrive stopped: {summary.redriven} record(s) were re-driven before (summary above); "
+            f"after the loss was seen nothing more was sent or marked (an HTTP request in flight, or records already "
+            f"handed to the producer, may still arrive), markers not yet written were dropped and no redrive "
+            f"position was committed; {then}")
+
+
+def _redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO, summary: RedriveSummary,
+             lock: RedriveLock | None) -> int:
     selection = Selection(args, summary)
     consumer = open_consumer(config.kafka, group_id(config.kafka), overrides=LARGE_RECORD_OVERRIDES)
     # A second reader, for values read back (originals while the topic is read, every
@@ -163,22 +199,30 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
                     targets.add(record)
         selection.finish(ledger, scan.lows)
         writer = None if args.dry_run else ledger
-        if writer is not None and targets.count:
-            writer.open_for_writing()
-        target = "the input topic each record came from" if args.to_topic else \
-            f"collector {args.collector}" if args.collector else "the collector named in each record"
+        guard = lock.check if lock is not None else (lambda: None)
+        if writer is not None:
+            writer.guard = guard
+            if targets.count:
+                writer.open_for_writing()
         failed: BaseException | None = None
         try:
             with ProgressBar("dlq: re-driving", targets.count, stream=stream) as bar:
-                targets.run(writer, bar)
+                targets.run(writer, bar, guard)
         except BaseException as err:
             failed = err
             raise
         finally:
             # Whatever happened, remember what did get through (markers, then position).
-            if writer is not None:
+            if writer is not None and lock is not None and lock.lost is not None:
+                writer.abandon()  # nothing is written once the lease is lost
+                if not isinstance(failed, (LeaseLost, KeyboardInterrupt)):
+                    raise lock.lost from failed
+            elif writer is not None:
                 try:
                     summary.committed = writer.checkpoint(scan.offsets, scan.lows)
+                except LeaseLost:
+                    writer.abandon()
+                    raise
                 except OpsError as late:
                     if failed is None:
                         raise
@@ -188,5 +232,4 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
     finally:
         value_reader.close()
         consumer.close()
-    print(summary.render(target, args.dry_run, ledger.group_id))
     return 1 if summary.failures or summary.missing else 0

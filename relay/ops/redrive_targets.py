@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
 #: How long produced records may take to be acknowledged, and a full queue to drain.
 _ACK_TIMEOUT_S = 60.0
+#: ``--to-topic`` waits for every record produced to be acknowledged after this many: at
+#: most these can still be written after the lease is lost (relay.ops.redrive_lock).
+TOPIC_FLUSH_EVERY = 50
 
 
 def _gone(record: DeadLetter, at: SourceRef | None, err: ValueGone | None = None) -> str:
@@ -76,7 +80,10 @@ class TopicRedrive:
         self._values.want(at)
         self._chosen.append((record, at))
 
-    def run(self, ledger: RedriveLedger | None, bar: ProgressBar) -> None:
+    def run(self, ledger: RedriveLedger | None, bar: ProgressBar, guard: Callable[[], None] = lambda: None) -> None:
+        """Produce the records; ``ledger`` None: a dry run. ``guard`` (the lease's check) is
+        called right before each record is produced and while they are acknowledged: what
+        it raises purges what the producer still holds, and nothing more is marked."""
         summary = self._summary
         if ledger is None:  # dry run
             summary.redriven += len(self._chosen)
@@ -88,17 +95,29 @@ class TopicRedrive:
         conf = {**kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
                 "enable.idempotence": True, "acks": "all", "linger.ms": 20}
         producer = Producer(with_log(conf))
+        stopped = False
 
         def done(record: DeadLetter, topic: str, err: KafkaError | None) -> None:
             bar.advance()
             if err is not None:
                 summary.failures.append((record, f"producing to {topic} failed: {err}"))
-            else:
-                summary.redriven += 1
+                return
+            summary.redriven += 1
+            if not stopped:
                 ledger.mark(record.partition, record.offset, f"topic:{topic}", record.identity)
 
+        def drain(what: str) -> None:
+            """Wait until the producer holds nothing (each record acknowledged)."""
+            deadline = time.monotonic() + _ACK_TIMEOUT_S
+            while len(producer):
+                guard()
+                if time.monotonic() > deadline:
+                    raise OpsError(f"the broker acknowledged {what} within {_ACK_TIMEOUT_S:g}s; is it reachable? "
+                                   f"What was re-driven before is remembered: run redrive again")
+                producer.poll(0.1)  # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly
+
         try:
-            for record, at in self._chosen:
+            for i, (record, at) in enumerate(self._chosen):
                 try:
                     value = self._values.get(at)
                 except ValueGone as err:
@@ -115,29 +134,42 @@ class TopicRedrive:
                     have = have | (names - {record.collector})
                 if have:  # an earlier redrive (or the relay) reached these: the relay leaves them out
                     headers.append((REDRIVEN_HAVE, ",".join(sorted(have)).encode()))
+                if i and i % TOPIC_FLUSH_EVERY == 0:
+                    drain(f"none of the last {TOPIC_FLUSH_EVERY} records produced")
                 deadline = time.monotonic() + _ACK_TIMEOUT_S
                 while True:
+                    guard()
                     try:
                         producer.produce(topic, key=record.key, value=value, headers=headers,
                                          on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err))
                         break
-                    except BufferError:
+                    except BufferError:  # records of many MB: the queue's bytes are full
                         if time.monotonic() > deadline:
                             raise OpsError(f"the broker acknowledged none of the records produced for "
                                            f"{_ACK_TIMEOUT_S:g}s; is it reachable? What was re-driven before "
                                            f"is remembered: run redrive again") from None
                         producer.poll(0.1)
                 producer.poll(0)
-            # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly.
-            deadline = time.monotonic() + _ACK_TIMEOUT_S
-            while len(producer) and time.monotonic() < deadline:
-                producer.poll(0.1)
+            drain("not every record produced")
         except KafkaException as err:  # e.g. made fatal by the broker's answer
+            stopped = True
+            _purge(producer)
             raise OpsError(f"producing to the input topic failed: {kafka_error_text(err)}; what was re-driven "
                            "before it is remembered: run redrive again") from err
-        if len(producer):
-            raise OpsError(f"some records were not acknowledged by the broker within {_ACK_TIMEOUT_S:g}s; "
-                           f"run redrive again")
+        except BaseException:
+            stopped = True
+            _purge(producer)
+            raise
+
+
+def _purge(producer: Producer) -> None:
+    """Drop what ``producer`` still holds (queued, and in flight: not retried); what was on
+    the wire may still be written. Their delivery reports come as failures."""
+    try:
+        producer.purge()
+        producer.poll(0)
+    except KafkaException:
+        pass
 
 
 class CollectorRedrive:
@@ -227,8 +259,9 @@ class CollectorRedrive:
                 self._values.want(at)
             sharing.append(record)
 
-    def run(self, ledger: RedriveLedger | None, bar: ProgressBar) -> None:
-        """Deliver; ``ledger`` None: a dry run (nothing is marked)."""
+    def run(self, ledger: RedriveLedger | None, bar: ProgressBar, guard: Callable[[], None] = lambda: None) -> None:
+        """Deliver; ``ledger`` None: a dry run (nothing is marked). ``guard`` (the lease's
+        check) is called right before each HTTP request, once its value was read back."""
         for partition, offset, how, identity in self._marks:
             bar.advance()
             if ledger is not None:
@@ -280,7 +313,7 @@ class CollectorRedrive:
                 jobs = []
                 for name, batch in self._events.items():
                     config = collector_config(self._by_name[name], self._args.max_attempts)
-                    delivery = BatchDelivery(config, dry_run=self._args.dry_run)
+                    delivery = BatchDelivery(config, dry_run=self._args.dry_run, before_post=guard)
                     jobs.append(delivery.run(_chains(batch, self._config.pipeline.ordering.enabled),
                                              on_delivered=lambda e, n=name: delivered(n, e),
                                              on_failed=lambda f, n=name: failed(n, f), load_body=load_body))

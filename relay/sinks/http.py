@@ -80,6 +80,9 @@ class HttpCollector(EventRetries):
         # Parsed once: parsing the URL string was a measurable share of each POST.
         self._target = URL(config.target)
         self._session: aiohttp.ClientSession | None = None
+        #: aiohttp request tracing, set before start(): ``dlq redrive`` checks its lease in
+        #: ``on_request_start``, right before each POST, retries included.
+        self.trace_configs: list[aiohttp.TraceConfig] = []
         #: ``timeout_s`` per request, enforced here rather than by aiohttp (see relay.sinks.deadlines).
         self._deadlines = Deadlines(config.timeout_s)
         self._not_before = 0.0
@@ -123,7 +126,8 @@ class HttpCollector(EventRetries):
         self._session = aiohttp.ClientSession(
             connector=connector, headers=self._headers, cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.timeout_s), raise_for_status=False)
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.timeout_s), raise_for_status=False,
+            trace_configs=self.trace_configs or None)
 
     async def close(self) -> None:
         self._deadlines.close()

@@ -16,6 +16,7 @@ from relay.cli import main as cli
 from relay.config import RelayConfig
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
+from relay.ops.redrive_lock import LeaseTiming
 from relay.source.admin import create_topic
 from tests.support.dead_letters import write_dead_letters
 from tests.support.kafka import committed_offsets, produce, read_to_end, read_topic
@@ -284,16 +285,19 @@ def test_a_dead_letter_written_without_its_value_is_redriven_from_the_source_top
         assert received(a, victim) == 1 and a.count == len(stream)
 
 
-def test_a_producer_made_fatal_by_the_broker_fails_redrive_with_the_reason_and_a_rerun_finishes(tmp_path, capsys):
+def test_a_producer_made_fatal_by_the_broker_fails_redrive_with_the_reason_and_a_rerun_finishes(
+        tmp_path, capsys, monkeypatch):
     """The broker answers the re-driven record with an out-of-order sequence (through a
     fault proxy): the redrive producer is fatal. The command says so and exits 2 (it raised
-    out of the command before); run again, it re-drives the record."""
+    out of the command before); run again, it re-drives the record. (The produce answered
+    as it is: the claim of the redrive lock; no heartbeat in between.)"""
+    monkeypatch.setattr("relay.ops.redrive_lock.TIMING", LeaseTiming(heartbeat_s=600, holder_s=1200, takeover_s=2400))
     stream = sample_stream(4, seed=13)
     with proxied_setup(tmp_path, stream, victim=3) as (broker, proxy, a, config, path):
         with RelayThread(config):
             assert a.wait_for(lambda c: c.count == len(stream) - 1, 30)
             assert len(read_topic(broker.bootstrap_servers, "dlq", expected=1, timeout_s=30)) == 1
-        proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER)
+        proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER, after=1)
         code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--all", "--to-topic")
         assert code == 2, out + err
         assert "lineage-relay dlq redrive: producing to the input topic failed:" in err

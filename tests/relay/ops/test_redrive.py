@@ -21,6 +21,7 @@ from relay.cli import main as cli
 from relay.config import RelayConfig
 from relay.embedded.collector import AppThread, RecordingCollector
 from relay.embedded.sample import sample_stream
+from relay.ops.redrive_lock import LeaseTiming
 from tests.support.dead_letters import padded, write_dead_letters
 from tests.support.hanging_proxy import FETCH, OFFSET_COMMIT, hanging_broker
 from tests.support.kafka import committed_offsets, produce, read_topic
@@ -66,8 +67,10 @@ def test_a_broker_that_stops_answering_at_the_position_commit_fails_redrive_in_t
     """The broker hangs when the redrive position is committed (the deliveries and their
     markers went through). The command ends within its Kafka timeout, exit 2, naming the
     commit, the group and what to do; run again once the broker is back, it sends nothing
-    twice and commits the position."""
+    twice and commits the position (once the lease of the first run, which could not
+    release it, expired)."""
     monkeypatch.setattr("relay.ops.ledger._TIMEOUT_S", 3.0)
+    monkeypatch.setattr("relay.ops.redrive_lock.TIMING", LeaseTiming(heartbeat_s=0.5, holder_s=5.0, takeover_s=8.0))
     stream = sample_stream(2, seed=61)[:3]
     with hanging_broker() as (broker, proxy), RecordingCollector() as a:
         broker.create_topic("ol", 1)
@@ -85,7 +88,7 @@ def test_a_broker_that_stops_answering_at_the_position_commit_fails_redrive_in_t
         assert a.count == len(stream)
 
         proxy.recover()
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--all")
+        code, out, err = run_cli_within(capsys, 60, "dlq", "redrive", "--config", path, "--all")
         assert code == 0, out + err
         assert summary_value(out, "already re-driven") == len(stream) and summary_value(out, "re-driven") == 0
         assert "redrive position 0:3 committed (group g.dlq-redrive)" in out, out
