@@ -14,13 +14,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-import aiohttp
 import orjson
 
 from relay.config import CollectorConfig
 from relay.events import LineageEvent
 from relay.metrics import RelayMetrics
-from relay.sinks.http import HttpCollector
+from relay.sinks.base import DeliveryStopped
 from relay.sinks.kinds import build_collector
 from relay.stages.rewrite import Rewriter
 
@@ -126,9 +125,10 @@ def collector_config(config: CollectorConfig, max_attempts: int | None) -> Colle
 class BatchDelivery:
     """Delivers chains to one collector. ``dry_run`` does everything but the POST
     (the rewrite still runs, so events it would reject are reported). ``before_post`` is
-    called right before each HTTP request (each attempt, each batch); what it raises ends
-    the delivery (``dlq redrive``'s lease check). A collector kind built on no
-    :class:`~relay.sinks.http.HttpCollector` gets it called before each event instead."""
+    called right before each HTTP request is written (each attempt, each batch: the
+    collector's ``check_before_requests``, see :mod:`relay.sinks.base`); what it raises
+    ends the delivery, the request not sent, and :meth:`run` raises it (``dlq redrive``'s
+    lease check). A collector kind without that hook gets it called before each event."""
 
     def __init__(self, config: CollectorConfig, *, dry_run: bool = False,
                  before_post: Callable[[], None] | None = None) -> None:
@@ -139,21 +139,15 @@ class BatchDelivery:
         self._metrics = RelayMetrics()
         self._http = build_collector(config, self._metrics.for_collector(config.name))
         self._before_event = before_post
-        #: What ``before_post`` raised: a batch collector turns it into a failure of the
-        #: events of the batch, the delivery still ends with it.
-        self._stopped: BaseException | None = None
-        http = self._http if isinstance(self._http, HttpCollector) else getattr(self._http, "single", None)
-        if before_post is not None and isinstance(http, HttpCollector):
-            async def check(_session: object, _ctx: object, _params: object) -> None:
+        hook = getattr(self._http, "check_before_requests", None)
+        if before_post is not None and hook is not None:
+            def check() -> None:
                 try:
                     before_post()
-                except BaseException as err:
-                    self._stopped = err
-                    raise
+                except Exception as err:
+                    raise DeliveryStopped(str(err)) from err
 
-            trace = aiohttp.TraceConfig()
-            trace.on_request_start.append(check)
-            http.trace_configs.append(trace)
+            hook(check)
             self._before_event = None
 
     @property
@@ -181,8 +175,6 @@ class BatchDelivery:
                             on_failed(Failure(event, BODY_UNAVAILABLE, str(err)))
                             continue
                     failure = await self._deliver(event, body)
-                    if self._stopped is not None:
-                        raise self._stopped
                     if failure is None:
                         on_delivered(event)
                     else:
@@ -190,10 +182,18 @@ class BatchDelivery:
 
         if not self.dry_run:
             await self._http.start()
+        workers = [asyncio.ensure_future(worker()) for _ in range(min(self.config.concurrency, len(chains)))]
         try:
-            workers = min(self.config.concurrency, len(chains))
-            await asyncio.gather(*(worker() for _ in range(workers)))
+            await asyncio.gather(*workers)
+        except DeliveryStopped as stopped:  # what before_post raised, as it raised it
+            cause = stopped.__cause__
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
         finally:
+            for task in workers:  # one raised: the others stop too (an answer not read: not done)
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
             await self._http.close()
 
     async def _deliver(self, event: LineageEvent, body: bytes) -> Failure | None:

@@ -59,7 +59,7 @@ from yarl import URL
 from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
-from relay.sinks.base import Undeliverable, relay_error
+from relay.sinks.base import DeliveryStopped, Undeliverable, relay_error
 from relay.sinks.batch_fallback import BatchFallback
 from relay.sinks.batch_reply import MAX_REPLY_BYTES, BatchReading, EventOutcome, read_batch_reply
 from relay.sinks.http import HttpCollector, Refuse, Retriable
@@ -123,10 +123,14 @@ def _set_verdict(future: asyncio.Future[Undeliverable | None], verdict: Undelive
         future.set_result(verdict)
 
 
-def _no_verdict(done: Done, token: Any) -> None:
-    """No verdict will come for this event: a ``deliver`` waiting for it is cancelled."""
+def _no_verdict(done: Done, token: Any, stopped: DeliveryStopped | None = None) -> None:
+    """No verdict will come for this event: a ``deliver`` waiting for it is cancelled (or
+    raises ``stopped``: the collector's check stopped the request)."""
     if done is _set_verdict and not token.done():
-        token.cancel()
+        if stopped is None:
+            token.cancel()
+        else:
+            token.set_exception(stopped)
 
 
 class BatchCollector:
@@ -159,6 +163,10 @@ class BatchCollector:
         self._sending: set[asyncio.Task[Any]] = set()
         #: Events waiting out their backoff before they go into a later batch.
         self._backing_off: dict[_Item, asyncio.TimerHandle] = {}
+
+    def check_before_requests(self, check: Callable[[], None]) -> None:
+        """See :meth:`HttpCollector.check_before_requests`: batches and events sent alone alike."""
+        self.single.check_before_requests(check)
 
     async def start(self) -> None:
         await self.single.start()
@@ -220,7 +228,9 @@ class BatchCollector:
             self._sending.discard(task)
             if task.cancelled():  # closing, or the caller's cancel()
                 _no_verdict(done, token)
-            elif (err := task.exception()) is not None:  # a bug: its verdict still comes
+            elif isinstance(err := task.exception(), DeliveryStopped):  # not sent: no verdict
+                _no_verdict(done, token, err)
+            elif err is not None:  # a bug: its verdict still comes
                 log.error("delivery_error", exc_info=err, extra={"fields": {"collector": self.name}})
                 done(token, relay_error(err))
             else:
@@ -334,6 +344,10 @@ class BatchCollector:
             for item in batch:
                 _no_verdict(item.done, item.token)
             raise
+        except DeliveryStopped as err:  # the check_before_requests check: not sent, no verdict
+            for item in batch:
+                _no_verdict(item.done, item.token, err)
+            return
         except Exception as err:  # noqa: BLE001 - never leave a deliver() waiting forever
             # A bug, not the collector's answer: retrying the batch would raise again, for
             # ever with unlimited attempts (no verdict, commits held). Each event goes alone,
