@@ -5,13 +5,18 @@ its writer saw (``after``) and the claim itself, and the view read the log from 
 before ``after + 1`` (else it cannot tell, and the claim is ignored); a counting claim
 makes its writer the holder, whatever came before. The holder's *release* frees the lease;
 records of anyone else (a holder taken over, a claim that did not count) change nothing
-but the log end. A view that did not start at the log's first offset and saw no counting
-claim is *unknown*: it cannot tell a free lease from a held one.
+but the log end, except heartbeats: one written while no one holds the lease (a redrive
+whose claim the log no longer shows: the topic was deleted or replaced under it) makes
+the lease not free until its writer releases or a claim counts, and a second one of the
+same redrive while another holds it makes the lease *contested* (two redrives each
+believe they hold it: the holder gives it up). A view that did not start at the log's
+first offset and saw no counting claim is *unknown*: it cannot tell a free lease from a
+held one.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import orjson
 
@@ -58,6 +63,12 @@ class LockView:
     holder_last: LockRecord | None = None
     #: The last heartbeat of anyone (names a holder when the state is unknown).
     last_beat: LockRecord | None = None
+    #: A heartbeat written while no one held the lease: its writer may believe it does.
+    stray_beat: LockRecord | None = None
+    #: Heartbeats of other redrives since the holder's claim, per redrive.
+    rival_beats: dict[str, int] = field(default_factory=dict)
+    #: A redrive that wrote a second heartbeat while another held the lease.
+    contested: LockRecord | None = None
     #: The offset of the last record applied (start - 1: none yet).
     last: int = -1
 
@@ -71,7 +82,7 @@ class LockView:
 
     @property
     def free(self) -> bool:
-        return self.known and self.holder is None
+        return self.known and self.holder is None and self.stray_beat is None
 
     @property
     def end(self) -> int:
@@ -83,12 +94,23 @@ class LockView:
             if r.after is not None and r.after + 1 >= self.start and self.last <= r.after:
                 self.holder = self.holder_last = r
                 self.known = True
+                self.stray_beat = self.contested = None
+                self.rival_beats = {}
         elif r.op == "heartbeat":
             self.last_beat = r
-            if self.holder is not None and r.holder == self.holder.holder:
+            if self.holder is None:
+                self.stray_beat = r
+            elif r.holder == self.holder.holder:
                 self.holder_last = r
-        elif r.op == "release" and self.holder is not None and r.holder == self.holder.holder:
-            self.holder = self.holder_last = None
+            else:  # a holder taken over writes one at most, while it reads the claim that took it
+                seen = self.rival_beats[r.holder] = self.rival_beats.get(r.holder, 0) + 1
+                if seen > 1:
+                    self.contested = r
+        elif r.op == "release":
+            if self.holder is not None and r.holder == self.holder.holder:
+                self.holder = self.holder_last = None
+            elif self.holder is None and self.stray_beat is not None and r.holder == self.stray_beat.holder:
+                self.stray_beat = None
         self.last = max(self.last, r.offset)
 
     def apply_all(self, records: list[LockRecord]) -> None:
@@ -102,4 +124,6 @@ class LockView:
                     f"(its last record was written at {last or '?'})")
         beat = self.last_beat
         named = f"; its last heartbeat is from host {beat.host}, pid {beat.pid} at {beat.at}" if beat else ""
+        if self.known:  # a heartbeat with no claim before it
+            return f"held by a redrive whose claim is not in its log (deleted or replaced?){named}"
         return f"in a state its log no longer shows (the last holder's claim is not in the records read){named}"

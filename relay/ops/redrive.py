@@ -53,14 +53,24 @@ class RedriveSummary:
     #: ``--offsets`` that name no record of the dead-letter topic.
     missing: list[str] = field(default_factory=list)
     committed: dict[int, int] = field(default_factory=dict)
+    #: Records handed to the producer and dropped when the redrive stopped: not marked,
+    #: they stay pending, though they may have been written.
+    unconfirmed: int = 0
+    #: Why the redrive stopped, when it did (the summary's "not confirmed" row says it).
+    stopped_by: str = "stopped"
 
     def render(self, target: str, dry_run: bool, group: str) -> str:
         verb = "would re-drive" if dry_run else "re-driven"
         rows = [("records scanned", self.scanned), ("already re-driven", self.already),
                 ("not selected", self.not_selected), (verb, self.redriven),
                 ("routed to no collector", self.not_routed), ("failed", len(self.failures))]
+        if self.unconfirmed:
+            rows.append(("not confirmed", self.unconfirmed))
         lines = [f"redrive -> {target}{' (dry run)' if dry_run else ''}"]
         lines += [f"  {name:<22} {value}" for name, value in rows]
+        if self.unconfirmed:
+            lines.append(f"  NOT CONFIRMED ({self.stopped_by}; may have arrived): {self.unconfirmed} record(s) "
+                         f"handed to the producer were dropped unacknowledged; not marked, they stay pending")
         for record, why in self.failures[:_FAILURES_SHOWN]:
             lines.append(f"  FAILED {record.ref} ({record.reason}, from {record.source or '?'}): {why[:300]}")
         if len(self.failures) > _FAILURES_SHOWN:
@@ -122,6 +132,9 @@ class Selection:
 def check_selection(args: argparse.Namespace) -> None:
     """Refuse a redrive that names no records: ``--reason``, ``--offsets`` or ``--all`` is
     required (``--all`` alone), except for ``--dry-run``, which changes nothing."""
+    if args.reason is not None and not args.reason.strip():
+        raise OpsError("--reason is empty: name a reason, as `dlq list` shows them (an empty one would select "
+                       "every record); --all re-drives every pending record")
     chosen = args.reason is not None or bool(args.offsets)
     if args.all and chosen:
         raise OpsError("--all re-drives every pending record: it excludes --reason and --offsets; "
@@ -155,6 +168,7 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
     try:
         code = _redrive(args, config, stream, summary, lock)
     except LeaseLost as lost:
+        summary.stopped_by = "lease lost"
         print(summary.render(target, args.dry_run, group_id(config.kafka)))
         raise OpsError(_stopped_message(lost, summary)) from lost
     finally:

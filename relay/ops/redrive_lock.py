@@ -1,17 +1,24 @@
 """One ``dlq redrive`` at a time per dead-letter topic: a lease in ``<dlq_topic>.redrive-lock``.
 
 The lock topic has one partition, kept for ever (``retention.ms``/``retention.bytes`` -1,
-``cleanup.policy=delete``); its log orders every record. A redrive *claims* the lease with a
-record naming the log end it saw (``after``); the claim counts only when no record came
-between that end and the claim (a compare-and-set on the log, checked by reading back: no
-state before ``after`` is needed, so a log cut by retention cannot make a claim count). The
-holder then writes a *heartbeat* every ``heartbeat_s`` and reads it back; one that finds a
-counting claim of another redrive before it means the lease was taken over. It ends with a
-*release*. A redrive that finds the lease held (or cannot tell: the claim of the last holder
-is no longer in the log) watches the log: a heartbeat means the holder lives, and the
-redrive exits 2 naming it (host, pid, since when); ``takeover_s`` of silence (no record at
-all) and it claims, after the end it watched, so that any heartbeat written meanwhile makes
-its claim not count. A released lease is claimed at once.
+``cleanup.policy=delete``: created so when missing, an existing one with another partition
+count or policy refused, :mod:`relay.ops.lock_topic`); its log orders every record. A
+redrive *claims* the lease with a record naming the log end it saw (``after``); the claim
+counts only when no record came between that end and the claim (a compare-and-set on the
+log, checked by reading back: no state before ``after`` is needed, so a log cut by
+retention cannot make a claim count). The holder then writes a *heartbeat* every
+``heartbeat_s`` and reads it back; only one read back as the last record extends the
+lease. The lease is lost when the read finds a counting claim of another redrive (taken
+over), when the heartbeat lands before the log end the holder knew (the topic was deleted
+or replaced: another redrive may have claimed the new log unseen), or when another redrive
+wrote two heartbeats meanwhile (both believe they hold it). It ends with a *release*.
+
+A redrive that finds the lease held (or cannot tell: the claim of the last holder is no
+longer in the log, or a heartbeat has no claim before it, as in a log deleted under its
+holder) watches the log: a heartbeat means the holder lives, and the redrive exits 2 naming
+it (host, pid, since when); ``takeover_s`` of silence (no record at all) and it claims,
+after the end it watched, so that any heartbeat written meanwhile makes its claim not
+count. A released lease is claimed at once.
 
 Lease times are read on ``CLOCK_BOOTTIME``, which counts suspend. The holder's lease runs
 until ``holder_s`` after the *send* of its last record found in place (claim or heartbeat;
@@ -25,16 +32,18 @@ its log: two redrives never both send (the waiting one claims ``takeover_s`` aft
 it saw, the holder stops ``holder_s`` after sending a record before that end; ``holder_s`` <
 ``takeover_s``), and the second one to claim refuses. Not guaranteed: a holder paused
 between its last check and a send (or with records already handed to Kafka) may still send
-those after the lease passed: the HTTP request in flight per collector worker, or for
-``--to-topic`` at most :data:`relay.ops.redrive_targets.TOPIC_FLUSH_EVERY` records handed
-to the producer; delivery stays at least once, a collector or the input topic may see such a
-record twice. A crash without release leaves the lease to expire: the next redrive waits
-``takeover_s``. ``dlq list`` and ``--dry-run`` do not take the lease.
+those after the lease passed: the HTTP requests in flight (up to ``concurrency`` per
+collector; a batch counts as one, with all its events), or for ``--to-topic`` at most
+:data:`relay.ops.redrive_targets.TOPIC_FLUSH_EVERY` records handed to the producer;
+delivery stays at least once, a collector or the input topic may see such a record twice.
+A lock topic deleted under a holder, re-created and claimed before the holder's next
+heartbeat lands in it, lets both send until the holder's next heartbeat or two. A crash
+without release leaves the lease to expire: the next redrive waits ``takeover_s``. ``dlq
+list`` and ``--dry-run`` do not take the lease.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import socket
@@ -53,8 +62,8 @@ from relay.kafka_log import with_log
 from relay.logs import log_event
 from relay.ops import OpsError, kafka_error_text
 from relay.ops.kafka_range import UNREACHABLE_HINT, PartitionRange, open_consumer, read, watermarks
+from relay.ops.lock_topic import ensure_lock_topic
 from relay.ops.lock_view import LockRecord, LockView
-from relay.source.admin import connection_properties, create_topic
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,10 @@ class LeaseTiming:
     holder_s: float = 10.0
     #: How long a silent lease is watched before it is taken over (> holder_s: the margin).
     takeover_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_s < self.holder_s < self.takeover_s:
+            raise ValueError(f"lease times must keep 0 < heartbeat_s < holder_s < takeover_s, got {self}")
 
 
 #: The production timing; tests put smaller values here.
@@ -148,7 +161,8 @@ class RedriveLock:
         with self._state:
             if self._lost is None:
                 self._lost = err
-        log_event(log, logging.WARNING, "redrive_lease_lost", topic=self.topic, detail=str(err)[:300])
+        if not self._stop.is_set():  # released meanwhile: the redrive is over, nothing to tell
+            log_event(log, logging.WARNING, "redrive_lease_lost", topic=self.topic, detail=str(err)[:300])
 
     def _extend(self, sent_at: float) -> None:
         with self._state:
@@ -167,9 +181,11 @@ class RedriveLock:
                 view, end = self._watch(view, end)
             sent_at, view, end = self._claim(view, end)
             if view.holder is not None and view.holder.holder == self.me.holder:
+                if self._clock() >= sent_at + self.timing.holder_s:
+                    raise OpsError(f"claiming the redrive lock {self.topic} took over {self.timing.holder_s:g}s "
+                                   f"(slow broker?); run again")
                 with self._state:
                     self._valid_until = sent_at + self.timing.holder_s
-                self.check()  # reading it back may already have taken the lease's time
                 self._view = view
                 self._thread = threading.Thread(target=self._renew, name="redrive-lease", daemon=True)
                 self._thread.start()
@@ -177,17 +193,7 @@ class RedriveLock:
         raise LockHeld(f"the redrive lock {self.topic} keeps changing hands; run again later")
 
     def _open(self) -> None:
-        conn = connection_properties(self.kafka.producer_properties)
-        try:
-            create_topic(self.kafka.bootstrap_servers, self.topic, 1,
-                         {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"},
-                         client_properties=conn, replication_factor=self.kafka.topic_replication_factor)
-        except KafkaException as err:
-            raise OpsError(f"cannot create the redrive lock topic {self.topic}: {kafka_error_text(err)}; create it "
-                           f"(1 partition, retention.ms=-1, retention.bytes=-1) or grant the right to") from err
-        except concurrent.futures.TimeoutError as err:
-            raise OpsError(f"the broker did not answer the creation of {self.topic} within "
-                           f"{_REQUEST_S:g}s; {UNREACHABLE_HINT}") from err
+        ensure_lock_topic(self.kafka, self.topic)
         self._consumer = open_consumer(self.kafka, f"{self.kafka.group_id}.dlq-redrive",
                                        client_id="lineage-relay-ops-lock")
         conf: dict[str, Any] = {**self.kafka.producer_properties, "bootstrap.servers": self.kafka.bootstrap_servers,
@@ -283,47 +289,65 @@ class RedriveLock:
     # -- renewing ---------------------------------------------------------------------
     def _renew(self) -> None:
         """Heartbeats until released or lost; any exception loses the lease."""
-        timing = self.timing
         end = self._view.end
-        while not self._stop.wait(timing.heartbeat_s):
+        while not self._stop.wait(self.timing.heartbeat_s):
             try:
-                with self._state:
-                    self._expire_locked()
-                    lost = self._lost
-                    left = (self._valid_until or 0.0) - self._clock()
-                if lost is not None:
-                    self._lose(lost)
+                end = self._beat(end)
+            except OpsError as err:  # not renewed this time; the lease runs out if it lasts
+                if isinstance(err, LeaseLost):
+                    self._lose(err)
                     return
-                self._seq += 1
-                beat = replace(self.me, op="heartbeat", seq=self._seq, at=_now_iso())
-                sent_at = self._clock()
-                try:
-                    offset = self._produce(beat, timeout_s=max(0.1, left))
-                    records = self._read(end, offset + 1, deadline=time.monotonic() + max(0.1, left))
-                except OpsError as err:  # not renewed this time; the lease runs out if it lasts
-                    log_event(log, logging.WARNING, "redrive_lease_not_renewed", topic=self.topic,
-                              detail=str(err)[:300])
-                    continue
-                self._view.apply_all(records)
-                end = offset + 1
-                holder = self._view.holder
-                if holder is None or holder.holder != self.me.holder:
-                    self._lose(LeaseLost(f"the redrive lock {self.topic} was taken over by "
-                                         f"{_who(holder)}", taken_by=holder))
-                    return
-                self._extend(sent_at)
+                log_event(log, logging.WARNING, "redrive_lease_not_renewed", topic=self.topic,
+                          detail=str(err)[:300])
             except Exception as err:  # noqa: BLE001 - whatever it is, the lease cannot be vouched for
                 self._lose(LeaseLost(f"renewing the redrive lock {self.topic} failed: {type(err).__name__}: {err}"))
                 return
 
+    def _beat(self, end: int) -> int:
+        """Write a heartbeat and read the log back from ``end`` to it: the lease is extended
+        when the last record read is this heartbeat and no other redrive holds the lease.
+        Returns where to read on from; raises :class:`LeaseLost`, or :class:`OpsError`
+        when the broker did not answer (not renewed)."""
+        with self._state:
+            self._expire_locked()
+            if self._lost is not None:
+                raise self._lost
+            left = (self._valid_until or 0.0) - self._clock()
+        self._seq += 1
+        beat = replace(self.me, op="heartbeat", seq=self._seq, at=_now_iso())
+        sent_at = self._clock()
+        offset = self._produce(beat, timeout_s=max(0.1, left))
+        if offset < end:
+            raise LeaseLost(f"the log of the redrive lock {self.topic} went back (a heartbeat landed at offset "
+                            f"{offset}, before {end}): the topic was deleted or replaced, so another redrive may "
+                            f"have claimed the lock without this one seeing it")
+        records = self._read(end, offset + 1, deadline=time.monotonic() + max(0.1, left))
+        view = self._view
+        view.apply_all(records)
+        holder = view.holder
+        if holder is None or holder.holder != self.me.holder:
+            raise LeaseLost(f"the redrive lock {self.topic} was taken over by {_who(holder)}", taken_by=holder)
+        if view.contested:
+            raise LeaseLost(f"another redrive writes heartbeats to the redrive lock {self.topic} as if it held it "
+                            f"({_who(view.contested)}): the lock's log was deleted or altered; both stop")
+        last = records[-1] if records else None
+        if last is None or last.offset != offset or last.holder != self.me.holder or last.seq != self._seq:
+            log_event(log, logging.WARNING, "redrive_lease_not_renewed", topic=self.topic,
+                      detail=f"the record read back at offset {offset} is not this heartbeat")
+            return max(end, view.end)
+        self._extend(sent_at)
+        return offset + 1
+
     def release(self) -> None:
         """Stop renewing and, if still held, write a release (a few seconds at most: a
-        release not written lets the lease expire)."""
+        release not written lets the lease expire). A renewal still busy after that is left
+        to end on its own, with the clients it uses."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(_RELEASE_S)
+        done = self._thread is None or not self._thread.is_alive()
         try:
-            if self._thread is not None and not self._thread.is_alive() and self._lost is None:
+            if self._thread is not None:
                 with self._state:
                     self._expire_locked()
                     held = self._lost is None
@@ -332,10 +356,10 @@ class RedriveLock:
         except OpsError as err:
             log_event(log, logging.WARNING, "redrive_lock_not_released", topic=self.topic, detail=str(err)[:300])
         finally:
-            if self._producer is not None:
+            if done and self._producer is not None:
                 self._producer.purge()
                 self._producer = None
-            if self._consumer is not None and (self._thread is None or not self._thread.is_alive()):
+            if done and self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
 

@@ -41,6 +41,8 @@ _ACK_TIMEOUT_S = 60.0
 #: ``--to-topic`` waits for every record produced to be acknowledged after this many: at
 #: most these can still be written after the lease is lost (relay.ops.redrive_lock).
 TOPIC_FLUSH_EVERY = 50
+#: What a record dropped by ``purge()`` is reported with.
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 def _gone(record: DeadLetter, at: SourceRef | None, err: ValueGone | None = None) -> str:
@@ -92,13 +94,16 @@ class TopicRedrive:
         topics = self._config.kafka.topics
         kafka = self._config.kafka
         names = frozenset(c.name for c in self._config.collectors)
-        conf = {**kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
-                "enable.idempotence": True, "acks": "all", "linger.ms": 20}
+        conf = {"linger.ms": 20, **kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
+                "enable.idempotence": True, "acks": "all"}
         producer = Producer(with_log(conf))
         stopped = False
 
         def done(record: DeadLetter, topic: str, err: KafkaError | None) -> None:
             bar.advance()
+            if err is not None and stopped and err.code() in _PURGED:
+                summary.unconfirmed += 1  # dropped by the stop: perhaps written, not known
+                return
             if err is not None:
                 summary.failures.append((record, f"producing to {topic} failed: {err}"))
                 return
@@ -116,8 +121,9 @@ class TopicRedrive:
                                    f"What was re-driven before is remembered: run redrive again")
                 producer.poll(0.1)  # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly
 
+        produced = 0  # since the producer last held nothing
         try:
-            for i, (record, at) in enumerate(self._chosen):
+            for record, at in self._chosen:
                 try:
                     value = self._values.get(at)
                 except ValueGone as err:
@@ -134,8 +140,9 @@ class TopicRedrive:
                     have = have | (names - {record.collector})
                 if have:  # an earlier redrive (or the relay) reached these: the relay leaves them out
                     headers.append((REDRIVEN_HAVE, ",".join(sorted(have)).encode()))
-                if i and i % TOPIC_FLUSH_EVERY == 0:
-                    drain(f"none of the last {TOPIC_FLUSH_EVERY} records produced")
+                if produced >= TOPIC_FLUSH_EVERY:
+                    drain(f"none of the last {produced} records produced")
+                    produced = 0
                 deadline = time.monotonic() + _ACK_TIMEOUT_S
                 while True:
                     guard()
@@ -149,6 +156,7 @@ class TopicRedrive:
                                            f"{_ACK_TIMEOUT_S:g}s; is it reachable? What was re-driven before "
                                            f"is remembered: run redrive again") from None
                         producer.poll(0.1)
+                produced += 1
                 producer.poll(0)
             drain("not every record produced")
         except KafkaException as err:  # e.g. made fatal by the broker's answer
@@ -164,10 +172,13 @@ class TopicRedrive:
 
 def _purge(producer: Producer) -> None:
     """Drop what ``producer`` still holds (queued, and in flight: not retried); what was on
-    the wire may still be written. Their delivery reports come as failures."""
+    the wire may still be written. Their delivery reports come as ``_PURGE_*`` errors,
+    counted as not confirmed."""
     try:
         producer.purge()
-        producer.poll(0)
+        deadline = time.monotonic() + 1.0  # the reports of records purged in flight come a little later
+        while len(producer) and time.monotonic() < deadline:
+            producer.poll(0.05)
     except KafkaException:
         pass
 

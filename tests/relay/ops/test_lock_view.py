@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from relay.ops.lock_view import LockRecord, LockView
 
 
@@ -62,5 +64,32 @@ def test_records_round_trip_and_an_unreadable_one_counts_only_as_a_record():
     assert LockRecord.parse(4, record.dumps()) == LockRecord(**{**record.__dict__, "offset": 4})
     junk = LockRecord.parse(5, b"not json")
     assert junk.op == "unknown"
-    view = view_of([claim(0, "a", after=-1), junk.__class__(**{**junk.__dict__, "offset": 1}), claim(2, "b", after=0)])
+    view = view_of([claim(0, "a", after=-1), replace(junk, offset=1), claim(2, "b", after=0)])
     assert view.holder.holder == "a", "a record between its end and the claim: it does not count"
+
+
+def test_a_heartbeat_with_no_claim_before_it_is_not_a_free_lease():
+    """The lock topic was deleted (or replaced) under a holder: the new log, read from its
+    start, shows its heartbeats but no claim. That lease is not free (a claimant watches
+    first) until its writer releases, or a claim counts."""
+    view = view_of([beat(0, "a"), beat(1, "a")])
+    assert view.known and view.holder is None and not view.free
+    assert "whose claim is not in its log" in view.describe_holder()
+    view.apply(release(2, "a"))
+    assert view.free
+    # After a release, a late heartbeat of anyone makes it not free either.
+    view = view_of([claim(0, "a", after=-1), release(1, "a"), beat(2, "b")])
+    assert not view.free
+    view.apply(claim(3, "c", after=2))
+    assert view.holder.holder == "c" and not view.free
+
+
+def test_a_second_heartbeat_of_another_redrive_under_a_holder_contests_the_lease():
+    """One heartbeat of a redrive taken over is expected (it reads the claim that took it
+    then); a second means it believes it still holds the lease."""
+    view = view_of([claim(0, "a", after=-1), beat(1, "b"), beat(2, "a")])
+    assert view.holder.holder == "a" and view.contested is None
+    view.apply(beat(3, "b"))
+    assert view.contested is not None and view.contested.holder == "b"
+    view.apply(claim(4, "c", after=3))
+    assert view.contested is None, "a claim that counts starts afresh"

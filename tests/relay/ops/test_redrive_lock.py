@@ -12,23 +12,23 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import orjson
 import pytest
 import yaml
-from aiohttp import web
+from confluent_kafka import Producer
 
 from relay.cli import main as cli
 from relay.config import RelayConfig
-from relay.embedded.broker import free_port
-from relay.embedded.collector import AppThread, RecordingCollector
+from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from relay.ops.ledger import RedriveLedger
 from relay.ops.redrive_lock import LeaseTiming
+from relay.source.admin import create_topic
 from tests.support.dead_letters import write_dead_letters
+from tests.support.gated_collector import GatedCollector
 from tests.support.kafka import committed_offsets, end_offsets, process_state, read_to_end
 from tests.support.relay import eventually, relay_config
 
@@ -36,46 +36,7 @@ pytestmark = pytest.mark.kafka
 
 ROOT = Path(__file__).resolve().parents[3]
 #: Small leases for the tests that wait one out; the machine may be slow: wide margins.
-FAST = LeaseTiming(heartbeat_s=0.5, holder_s=5.0, takeover_s=10.0)
-
-
-class GatedCollector:
-    """Takes each event, and answers (201) only once :meth:`open` was called: a redrive
-    sending to it waits in its first request for as long as the test wants."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self._gate = threading.Event()
-        self._lock = threading.Lock()
-        app = web.Application()
-        app.router.add_post("/api/v1/lineage", self._handle)
-        self._thread = AppThread(app, "127.0.0.1", free_port(), name="gated-collector")
-        self.url = ""
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        with self._lock:
-            self.bodies.append(body)
-        # A wait on the test's signal, bounded (the collector's timeout in the config is longer).
-        import asyncio
-        await asyncio.get_running_loop().run_in_executor(None, self._gate.wait, 240)
-        return web.Response(status=201)
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return len(self.bodies)
-
-    def open(self) -> None:
-        self._gate.set()
-
-    def __enter__(self) -> GatedCollector:
-        self.url = f"http://127.0.0.1:{self._thread.start()}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._gate.set()
-        self._thread.stop()
+FAST = LeaseTiming(heartbeat_s=0.5, holder_s=8.0, takeover_s=16.0)
 
 
 def write_config(path: Path, config: RelayConfig) -> str:
@@ -275,3 +236,62 @@ def test_a_lease_lost_while_records_go_back_to_the_topic_stops_them_and_commits_
         assert len(back) == 2 and marked == [0, 1], f"{len(back)} of {setup.count} records went back: {out}{err}"
         assert setup.position() < 0, "a position was committed after the loss"
         assert re.search(rf"re-driven\s+{len(back)}$", out, re.MULTILINE), out
+
+
+def test_records_lingering_in_the_producer_when_the_lease_is_lost_are_dropped_not_written(
+        kafka, tmp_path, capsys, monkeypatch):
+    """``--to-topic`` with ``linger.ms`` of a minute in the producer properties: three
+    records are queued (none sent yet) when the redrive's clock jumps an hour. Checked
+    before the fourth, the lease is lost: the queued ones are purged, so the topic gets
+    none, no marker is written, no position committed; the summary counts them as not
+    confirmed, not as failures."""
+    produced: list[int] = []
+
+    class CountingProducer(Producer):
+        def produce(self, *args, **kwargs):
+            super().produce(*args, **kwargs)
+            produced.append(1)
+
+    monkeypatch.setattr("relay.ops.redrive_targets.Producer", CountingProducer)
+    monkeypatch.setattr("relay.ops.redrive_lock.boot_clock",
+                        lambda: time.monotonic() + (3600.0 if len(produced) >= 3 else 0.0))
+    with RecordingCollector() as a:
+        setup = Setup(kafka, tmp_path, a.url, a.url)
+        topic = kafka.new_topic("ol")
+        config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url}, group=setup.group, dlq=setup.dlq)
+        config = config.model_copy(update={"kafka": config.kafka.model_copy(
+            update={"producer_properties": {"linger.ms": "60000"}})})
+        path = write_config(tmp_path / "topic.yaml", config)
+        started = time.monotonic()
+        code = cli(["dlq", "redrive", "--config", path, "--all", "--to-topic"])
+        out, err = capsys.readouterr()
+        assert time.monotonic() - started < 50, "it waited for the records to linger"
+        assert code == 2, out + err
+        assert len(produced) == 3, produced
+        assert "This redrive stopped" in err, err
+        assert read_to_end(kafka.bootstrap_servers, topic) == [], "a queued record was written after the loss"
+        assert end_offsets(kafka.bootstrap_servers, f"{setup.dlq}.redriven") == {0: 0}, "markers written"
+        assert setup.position() < 0, "a position was committed after the loss"
+        assert re.search(r"^\s+not confirmed\s+3$", out, re.MULTILINE), out
+        assert re.search(r"^\s+failed\s+0$", out, re.MULTILINE), out
+        assert "NOT CONFIRMED (lease lost; may have arrived): 3 record(s)" in out, out
+
+
+@pytest.mark.parametrize(("partitions", "config", "wrong"), [
+    (1, {"cleanup.policy": "compact"}, "cleanup.policy=compact"),
+    (2, {"cleanup.policy": "delete"}, "2 partitions"),
+])
+def test_a_lock_topic_that_cannot_keep_the_lock_is_refused_naming_the_fix(kafka, tmp_path, capsys, partitions,
+                                                                           config, wrong):
+    """Compaction would keep only the last record (a claim could vanish under its holder);
+    several partitions would not order the records. Such a topic, created beforehand, is
+    refused before anything is sent."""
+    with RecordingCollector() as a:
+        setup = Setup(kafka, tmp_path, a.url, a.url)
+        create_topic(kafka.bootstrap_servers, f"{setup.dlq}.redrive-lock", partitions, config)
+        code, out, err, _ = redrive_in_process(capsys, setup.first)
+        assert code == 2, out + err
+        assert f"the redrive lock topic {setup.dlq}.redrive-lock has {wrong}: the lock needs one ordered log" in err
+        assert "(1 partition, cleanup.policy=delete, retention.ms=-1, retention.bytes=-1)" in err, err
+        assert a.count == 0 and setup.position() < 0
+        assert read_to_end(kafka.bootstrap_servers, f"{setup.dlq}.redrive-lock") == [], "it wrote to the topic"

@@ -70,6 +70,15 @@ def test_all_with_a_selector_is_refused(kafka, pending, capsys, other):
     assert a.count == 0 and nothing_committed(kafka, config)
 
 
+@pytest.mark.parametrize("reason", ["", "  "])
+def test_an_empty_reason_is_refused_not_taken_for_every_record(kafka, pending, capsys, reason):
+    path, config, a, _ = pending
+    code, out, err = redrive(capsys, path, "--reason", reason)
+    assert code == 2, out + err
+    assert "--reason is empty: name a reason, as `dlq list` shows them" in err, err
+    assert a.count == 0 and nothing_committed(kafka, config)
+
+
 def test_dry_run_alone_previews_every_pending_record(kafka, pending, capsys):
     path, config, a, stream = pending
     code, out, err = redrive(capsys, path, "--dry-run")

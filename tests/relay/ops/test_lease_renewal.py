@@ -1,0 +1,182 @@
+"""A redrive lease (relay.ops.redrive_lock) against a lock log kept in memory. The holder's
+heartbeat (``RedriveLock._beat``): only one read back as the last record extends the
+lease; a takeover, a log that went back (topic deleted or replaced) or a second heartbeat
+of another redrive loses it. The claimant: heartbeats with no claim before them (a log
+deleted under its holder) are watched like a held lease, not claimed at once."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from relay.ops.lock_view import LockRecord, LockView
+from relay.ops.redrive_lock import LeaseLost, LeaseTiming, LockHeld, RedriveLock
+from tests.support.relay import relay_config
+
+TIMING = LeaseTiming(heartbeat_s=2.0, holder_s=10.0, takeover_s=20.0)
+
+
+class MemoryLog:
+    """The lock topic's one partition: records with their offsets."""
+
+    def __init__(self, first_offset: int = 0) -> None:
+        self.records: list[LockRecord] = []
+        self.next = first_offset
+        #: Replaces the record produced before it is stored (a broker that loses or alters it).
+        self.alter = None
+
+    def append(self, record: LockRecord) -> int:
+        offset = self.next
+        self.next += 1
+        stored = replace(record, offset=offset)
+        self.records.append(stored if self.alter is None else self.alter(stored))
+        return offset
+
+    def read(self, start: int, end: int, deadline: float | None = None) -> list[LockRecord]:
+        return [r for r in self.records if start <= r.offset < end]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def on_log(log: MemoryLog, timing: LeaseTiming = TIMING, **kwargs) -> RedriveLock:
+    """A lock whose topic is ``log``."""
+    kafka = relay_config("127.0.0.1:9", "t", {"a": "http://127.0.0.1:9"}, group="g", dlq="d").kafka
+    lock = RedriveLock(kafka, timing=timing, **kwargs)
+    lock._open = lambda: None  # type: ignore[method-assign]
+    lock._end = lambda: (0, log.next)  # type: ignore[method-assign]
+    lock._produce = lambda record, timeout_s=0.0: log.append(record)  # type: ignore[method-assign]
+    lock._read = log.read  # type: ignore[method-assign]
+    return lock
+
+
+def holding(log: MemoryLog, clock: Clock) -> RedriveLock:
+    """A lock that claimed the lease in ``log`` just now (what ``acquire`` leaves)."""
+    lock = on_log(log, clock=clock)
+    log.append(replace(lock.me, after=log.next - 1))
+    lock._view = LockView.starting_at(0, from_log_start=True)
+    lock._view.apply_all(log.read(0, log.next))
+    lock._valid_until = clock() + TIMING.holder_s
+    return lock
+
+
+def other(holder: str, op: str = "heartbeat", **fields) -> LockRecord:
+    return LockRecord(op=op, holder=holder, host="elsewhere", pid=4242, since="then", **fields)
+
+
+def test_a_heartbeat_read_back_last_extends_the_lease():
+    log, clock = MemoryLog(), Clock()
+    lock = holding(log, clock)
+    clock.now += 3
+    end = lock._beat(lock._view.end)
+    assert end == log.next == 2 and lock._valid_until == clock.now + TIMING.holder_s
+    lock.check()
+
+
+def test_a_counting_claim_of_another_redrive_before_the_heartbeat_takes_the_lease_over():
+    log, clock = MemoryLog(), Clock()
+    lock = holding(log, clock)
+    end = lock._view.end
+    log.append(other("b", op="claim", after=end - 1))
+    with pytest.raises(LeaseLost, match=r"was taken over by the redrive of host elsewhere, pid 4242") as lost:
+        lock._beat(end)
+    assert lost.value.taken_by is not None and lost.value.taken_by.holder == "b"
+
+
+def test_a_heartbeat_landing_before_the_known_end_means_a_new_log_and_loses_the_lease():
+    """The topic was deleted and created again: the new log is shorter than the one the
+    holder read. Another redrive may have claimed it (or soon will) without this one seeing."""
+    log, clock = MemoryLog(), Clock()
+    lock = holding(log, clock)
+    for _ in range(5):
+        end = lock._beat(lock._view.end)
+    fresh = MemoryLog()
+    lock._produce = lambda record, timeout_s=0.0: fresh.append(record)  # type: ignore[method-assign]
+    lock._read = fresh.read  # type: ignore[method-assign]
+    with pytest.raises(LeaseLost, match="went back .* the topic was deleted or replaced"):
+        lock._beat(end)
+
+
+def test_a_heartbeat_not_read_back_as_the_last_record_does_not_extend_the_lease():
+    """A log that does not hold the heartbeat where it was acknowledged (replaced, altered)
+    vouches for nothing: the lease runs out unless a later heartbeat is found in place."""
+    log, clock = MemoryLog(), Clock()
+    lock = holding(log, clock)
+    before = lock._valid_until
+    log.alter = lambda stored: replace(stored, seq=stored.seq + 7)
+    clock.now += 3
+    lock._beat(lock._view.end)
+    assert lock._valid_until == before
+    clock.now = before
+    with pytest.raises(LeaseLost, match="ran out"):
+        lock.check()
+
+
+def test_two_heartbeats_of_another_redrive_under_this_holder_lose_the_lease():
+    """Two redrives each believe they hold it (a new log claimed by one, the other's end
+    coinciding): each sees the other's heartbeats, and gives the lease up."""
+    log, clock = MemoryLog(), Clock()
+    lock = holding(log, clock)
+    log.append(other("b"))
+    end = lock._beat(lock._view.end)  # one: a holder taken over may write one
+    log.append(other("b"))
+    with pytest.raises(LeaseLost, match="writes heartbeats to the redrive lock .* as if it held it"):
+        lock._beat(end)
+
+
+#: Short, for the claimant tests that wait for real (the watch polls every heartbeat_s / 2).
+QUICK = LeaseTiming(heartbeat_s=0.05, holder_s=0.5, takeover_s=1.0)
+
+
+def test_heartbeats_with_no_claim_before_them_are_watched_before_the_lease_is_claimed():
+    """The log was deleted under holder ``a``: the new one holds only its heartbeats. The
+    claimant waits ``takeover_s`` of silence first, then claims after them."""
+    log = MemoryLog()
+    log.append(other("a"))
+    log.append(other("a"))
+    said: list[str] = []
+    lock = on_log(log, QUICK, say=said.append)
+    started = time.monotonic()
+    lock.acquire()
+    try:
+        assert time.monotonic() - started >= QUICK.takeover_s
+        assert "held by a redrive whose claim is not in its log" in said[0], said
+        claim = log.records[2]
+        assert claim.op == "claim" and claim.holder == lock.me.holder and claim.after == 1
+    finally:
+        lock.release()
+
+
+def test_a_heartbeat_while_watching_a_claimless_lease_refuses_naming_its_writer():
+    log = MemoryLog()
+    log.append(other("a"))
+    lock = on_log(log, QUICK)
+    ends = 0
+
+    def end() -> tuple[int, int]:
+        nonlocal ends
+        ends += 1
+        if ends == 3:  # the holder of the deleted log lives: its next heartbeat
+            log.append(other("a"))
+        return 0, log.next
+
+    lock._end = end  # type: ignore[method-assign]
+    with pytest.raises(LockHeld, match="another redrive of this dead-letter topic is running: host elsewhere, "
+                                       "pid 4242"):
+        lock.acquire()
+    assert [r.op for r in log.records] == ["heartbeat", "heartbeat"], "it claimed nothing"
+
+
+@pytest.mark.parametrize("times", [dict(heartbeat_s=10.0, holder_s=10.0, takeover_s=20.0),
+                                   dict(heartbeat_s=2.0, holder_s=20.0, takeover_s=20.0),
+                                   dict(heartbeat_s=0.0, holder_s=10.0, takeover_s=20.0)])
+def test_lease_times_must_keep_their_order(times):
+    with pytest.raises(ValueError, match="0 < heartbeat_s < holder_s < takeover_s"):
+        LeaseTiming(**times)
