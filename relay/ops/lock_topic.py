@@ -5,8 +5,9 @@ The lock needs a log that keeps every record in order: one partition, ``cleanup.
 ``delete`` (compaction would leave only the last record of its one key, so a claim could
 vanish while its holder runs). :func:`ensure_lock_topic` creates the topic so (kept for
 ever: ``retention.ms``/``retention.bytes`` -1) and refuses one that exists otherwise,
-naming the fix. A retention that cuts the log is tolerated: a redrive that cannot see the
-last claim waits as for a silent holder.
+naming the fix, as one whose ``retention.ms`` or ``retention.bytes`` is not -1 (a log cut
+under a holder could lose its claim). A setting the broker does not report (Tansu reports
+only those set explicitly) is taken as fine.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ _REQUEST_S = 15.0
 def ensure_lock_topic(kafka: KafkaConfig, topic: str) -> None:
     """Create ``topic`` when it does not exist; raise :class:`~relay.ops.OpsError` naming
     the fix when the broker does not answer, the creation is refused, or an existing topic
-    has more than one partition or another ``cleanup.policy``."""
+    has more than one partition, another ``cleanup.policy`` or a retention other than -1."""
     conn = connection_properties(kafka.producer_properties)
     admin = AdminClient(with_log({**conn, "bootstrap.servers": kafka.bootstrap_servers}))
     try:
@@ -40,7 +41,7 @@ def ensure_lock_topic(kafka: KafkaConfig, topic: str) -> None:
         if partitions is None:
             _create(kafka, topic, conn)
             return
-        policy = _cleanup_policy(admin, topic)
+        configs = _configs(admin, topic)
     except KafkaException as err:
         raise OpsError(f"cannot inspect the redrive lock topic {topic}: {kafka_error_text(err)}; {UNREACHABLE_HINT} "
                        f"(the relay's credentials need DESCRIBE and DESCRIBE_CONFIGS on it)") from err
@@ -49,8 +50,7 @@ def ensure_lock_topic(kafka: KafkaConfig, topic: str) -> None:
     finally:
         del admin  # a raised error's traceback holds this frame: the client would live on
     wrong = [f"{partitions} partitions"] if partitions != 1 else []
-    if policy is not None and policy != "delete":
-        wrong.append(f"cleanup.policy={policy}")
+    wrong += [f"{key}={value}" for key, value in configs.items() if value != SETTINGS[key]]
     if wrong:
         raise OpsError(f"the redrive lock topic {topic} has {' and '.join(wrong)}: the lock needs one ordered log "
                        f"that keeps its records. Once no redrive runs, delete the topic (the next redrive creates "
@@ -66,12 +66,14 @@ def _partitions(admin: Any, topic: str) -> int | None:
     return len(metadata.partitions)
 
 
-def _cleanup_policy(admin: Any, topic: str) -> str | None:
-    """Its ``cleanup.policy``; None when the broker does not report it (its default, delete)."""
+def _configs(admin: Any, topic: str) -> dict[str, str]:
+    """Its values of the :data:`SETTINGS` keys the broker reports (one it does not report
+    is left out: Tansu reports only those set explicitly)."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     future = admin.describe_configs([resource], request_timeout=_REQUEST_S)[resource]
-    entry = future.result(timeout=_REQUEST_S).get("cleanup.policy")
-    return None if entry is None or entry.value is None else str(entry.value)
+    entries = future.result(timeout=_REQUEST_S)
+    return {key: str(entries[key].value) for key in SETTINGS
+            if key in entries and entries[key].value is not None}
 
 
 def _create(kafka: KafkaConfig, topic: str, conn: dict[str, str]) -> None:

@@ -170,7 +170,8 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
     except LeaseLost as lost:
         summary.stopped_by = "lease lost"
         print(summary.render(target, args.dry_run, group_id(config.kafka)))
-        raise OpsError(_stopped_message(lost, summary)) from lost
+        assert lock is not None  # only a lease is lost
+        raise OpsError(_stopped_message(lost, summary, lock.timing.takeover_s)) from lost
     finally:
         if lock is not None:
             lock.release()
@@ -178,11 +179,12 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
     return code
 
 
-def _stopped_message(lost: LeaseLost, summary: RedriveSummary) -> str:
+def _stopped_message(lost: LeaseLost, summary: RedriveSummary, takeover_s: float) -> str:
     holder = lost.taken_by
     then = (f"the redrive of host {holder.host}, pid {holder.pid} (holding the lock since {holder.since}) took it "
             f"over and goes on; `dlq list` shows what is still pending once it ends" if holder is not None else
-            "another redrive may take the lock over; once none runs, `dlq list` shows what is still pending")
+            f"run the redrive again: it re-drives what is still pending (`dlq list` shows it), once no other "
+            f"redrive holds the lock (a lock without a heartbeat is taken over after {takeover_s:g}s)")
     return (f"{lost}. This redrive stopped: {summary.redriven} record(s) were re-driven before (summary above); "
             f"after the loss was seen nothing more was sent or marked (an HTTP request in flight, or records already "
             f"handed to the producer, may still arrive), markers not yet written were dropped and no redrive "

@@ -2,11 +2,12 @@
 
 The lock topic has one partition, kept for ever (``retention.ms``/``retention.bytes`` -1,
 ``cleanup.policy=delete``: created so when missing, an existing one with another partition
-count or policy refused, :mod:`relay.ops.lock_topic`); its log orders every record. A
-redrive *claims* the lease with a record naming the log end it saw (``after``); the claim
-counts only when no record came between that end and the claim (a compare-and-set on the
-log, checked by reading back: no state before ``after`` is needed, so a log cut by
-retention cannot make a claim count). The holder then writes a *heartbeat* every
+count, policy or retention refused, :mod:`relay.ops.lock_topic`; the lock's clients never
+create it); its log orders every record. A redrive *claims* the lease with a record
+naming the log end it saw (``after``); the claim counts only when no record came between
+that end and the claim (a compare-and-set on the log, checked by reading back: no state
+before ``after`` is needed, so a log cut by retention cannot make a claim count; a claim
+that counted too late is released at once). The holder then writes a *heartbeat* every
 ``heartbeat_s`` and reads it back; only one read back as the last record extends the
 lease. The lease is lost when the read finds a counting claim of another redrive (taken
 over), when the heartbeat lands before the log end the holder knew (the topic was deleted
@@ -88,6 +89,7 @@ TIMING = LeaseTiming()
 MAX_REPLAY = 1 << 16
 _REQUEST_S = 15.0
 _RELEASE_S = 2.0
+_NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 
 
 def boot_clock() -> float:
@@ -182,6 +184,7 @@ class RedriveLock:
             sent_at, view, end = self._claim(view, end)
             if view.holder is not None and view.holder.holder == self.me.holder:
                 if self._clock() >= sent_at + self.timing.holder_s:
+                    self._write_release()  # the claim counts: else the next redrive waits it out
                     raise OpsError(f"claiming the redrive lock {self.topic} took over {self.timing.holder_s:g}s "
                                    f"(slow broker?); run again")
                 with self._state:
@@ -194,10 +197,12 @@ class RedriveLock:
 
     def _open(self) -> None:
         ensure_lock_topic(self.kafka, self.topic)
+        # Neither client creates the topic: one deleted under its holder must fail the
+        # heartbeats (the lease then runs out), not come back empty for another claim.
         self._consumer = open_consumer(self.kafka, f"{self.kafka.group_id}.dlq-redrive",
-                                       client_id="lineage-relay-ops-lock")
+                                       client_id="lineage-relay-ops-lock", overrides=_NO_AUTO_CREATE)
         conf: dict[str, Any] = {**self.kafka.producer_properties, "bootstrap.servers": self.kafka.bootstrap_servers,
-                                "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+                                "enable.idempotence": True, "acks": "all", "linger.ms": 0, **_NO_AUTO_CREATE}
         self._producer = Producer(with_log(conf))
 
     def _end(self) -> tuple[int, int]:
@@ -320,7 +325,7 @@ class RedriveLock:
         if offset < end:
             raise LeaseLost(f"the log of the redrive lock {self.topic} went back (a heartbeat landed at offset "
                             f"{offset}, before {end}): the topic was deleted or replaced, so another redrive may "
-                            f"have claimed the lock without this one seeing it")
+                            f"have claimed the lock without this one seeing it; {self._keep_the_topic}")
         records = self._read(end, offset + 1, deadline=time.monotonic() + max(0.1, left))
         view = self._view
         view.apply_all(records)
@@ -329,7 +334,8 @@ class RedriveLock:
             raise LeaseLost(f"the redrive lock {self.topic} was taken over by {_who(holder)}", taken_by=holder)
         if view.contested:
             raise LeaseLost(f"another redrive writes heartbeats to the redrive lock {self.topic} as if it held it "
-                            f"({_who(view.contested)}): the lock's log was deleted or altered; both stop")
+                            f"({_who(view.contested)}): the lock's log was deleted or altered; both stop; "
+                            f"{self._keep_the_topic}")
         last = records[-1] if records else None
         if last is None or last.offset != offset or last.holder != self.me.holder or last.seq != self._seq:
             log_event(log, logging.WARNING, "redrive_lease_not_renewed", topic=self.topic,
@@ -337,6 +343,11 @@ class RedriveLock:
             return max(end, view.end)
         self._extend(sent_at)
         return offset + 1
+
+    @property
+    def _keep_the_topic(self) -> str:
+        """The fix, with the advice to run again that ``dlq redrive`` adds (relay.ops.redrive)."""
+        return f"do not delete or alter {self.topic} while a redrive runs"
 
     def release(self) -> None:
         """Stop renewing and, if still held, write a release (a few seconds at most: a
@@ -352,9 +363,7 @@ class RedriveLock:
                     self._expire_locked()
                     held = self._lost is None
                 if held:
-                    self._produce(replace(self.me, op="release", at=_now_iso()), timeout_s=_RELEASE_S)
-        except OpsError as err:
-            log_event(log, logging.WARNING, "redrive_lock_not_released", topic=self.topic, detail=str(err)[:300])
+                    self._write_release()
         finally:
             if done and self._producer is not None:
                 self._producer.purge()
@@ -362,6 +371,14 @@ class RedriveLock:
             if done and self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
+
+    def _write_release(self) -> None:
+        """Write a release, waiting :data:`_RELEASE_S` at most; one not written is logged
+        (the lease then expires)."""
+        try:
+            self._produce(replace(self.me, op="release", at=_now_iso()), timeout_s=_RELEASE_S)
+        except OpsError as err:
+            log_event(log, logging.WARNING, "redrive_lock_not_released", topic=self.topic, detail=str(err)[:300])
 
 
 def _who(r: LockRecord | None) -> str:

@@ -41,6 +41,9 @@ _ACK_TIMEOUT_S = 60.0
 #: ``--to-topic`` waits for every record produced to be acknowledged after this many: at
 #: most these can still be written after the lease is lost (relay.ops.redrive_lock).
 TOPIC_FLUSH_EVERY = 50
+#: The ``--to-topic`` producer's ``linger.ms``, whatever the relay's producer properties say:
+#: the drain every :data:`TOPIC_FLUSH_EVERY` records waits for the records to linger.
+_LINGER_MS = 20
 #: What a record dropped by ``purge()`` is reported with.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
@@ -94,8 +97,8 @@ class TopicRedrive:
         topics = self._config.kafka.topics
         kafka = self._config.kafka
         names = frozenset(c.name for c in self._config.collectors)
-        conf = {"linger.ms": 20, **kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
-                "enable.idempotence": True, "acks": "all"}
+        conf = {**kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
+                "enable.idempotence": True, "acks": "all", "linger.ms": _LINGER_MS}
         producer = Producer(with_log(conf))
         stopped = False
 

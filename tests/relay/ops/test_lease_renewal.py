@@ -1,16 +1,20 @@
 """A redrive lease (relay.ops.redrive_lock) against a lock log kept in memory. The holder's
 heartbeat (``RedriveLock._beat``): only one read back as the last record extends the
 lease; a takeover, a log that went back (topic deleted or replaced) or a second heartbeat
-of another redrive loses it. The claimant: heartbeats with no claim before them (a log
+of another redrive loses it. Its release: written after a heartbeat in flight, and after a
+claim that counted too late. The claimant: heartbeats with no claim before them (a log
 deleted under its holder) are watched like a held lease, not claimed at once."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import replace
 
 import pytest
 
+from relay.ops import OpsError
 from relay.ops.lock_view import LockRecord, LockView
 from relay.ops.redrive_lock import LeaseLost, LeaseTiming, LockHeld, RedriveLock
 from tests.support.relay import relay_config
@@ -100,7 +104,8 @@ def test_a_heartbeat_landing_before_the_known_end_means_a_new_log_and_loses_the_
     fresh = MemoryLog()
     lock._produce = lambda record, timeout_s=0.0: fresh.append(record)  # type: ignore[method-assign]
     lock._read = fresh.read  # type: ignore[method-assign]
-    with pytest.raises(LeaseLost, match="went back .* the topic was deleted or replaced"):
+    with pytest.raises(LeaseLost, match="went back .* the topic was deleted or replaced.*; do not delete or alter "
+                                        "d.redrive-lock while a redrive runs"):
         lock._beat(end)
 
 
@@ -127,8 +132,117 @@ def test_two_heartbeats_of_another_redrive_under_this_holder_lose_the_lease():
     log.append(other("b"))
     end = lock._beat(lock._view.end)  # one: a holder taken over may write one
     log.append(other("b"))
-    with pytest.raises(LeaseLost, match="writes heartbeats to the redrive lock .* as if it held it"):
+    with pytest.raises(LeaseLost, match="writes heartbeats to the redrive lock .* as if it held it.*; do not "
+                                        "delete or alter d.redrive-lock while a redrive runs"):
         lock._beat(end)
+
+
+class Client:
+    """Stands for the lock's producer and consumer: whether it was closed (or purged)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    purge = close
+
+
+def test_a_release_while_a_heartbeat_is_in_flight_is_written_after_it_and_loses_nothing(monkeypatch, caplog):
+    """``release()`` stops waiting for the renewal after ``_RELEASE_S`` while its heartbeat
+    is still unacknowledged. The release is still written, after the heartbeat (a
+    producer writes in the order produced); the renewal then ends without reporting a
+    lost lease, and the clients it uses stay open while it lives."""
+    caplog.set_level(logging.WARNING, logger="relay.ops.redrive_lock")
+    monkeypatch.setattr("relay.ops.redrive_lock._RELEASE_S", 0.2)
+    log = MemoryLog()
+    lock = on_log(log, LeaseTiming(heartbeat_s=0.05, holder_s=60.0, takeover_s=120.0))
+    producer, consumer = Client(), Client()
+    in_order = threading.Lock()
+    beat_sent, beat_answered, release_sent = threading.Event(), threading.Event(), threading.Event()
+    open_in_beat: list[bool] = []
+
+    def produce(record: LockRecord, timeout_s: float = 0.0) -> int:
+        if record.op == "release":
+            release_sent.set()
+        assert in_order.acquire(timeout=60)
+        try:
+            if record.op == "heartbeat":
+                beat_sent.set()
+                assert beat_answered.wait(60)
+                open_in_beat.append(not producer.closed and not consumer.closed)
+            return log.append(record)
+        finally:
+            in_order.release()
+
+    lock._produce = produce  # type: ignore[method-assign]
+    lock.acquire()
+    lock._producer, lock._consumer = producer, consumer  # type: ignore[assignment]
+    renewal = lock._thread
+    assert renewal is not None and beat_sent.wait(60)
+    releasing = threading.Thread(target=lock.release, daemon=True)
+    releasing.start()
+    assert release_sent.wait(30), "no release written while the heartbeat was in flight"
+    assert renewal.is_alive()
+    beat_answered.set()
+    releasing.join(60)
+    renewal.join(60)
+    assert not releasing.is_alive() and not renewal.is_alive()
+    assert [r.op for r in log.records] == ["claim", "heartbeat", "release"]
+    assert open_in_beat == [True], "a client was closed under the renewal"
+    assert not producer.closed and not consumer.closed, "closed although the renewal was alive at release"
+    assert "redrive_lease_lost" not in [r.getMessage() for r in caplog.records], caplog.records
+
+
+def test_a_release_after_the_renewal_ended_closes_the_clients():
+    log = MemoryLog()
+    lock = on_log(log, LeaseTiming(heartbeat_s=0.05, holder_s=60.0, takeover_s=120.0))
+    lock.acquire()
+    producer, consumer = Client(), Client()
+    lock._producer, lock._consumer = producer, consumer  # type: ignore[assignment]
+    lock.release()
+    assert log.records[-1].op == "release" and producer.closed and consumer.closed
+
+
+def test_a_claim_that_counted_too_late_is_released_before_the_redrive_fails():
+    """The claim was acknowledged after ``holder_s``: the redrive gives up, but writes a
+    release, so that the next one claims at once instead of waiting ``takeover_s``."""
+    log, clock = MemoryLog(), Clock()
+    lock = on_log(log, clock=clock)
+
+    def slow(record: LockRecord, timeout_s: float = 0.0) -> int:
+        if record.op == "claim":
+            clock.now += TIMING.holder_s
+        return log.append(record)
+
+    lock._produce = slow  # type: ignore[method-assign]
+    with pytest.raises(OpsError, match=r"claiming the redrive lock d.redrive-lock took over 10s .*; run again"):
+        lock.acquire()
+    assert [(r.op, r.holder) for r in log.records] == [("claim", lock.me.holder), ("release", lock.me.holder)]
+    said: list[str] = []
+    again = on_log(log, clock=clock, say=said.append)
+    again.acquire()
+    try:
+        assert said == [] and log.records[-1].op == "claim" and log.records[-1].holder == again.me.holder
+    finally:
+        again.release()
+
+
+def test_the_lock_clients_do_not_create_the_lock_topic(monkeypatch):
+    """A lock topic deleted under its holder must make its heartbeats fail (the lease runs
+    out), not come back empty for another redrive to claim, whatever the relay's
+    properties say."""
+    confs: dict[str, dict] = {}
+    monkeypatch.setattr("relay.ops.redrive_lock.ensure_lock_topic", lambda kafka, topic: None)
+    monkeypatch.setattr("relay.ops.kafka_range.Consumer", lambda conf: confs.setdefault("consumer", conf))
+    monkeypatch.setattr("relay.ops.redrive_lock.Producer", lambda conf: confs.setdefault("producer", conf))
+    kafka = relay_config("127.0.0.1:9", "t", {"a": "http://127.0.0.1:9"}, group="g", dlq="d").kafka
+    kafka = kafka.model_copy(update={"consumer_properties": {"allow.auto.create.topics": "true"},
+                                     "producer_properties": {"allow.auto.create.topics": "true"}})
+    RedriveLock(kafka)._open()
+    assert confs["producer"]["allow.auto.create.topics"] is False, confs
+    assert confs["consumer"]["allow.auto.create.topics"] is False, confs
 
 
 #: Short, for the claimant tests that wait for real (the watch polls every heartbeat_s / 2).

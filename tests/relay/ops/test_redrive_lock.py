@@ -25,7 +25,9 @@ from relay.config import RelayConfig
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
 from relay.ops.ledger import RedriveLedger
+from relay.ops.redrive import RedriveSummary
 from relay.ops.redrive_lock import LeaseTiming
+from relay.ops.redrive_targets import TopicRedrive
 from relay.source.admin import create_topic
 from tests.support.dead_letters import write_dead_letters
 from tests.support.gated_collector import GatedCollector
@@ -232,6 +234,8 @@ def test_a_lease_lost_while_records_go_back_to_the_topic_stops_them_and_commits_
         assert code == 2, out + err
         assert "ran out: no heartbeat of this redrive was confirmed within 10s" in err, err
         assert "This redrive stopped" in err, err
+        assert ("run the redrive again: it re-drives what is still pending (`dlq list` shows it), once no other "
+                "redrive holds the lock (a lock without a heartbeat is taken over after 20s)") in err, err
         back = read_to_end(kafka.bootstrap_servers, topic)
         assert len(back) == 2 and marked == [0, 1], f"{len(back)} of {setup.count} records went back: {out}{err}"
         assert setup.position() < 0, "a position was committed after the loss"
@@ -240,7 +244,7 @@ def test_a_lease_lost_while_records_go_back_to_the_topic_stops_them_and_commits_
 
 def test_records_lingering_in_the_producer_when_the_lease_is_lost_are_dropped_not_written(
         kafka, tmp_path, capsys, monkeypatch):
-    """``--to-topic`` with ``linger.ms`` of a minute in the producer properties: three
+    """``--to-topic`` with a producer lingering a minute (``_LINGER_MS``): three
     records are queued (none sent yet) when the redrive's clock jumps an hour. Checked
     before the fourth, the lease is lost: the queued ones are purged, so the topic gets
     none, no marker is written, no position committed; the summary counts them as not
@@ -253,14 +257,13 @@ def test_records_lingering_in_the_producer_when_the_lease_is_lost_are_dropped_no
             produced.append(1)
 
     monkeypatch.setattr("relay.ops.redrive_targets.Producer", CountingProducer)
+    monkeypatch.setattr("relay.ops.redrive_targets._LINGER_MS", 60000)
     monkeypatch.setattr("relay.ops.redrive_lock.boot_clock",
                         lambda: time.monotonic() + (3600.0 if len(produced) >= 3 else 0.0))
     with RecordingCollector() as a:
         setup = Setup(kafka, tmp_path, a.url, a.url)
         topic = kafka.new_topic("ol")
         config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url}, group=setup.group, dlq=setup.dlq)
-        config = config.model_copy(update={"kafka": config.kafka.model_copy(
-            update={"producer_properties": {"linger.ms": "60000"}})})
         path = write_config(tmp_path / "topic.yaml", config)
         started = time.monotonic()
         code = cli(["dlq", "redrive", "--config", path, "--all", "--to-topic"])
@@ -277,15 +280,37 @@ def test_records_lingering_in_the_producer_when_the_lease_is_lost_are_dropped_no
         assert "NOT CONFIRMED (lease lost; may have arrived): 3 record(s)" in out, out
 
 
+def test_the_topic_producer_lingers_20ms_whatever_the_producer_properties_say(monkeypatch):
+    """``--to-topic`` waits for its records every ``TOPIC_FLUSH_EVERY``: a relay's
+    ``linger.ms`` of a second would make that 50 records a second."""
+    confs: list[dict] = []
+
+    class Capturing:
+        def __init__(self, conf: dict) -> None:
+            confs.append(conf)
+
+        def __len__(self) -> int:
+            return 0
+
+    monkeypatch.setattr("relay.ops.redrive_targets.Producer", Capturing)
+    config = relay_config("127.0.0.1:9", "ol", {"a": "http://127.0.0.1:9"}, group="g", dlq="d")
+    config = config.model_copy(update={"kafka": config.kafka.model_copy(
+        update={"producer_properties": {"linger.ms": "1000", "compression.type": "zstd"}})})
+    TopicRedrive(config, None, RedriveSummary()).run(object(), None)  # type: ignore[arg-type]
+    assert len(confs) == 1 and confs[0]["linger.ms"] == 20 and confs[0]["compression.type"] == "zstd", confs
+
+
 @pytest.mark.parametrize(("partitions", "config", "wrong"), [
     (1, {"cleanup.policy": "compact"}, "cleanup.policy=compact"),
     (2, {"cleanup.policy": "delete"}, "2 partitions"),
+    (1, {"cleanup.policy": "delete", "retention.ms": "3600000", "retention.bytes": "-1"}, "retention.ms=3600000"),
+    (1, {"retention.bytes": "1048576"}, "retention.bytes=1048576"),
 ])
 def test_a_lock_topic_that_cannot_keep_the_lock_is_refused_naming_the_fix(kafka, tmp_path, capsys, partitions,
                                                                            config, wrong):
-    """Compaction would keep only the last record (a claim could vanish under its holder);
-    several partitions would not order the records. Such a topic, created beforehand, is
-    refused before anything is sent."""
+    """Compaction would keep only the last record, a retention would cut the log (a claim
+    could vanish under its holder); several partitions would not order the records. Such a
+    topic, created beforehand, is refused before anything is sent."""
     with RecordingCollector() as a:
         setup = Setup(kafka, tmp_path, a.url, a.url)
         create_topic(kafka.bootstrap_servers, f"{setup.dlq}.redrive-lock", partitions, config)
