@@ -132,7 +132,13 @@ class HttpCollector(EventRetries):
         """Before :meth:`start`: call ``check`` when each request starts and again once its
         connection is ready (new or reused), right before it is written; what it raises
         (:class:`~relay.sinks.base.DeliveryStopped`) comes out of :meth:`deliver` or
-        :meth:`exchange`, the request not sent. Without a check aiohttp traces nothing."""
+        :meth:`exchange`, the request not sent. Without a check aiohttp traces nothing.
+
+        A stop once a *new* connection is made leaves that socket open outside the pool
+        (aiohttp neither closes nor pools it; :meth:`close` does not reach it): it lasts
+        until the collector closes it or the process ends. At most ``concurrency`` such
+        sockets per collector, in a redrive that is about to exit (a reused connection goes
+        back to the pool)."""
         async def run(_session: object, _ctx: object, _params: object) -> None:
             check()
 

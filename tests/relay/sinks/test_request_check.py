@@ -26,15 +26,16 @@ def event(i: int) -> bytes:
 
 
 class Switch:
-    """The check: counts its calls, raises once :attr:`stopped`."""
+    """The check: counts its calls, raises once :attr:`stopped` (or from call ``stop_at`` on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_at: int | None = None) -> None:
         self.calls = 0
         self.stopped = False
+        self.stop_at = stop_at
 
     def __call__(self) -> None:
         self.calls += 1
-        if self.stopped:
+        if self.stopped or (self.stop_at is not None and self.calls >= self.stop_at):
             raise DeliveryStopped("stopped by the test")
 
 
@@ -68,6 +69,24 @@ async def test_a_request_waiting_for_a_connection_is_checked_again_once_it_has_o
         finally:
             await collector.close()
         assert gated.count == 1, "the second request was written after the check stopped it"
+
+
+async def test_a_stop_once_a_new_connection_is_made_keeps_the_request_from_being_written():
+    """No connection to reuse: the check passes at the request's start, raises once the
+    new connection is made; the collector gets no request."""
+    with RecordingCollector() as server:
+        collector = HttpCollector(CollectorConfig(name="a", url=server.url, timeout_s=120),
+                                  RelayMetrics().for_collector("a"))
+        check = Switch(stop_at=2)
+        collector.check_before_requests(check)
+        await collector.start()
+        try:
+            with pytest.raises(DeliveryStopped):
+                await asyncio.wait_for(collector.deliver(event(0)), 120)
+        finally:
+            await collector.close()
+        assert check.calls == 2, "checked at the request's start and once its connection was made"
+        assert server.count == 0 and not server.attempts, "the request was written after the check stopped it"
 
 
 @pytest.mark.parametrize("alone", [False, True], ids=["batch", "alone"])
