@@ -19,6 +19,7 @@ import orjson
 from relay.config import CollectorConfig
 from relay.events import LineageEvent
 from relay.metrics import RelayMetrics
+from relay.sinks.base import DeliveryStopped
 from relay.sinks.kinds import build_collector
 from relay.stages.rewrite import Rewriter
 
@@ -123,15 +124,31 @@ def collector_config(config: CollectorConfig, max_attempts: int | None) -> Colle
 
 class BatchDelivery:
     """Delivers chains to one collector. ``dry_run`` does everything but the POST
-    (the rewrite still runs, so events it would reject are reported)."""
+    (the rewrite still runs, so events it would reject are reported). ``before_post`` is
+    called right before each HTTP request is written (each attempt, each batch: the
+    collector's ``check_before_requests``, see :mod:`relay.sinks.base`); what it raises
+    ends the delivery, the request not sent, and :meth:`run` raises it (``dlq redrive``'s
+    lease check). A collector kind without that hook gets it called before each event."""
 
-    def __init__(self, config: CollectorConfig, *, dry_run: bool = False) -> None:
+    def __init__(self, config: CollectorConfig, *, dry_run: bool = False,
+                 before_post: Callable[[], None] | None = None) -> None:
         self.config = config
         self.dry_run = dry_run
         rewriter = Rewriter(config.rewrite)
         self._rewriter = None if rewriter.is_noop else rewriter
         self._metrics = RelayMetrics()
         self._http = build_collector(config, self._metrics.for_collector(config.name))
+        self._before_event = before_post
+        hook = getattr(self._http, "check_before_requests", None)
+        if before_post is not None and hook is not None:
+            def check() -> None:
+                try:
+                    before_post()
+                except Exception as err:
+                    raise DeliveryStopped(str(err)) from err
+
+            hook(check)
+            self._before_event = None
 
     @property
     def retries(self) -> int:
@@ -165,10 +182,18 @@ class BatchDelivery:
 
         if not self.dry_run:
             await self._http.start()
+        workers = [asyncio.ensure_future(worker()) for _ in range(min(self.config.concurrency, len(chains)))]
         try:
-            workers = min(self.config.concurrency, len(chains))
-            await asyncio.gather(*(worker() for _ in range(workers)))
+            await asyncio.gather(*workers)
+        except DeliveryStopped as stopped:  # what before_post raised, as it raised it
+            cause = stopped.__cause__
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
         finally:
+            for task in workers:  # one raised: the others stop too (an answer not read: not done)
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
             await self._http.close()
 
     async def _deliver(self, event: LineageEvent, body: bytes) -> Failure | None:
@@ -179,5 +204,7 @@ class BatchDelivery:
             body = result.body
         if self.dry_run:
             return None
+        if self._before_event is not None:
+            self._before_event()
         outcome = await self._http.deliver(body)
         return None if outcome is None else Failure(event, outcome.reason, outcome.detail)

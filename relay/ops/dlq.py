@@ -2,9 +2,10 @@
 
 ``list`` groups the records by reason (count, first/last offset, collectors, a sample
 detail) and with ``--show`` prints them, each as it is read (then the summary): it holds
-no record, however large the topic. ``redrive`` re-sends selected records after the
-cause was fixed, once (:mod:`relay.ops.redrive`). Both commands read with ``assign()``
-and never touch the relay's consumer group.
+no record, however large the topic. ``redrive`` re-sends the records ``--reason`` and
+``--offsets`` select (or, with ``--all``, every pending one) after the cause was fixed,
+once (:mod:`relay.ops.redrive`). Both commands read with ``assign()`` and never touch
+the relay's consumer group.
 """
 
 from __future__ import annotations
@@ -158,11 +159,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--limit", type=int, metavar="N", help="only the first N (matching) records")
     show.add_argument("--show", action="store_true", help="print each record: headers, key and value")
     show.set_defaults(ops_handler=main)
-    redrive = commands.add_parser("redrive", help="re-send selected dead-letter records, once")
+    redrive = commands.add_parser(
+        "redrive", help="re-send selected dead-letter records, once",
+        description="Re-send the dead-letter records chosen by --reason and/or --offsets, or every pending one "
+                    "with --all; one of them is required (--dry-run alone previews every pending record).")
     redrive.add_argument("--config", required=True, help="the relay's YAML config file")
     redrive.add_argument("--reason", help="only records with this reason")
     redrive.add_argument("--offsets", action="append", metavar="P:O,...",
                          help="only these dead-letter records (partition:offset, as `dlq list --show` prints)")
+    redrive.add_argument("--all", action="store_true",
+                         help="every pending record (excludes --reason and --offsets)")
     redrive.add_argument("--collector", metavar="NAME",
                          help="deliver to this collector instead of the one named in each record")
     redrive.add_argument("--to-topic", action="store_true",

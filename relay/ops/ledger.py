@@ -26,7 +26,9 @@ re-driven); one written before markers carried it (no ``record`` field) is trust
 A marker is produced (and acknowledged) right after its record's delivery, before the
 position is committed, so a crash in between costs at most the deliveries in flight:
 delivery is at-least-once, collectors and the relay treat an event's repeat as a repeat.
-Two redrives running at the same time are not coordinated; run one at a time.
+Two redrives do not run at the same time: :mod:`relay.ops.redrive_lock`. ``guard`` (the
+lease's check) is called before each marker is produced and before the position is
+committed: once the lease is lost, nothing more is written.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class RedriveLedger:
         #: (partition, offset) -> collectors a pending record was re-driven to, with its identity.
         self._delivered: dict[tuple[int, int], dict[str, str | None]] = {}
         self._producer: Producer | None = None
+        #: Raises when this redrive may no longer write (its lease is lost).
+        self.guard: Callable[[], None] = lambda: None
         self._unacked = 0
         self._errors: list[str] = []
 
@@ -207,6 +211,7 @@ class RedriveLedger:
 
     def _produce(self, key: str, partition: int, offset: int, how: str, record: str | None) -> None:
         assert self._producer is not None, "open_for_writing() first"
+        self.guard()
         fields: dict[str, str] = {"redriven_at": datetime.now(timezone.utc).isoformat(), "to": how}
         if record is not None:
             fields["record"] = record
@@ -239,10 +244,12 @@ class RedriveLedger:
         ``read_offsets``: the offsets of the records read, per partition, ascending.
         Returns the committed positions. Raises if a marker could not be written (the
         position is then not moved, so nothing is forgotten)."""
+        self.guard()
         if self._producer is not None:
             deadline = time.monotonic() + _ACK_TIMEOUT_S
             while self._unacked and time.monotonic() < deadline:
                 self._producer.flush(1.0)
+                self.guard()
             if self._unacked or self._errors:
                 raise OpsError(f"{self._unacked + len(self._errors)} redrive marker(s) were not written "
                                f"(first error: {self._errors[:1]}); the records may be re-driven again")
@@ -254,9 +261,18 @@ class RedriveLedger:
             if new != committed and not (committed is None and new == start):
                 commits[partition] = new
         if commits:
+            self.guard()
             self._commit(commits)
             self.positions.update(commits)
         return commits
+
+    def abandon(self) -> None:
+        """The lease is lost: drop the markers not yet sent (their records may be
+        re-driven again by a later redrive: at least once)."""
+        if self._producer is not None:
+            self._producer.purge()
+            self._producer.poll(0)
+            self._producer = None
 
     def _commit(self, commits: dict[int, int]) -> None:
         """Commit the group's position, or raise within about :data:`_TIMEOUT_S`.

@@ -1,5 +1,10 @@
 """``lineage-relay dlq redrive``: re-send selected dead-letter records, once.
 
+The records are chosen explicitly: ``--reason R``, ``--offsets P:O,...`` (both: records
+matching both) or ``--all`` (every pending record); without one the command refuses, exit
+2, so that a bare ``dlq redrive`` does not re-send a whole topic by accident. ``--dry-run``
+alone previews every pending record (it sends nothing).
+
 Straight to a collector (the one named in the record, or ``--collector``; a record without
 one, rejected before any collector saw it, goes to every collector whose route takes it)
 or back to the input topic (``--to-topic``), where the relay processes it like any new
@@ -30,6 +35,7 @@ from relay.ops.dead_letters import DeadLetter, DeadLetterScan
 from relay.ops.kafka_range import LARGE_RECORD_OVERRIDES, open_consumer, parse_refs
 from relay.ops.ledger import RedriveLedger, group_id
 from relay.ops.progress import ProgressBar
+from relay.ops.redrive_lock import LeaseLost, RedriveLock
 from relay.ops.redrive_targets import CollectorRedrive, TopicRedrive
 from relay.ops.stored_values import StoredValues
 
@@ -47,14 +53,24 @@ class RedriveSummary:
     #: ``--offsets`` that name no record of the dead-letter topic.
     missing: list[str] = field(default_factory=list)
     committed: dict[int, int] = field(default_factory=dict)
+    #: Records handed to the producer and dropped when the redrive stopped: not marked,
+    #: they stay pending, though they may have been written.
+    unconfirmed: int = 0
+    #: Why the redrive stopped, when it did (the summary's "not confirmed" row says it).
+    stopped_by: str = "stopped"
 
     def render(self, target: str, dry_run: bool, group: str) -> str:
         verb = "would re-drive" if dry_run else "re-driven"
         rows = [("records scanned", self.scanned), ("already re-driven", self.already),
                 ("not selected", self.not_selected), (verb, self.redriven),
                 ("routed to no collector", self.not_routed), ("failed", len(self.failures))]
+        if self.unconfirmed:
+            rows.append(("not confirmed", self.unconfirmed))
         lines = [f"redrive -> {target}{' (dry run)' if dry_run else ''}"]
         lines += [f"  {name:<22} {value}" for name, value in rows]
+        if self.unconfirmed:
+            lines.append(f"  NOT CONFIRMED ({self.stopped_by}; may have arrived): {self.unconfirmed} record(s) "
+                         f"handed to the producer were dropped unacknowledged; not marked, they stay pending")
         for record, why in self.failures[:_FAILURES_SHOWN]:
             lines.append(f"  FAILED {record.ref} ({record.reason}, from {record.source or '?'}): {why[:300]}")
         if len(self.failures) > _FAILURES_SHOWN:
@@ -113,7 +129,23 @@ class Selection:
                 self._summary.missing.append(f"{p}:{o}")
 
 
+def check_selection(args: argparse.Namespace) -> None:
+    """Refuse a redrive that names no records: ``--reason``, ``--offsets`` or ``--all`` is
+    required (``--all`` alone), except for ``--dry-run``, which changes nothing."""
+    if args.reason is not None and not args.reason.strip():
+        raise OpsError("--reason is empty: name a reason, as `dlq list` shows them (an empty one would select "
+                       "every record); --all re-drives every pending record")
+    chosen = args.reason is not None or bool(args.offsets)
+    if args.all and chosen:
+        raise OpsError("--all re-drives every pending record: it excludes --reason and --offsets; "
+                       "drop --all to re-drive only the records they select")
+    if not args.all and not chosen and not args.dry_run:
+        raise OpsError("choose the records to re-drive: --reason R, --offsets P:O,... or --all (every pending "
+                       "record); `dlq list` shows them, and --dry-run previews a redrive without sending")
+
+
 def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -> int:
+    check_selection(args)
     if args.collector and args.to_topic:
         raise OpsError("--collector and --to-topic exclude each other: deliver straight to a collector, "
                        "or hand the records back to the relay")
@@ -123,6 +155,44 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
     if args.max_attempts is not None and args.max_attempts < 1:
         raise OpsError("--max-attempts must be at least 1")
     summary = RedriveSummary()
+    # One redrive at a time per dead-letter topic; a dry run changes nothing and takes no lock.
+    lock = None if args.dry_run else RedriveLock(config.kafka, say=lambda line: print(line, file=stream))
+    if lock is not None:
+        try:
+            lock.acquire()
+        except BaseException:
+            lock.release()
+            raise
+    target = "the input topic each record came from" if args.to_topic else \
+        f"collector {args.collector}" if args.collector else "the collector named in each record"
+    try:
+        code = _redrive(args, config, stream, summary, lock)
+    except LeaseLost as lost:
+        summary.stopped_by = "lease lost"
+        print(summary.render(target, args.dry_run, group_id(config.kafka)))
+        assert lock is not None  # only a lease is lost
+        raise OpsError(_stopped_message(lost, summary, lock.timing.takeover_s)) from lost
+    finally:
+        if lock is not None:
+            lock.release()
+    print(summary.render(target, args.dry_run, group_id(config.kafka)))
+    return code
+
+
+def _stopped_message(lost: LeaseLost, summary: RedriveSummary, takeover_s: float) -> str:
+    holder = lost.taken_by
+    then = (f"the redrive of host {holder.host}, pid {holder.pid} (holding the lock since {holder.since}) took it "
+            f"over and goes on; `dlq list` shows what is still pending once it ends" if holder is not None else
+            f"run the redrive again: it re-drives what is still pending (`dlq list` shows it), once no other "
+            f"redrive holds the lock (a lock without a heartbeat is taken over after {takeover_s:g}s)")
+    return (f"{lost}. This redrive stopped: {summary.redriven} record(s) were re-driven before (summary above); "
+            f"after the loss was seen nothing more was sent or marked (an HTTP request in flight, or records already "
+            f"handed to the producer, may still arrive), markers not yet written were dropped and no redrive "
+            f"position was committed; {then}")
+
+
+def _redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO, summary: RedriveSummary,
+             lock: RedriveLock | None) -> int:
     selection = Selection(args, summary)
     consumer = open_consumer(config.kafka, group_id(config.kafka), overrides=LARGE_RECORD_OVERRIDES)
     # A second reader, for values read back (originals while the topic is read, every
@@ -145,22 +215,30 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
                     targets.add(record)
         selection.finish(ledger, scan.lows)
         writer = None if args.dry_run else ledger
-        if writer is not None and targets.count:
-            writer.open_for_writing()
-        target = "the input topic each record came from" if args.to_topic else \
-            f"collector {args.collector}" if args.collector else "the collector named in each record"
+        guard = lock.check if lock is not None else (lambda: None)
+        if writer is not None:
+            writer.guard = guard
+            if targets.count:
+                writer.open_for_writing()
         failed: BaseException | None = None
         try:
             with ProgressBar("dlq: re-driving", targets.count, stream=stream) as bar:
-                targets.run(writer, bar)
+                targets.run(writer, bar, guard)
         except BaseException as err:
             failed = err
             raise
         finally:
             # Whatever happened, remember what did get through (markers, then position).
-            if writer is not None:
+            if writer is not None and lock is not None and lock.lost is not None:
+                writer.abandon()  # nothing is written once the lease is lost
+                if not isinstance(failed, (LeaseLost, KeyboardInterrupt)):
+                    raise lock.lost from failed
+            elif writer is not None:
                 try:
                     summary.committed = writer.checkpoint(scan.offsets, scan.lows)
+                except LeaseLost:
+                    writer.abandon()
+                    raise
                 except OpsError as late:
                     if failed is None:
                         raise
@@ -170,5 +248,4 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
     finally:
         value_reader.close()
         consumer.close()
-    print(summary.render(target, args.dry_run, ledger.group_id))
     return 1 if summary.failures or summary.missing else 0

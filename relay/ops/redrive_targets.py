@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
 
 #: How long produced records may take to be acknowledged, and a full queue to drain.
 _ACK_TIMEOUT_S = 60.0
+#: ``--to-topic`` waits for every record produced to be acknowledged after this many: at
+#: most these can still be written after the lease is lost (relay.ops.redrive_lock).
+TOPIC_FLUSH_EVERY = 50
+#: The ``--to-topic`` producer's ``linger.ms``, whatever the relay's producer properties say:
+#: the drain every :data:`TOPIC_FLUSH_EVERY` records waits for the records to linger.
+_LINGER_MS = 20
+#: What a record dropped by ``purge()`` is reported with.
+_PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 def _gone(record: DeadLetter, at: SourceRef | None, err: ValueGone | None = None) -> str:
@@ -76,7 +85,10 @@ class TopicRedrive:
         self._values.want(at)
         self._chosen.append((record, at))
 
-    def run(self, ledger: RedriveLedger | None, bar: ProgressBar) -> None:
+    def run(self, ledger: RedriveLedger | None, bar: ProgressBar, guard: Callable[[], None] = lambda: None) -> None:
+        """Produce the records; ``ledger`` None: a dry run. ``guard`` (the lease's check) is
+        called right before each record is produced and while they are acknowledged: what
+        it raises purges what the producer still holds, and nothing more is marked."""
         summary = self._summary
         if ledger is None:  # dry run
             summary.redriven += len(self._chosen)
@@ -86,17 +98,33 @@ class TopicRedrive:
         kafka = self._config.kafka
         names = frozenset(c.name for c in self._config.collectors)
         conf = {**kafka.producer_properties, "bootstrap.servers": kafka.bootstrap_servers,
-                "enable.idempotence": True, "acks": "all", "linger.ms": 20}
+                "enable.idempotence": True, "acks": "all", "linger.ms": _LINGER_MS}
         producer = Producer(with_log(conf))
+        stopped = False
 
         def done(record: DeadLetter, topic: str, err: KafkaError | None) -> None:
             bar.advance()
+            if err is not None and stopped and err.code() in _PURGED:
+                summary.unconfirmed += 1  # dropped by the stop: perhaps written, not known
+                return
             if err is not None:
                 summary.failures.append((record, f"producing to {topic} failed: {err}"))
-            else:
-                summary.redriven += 1
+                return
+            summary.redriven += 1
+            if not stopped:
                 ledger.mark(record.partition, record.offset, f"topic:{topic}", record.identity)
 
+        def drain(what: str) -> None:
+            """Wait until the producer holds nothing (each record acknowledged)."""
+            deadline = time.monotonic() + _ACK_TIMEOUT_S
+            while len(producer):
+                guard()
+                if time.monotonic() > deadline:
+                    raise OpsError(f"the broker acknowledged {what} within {_ACK_TIMEOUT_S:g}s; is it reachable? "
+                                   f"What was re-driven before is remembered: run redrive again")
+                producer.poll(0.1)  # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly
+
+        produced = 0  # since the producer last held nothing
         try:
             for record, at in self._chosen:
                 try:
@@ -115,29 +143,47 @@ class TopicRedrive:
                     have = have | (names - {record.collector})
                 if have:  # an earlier redrive (or the relay) reached these: the relay leaves them out
                     headers.append((REDRIVEN_HAVE, ",".join(sorted(have)).encode()))
+                if produced >= TOPIC_FLUSH_EVERY:
+                    drain(f"none of the last {produced} records produced")
+                    produced = 0
                 deadline = time.monotonic() + _ACK_TIMEOUT_S
                 while True:
+                    guard()
                     try:
                         producer.produce(topic, key=record.key, value=value, headers=headers,
                                          on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err))
                         break
-                    except BufferError:
+                    except BufferError:  # records of many MB: the queue's bytes are full
                         if time.monotonic() > deadline:
                             raise OpsError(f"the broker acknowledged none of the records produced for "
                                            f"{_ACK_TIMEOUT_S:g}s; is it reachable? What was re-driven before "
                                            f"is remembered: run redrive again") from None
                         producer.poll(0.1)
+                produced += 1
                 producer.poll(0)
-            # poll(), not flush(): confluent-kafka raises a fatal error from poll() cleanly.
-            deadline = time.monotonic() + _ACK_TIMEOUT_S
-            while len(producer) and time.monotonic() < deadline:
-                producer.poll(0.1)
+            drain("not every record produced")
         except KafkaException as err:  # e.g. made fatal by the broker's answer
+            stopped = True
+            _purge(producer)
             raise OpsError(f"producing to the input topic failed: {kafka_error_text(err)}; what was re-driven "
                            "before it is remembered: run redrive again") from err
-        if len(producer):
-            raise OpsError(f"some records were not acknowledged by the broker within {_ACK_TIMEOUT_S:g}s; "
-                           f"run redrive again")
+        except BaseException:
+            stopped = True
+            _purge(producer)
+            raise
+
+
+def _purge(producer: Producer) -> None:
+    """Drop what ``producer`` still holds (queued, and in flight: not retried); what was on
+    the wire may still be written. Their delivery reports come as ``_PURGE_*`` errors,
+    counted as not confirmed."""
+    try:
+        producer.purge()
+        deadline = time.monotonic() + 1.0  # the reports of records purged in flight come a little later
+        while len(producer) and time.monotonic() < deadline:
+            producer.poll(0.05)
+    except KafkaException:
+        pass
 
 
 class CollectorRedrive:
@@ -227,8 +273,9 @@ class CollectorRedrive:
                 self._values.want(at)
             sharing.append(record)
 
-    def run(self, ledger: RedriveLedger | None, bar: ProgressBar) -> None:
-        """Deliver; ``ledger`` None: a dry run (nothing is marked)."""
+    def run(self, ledger: RedriveLedger | None, bar: ProgressBar, guard: Callable[[], None] = lambda: None) -> None:
+        """Deliver; ``ledger`` None: a dry run (nothing is marked). ``guard`` (the lease's
+        check) is called right before each HTTP request, once its value was read back."""
         for partition, offset, how, identity in self._marks:
             bar.advance()
             if ledger is not None:
@@ -280,7 +327,7 @@ class CollectorRedrive:
                 jobs = []
                 for name, batch in self._events.items():
                     config = collector_config(self._by_name[name], self._args.max_attempts)
-                    delivery = BatchDelivery(config, dry_run=self._args.dry_run)
+                    delivery = BatchDelivery(config, dry_run=self._args.dry_run, before_post=guard)
                     jobs.append(delivery.run(_chains(batch, self._config.pipeline.ordering.enabled),
                                              on_delivered=lambda e, n=name: delivered(n, e),
                                              on_failed=lambda f, n=name: failed(n, f), load_body=load_body))

@@ -11,12 +11,22 @@ exactly once, on the event loop and never from inside ``deliver_soon`` itself, w
 It may return a handle whose ``cancel()`` stops that delivery (no more retries, no
 verdict): the pipeline stops deliveries of partitions that moved to another member.
 The pipeline then uses it instead of ``deliver`` (see :class:`~relay.sinks.batch.BatchCollector`).
+
+A collector that sends HTTP requests may offer ``check_before_requests(check)``, called
+before ``start()``: ``check()`` then runs right before each request is written (each
+attempt, each batch; once a connection is ready, so a wait for one counts before it). When
+it raises :class:`DeliveryStopped` the request is not sent and the events it carried get no
+verdict: ``deliver`` raises it, ``deliver_soon`` never calls ``done``. Nothing is logged as
+an error. The running relay sets no check (a request then costs nothing more); ``dlq
+redrive`` does, to stop once its lease is lost (:mod:`relay.ops.redrive_lock`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from relay.errors import RelayError
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +36,11 @@ class Undeliverable:
     reason: str
     detail: str
     status: int | None = None
+
+
+class DeliveryStopped(RelayError):
+    """Raised by the check of ``check_before_requests``: send nothing more. Not a failure of
+    the event or of the collector: the caller that set the check knows why (``__cause__``)."""
 
 
 def relay_error(err: Exception) -> Undeliverable:

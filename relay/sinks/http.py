@@ -38,7 +38,7 @@ from relay.logs import log_event
 from relay.metrics import CollectorMetrics
 from relay.sinks.adaptive import AdaptiveLimit, Outcome
 from relay.sinks.auth import AnswerScrubber, TokenSource, auth_header_value, session_headers, ssl_context
-from relay.sinks.base import Undeliverable
+from relay.sinks.base import DeliveryStopped, Undeliverable
 from relay.sinks.deadlines import Deadlines
 from relay.sinks.event_retries import EventRetries
 from relay.sinks.reply import (
@@ -80,6 +80,8 @@ class HttpCollector(EventRetries):
         # Parsed once: parsing the URL string was a measurable share of each POST.
         self._target = URL(config.target)
         self._session: aiohttp.ClientSession | None = None
+        #: aiohttp request tracing: the check of :meth:`check_before_requests`, if any.
+        self._trace_configs: list[aiohttp.TraceConfig] = []
         #: ``timeout_s`` per request, enforced here rather than by aiohttp (see relay.sinks.deadlines).
         self._deadlines = Deadlines(config.timeout_s)
         self._not_before = 0.0
@@ -123,7 +125,27 @@ class HttpCollector(EventRetries):
         self._session = aiohttp.ClientSession(
             connector=connector, headers=self._headers, cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.timeout_s), raise_for_status=False)
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.timeout_s), raise_for_status=False,
+            trace_configs=self._trace_configs or None)
+
+    def check_before_requests(self, check: Callable[[], None]) -> None:
+        """Before :meth:`start`: call ``check`` when each request starts and again once its
+        connection is ready (new or reused), right before it is written; what it raises
+        (:class:`~relay.sinks.base.DeliveryStopped`) comes out of :meth:`deliver` or
+        :meth:`exchange`, the request not sent. Without a check aiohttp traces nothing.
+
+        A stop once a *new* connection is made leaves that socket open outside the pool
+        (aiohttp neither closes nor pools it; :meth:`close` does not reach it): it lasts
+        until the collector closes it or the process ends. At most ``concurrency`` such
+        sockets per collector, in a redrive that is about to exit (a reused connection goes
+        back to the pool)."""
+        async def run(_session: object, _ctx: object, _params: object) -> None:
+            check()
+
+        trace = aiohttp.TraceConfig()
+        for signal in (trace.on_request_start, trace.on_connection_create_end, trace.on_connection_reuseconn):
+            signal.append(run)
+        self._trace_configs.append(trace)
 
     async def close(self) -> None:
         self._deadlines.close()
@@ -170,7 +192,7 @@ class HttpCollector(EventRetries):
             reply = await self._post(url, body, keep)
             outcome = self._outcome(reply.status)
             return reply
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, DeliveryStopped):
             outcome = Outcome.NEUTRAL  # a stop, not the collector
             raise
         finally:

@@ -242,7 +242,7 @@ class KafkaFaultProxy(LoopProxy):
         super().__init__(upstream_port, port, "kafka-fault-proxy")
         self.requests: Counter[tuple[int, int]] = Counter()
         self.injected: list[tuple[int, int, int]] = []
-        self._faults: dict[int, list[int]] = {}    # api key -> [error code, responses left]
+        self._faults: dict[int, list[int]] = {}    # api key -> [error code, responses left, to let by]
         self._refusals: list[int] = []              # [error code, produce requests left]
         # (connection, correlation id) -> (partition, error code)
         self._refused: dict[tuple[int, int], tuple[int, int]] = {}
@@ -251,10 +251,11 @@ class KafkaFaultProxy(LoopProxy):
         self._fetch_fault: list[int] = []    # [error code, fetch answers left, log start or -1]
         self._lock = threading.Lock()
 
-    def answer_with_error(self, api_key: int, error_code: int, times: int = 1) -> None:
-        """The next ``times`` responses to ``api_key`` requests carry ``error_code``."""
+    def answer_with_error(self, api_key: int, error_code: int, times: int = 1, *, after: int = 0) -> None:
+        """The next ``times`` responses to ``api_key`` requests carry ``error_code``, after
+        ``after`` more answered as they are."""
         with self._lock:
-            self._faults[api_key] = [error_code, times]
+            self._faults[api_key] = [error_code, times, after]
 
     def refuse_produce(self, error_code: int, times: int = 1) -> None:
         """The next ``times`` produce requests are not written (their first partition's
@@ -365,6 +366,9 @@ class KafkaFaultProxy(LoopProxy):
         with self._lock:
             fault = self._faults.get(api_key)
             if fault is None or fault[1] <= 0:
+                return frame
+            if fault[2] > 0:
+                fault[2] -= 1
                 return frame
             fault[1] -= 1
             self.injected.append((api_key, version, fault[0]))

@@ -18,7 +18,8 @@ from typing import ClassVar
 from relay.config import CollectorConfig
 from relay.metrics import CollectorMetrics
 from relay.sinks.base import Collector, Undeliverable
-from relay.sinks.batch import BatchCollector, Envelope, json_array
+from relay.sinks.batch import BatchCollector
+from relay.sinks.envelope import Envelope, json_array
 from relay.sinks.http import HttpCollector
 from relay.sinks.retry import Verdict, classify
 

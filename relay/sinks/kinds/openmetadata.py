@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from relay.config import BatchConfig, CollectorConfig, EventKind
-from relay.sinks.batch import enclose
+from relay.sinks.envelope import enclose
 from relay.sinks.kinds.base import CollectorKind
 
 

@@ -16,6 +16,7 @@ from relay.cli import main as cli
 from relay.config import RelayConfig
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
+from relay.ops.redrive_lock import LeaseTiming
 from relay.source.admin import create_topic
 from tests.support.dead_letters import write_dead_letters
 from tests.support.kafka import committed_offsets, produce, read_to_end, read_topic
@@ -98,9 +99,9 @@ def test_a_fixed_record_is_redriven_once_and_other_reasons_stay_pending(kafka, s
     assert received(a, victim) == 1 and a.count == len(stream)
     assert "dlq: re-driving" in err
 
-    # Again, without a filter: the victim is not sent again; the malformed record still
-    # cannot be delivered, says so, and stays pending.
-    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path)
+    # Again, every pending record (--all): the victim is not sent again; the malformed
+    # record still cannot be delivered, says so, and stays pending.
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--all")
     assert code == 1
     assert summary_value(out, "already re-driven") == 1 and summary_value(out, "re-driven") == 0
     assert "FAILED 0:0 (invalid_json" in out and "still not a valid event (invalid_json)" in out
@@ -131,12 +132,12 @@ def test_selected_offsets_are_remembered_beyond_the_redrive_position(kafka, setu
     assert code == 0 and summary_value(out, "re-driven") == 1
     assert received(a, second) == 1 and received(a, first) == 0
 
-    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path)
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--all")
     assert code == 0 and summary_value(out, "re-driven") == 1
     assert summary_value(out, "already re-driven") == 1
     assert received(a, second) == 1 and received(a, first) == 1
 
-    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path)
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--all")
     assert code == 0 and summary_value(out, "re-driven") == 0 and summary_value(out, "records scanned") == 0
     assert a.count == len(stream)
     code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--offsets", "0:99")
@@ -185,12 +186,12 @@ def test_a_dead_letter_topic_created_again_is_not_hidden_by_the_markers_of_the_o
     assert code == 0 and summary_value(out, "re-driven") == 1, out + err
     code, out, _ = run_cli(capsys, "dlq", "list", "--config", path)
     assert re.search(rf"^collector_rejected\s+{seen} record\(s\)\s+{seen - 1} pending", out, re.MULTILINE), out
-    code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path)
+    code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--all")
     assert code == 0, out + err
     assert summary_value(out, "re-driven") == seen - 1 and summary_value(out, "already re-driven") == 0, out
     assert all(received(a, orjson.loads(v)) == 1 for _, v in new[:seen])
     # Each of them once: another run finds nothing to do.
-    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path)
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--all")
     assert code == 0 and summary_value(out, "re-driven") == 0, out
 
 
@@ -203,7 +204,7 @@ def test_redrive_to_topic_hands_the_record_back_to_the_relay_once(kafka, setup, 
     dead_letter(kafka, config, a, stream, delivered=len(stream) - 1, dead=1)
     a.reject_when(lambda doc: None)
 
-    code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--to-topic")
+    code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--all", "--to-topic")
     assert code == 0, out + err
     assert summary_value(out, "re-driven") == 1
     records = read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 1)
@@ -212,7 +213,7 @@ def test_redrive_to_topic_hands_the_record_back_to_the_relay_once(kafka, setup, 
     assert back.value == stream[3][1] and back.key == stream[3][0]
     assert back.headers["redriven_from"] == f"{config.kafka.dlq_topic}/0/0".encode()
 
-    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--to-topic")
+    code, out, _ = run_cli(capsys, "dlq", "redrive", "--config", path, "--all", "--to-topic")
     assert code == 0 and summary_value(out, "re-driven") == 0
     # The relay picks the record up where its group left off: the victim arrives once.
     with RelayThread(config):
@@ -237,7 +238,7 @@ def test_a_record_redriven_to_the_topic_reaches_the_collector_while_the_relay_ru
         assert a.wait_for(lambda c: c.count == len(stream) - 1, 30), f"a got {a.count}"
         assert len(read_topic(kafka.bootstrap_servers, config.kafka.dlq_topic, expected=1, timeout_s=30)) == 1
         a.reject_when(lambda doc: None)
-        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--to-topic")
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", path, "--all", "--to-topic")
         assert code == 0 and summary_value(out, "re-driven") == 1, out + err
         assert a.wait_for(lambda c: received(c, victim) == 1, 30), "the re-driven record delivered"
         assert relay.metric("lineage_relay_events_deduplicated_total", collector="a") == 0
@@ -278,27 +279,30 @@ def test_a_dead_letter_written_without_its_value_is_redriven_from_the_source_top
         assert (f"value: (omitted: {len(stream[3][1])} bytes, too large for the dead-letter topic; "
                 f"the original is at ol/0/3)") in out, out
         a.reject_when(lambda doc: None)
-        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path))
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--all")
         assert code == 0, out + err
         assert summary_value(out, "re-driven") == 1
         assert received(a, victim) == 1 and a.count == len(stream)
 
 
-def test_a_producer_made_fatal_by_the_broker_fails_redrive_with_the_reason_and_a_rerun_finishes(tmp_path, capsys):
+def test_a_producer_made_fatal_by_the_broker_fails_redrive_with_the_reason_and_a_rerun_finishes(
+        tmp_path, capsys, monkeypatch):
     """The broker answers the re-driven record with an out-of-order sequence (through a
     fault proxy): the redrive producer is fatal. The command says so and exits 2 (it raised
-    out of the command before); run again, it re-drives the record."""
+    out of the command before); run again, it re-drives the record. (The produce answered
+    as it is: the claim of the redrive lock; no heartbeat in between.)"""
+    monkeypatch.setattr("relay.ops.redrive_lock.TIMING", LeaseTiming(heartbeat_s=600, holder_s=1200, takeover_s=2400))
     stream = sample_stream(4, seed=13)
     with proxied_setup(tmp_path, stream, victim=3) as (broker, proxy, a, config, path):
         with RelayThread(config):
             assert a.wait_for(lambda c: c.count == len(stream) - 1, 30)
             assert len(read_topic(broker.bootstrap_servers, "dlq", expected=1, timeout_s=30)) == 1
-        proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER)
-        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--to-topic")
+        proxy.answer_with_error(PRODUCE, OUT_OF_ORDER_SEQUENCE_NUMBER, after=1)
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--all", "--to-topic")
         assert code == 2, out + err
         assert "lineage-relay dlq redrive: producing to the input topic failed:" in err
         assert "sequence desynchronization" in err and "run redrive again" in err
-        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--to-topic")
+        code, out, err = run_cli(capsys, "dlq", "redrive", "--config", str(path), "--all", "--to-topic")
         assert code == 0, out + err
         assert summary_value(out, "re-driven") == 1
 

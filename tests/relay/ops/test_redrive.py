@@ -21,6 +21,7 @@ from relay.cli import main as cli
 from relay.config import RelayConfig
 from relay.embedded.collector import AppThread, RecordingCollector
 from relay.embedded.sample import sample_stream
+from relay.ops.redrive_lock import LeaseTiming
 from tests.support.dead_letters import padded, write_dead_letters
 from tests.support.hanging_proxy import FETCH, OFFSET_COMMIT, hanging_broker
 from tests.support.kafka import committed_offsets, produce, read_topic
@@ -66,8 +67,10 @@ def test_a_broker_that_stops_answering_at_the_position_commit_fails_redrive_in_t
     """The broker hangs when the redrive position is committed (the deliveries and their
     markers went through). The command ends within its Kafka timeout, exit 2, naming the
     commit, the group and what to do; run again once the broker is back, it sends nothing
-    twice and commits the position."""
+    twice and commits the position (once the lease of the first run, which could not
+    release it, expired)."""
     monkeypatch.setattr("relay.ops.ledger._TIMEOUT_S", 3.0)
+    monkeypatch.setattr("relay.ops.redrive_lock.TIMING", LeaseTiming(heartbeat_s=0.5, holder_s=5.0, takeover_s=8.0))
     stream = sample_stream(2, seed=61)[:3]
     with hanging_broker() as (broker, proxy), RecordingCollector() as a:
         broker.create_topic("ol", 1)
@@ -77,7 +80,7 @@ def test_a_broker_that_stops_answering_at_the_position_commit_fails_redrive_in_t
         path = write_config(tmp_path / "relay.yaml", config)
 
         proxy.hang_at(OFFSET_COMMIT)
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--all")
         assert proxy.hung.is_set(), "the broker hung at the commit"
         assert code == 2, out + err
         assert "cannot commit the redrive position of group g.dlq-redrive" in err, err
@@ -85,7 +88,7 @@ def test_a_broker_that_stops_answering_at_the_position_commit_fails_redrive_in_t
         assert a.count == len(stream)
 
         proxy.recover()
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
+        code, out, err = run_cli_within(capsys, 60, "dlq", "redrive", "--config", path, "--all")
         assert code == 0, out + err
         assert summary_value(out, "already re-driven") == len(stream) and summary_value(out, "re-driven") == 0
         assert "redrive position 0:3 committed (group g.dlq-redrive)" in out, out
@@ -119,19 +122,19 @@ def test_a_record_meant_for_several_collectors_is_not_sent_again_to_one_that_has
                                                                   group=group, dlq=dlq))
         b.reject_when(lambda doc: 400 if doc == victim else None)
 
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--all")
         assert code == 1, out + err
         assert "FAILED 0:0 (too_large" in out and "collector b: collector_rejected" in out, out
         assert received(a, victim) == 1 and received(b, victim) == 0
 
         b.reject_when(lambda doc: None)
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--all")
         assert code == 0, out + err
         assert summary_value(out, "re-driven") == 1
         assert received(b, victim) == 1
         assert received(a, victim) == 1, "a got the record again"
 
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--all")
         assert code == 0 and summary_value(out, "records scanned") == 0, out + err  # the position passed it
         assert received(a, victim) == 1 and received(b, victim) == 1
 
@@ -156,11 +159,11 @@ def test_a_record_handed_back_to_the_relay_skips_the_collectors_a_redrive_reache
         config = relay_config(kafka.bootstrap_servers, topic, urls, group=group, dlq=dlq)
         path = write_config(tmp_path / "relay.yaml", config)
         b.reject_when(lambda doc: 400 if doc == victim else None)
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path)
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--all")
         assert code == 1 and received(a, victim) == 1 and received(b, victim) == 0, out + err
 
         b.reject_when(lambda doc: None)
-        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--to-topic")
+        code, out, err = run_cli_within(capsys, 15, "dlq", "redrive", "--config", path, "--all", "--to-topic")
         assert code == 0 and summary_value(out, "re-driven") == 1, out + err
         back = read_topic(kafka.bootstrap_servers, topic, expected=len(stream) + 1)[-1]
         assert back.headers["redriven_have"] == b"a"
@@ -208,7 +211,7 @@ def test_redrive_holds_a_bounded_part_of_the_values_however_many_it_sends(kafka,
         config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url}, group=kafka.new_group(), dlq=dlq,
                               collector={"concurrency": 2})
         path = write_config(tmp_path / "relay.yaml", config)
-        code, peak = peak_python_memory(lambda: cli(["dlq", "redrive", "--config", path]))
+        code, peak = peak_python_memory(lambda: cli(["dlq", "redrive", "--config", path, "--all"]))
         out = capsys.readouterr().out
         assert code == 0, out
         assert summary_value(out, "re-driven") == len(stream)
@@ -235,7 +238,7 @@ def test_a_dead_letter_whose_source_topic_is_gone_fails_alone(kafka, tmp_path, c
         path = write_config(tmp_path / "relay.yaml", relay_config(kafka.bootstrap_servers, topic, {"a": a.url},
                                                                   group=kafka.new_group(), dlq=dlq))
         for args in ((), ("--to-topic",)):
-            code, out, err = run_cli_within(capsys, 60, "dlq", "redrive", "--config", path, *args)
+            code, out, err = run_cli_within(capsys, 60, "dlq", "redrive", "--config", path, "--all", *args)
             assert code == 1, out + err
             assert summary_value(out, "re-driven") == (1 if not args else 0), out
             assert f"FAILED 0:0 (collector_rejected, from {topic}-deleted/0/7): its value was omitted (1234 bytes) " \
@@ -264,7 +267,7 @@ def test_a_record_one_collector_refused_goes_back_to_the_relay_for_that_collecto
         assert dead.headers["collector"] == b"b"
         b.reject_when(lambda doc: None)
 
-        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path, "--to-topic")
+        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path, "--all", "--to-topic")
         assert code == 0 and summary_value(out, "re-driven") == 1, out + err
         with RelayThread(config):
             assert b.wait_for(lambda c: received(c, victim) == 1, 30), "b never got the record"
@@ -299,7 +302,7 @@ def test_a_broker_that_stops_answering_while_values_are_read_back_fails_redrive_
             return None
 
         a.reject_when(hang_after_the_first)
-        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path)
+        code, out, err = run_cli_within(capsys, 30, "dlq", "redrive", "--config", path, "--all")
         assert proxy.hung.is_set(), "the broker hung at a fetch"
         assert code == 2, out + err
         assert "no records arrived for 2s while reading dlq/0" in err and "is the broker reachable?" in err, err

@@ -11,7 +11,8 @@ import pytest
 from relay.config import build_config
 from relay.errors import ConfigError
 from relay.metrics import RelayMetrics
-from relay.sinks.batch import BatchCollector, json_array
+from relay.sinks.batch import BatchCollector
+from relay.sinks.envelope import json_array
 from relay.sinks.http import HttpCollector
 from relay.sinks.kinds import build_collector
 from relay.sinks.kinds.atlan import AtlanKind
