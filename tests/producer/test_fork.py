@@ -14,7 +14,7 @@ import pytest
 
 from producer import LineageProducer, events, forking, job, sender
 from producer.job import lineage_job
-from producer.journal import adopt_orphans
+from producer.orphans import adopt_orphans
 from tests.producer.support import decode, wait_for
 from tests.support.kafka import read_topic
 

@@ -1,0 +1,90 @@
+"""Taking over the journals dead processes left: which ones, one at a time, never half-made."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from producer.journal import Destination, Journal
+from producer.orphans import adopt_next, adopt_orphans
+from tests.producer.support import open_paths_under
+
+HERE = Destination("lineage", "127.0.0.1:9092,127.0.0.1:9093")
+
+
+def _orphan(root, destination: Destination | None, n: int = 3) -> Journal:
+    """A journal whose owner died (the kernel drops its flock with its fds)."""
+    journal = Journal.create(root, max_bytes=1 << 20, segment_bytes=4096, destination=destination)
+    journal.append([(b"k", f"v{i}".encode()) for i in range(n)])
+    os.close(journal._writer)
+    os.close(journal._lock_fd)
+    return journal
+
+
+def _adopt_next(root):
+    return adopt_next(root, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+
+
+def test_only_journals_for_this_topic_and_cluster_are_taken_and_old_ones_without_a_destination(tmp_path):
+    other_topic = _orphan(tmp_path, Destination("other", "127.0.0.1:9092"))
+    other_cluster = _orphan(tmp_path, Destination("lineage", "127.0.0.1:19092"))
+    same_cluster = _orphan(tmp_path, Destination("lineage", "SASL_SSL://127.0.0.1:9093"))
+    written_before_destinations = _orphan(tmp_path, None)
+    adopted = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    try:
+        assert [j.path for j in adopted] == [same_cluster.path, written_before_destinations.path]
+        assert (other_topic.path / "LOCK").exists() and (other_cluster.path / "LOCK").exists()
+    finally:
+        for journal in adopted:
+            journal.close()
+
+
+def test_a_journal_being_made_is_left_alone_and_one_whose_maker_died_is_removed(tmp_path):
+    being_made = tmp_path / ".20250101T000000000000-1-abcdef"
+    being_made.mkdir()
+    (being_made / "DESTINATION").write_text('{"topic": "lineage", "bootstrap_servers": "127.0.0.1:9092"}')
+    died_making = tmp_path / ".20250101T000000000001-2-abcdef"
+    died_making.mkdir()
+    (died_making / "LOCK").touch()
+    assert _adopt_next(tmp_path) is None
+    assert sorted(being_made.iterdir()) == [being_made / "DESTINATION"], "no LOCK made in a journal being made"
+    assert not died_making.exists()
+
+
+def test_a_made_journal_is_visible_only_with_its_lock_held_and_its_destination(tmp_path):
+    journal = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    try:
+        assert [p.name for p in tmp_path.iterdir()] == [journal.path.name]
+        assert sorted(p.name for p in journal.path.iterdir()) == ["DESTINATION", "LOCK"]
+        assert _adopt_next(tmp_path) is None, "a live journal is never taken"
+    finally:
+        journal.close()
+
+
+def test_orphans_are_taken_one_at_a_time_holding_only_their_lock_until_read(tmp_path):
+    orphans = [_orphan(tmp_path, HERE, n=200) for _ in range(5)]
+    paths = [o.path for o in orphans]
+    first = _adopt_next(tmp_path)
+    assert first is not None and first.path == paths[0] and first.pending == 200
+    assert open_paths_under(paths) == [str(paths[0] / "LOCK")], "the recovery scan's segment is closed"
+    first.read()
+    assert len(open_paths_under(paths)) == 2   # LOCK and the segment being read
+    second = _adopt_next(tmp_path)   # the first is still held: the next one
+    assert second is not None and second.path == paths[1]
+    first.close()
+    second.close()
+    assert open_paths_under(paths) == []
+
+
+def test_a_journal_that_cannot_be_opened_is_logged_once_and_left(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.journal")
+    broken = _orphan(tmp_path, HERE)
+    (broken.path / "00000002.seg").mkdir()   # a segment that is not a file
+    bad_destination = _orphan(tmp_path, HERE)
+    (bad_destination.path / "DESTINATION").write_text("{not json")
+    for _ in range(3):
+        assert _adopt_next(tmp_path) is None
+    failed = [r.getMessage() for r in caplog.records if "event=adopt_failed" in r.getMessage()]
+    assert sorted(m.split()[0] for m in failed) == [f"journal={broken.path}", f"journal={bad_destination.path}"]
+    assert open_paths_under([broken.path, bad_destination.path]) == []
+    assert (broken.path / "00000001.seg").exists(), "left on disk for the next process"
