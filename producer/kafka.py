@@ -248,7 +248,10 @@ class LineageProducer(Sender):
         left and stop. While Kafka is not taking records (all brokers down, failed
         deliveries, no delivery report for a while), it waits only until every event is in
         the journal, which the next producer on the journal directory resends: closing never
-        waits out an outage. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
+        waits out an outage. A dead process's journal adopted while running is not waited
+        for: no batch of it starts once close() began, and it is released with what it has
+        not sent (:mod:`producer.replay`). Idempotent; later ``emit()`` calls are dropped
+        (reason ``closed``)."""
         if self._closed:
             return
         self._closing = True

@@ -325,18 +325,16 @@ def _late_probe(monkeypatch) -> threading.Event:
 def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp_path, monkeypatch):
     # A process too loaded to answer the probe in time is not one whose resolver is locked for
     # ever: it journals meanwhile, then sends everything, in order, once the probe answers,
-    # and what an earlier process left in the journal directory too.
-    refusing = socket.socket()
-    refusing.bind(("127.0.0.1", 0))
+    # and what an earlier process (for the same topic and cluster: here an earlier producer
+    # of this process that could not send either) left in the journal directory too.
     topic = kafka.new_topic("late-probe")
-    earlier = LineageProducer(bootstrap_servers=f"127.0.0.1:{refusing.getsockname()[1]}", topic=topic,
-                              journal_dir=tmp_path)
+    release = _late_probe(monkeypatch)
+    earlier = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
     earlier.emit(_event("left.behind"))
     earlier.flush(0)
     wait_for(lambda: earlier.stats.journaled == 1, 30, "the earlier process's event in its journal")
     earlier.close(0.1)
-    refusing.close()
-    release = _late_probe(monkeypatch)
+    assert earlier.stats.pending == 1
     producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
     try:
         producer.emit(_event("while.probing"))
