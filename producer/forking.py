@@ -113,16 +113,18 @@ def _close_inherited_fds(journal: Any) -> None:
 def _close_inherited_locks(journal_dir: Any) -> None:
     # A LOCK the parent's sender had opened but not yet handed to a journal object at the fork
     # (adopting an orphan, creating its own journal) is in no list above: any descriptor on a
-    # journal's LOCK is the parent's, the child having made none yet. Linux's /proc only.
+    # journal's LOCK (<journal_dir>/<id>/LOCK, nothing deeper) is the parent's, the child
+    # having made none yet. Linux's /proc only.
     try:
-        prefix = os.path.join(os.path.realpath(journal_dir), "")
+        root = os.path.realpath(journal_dir)
         fds = os.listdir("/proc/self/fd")
     except OSError:
         return
     for fd in fds:
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith(prefix) and os.path.basename(target) in ("LOCK", "LOCK.new"):
+            if os.path.basename(target) in ("LOCK", "LOCK.new") and \
+                    os.path.dirname(os.path.dirname(target)) == root:
                 os.close(int(fd))
         except OSError:
             pass

@@ -60,8 +60,15 @@ from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
-from producer.forking import (NoKafka, close_at_exit, register_in_multiprocessing_child, reset_in_forked_children,
-                              resolver_answered, resolver_usable, start_in_forked_child)
+from producer.forking import (
+    NoKafka,
+    close_at_exit,
+    register_in_multiprocessing_child,
+    reset_in_forked_children,
+    resolver_answered,
+    resolver_usable,
+    start_in_forked_child,
+)
 from producer.journal import Journal, check_journal_dir
 from producer.keys import message_key
 from producer.orphans import adopt_orphans
@@ -92,7 +99,7 @@ class LineageProducer(Sender):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
         if disabled(os.environ):
-            from producer.disabled import disabled_class   # it subclasses this one
+            from producer.disabled import disabled_class  # it subclasses this one
             return super().__new__(disabled_class(cls))
         return super().__new__(cls)
 
@@ -353,6 +360,15 @@ class LineageProducer(Sender):
 
 
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
+
+
+def __getattr__(name: str) -> Any:
+    # ``from producer.kafka import DisabledProducer`` as before it moved; imported on use,
+    # producer.disabled importing this module.
+    if name == "DisabledProducer":
+        from producer.disabled import DisabledProducer
+        return DisabledProducer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @atexit.register
