@@ -20,10 +20,15 @@ Guarantees:
   it over. Two live processes never share a journal. ``DESTINATION`` (JSON: ``topic``,
   ``bootstrap_servers``; absent in journals written before it existed) says where its
   records go, so a producer takes over only journals written for its own topic and cluster.
-* A journal is made under a hidden name (``.<id>``), ``DESTINATION`` written first, and its
-  ``LOCK`` appears already locked (locked as ``LOCK.new``, then renamed), before the rename
-  to ``<id>``: an adopter opens ``LOCK`` without creating it, so a journal being made, which
-  has no ``LOCK`` yet, is never touched.
+* A journal is made under a hidden name (``.<id>``): its ``LOCK`` appears already locked
+  (locked as ``LOCK.new``, then renamed) before anything else is written, then
+  ``DESTINATION``, then the rename to ``<id>``. An adopter opens ``LOCK`` without creating
+  it, so a journal being made, which has no ``LOCK`` yet, is never touched (and an older
+  version's adopter, which creates ``LOCK``, finds it held as early as can be).
+* Opening a journal counts its records (the recovery scan, which also cuts a torn tail).
+  ``Journal(..., recover=False)`` defers that scan to :meth:`Journal.recover_some`, in
+  slices of bounded size, so a thread with other work (the producer's sender adopting a
+  large journal) does a slice per turn.
 
 Not thread-safe: one thread (the producer's sender) owns a Journal.
 """
@@ -130,7 +135,8 @@ def encode_record(key: bytes | None, value: bytes) -> bytes:
 class Journal:
     """One producer's journal directory (see the module docstring)."""
 
-    def __init__(self, path: Path, lock_fd: int, *, max_bytes: int, segment_bytes: int) -> None:
+    def __init__(self, path: Path, lock_fd: int, *, max_bytes: int, segment_bytes: int,
+                 recover: bool = True) -> None:
         self.path = path
         self._lock_fd = lock_fd
         self.max_bytes = max_bytes
@@ -142,8 +148,13 @@ class Journal:
         self._sizes = {n: (path / _segment_name(n)).stat().st_size for n in segments}
         self._reader: tuple[int, object] | None = None
         self._writer: int | None = None
-        #: Records appended and not yet committed.
-        self.pending = self._recover()
+        #: Records appended and not yet committed (0 until the recovery scan is complete).
+        self.pending = 0
+        # The recovery scan's progress: (position, records counted); None once complete.
+        self._recovery: tuple[tuple[int, int], int] | None = (self._cursor, 0)
+        if recover:
+            while not self.recover_some():
+                pass
 
     # --- opening -----------------------------------------------------------------
 
@@ -152,24 +163,26 @@ class Journal:
                destination: Destination | None = None) -> Journal:
         """A new, empty journal under ``root``, locked by this process (``destination``:
         recorded for adopters; None only in tools and tests)."""
-        fd = None
+        fd = tmp = None
         try:
             root.mkdir(parents=True, exist_ok=True)
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
             name = f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
-            # Made under a hidden name, its LOCK appearing locked: see the module docstring.
+            # Made under a hidden name, its LOCK appearing locked first: see the module docstring.
             tmp = root / f".{name}"
             tmp.mkdir()
-            if destination is not None:
-                _write_synced(tmp / _DESTINATION, json.dumps(
-                    {"topic": destination.topic, "bootstrap_servers": destination.bootstrap_servers}))
             fd = os.open(tmp / (_LOCK + ".new"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # nobody else knows this name
             os.rename(tmp / (_LOCK + ".new"), tmp / _LOCK)
+            if destination is not None:
+                _write_synced(tmp / _DESTINATION, json.dumps(
+                    {"topic": destination.topic, "bootstrap_servers": destination.bootstrap_servers}))
             final = root / name
             tmp.rename(final)
             _fsync_dir(root)
         except OSError as err:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)   # half made: no adopter would ever take it
             if fd is not None:
                 os.close(fd)
             raise JournalError(f"cannot create a journal under {root}: {err}; set journal_dir to a "
@@ -183,31 +196,42 @@ class Journal:
         except (OSError, ValueError):
             return (segments[0] if segments else 1), 0
 
-    def _recover(self) -> int:
-        """Count records after the cursor; cut a torn tail (crash mid-append)."""
-        count = 0
-        pos = self._cursor
-        while True:
-            batch, pos, torn = self._scan(pos, 10_000, 64 << 20)
-            count += len(batch)
-            if torn is not None:
-                seg, off = torn
-                log.warning("journal=%s event=torn_tail segment=%d offset=%d action=truncate",
-                            self.path, seg, off)
-                with open(self.path / _segment_name(seg), "r+b") as f:
-                    f.truncate(off)
-                    os.fsync(f.fileno())
-                self._sizes[seg] = off
-                for later in [n for n in self._sizes if n > seg]:
-                    (self.path / _segment_name(later)).unlink()
-                    del self._sizes[later]
-                self._write_seg = seg
-                break
-            if not batch:
-                break
+    @property
+    def recovered(self) -> bool:
+        """The recovery scan is complete: ``pending`` is known, the journal may be used."""
+        return self._recovery is None
+
+    def recover_some(self, max_records: int = 10_000, max_bytes: int = 64 << 20) -> bool:
+        """Continue the recovery scan by at most ``max_records`` records or about
+        ``max_bytes``: count the records after the cursor, cut a torn tail (crash
+        mid-append). True once it is complete. Until then the journal may only be closed
+        (which keeps it on disk, whatever it holds). Raises OSError, or JournalError,
+        when a segment cannot be read."""
+        if self._recovery is None:
+            return True
+        pos, count = self._recovery
+        batch, pos, torn = self._scan(pos, max_records, max_bytes)
+        count += len(batch)
+        if torn is not None:
+            seg, off = torn
+            log.warning("journal=%s event=torn_tail segment=%d offset=%d action=truncate",
+                        self.path, seg, off)
+            with open(self.path / _segment_name(seg), "r+b") as f:
+                f.truncate(off)
+                os.fsync(f.fileno())
+            self._sizes[seg] = off
+            for later in [n for n in self._sizes if n > seg]:
+                (self.path / _segment_name(later)).unlink()
+                del self._sizes[later]
+            self._write_seg = seg
+        elif batch and (pos[1] < self._sizes.get(pos[0], 0) or any(n > pos[0] for n in self._sizes)):
+            self._recovery = (pos, count)   # more to scan
+            return False
         # An adopted journal waiting for its turn holds its LOCK only, not a segment too.
         self._close_reader()
-        return count
+        self._recovery = None
+        self.pending = count
+        return True
 
     # --- writing -----------------------------------------------------------------
 
@@ -347,13 +371,14 @@ class Journal:
     # --- closing -----------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the lock; an empty journal's directory is removed."""
+        """Release the lock; an empty journal's directory is removed (not one whose recovery
+        scan is incomplete)."""
         self._close_reader()
         if self._writer is not None:
             os.fsync(self._writer)
             os.close(self._writer)
             self._writer = None
-        if self.pending == 0:
+        if self.pending == 0 and self._recovery is None:
             shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._lock_fd)
 

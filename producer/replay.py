@@ -17,15 +17,23 @@ Which journal, per sender turn:
   the last acknowledgement) and the producer's own backlog is sent (direct mode: its
   journal empty, nothing queued for it), and never once close() began. One at a time:
   finished (removed) or released before the next, so it holds its ``LOCK`` and at most
-  one segment open. Its batches are small (:data:`_ADOPTED_BATCH`, :data:`_ADOPTED_BYTES`)
-  and one is in flight at a time: the producer's own events, which emit() gives librdkafka
-  directly, wait behind at most one such batch; in journal mode (an outage) the adopted
-  journal waits, held. Its events are counted apart (``stats.adopted``), not in
-  ``pending``: ``flush()`` and ``close()`` wait for the producer's own events only.
-  close() starts no batch of it, and the sender's last turn releases it: what it has not
-  sent stays there for the next adopter, and a batch sent but not acknowledged by then is
-  sent again by that adopter (at-least-once). A forked child closes its copies of the
-  journal's descriptors and adopts on its own (:mod:`producer.forking`).
+  one segment open; once one is sent the next is looked for at once, the interval
+  applying after a look that finds none. Its recovery scan (counting its records, which
+  takes seconds for a full one) runs a bounded slice per sender turn
+  (:data:`_RECOVERY_SLICE`), so the sender keeps serving librdkafka meanwhile.
+* An adopted journal must never push the producer's own events into journal mode, which
+  a full librdkafka queue (``queue_max_events``) would: its batches are small
+  (:data:`_ADOPTED_BATCH`, :data:`_ADOPTED_BYTES`, and a tenth of the queue), one is in
+  flight at a time, and one starts only while the producer's own records and it fill at
+  most half the queue (so with ``queue_max_events`` under 2, nothing is adopted while
+  running). The producer's own events, which emit() gives librdkafka directly, wait
+  behind at most one such batch; in journal mode (an outage) the adopted journal waits,
+  held. Its events are counted apart (``stats.adopted``), not in ``pending``: ``flush()``
+  and ``close()`` wait for the producer's own events only. No batch of it starts once
+  close() began, and the sender's last turn releases it: what it has not sent stays there
+  for the next adopter, and a batch sent but not acknowledged by then is sent again by
+  that adopter (at-least-once). A forked child closes its copies of the journal's
+  descriptors and adopts on its own (:mod:`producer.forking`).
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ _REPLAY_BYTES = 4 << 20
 #: own events may queue behind one.
 _ADOPTED_BATCH = 500
 _ADOPTED_BYTES = 1 << 20
+#: An adopted journal's recovery scan per sender turn (records, bytes): a few milliseconds.
+_RECOVERY_SLICE = (2000, 1 << 20)
 _BACKOFF_S = (0.2, 5.0)
 
 
@@ -90,6 +100,7 @@ class Replay:
         self._retry_at = 0.0
         self._backoff = _BACKOFF_S[0]
         self._adopted: Journal | None = None
+        self._adopted_had = 0      # the adopted journal's records when its recovery scan ended
         self._adopted_sent = 0     # events delivered from journals adopted while running
         self._next_look_at = time.monotonic() + self.config.journal_adopt_interval_s
         self._adoption_failed = False   # the journal directory could not be listed (logged once)
@@ -143,29 +154,50 @@ class Replay:
         self._send_batch(journal, min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)
 
     def _advance_adoption(self) -> None:
-        """Direct mode: the next batch of a dead process's journal, adopting one if it is time."""
-        if not self._settle_replay() or self._closing or self._stop.is_set():
-            return
-        now = time.monotonic()
-        if self._adopted is not None and self._adopted.pending == 0:
-            log.info("journal=%s event=adopted_journal_sent topic=%s", self._adopted.path, self._topic)
-            self._adopted.close()
-            self._adopted = None
-        if self._adopted is None:
-            if now < self._next_look_at or not self._may_adopt():
-                return
-            self._next_look_at = now + self.config.journal_adopt_interval_s
-            self._adopted = self._adopt_next()
-            if self._adopted is None:
-                return
-        if now < self._retry_at:
+        """Direct mode: one step of a dead process's journal -- a slice of its recovery scan,
+        or its next batch -- adopting one if it is time."""
+        if not self._settle_replay() or self._stopping():
             return
         journal = self._adopted
+        if journal is not None and not journal.recovered and not self._recover_slice(journal):
+            return
+        now = time.monotonic()
+        if journal is not None and journal.pending == 0:
+            self._release_adopted("adopted_journal_sent" if self._adopted_had else None)
+            self._next_look_at = now   # the next one at once: the interval is for looks that find none
+            journal = None
+        if journal is None:
+            if now >= self._next_look_at and self._may_adopt():
+                self._next_look_at = now + self.config.journal_adopt_interval_s
+                self._adopted = self._adopt_next()   # its recovery scan from the next turn on
+            return
+        batch = min(_ADOPTED_BATCH, max(1, self._max_spill // 10))
+        if now < self._retry_at or self._direct_outstanding() + batch > self._max_spill // 2:
+            return
+        if self._stopping():   # close() may have begun while this turn read the journal
+            return
         try:
-            self._send_batch(journal, min(_ADOPTED_BATCH, self._max_spill), _ADOPTED_BYTES)
+            self._send_batch(journal, batch, _ADOPTED_BYTES)
         except (OSError, JournalError) as err:
             self._adopted = None
             give_up(journal, err)
+
+    def _stopping(self) -> bool:
+        return self._closing or self._stop.is_set()
+
+    def _recover_slice(self, journal: Journal) -> bool:
+        """One slice of the adopted journal's recovery scan; True once it is complete."""
+        try:
+            if not journal.recover_some(*_RECOVERY_SLICE):
+                return False
+        except (OSError, JournalError) as err:
+            self._adopted = None
+            give_up(journal, err)
+            return False
+        self._adopted_had = journal.pending
+        if journal.pending:
+            log.info("journal=%s event=adopted pending=%d", journal.path, journal.pending)
+        return True
 
     def _may_adopt(self) -> bool:
         """Kafka takes records and this producer's own backlog is sent."""
@@ -205,14 +237,17 @@ class Replay:
                 self._replay_failed = True
                 break
 
-    def _release_adopted(self) -> None:
-        """The sender's last turn: the adopted journal goes back to the directory, what it
-        has not sent still in it (after :meth:`_settle_replay`, or a rewind)."""
+    def _release_adopted(self, event: str | None = "adopted_journal_released") -> None:
+        """The adopted journal goes back to the directory, what it has not sent still in it
+        (after :meth:`_settle_replay`, or a rewind): the sender's last turn, or (removed) once
+        it is all sent. ``event``: what is logged (None: nothing, for an empty one)."""
         journal, self._adopted = self._adopted, None
-        if journal is not None:
-            log.info("journal=%s event=adopted_journal_released topic=%s pending=%d",
-                     journal.path, self._topic, journal.pending)
-            try:
-                journal.close()
-            except OSError as err:
-                self._error("journal_close_failed", err)
+        if journal is None:
+            return
+        if event is not None:
+            log.info("journal=%s event=%s topic=%s pending=%s", journal.path, event, self._topic,
+                     journal.pending if journal.recovered else "not_counted")
+        try:
+            journal.close()
+        except OSError as err:
+            self._error("journal_close_failed", err)

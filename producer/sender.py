@@ -143,14 +143,16 @@ class Sender(DeliveryReports, Replay):
             stopping = self._stop.is_set()
             try:
                 self._step()
-                if stopping:
-                    self._shutdown()
-                    return
             except Exception as err:  # noqa: BLE001 - the sender must keep going
                 self._error("sender_failed", err)
-                if stopping:
-                    return
-                self._stop.wait(0.5)
+                if not stopping:
+                    self._stop.wait(0.5)
+            if stopping:   # the last turn, even after a failed step
+                try:
+                    self._shutdown()
+                except Exception as err:  # noqa: BLE001 - logged; the thread ends all the same
+                    self._error("sender_failed", err)
+                return
             with self._progress:
                 self._progress.notify_all()
 
@@ -163,8 +165,10 @@ class Sender(DeliveryReports, Replay):
     def _step(self) -> None:
         if self._spilling:
             busy = bool(self._spill) or self._replay is None
-        else:   # an adopted journal's next batch is due
-            busy = self._adopted is not None and self._replay is None and time.monotonic() >= self._retry_at
+        else:   # an adopted journal's recovery scan goes on, or its next batch is due
+            adopted = self._adopted
+            busy = adopted is not None and self._replay is None and (
+                not adopted.recovered or time.monotonic() >= self._retry_at)
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
         self._check_stall()
         replace = self._fatal is not None or self._stalled or self._refused_batch is not None
@@ -314,20 +318,26 @@ class Sender(DeliveryReports, Replay):
 
     def _shutdown(self) -> None:
         """Last act of the sender: journal whatever Kafka has not acknowledged."""
-        if self._direct_outstanding() or self._replay_outstanding:
-            self._reclaim()
-        if not self._settle_replay() and self._replay is not None:   # answers still missing
-            self._replay[0].rewind()
-            self._replay = None
-        self._release_adopted()
-        self._persist()
-        for journal in [*self._journals, *([self._own] if self._own else [])]:
-            self._left_journaled += journal.pending
+        try:
+            if self._direct_outstanding() or self._replay_outstanding:
+                self._reclaim()
+            if not self._settle_replay() and self._replay is not None:   # answers still missing
+                self._replay[0].rewind()
+                self._replay = None
+        finally:
+            # Whatever failed above, every journal is released: a LOCK held on would keep it
+            # from the next process for as long as this one lives.
             try:
-                journal.close()
-            except OSError as err:
-                self._error("journal_close_failed", err)
-        self._journals, self._own = [], None
+                self._release_adopted()
+                self._persist()
+            finally:
+                for journal in [*self._journals, *([self._own] if self._own else [])]:
+                    self._left_journaled += journal.pending
+                    try:
+                        journal.close()
+                    except OSError as err:
+                        self._error("journal_close_failed", err)
+                self._journals, self._own = [], None
 
     def _count_drop(self, reason: str, n: int = 1) -> int:
         with self._count_lock:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 
-from producer.journal import Destination, Journal
-from producer.orphans import adopt_next, adopt_orphans
+import pytest
+
+from producer.journal import Destination, Journal, lock_existing
+from producer.orphans import adopt_next, adopt_orphans, give_up
 from tests.producer.support import open_paths_under
 
 HERE = Destination("lineage", "127.0.0.1:9092,127.0.0.1:9093")
@@ -65,7 +67,12 @@ def test_orphans_are_taken_one_at_a_time_holding_only_their_lock_until_read(tmp_
     orphans = [_orphan(tmp_path, HERE, n=200) for _ in range(5)]
     paths = [o.path for o in orphans]
     first = _adopt_next(tmp_path)
-    assert first is not None and first.path == paths[0] and first.pending == 200
+    assert first is not None and first.path == paths[0] and not first.recovered
+    assert open_paths_under(paths) == [str(paths[0] / "LOCK")]
+    slices = 1
+    while not first.recover_some(max_records=30):   # the caller's scan, a slice at a time
+        slices += 1
+    assert slices == 7 and first.pending == 200
     assert open_paths_under(paths) == [str(paths[0] / "LOCK")], "the recovery scan's segment is closed"
     first.read()
     assert len(open_paths_under(paths)) == 2   # LOCK and the segment being read
@@ -76,6 +83,18 @@ def test_orphans_are_taken_one_at_a_time_holding_only_their_lock_until_read(tmp_
     assert open_paths_under(paths) == []
 
 
+def test_a_journal_whose_scan_is_incomplete_stays_on_disk_when_released(tmp_path):
+    orphan = _orphan(tmp_path, HERE, n=200)
+    journal = _adopt_next(tmp_path)
+    assert journal is not None and not journal.recover_some(max_records=30)
+    assert journal.pending == 0   # not counted yet
+    journal.close()
+    assert (orphan.path / "00000001.seg").exists()
+    again = _adopt_next(tmp_path)
+    assert again is not None and again.recover_some() and again.pending == 200
+    again.close()
+
+
 def test_a_journal_that_cannot_be_opened_is_logged_once_and_left(tmp_path, caplog):
     caplog.set_level(logging.WARNING, "producer.journal")
     broken = _orphan(tmp_path, HERE)
@@ -83,8 +102,36 @@ def test_a_journal_that_cannot_be_opened_is_logged_once_and_left(tmp_path, caplo
     bad_destination = _orphan(tmp_path, HERE)
     (bad_destination.path / "DESTINATION").write_text("{not json")
     for _ in range(3):
-        assert _adopt_next(tmp_path) is None
+        # What its caller (producer.replay) does with it: the scan fails, it gives the journal up.
+        journal = _adopt_next(tmp_path)
+        if journal is not None:
+            assert journal.path == broken.path
+            with pytest.raises(IsADirectoryError):
+                journal.recover_some()
+            give_up(journal, IsADirectoryError(21, "Is a directory"))
     failed = [r.getMessage() for r in caplog.records if "event=adopt_failed" in r.getMessage()]
     assert sorted(m.split()[0] for m in failed) == [f"journal={broken.path}", f"journal={bad_destination.path}"]
     assert open_paths_under([broken.path, bad_destination.path]) == []
     assert (broken.path / "00000001.seg").exists(), "left on disk for the next process"
+
+
+def test_a_dead_processs_journal_for_another_destination_is_logged_once_not_a_live_one(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.journal")
+    stranded = _orphan(tmp_path, Destination("other", "127.0.0.1:9092"))
+    live = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096,
+                          destination=Destination("lineage", "127.0.0.1:19092"))
+    try:
+        for _ in range(3):
+            assert _adopt_next(tmp_path) is None
+        adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    finally:
+        live.close()
+    skipped = [r for r in caplog.records if "event=adopt_skipped" in r.getMessage()]
+    assert [r.getMessage() for r in skipped] == [
+        f"journal={stranded.path} event=adopt_skipped written_for=other@127.0.0.1:9092 "
+        "producer_for=lineage@127.0.0.1:9092,127.0.0.1:9093 fix=run a producer for other@127.0.0.1:9092 "
+        "with this journal_dir to send it"]
+    assert skipped[0].levelno == logging.WARNING
+    fd = lock_existing(stranded.path)
+    assert fd is not None, "left unlocked for its adopter"
+    os.close(fd)
