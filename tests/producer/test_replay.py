@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from producer import LineageProducer
-from producer.journal import Destination, lock_existing
+from producer.journal import Destination, Journal, lock_existing
 from producer.orphans import adopt_orphans
 from relay.embedded.broker import EmbeddedBroker, free_port
 from tests.producer.support import (
@@ -99,8 +100,9 @@ def test_no_adoption_during_an_outage_nor_before_the_own_backlog_and_one_journal
 
 @pytest.fixture
 def adoption_in_flight(broker, tmp_path):
-    """(producer, orphan journal): the producer has adopted the journal and sent a batch of
-    it to a broker that stopped answering (SIGSTOP) just before."""
+    """(producer, orphan journal): the broker stopped answering (SIGSTOP), then the producer
+    took the journal over (holds its LOCK); its recovery scan may still be going on, and a
+    batch of it may be in flight, unanswered."""
     topic = "in-flight"
     broker.start()
     broker.create_topic(topic, 1)
@@ -176,3 +178,147 @@ def test_only_journals_for_the_producers_topic_and_cluster_are_adopted_and_a_bro
     finally:
         p.close()
     assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
+
+
+def test_no_adoption_while_kafka_is_reported_down_even_with_nothing_to_send(broker, tmp_path):
+    """Direct mode, nothing emitted, librdkafka reporting every broker down: an orphan waits."""
+    topic = "idle-outage"
+    p = _producer(broker.bootstrap_servers, topic, tmp_path, interval=0.5)
+    try:
+        wait_for(lambda: p._kafka_down, 30, "librdkafka reporting all brokers down")
+        assert p.stats.mode == "direct" and p.pending == 0
+        [orphan] = journals_left_by_killed_process(tmp_path, (topic, broker.bootstrap_servers, 0, 10))
+        quiet_until = time.monotonic() + 2.0   # four looks for orphans
+        while time.monotonic() < quiet_until:
+            assert open_paths_under([orphan]) == [], "a journal adopted while Kafka is down"
+            time.sleep(0.05)  # ok: watching that nothing happens for a bounded time
+        broker.start()
+        broker.create_topic(topic, 1)
+        p.emit(seq_event(10))   # an acknowledgement says Kafka is back
+        wait_for(lambda: p.stats.adopted == 10, 60, "the orphan sent once Kafka took an event")
+    finally:
+        p.close()
+
+
+def test_adoption_never_pushes_the_producers_own_events_into_journal_mode(kafka, tmp_path, caplog):
+    """A small librdkafka queue and a steady emitter: the adopted journal's batches leave room
+    for the producer's own events, which go straight to Kafka (no journal mode, nothing
+    journaled), and the journal is sent all the same."""
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("small-queue")
+    left = 4000
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5, queue_max_events=400)
+    own = 0
+    try:
+        journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, left))
+        deadline = time.monotonic() + 120
+        while p.stats.adopted < left:
+            assert time.monotonic() < deadline, f"only {p.stats.adopted} of {left} adopted events delivered"
+            p.emit(seq_event(left + own))
+            own += 1
+            time.sleep(0.004)  # ok: paces a steady emitter (~250 events/s), not a wait
+        assert p.flush(60) == 0
+        assert own > 100, "the emitter ran during the adoption"
+        assert p.stats.journaled == 0 and p.stats.delivered == own and p.stats.dropped == {}
+    finally:
+        p.close()
+    assert "event=journal_mode" not in caplog.text
+    arrived = seqs_by_key(read_topic(kafka.bootstrap_servers, topic, expected=left + own))
+    assert {i for seqs in arrived.values() for i in seqs} == set(range(left + own))
+
+
+def test_journals_left_together_are_adopted_one_after_another_not_one_per_interval(kafka, tmp_path, caplog):
+    caplog.set_level(logging.INFO, "producer.journal")
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("one-after-another")
+    interval = 8.0
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=interval)
+    try:
+        journals_left_by_killed_process(tmp_path, *[(topic, kafka.bootstrap_servers, 10 * n, 10) for n in range(5)])
+        wait_for(lambda: p.stats.adopted == 50, 60, "the five journals sent")
+    finally:
+        p.close()
+    adopted = [r.created for r in caplog.records if "event=adopted " in r.getMessage()]
+    assert len(adopted) == 5
+    assert adopted[-1] - adopted[0] < interval, "a journal waited for the next look after one was sent"
+
+
+@pytest.fixture
+def held_scan(monkeypatch):
+    """A seam on the adopted journal's recovery scan: until ``finish`` is set, a journal under
+    one of ``paths`` makes no progress, however many turns the sender gives it (a very large
+    journal on a slow disk); ``scanning`` is set once a turn gave it one."""
+    state = {"paths": [], "finish": threading.Event(), "scanning": threading.Event()}
+    real = Journal.recover_some
+
+    def recover_some(journal, *args, **kwargs):
+        if journal.path in state["paths"] and not state["finish"].is_set():
+            state["scanning"].set()
+            return False
+        return real(journal, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "recover_some", recover_some)
+    return state
+
+
+def test_the_producers_own_events_are_sent_while_an_adopted_journal_is_scanned(kafka, tmp_path, held_scan):
+    topic = kafka.new_topic("long-scan")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    try:
+        held_scan["paths"] += journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, 100))
+        p.emit(seq_event(100))
+        assert p.flush(30) == 0
+        wait_for(held_scan["scanning"].is_set, 30, "the journal taken over, its scan going on")
+        for i in range(101, 151):
+            p.emit(seq_event(i))
+        assert p.flush(30) == 0, "the producer's own events waited for the adopted journal's scan"
+        assert p.stats.adopted == 0
+        held_scan["finish"].set()
+        wait_for(lambda: p.stats.adopted == 100, 60, "the journal sent once scanned")
+    finally:
+        p.close()
+
+
+def test_no_adopted_batch_starts_once_close_began_during_the_sender_turn(kafka, tmp_path, monkeypatch):
+    """close() begins while the sender's turn is reading the adopted journal (its last scan
+    slice here): that turn sends nothing of it, nor does any later one."""
+    topic = kafka.new_topic("closing")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    real = Journal.recover_some
+    orphans: list[Path] = []
+
+    def recover_some(journal, *args, **kwargs):
+        done = real(journal, *args, **kwargs)
+        if done and journal.path in orphans:
+            p._closing = True   # what close() sets first, from the caller's thread
+        return done
+
+    monkeypatch.setattr(Journal, "recover_some", recover_some)
+    try:
+        p.emit(seq_event(100))
+        assert p.flush(30) == 0
+        orphans += journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, 100))
+        wait_for(lambda: p._closing, 30, "the journal taken over and scanned")
+        quiet_until = time.monotonic() + 2.0
+        while time.monotonic() < quiet_until:
+            assert p.stats.adopted == 0, "an adopted batch sent after close() began"
+            time.sleep(0.05)  # ok: watching that nothing happens for a bounded time
+    finally:
+        p.close(5)
+    left = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20)
+    try:
+        assert [(j.path, j.pending) for j in left] == [(orphans[0], 100)]
+    finally:
+        for journal in left:
+            journal.close()
+
+
+def test_the_adopted_journal_is_released_even_when_the_last_turn_fails(adoption_in_flight, monkeypatch):
+    p, orphan = adoption_in_flight
+
+    def broken(*args):
+        raise RuntimeError("a bug in the sender's last turn")
+
+    monkeypatch.setattr(p, "_settle_replay", broken)
+    p.close(5)
+    assert open_paths_under([orphan]) == [], "the adopted journal is still held"
