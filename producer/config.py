@@ -129,7 +129,8 @@ class ProducerConfig(BaseModel):
     journal_max_bytes: int = Field(256 * 1024 * 1024, ge=64 * 1024)
     queue_max_events: int = Field(100_000, ge=1, le=10_000_000)
     #: How often a running producer looks for a journal a dead process left to adopt and send
-    #: (producer.replay); a producer also takes every such journal over when it starts.
+    #: (producer.replay), after a look that found none (once one is sent, the next is looked for
+    #: at once); a producer also takes every such journal over when it starts.
     journal_adopt_interval_s: float = Field(10.0, gt=0)
     #: How long close() (and interpreter exit) waits at most for delivery before journaling the
     #: rest (while Kafka is down, only until everything is journaled).
