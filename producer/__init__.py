@@ -15,12 +15,13 @@ from producer.errors import ConfigError, JournalError, ProducerError
 
 if TYPE_CHECKING:
     from producer.config import ProducerConfig, load_config
-    from producer.kafka import LineageProducer, ProducerStats
+    from producer.kafka import LineageProducer
+    from producer.stats import ProducerStats
 
 # Imported on first use, so `import producer.events` does not load confluent-kafka/pydantic.
 _LAZY = {
     "LineageProducer": "producer.kafka",
-    "ProducerStats": "producer.kafka",
+    "ProducerStats": "producer.stats",
     "ProducerConfig": "producer.config",
     "load_config": "producer.config",
 }

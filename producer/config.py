@@ -21,7 +21,8 @@ Defaults worth knowing:
 * ``topic``: ``openlineage`` (what the relay reads by default).
 * ``journal_dir``: ``$LINEAGE_RELAY_JOURNAL_DIR/<topic>``, else
   ``${XDG_CACHE_HOME:-~/.cache}/lineage-relay/journal/<topic>``.
-* ``journal_max_bytes``: 256 MiB per producer; ``queue_max_events``: 100 000.
+* ``journal_max_bytes``: 256 MiB per producer; ``queue_max_events``: 100 000;
+  ``journal_adopt_interval_s``: 10.
 * librdkafka: ``enable.idempotence=true``, ``acks=all``, ``compression.type=lz4``,
   ``linger.ms=20``, ``message.timeout.ms=60000``; any other property passes through
   ``properties``. Idempotence and ``acks=all`` cannot be turned off (run order depends
@@ -127,6 +128,10 @@ class ProducerConfig(BaseModel):
     journal_dir: Path | None = None
     journal_max_bytes: int = Field(256 * 1024 * 1024, ge=64 * 1024)
     queue_max_events: int = Field(100_000, ge=1, le=10_000_000)
+    #: How often a running producer looks for a journal a dead process left to adopt and send
+    #: (producer.replay), after a look that found none (once one is sent, the next is looked for
+    #: at once); a producer also takes every such journal over when it starts.
+    journal_adopt_interval_s: float = Field(10.0, gt=0)
     #: How long close() (and interpreter exit) waits at most for delivery before journaling the
     #: rest (while Kafka is down, only until everything is journaled).
     close_timeout_s: float = Field(10.0, ge=0)

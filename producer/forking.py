@@ -7,9 +7,10 @@ memory for ever, and its ``flush()`` would return at once with them pending: los
 a word. So, in the child, every live producer is reset to fresh state by the fork hook
 and started (a new librdkafka instance, a new sender thread, its own journal) on the
 child's first ``emit``: a worker that emits nothing opens no connection. The parent keeps
-sending what it had queued and keeps its journals; the child closes its copies of their
-file descriptors, so a child that outlives a crashed parent does not keep the parent's
-journal from being adopted.
+sending what it had queued and keeps its journals, the one it adopted from a dead process
+included; the child closes its copies of their file descriptors (and of any journal
+``LOCK`` the parent's sender was just opening), so a child that outlives a crashed parent,
+or a parent that released an adopted journal, does not keep the journal from being adopted.
 
 A ``multiprocessing`` child (fork or forkserver) ends with ``os._exit``, which skips
 ``atexit``: its producers -- inherited and started, or built in the child -- are closed by
@@ -80,8 +81,12 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None])
         if getattr(producer, "_forked", None) is None or producer._closed:
             continue
         _inherited.append(dict(vars(producer)))
-        for journal in [*producer._journals, *([producer._own] if producer._own else [])]:
-            _close_inherited_fds(journal)
+        # The journal a dead process left that the parent is sending (producer.replay) too:
+        # the child must neither keep it locked nor send it.
+        for journal in [*producer._journals, producer._own, producer._adopted]:
+            if journal is not None:
+                _close_inherited_fds(journal)
+        _close_inherited_locks(producer.config.journal_path)
         kafka_down = producer._kafka_down   # the parent's news of an outage holds for the child
         producer._init_sender(producer.config.queue_max_events)
         producer._kafka_down = kafka_down
@@ -103,6 +108,26 @@ def _close_inherited_fds(journal: Any) -> None:
                 pass
     # The reader's file is left open: it holds no lock, and closing its file object would
     # take its buffer's lock, which the parent's sender may have held at the fork (a hang).
+
+
+def _close_inherited_locks(journal_dir: Any) -> None:
+    # A LOCK the parent's sender had opened but not yet handed to a journal object at the fork
+    # (adopting an orphan, creating its own journal) is in no list above: any descriptor on a
+    # journal's LOCK (<journal_dir>/<id>/LOCK, nothing deeper) is the parent's, the child
+    # having made none yet. Linux's /proc only.
+    try:
+        root = os.path.realpath(journal_dir)
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if os.path.basename(target) in ("LOCK", "LOCK.new") and \
+                    os.path.dirname(os.path.dirname(target)) == root:
+                os.close(int(fd))
+        except OSError:
+            pass
 
 
 def start_in_forked_child(producer: Any) -> None:

@@ -36,7 +36,7 @@ Contract:
   and closed at interpreter exit; when it cannot be built (no bootstrap servers, an
   unwritable journal directory, ...) that is logged once, as a warning with the fix, and
   the job runs without lineage (the failure is cached: config is not read again); with
-  ``OPENLINEAGE_DISABLED=true`` it is a :class:`producer.kafka.DisabledProducer`, which
+  ``OPENLINEAGE_DISABLED=true`` it is a :class:`producer.disabled.DisabledProducer`, which
   sends nothing. A malformed ``OPENLINEAGE_PARENT_ID`` is logged and ignored; an event
   that cannot be built or emitted is logged and skipped. Mistakes in ``lineage_job``'s own arguments (a bad
   ``parent=`` string) still raise, where it is constructed.

@@ -16,9 +16,19 @@ Guarantees:
   but never skipped (at-least-once; the relay deduplicates).
 * Size cap: :meth:`append` refuses records that would take the journal's segments past
   ``max_bytes``; the caller counts and logs them (reason ``journal_full``).
-* A journal whose ``LOCK`` is free belongs to a dead process: :func:`adopt_orphans` takes
-  it over (oldest first) so the next producer on the same journal directory resends it.
-  Two live processes never share a journal.
+* A journal whose ``LOCK`` is free belongs to a dead process: :mod:`producer.orphans` takes
+  it over. Two live processes never share a journal. ``DESTINATION`` (JSON: ``topic``,
+  ``bootstrap_servers``; absent in journals written before it existed) says where its
+  records go, so a producer takes over only journals written for its own topic and cluster.
+* A journal is made under a hidden name (``.<id>``): its ``LOCK`` appears already locked
+  (locked as ``LOCK.new``, then renamed) before anything else is written, then
+  ``DESTINATION``, then the rename to ``<id>``. An adopter opens ``LOCK`` without creating
+  it, so a journal being made, which has no ``LOCK`` yet, is never touched (and an older
+  version's adopter, which creates ``LOCK``, finds it held as early as can be).
+* Opening a journal counts its records (the recovery scan, which also cuts a torn tail).
+  ``Journal(..., recover=False)`` defers that scan to :meth:`Journal.recover_some`, in
+  slices of bounded size, so a thread with other work (the producer's sender adopting a
+  large journal) does a slice per turn.
 
 Not thread-safe: one thread (the producer's sender) owns a Journal.
 """
@@ -26,12 +36,14 @@ Not thread-safe: one thread (the producer's sender) owns a Journal.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import secrets
 import shutil
 import struct
 import zlib
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -44,6 +56,7 @@ _HEADER = struct.Struct(">IIH")
 _NO_KEY = 0
 _CURSOR = "CURSOR"
 _LOCK = "LOCK"
+_DESTINATION = "DESTINATION"
 Record = tuple[bytes | None, bytes]
 
 
@@ -55,19 +68,61 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _segment_name(number: int) -> str:
     return f"{number:08d}.seg"
 
 
-def _lock(path: Path) -> int | None:
-    """An fd holding an exclusive flock on ``path/LOCK``, or None when a live process has it."""
-    fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+def lock_existing(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path/LOCK``, or None when a live process holds
+    it or there is no ``LOCK`` (a journal being made, or just removed). Never creates it."""
+    try:
+        fd = os.open(path / _LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
     return fd
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a journal's records go: a topic, on the cluster its bootstrap servers name."""
+
+    topic: str
+    bootstrap_servers: str
+
+    def brokers(self) -> frozenset[str]:
+        # "SASL_SSL://Kafka-1:9093" and "kafka-1:9093" name the same broker.
+        return frozenset(part.strip().rpartition("://")[2].lower()
+                         for part in self.bootstrap_servers.split(",") if part.strip())
+
+    def accepts(self, written_for: Destination) -> bool:
+        """Whether records written for ``written_for`` belong here: the same topic, and a
+        bootstrap server in common (one cluster reached through disjoint broker lists is
+        not recognised: its journals wait for a producer configured like the writer)."""
+        return self.topic == written_for.topic and bool(self.brokers() & written_for.brokers())
+
+
+def read_destination(path: Path) -> Destination | None:
+    """The destination the journal at ``path`` was written for; None for a journal written
+    before ``DESTINATION`` existed. Raises OSError or ValueError when it is unreadable."""
+    try:
+        data = json.loads((path / _DESTINATION).read_text())
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("topic", "bootstrap_servers")):
+        raise ValueError(f"{path / _DESTINATION} is not a journal destination")
+    return Destination(data["topic"], data["bootstrap_servers"])
 
 
 def encode_record(key: bytes | None, value: bytes) -> bytes:
@@ -80,7 +135,8 @@ def encode_record(key: bytes | None, value: bytes) -> bytes:
 class Journal:
     """One producer's journal directory (see the module docstring)."""
 
-    def __init__(self, path: Path, lock_fd: int, *, max_bytes: int, segment_bytes: int) -> None:
+    def __init__(self, path: Path, lock_fd: int, *, max_bytes: int, segment_bytes: int,
+                 recover: bool = True) -> None:
         self.path = path
         self._lock_fd = lock_fd
         self.max_bytes = max_bytes
@@ -92,28 +148,43 @@ class Journal:
         self._sizes = {n: (path / _segment_name(n)).stat().st_size for n in segments}
         self._reader: tuple[int, object] | None = None
         self._writer: int | None = None
-        #: Records appended and not yet committed.
-        self.pending = self._recover()
+        #: Records appended and not yet committed (0 until the recovery scan is complete).
+        self.pending = 0
+        # The recovery scan's progress: (position, records counted); None once complete.
+        self._recovery: tuple[tuple[int, int], int] | None = (self._cursor, 0)
+        if recover:
+            while not self.recover_some():
+                pass
 
     # --- opening -----------------------------------------------------------------
 
     @classmethod
-    def create(cls, root: Path, *, max_bytes: int, segment_bytes: int) -> Journal:
-        """A new, empty journal under ``root``, locked by this process."""
+    def create(cls, root: Path, *, max_bytes: int, segment_bytes: int,
+               destination: Destination | None = None) -> Journal:
+        """A new, empty journal under ``root``, locked by this process (``destination``:
+        recorded for adopters; None only in tools and tests)."""
+        fd = tmp = None
         try:
             root.mkdir(parents=True, exist_ok=True)
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
             name = f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
-            # Locked under a hidden name first, so no other process can adopt it half-made.
+            # Made under a hidden name, its LOCK appearing locked first: see the module docstring.
             tmp = root / f".{name}"
             tmp.mkdir()
-            fd = _lock(tmp)
-            if fd is None:  # pragma: no cover - nobody else knows this name
-                raise JournalError(f"could not lock the new journal {tmp}")
+            fd = os.open(tmp / (_LOCK + ".new"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # nobody else knows this name
+            os.rename(tmp / (_LOCK + ".new"), tmp / _LOCK)
+            if destination is not None:
+                _write_synced(tmp / _DESTINATION, json.dumps(
+                    {"topic": destination.topic, "bootstrap_servers": destination.bootstrap_servers}))
             final = root / name
             tmp.rename(final)
             _fsync_dir(root)
         except OSError as err:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)   # half made: no adopter would ever take it
+            if fd is not None:
+                os.close(fd)
             raise JournalError(f"cannot create a journal under {root}: {err}; set journal_dir to a "
                                "writable directory (or $LINEAGE_RELAY_JOURNAL_DIR)") from err
         return cls(final, fd, max_bytes=max_bytes, segment_bytes=segment_bytes)
@@ -125,29 +196,42 @@ class Journal:
         except (OSError, ValueError):
             return (segments[0] if segments else 1), 0
 
-    def _recover(self) -> int:
-        """Count records after the cursor; cut a torn tail (crash mid-append)."""
-        count = 0
-        pos = self._cursor
-        while True:
-            batch, pos, torn = self._scan(pos, 10_000, 64 << 20)
-            count += len(batch)
-            if torn is not None:
-                seg, off = torn
-                log.warning("journal=%s event=torn_tail segment=%d offset=%d action=truncate",
-                            self.path, seg, off)
-                with open(self.path / _segment_name(seg), "r+b") as f:
-                    f.truncate(off)
-                    os.fsync(f.fileno())
-                self._sizes[seg] = off
-                for later in [n for n in self._sizes if n > seg]:
-                    (self.path / _segment_name(later)).unlink()
-                    del self._sizes[later]
-                self._write_seg = seg
-                break
-            if not batch:
-                break
-        return count
+    @property
+    def recovered(self) -> bool:
+        """The recovery scan is complete: ``pending`` is known, the journal may be used."""
+        return self._recovery is None
+
+    def recover_some(self, max_records: int = 10_000, max_bytes: int = 64 << 20) -> bool:
+        """Continue the recovery scan by at most ``max_records`` records or about
+        ``max_bytes``: count the records after the cursor, cut a torn tail (crash
+        mid-append). True once it is complete. Until then the journal may only be closed
+        (which keeps it on disk, whatever it holds). Raises OSError, or JournalError,
+        when a segment cannot be read."""
+        if self._recovery is None:
+            return True
+        pos, count = self._recovery
+        batch, pos, torn = self._scan(pos, max_records, max_bytes)
+        count += len(batch)
+        if torn is not None:
+            seg, off = torn
+            log.warning("journal=%s event=torn_tail segment=%d offset=%d action=truncate",
+                        self.path, seg, off)
+            with open(self.path / _segment_name(seg), "r+b") as f:
+                f.truncate(off)
+                os.fsync(f.fileno())
+            self._sizes[seg] = off
+            for later in [n for n in self._sizes if n > seg]:
+                (self.path / _segment_name(later)).unlink()
+                del self._sizes[later]
+            self._write_seg = seg
+        elif batch and (pos[1] < self._sizes.get(pos[0], 0) or any(n > pos[0] for n in self._sizes)):
+            self._recovery = (pos, count)   # more to scan
+            return False
+        # An adopted journal waiting for its turn holds its LOCK only, not a segment too.
+        self._close_reader()
+        self._recovery = None
+        self.pending = count
+        return True
 
     # --- writing -----------------------------------------------------------------
 
@@ -259,10 +343,7 @@ class Journal:
     def commit(self, pos: tuple[int, int], count: int) -> None:
         """Mark everything before ``pos`` (``count`` records) delivered, durably."""
         tmp = self.path / (_CURSOR + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(f"{pos[0]} {pos[1]}\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp, f"{pos[0]} {pos[1]}\n")
         os.replace(tmp, self.path / _CURSOR)
         self._cursor = pos
         self.pending = max(0, self.pending - count)
@@ -290,48 +371,19 @@ class Journal:
     # --- closing -----------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the lock; an empty journal's directory is removed."""
+        """Release the lock; an empty journal's directory is removed (not one whose recovery
+        scan is incomplete)."""
         self._close_reader()
         if self._writer is not None:
             os.fsync(self._writer)
             os.close(self._writer)
             self._writer = None
-        if self.pending == 0:
+        if self.pending == 0 and self._recovery is None:
             shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._lock_fd)
 
     def __repr__(self) -> str:
         return f"Journal({self.path}, pending={self.pending}, bytes={self.size_bytes})"
-
-
-def adopt_orphans(root: Path, *, max_bytes: int, segment_bytes: int) -> list[Journal]:
-    """Lock and open every journal under ``root`` whose owner process is gone, oldest first.
-
-    Empty orphans are removed. A journal another live process holds is left alone.
-    """
-    if not root.is_dir():
-        return []
-    adopted = []
-    for path in sorted(p for p in root.iterdir() if p.is_dir()):
-        try:
-            fd = _lock(path)
-        except OSError as err:
-            log.warning("journal=%s event=adopt_failed error=%s", path, err)
-            continue
-        if fd is None:
-            continue
-        if path.name.startswith("."):
-            # Left by a process that died while creating it: it never held a record.
-            shutil.rmtree(path, ignore_errors=True)
-            os.close(fd)
-            continue
-        journal = Journal(path, fd, max_bytes=max_bytes, segment_bytes=segment_bytes)
-        if journal.pending == 0:
-            journal.close()
-            continue
-        log.info("journal=%s event=adopted pending=%d", path, journal.pending)
-        adopted.append(journal)
-    return adopted
 
 
 def check_journal_dir(path: Path) -> None:

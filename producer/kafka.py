@@ -16,8 +16,10 @@ Guarantees:
   on-disk journal (:mod:`producer.journal`, fsync-ed), and replays the journal when Kafka
   takes records again. ``close()`` and interpreter exit flush for ``close_timeout_s`` and
   journal whatever is left; while Kafka is not taking records they wait only for events
-  not yet in the journal. The next producer that starts on the same journal directory
-  resends journals a crashed process left behind, before its own events.
+  not yet in the journal. A journal a dead process left (for the same topic and cluster)
+  is resent by the next producer that starts on the same journal directory, before its
+  own events, and by a running producer, one journal at a time while Kafka is up and its
+  own backlog is sent, behind its own events (:mod:`producer.replay`).
 * Delivery is at-least-once: a replay after a crash or an outage can repeat events (the
   relay deduplicates).
 
@@ -49,7 +51,6 @@ import re
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
@@ -59,40 +60,26 @@ from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
-from producer.forking import (NoKafka, close_at_exit, register_in_multiprocessing_child, reset_in_forked_children,
-                              resolver_answered, resolver_usable, start_in_forked_child)
-from producer.journal import Journal, adopt_orphans, check_journal_dir
+from producer.forking import (
+    NoKafka,
+    close_at_exit,
+    register_in_multiprocessing_child,
+    reset_in_forked_children,
+    resolver_answered,
+    resolver_usable,
+    start_in_forked_child,
+)
+from producer.journal import Journal, check_journal_dir
 from producer.keys import message_key
+from producer.orphans import adopt_orphans
 from producer.sender import RECLAIM_TIMEOUT_S, Sender
 from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
+from producer.stats import ProducerStats
 
 log = logging.getLogger(__name__)
 _REJECTED_VALUE = re.compile(r'Invalid value ".*" (for configuration property ")', re.DOTALL)
 #: How long emit() waits for the journal writer when the spill queue is full (disk, not network).
 _FULL_WAIT_S = 1.0
-
-
-@dataclass(frozen=True)
-class ProducerStats:
-    """A snapshot of the producer's counters (all since construction).
-
-    ``emitted``: emit() calls; ``delivered``: acknowledged by Kafka (replays included);
-    ``journaled``: written to the journal; ``replayed``: delivered from a journal;
-    ``delivery_failures``: records librdkafka gave back (failed or purged), all journaled;
-    ``dropped``: events that will never be sent, by reason; ``errors``: every problem
-    logged (drops included); ``pending``: not yet acknowledged; ``mode``: ``direct``,
-    ``journal`` or ``disabled`` (:class:`DisabledProducer`).
-    """
-
-    emitted: int
-    delivered: int
-    journaled: int
-    replayed: int
-    delivery_failures: int
-    errors: int
-    dropped: dict[str, int] = field(default_factory=dict)
-    pending: int = 0
-    mode: str = "direct"
 
 
 class LineageProducer(Sender):
@@ -103,16 +90,17 @@ class LineageProducer(Sender):
     field names) take precedence over either. Configuration mistakes, including unknown
     librdkafka properties, raise :class:`producer.errors.ConfigError` here. While
     ``OPENLINEAGE_DISABLED=true`` (the OpenLineage clients' switch) it builds a
-    :class:`DisabledProducer` instead (a subclass's constructor too: an instance of both): no
-    configuration source is read, nothing is sent.
+    :class:`producer.disabled.DisabledProducer` instead (a subclass's constructor too: an
+    instance of both): no configuration source is read, nothing is sent.
     """
 
     _client_refused = False   # a late Kafka client refused its configuration (_kafka_client_back)
     _closing = False          # close() began: no late Kafka client
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
-        if disabled(os.environ) and not issubclass(cls, DisabledProducer):
-            return super().__new__(_disabled_class(cls))
+        if disabled(os.environ):
+            from producer.disabled import disabled_class  # it subclasses this one
+            return super().__new__(disabled_class(cls))
         return super().__new__(cls)
 
     def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
@@ -245,8 +233,9 @@ class LineageProducer(Sender):
 
     @property
     def pending(self) -> int:
-        """Events accepted by emit() and not yet acknowledged by Kafka (including journaled
-        ones and any adopted from a dead process's journal)."""
+        """Events accepted by emit() and not yet acknowledged by Kafka, journaled ones
+        included, and those of the journals dead processes left that the producer took over
+        when it started; not those of a journal it adopted while running (``stats.adopted``)."""
         # In-memory records first: on their way to a journal they are counted in one
         # place or the next, and the journal they go to may be created meanwhile.
         in_memory = self._not_journaled()
@@ -266,7 +255,10 @@ class LineageProducer(Sender):
         left and stop. While Kafka is not taking records (all brokers down, failed
         deliveries, no delivery report for a while), it waits only until every event is in
         the journal, which the next producer on the journal directory resends: closing never
-        waits out an outage. Idempotent; later ``emit()`` calls are dropped (reason ``closed``)."""
+        waits out an outage. A dead process's journal adopted while running is not waited
+        for: no batch of it starts once close() began, and it is released with what it has
+        not sent (:mod:`producer.replay`). Idempotent; later ``emit()`` calls are dropped
+        (reason ``closed``)."""
         if self._closed:
             return
         self._closing = True
@@ -320,10 +312,11 @@ class LineageProducer(Sender):
         return not isinstance(self._producer, NoKafka)
 
     def _adopt_orphans(self) -> list[Journal]:
-        """The journals dead processes left in the journal directory (none if unreadable: logged)."""
+        """The journals dead processes left in the journal directory for this topic and
+        cluster (none if unreadable: logged)."""
         try:
             return adopt_orphans(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                 segment_bytes=self._segment_bytes())
+                                 segment_bytes=self._segment_bytes(), destination=self._destination())
         except (OSError, JournalError) as err:
             self._error("journal_unreadable", err, path=str(self.config.journal_path))
             return []
@@ -355,7 +348,7 @@ class LineageProducer(Sender):
                 emitted=self._emitted, delivered=self._delivered, journaled=self._journaled,
                 replayed=self._replayed, delivery_failures=self._delivery_failures,
                 errors=self._errors, dropped=dict(self._dropped), pending=self.pending,
-                mode="journal" if self._spilling else "direct",
+                mode="journal" if self._spilling else "direct", adopted=self._adopted_sent,
             )
 
     # --- errors ------------------------------------------------------------------------
@@ -366,67 +359,16 @@ class LineageProducer(Sender):
         self._drop(reason, detail, key)
 
 
-class DisabledProducer(LineageProducer):
-    """What ``LineageProducer(...)`` (or a subclass's constructor) builds while
-    ``OPENLINEAGE_DISABLED=true``, as the official clients fall back to a no-op transport: it
-    reads no configuration source, connects to nothing and drops every event (counted in
-    ``stats.emitted``). Logged once per process. ``config`` is the config given, else
-    ProducerConfig's defaults (``bootstrap_servers`` empty), with the keyword overrides that
-    name its fields applied as given (not validated: nothing uses them)."""
-
-    def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
-        global _disabled_logged
-        base = config if config is not None else ProducerConfig.model_construct(bootstrap_servers="")
-        self.config = base.model_copy(update={k: v for k, v in overrides.items()
-                                              if k in ProducerConfig.model_fields and v is not None})
-        self._count_lock = threading.Lock()
-        self._emitted = 0
-        if not _disabled_logged:
-            _disabled_logged = True
-            log.info("event=lineage_disabled reason=OPENLINEAGE_DISABLED=true fix=unset it to send lineage; "
-                     "events are dropped")
-
-    def emit(self, event: dict) -> None:
-        with self._count_lock:
-            self._emitted += 1
-
-    @property
-    def pending(self) -> int:
-        return 0
-
-    def flush(self, timeout_s: float | None = None) -> int:
-        return 0
-
-    def close(self, timeout_s: float | None = None) -> None:
-        pass
-
-    @property
-    def stats(self) -> ProducerStats:
-        with self._count_lock:
-            return ProducerStats(emitted=self._emitted, delivered=0, journaled=0, replayed=0,
-                                 delivery_failures=0, errors=0, mode="disabled")
-
-    def drop(self, reason: str, detail: object, key: bytes | None = None) -> None:
-        pass
-
-
-_disabled_logged = False
-_DISABLED_CLASSES: dict[type, type] = {}
-
-
-def _disabled_class(cls: type) -> type:
-    """:class:`DisabledProducer` for ``LineageProducer`` itself; for a subclass, one that is
-    both (its own methods first, calling down to the disabled ones), so ``isinstance`` and the
-    subclass's additions still hold."""
-    if cls is LineageProducer:
-        return DisabledProducer
-    if cls not in _DISABLED_CLASSES:
-        _DISABLED_CLASSES[cls] = type(f"Disabled{cls.__name__}", (cls, DisabledProducer),
-                                      {"__module__": cls.__module__, "__doc__": DisabledProducer.__doc__})
-    return _DISABLED_CLASSES[cls]
-
-
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
+
+
+def __getattr__(name: str) -> Any:
+    # ``from producer.kafka import DisabledProducer`` as before it moved; imported on use,
+    # producer.disabled importing this module.
+    if name == "DisabledProducer":
+        from producer.disabled import DisabledProducer
+        return DisabledProducer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @atexit.register

@@ -11,6 +11,7 @@ producer's non-blocking, journaled delivery. A complete ``openlineage.yml``::
       # messageKey: fixed-key             # default: the official per-event keys
       # journalDir: /var/spool/lineage    # default: ~/.cache/lineage-relay/journal/<topic>
       # journalMaxBytes: 268435456
+      # journalAdoptIntervalS: 10         # how often a dead process's journal is looked for
       # queueMaxEvents: 100000
       # closeTimeoutS: 10
       properties:                         # librdkafka producer properties ("config" works too)

@@ -21,6 +21,10 @@ State machine, per loop (``_step``):
    re-read after a backoff: order is kept, duplicates are possible). When every journal
    is empty and nothing is queued, go back to direct sending. (Without a Kafka client,
    :class:`producer.forking.NoKafka`, no replay: the journal keeps everything.)
+5. in direct mode, *adoption*: now and then, a journal a dead process left is adopted
+   and sent, one small batch at a time, behind the producer's own events.
+
+Steps 4 and 5 are :mod:`producer.replay`.
 
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
 callbacks never take it, they set flags this loop acts on; they are in
@@ -43,6 +47,7 @@ from producer.delivery_reports import DeliveryReports
 from producer.errors import JournalError
 from producer.journal import Journal, Record
 from producer.librdkafka_log import LibrdkafkaLog
+from producer.replay import Replay
 
 if TYPE_CHECKING:
     from producer.config import ProducerConfig
@@ -51,9 +56,6 @@ log = logging.getLogger("producer.kafka")
 
 _IDLE_POLL_S = 0.1
 _BUSY_POLL_S = 0.005
-_REPLAY_BATCH = 2000
-_REPLAY_BYTES = 4 << 20
-_BACKOFF_S = (0.2, 5.0)
 #: Records outstanding and no delivery report for this long: reclaim them into the journal
 #: and start a fresh librdkafka producer (the wait doubles up to the second value while
 #: it keeps happening). It un-sticks an idempotent producer whose id the broker forgot (a
@@ -65,13 +67,14 @@ RECLAIM_TIMEOUT_S = 5.0
 _DOWN_GRACE_S = 2.0
 
 
-class Sender(DeliveryReports):
+class Sender(DeliveryReports, Replay):
     """Background half of LineageProducer; see the module docstring."""
 
     config: ProducerConfig
     _topic: str
     _producer: Producer
     _journals: list[Journal]
+    _closing: bool    # LineageProducer's: close() began
     _can_send: bool   # LineageProducer's: False without a Kafka client (producer.forking.NoKafka)
     _wait: Callable[[float | None, Callable[[], bool]], None]  # LineageProducer's
 
@@ -113,25 +116,17 @@ class Sender(DeliveryReports):
         self._stall_s = _STALL_S[0]
         self._quiet_since = time.monotonic()  # last time nothing awaited a delivery report
         self._last_report_at = 0.0            # last delivery report of any kind
-        self._replay: tuple[Journal, tuple[int, int], int] | None = None
-        self._replay_outstanding = 0
-        self._replay_failed = False
-        self._replay_rejected = 0
-        self._retry_at = 0.0
-        self._backoff = _BACKOFF_S[0]
         self._stop = threading.Event()
         self._progress = threading.Condition()
         self._own: Journal | None = None
         self._left_journaled = 0            # pending records in journals closed at shutdown
+        self._init_replay()
 
     def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
         raise NotImplementedError
 
     def _kafka_client_back(self) -> bool:
         raise NotImplementedError
-
-    def _segment_bytes(self) -> int:
-        return max(64 * 1024, min(64 << 20, self.config.journal_max_bytes // 4))
 
     def _begin_journal_mode_locked(self, reason: str) -> None:
         if not self._spilling:
@@ -148,14 +143,16 @@ class Sender(DeliveryReports):
             stopping = self._stop.is_set()
             try:
                 self._step()
-                if stopping:
-                    self._shutdown()
-                    return
             except Exception as err:  # noqa: BLE001 - the sender must keep going
                 self._error("sender_failed", err)
-                if stopping:
-                    return
-                self._stop.wait(0.5)
+                if not stopping:
+                    self._stop.wait(0.5)
+            if stopping:   # the last turn, even after a failed step
+                try:
+                    self._shutdown()
+                except Exception as err:  # noqa: BLE001 - logged; the thread ends all the same
+                    self._error("sender_failed", err)
+                return
             with self._progress:
                 self._progress.notify_all()
 
@@ -166,7 +163,12 @@ class Sender(DeliveryReports):
             self._fatal = err.args[0]
 
     def _step(self) -> None:
-        busy = self._spilling and (self._spill or self._replay is None)
+        if self._spilling:
+            busy = bool(self._spill) or self._replay is None
+        else:   # an adopted journal's recovery scan goes on, or its next batch is due
+            adopted = self._adopted
+            busy = adopted is not None and self._replay is None and (
+                not adopted.recovered or time.monotonic() >= self._retry_at)
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
         self._check_stall()
         replace = self._fatal is not None or self._stalled or self._refused_batch is not None
@@ -185,6 +187,8 @@ class Sender(DeliveryReports):
         self._persist()
         if self._spilling:
             self._advance_replay()
+        else:
+            self._advance_adoption()
 
     def _take_back_if_kafka_is_down(self, timeout_s: float | None) -> None:
         """For close(): Kafka said all brokers are down (librdkafka says it once per outage,
@@ -209,6 +213,9 @@ class Sender(DeliveryReports):
         elif now - max(self._quiet_since, self._last_report_at) > self._stall_s:
             self._stalled = True
             self._kafka_down = True
+
+    def _reset_stall(self) -> None:
+        self._stall_s = _STALL_S[0]
 
     def _direct_outstanding(self) -> int:
         return self._direct_sent - self._direct_done
@@ -279,7 +286,7 @@ class Sender(DeliveryReports):
     def _journal(self) -> Journal:
         if self._own is None:
             self._own = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                       segment_bytes=self._segment_bytes())
+                                       segment_bytes=self._segment_bytes(), destination=self._destination())
             log.info("event=journal_created path=%s", self._own.path)
         return self._own
 
@@ -309,70 +316,28 @@ class Sender(DeliveryReports):
             log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
                       reason, lost, self.config.journal_path, self.config.journal_max_bytes)
 
-    def _advance_replay(self) -> None:
-        now = time.monotonic()
-        if self._replay is not None:
-            if self._replay_outstanding > 0:
-                return
-            journal, pos, count = self._replay
-            self._replay = None
-            if self._replay_failed:
-                self._replay_failed = False
-                journal.rewind()
-                self._retry_at = now + self._backoff
-                self._backoff = min(self._backoff * 2, _BACKOFF_S[1])
-                return
-            # Counted before the commit drops them from ``pending``: a flush() that returns sees them.
-            self._replayed += count - self._replay_rejected
-            self._delivered += count - self._replay_rejected
-            journal.commit(pos, count)
-            self._backoff = _BACKOFF_S[0]
-            self._stall_s = _STALL_S[0]
-        if now < self._retry_at or not (self._can_send or self._kafka_client_back()):
-            return
-        while self._journals and self._journals[0].pending == 0:
-            self._journals.pop(0).close()
-        journal = self._journals[0] if self._journals else self._own
-        if journal is None or journal.pending == 0:
-            with self._lock:
-                if not self._spill and not self._returned and self._direct_outstanding() == 0:
-                    self._spilling = False
-                    log.info("event=direct_mode topic=%s", self._topic)
-            return
-        # A batch must fit librdkafka's queue, or produce() would refuse part of it.
-        records, pos = journal.read(min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)
-        if not records:
-            self._error("journal_inconsistent", f"{journal} has pending records but none readable")
-            journal.pending = 0
-            return
-        self._replay = (journal, pos, len(records))
-        self._replay_failed = False
-        self._replay_rejected = 0
-        self._replay_outstanding = len(records)
-        for i, (key, value) in enumerate(records):
-            try:
-                self._producer.produce(self._topic, value, key, on_delivery=self._on_replay_delivery)
-            except (BufferError, KafkaException):
-                # Not queued: the batch fails as a whole and is read again after a backoff.
-                self._replay_outstanding -= len(records) - i
-                self._replay_failed = True
-                break
-
     def _shutdown(self) -> None:
         """Last act of the sender: journal whatever Kafka has not acknowledged."""
-        if self._direct_outstanding() or self._replay_outstanding:
-            self._reclaim()
-        if self._replay is not None:
-            self._replay[0].rewind()
-            self._replay = None
-        self._persist()
-        for journal in [*self._journals, *([self._own] if self._own else [])]:
-            self._left_journaled += journal.pending
+        try:
+            if self._direct_outstanding() or self._replay_outstanding:
+                self._reclaim()
+            if not self._settle_replay() and self._replay is not None:   # answers still missing
+                self._replay[0].rewind()
+                self._replay = None
+        finally:
+            # Whatever failed above, every journal is released: a LOCK held on would keep it
+            # from the next process for as long as this one lives.
             try:
-                journal.close()
-            except OSError as err:
-                self._error("journal_close_failed", err)
-        self._journals, self._own = [], None
+                self._release_adopted()
+                self._persist()
+            finally:
+                for journal in [*self._journals, *([self._own] if self._own else [])]:
+                    self._left_journaled += journal.pending
+                    try:
+                        journal.close()
+                    except OSError as err:
+                        self._error("journal_close_failed", err)
+                self._journals, self._own = [], None
 
     def _count_drop(self, reason: str, n: int = 1) -> int:
         with self._count_lock:

@@ -5,7 +5,8 @@ Precedence, highest first (a key set higher wins; ``properties`` merge key by ke
 
 1. explicit arguments (``LineageProducer(**overrides)``, ``load_config(overrides)``);
 2. Spark conf: ``spark.openlineage.transport.{type,topicName,messageKey,properties.<librdkafka
-   key>,encoding,journalDir,journalMaxBytes,queueMaxEvents}``, ``spark.openlineage.namespace``,
+   key>,encoding,journalDir,journalMaxBytes,journalAdoptIntervalS,queueMaxEvents}``,
+   ``spark.openlineage.namespace``,
    ``spark.openlineage.{parentJobNamespace,parentJobName,parentRunId,rootParentJobNamespace,
    rootParentJobName,rootParentRunId}`` (the official Spark integration lets Spark conf win
    over openlineage.yml);
@@ -86,13 +87,14 @@ _TRANSPORT_KEYS: dict[str, str | None] = {
     "encoding": "encoding",
     "journaldir": "journal_dir",
     "journalmaxbytes": "journal_max_bytes",
+    "journaladoptintervals": "journal_adopt_interval_s",
     "queuemaxevents": "queue_max_events",
     "closetimeouts": "close_timeout_s",
 }
 # Named as the README and openlineage.yml examples write them (the Java transport's names;
 # openlineage-python's ``topic`` and ``config`` are the alternatives).
 _KNOWN = ("topicName (or topic), messageKey, properties (or config), encoding, journalDir, journalMaxBytes, "
-          "queueMaxEvents, closeTimeoutS, bootstrapServers")
+          "journalAdoptIntervalS, queueMaxEvents, closeTimeoutS, bootstrapServers")
 _SPARK = "spark.openlineage."
 # librdkafka names never hold "_" but these C-API/callback ones; an env var name cannot hold ".".
 _UNDERSCORE_PROPERTY = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)+")

@@ -70,7 +70,8 @@ def _bool(conf: dict[str, str], key: str, default: bool) -> bool:
 
 #: ProducerConfig fields only a transport section sets (not the namespace or parent ids).
 _TRANSPORT_FIELDS = frozenset({"bootstrap_servers", "topic", "properties", "message_key", "encoding",
-                               "journal_dir", "journal_max_bytes", "queue_max_events", "close_timeout_s"})
+                               "journal_dir", "journal_max_bytes", "journal_adopt_interval_s", "queue_max_events",
+                               "close_timeout_s"})
 
 
 def _transport_elsewhere(conf: dict[str, str]) -> tuple[bool, str | None]:

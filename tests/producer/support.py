@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from producer import events
 from producer.codec import avro
@@ -12,6 +18,7 @@ from tests.support.kafka import ReadRecord
 
 import orjson
 
+ROOT = Path(__file__).resolve().parents[2]
 #: Fast reconnects so a broker that comes back is noticed within ~200 ms.
 FAST_RECONNECT = {"reconnect.backoff.ms": "20", "reconnect.backoff.max.ms": "200"}
 JOBS = ("extract", "transform", "load")
@@ -54,3 +61,85 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.01)  # ok: the poll interval of a wait with a deadline
+
+
+_CHILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from producer import LineageProducer
+    from tests.producer.support import FAST_RECONNECT, seq_event
+    p = LineageProducer(bootstrap_servers={bootstrap!r}, topic={topic!r}, journal_dir={journal!r},
+                        properties=FAST_RECONNECT, close_timeout_s=0.2)
+    for i in range({start}, {start} + {count}):
+        p.emit(seq_event(i))
+    deadline = time.monotonic() + 20
+    while p.stats.journaled < {count} and time.monotonic() < deadline:
+        time.sleep(0.01)  # ok: polls a condition with a deadline (in the child process)
+    print("journaled", p.stats.journaled, flush=True)
+    {ending}
+""")
+
+
+def start_producer_child(journal_dir: Path, bootstrap: str, topic: str, count: int, ending: str,
+                         start: int = 0) -> subprocess.Popen:
+    """A process whose producer emits events ``start`` .. ``start + count - 1`` to a Kafka
+    that must be unreachable (so they go to its journal), prints ``journaled <n>``, then
+    runs ``ending``."""
+    code = _CHILD.format(root=str(ROOT), bootstrap=bootstrap, topic=topic, journal=str(journal_dir),
+                         count=count, start=start, ending=ending)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def journal_left_by_killed_producer(journal_dir: Path, bootstrap: str, topic: str, count: int,
+                                    start: int = 0) -> None:
+    """The journal a producer process left when it was killed (SIGKILL) while ``bootstrap``
+    was unreachable: events ``start`` .. ``start + count - 1``, all journaled."""
+    # ok: the child only waits to be killed
+    child = start_producer_child(journal_dir, bootstrap, topic, count, "time.sleep(60)", start)
+    try:
+        assert child.stdout.readline().split() == ["journaled", str(count)]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+
+
+_JOURNAL_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from producer.codec import encode_json
+    from producer.journal import Destination, Journal
+    from producer.keys import message_key
+    from tests.producer.support import seq_event
+    for topic, bootstrap, start, count in {specs!r}:
+        journal = Journal.create(Path({journal!r}), max_bytes=1 << 30, segment_bytes=1 << 20,
+                                 destination=Destination(topic, bootstrap) if topic else None)
+        journal.append([(message_key(e).encode(), encode_json(e)) for e in map(seq_event, range(start, start + count))])
+        print(journal.path, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def journals_left_by_killed_process(journal_dir: Path, *specs: tuple[str | None, str, int, int]) -> list[Path]:
+    """Journals one process wrote and left when it was killed (SIGKILL), without a Kafka
+    client: one per ``(topic, bootstrap_servers, first event, count)``, oldest first; a topic
+    of None writes one as producers did before journals named their destination."""
+    child = subprocess.run([sys.executable, "-c", _JOURNAL_WRITER.format(
+        root=str(ROOT), specs=list(specs), journal=str(journal_dir))], capture_output=True, text=True,
+        cwd=ROOT, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    return [Path(line) for line in child.stdout.split()]
+
+
+def open_paths_under(paths: Iterable[Path]) -> list[str]:
+    """What this process's open file descriptors point to, under any of ``paths``."""
+    prefixes = tuple(f"{p}/" for p in paths)
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:   # closed meanwhile (the listing's own fd)
+            continue
+        if target.startswith(prefixes):
+            out.append(target)
+    return out

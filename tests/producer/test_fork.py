@@ -14,7 +14,8 @@ import pytest
 
 from producer import LineageProducer, events, forking, job, sender
 from producer.job import lineage_job
-from producer.journal import adopt_orphans
+from producer.journal import Destination, Journal, lock_existing
+from producer.orphans import adopt_orphans
 from tests.producer.support import decode, wait_for
 from tests.support.kafka import read_topic
 
@@ -325,18 +326,16 @@ def _late_probe(monkeypatch) -> threading.Event:
 def test_a_resolver_probe_answering_late_brings_the_kafka_client_back(kafka, tmp_path, monkeypatch):
     # A process too loaded to answer the probe in time is not one whose resolver is locked for
     # ever: it journals meanwhile, then sends everything, in order, once the probe answers,
-    # and what an earlier process left in the journal directory too.
-    refusing = socket.socket()
-    refusing.bind(("127.0.0.1", 0))
+    # and what an earlier process (for the same topic and cluster: here an earlier producer
+    # of this process that could not send either) left in the journal directory too.
     topic = kafka.new_topic("late-probe")
-    earlier = LineageProducer(bootstrap_servers=f"127.0.0.1:{refusing.getsockname()[1]}", topic=topic,
-                              journal_dir=tmp_path)
+    release = _late_probe(monkeypatch)
+    earlier = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
     earlier.emit(_event("left.behind"))
     earlier.flush(0)
     wait_for(lambda: earlier.stats.journaled == 1, 30, "the earlier process's event in its journal")
     earlier.close(0.1)
-    refusing.close()
-    release = _late_probe(monkeypatch)
+    assert earlier.stats.pending == 1
     producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
     try:
         producer.emit(_event("while.probing"))
@@ -409,3 +408,57 @@ def test_a_long_lived_fork_child_does_not_keep_the_parents_journal_from_being_ad
         os.close(write_end)
         refusing.close()
     assert _exit_status(pid, 10) == 0
+
+
+def test_a_fork_child_closes_a_journal_lock_the_parent_was_taking_over_and_nothing_deeper(tmp_path):
+    # A fork between the sender's lock_existing() and the journal object it builds: the LOCK
+    # descriptor is in no journal the fork hook knows of; its /proc scan closes it in the child.
+    # A file named LOCK deeper under the journal directory is not a journal's: left open.
+    # Written for another cluster: the producer below leaves it alone.
+    orphan = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096,
+                            destination=Destination("t", "127.0.0.1:9"))
+    orphan.append([(None, b"left")])
+    os.close(orphan._writer)
+    os.close(orphan._lock_fd)   # its process died
+    deeper = tmp_path / "a" / "b"
+    deeper.mkdir(parents=True)
+    (deeper / "LOCK").touch()
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path)
+    taking_over = lock_existing(orphan.path)
+    unrelated = os.open(deeper / "LOCK", os.O_RDONLY)
+    report_r, report_w = os.pipe()   # child -> parent
+    go_r, go_w = os.pipe()           # parent -> child
+    pid = None
+    try:
+        assert taking_over is not None
+        pid = os.fork()
+        if pid == 0:   # reports which descriptors it still has, then waits to be told to go
+            def report() -> int:
+                os.close(go_w)
+                os.write(report_w, b"open:" + bytes(fd for fd in (taking_over, unrelated) if _is_open(fd)))
+                return len(os.read(go_r, 1))
+            _in_child(report)
+        os.close(report_w)   # a child that died: EOF, not a hang
+        report_w = None
+        assert os.read(report_r, 16) == b"open:" + bytes([unrelated]), \
+            "the child kept the journal's LOCK, or closed another"
+        os.close(taking_over)
+        taking_over = None
+        fd = lock_existing(orphan.path)
+        assert fd is not None, "the journal is still locked (by the fork child)"
+        os.close(fd)
+    finally:
+        os.close(go_w)   # the child's read returns (b"" if nothing was written)
+        for fd in (taking_over, unrelated, report_r, report_w, go_r):
+            if fd is not None:
+                os.close(fd)
+        producer.close(0)
+    assert _exit_status(pid, 10) == 0
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from producer.journal import Journal, adopt_orphans
+from producer.journal import Journal
+from producer.orphans import adopt_orphans
 
 
 def _records(n: int, start: int = 0) -> list[tuple[bytes | None, bytes]]:

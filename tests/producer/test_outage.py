@@ -5,9 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -16,13 +13,13 @@ from confluent_kafka import KafkaError
 
 from producer import LineageProducer, sender
 from relay.embedded.broker import EmbeddedBroker, free_port
-from tests.producer.support import FAST_RECONNECT, assert_all_arrived_in_order, seq_event, wait_for
+from tests.producer.support import (FAST_RECONNECT, assert_all_arrived_in_order, journal_left_by_killed_producer,
+                                    seq_event, start_producer_child, wait_for)
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
 from tests.support.kafka_proxy import (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE,
                                       UNKNOWN_PRODUCER_ID, proxied_broker)
 
 pytestmark = pytest.mark.kafka
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -160,76 +157,54 @@ def test_a_broker_that_pauses_past_the_stall_period_answers_before_the_resend(br
     assert len(records) == 101, f"{len(records) - 101} records written twice"
 
 
-_CHILD = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, {root!r})
-    from producer import LineageProducer
-    from tests.producer.support import FAST_RECONNECT, seq_event
-    p = LineageProducer(bootstrap_servers={bootstrap!r}, topic={topic!r}, journal_dir={journal!r},
-                        properties=FAST_RECONNECT, close_timeout_s=0.2)
-    for i in range({count}):
-        p.emit(seq_event(i))
-    deadline = time.monotonic() + 20
-    while p.stats.journaled < {count} and time.monotonic() < deadline:
-        time.sleep(0.01)  # ok: polls a condition with a deadline (in the child process)
-    print("journaled", p.stats.journaled, flush=True)
-    {ending}
-""")
-
-
-def _run_child(tmp_path: Path, topic: str, count: int, ending: str) -> subprocess.Popen:
-    code = _CHILD.format(root=str(ROOT), bootstrap=f"127.0.0.1:{free_port()}", topic=topic,
-                         journal=str(tmp_path), count=count, ending=ending)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-
-
-def test_a_second_process_resends_the_journal_a_killed_one_left(kafka, tmp_path):
-    topic = kafka.new_topic("crash", partitions=2)
-    child = _run_child(tmp_path, topic, 250, "time.sleep(60)")  # ok: the child only waits to be killed
-    try:
-        assert child.stdout.readline().split() == ["journaled", "250"]
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
+def test_a_second_process_resends_the_journal_a_killed_one_left(broker, tmp_path):
+    topic = "crash"
+    journal_left_by_killed_producer(tmp_path, broker.bootstrap_servers, topic, 250)
     assert list(tmp_path.rglob("*.seg")), "the killed process left a journal"
-    with _producer(kafka.bootstrap_servers, topic, tmp_path) as p:
+    broker.start()
+    broker.create_topic(topic, 2)
+    with _producer(broker.bootstrap_servers, topic, tmp_path) as p:
         for i in range(250, 300):   # this process's own events go after the orphan's
             p.emit(seq_event(i))
         assert p.flush(30) == 0
         assert p.stats.replayed >= 250
-    records = read_topic(kafka.bootstrap_servers, topic, expected=300)
+    records = read_topic(broker.bootstrap_servers, topic, expected=300)
     assert_all_arrived_in_order(records, range(300))
     assert not list(tmp_path.rglob("*.seg")), "a delivered journal is removed"
 
 
-def test_interpreter_exit_journals_what_could_not_be_delivered(kafka, tmp_path):
-    topic = kafka.new_topic("atexit")
-    child = _run_child(tmp_path, topic, 40, "")          # exits normally, never calls close()
+def test_interpreter_exit_journals_what_could_not_be_delivered(broker, tmp_path):
+    topic = "atexit"
+    child = start_producer_child(tmp_path, broker.bootstrap_servers, topic, 40, "")  # never calls close()
     out, _ = child.communicate(timeout=30)
     assert child.returncode == 0 and out.split() == ["journaled", "40"]
-    with _producer(kafka.bootstrap_servers, topic, tmp_path) as p:
+    broker.start()
+    broker.create_topic(topic, 1)
+    with _producer(broker.bootstrap_servers, topic, tmp_path) as p:
         assert p.flush(30) == 0
-    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=40), range(40))
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=40), range(40))
 
 
-def test_close_with_the_broker_away_keeps_the_rest_for_the_next_producer(broker, kafka, tmp_path):
-    topic = kafka.new_topic("close-away")
-    p = _producer(broker.bootstrap_servers, topic, tmp_path)    # broker never started
+def test_close_with_the_broker_away_keeps_the_rest_for_the_next_producer(broker, tmp_path):
+    topic = "close-away"
+    p = _producer(broker.bootstrap_servers, topic, tmp_path)    # broker not started yet
     for i in range(30):
         p.emit(seq_event(i))
     p.close(timeout_s=0.3)
     assert p.stats.pending == 30 and p.stats.errors == 0
-    with _producer(kafka.bootstrap_servers, topic, tmp_path) as again:
+    broker.start()
+    broker.create_topic(topic, 1)
+    with _producer(broker.bootstrap_servers, topic, tmp_path) as again:
         assert again.flush(30) == 0
-    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=30), range(30))
 
 
-def test_close_with_the_broker_away_does_not_wait_for_what_is_already_journaled(broker, kafka, tmp_path):
+def test_close_with_the_broker_away_does_not_wait_for_what_is_already_journaled(broker, tmp_path):
     """Kafka unreachable at close (and so at interpreter exit): events already in the
     journal are safe, so close() must not hold the job up for close_timeout_s waiting for
     them. With Kafka reachable, close() still delivers a journal before it returns."""
-    topic = kafka.new_topic("close-journaled")
-    p = _producer(broker.bootstrap_servers, topic, tmp_path, close_timeout_s=60)  # broker never started
+    topic = "close-journaled"
+    p = _producer(broker.bootstrap_servers, topic, tmp_path, close_timeout_s=60)  # broker not started yet
     for i in range(30):
         p.emit(seq_event(i))
     wait_for(lambda: p.stats.journaled == 30, 10, "every event journaled")
@@ -237,14 +212,16 @@ def test_close_with_the_broker_away_does_not_wait_for_what_is_already_journaled(
     p.close()
     assert time.monotonic() - started < 15, "close() waited for events already journaled"
     assert p.stats.pending == 30 and p.stats.dropped == {}
-    again = _producer(kafka.bootstrap_servers, topic, tmp_path, close_timeout_s=60)
+    broker.start()
+    broker.create_topic(topic, 1)
+    again = _producer(broker.bootstrap_servers, topic, tmp_path, close_timeout_s=60)
     again.close()                                   # no flush(): close() replays the journal
     assert again.stats.pending == 0 and again.stats.replayed == 30
-    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=30), range(30))
 
 
-def test_close_after_all_brokers_down_journals_the_events_without_waiting_for_the_stall(broker, kafka, tmp_path,
-                                                                                      caplog, monkeypatch):
+def test_close_after_all_brokers_down_journals_the_events_without_waiting_for_the_stall(broker, tmp_path, caplog,
+                                                                                      monkeypatch):
     """librdkafka reports "all brokers down" once per outage, before the job has emitted
     anything; events emitted later sit in librdkafka until the stall detector gives up on
     them (5 s and more). close() gives Kafka a short grace to answer, then takes them back
@@ -252,7 +229,7 @@ def test_close_after_all_brokers_down_journals_the_events_without_waiting_for_th
     made far longer than any wait here, so only close() can journal the events."""
     monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
     caplog.set_level(logging.WARNING, "producer.kafka")
-    topic = kafka.new_topic("after-down")
+    topic = "after-down"
     # librdkafka reports the outage again after a reconnect backoff; a long one keeps this
     # test about the first report.
     p = LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic=topic, journal_dir=tmp_path,
@@ -268,9 +245,11 @@ def test_close_after_all_brokers_down_journals_the_events_without_waiting_for_th
     assert time.monotonic() - started < 30, "close() waited for the outage"
     assert p.stats.journaled == 2 and p.stats.pending == 2 and p.stats.dropped == {}
     assert "reason=closing_while_kafka_down" in caplog.text and "reason=stalled" not in caplog.text
-    with _producer(kafka.bootstrap_servers, topic, tmp_path) as again:
+    broker.start()
+    broker.create_topic(topic, 1)
+    with _producer(broker.bootstrap_servers, topic, tmp_path) as again:
         assert again.flush(30) == 0
-    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=2), range(2))
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=2), range(2))
 
 
 def test_close_after_kafka_came_back_delivers_instead_of_journaling(broker, tmp_path, caplog, monkeypatch):

@@ -165,3 +165,11 @@ def test_spark_conf_parent_wins_over_the_env_parent_a_given_producer_took(no_amb
             assert start["run"]["facets"]["parent"]["job"]["namespace"] == parent[0]
         finally:
             disable_lineage(spark)
+
+
+def test_every_transport_key_counts_as_a_transport_configured_elsewhere():
+    """A transport section holding any of our keys is ours (journalAdoptIntervalS included)."""
+    from producer.sources import _TRANSPORT_KEYS
+    from producer.spark import _TRANSPORT_FIELDS
+
+    assert {field for field in _TRANSPORT_KEYS.values() if field} <= _TRANSPORT_FIELDS

@@ -1,0 +1,148 @@
+"""Journals dead processes left: finding them and taking them over (for the producer).
+
+A journal whose ``LOCK`` is free belongs to a dead process (a ``flock`` dies with the
+last descriptor of its open file). Taking one over means locking it and opening it as a
+:class:`producer.journal.Journal`; its records then go to Kafka from this process, and a
+journal fully sent is removed. Two calls: :func:`adopt_orphans` takes every one with
+records at once (a producer's construction: their events go before its own),
+:func:`adopt_next` the oldest one, its recovery scan left to the caller (a running
+producer, one at a time, the scan in slices of its sender's turns: :mod:`producer.replay`).
+
+Which journals are taken:
+
+* Only those written for the caller's :class:`~producer.journal.Destination` (its topic,
+  and a bootstrap server in common), read from the journal's ``DESTINATION`` file before
+  any lock is taken. A journal without that file (written before it existed) is taken by
+  any producer on the directory, as it always was. A dead process's journal written for
+  another topic or cluster is left for a producer configured like its writer, and logged
+  once per process (WARNING, ``event=adopt_skipped``, with both destinations).
+* Never one being made: its ``LOCK`` appears only once it is locked, and adopters do not
+  create it (:func:`producer.journal.lock_existing`). A hidden ``.<id>`` directory whose
+  ``LOCK`` is free was left by a process that died while making it, before it held a
+  record: it is removed. (One whose maker died before its ``LOCK`` appeared stays, empty:
+  nothing tells it from one being made.)
+* A journal that cannot be opened (a bad ``DESTINATION``, an unreadable file, a segment
+  that is not a file) is logged once (``event=adopt_failed``) and not tried again by this
+  process; it stays on disk for the next process.
+* Empty orphans met on the way are removed (by :func:`adopt_next`'s caller once its scan
+  finds nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from producer.errors import JournalError
+from producer.journal import Destination, Journal, lock_existing, read_destination
+
+log = logging.getLogger("producer.journal")
+
+#: Journals this process could not take over: logged once, not tried again.
+_failed: set[Path] = set()
+#: Dead processes' journals written for another destination: logged once.
+_skipped: set[Path] = set()
+
+
+def adopt_orphans(root: Path, *, max_bytes: int, segment_bytes: int,
+                  destination: Destination | None = None) -> list[Journal]:
+    """Lock and open every orphan under ``root`` with records, oldest first (``destination``
+    None: whatever it was written for). Raises OSError when ``root`` cannot be listed."""
+    adopted = []
+    for path in _candidates(root, destination):
+        journal = _take(path, max_bytes, segment_bytes)
+        if journal is not None:
+            adopted.append(journal)
+    return adopted
+
+
+def adopt_next(root: Path, *, max_bytes: int, segment_bytes: int, destination: Destination) -> Journal | None:
+    """Lock and open the oldest orphan under ``root`` for ``destination``, or None. Its
+    recovery scan is not run: the caller runs :meth:`Journal.recover_some` until it is
+    complete, then sends the journal's records or, none, closes it (which removes it).
+    Holds at most one journal at any moment. Raises OSError when ``root`` cannot be listed."""
+    for path in _candidates(root, destination):
+        journal = _take(path, max_bytes, segment_bytes, recover=False)
+        if journal is not None:
+            return journal
+    return None
+
+
+def give_up(journal: Journal, err: Exception) -> None:
+    """Release an adopted journal that failed while being read: left for the next process."""
+    _fail(journal.path, err)
+    try:
+        journal.close()
+    except OSError:
+        pass
+
+
+def _candidates(root: Path, destination: Destination | None) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and p not in _failed):
+        if destination is not None and not path.name.startswith("."):
+            try:
+                written_for = read_destination(path)
+            except (OSError, ValueError) as err:
+                _fail(path, err)
+                continue
+            if written_for is not None and not destination.accepts(written_for):
+                _skip(path, written_for, destination)
+                continue
+        found.append(path)
+    return found
+
+
+def _skip(path: Path, written_for: Destination, destination: Destination) -> None:
+    """Log, once, a dead process's journal left for another destination (not a live one's)."""
+    if path in _skipped:
+        return
+    try:
+        fd = lock_existing(path)   # held for a moment only: its adopter finds it at its next look
+    except OSError:
+        return
+    if fd is None:
+        return
+    os.close(fd)
+    _skipped.add(path)
+    log.warning("journal=%s event=adopt_skipped written_for=%s@%s producer_for=%s@%s "
+                "fix=run a producer for %s@%s with this journal_dir to send it",
+                path, written_for.topic, written_for.bootstrap_servers, destination.topic,
+                destination.bootstrap_servers, written_for.topic, written_for.bootstrap_servers)
+
+
+def _take(path: Path, max_bytes: int, segment_bytes: int, recover: bool = True) -> Journal | None:
+    try:
+        fd = lock_existing(path)
+    except OSError as err:
+        _fail(path, err)
+        return None
+    if fd is None:
+        return None
+    if path.name.startswith("."):
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+        return None
+    try:
+        journal = Journal(path, fd, max_bytes=max_bytes, segment_bytes=segment_bytes, recover=recover)
+    except (OSError, ValueError, JournalError) as err:
+        os.close(fd)
+        _fail(path, err)
+        return None
+    if not recover:
+        return journal
+    if journal.pending == 0:
+        journal.close()
+        return None
+    log.info("journal=%s event=adopted pending=%d", path, journal.pending)
+    return journal
+
+
+def _fail(path: Path, err: Exception) -> None:
+    if path not in _failed:
+        _failed.add(path)
+        log.warning("journal=%s event=adopt_failed error=%s action=left_for_the_next_process", path, err)

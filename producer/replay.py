@@ -1,0 +1,253 @@
+"""Sending journals to Kafka: a mixin of :class:`producer.sender.Sender` (its thread only).
+
+A journal is sent one batch at a time: the next batch is read only once every record of
+the last one is acknowledged (then its position is committed) or the batch failed (then it
+is read again after a backoff): order is kept, a failed batch may be sent twice.
+
+Which journal, per sender turn:
+
+* In journal mode, :meth:`_advance_replay`: the journals dead processes left that the
+  producer took over at construction (their events go before its own, and ``pending``,
+  ``flush()`` and ``close()`` count them), then its own journal; when all are sent and
+  nothing is queued, back to direct sending.
+* In direct mode, :meth:`_advance_adoption`: a dead process's journal adopted while the
+  producer runs (:func:`producer.orphans.adopt_next`, looked for every
+  ``journal_adopt_interval_s``), so a journal left by a killed child does not wait for
+  the next process. It is adopted only while Kafka takes records (no outage reported since
+  the last acknowledgement) and the producer's own backlog is sent (direct mode: its
+  journal empty, nothing queued for it), and never once close() began. One at a time:
+  finished (removed) or released before the next, so it holds its ``LOCK`` and at most
+  one segment open; once one is sent the next is looked for at once, the interval
+  applying after a look that finds none. Its recovery scan (counting its records, which
+  takes seconds for a full one) runs a bounded slice per sender turn
+  (:data:`_RECOVERY_SLICE`), so the sender keeps serving librdkafka meanwhile.
+* An adopted journal must never push the producer's own events into journal mode, which
+  a full librdkafka queue (``queue_max_events``) would: its batches are small
+  (:data:`_ADOPTED_BATCH`, :data:`_ADOPTED_BYTES`, and a tenth of the queue), one is in
+  flight at a time, and one starts only while the producer's own records and it fill at
+  most half the queue (so with ``queue_max_events`` under 2, nothing is adopted while
+  running). The producer's own events, which emit() gives librdkafka directly, wait
+  behind at most one such batch; in journal mode (an outage) the adopted journal waits,
+  held. Its events are counted apart (``stats.adopted``), not in ``pending``: ``flush()``
+  and ``close()`` wait for the producer's own events only. No batch of it starts once
+  close() began, and the sender's last turn releases it: what it has not sent stays there
+  for the next adopter, and a batch sent but not acknowledged by then is sent again by
+  that adopter (at-least-once). A forked child closes its copies of the journal's
+  descriptors and adopts on its own (:mod:`producer.forking`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaException, Producer
+
+from producer.errors import JournalError
+from producer.journal import Destination, Journal
+from producer.orphans import adopt_next, give_up
+
+if TYPE_CHECKING:
+    from producer.config import ProducerConfig
+
+log = logging.getLogger("producer.kafka")
+
+_REPLAY_BATCH = 2000
+_REPLAY_BYTES = 4 << 20
+#: A dead process's journal adopted while running goes in smaller batches: the producer's
+#: own events may queue behind one.
+_ADOPTED_BATCH = 500
+_ADOPTED_BYTES = 1 << 20
+#: An adopted journal's recovery scan per sender turn (records, bytes): a few milliseconds.
+_RECOVERY_SLICE = (2000, 1 << 20)
+_BACKOFF_S = (0.2, 5.0)
+
+
+class Replay:
+    """Journal replay and adoption while running; see the module docstring."""
+
+    config: ProducerConfig
+    _topic: str
+    _producer: Producer
+    _journals: list[Journal]
+    _own: Journal | None
+    _lock: threading.Lock
+    _stop: threading.Event
+    _max_spill: int
+    _spilling: bool
+    _closing: bool
+    _kafka_down: bool
+    _spill: object
+    _returned: list
+    _replayed: int
+    _delivered: int
+    _can_send: bool
+    # The Sender's, LineageProducer's and DeliveryReports' (see producer.sender):
+    _kafka_client_back: Callable[[], bool]
+    _direct_outstanding: Callable[[], int]
+    _reset_stall: Callable[[], None]
+    _error: Callable[..., None]
+    _on_replay_delivery: Callable[[Any, Any], None]
+
+    def _init_replay(self) -> None:
+        self._replay: tuple[Journal, tuple[int, int], int] | None = None
+        self._replay_outstanding = 0
+        self._replay_failed = False
+        self._replay_rejected = 0
+        self._retry_at = 0.0
+        self._backoff = _BACKOFF_S[0]
+        self._adopted: Journal | None = None
+        self._adopted_had = 0      # the adopted journal's records when its recovery scan ended
+        self._adopted_sent = 0     # events delivered from journals adopted while running
+        self._next_look_at = time.monotonic() + self.config.journal_adopt_interval_s
+        self._adoption_failed = False   # the journal directory could not be listed (logged once)
+
+    def _destination(self) -> Destination:
+        return Destination(self._topic, self.config.bootstrap_servers)
+
+    def _settle_replay(self) -> bool:
+        """Conclude the batch in flight once all its answers are in. True when a new batch
+        may go now; False while one is in flight, or just failed (backoff)."""
+        if self._replay is None:
+            return True
+        if self._replay_outstanding > 0:
+            return False
+        journal, pos, count = self._replay
+        self._replay = None
+        if self._replay_failed:
+            self._replay_failed = False
+            journal.rewind()
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, _BACKOFF_S[1])
+            return False
+        # Counted before the commit drops them from ``pending``: a flush() that returns sees them.
+        sent = count - self._replay_rejected
+        if journal is self._adopted:
+            self._adopted_sent += sent
+        else:
+            self._replayed += sent
+            self._delivered += sent
+        journal.commit(pos, count)
+        self._backoff = _BACKOFF_S[0]
+        self._reset_stall()
+        return True
+
+    def _advance_replay(self) -> None:
+        """Journal mode: the next batch of the journals counted as this producer's."""
+        if not self._settle_replay():
+            return
+        if time.monotonic() < self._retry_at or not (self._can_send or self._kafka_client_back()):
+            return
+        while self._journals and self._journals[0].pending == 0:
+            self._journals.pop(0).close()
+        journal = self._journals[0] if self._journals else self._own
+        if journal is None or journal.pending == 0:
+            with self._lock:
+                if not self._spill and not self._returned and self._direct_outstanding() == 0:
+                    self._spilling = False
+                    log.info("event=direct_mode topic=%s", self._topic)
+            return
+        # A batch must fit librdkafka's queue, or produce() would refuse part of it.
+        self._send_batch(journal, min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)
+
+    def _advance_adoption(self) -> None:
+        """Direct mode: one step of a dead process's journal -- a slice of its recovery scan,
+        or its next batch -- adopting one if it is time."""
+        if not self._settle_replay() or self._stopping():
+            return
+        journal = self._adopted
+        if journal is not None and not journal.recovered and not self._recover_slice(journal):
+            return
+        now = time.monotonic()
+        if journal is not None and journal.pending == 0:
+            self._release_adopted("adopted_journal_sent" if self._adopted_had else None)
+            self._next_look_at = now   # the next one at once: the interval is for looks that find none
+            journal = None
+        if journal is None:
+            if now >= self._next_look_at and self._may_adopt():
+                self._next_look_at = now + self.config.journal_adopt_interval_s
+                self._adopted = self._adopt_next()   # its recovery scan from the next turn on
+            return
+        batch = min(_ADOPTED_BATCH, max(1, self._max_spill // 10))
+        if now < self._retry_at or self._direct_outstanding() + batch > self._max_spill // 2:
+            return
+        if self._stopping():   # close() may have begun while this turn read the journal
+            return
+        try:
+            self._send_batch(journal, batch, _ADOPTED_BYTES)
+        except (OSError, JournalError) as err:
+            self._adopted = None
+            give_up(journal, err)
+
+    def _stopping(self) -> bool:
+        return self._closing or self._stop.is_set()
+
+    def _recover_slice(self, journal: Journal) -> bool:
+        """One slice of the adopted journal's recovery scan; True once it is complete."""
+        try:
+            if not journal.recover_some(*_RECOVERY_SLICE):
+                return False
+        except (OSError, JournalError) as err:
+            self._adopted = None
+            give_up(journal, err)
+            return False
+        self._adopted_had = journal.pending
+        if journal.pending:
+            log.info("journal=%s event=adopted pending=%d", journal.path, journal.pending)
+        return True
+
+    def _may_adopt(self) -> bool:
+        """Kafka takes records and this producer's own backlog is sent."""
+        own_pending = self._own.pending if self._own is not None else 0
+        return self._can_send and not self._spilling and not self._kafka_down and not self._journals \
+            and own_pending == 0
+
+    def _adopt_next(self) -> Journal | None:
+        try:
+            return adopt_next(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
+                              segment_bytes=self._segment_bytes(), destination=self._destination())
+        except OSError as err:
+            if not self._adoption_failed:
+                self._adoption_failed = True
+                self._error("journal_unreadable", err, path=str(self.config.journal_path))
+            return None
+
+    def _segment_bytes(self) -> int:
+        return max(64 * 1024, min(64 << 20, self.config.journal_max_bytes // 4))
+
+    def _send_batch(self, journal: Journal, max_records: int, max_bytes: int) -> None:
+        records, pos = journal.read(max_records, max_bytes)
+        if not records:
+            self._error("journal_inconsistent", f"{journal} has pending records but none readable")
+            journal.pending = 0
+            return
+        self._replay = (journal, pos, len(records))
+        self._replay_failed = False
+        self._replay_rejected = 0
+        self._replay_outstanding = len(records)
+        for i, (key, value) in enumerate(records):
+            try:
+                self._producer.produce(self._topic, value, key, on_delivery=self._on_replay_delivery)
+            except (BufferError, KafkaException):
+                # Not queued: the batch fails as a whole and is read again after a backoff.
+                self._replay_outstanding -= len(records) - i
+                self._replay_failed = True
+                break
+
+    def _release_adopted(self, event: str | None = "adopted_journal_released") -> None:
+        """The adopted journal goes back to the directory, what it has not sent still in it
+        (after :meth:`_settle_replay`, or a rewind): the sender's last turn, or (removed) once
+        it is all sent. ``event``: what is logged (None: nothing, for an empty one)."""
+        journal, self._adopted = self._adopted, None
+        if journal is None:
+            return
+        if event is not None:
+            log.info("journal=%s event=%s topic=%s pending=%s", journal.path, event, self._topic,
+                     journal.pending if journal.recovered else "not_counted")
+        try:
+            journal.close()
+        except OSError as err:
+            self._error("journal_close_failed", err)

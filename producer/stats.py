@@ -1,0 +1,32 @@
+"""``ProducerStats``: a snapshot of a producer's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ProducerStats:
+    """A snapshot of the producer's counters (all since construction).
+
+    ``emitted``: emit() calls; ``delivered``: acknowledged by Kafka (replays included);
+    ``journaled``: written to the journal; ``replayed``: delivered from a journal;
+    ``delivery_failures``: records librdkafka gave back (failed or purged), all journaled;
+    ``dropped``: events that will never be sent, by reason; ``errors``: every problem
+    logged (drops included); ``pending``: not yet acknowledged; ``mode``: ``direct``,
+    ``journal`` or ``disabled`` (:class:`producer.disabled.DisabledProducer`);
+    ``adopted``: delivered from journals dead processes left that the producer adopted while
+    running (:mod:`producer.replay`; in no other count: ``delivered``, ``replayed`` and
+    ``pending`` include only the journals it took over when it started).
+    """
+
+    emitted: int
+    delivered: int
+    journaled: int
+    replayed: int
+    delivery_failures: int
+    errors: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+    mode: str = "direct"
+    adopted: int = 0

@@ -1,0 +1,162 @@
+"""Taking over the journals dead processes left: which ones, one at a time, never half-made."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from producer import journal as journal_module
+from producer.errors import JournalError
+from producer.journal import Destination, Journal, lock_existing
+from producer.orphans import adopt_next, adopt_orphans, give_up
+from tests.producer.support import open_paths_under
+
+HERE = Destination("lineage", "127.0.0.1:9092,127.0.0.1:9093")
+
+
+def _orphan(root, destination: Destination | None, n: int = 3) -> Journal:
+    """A journal whose owner died (the kernel drops its flock with its fds)."""
+    journal = Journal.create(root, max_bytes=1 << 20, segment_bytes=4096, destination=destination)
+    journal.append([(b"k", f"v{i}".encode()) for i in range(n)])
+    os.close(journal._writer)
+    os.close(journal._lock_fd)
+    return journal
+
+
+def _adopt_next(root):
+    return adopt_next(root, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+
+
+def test_only_journals_for_this_topic_and_cluster_are_taken_and_old_ones_without_a_destination(tmp_path):
+    other_topic = _orphan(tmp_path, Destination("other", "127.0.0.1:9092"))
+    other_cluster = _orphan(tmp_path, Destination("lineage", "127.0.0.1:19092"))
+    same_cluster = _orphan(tmp_path, Destination("lineage", "SASL_SSL://127.0.0.1:9093"))
+    written_before_destinations = _orphan(tmp_path, None)
+    adopted = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    try:
+        assert [j.path for j in adopted] == [same_cluster.path, written_before_destinations.path]
+        assert (other_topic.path / "LOCK").exists() and (other_cluster.path / "LOCK").exists()
+    finally:
+        for journal in adopted:
+            journal.close()
+
+
+def test_a_journal_being_made_is_left_alone_and_one_whose_maker_died_is_removed(tmp_path):
+    being_made = tmp_path / ".20250101T000000000000-1-abcdef"
+    being_made.mkdir()
+    (being_made / "DESTINATION").write_text('{"topic": "lineage", "bootstrap_servers": "127.0.0.1:9092"}')
+    died_making = tmp_path / ".20250101T000000000001-2-abcdef"
+    died_making.mkdir()
+    (died_making / "LOCK").touch()
+    assert _adopt_next(tmp_path) is None
+    assert sorted(being_made.iterdir()) == [being_made / "DESTINATION"], "no LOCK made in a journal being made"
+    assert not died_making.exists()
+
+
+def test_a_made_journal_is_visible_only_with_its_lock_held_and_its_destination(tmp_path):
+    journal = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    try:
+        assert [p.name for p in tmp_path.iterdir()] == [journal.path.name]
+        assert sorted(p.name for p in journal.path.iterdir()) == ["DESTINATION", "LOCK"]
+        assert _adopt_next(tmp_path) is None, "a live journal is never taken"
+    finally:
+        journal.close()
+
+
+def test_a_journals_lock_is_held_before_its_destination_is_written_and_a_failed_make_leaves_nothing(
+        tmp_path, monkeypatch):
+    # An older version's adopter creates LOCK in any directory it lists, hidden ones
+    # included: the journal's own LOCK is there, held, before anything else is written.
+    real = journal_module._write_synced
+
+    def write_destination(path, text):
+        assert sorted(p.name for p in path.parent.iterdir()) == ["LOCK"]
+        assert lock_existing(path.parent) is None, "LOCK not held yet"
+        real(path, text)
+
+    monkeypatch.setattr(journal_module, "_write_synced", write_destination)
+    Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE).close()
+
+    def disk_full(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal_module, "_write_synced", disk_full)
+    with pytest.raises(JournalError):
+        Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    assert list(tmp_path.iterdir()) == [], "a half-made journal left behind"
+
+
+def test_orphans_are_taken_one_at_a_time_holding_only_their_lock_until_read(tmp_path):
+    orphans = [_orphan(tmp_path, HERE, n=200) for _ in range(5)]
+    paths = [o.path for o in orphans]
+    first = _adopt_next(tmp_path)
+    assert first is not None and first.path == paths[0] and not first.recovered
+    assert open_paths_under(paths) == [str(paths[0] / "LOCK")]
+    slices = 1
+    while not first.recover_some(max_records=30):   # the caller's scan, a slice at a time
+        slices += 1
+    assert slices == 7 and first.pending == 200
+    assert open_paths_under(paths) == [str(paths[0] / "LOCK")], "the recovery scan's segment is closed"
+    first.read()
+    assert len(open_paths_under(paths)) == 2   # LOCK and the segment being read
+    second = _adopt_next(tmp_path)   # the first is still held: the next one
+    assert second is not None and second.path == paths[1]
+    first.close()
+    second.close()
+    assert open_paths_under(paths) == []
+
+
+def test_a_journal_whose_scan_is_incomplete_stays_on_disk_when_released(tmp_path):
+    orphan = _orphan(tmp_path, HERE, n=200)
+    journal = _adopt_next(tmp_path)
+    assert journal is not None and not journal.recover_some(max_records=30)
+    assert journal.pending == 0   # not counted yet
+    journal.close()
+    assert (orphan.path / "00000001.seg").exists()
+    again = _adopt_next(tmp_path)
+    assert again is not None and again.recover_some() and again.pending == 200
+    again.close()
+
+
+def test_a_journal_that_cannot_be_opened_is_logged_once_and_left(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.journal")
+    broken = _orphan(tmp_path, HERE)
+    (broken.path / "00000002.seg").mkdir()   # a segment that is not a file
+    bad_destination = _orphan(tmp_path, HERE)
+    (bad_destination.path / "DESTINATION").write_text("{not json")
+    for _ in range(3):
+        # What its caller (producer.replay) does with it: the scan fails, it gives the journal up.
+        journal = _adopt_next(tmp_path)
+        if journal is not None:
+            assert journal.path == broken.path
+            with pytest.raises(IsADirectoryError):
+                journal.recover_some()
+            give_up(journal, IsADirectoryError(21, "Is a directory"))
+    failed = [r.getMessage() for r in caplog.records if "event=adopt_failed" in r.getMessage()]
+    assert sorted(m.split()[0] for m in failed) == [f"journal={broken.path}", f"journal={bad_destination.path}"]
+    assert open_paths_under([broken.path, bad_destination.path]) == []
+    assert (broken.path / "00000001.seg").exists(), "left on disk for the next process"
+
+
+def test_a_dead_processs_journal_for_another_destination_is_logged_once_not_a_live_one(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.journal")
+    stranded = _orphan(tmp_path, Destination("other", "127.0.0.1:9092"))
+    live = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096,
+                          destination=Destination("lineage", "127.0.0.1:19092"))
+    try:
+        for _ in range(3):
+            assert _adopt_next(tmp_path) is None
+        adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    finally:
+        live.close()
+    skipped = [r for r in caplog.records if "event=adopt_skipped" in r.getMessage()]
+    assert [r.getMessage() for r in skipped] == [
+        f"journal={stranded.path} event=adopt_skipped written_for=other@127.0.0.1:9092 "
+        "producer_for=lineage@127.0.0.1:9092,127.0.0.1:9093 fix=run a producer for other@127.0.0.1:9092 "
+        "with this journal_dir to send it"]
+    assert skipped[0].levelno == logging.WARNING
+    fd = lock_existing(stranded.path)
+    assert fd is not None, "left unlocked for its adopter"
+    os.close(fd)

@@ -1,0 +1,324 @@
+"""A running producer sends the journals dead processes left: only while Kafka is up and its
+own backlog is sent, one at a time, never holding up its own flush(), close() or fork children."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from producer import LineageProducer
+from producer.journal import Destination, Journal, lock_existing
+from producer.orphans import adopt_orphans
+from relay.embedded.broker import EmbeddedBroker, free_port
+from tests.producer.support import (
+    FAST_RECONNECT,
+    assert_all_arrived_in_order,
+    journal_left_by_killed_producer,
+    journals_left_by_killed_process,
+    open_paths_under,
+    seq_event,
+    seqs_by_key,
+    wait_for,
+)
+from tests.support.kafka import read_topic
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def broker():
+    """A broker of this test's own on a fixed port, not started yet."""
+    b = EmbeddedBroker(port=free_port())
+    yield b
+    b.stop()
+
+
+def _producer(bootstrap: str, topic: str, journal_dir: Path, **kw) -> LineageProducer:
+    return LineageProducer(bootstrap_servers=bootstrap, topic=topic, journal_dir=journal_dir,
+                           properties=FAST_RECONNECT, journal_adopt_interval_s=kw.pop("interval", 1.0), **kw)
+
+
+def test_a_running_producer_sends_the_journal_a_killed_process_left(broker, tmp_path):
+    """A driver's worker killed during an outage: its journal does not wait for the next
+    process on the journal directory; the driver, still running, sends it."""
+    topic = "left-by-a-worker"
+    p = _producer(broker.bootstrap_servers, topic, tmp_path)   # running through the outage
+    try:
+        journal_left_by_killed_producer(tmp_path, broker.bootstrap_servers, topic, 200)
+        broker.start()
+        broker.create_topic(topic, 2)
+        p.emit(seq_event(200))
+        assert p.flush(60) == 0
+        wait_for(lambda: p.stats.adopted == 200, 60, "the killed worker's events delivered")
+        assert not list(tmp_path.rglob("*.seg")), "a delivered journal is removed"
+    finally:
+        p.close()
+    # The worker's journal is found after the driver's own event went: not behind it in order.
+    arrived = seqs_by_key(read_topic(broker.bootstrap_servers, topic, expected=201))
+    assert {i for seqs in arrived.values() for i in seqs} == set(range(201))
+
+
+def test_no_adoption_during_an_outage_nor_before_the_own_backlog_and_one_journal_at_a_time(broker, tmp_path):
+    topic = "many-left"
+    p = _producer(broker.bootstrap_servers, topic, tmp_path)
+    try:
+        for i in range(50):
+            p.emit(seq_event(i))
+        wait_for(lambda: p.stats.journaled == 50, 30, "the producer's own events journaled")
+        orphans = journals_left_by_killed_process(
+            tmp_path, *[(topic, broker.bootstrap_servers, 50 + 10 * n, 10) for n in range(30)])
+        assert len(orphans) == 30
+        quiet_until = time.monotonic() + 3.5   # three looks for orphans
+        while time.monotonic() < quiet_until:
+            assert open_paths_under(orphans) == [], "a journal adopted while Kafka is down"
+            time.sleep(0.05)  # ok: watching that nothing happens for a bounded time
+        broker.start()
+        broker.create_topic(topic, 2)
+        held_some = False
+        deadline = time.monotonic() + 120
+        while p.stats.adopted < 300:
+            # A commit's momentary CURSOR.tmp aside: what an adopted journal holds open.
+            held = [t for t in open_paths_under(orphans) if not t.endswith("/CURSOR.tmp")]
+            assert len(held) <= 2 and len({Path(t).parent for t in held}) <= 1, held   # LOCK + one segment
+            if held:
+                held_some = True
+                assert p.pending == 0, "adopted before the producer's own backlog was sent"
+            assert time.monotonic() < deadline, f"only {p.stats.adopted} of 300 adopted events delivered"
+            time.sleep(0.005)  # ok: the poll interval of a wait with a deadline
+        assert held_some
+        assert p.stats.replayed == 50 and p.stats.adopted == 300
+    finally:
+        p.close()
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=350), range(350))
+
+
+@pytest.fixture
+def adoption_in_flight(broker, tmp_path):
+    """(producer, orphan journal): the broker stopped answering (SIGSTOP), then the producer
+    took the journal over (holds its LOCK); its recovery scan may still be going on, and a
+    batch of it may be in flight, unanswered."""
+    topic = "in-flight"
+    broker.start()
+    broker.create_topic(topic, 1)
+    p = _producer(broker.bootstrap_servers, topic, tmp_path)
+    try:
+        p.emit(seq_event(0))
+        assert p.flush(30) == 0
+        os.kill(broker.pid, signal.SIGSTOP)
+        [orphan] = journals_left_by_killed_process(tmp_path, (topic, broker.bootstrap_servers, 1, 5000))
+        wait_for(lambda: open_paths_under([orphan]), 30, "the running producer adopting the journal")
+        yield p, orphan
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+        p.close(5)
+
+
+def test_flush_waits_for_the_producers_own_events_only(adoption_in_flight):
+    p, orphan = adoption_in_flight
+    started = time.monotonic()
+    assert p.flush(60) == 0 and p.pending == 0 and p.stats.pending == 0
+    assert time.monotonic() - started < 10, "flush() waited for the adopted journal"
+
+
+def test_a_fork_child_does_not_keep_the_adopted_journal_locked(adoption_in_flight, tmp_path, broker):
+    p, orphan = adoption_in_flight
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: holds whatever it inherited until told to go
+        os.read(read_end, 1)
+        os._exit(0)
+    try:
+        p.close(5)   # releases the adopted journal, its unsent events still in it
+        assert open_paths_under([orphan]) == []
+        fd = lock_existing(orphan)
+        assert fd is not None, "the journal is still locked (by the fork child)"
+        os.close(fd)
+    finally:
+        os.write(write_end, b"x")
+        os.waitpid(pid, 0)
+        os.close(read_end)
+        os.close(write_end)
+    left = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20,
+                         destination=Destination("in-flight", broker.bootstrap_servers))
+    try:
+        assert [j.path for j in left] == [orphan] and left[0].pending == 5000 - p.stats.adopted
+    finally:
+        for journal in left:
+            journal.close()
+
+
+def test_only_journals_for_the_producers_topic_and_cluster_are_adopted_and_a_broken_one_is_logged_once(
+        kafka, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.journal")
+    topic = kafka.new_topic("adopting")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    try:
+        [other_topic, other_cluster, broken, written_before_destinations, mine] = journals_left_by_killed_process(
+            tmp_path, ("another-topic", kafka.bootstrap_servers, 0, 5), (topic, "127.0.0.1:1", 0, 5),
+            (topic, kafka.bootstrap_servers, 0, 5), (None, "", 0, 10), (topic, kafka.bootstrap_servers, 10, 10))
+        (broken / "00000002.seg").mkdir()   # a segment that is not a file
+        wait_for(lambda: p.stats.adopted == 20, 60, "the legacy journal and this producer's sent")
+        [later] = journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 20, 10))
+        # Counted once acknowledged; removed a moment later (its position committed first).
+        wait_for(lambda: p.stats.adopted == 30 and not later.exists(), 60, "the journal left later sent too")
+        for journal in (other_topic, other_cluster, broken):
+            assert (journal / "00000001.seg").exists()
+            fd = lock_existing(journal)
+            assert fd is not None, f"{journal} still held"
+            os.close(fd)
+        assert not written_before_destinations.exists() and not mine.exists() and not later.exists()
+        failed = [r.getMessage() for r in caplog.records if "event=adopt_failed" in r.getMessage()]
+        assert len(failed) == 1 and f"journal={broken} " in failed[0], failed
+    finally:
+        p.close()
+    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=30), range(30))
+
+
+def test_no_adoption_while_kafka_is_reported_down_even_with_nothing_to_send(broker, tmp_path):
+    """Direct mode, nothing emitted, librdkafka reporting every broker down: an orphan waits."""
+    topic = "idle-outage"
+    p = _producer(broker.bootstrap_servers, topic, tmp_path, interval=0.5)
+    try:
+        wait_for(lambda: p._kafka_down, 30, "librdkafka reporting all brokers down")
+        assert p.stats.mode == "direct" and p.pending == 0
+        [orphan] = journals_left_by_killed_process(tmp_path, (topic, broker.bootstrap_servers, 0, 10))
+        quiet_until = time.monotonic() + 2.0   # four looks for orphans
+        while time.monotonic() < quiet_until:
+            assert open_paths_under([orphan]) == [], "a journal adopted while Kafka is down"
+            time.sleep(0.05)  # ok: watching that nothing happens for a bounded time
+        broker.start()
+        broker.create_topic(topic, 1)
+        p.emit(seq_event(10))   # an acknowledgement says Kafka is back
+        wait_for(lambda: p.stats.adopted == 10, 60, "the orphan sent once Kafka took an event")
+    finally:
+        p.close()
+
+
+def test_adoption_never_pushes_the_producers_own_events_into_journal_mode(kafka, tmp_path, caplog):
+    """A small librdkafka queue and a steady emitter: the adopted journal's batches leave room
+    for the producer's own events, which go straight to Kafka (no journal mode, nothing
+    journaled), and the journal is sent all the same."""
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("small-queue")
+    left = 4000
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5, queue_max_events=400)
+    own = 0
+    try:
+        journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, left))
+        deadline = time.monotonic() + 120
+        while p.stats.adopted < left:
+            assert time.monotonic() < deadline, f"only {p.stats.adopted} of {left} adopted events delivered"
+            p.emit(seq_event(left + own))
+            own += 1
+            time.sleep(0.004)  # ok: paces a steady emitter (~250 events/s), not a wait
+        assert p.flush(60) == 0
+        assert own > 100, "the emitter ran during the adoption"
+        assert p.stats.journaled == 0 and p.stats.delivered == own and p.stats.dropped == {}
+    finally:
+        p.close()
+    assert "event=journal_mode" not in caplog.text
+    arrived = seqs_by_key(read_topic(kafka.bootstrap_servers, topic, expected=left + own))
+    assert {i for seqs in arrived.values() for i in seqs} == set(range(left + own))
+
+
+def test_journals_left_together_are_adopted_one_after_another_not_one_per_interval(kafka, tmp_path, caplog):
+    caplog.set_level(logging.INFO, "producer.journal")
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("one-after-another")
+    interval = 8.0
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=interval)
+    try:
+        journals_left_by_killed_process(tmp_path, *[(topic, kafka.bootstrap_servers, 10 * n, 10) for n in range(5)])
+        wait_for(lambda: p.stats.adopted == 50, 60, "the five journals sent")
+    finally:
+        p.close()
+    adopted = [r.created for r in caplog.records if "event=adopted " in r.getMessage()]
+    assert len(adopted) == 5
+    assert adopted[-1] - adopted[0] < interval, "a journal waited for the next look after one was sent"
+
+
+@pytest.fixture
+def held_scan(monkeypatch):
+    """A seam on the adopted journal's recovery scan: until ``finish`` is set, a journal under
+    one of ``paths`` makes no progress, however many turns the sender gives it (a very large
+    journal on a slow disk); ``scanning`` is set once a turn gave it one."""
+    state = {"paths": [], "finish": threading.Event(), "scanning": threading.Event()}
+    real = Journal.recover_some
+
+    def recover_some(journal, *args, **kwargs):
+        if journal.path in state["paths"] and not state["finish"].is_set():
+            state["scanning"].set()
+            return False
+        return real(journal, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "recover_some", recover_some)
+    return state
+
+
+def test_the_producers_own_events_are_sent_while_an_adopted_journal_is_scanned(kafka, tmp_path, held_scan):
+    topic = kafka.new_topic("long-scan")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    try:
+        held_scan["paths"] += journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, 100))
+        p.emit(seq_event(100))
+        assert p.flush(30) == 0
+        wait_for(held_scan["scanning"].is_set, 30, "the journal taken over, its scan going on")
+        for i in range(101, 151):
+            p.emit(seq_event(i))
+        assert p.flush(30) == 0, "the producer's own events waited for the adopted journal's scan"
+        assert p.stats.adopted == 0
+        held_scan["finish"].set()
+        wait_for(lambda: p.stats.adopted == 100, 60, "the journal sent once scanned")
+    finally:
+        p.close()
+
+
+def test_no_adopted_batch_starts_once_close_began_during_the_sender_turn(kafka, tmp_path, monkeypatch):
+    """close() begins while the sender's turn is reading the adopted journal (its last scan
+    slice here): that turn sends nothing of it, nor does any later one."""
+    topic = kafka.new_topic("closing")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    real = Journal.recover_some
+    orphans: list[Path] = []
+
+    def recover_some(journal, *args, **kwargs):
+        done = real(journal, *args, **kwargs)
+        if done and journal.path in orphans:
+            p._closing = True   # what close() sets first, from the caller's thread
+        return done
+
+    monkeypatch.setattr(Journal, "recover_some", recover_some)
+    try:
+        p.emit(seq_event(100))
+        assert p.flush(30) == 0
+        orphans += journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, 100))
+        wait_for(lambda: p._closing, 30, "the journal taken over and scanned")
+        quiet_until = time.monotonic() + 2.0
+        while time.monotonic() < quiet_until:
+            assert p.stats.adopted == 0, "an adopted batch sent after close() began"
+            time.sleep(0.05)  # ok: watching that nothing happens for a bounded time
+    finally:
+        p.close(5)
+    left = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20)
+    try:
+        assert [(j.path, j.pending) for j in left] == [(orphans[0], 100)]
+    finally:
+        for journal in left:
+            journal.close()
+
+
+def test_the_adopted_journal_is_released_even_when_the_last_turn_fails(adoption_in_flight, monkeypatch):
+    p, orphan = adoption_in_flight
+
+    def broken(*args):
+        raise RuntimeError("a bug in the sender's last turn")
+
+    monkeypatch.setattr(p, "_settle_replay", broken)
+    p.close(5)
+    assert open_paths_under([orphan]) == [], "the adopted journal is still held"
