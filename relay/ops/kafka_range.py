@@ -16,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from relay.config import KafkaConfig
 from relay.kafka_log import with_log
 from relay.ops import OpsError, kafka_error_text
+from relay.source.admin import connection_properties, create_topic
 
 #: How long one request to the broker (metadata, offsets) may take.
 _TIMEOUT_S = 15.0
@@ -34,6 +36,23 @@ _TIMEOUT_S = 15.0
 _STALL_S = 60.0
 #: Said when the broker did not answer (the relay's offset check reads with these too).
 UNREACHABLE_HINT = "is the broker reachable?"
+
+
+def create_ops_topic(kafka: KafkaConfig, topic: str, config: dict[str, str], *, what: str, how: str,
+                     timeout_s: float = 15.0) -> None:
+    """Create ``topic`` (1 partition, ``config``) unless it exists; an :class:`OpsError`
+    naming the fix when the broker refuses or does not answer. ``what`` is the topic's role
+    ("redrive lock topic"), ``how`` what to create by hand instead."""
+    try:
+        create_topic(kafka.bootstrap_servers, topic, 1, config,
+                     client_properties=connection_properties(kafka.producer_properties),
+                     replication_factor=kafka.topic_replication_factor, timeout_s=timeout_s)
+    except KafkaException as err:
+        raise OpsError(f"cannot create the {what} {topic}: {kafka_error_text(err)}; create it ({how}) "
+                       f"or grant the relay's credentials CREATE on it") from err
+    except concurrent.futures.TimeoutError as err:
+        raise OpsError(f"the broker did not answer the creation of the {what} {topic} within {timeout_s:g}s; "
+                       f"{UNREACHABLE_HINT}") from err
 _BATCH = 1000
 #: For topics of large records (dead letters of tens of MB): consumer properties that fetch
 #: ahead about 4 MB (librdkafka's default is 64 MB; some brokers answer a fetch with more

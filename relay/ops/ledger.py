@@ -46,14 +46,13 @@ from confluent_kafka.admin import AdminClient
 from relay.config import KafkaConfig
 from relay.kafka_log import with_log
 from relay.ops import OpsError, kafka_error_text
-from relay.ops.kafka_range import UNREACHABLE_HINT, PartitionRange, partitions_of, read, watermarks
-from relay.source.admin import connection_properties, create_topic
+from relay.ops.kafka_range import UNREACHABLE_HINT, PartitionRange, create_ops_topic, partitions_of, read, watermarks
+from relay.source.admin import connection_properties
 
 #: How long one request to the broker (read or commit the position) may take.
 _TIMEOUT_S = 15.0
 #: How long the markers of a run may take to be acknowledged.
 _ACK_TIMEOUT_S = 60.0
-_CONNECTION_KEYS = ("security.", "sasl.", "ssl.", "client.")
 
 
 def group_id(kafka: KafkaConfig) -> str:
@@ -182,16 +181,8 @@ class RedriveLedger:
     # -- writing -----------------------------------------------------------------------
     def open_for_writing(self) -> None:
         props = self.kafka.producer_properties
-        conn = {k: v for k, v in props.items() if k.startswith(_CONNECTION_KEYS)}
-        try:
-            create_topic(self.kafka.bootstrap_servers, self.marker_topic, 1, {"cleanup.policy": "compact"},
-                         client_properties=conn, replication_factor=self.kafka.topic_replication_factor)
-        except KafkaException as err:
-            raise OpsError(f"cannot create the redrive marker topic {self.marker_topic}: {err}; "
-                           f"create it (compacted) or grant the right to") from err
-        except concurrent.futures.TimeoutError as err:
-            raise OpsError(f"the broker did not answer the creation of the redrive marker topic "
-                           f"{self.marker_topic} within {_TIMEOUT_S:g}s; {UNREACHABLE_HINT}") from err
+        create_ops_topic(self.kafka, self.marker_topic, {"cleanup.policy": "compact"}, what="redrive marker topic",
+                         how="1 partition, cleanup.policy=compact", timeout_s=_TIMEOUT_S)
         conf: dict[str, Any] = {**props, "bootstrap.servers": self.kafka.bootstrap_servers,
                                 "enable.idempotence": True, "acks": "all", "linger.ms": 20}
         self._producer = Producer(with_log(conf))

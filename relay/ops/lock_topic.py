@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from relay.config import KafkaConfig
 from relay.kafka_log import with_log
 from relay.ops import OpsError, kafka_error_text
-from relay.ops.kafka_range import UNREACHABLE_HINT
-from relay.source.admin import connection_properties, create_topic
+from relay.ops.kafka_range import UNREACHABLE_HINT, create_ops_topic
+from relay.source.admin import connection_properties
 
 #: How the lock topic is created, and what an existing one must have.
 SETTINGS = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
@@ -39,7 +39,7 @@ def ensure_lock_topic(kafka: KafkaConfig, topic: str) -> None:
     try:
         partitions = _partitions(admin, topic)
         if partitions is None:
-            _create(kafka, topic, conn)
+            create_ops_topic(kafka, topic, SETTINGS, what="redrive lock topic", how=_SHAPE, timeout_s=_REQUEST_S)
             return
         configs = _configs(admin, topic)
     except KafkaException as err:
@@ -76,13 +76,3 @@ def _configs(admin: Any, topic: str) -> dict[str, str]:
             if key in entries and entries[key].value is not None}
 
 
-def _create(kafka: KafkaConfig, topic: str, conn: dict[str, str]) -> None:
-    try:
-        create_topic(kafka.bootstrap_servers, topic, 1, SETTINGS, client_properties=conn,
-                     replication_factor=kafka.topic_replication_factor, timeout_s=_REQUEST_S)
-    except KafkaException as err:
-        raise OpsError(f"cannot create the redrive lock topic {topic}: {kafka_error_text(err)}; create it "
-                       f"({_SHAPE}) or grant the relay's credentials CREATE on it") from err
-    except concurrent.futures.TimeoutError as err:
-        raise OpsError(f"the broker did not answer the creation of {topic} within {_REQUEST_S:g}s; "
-                       f"{UNREACHABLE_HINT}") from err

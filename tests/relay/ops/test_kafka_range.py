@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from relay.ops.kafka_range import PartitionRange, open_consumer, read
+from relay.embedded.broker import free_port
+from relay.ops import OpsError
+from relay.ops.kafka_range import PartitionRange, create_ops_topic, open_consumer, read
 from tests.support.kafka import produce
 from tests.support.relay import relay_config
 
@@ -27,3 +29,14 @@ def test_a_partition_read_to_its_range_end_can_be_read_again_with_the_same_consu
             assert got == [b"v%d" % i for i in range(start, end)]
     finally:
         consumer.close()
+
+
+def test_a_topic_the_broker_does_not_create_in_time_fails_naming_it_and_the_fix():
+    """An operations topic (redrive markers, lock) whose creation gets no answer: an OpsError
+    naming its role, the topic and what to check, not a librdkafka timeout."""
+    config = relay_config(f"127.0.0.1:{free_port()}", "t", {"a": "http://127.0.0.1:9"}, group="g", dlq="t.dlq")
+    with pytest.raises(OpsError) as caught:
+        create_ops_topic(config.kafka, "t.dlq.redriven", {"cleanup.policy": "compact"}, what="redrive marker topic",
+                         how="1 partition, cleanup.policy=compact", timeout_s=1.0)
+    assert str(caught.value) == ("the broker did not answer the creation of the redrive marker topic t.dlq.redriven "
+                                 "within 1s; is the broker reachable?")
