@@ -25,8 +25,8 @@ Which journal, per sender turn:
   a full librdkafka queue (``queue_max_events``) would: its batches are small
   (:data:`_ADOPTED_BATCH`, :data:`_ADOPTED_BYTES`, and a tenth of the queue), one is in
   flight at a time, and one starts only while the producer's own records and it fill at
-  most half the queue (so with ``queue_max_events`` under 2, nothing is adopted while
-  running). The producer's own events, which emit() gives librdkafka directly, wait
+  most half the queue (so with ``queue_max_events`` under 2, no journal is adopted while
+  running: none is opened nor locked). The producer's own events, which emit() gives librdkafka directly, wait
   behind at most one such batch; in journal mode (an outage) the adopted journal waits,
   held. Its events are counted apart (``stats.adopted``), not in ``pending``: ``flush()``
   and ``close()`` wait for the producer's own events only. No batch of it starts once
@@ -171,19 +171,38 @@ class Replay:
                 self._next_look_at = now + self.config.journal_adopt_interval_s
                 self._adopted = self._adopt_next()   # its recovery scan from the next turn on
             return
-        batch = min(_ADOPTED_BATCH, max(1, self._max_spill // 10))
-        if now < self._retry_at or self._direct_outstanding() + batch > self._max_spill // 2:
+        if not self._adopted_batch_may_start(now):
             return
         if self._stopping():   # close() may have begun while this turn read the journal
             return
         try:
-            self._send_batch(journal, batch, _ADOPTED_BYTES)
+            self._send_batch(journal, self._adopted_batch(), _ADOPTED_BYTES)
         except (OSError, JournalError) as err:
             self._adopted = None
             give_up(journal, err)
 
     def _stopping(self) -> bool:
         return self._closing or self._stop.is_set()
+
+    def _adopted_batch(self) -> int:
+        """An adopted journal's batch: small, and a tenth of the queue."""
+        return min(_ADOPTED_BATCH, max(1, self._max_spill // 10))
+
+    def _adopted_batch_may_start(self, now: float) -> bool:
+        """Whether the adopted journal's next batch may start (none in flight): its backoff
+        is over, and the producer's own records and it fill at most half the queue."""
+        return now >= self._retry_at and self._direct_outstanding() + self._adopted_batch() <= self._max_spill // 2
+
+    def _adopted_step_due(self) -> bool:
+        """Whether the sender's next turn has work on the adopted journal (so it polls
+        librdkafka briefly): its recovery scan goes on, it is all sent (to be released), or
+        its next batch may start. Never once close() began: no batch starts then."""
+        journal = self._adopted
+        if journal is None or self._replay is not None or self._stopping():
+            return False
+        if not journal.recovered or journal.pending == 0:
+            return True
+        return self._adopted_batch_may_start(time.monotonic())
 
     def _recover_slice(self, journal: Journal) -> bool:
         """One slice of the adopted journal's recovery scan; True once it is complete."""
@@ -200,8 +219,11 @@ class Replay:
         return True
 
     def _may_adopt(self) -> bool:
-        """Kafka takes records and this producer's own backlog is sent."""
+        """Kafka takes records, this producer's own backlog is sent, and its queue
+        (``queue_max_events``) is large enough for an adopted batch to ever start."""
         own_pending = self._own.pending if self._own is not None else 0
+        if self._adopted_batch() > self._max_spill // 2:   # no batch of it could ever start
+            return False
         return self._can_send and not self._spilling and not self._kafka_down and not self._journals \
             and own_pending == 0
 

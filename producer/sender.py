@@ -165,10 +165,8 @@ class Sender(DeliveryReports, Replay):
     def _step(self) -> None:
         if self._spilling:
             busy = bool(self._spill) or self._replay is None
-        else:   # an adopted journal's recovery scan goes on, or its next batch is due
-            adopted = self._adopted
-            busy = adopted is not None and self._replay is None and (
-                not adopted.recovered or time.monotonic() >= self._retry_at)
+        else:
+            busy = self._adopted_step_due()
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
         self._check_stall()
         replace = self._fatal is not None or self._stalled or self._refused_batch is not None

@@ -322,3 +322,24 @@ def test_the_adopted_journal_is_released_even_when_the_last_turn_fails(adoption_
     monkeypatch.setattr(p, "_settle_replay", broken)
     p.close(5)
     assert open_paths_under([orphan]) == [], "the adopted journal is still held"
+
+
+def test_a_queue_too_small_for_an_adopted_batch_adopts_nothing(kafka, tmp_path):
+    """queue_max_events=1 (allowed): no batch of an adopted journal could ever start, so none
+    is taken over; it stays free for a process that can send it."""
+    topic = kafka.new_topic("tiny-queue")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5, queue_max_events=1)
+    try:
+        p.emit(seq_event(0))
+        assert p.flush(30) == 0
+        [orphan] = journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 1, 10))
+        quiet_until = time.monotonic() + 2.5   # five looks for orphans
+        while time.monotonic() < quiet_until:
+            assert open_paths_under([orphan]) == [], "a journal adopted that could never be sent"
+            assert p._adopted is None
+            time.sleep(0.02)  # ok: watching that nothing happens for a bounded time
+        fd = lock_existing(orphan)
+        assert fd is not None, "the orphan's LOCK is held"
+        os.close(fd)
+    finally:
+        p.close()
