@@ -91,6 +91,9 @@ def lock_existing(path: Path) -> int | None:
     except BlockingIOError:
         os.close(fd)
         return None
+    except OSError:   # ENOLCK (NFS), EIO: the caller gets the error, not the fd
+        os.close(fd)
+        raise
     return fd
 
 

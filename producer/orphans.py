@@ -103,7 +103,8 @@ def _skip(path: Path, written_for: Destination, destination: Destination) -> Non
         return
     try:
         fd = lock_existing(path)   # held for a moment only: its adopter finds it at its next look
-    except OSError:
+    except OSError:   # its lock cannot be taken (ENOLCK, EIO): not tried again by this process
+        _skipped.add(path)
         return
     if fd is None:
         return

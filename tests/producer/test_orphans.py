@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 
@@ -160,3 +161,20 @@ def test_a_dead_processs_journal_for_another_destination_is_logged_once_not_a_li
     fd = lock_existing(stranded.path)
     assert fd is not None, "left unlocked for its adopter"
     os.close(fd)
+
+
+def test_a_lock_that_cannot_be_taken_leaks_no_descriptor(tmp_path, monkeypatch):
+    """flock failing otherwise than "held" (ENOLCK on NFS, EIO): every look closes what it opened."""
+    foreign = _orphan(tmp_path, Destination("other", "127.0.0.1:9092"))
+    ours = _orphan(tmp_path, HERE)
+
+    def flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(journal_module.fcntl, "flock", flock)
+    with pytest.raises(OSError):
+        lock_existing(ours.path)
+    for _ in range(5):
+        assert _adopt_next(tmp_path) is None
+        assert adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE) == []
+    assert open_paths_under([foreign.path, ours.path]) == []
