@@ -164,7 +164,10 @@ class Replay:
         now = time.monotonic()
         if journal is not None and journal.pending == 0:
             self._release_adopted("adopted_journal_sent" if self._adopted_had else None)
-            self._next_look_at = now   # the next one at once: the interval is for looks that find none
+            if not journal.path.exists():
+                # The next one at once: the interval is for looks that find none. Not when it
+                # could not be removed (still there, its LOCK free): it would be taken again.
+                self._next_look_at = now
             journal = None
         if journal is None:
             if now >= self._next_look_at and self._may_adopt():

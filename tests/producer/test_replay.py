@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from producer import LineageProducer
+from producer import journal as journal_module
+from producer import replay as replay_module
 from producer.journal import Destination, Journal, lock_existing
-from producer.orphans import adopt_orphans
+from producer.orphans import adopt_next, adopt_orphans
 from relay.embedded.broker import EmbeddedBroker, free_port
 from tests.producer.support import (
     FAST_RECONNECT,
@@ -342,5 +345,36 @@ def test_a_queue_too_small_for_an_adopted_batch_adopts_nothing(kafka, tmp_path):
         fd = lock_existing(orphan)
         assert fd is not None, "the orphan's LOCK is held"
         os.close(fd)
+    finally:
+        p.close()
+
+
+def test_a_sent_journal_that_could_not_be_removed_is_not_taken_again_every_turn(kafka, tmp_path, monkeypatch):
+    """Its removal failed (silently): the journal is still there, all sent, its LOCK free.
+    The next look waits for the interval, as after a look that finds nothing to send."""
+    topic = kafka.new_topic("not-removed")
+    interval = 1.0
+    orphans: list[Path] = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if Path(path) in orphans:
+            return   # what ignore_errors=True makes of a failure
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module.shutil, "rmtree", rmtree)
+    looks = []
+    monkeypatch.setattr(replay_module, "adopt_next", lambda *a, **kw: looks.append(1) or adopt_next(*a, **kw))
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=interval)
+    try:
+        orphans += journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, 10))
+        wait_for(lambda: p.stats.adopted == 10, 60, "the journal sent")
+        counted = len(looks)
+        watch_s = 2 * interval
+        quiet_until = time.monotonic() + watch_s
+        while time.monotonic() < quiet_until:
+            time.sleep(0.05)  # ok: watching what the sender does for a bounded time
+        assert len(looks) - counted <= watch_s / interval + 3, "the journal was taken again every turn"
+        assert orphans[0].exists()
     finally:
         p.close()
