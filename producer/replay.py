@@ -14,8 +14,9 @@ Which journal, per sender turn:
   producer runs (:func:`producer.orphans.adopt_next`, looked for every
   ``journal_adopt_interval_s``), so a journal left by a killed child does not wait for
   the next process. It is adopted only while Kafka takes records (no outage reported since
-  the last acknowledgement) and the producer's own backlog is sent (direct mode: its
-  journal empty, nothing queued for it), and never once close() began. One at a time:
+  the last acknowledgement; no batch of it starts while one is) and the producer's own
+  backlog is sent (direct mode: its journal empty, nothing queued for it), and never once
+  close() began. One at a time:
   finished (removed) or released before the next, so it holds its ``LOCK`` and at most
   one segment open; once one is sent the next is looked for at once, the interval
   applying after a look that finds none. Its recovery scan (counting its records, which
@@ -193,8 +194,10 @@ class Replay:
 
     def _adopted_batch_may_start(self, now: float) -> bool:
         """Whether the adopted journal's next batch may start (none in flight): its backoff
-        is over, and the producer's own records and it fill at most half the queue."""
-        return now >= self._retry_at and self._direct_outstanding() + self._adopted_batch() <= self._max_spill // 2
+        is over, Kafka is not reported down, and the producer's own records and it fill at
+        most half the queue."""
+        return now >= self._retry_at and not self._kafka_down \
+            and self._direct_outstanding() + self._adopted_batch() <= self._max_spill // 2
 
     def _adopted_step_due(self) -> bool:
         """Whether the sender's next turn has work on the adopted journal (so it polls

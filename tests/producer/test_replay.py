@@ -378,3 +378,26 @@ def test_a_sent_journal_that_could_not_be_removed_is_not_taken_again_every_turn(
         assert orphans[0].exists()
     finally:
         p.close()
+
+
+def test_no_adopted_batch_starts_while_kafka_is_reported_down(kafka, tmp_path, held_scan):
+    """An outage reported after the journal was taken over: it stays held, none of it sent,
+    until Kafka acknowledges a record again."""
+    topic = kafka.new_topic("down-after-adoption")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    try:
+        p.emit(seq_event(100))
+        assert p.flush(30) == 0
+        held_scan["paths"] += journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, 100))
+        wait_for(held_scan["scanning"].is_set, 30, "the journal taken over, its scan going on")
+        p._kafka_down = True   # what librdkafka's "all brokers down" sets (nothing flows to clear it)
+        held_scan["finish"].set()
+        wait_for(lambda: p._adopted is not None and p._adopted.recovered, 30, "the journal scanned")
+        quiet_until = time.monotonic() + 1.5
+        while time.monotonic() < quiet_until:
+            assert p._replay is None and p.stats.adopted == 0, "an adopted batch started while Kafka is down"
+            time.sleep(0.02)  # ok: watching that nothing happens for a bounded time
+        p.emit(seq_event(101))   # its acknowledgement says Kafka is back
+        wait_for(lambda: p.stats.adopted == 100, 60, "the journal sent once Kafka took an event")
+    finally:
+        p.close()
