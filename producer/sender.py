@@ -107,6 +107,7 @@ class Sender(DeliveryReports, Replay):
         self._rdkafka_log, self._journal_mode_told = LibrdkafkaLog(), None
         self._need_reclaim = False
         self._want_journal: str | None = None
+        self._shutdown_failure: Exception | None = None   # logged by _shutdown itself
         self._fatal: KafkaError | None = None
         self._stalled = False
         # librdkafka's batch.size now (None: as configured) and the record size that made
@@ -151,7 +152,8 @@ class Sender(DeliveryReports, Replay):
                 try:
                     self._shutdown()
                 except Exception as err:  # noqa: BLE001 - logged; the thread ends all the same
-                    self._error("sender_failed", err)
+                    if err is not self._shutdown_failure:
+                        self._error("sender_failed", err)
                 return
             with self._progress:
                 self._progress.notify_all()
@@ -322,6 +324,11 @@ class Sender(DeliveryReports, Replay):
             if not self._settle_replay() and self._replay is not None:   # answers still missing
                 self._replay[0].rewind()
                 self._replay = None
+        except Exception as err:
+            # Logged now: a failure in the finally below would replace it.
+            self._shutdown_failure = err
+            self._error("sender_failed", err)
+            raise
         finally:
             # Whatever failed above, every journal is released: a LOCK held on would keep it
             # from the next process for as long as this one lives.

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -401,3 +402,30 @@ def test_no_adopted_batch_starts_while_kafka_is_reported_down(kafka, tmp_path, h
         wait_for(lambda: p.stats.adopted == 100, 60, "the journal sent once Kafka took an event")
     finally:
         p.close()
+
+
+def test_a_failing_last_turn_is_logged_even_when_releasing_the_journals_fails_too(kafka, tmp_path, monkeypatch,
+                                                                                   caplog):
+    caplog.set_level(logging.ERROR, "producer.kafka")
+    topic = kafka.new_topic("two-failures")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path)
+    real_settle = p._settle_replay
+
+    def settle():
+        if sys._getframe(1).f_code.co_name == "_shutdown":
+            raise RuntimeError("the first failure")
+        return real_settle()
+
+    def release(*args, **kwargs):
+        raise RuntimeError("the second failure")
+
+    try:
+        p.emit(seq_event(0))
+        assert p.flush(30) == 0
+        monkeypatch.setattr(p, "_settle_replay", settle)
+        monkeypatch.setattr(p, "_release_adopted", release)
+    finally:
+        p.close(5)
+    failed = [r.getMessage() for r in caplog.records if "event=sender_failed" in r.getMessage()]
+    assert [m for m in failed if "the first failure" in m] != [], "the last turn's failure was not logged"
+    assert sum("the first failure" in m for m in failed) == 1 and sum("the second failure" in m for m in failed) == 1
