@@ -30,7 +30,8 @@ Guarantees:
   slices of bounded size, so a thread with other work (the producer's sender adopting a
   large journal) does a slice per turn.
 
-Not thread-safe: one thread (the producer's sender) owns a Journal.
+Not thread-safe: one thread (the producer's sender) owns a Journal. ``LOCK`` taken by others,
+``DESTINATION`` and the directory check: :mod:`producer.journal_dir`.
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ import secrets
 import shutil
 import struct
 import zlib
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from producer.errors import ConfigError, JournalError
+from producer.errors import JournalError
+from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -55,77 +56,11 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">IIH")
 _NO_KEY = 0
 _CURSOR = "CURSOR"
-_LOCK = "LOCK"
-_DESTINATION = "DESTINATION"
 Record = tuple[bytes | None, bytes]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _segment_name(number: int) -> str:
     return f"{number:08d}.seg"
-
-
-def lock_existing(path: Path) -> int | None:
-    """An fd holding an exclusive flock on ``path/LOCK``, or None when a live process holds
-    it or there is no ``LOCK`` (a journal being made, or just removed). Never creates it."""
-    try:
-        fd = os.open(path / _LOCK, os.O_RDWR)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except OSError:   # ENOLCK (NFS), EIO: the caller gets the error, not the fd
-        os.close(fd)
-        raise
-    return fd
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where a journal's records go: a topic, on the cluster its bootstrap servers name."""
-
-    topic: str
-    bootstrap_servers: str
-
-    def brokers(self) -> frozenset[str]:
-        # "SASL_SSL://Kafka-1:9093" and "kafka-1:9093" name the same broker.
-        return frozenset(part.strip().rpartition("://")[2].lower()
-                         for part in self.bootstrap_servers.split(",") if part.strip())
-
-    def accepts(self, written_for: Destination) -> bool:
-        """Whether records written for ``written_for`` belong here: the same topic, and a
-        bootstrap server in common (one cluster reached through disjoint broker lists is
-        not recognised: its journals wait for a producer configured like the writer)."""
-        return self.topic == written_for.topic and bool(self.brokers() & written_for.brokers())
-
-
-def read_destination(path: Path) -> Destination | None:
-    """The destination the journal at ``path`` was written for; None for a journal written
-    before ``DESTINATION`` existed. Raises OSError or ValueError when it is unreadable."""
-    try:
-        data = json.loads((path / _DESTINATION).read_text())
-    except FileNotFoundError:
-        return None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("topic", "bootstrap_servers")):
-        raise ValueError(f"{path / _DESTINATION} is not a journal destination")
-    return Destination(data["topic"], data["bootstrap_servers"])
 
 
 def encode_record(key: bytes | None, value: bytes) -> bytes:
@@ -174,15 +109,15 @@ class Journal:
             # Made under a hidden name, its LOCK appearing locked first: see the module docstring.
             tmp = root / f".{name}"
             tmp.mkdir()
-            fd = os.open(tmp / (_LOCK + ".new"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(tmp / (LOCK + ".new"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # nobody else knows this name
-            os.rename(tmp / (_LOCK + ".new"), tmp / _LOCK)
+            os.rename(tmp / (LOCK + ".new"), tmp / LOCK)
             if destination is not None:
-                _write_synced(tmp / _DESTINATION, json.dumps(
+                write_synced(tmp / DESTINATION, json.dumps(
                     {"topic": destination.topic, "bootstrap_servers": destination.bootstrap_servers}))
             final = root / name
             tmp.rename(final)
-            _fsync_dir(root)
+            fsync_dir(root)
         except OSError as err:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)   # half made: no adopter would ever take it
@@ -273,7 +208,7 @@ class Journal:
             self._writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._sizes.setdefault(self._write_seg, 0)
             if new:
-                _fsync_dir(self.path)
+                fsync_dir(self.path)
         return self._writer
 
     def _rotate(self) -> None:
@@ -346,7 +281,7 @@ class Journal:
     def commit(self, pos: tuple[int, int], count: int) -> None:
         """Mark everything before ``pos`` (``count`` records) delivered, durably."""
         tmp = self.path / (_CURSOR + ".tmp")
-        _write_synced(tmp, f"{pos[0]} {pos[1]}\n")
+        write_synced(tmp, f"{pos[0]} {pos[1]}\n")
         os.replace(tmp, self.path / _CURSOR)
         self._cursor = pos
         self.pending = max(0, self.pending - count)
@@ -387,16 +322,3 @@ class Journal:
 
     def __repr__(self) -> str:
         return f"Journal({self.path}, pending={self.pending}, bytes={self.size_bytes})"
-
-
-def check_journal_dir(path: Path) -> None:
-    """Raise ConfigError unless ``path`` can be created and written: found at construction,
-    not during the first outage, when it would cost events."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"journal_dir: cannot create {path} ({err.strerror}); set journal_dir "
-                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory") from err
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"journal_dir: {path} is not writable; set journal_dir "
-                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory")

@@ -69,7 +69,8 @@ from producer.forking import (
     resolver_usable,
     start_in_forked_child,
 )
-from producer.journal import Journal, check_journal_dir
+from producer.journal import Journal
+from producer.journal_dir import check_journal_dir
 from producer.keys import message_key
 from producer.orphans import adopt_orphans
 from producer.sender import RECLAIM_TIMEOUT_S, Sender

@@ -10,14 +10,14 @@ producer, one at a time, the scan in slices of its sender's turns: :mod:`produce
 
 Which journals are taken:
 
-* Only those written for the caller's :class:`~producer.journal.Destination` (its topic,
+* Only those written for the caller's :class:`~producer.journal_dir.Destination` (its topic,
   and a bootstrap server in common), read from the journal's ``DESTINATION`` file before
   any lock is taken. A journal without that file (written before it existed) is taken by
   any producer on the directory, as it always was. A dead process's journal written for
   another topic or cluster is left for a producer configured like its writer, and logged
   once per process (WARNING, ``event=adopt_skipped``, with both destinations).
 * Never one being made: its ``LOCK`` appears only once it is locked, and adopters do not
-  create it (:func:`producer.journal.lock_existing`). A hidden ``.<id>`` directory whose
+  create it (:func:`producer.journal_dir.lock_existing`). A hidden ``.<id>`` directory whose
   ``LOCK`` is free was left by a process that died while making it, before it held a
   record: it is removed. (One whose maker died before its ``LOCK`` appeared stays, empty:
   nothing tells it from one being made.)
@@ -36,7 +36,8 @@ import shutil
 from pathlib import Path
 
 from producer.errors import JournalError
-from producer.journal import Destination, Journal, lock_existing, read_destination
+from producer.journal import Journal
+from producer.journal_dir import Destination, lock_existing, read_destination
 
 log = logging.getLogger("producer.journal")
 

@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaException, Producer
 
 from producer.errors import JournalError
-from producer.journal import Destination, Journal
+from producer.journal import Journal
+from producer.journal_dir import Destination
 from producer.orphans import adopt_next, give_up
 
 if TYPE_CHECKING:

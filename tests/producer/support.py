@@ -108,7 +108,8 @@ _JOURNAL_WRITER = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {root!r})
     from producer.codec import encode_json
-    from producer.journal import Destination, Journal
+    from producer.journal import Journal
+    from producer.journal_dir import Destination
     from producer.keys import message_key
     from tests.producer.support import seq_event
     for topic, bootstrap, start, count in {specs!r}:

@@ -14,7 +14,8 @@ import pytest
 
 from producer import LineageProducer, events, forking, job, sender
 from producer.job import lineage_job
-from producer.journal import Destination, Journal, lock_existing
+from producer.journal import Journal
+from producer.journal_dir import Destination, lock_existing
 from producer.orphans import adopt_orphans
 from tests.producer.support import decode, wait_for
 from tests.support.kafka import read_topic

@@ -10,7 +10,8 @@ import pytest
 
 from producer import journal as journal_module
 from producer.errors import JournalError
-from producer.journal import Destination, Journal, lock_existing
+from producer.journal import Journal
+from producer.journal_dir import Destination, lock_existing
 from producer.orphans import adopt_next, adopt_orphans, give_up
 from tests.producer.support import open_paths_under
 
@@ -70,20 +71,20 @@ def test_a_journals_lock_is_held_before_its_destination_is_written_and_a_failed_
         tmp_path, monkeypatch):
     # An older version's adopter creates LOCK in any directory it lists, hidden ones
     # included: the journal's own LOCK is there, held, before anything else is written.
-    real = journal_module._write_synced
+    real = journal_module.write_synced
 
     def write_destination(path, text):
         assert sorted(p.name for p in path.parent.iterdir()) == ["LOCK"]
         assert lock_existing(path.parent) is None, "LOCK not held yet"
         real(path, text)
 
-    monkeypatch.setattr(journal_module, "_write_synced", write_destination)
+    monkeypatch.setattr(journal_module, "write_synced", write_destination)
     Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE).close()
 
     def disk_full(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(journal_module, "_write_synced", disk_full)
+    monkeypatch.setattr(journal_module, "write_synced", disk_full)
     with pytest.raises(JournalError):
         Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
     assert list(tmp_path.iterdir()) == [], "a half-made journal left behind"

@@ -17,7 +17,8 @@ import pytest
 from producer import LineageProducer
 from producer import journal as journal_module
 from producer import replay as replay_module
-from producer.journal import Destination, Journal, lock_existing
+from producer.journal import Journal
+from producer.journal_dir import Destination, lock_existing
 from producer.orphans import adopt_next, adopt_orphans
 from relay.embedded.broker import EmbeddedBroker, free_port
 from tests.producer.support import (

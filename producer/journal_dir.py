@@ -1,0 +1,101 @@
+"""A journal directory's protocol (:mod:`producer.journal` holds the journal itself).
+
+* ``LOCK``: ``flock``-ed for its owner's lifetime; :func:`lock_existing` is how anyone
+  but the maker takes it: never creating it, so a journal being made (no ``LOCK`` yet) is
+  never touched.
+* ``DESTINATION``: where a journal's records go (:class:`Destination`), read back with
+  :func:`read_destination`; absent in journals written before it existed.
+* :func:`check_journal_dir`: the directory can be made and written, checked at start-up.
+* :func:`write_synced` and :func:`fsync_dir`: a file, and a directory's entries, on disk
+  before the caller goes on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from producer.errors import ConfigError
+
+LOCK = "LOCK"
+DESTINATION = "DESTINATION"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def lock_existing(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path/LOCK``, or None when a live process holds
+    it or there is no ``LOCK`` (a journal being made, or just removed). Never creates it."""
+    try:
+        fd = os.open(path / LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:   # ENOLCK (NFS), EIO: the caller gets the error, not the fd
+        os.close(fd)
+        raise
+    return fd
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a journal's records go: a topic, on the cluster its bootstrap servers name."""
+
+    topic: str
+    bootstrap_servers: str
+
+    def brokers(self) -> frozenset[str]:
+        # "SASL_SSL://Kafka-1:9093" and "kafka-1:9093" name the same broker.
+        return frozenset(part.strip().rpartition("://")[2].lower()
+                         for part in self.bootstrap_servers.split(",") if part.strip())
+
+    def accepts(self, written_for: Destination) -> bool:
+        """Whether records written for ``written_for`` belong here: the same topic, and a
+        bootstrap server in common (one cluster reached through disjoint broker lists is
+        not recognised: its journals wait for a producer configured like the writer)."""
+        return self.topic == written_for.topic and bool(self.brokers() & written_for.brokers())
+
+
+def read_destination(path: Path) -> Destination | None:
+    """The destination the journal at ``path`` was written for; None for a journal written
+    before ``DESTINATION`` existed. Raises OSError or ValueError when it is unreadable."""
+    try:
+        data = json.loads((path / DESTINATION).read_text())
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("topic", "bootstrap_servers")):
+        raise ValueError(f"{path / DESTINATION} is not a journal destination")
+    return Destination(data["topic"], data["bootstrap_servers"])
+
+
+def check_journal_dir(path: Path) -> None:
+    """Raise ConfigError unless ``path`` can be created and written: found at construction,
+    not during the first outage, when it would cost events."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"journal_dir: cannot create {path} ({err.strerror}); set journal_dir "
+                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"journal_dir: {path} is not writable; set journal_dir "
+                          "(or $LINEAGE_RELAY_JOURNAL_DIR) to a writable directory")
