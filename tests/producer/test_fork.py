@@ -436,12 +436,13 @@ def test_a_fork_child_closes_a_journal_lock_the_parent_was_taking_over_and_nothi
         if pid == 0:   # reports which descriptors it still has, then waits to be told to go
             def report() -> int:
                 os.close(go_w)
-                os.write(report_w, b"open:" + bytes(fd for fd in (taking_over, unrelated) if _is_open(fd)))
+                still = ",".join(str(fd) for fd in (taking_over, unrelated) if _is_open(fd))
+                os.write(report_w, f"open:{still}".encode())
                 return len(os.read(go_r, 1))
             _in_child(report)
         os.close(report_w)   # a child that died: EOF, not a hang
         report_w = None
-        assert os.read(report_r, 16) == b"open:" + bytes([unrelated]), \
+        assert os.read(report_r, 64) == f"open:{unrelated}".encode(), \
             "the child kept the journal's LOCK, or closed another"
         os.close(taking_over)
         taking_over = None
