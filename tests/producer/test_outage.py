@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from producer import LineageProducer, sender
-from relay.embedded.broker import EmbeddedBroker, free_port
+from relay.embedded.broker import EmbeddedBroker
 from tests.producer.support import (FAST_RECONNECT, assert_all_arrived_in_order, journal_left_by_killed_producer,
                                     seq_event, start_producer_child, wait_for)
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
@@ -20,14 +20,6 @@ from tests.support.kafka_proxy import (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQU
                                       UNKNOWN_PRODUCER_ID, proxied_broker)
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def broker():
-    """A broker of this test's own on a fixed port, not started yet."""
-    b = EmbeddedBroker(port=free_port())
-    yield b
-    b.stop()
 
 
 def _producer(bootstrap: str, topic: str, journal_dir: Path, **kw) -> LineageProducer:

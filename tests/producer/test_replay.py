@@ -20,7 +20,6 @@ from producer import replay as replay_module
 from producer.journal import Journal
 from producer.journal_dir import Destination, lock_existing
 from producer.orphans import adopt_next, adopt_orphans
-from relay.embedded.broker import EmbeddedBroker, free_port
 from tests.producer.support import (
     FAST_RECONNECT,
     assert_all_arrived_in_order,
@@ -34,14 +33,6 @@ from tests.producer.support import (
 from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-def broker():
-    """A broker of this test's own on a fixed port, not started yet."""
-    b = EmbeddedBroker(port=free_port())
-    yield b
-    b.stop()
 
 
 def _producer(bootstrap: str, topic: str, journal_dir: Path, **kw) -> LineageProducer:

@@ -12,6 +12,7 @@ from relay.embedded.collector import RecordingCollector
 from relay.metrics import RelayMetrics
 from relay.sinks.http import HttpCollector
 from tests.support.loopback_http import serve as _serve
+from tests.support.waiting import until
 
 BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
 
@@ -27,14 +28,6 @@ def collector_for(server: RecordingCollector, **kw) -> tuple[HttpCollector, Rela
 def server():
     with RecordingCollector(token="tok") as s:
         yield s
-
-
-async def until(condition, what: str, timeout_s: float = 10.0) -> None:
-    """Poll ``condition`` until true; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        await asyncio.sleep(0.005)  # ok: the poll interval of a wait with a deadline
 
 
 async def test_retries_resets_timeouts_and_5xx_until_delivered(server):

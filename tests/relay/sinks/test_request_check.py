@@ -18,6 +18,7 @@ from relay.sinks.base import DeliveryStopped
 from relay.sinks.batch import BatchCollector
 from relay.sinks.http import HttpCollector
 from tests.support.gated_collector import GatedCollector
+from tests.support.waiting import until
 
 
 def event(i: int) -> bytes:
@@ -39,13 +40,6 @@ class Switch:
             raise DeliveryStopped("stopped by the test")
 
 
-async def until(predicate, timeout_s: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)  # polling a condition with a deadline
-
-
 async def test_a_request_waiting_for_a_connection_is_checked_again_once_it_has_one():
     """``concurrency: 1``: the second request starts (checked) while the first holds the one
     connection; the check stops it once that connection is free, before it is written."""
@@ -57,10 +51,10 @@ async def test_a_request_waiting_for_a_connection_is_checked_again_once_it_has_o
         await collector.start()
         try:
             first = asyncio.create_task(collector.deliver(event(0)))
-            await until(lambda: gated.count == 1)
+            await until(lambda: gated.count == 1, "the first request at the collector", 60.0)
             second = asyncio.create_task(collector.deliver(event(1)))
             # The first's start and connection, the second's start: it now waits for the connection.
-            await until(lambda: check.calls == 3)
+            await until(lambda: check.calls == 3, "the second request's check at its start", 60.0)
             check.stopped = True
             gated.open()
             assert await asyncio.wait_for(first, 120) is None
