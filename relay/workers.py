@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -103,6 +104,7 @@ class Worker:
         self.proc: asyncio.subprocess.Process | None = None
         self.port: int | None = None
         self._lifeline_w: int | None = None
+        self._port_read: asyncio.Future | None = None
 
     async def start(self, argv: list[str]) -> None:
         report_r, report_w = os.pipe()
@@ -116,7 +118,7 @@ class Worker:
             os.close(report_w)
             os.close(lifeline_r)
         self._lifeline_w = lifeline_w  # held, never written: closed when this process ends
-        asyncio.ensure_future(self._read_port(report_r))
+        self._port_read = asyncio.ensure_future(self._read_port(report_r))  # held: a task nobody holds may vanish
 
     async def _read_port(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
@@ -271,8 +273,6 @@ class Supervisor:
 
 
 def _json_field(body: bytes, key: str, *, default):
-    import orjson
-
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
