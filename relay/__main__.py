@@ -1,5 +1,13 @@
+import os
+import signal
 import sys
 
-from relay.cli import main
+# A worker of a supervisor (relay/workers.py) ignores SIGINT from the start, before the
+# imports below: a terminal's Ctrl-C reaches the whole process group, and the supervisor
+# stops its workers itself (SIGTERM), as relay/stages/decode_child.py's relay does its own.
+if os.environ.get("LINEAGE_RELAY_WORKER"):  # relay.worker_link.WORKER_ENV
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from relay.cli import main  # noqa: E402 - after the signal disposition above
 
 sys.exit(main())

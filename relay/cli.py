@@ -5,24 +5,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
 import signal
-import socket
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from relay.config import RelayConfig, build_config, merge, read_config
+from relay.config import RelayConfig, build_config, merge, read_config, resolve_workers
 from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
 from relay.logs import log_event, set_log_context, setup_logging
 from relay.ops import add_subcommands as add_ops_subcommands
 from relay.source.kafka import SourceError
 from relay.state.changelog import StateError
-from relay.workers import WorkerLink
-
-if TYPE_CHECKING:
-    from aiohttp import web
+from relay.worker_link import WorkerLink
 
 log = logging.getLogger("relay.cli")
 
@@ -125,18 +120,33 @@ def _add_relay_flags(p: argparse.ArgumentParser) -> None:
 
 
 async def serve(config: RelayConfig, worker: WorkerLink | None = None) -> None:
-    """Run one relay. As a ``worker`` of a supervisor (see :mod:`relay.workers`): its
-    endpoint on 127.0.0.1 at a free port, reported to the supervisor, and a stop when the
-    supervisor is gone."""
+    """Run one relay. As a ``worker`` of a supervisor (see :mod:`relay.workers`): its own
+    ``group.instance.id`` (see :meth:`WorkerLink.relay_config`), its endpoint on 127.0.0.1
+    at a free port, reported to the supervisor, a stop on SIGTERM (SIGINT is the
+    supervisor's: it stops the workers) and when the supervisor is gone."""
+    loop = asyncio.get_running_loop()
+    relay = None
+
+    def request_stop() -> None:  # a stop before the relay exists is taken as soon as it does
+        nonlocal stop_requested
+        stop_requested = True
+        if relay is not None:
+            relay.request_stop()
+
+    stop_requested = False
+    # First, before the imports and the relay's construction: the supervisor may stop its
+    # workers at once (a stop during its start-up), and an unhandled SIGTERM kills.
+    for sig in (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop)
+
     from relay.app import Relay
     from relay.process import tune_process
-    from relay.server import build_app
+    from relay.server import build_app, listen
 
     tune_process()
-    relay = Relay(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, relay.request_stop)
+    relay = Relay(worker.relay_config(config) if worker is not None else config)
+    if stop_requested:
+        relay.request_stop()
     runner = None
     if worker is not None:
         worker.watch_lifeline(loop, relay.request_stop)
@@ -151,31 +161,6 @@ async def serve(config: RelayConfig, worker: WorkerLink | None = None) -> None:
     finally:
         if runner is not None:
             await runner.cleanup()
-
-
-async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve ``app`` on ``host``:``port``; the runner and the port bound. Raises
-    :class:`ConfigError` naming ``http.host`` or ``http.port`` when it cannot listen."""
-    from relay.server import serve_app
-
-    try:
-        return await serve_app(app, host, port)
-    except OSError as err:
-        raise ConfigError(_listen_problem(err)) from None
-
-
-def _listen_problem(err: OSError) -> str:
-    """What to fix when the HTTP server cannot listen: ``http.host`` or ``http.port``."""
-    why = err.strerror or type(err).__name__
-    if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
-        return (f"http.host: cannot listen there ({why}); give an address of this machine, such as 0.0.0.0 "
-                "(all) or 127.0.0.1")
-    if err.errno == errno.EADDRINUSE:
-        return (f"http.port: cannot listen there ({why}: another process, or another relay, has it); stop it, "
-                "give another port, or 0 for any free one")
-    if err.errno == errno.EACCES:
-        return f"http.port: cannot listen there ({why}; ports below 1024 need privileges); give a port from 1024"
-    return f"http.host/http.port: cannot listen there ({why}); fix http.host or http.port"
 
 
 def check_files(config: RelayConfig) -> None:
@@ -289,9 +274,11 @@ def _supervise(config: RelayConfig, argv: list[str]) -> int:
     each find at start-up is checked here first, once (their warnings are theirs to log)."""
     from relay.workers import supervise
 
+    count, source = resolve_workers(config.workers)
+    log_event(log, logging.INFO, "workers_resolved", workers=count, setting=config.workers, source=source)
     try:
         check_files(config)
-        return asyncio.run(supervise(config, argv, config.worker_count))
+        return asyncio.run(supervise(config, argv, count))
     except ConfigError as err:
         print(f"lineage-relay: {err}", file=sys.stderr)
         return 2

@@ -44,24 +44,48 @@ __all__ = [
 
 #: The cgroup v2 CPU quota of this process's container: ``QUOTA PERIOD``, or ``max PERIOD``.
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+#: Where cgroup v1 mounts the cpu controller (its ``cpu.cfs_quota_us``, -1: no limit, and
+#: ``cpu.cfs_period_us``), by distribution: alone, or joined with cpuacct.
+CGROUP_V1_CPU_DIRS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup/cpu,cpuacct"))
 MAX_WORKERS = 64
 
 
-def resolve_workers(setting: int | str, cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """How many relay processes ``workers`` means: a number as it is; ``auto``: the CPUs
-    this process may run on (its affinity), capped by the cgroup v2 quota in ``cpu.max``
-    (rounded up: 1.5 CPUs is 2; ``max`` or no such file: no cap), at least 1 and at most
-    :data:`MAX_WORKERS`."""
+def resolve_workers(setting: int | str, cpu_max: Path = CGROUP_CPU_MAX,
+                    cgroup_v1: tuple[Path, ...] = CGROUP_V1_CPU_DIRS) -> tuple[int, str]:
+    """How many relay processes ``workers`` means, and where that came from: a number as it
+    is (``config``); ``auto``: the CPUs this process may run on (``affinity``), capped by its
+    container's CPU quota (``cgroup v2``: ``cpu.max``; else ``cgroup v1``: the cfs quota over
+    the cfs period), rounded up (1.5 CPUs is 2), at least 1 and at most :data:`MAX_WORKERS`.
+    No quota, or no such file: the affinity alone."""
     if setting != "auto":
-        return int(setting)
-    cpus = len(os.sched_getaffinity(0))
-    try:
+        return int(setting), "config"
+    cpus, source = len(os.sched_getaffinity(0)), "affinity"
+    quota = _cgroup_quota(cpu_max, cgroup_v1)
+    if quota is not None and quota[0] < cpus:
+        cpus, source = quota
+    return max(1, min(cpus, MAX_WORKERS)), source
+
+
+def _cgroup_quota(cpu_max: Path, cgroup_v1: tuple[Path, ...]) -> tuple[int, str] | None:
+    """The container's CPU quota in whole CPUs (rounded up) and the cgroup version it came
+    from; None: no quota (``max``, -1), or no cgroup file to read it from."""
+    try:  # cgroup v2
         quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max" and int(period) > 0:
-            cpus = min(cpus, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):  # no cgroup v2 (or not mounted): the affinity alone
+        return None if quota == "max" else _whole_cpus(int(quota), int(period), "cgroup v2")
+    except (OSError, ValueError):  # not mounted (or unreadable): cgroup v1, if any
         pass
-    return max(1, min(cpus, MAX_WORKERS))
+    for directory in cgroup_v1:
+        try:
+            quota_us = int((directory / "cpu.cfs_quota_us").read_text())
+            return _whole_cpus(quota_us, int((directory / "cpu.cfs_period_us").read_text()), "cgroup v1")
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _whole_cpus(quota: int, period: int, source: str) -> tuple[int, str] | None:
+    return (math.ceil(quota / period), source) if quota > 0 and period > 0 else None
+
 
 class DedupeConfig(Frozen):
     enabled: bool = True
@@ -201,14 +225,15 @@ class RelayConfig(Frozen):
     @model_validator(mode="after")
     def _workers_decode_inline(self) -> RelayConfig:
         # More than one worker: each decodes on its own thread, unless decode_worker was given.
+        # ``auto`` counts as several, unresolved: the same file validates the same on any machine.
         pipeline = self.pipeline
-        if resolve_workers(self.workers) > 1 and "decode_worker" not in pipeline.model_fields_set:
+        if self.workers != 1 and "decode_worker" not in pipeline.model_fields_set:
             defaults = PipelineConfig.model_fields
             for key in ("decode_processes", "decode_priority"):
                 if key in pipeline.model_fields_set and getattr(pipeline, key) != defaults[key].default:
                     raise ValueError(f"pipeline.{key}: only used with decode_worker: true, and with workers above 1 "
-                                     "decode_worker defaults to false (each worker decodes on its own thread); fix: "
-                                     f"set pipeline.decode_worker: true, or remove pipeline.{key}")
+                                     "or auto, decode_worker defaults to false (each worker decodes on its own "
+                                     f"thread); fix: set pipeline.decode_worker: true, or remove pipeline.{key}")
             # Frozen: set once here, while the model is being validated.
             object.__setattr__(self, "pipeline", pipeline.model_copy(update={"decode_worker": False}))
         return self
@@ -216,7 +241,7 @@ class RelayConfig(Frozen):
     @property
     def worker_count(self) -> int:
         """``workers`` resolved (``auto``: see :func:`resolve_workers`)."""
-        return resolve_workers(self.workers)
+        return resolve_workers(self.workers)[0]
 
     @model_validator(mode="after")
     def _unique_collectors(self) -> RelayConfig:

@@ -4,12 +4,18 @@ format). The probes read what the relay knows already: they send nothing to the 
 
 from __future__ import annotations
 
+import errno
+import socket
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from relay.app import Relay
+from relay.errors import ConfigError
+
+if TYPE_CHECKING:  # the supervisor (relay.workers) serves too, without a relay of its own
+    from relay.app import Relay
 
 #: The main loop polls every 100 ms; this long without a turn means it is stuck.
 STUCK_AFTER_S = 60.0
@@ -80,3 +86,26 @@ async def serve_app(app: web.Application, host: str, port: int) -> tuple[web.App
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
     return runner, bound
+
+
+async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host``:``port``; the runner and the port bound. Raises
+    :class:`ConfigError` naming ``http.host`` or ``http.port`` when it cannot listen."""
+    try:
+        return await serve_app(app, host, port)
+    except OSError as err:
+        raise ConfigError(_listen_problem(err)) from None
+
+
+def _listen_problem(err: OSError) -> str:
+    """What to fix when the HTTP server cannot listen: ``http.host`` or ``http.port``."""
+    why = err.strerror or type(err).__name__
+    if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
+        return (f"http.host: cannot listen there ({why}); give an address of this machine, such as 0.0.0.0 "
+                "(all) or 127.0.0.1")
+    if err.errno == errno.EADDRINUSE:
+        return (f"http.port: cannot listen there ({why}: another process, or another relay, has it); stop it, "
+                "give another port, or 0 for any free one")
+    if err.errno == errno.EACCES:
+        return f"http.port: cannot listen there ({why}; ports below 1024 need privileges); give a port from 1024"
+    return f"http.host/http.port: cannot listen there ({why}); fix http.host or http.port"

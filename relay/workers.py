@@ -19,13 +19,19 @@ The supervisor serves:
   ``lineage_relay_workers``, ``..._workers_alive``, ``..._workers_unscraped`` (a worker
   that did not answer within :data:`SCRAPE_TIMEOUT_S` is left out of that scrape).
 
-Stopping: on SIGTERM or SIGINT the supervisor sends SIGTERM to every worker, waits up to
-``drain_timeout_s`` + ``relay.app.CLOSE_MARGIN_S`` + :data:`EXIT_MARGIN_S` for them,
-SIGKILLs those still running, and exits 0 when every worker exited 0, else 1.
+Stopping: on SIGTERM or SIGINT the supervisor starts no further worker, sends SIGTERM to
+every worker started, waits up to ``drain_timeout_s`` + ``relay.app.CLOSE_MARGIN_S`` +
+:data:`EXIT_MARGIN_S` for them, SIGKILLs those still running, and exits 0 when every worker
+exited 0 or of that SIGTERM (or of a SIGINT: a terminal's Ctrl-C reaches the whole process
+group; workers ignore it from their start, but one may come before), else 2 when one exited
+2, else 1. Workers handle SIGTERM only: SIGINT is the supervisor's to turn into a stop.
 
 Policy on a worker that exits on its own (a crash, kill -9, its own start-up error):
 fail fast. The supervisor logs ``worker_exited``, stops the other workers as above and
-exits non-zero: 2 when that worker exited 2 (a configuration problem), else 1. It does not
+exits non-zero: 2 when that worker (or one that exited at the same time) exited 2 (a
+configuration problem), else 1. An exit while a stop was asked for is part of the stop.
+Whatever fails in the supervisor itself, at start-up too, the workers it started are
+stopped as above before the error goes on. It does not
 restart workers: the orchestrator restarts the pod, and a crash loop shows as one
 (Kubernetes' CrashLoopBackOff) instead of hiding in a pod that looks alive.
 """
@@ -38,7 +44,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -47,53 +53,20 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.config import RelayConfig
 from relay.logs import log_event
+from relay.server import listen
+from relay.stages.decode_worker import package_env
+from relay.worker_link import WORKER_ENV
 from relay.worker_metrics import merge_expositions
 
 log = logging.getLogger("relay.workers")
 
-#: Set in a worker's environment: its index, then the report and life-line pipes' fds.
-WORKER_ENV = "LINEAGE_RELAY_WORKER"
 #: How long a probe or a scrape waits for one worker.
 SCRAPE_TIMEOUT_S = 2.0
 #: After a worker's own bound (drain_timeout_s + CLOSE_MARGIN_S): its threads and interpreter ending.
 EXIT_MARGIN_S = 5.0
-
-
-@dataclass(frozen=True)
-class WorkerLink:
-    """A worker's side: its index, the pipe it reports its port on, its life-line."""
-
-    index: int
-    report_fd: int
-    lifeline_fd: int
-
-    @classmethod
-    def from_env(cls) -> WorkerLink | None:
-        """This process's link when it runs as a worker, else None."""
-        value = os.environ.get(WORKER_ENV)
-        if not value:
-            return None
-        index, report_fd, lifeline_fd = (int(part) for part in value.split(","))
-        return cls(index, report_fd, lifeline_fd)
-
-    def report_port(self, port: int) -> None:
-        os.write(self.report_fd, f"{port}\n".encode())
-        os.close(self.report_fd)
-
-    def watch_lifeline(self, loop: asyncio.AbstractEventLoop, on_parent_gone) -> None:
-        """Call ``on_parent_gone()`` once the supervisor is gone (the life-line reads EOF)."""
-        def readable() -> None:
-            try:
-                data = os.read(self.lifeline_fd, 64)
-            except BlockingIOError:
-                return
-            if not data:
-                loop.remove_reader(self.lifeline_fd)
-                log_event(log, logging.WARNING, "supervisor_gone", action="stopping")
-                on_parent_gone()
-
-        os.set_blocking(self.lifeline_fd, False)
-        loop.add_reader(self.lifeline_fd, readable)
+#: A worker's exit codes that are a clean end once a stop was asked for: 0, or killed by
+#: the SIGTERM the supervisor sent (before its handler was in place) or by a SIGINT.
+STOPPED_CLEANLY = (0, -signal.SIGTERM, -signal.SIGINT)
 
 
 class Worker:
@@ -109,11 +82,15 @@ class Worker:
     async def start(self, argv: list[str]) -> None:
         report_r, report_w = os.pipe()
         lifeline_r, lifeline_w = os.pipe()
-        env = {**os.environ, WORKER_ENV: f"{self.index},{report_w},{lifeline_r}"}
+        env = {**package_env(), WORKER_ENV: f"{self.index},{report_w},{lifeline_r}"}
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "relay", *argv, env=env, stdin=asyncio.subprocess.DEVNULL,
                 pass_fds=(report_w, lifeline_r))
+        except BaseException:
+            os.close(report_r)
+            os.close(lifeline_w)
+            raise
         finally:
             os.close(report_w)
             os.close(lifeline_r)
@@ -155,58 +132,83 @@ class Worker:
 
 
 class Supervisor:
+    """Runs ``count`` workers (``python -m relay <argv>``) and serves their merged endpoint
+    (see the module docstring). :meth:`run` returns once every worker it started has exited:
+    it never leaves one running, also when it raises. :meth:`request_stop` may come at any
+    time, during start-up too (the workers not started yet are then never started)."""
+
     def __init__(self, config: RelayConfig, argv: list[str], count: int) -> None:
         self.config = config
         self.argv = argv
         self.workers = [Worker(i) for i in range(count)]
         self._stop = asyncio.Event()
-        #: The first worker that exited on its own, and its exit code.
+        #: The first worker that exited on its own, and its exit code (one that exited 2
+        #: when several exited at once).
         self.failed: tuple[Worker, int] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def run(self, bind) -> int:
+    async def run(self, bind: Callable[[web.Application], Awaitable[web.AppRunner | None]]) -> int:
         """Listen (``bind(app)``, which may raise), start the workers, supervise them until a
         stop or a worker's exit, stop them all; the exit code (see the module docstring)."""
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
         runner = None
+        codes: list[int] = []
         try:
             runner = await bind(self.build_app())
-            for worker in self.workers:
-                await worker.start(self.argv)
-            log_event(log, logging.INFO, "workers_started", workers=len(self.workers),
-                      pids=[w.proc.pid for w in self.workers if w.proc is not None])
-            waits = {asyncio.ensure_future(w.proc.wait()): w for w in self.workers if w.proc is not None}
-            stop = asyncio.ensure_future(self._stop.wait())
-            done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            for task in done:
-                worker = waits.get(task)
-                if worker is not None and self.failed is None:
-                    code = task.result()
-                    self.failed = (worker, code)
-                    log_event(log, logging.ERROR, "worker_exited", worker=worker.index, pid=worker.proc.pid,
-                              **({"signal": signal.Signals(-code).name} if code < 0 else {"exit_code": code}),
-                              action="stopping the other workers")
+            await self._start_workers()
+            await self._supervise()
+        finally:  # whatever happened, the workers started are stopped before this returns or raises
             codes = await self._stop_workers()
-        finally:
             await self._session.close()
             if runner is not None:
                 await runner.cleanup()
         log_event(log, logging.INFO, "workers_stopped", exit_codes=codes)
         if self.failed is not None:
             return 2 if self.failed[1] == 2 else 1
-        return 0 if all(code == 0 for code in codes) else 1
+        if all(code in STOPPED_CLEANLY for code in codes):
+            return 0
+        return 2 if 2 in codes else 1
+
+    async def _start_workers(self) -> None:
+        for worker in self.workers:
+            if self._stop.is_set():  # stopped during start-up: start no more
+                break
+            await worker.start(self.argv)
+        log_event(log, logging.INFO, "workers_started", workers=len(self.workers),
+                  pids=[w.proc.pid for w in self.workers if w.proc is not None])
+
+    async def _supervise(self) -> None:
+        """Until a stop is asked for or a worker exits; a worker that exited unasked is
+        :attr:`failed`."""
+        waits = {asyncio.ensure_future(w.proc.wait()): w for w in self.workers if w.proc is not None}
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait([stop, *waits], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            for task in waits:
+                task.cancel()
+        if self._stop.is_set():  # a worker exiting with it is part of the stop
+            return
+        exited = [(waits[task], task.result()) for task in done if task in waits]
+        for worker, code in sorted(exited, key=lambda pair: pair[0].index):
+            log_event(log, logging.ERROR, "worker_exited", worker=worker.index, pid=worker.proc.pid,
+                      **({"signal": signal.Signals(-code).name} if code < 0 else {"exit_code": code}),
+                      action="stopping the other workers")
+        self.failed = max(exited, key=lambda pair: (pair[1] == 2, -pair[0].index))
 
     async def _stop_workers(self) -> list[int]:
         from relay.app import CLOSE_MARGIN_S
 
+        procs = [w.proc for w in self.workers if w.proc is not None]
+        if not procs:
+            return []
         for worker in self.workers:
             worker.signal(signal.SIGTERM)
         deadline = time.monotonic() + self.config.drain_timeout_s + CLOSE_MARGIN_S + EXIT_MARGIN_S
-        procs = [w.proc for w in self.workers if w.proc is not None]
         _, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs],
                                         timeout=max(0.0, deadline - time.monotonic()))
         if pending:
@@ -248,11 +250,7 @@ class Supervisor:
                 if answer is not None:
                     entry["partitions"] = _json_field(answer[1], "partitions", default=None)
                 if not entry["ready"]:
-                    entry["reason"] = ("stopping" if self._stop.is_set() or self.failed else
-                                       "exited" if not worker.alive else
-                                       "starting" if answer is None and worker.port is None else
-                                       "not_answering" if answer is None else
-                                       _json_field(answer[1], "reason", default="not_ready"))
+                    entry["reason"] = self._not_ready_reason(worker, answer)
                 workers.append(entry)
             ready = all(w["ready"] for w in workers)
             return web.json_response({"ready": ready, "workers": workers}, status=200 if ready else 503)
@@ -260,9 +258,10 @@ class Supervisor:
         async def metrics(_req: web.Request) -> web.Response:
             answers = await self._ask_all("/metrics")
             texts = {w.index: a[1].decode() for w, a in zip(self.workers, answers) if a is not None and a[0] == 200}
-            body = merge_expositions(texts, configured=len(self.workers),
-                                     alive=sum(w.alive for w in self.workers),
-                                     unscraped=len(self.workers) - len(texts))
+            # Off the loop: parsing every worker's exposition would hold the probes meanwhile.
+            body = await asyncio.to_thread(merge_expositions, texts, configured=len(self.workers),
+                                           alive=sum(w.alive for w in self.workers),
+                                           unscraped=len(self.workers) - len(texts))
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         app = web.Application()
@@ -270,6 +269,17 @@ class Supervisor:
         app.router.add_get("/readyz", readyz)
         app.router.add_get("/metrics", metrics)
         return app
+
+
+    def _not_ready_reason(self, worker: Worker, answer: tuple[int, bytes] | None) -> str:
+        """Why ``worker`` is not ready, what to look at first."""
+        if self._stop.is_set() or self.failed:
+            return "stopping"
+        if not worker.alive:
+            return "exited"
+        if answer is None:
+            return "starting" if worker.port is None else "not_answering"
+        return _json_field(answer[1], "reason", default="not_ready")
 
 
 def _json_field(body: bytes, key: str, *, default):
@@ -283,14 +293,12 @@ def _json_field(body: bytes, key: str, *, default):
 async def supervise(config: RelayConfig, argv: list[str], count: int) -> int:
     """Run ``count`` workers of ``lineage-relay <argv>`` (see the module docstring); the
     exit code. Raises :class:`~relay.errors.ConfigError` when the endpoint cannot listen."""
-    from relay.cli import listen
-
     supervisor = Supervisor(config, argv, count)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.request_stop)
 
-    async def bind(app: web.Application):
+    async def bind(app: web.Application) -> web.AppRunner | None:
         if config.http.port is None:
             return None
         runner, port = await listen(app, config.http.host, config.http.port)

@@ -80,6 +80,15 @@ _NICE = 10
 PRIORITIES = ("low", "idle")
 
 
+def package_env() -> dict[str, str]:
+    """This process's environment for a ``python -m relay...`` child (a decode child, a
+    worker of :mod:`relay.workers`): ``PYTHONPATH`` starts at the ``relay`` package this
+    process runs, so the child imports the same one, wherever it came from (a checkout, a
+    worktree, an installed wheel), whatever the working directory."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH"))))}
+
+
 class DecodeWorker:
     """Decodes batches in a child process; see the module docstring.
 
@@ -207,10 +216,7 @@ class DecodeWorker:
         return results
 
     def _spawn(self) -> DecodeChild:
-        # The child imports the same relay package as this process, wherever it came from.
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root,
-                                                                         os.environ.get("PYTHONPATH"))))}
+        env = package_env()
         answers_r, answers_w = os.pipe()
         try:
             proc = subprocess.Popen(

@@ -663,8 +663,7 @@ def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
     import asyncio
     import socket
 
-    from relay.cli import _listen_problem
-    from relay.server import start_server
+    from relay.server import _listen_problem, start_server
 
     async def problem(host: str, port: int) -> str:
         try:

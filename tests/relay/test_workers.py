@@ -56,6 +56,20 @@ def gone(pid: int) -> bool:
         return True
 
 
+def close_group(proc: RelayProcess) -> None:
+    """Stop the supervisor, and SIGKILL its whole process group whatever happened (its own
+    session: ``own_group``): a test that failed half-way leaves no worker behind."""
+    pgid = proc.proc.pid if proc.proc is not None else None
+    try:
+        proc.close()
+    finally:
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def consumed_by_worker(text: str) -> dict[str, float]:
     families = {f.name: f for f in text_string_to_metric_families(text)}
     return {s.labels["worker"]: s.value for s in families["lineage_relay_events_consumed"].samples
@@ -102,7 +116,7 @@ def test_two_workers_share_the_partitions_deliver_in_order_and_stop_cleanly(kafk
             assert time.monotonic() - began < STOP_BOUND_S
             assert all(gone(pid) for pid in pids)
         finally:
-            first.close()
+            close_group(first)
         events = collector.events()
         got = Counter(canonical(e) for e in events)
         assert set(got) == unique and max(got.values()) == 1, "an event missing, or a duplicate forwarded"
@@ -127,12 +141,13 @@ def test_a_worker_killed_stops_the_others_and_the_supervisor_fails(kafka, tmp_pa
             pids = worker_pids(tmp_path / "r.log")
             os.kill(pids[0], signal.SIGKILL)
             code = proc.proc.wait(STOP_BOUND_S)
+            # Before close_group's SIGKILL: the supervisor stopped the other one itself.
+            assert eventually(lambda: all(gone(pid) for pid in pids), 10), "a worker outlived its supervisor"
         finally:
-            proc.close()
+            close_group(proc)
     assert code == 1
     [exited] = [line for line in log_lines(tmp_path / "r.log") if line["event"] == "worker_exited"]
     assert exited["worker"] == 0 and exited["pid"] == pids[0] and exited["signal"] == "SIGKILL"
-    assert eventually(lambda: all(gone(pid) for pid in pids), 10), "a worker outlived its supervisor"
     stopped = [line for line in log_lines(tmp_path / "r.log") if line["event"] == "relay_stopped"]
     assert [line["worker"] for line in stopped] == [1]  # the other one stopped gracefully
 
@@ -149,7 +164,7 @@ def test_workers_stop_on_their_own_when_the_supervisor_is_killed(kafka, tmp_path
             assert eventually(lambda: all(gone(pid) for pid in pids), STOP_BOUND_S), \
                 [(pid, process_state(pid)) for pid in pids if not gone(pid)]
         finally:
-            proc.close()
+            close_group(proc)
     lines = log_lines(tmp_path / "r.log")
     assert sorted(line["worker"] for line in lines if line["event"] == "supervisor_gone") == [0, 1]
     assert sorted(line["worker"] for line in lines if line["event"] == "relay_stopped") == [0, 1]

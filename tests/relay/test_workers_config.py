@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 
+import orjson
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +18,9 @@ from relay.cli import _add_relay_flags, config_from_args, main
 from relay.config import build_config, resolve_workers
 from relay.errors import ConfigError
 from relay.metrics import RelayMetrics
+from relay.source.consumer_config import consumer_config
+from relay.stages.decode_worker import package_env
+from relay.worker_link import WorkerLink
 from relay.worker_metrics import merge_expositions
 
 BASE = {"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "collectors": [{"name": "a", "url": "http://127.0.0.1:1"}]}
@@ -53,19 +59,54 @@ def test_workers_flag_overrides_the_file_and_auto_resolves(tmp_path):
     assert auto.workers == "auto" and 1 <= auto.worker_count <= CPUS
 
 
+@pytest.fixture
+def eight_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
+
+
 @pytest.mark.parametrize("cpu_max, expected", [
-    ("max 100000\n", CPUS),                # no quota: the affinity
-    ("200000 100000\n", min(CPUS, 2)),
-    ("150000 100000\n", min(CPUS, 2)),     # 1.5 CPUs: rounded up
-    ("50000 100000\n", 1),                 # half a CPU: still one worker
-    ("garbage\n", CPUS),
+    ("max 100000\n", (8, "affinity")),          # no quota: the affinity
+    ("200000 100000\n", (2, "cgroup v2")),
+    ("150000 100000\n", (2, "cgroup v2")),      # 1.5 CPUs: rounded up
+    ("50000 100000\n", (1, "cgroup v2")),       # half a CPU: still one worker
+    ("1600000 100000\n", (8, "affinity")),      # a quota above the affinity: the affinity
+    ("garbage\n", (8, "affinity")),
 ])
-def test_auto_is_the_affinity_capped_by_the_cgroup_quota(tmp_path, cpu_max, expected):
+def test_auto_is_the_affinity_capped_by_the_cgroup_v2_quota(tmp_path, eight_cpus, cpu_max, expected):
     path = tmp_path / "cpu.max"
     path.write_text(cpu_max)
-    assert resolve_workers("auto", cpu_max=path) == expected
-    assert resolve_workers("auto", cpu_max=tmp_path / "absent") == CPUS
-    assert resolve_workers(5, cpu_max=path) == 5
+    assert resolve_workers("auto", cpu_max=path, cgroup_v1=()) == expected
+    assert resolve_workers("auto", cpu_max=tmp_path / "absent", cgroup_v1=()) == (8, "affinity")
+    assert resolve_workers(5, cpu_max=path, cgroup_v1=()) == (5, "config")
+
+
+@pytest.mark.parametrize("quota_us, expected", [
+    ("-1\n", (8, "affinity")),                  # -1: no limit
+    ("300000\n", (3, "cgroup v1")),
+    ("250000\n", (3, "cgroup v1")),             # 2.5 CPUs: rounded up
+])
+@pytest.mark.parametrize("directory", ["cpu", "cpu,cpuacct"])
+def test_auto_without_cgroup_v2_reads_the_cgroup_v1_cfs_quota(tmp_path, eight_cpus, quota_us, expected, directory):
+    v1 = tmp_path / directory
+    v1.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text(quota_us)
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    dirs = (tmp_path / "cpu", tmp_path / "cpu,cpuacct")
+    assert resolve_workers("auto", cpu_max=tmp_path / "absent", cgroup_v1=dirs) == expected
+
+
+def test_the_supervisor_logs_how_many_workers_and_where_that_came_from(monkeypatch, eight_cpus, capsys):
+    import relay.workers
+
+    async def supervise(config, argv, count):
+        return 0
+
+    monkeypatch.setattr(relay.workers, "supervise", supervise)
+    assert main(["run", "--bootstrap-servers", "127.0.0.1:1", "--collector", "a=http://127.0.0.1:1",
+                 "--workers", "auto"]) == 0
+    [line] = [orjson.loads(x) for x in capsys.readouterr().err.splitlines() if "workers_resolved" in x]
+    assert line["setting"] == "auto" and line["workers"] >= 1
+    assert line["source"] in ("affinity", "cgroup v2", "cgroup v1")
 
 
 def test_with_several_workers_each_decodes_inline_unless_decode_worker_is_given():
@@ -79,6 +120,37 @@ def test_decode_knobs_without_decode_worker_under_several_workers_are_refused():
     with pytest.raises(ConfigError, match=r"pipeline\.decode_processes: .*workers above 1.*fix: set "
                                           r"pipeline\.decode_worker: true"):
         build_config({**BASE, "workers": 2, "pipeline": {"decode_processes": 2}})
+
+
+def test_auto_counts_as_several_workers_in_validation_whatever_the_cpus(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
+    with pytest.raises(ConfigError, match=r"pipeline\.decode_processes: .*workers above 1 or auto.*fix: set "
+                                          r"pipeline\.decode_worker: true"):
+        build_config({**BASE, "workers": "auto", "pipeline": {"decode_processes": 2}})
+    assert not build_config({**BASE, "workers": "auto"}).pipeline.decode_worker
+
+
+def test_each_worker_has_its_own_group_instance_id():
+    config = build_config({**BASE, "kafka": {**BASE["kafka"], "consumer_properties": {"group.instance.id": "x"}}})
+
+    def instance_id(cfg) -> str:
+        k = cfg.kafka
+        return consumer_config(k.bootstrap_servers, k.group_id, k.consumer_properties)["group.instance.id"]
+
+    assert instance_id(WorkerLink(1, -1, -1).relay_config(config)) == "x-1"
+    assert instance_id(WorkerLink(0, -1, -1).relay_config(config)) == "x-0"
+    assert instance_id(config) == "x"  # a single relay: as configured
+    assert WorkerLink(1, -1, -1).relay_config(build_config(BASE)) == build_config(BASE)  # none: none
+
+
+def test_check_config_and_version_do_not_load_the_supervisor(tmp_path):
+    path = tmp_path / "relay.yaml"
+    path.write_text("kafka: {bootstrap_servers: '127.0.0.1:1'}\ncollectors: [{name: a, url: 'http://127.0.0.1:1'}]\n")
+    code = ("import sys\nfrom relay.cli import main\nassert main(['check-config', sys.argv[1]]) == 0\n"
+            "assert 'relay.workers' not in sys.modules, 'the supervisor loaded'\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                          env=package_env())
+    assert done.returncode == 0, done.stderr
 
 
 def exposition(consumed: int, forwarded_s: list[float]) -> str:

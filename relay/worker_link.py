@@ -1,0 +1,75 @@
+"""A worker's side of :mod:`relay.workers`: what one relay process started by the
+supervisor knows of it (its index, the pipe it reports its port on, its life-line), and
+what it changes in its own configuration. Light on purpose: ``relay/__main__.py`` and
+``relay.cli`` read it before anything heavy is imported, and a worker never loads the
+supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from relay.logs import log_event
+
+if TYPE_CHECKING:
+    from relay.config import RelayConfig
+
+log = logging.getLogger("relay.workers")
+
+#: Set in a worker's environment: its index, then the report and life-line pipes' fds.
+WORKER_ENV = "LINEAGE_RELAY_WORKER"
+#: The librdkafka property of static group membership: one per member, kept across restarts.
+GROUP_INSTANCE_ID = "group.instance.id"
+
+
+@dataclass(frozen=True)
+class WorkerLink:
+    """A worker's side: its index, the pipe it reports its port on, its life-line."""
+
+    index: int
+    report_fd: int
+    lifeline_fd: int
+
+    @classmethod
+    def from_env(cls) -> WorkerLink | None:
+        """This process's link when it runs as a worker, else None."""
+        value = os.environ.get(WORKER_ENV)
+        if not value:
+            return None
+        index, report_fd, lifeline_fd = (int(part) for part in value.split(","))
+        return cls(index, report_fd, lifeline_fd)
+
+    def relay_config(self, config: RelayConfig) -> RelayConfig:
+        """This worker's configuration: ``config`` with a ``group.instance.id`` of
+        ``kafka.consumer_properties`` suffixed ``-<index>``. The workers of a pod share one
+        configuration, and two members with the same instance id fence each other (the
+        broker lets the newer one in and the older one fails): the index keeps each its own,
+        the same across the pod's restarts. Without the property: ``config`` unchanged."""
+        props = config.kafka.consumer_properties
+        if GROUP_INSTANCE_ID not in props:
+            return config
+        own = {**props, GROUP_INSTANCE_ID: f"{props[GROUP_INSTANCE_ID]}-{self.index}"}
+        return config.model_copy(update={"kafka": config.kafka.model_copy(update={"consumer_properties": own})})
+
+    def report_port(self, port: int) -> None:
+        os.write(self.report_fd, f"{port}\n".encode())
+        os.close(self.report_fd)
+
+    def watch_lifeline(self, loop: asyncio.AbstractEventLoop, on_parent_gone: Callable[[], None]) -> None:
+        """Call ``on_parent_gone()`` once the supervisor is gone (the life-line reads EOF)."""
+        def readable() -> None:
+            try:
+                data = os.read(self.lifeline_fd, 64)
+            except BlockingIOError:
+                return
+            if not data:
+                loop.remove_reader(self.lifeline_fd)
+                log_event(log, logging.WARNING, "supervisor_gone", action="stopping")
+                on_parent_gone()
+
+        os.set_blocking(self.lifeline_fd, False)
+        loop.add_reader(self.lifeline_fd, readable)

@@ -1,0 +1,101 @@
+"""The supervisor's own decisions (relay/workers.py), with plain processes for workers: a
+start-up that fails or is stopped part-way, and the exit code of a stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+
+from relay.config import build_config
+from relay.workers import Supervisor, Worker
+
+CONFIG = build_config({"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "drain_timeout_s": 1,
+                       "collectors": [{"name": "a", "url": "http://127.0.0.1:1"}]})
+
+
+async def no_endpoint(_app):
+    return None
+
+
+def kill_all(workers: list[Worker]) -> None:
+    for worker in workers:
+        if worker.proc is not None and worker.proc.returncode is None:
+            try:
+                os.kill(worker.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def fake_start(plan: dict[int, str], started: list[int], on_start=None):
+    """Worker.start replaced: ``plan[index]`` a shell command to run, or ``raise``."""
+    async def start(self: Worker, _argv: list[str]) -> None:
+        started.append(self.index)
+        if plan[self.index] == "raise":
+            raise RuntimeError(f"worker {self.index} cannot start")
+        self.proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", plan[self.index])
+        if on_start is not None:
+            await on_start(self)
+    return start
+
+
+def test_a_failed_start_stops_the_workers_already_started(monkeypatch):
+    started: list[int] = []
+    monkeypatch.setattr(Worker, "start", fake_start({0: "exec sleep 60", 1: "raise", 2: "exec sleep 60"}, started))
+    supervisor = Supervisor(CONFIG, [], 3)
+    try:
+        with pytest.raises(RuntimeError, match="worker 1 cannot start"):
+            asyncio.run(supervisor.run(no_endpoint))
+        first = supervisor.workers[0].proc
+        assert started == [0, 1]
+        assert first is not None and first.returncode == -signal.SIGTERM  # signalled, and reaped
+    finally:
+        kill_all(supervisor.workers)
+
+
+def test_a_stop_during_start_up_starts_no_more_workers_and_is_clean(monkeypatch):
+    started: list[int] = []
+    supervisor = Supervisor(CONFIG, [], 3)
+
+    async def stop_now(_worker: Worker) -> None:
+        supervisor.request_stop()
+
+    monkeypatch.setattr(Worker, "start", fake_start({i: "exec sleep 60" for i in range(3)}, started, stop_now))
+    try:
+        code = asyncio.run(supervisor.run(no_endpoint))
+        assert started == [0]
+        assert supervisor.workers[0].proc.returncode == -signal.SIGTERM  # killed by the stop's SIGTERM: clean
+        assert code == 0 and supervisor.failed is None
+    finally:
+        kill_all(supervisor.workers)
+
+
+def test_workers_that_exit_at_once_exit_the_supervisor_2_when_one_exited_2(monkeypatch):
+    async def exited(worker: Worker) -> None:
+        await worker.proc.wait()  # so that both have exited when the supervisor looks
+
+    for order in ({0: "exit 1", 1: "exit 2"}, {0: "exit 2", 1: "exit 1"}):
+        monkeypatch.setattr(Worker, "start", fake_start(order, [], exited))
+        supervisor = Supervisor(CONFIG, [], 2)
+        assert asyncio.run(supervisor.run(no_endpoint)) == 2
+        assert supervisor.failed is not None and supervisor.failed[1] == 2
+
+
+def test_a_worker_started_as_a_worker_imports_this_relay_package(monkeypatch, tmp_path):
+    seen: dict[str, str] = {}
+
+    async def exec_(*args, env, **_kw):
+        seen.update(env)
+        raise OSError("not started")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", exec_)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OSError):
+        asyncio.run(Worker(0).start(["run"]))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["relay"].__file__)))
+    assert seen["PYTHONPATH"].split(os.pathsep) == [root, str(tmp_path)]
+    assert seen["LINEAGE_RELAY_WORKER"].startswith("0,")
