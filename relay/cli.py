@@ -10,15 +10,19 @@ import logging
 import signal
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay.config import RelayConfig, build_config, merge, read_config
 from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
-from relay.logs import log_event, setup_logging
+from relay.logs import log_event, set_log_context, setup_logging
 from relay.ops import add_subcommands as add_ops_subcommands
 from relay.source.kafka import SourceError
 from relay.state.changelog import StateError
+from relay.workers import WorkerLink
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("relay.cli")
 
@@ -79,6 +83,8 @@ def config_from_args(args: argparse.Namespace, warnings: list[str] | None = None
         override["http"] = {"port": args.http_port}
     if args.log_level:
         override["log_level"] = args.log_level
+    if getattr(args, "workers", None) is not None:
+        override["workers"] = args.workers
     data = merge(data, override)
     flag_collectors = _pairs(args.collector, "--collector")
     if flag_collectors:
@@ -114,12 +120,17 @@ def _add_relay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--consumer-property", action="append", metavar="KEY=VALUE",
                    help="librdkafka consumer property (repeatable)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--workers", metavar="N|auto",
+                   help="relay processes in this pod under one supervisor (1-64, or auto: one per CPU; default 1)")
 
 
-async def serve(config: RelayConfig) -> None:
+async def serve(config: RelayConfig, worker: WorkerLink | None = None) -> None:
+    """Run one relay. As a ``worker`` of a supervisor (see :mod:`relay.workers`): its
+    endpoint on 127.0.0.1 at a free port, reported to the supervisor, and a stop when the
+    supervisor is gone."""
     from relay.app import Relay
     from relay.process import tune_process
-    from relay.server import start_server
+    from relay.server import build_app
 
     tune_process()
     relay = Relay(config)
@@ -127,17 +138,30 @@ async def serve(config: RelayConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, relay.request_stop)
     runner = None
-    if config.http.port is not None:
-        try:
-            runner, port = await start_server(relay, config.http.host, config.http.port)
-        except OSError as err:
-            raise ConfigError(_listen_problem(err)) from None
+    if worker is not None:
+        worker.watch_lifeline(loop, relay.request_stop)
+        runner, port = await listen(build_app(relay), "127.0.0.1", 0)
+        worker.report_port(port)
+        log_event(log, logging.INFO, "http_listening", host="127.0.0.1", port=port)
+    elif config.http.port is not None:
+        runner, port = await listen(build_app(relay), config.http.host, config.http.port)
         log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
     try:
         await relay.run()
     finally:
         if runner is not None:
             await runner.cleanup()
+
+
+async def listen(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host``:``port``; the runner and the port bound. Raises
+    :class:`ConfigError` naming ``http.host`` or ``http.port`` when it cannot listen."""
+    from relay.server import serve_app
+
+    try:
+        return await serve_app(app, host, port)
+    except OSError as err:
+        raise ConfigError(_listen_problem(err)) from None
 
 
 def _listen_problem(err: OSError) -> str:
@@ -234,14 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"lineage-relay: {err}", file=sys.stderr)
         return 2
+    worker = WorkerLink.from_env()
+    if worker is not None:  # one relay of a supervisor's: its lines say which
+        set_log_context(worker=worker.index)
     setup_logging(config.log_level)
+    if worker is None and config.worker_count > 1:
+        return _supervise(config, list(sys.argv[1:] if argv is None else argv))
     for key in inline:  # once, at start-up; the key names the collector, never the value
         log_event(log, logging.WARNING, "secret_in_config_file", key=key,
                   fix="take it from an environment variable (${NAME}), or use token_env or token_file")
     for line in (w for c in config.collectors for w in c.warnings()):
         log_event(log, logging.WARNING, "config_warning", detail=line)
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config) if worker is None else serve(config, worker))
     except (ConfigError, StateError) as err:  # found at start-up: a token or TLS file that cannot
         print(f"lineage-relay: {err}", file=sys.stderr)  # be read, an input topic to create first
         return 2
@@ -253,6 +282,22 @@ def main(argv: list[str] | None = None) -> int:
         log.error("relay_failed", exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}"}})
         return 1
     return 0
+
+
+def _supervise(config: RelayConfig, argv: list[str]) -> int:
+    """``run`` with ``workers`` above 1 (see :mod:`relay.workers`): what the workers would
+    each find at start-up is checked here first, once (their warnings are theirs to log)."""
+    from relay.workers import supervise
+
+    try:
+        check_files(config)
+        return asyncio.run(supervise(config, argv, config.worker_count))
+    except ConfigError as err:
+        print(f"lineage-relay: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - a bug: one JSON line (traceback inside), not a raw traceback
+        log.error("supervisor_failed", exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}"}})
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,14 @@ from typing import Any
 
 import orjson
 
+#: Fields every line of this process carries (a worker's ``worker`` index: see set_log_context).
+_context: dict[str, Any] = {}
+
+
+def set_log_context(**fields: Any) -> None:
+    """Add ``fields`` to every log line this process writes from now on."""
+    _context.update(fields)
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -21,6 +29,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
+            **_context,
         }
         fields = getattr(record, "fields", None)
         if fields:

@@ -69,7 +69,12 @@ def _not_ready_reason(relay: Relay) -> str:
 
 
 async def start_server(relay: Relay, host: str, port: int) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(build_app(relay), access_log=None)
+    return await serve_app(build_app(relay), host, port)
+
+
+async def serve_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Listen on ``host``:``port`` (0: a free one); the runner and the port bound."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
