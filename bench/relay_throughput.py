@@ -34,6 +34,12 @@ and add the share of the machine's CPU nobody used meanwhile (waits between the
 processes); work done ahead of the deliveries (fetching, decoding) falls partly before
 that window, so there the broker's and decode worker's shares read low.
 
+With ``--workers N`` (2 by default; 0: not), each case also runs ``lineage-relay run
+--workers N`` (a supervisor and N relay processes in one consumer group, each decoding on
+its own thread), alternating with the in-process relay between the same ceiling runs; the
+ceiling's requests in flight are shared among its workers. Its figures are the JSON's
+``workers_*`` keys; the issues' keys stay those of the one in-process relay.
+
 A last run delivers to a no-op collector kind (plugged in by dotted path) with the batch
 settings: what the relay's pipeline alone (consume, decode, validate, dedupe, order,
 dispatch, commit) can do, the bound on any collector.
@@ -57,6 +63,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -304,6 +311,79 @@ def naive_eps(bootstrap: str, topic: str, url: str, n: int) -> float:
     return (n - 1) / (time.perf_counter() - start)
 
 
+def workers_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, workers: int, *,
+                batch: bool = False, broker_pid: int | None = None, cpu: dict[str, list[float]] | None = None,
+                steady: dict[str, list[float]] | None = None) -> float:
+    """Events/s of ``lineage-relay run --workers N`` (a supervisor and N relay processes in
+    one consumer group, each decoding on its own thread), in the steady middle of its run
+    as for :func:`relay_eps`, counted at the collector. The ceiling's requests in flight are
+    shared among the workers (``CONCURRENCY`` / N POSTs, ``BATCH_REQUESTS`` / N batches
+    each), so the collector sees the load it sees from the ceiling and the in-process
+    relay. ``cpu``/``steady`` as for :func:`relay_eps`, the relay's share being all the
+    supervisor's processes together."""
+    base = collector.count()
+    target: dict = {"name": "local", "url": collector.url, "concurrency": max(1, CONCURRENCY // workers)}
+    if batch:
+        target = {"name": "local", "url": collector.url,
+                  "batch": {"max_events": BATCH_EVENTS, "max_requests": max(1, BATCH_REQUESTS // workers)}}
+    config = {"kafka": {"bootstrap_servers": bootstrap, "topics": [topic],
+                        "group_id": f"bench-workers-{time.time_ns()}", "dlq_topic": topic + ".dlq",
+                        "consumer_properties": dict(FAST_GROUP_PROPERTIES)},
+              "collectors": [target], "http": {"port": None}, "log_level": "warning"}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        json.dump(config, f)  # JSON is YAML
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "run", "--config", f.name, "--workers", str(workers)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def snapshot() -> dict[str, float]:
+        """CPU seconds so far: the supervisor and its workers together, the collector, the
+        broker (a worker's CPU counts from its start, so a first snapshot without it is right)."""
+        try:
+            tree = [psutil.Process(proc.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.Error:
+            tree = []
+        return {"relay": sum(cpu_seconds(p.pid) for p in tree), "decode_worker": 0.0,
+                "collector": cpu_seconds(collector.proc.pid), "broker": cpu_seconds(broker_pid)}
+
+    first = snapshot()
+    marks = [n // 10, n - n // 10]
+    window: list[tuple[int, float, dict[str, float], tuple[float, float] | None]] = []
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            done = collector.count() - base
+            if marks and done >= marks[0]:
+                window.append((done, time.monotonic(), snapshot(), machine_idle()))
+                marks.pop(0)
+            if done >= n:
+                break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"relay with {workers} workers delivered {done} of {n} (exit {proc.poll()})")
+            time.sleep(0.02)
+        last = snapshot()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.unlink(f.name)
+    if cpu is not None:
+        for name, start in first.items():
+            cpu.setdefault(name, []).append((last[name] - start) / n * 1e6)
+    if len(window) < 2 or window[1][0] <= window[0][0]:
+        raise RuntimeError(f"too few events ({n}) for a steady middle")
+    (count0, at0, cpu0, idle0), (count1, at1, cpu1, idle1) = window
+    if steady is not None:
+        for name, start in cpu0.items():
+            steady.setdefault(name, []).append((cpu1[name] - start) / (count1 - count0) * 1e6)
+        if idle0 is not None and idle1 is not None and idle1[1] > idle0[1]:
+            steady.setdefault("idle_share", []).append((idle1[0] - idle0[0]) / (idle1[1] - idle0[1]))
+    return (count1 - count0) / (at1 - at0)
+
+
 def _others(us: dict[str, float]) -> float:
     """CPU per event (µs) of everything in a relay run but the relay's own process."""
     return us["decode_worker"] + us["broker"] + us["collector"]
@@ -352,14 +432,28 @@ def alternate(rounds: int, ceiling, relay, label: str,  # noqa: ANN001
               baseline: str = "ceiling") -> tuple[list[float], list[float], list[float]]:
     """ceiling, relay, ceiling, ..., ceiling (or another baseline in the ceiling's place):
     the figures of each and the paired ratios."""
-    ceilings, relays = [ceiling()], []
+    ceilings, by_variant = alternate_variants(rounds, ceiling, {"relay": relay}, label, baseline)
+    relays, ratios = by_variant["relay"]
+    return ceilings, relays, ratios
+
+
+def alternate_variants(rounds: int, ceiling, variants: dict, label: str,  # noqa: ANN001
+                       baseline: str = "ceiling") -> tuple[list[float], dict[str, tuple[list[float], list[float]]]]:
+    """ceiling, variant 1, ceiling, variant 2, ceiling, variant 1, ... (``rounds`` runs of
+    each variant), each run paired with the baseline runs right before and after it: the
+    baseline's figures, and per variant its figures and paired ratios."""
+    ceilings: list[float] = [ceiling()]
+    runs: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in variants}
     for r in range(rounds):
-        relays.append(relay())
-        ceilings.append(ceiling())
-        ratio = paired_ratios(ceilings[-2:], relays[-1:])[0]
-        print(f"{label} round {r + 1}: {baseline} {ceilings[-2]:,.0f} -> relay {relays[-1]:,.0f} -> {baseline} "
-              f"{ceilings[-1]:,.0f} events/s; ratio {ratio:.3f}")
-    return ceilings, relays, paired_ratios(ceilings, relays)
+        for name, relay in variants.items():
+            eps = relay()
+            ceilings.append(ceiling())
+            ratio = paired_ratios(ceilings[-2:], [eps])[0]
+            runs[name][0].append(eps)
+            runs[name][1].append(ratio)
+            print(f"{label} round {r + 1}, {name}: {baseline} {ceilings[-2]:,.0f} -> {name} {eps:,.0f} -> "
+                  f"{baseline} {ceilings[-1]:,.0f} events/s; ratio {ratio:.3f}")
+    return ceilings, runs
 
 
 def main() -> None:
@@ -370,6 +464,9 @@ def main() -> None:
                         help="relay runs each between two naive runs, for the relay / naive ratio")
     parser.add_argument("--rounds", type=int, default=5,
                         help="relay runs per case, each between two ceiling runs; medians reported")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="also run `lineage-relay run --workers N` in each case, alternating with the "
+                             "in-process relay (0: not)")
     args = parser.parse_args()
 
     stream, bodies = bench_stream(args.events)
@@ -385,10 +482,18 @@ def main() -> None:
             single_cpu: dict[str, list[float]] = {}
             single_steady: dict[str, list[float]] = {}
 
-            ceilings, relays, ratios = alternate(
+            single_w_cpu: dict[str, list[float]] = {}
+            single_w_steady: dict[str, list[float]] = {}
+            variants = {"relay": lambda: relay_eps(broker.bootstrap_servers, topic, collector, n,
+                                                   broker_pid=broker.pid, cpu=single_cpu, steady=single_steady)}
+            if args.workers:
+                variants["workers"] = lambda: workers_eps(broker.bootstrap_servers, topic, collector, n, args.workers,
+                                                          broker_pid=broker.pid, cpu=single_w_cpu,
+                                                          steady=single_w_steady)
+            ceilings, single_runs = alternate_variants(
                 args.rounds, lambda: measured(lambda: post_ceiling(target, bodies), collector, n, single_cpu),
-                lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, broker_pid=broker.pid,
-                                  cpu=single_cpu, steady=single_steady), "single")
+                variants, "single")
+            relays, ratios = single_runs["relay"]
             ceiling, relay, ratio = (statistics.median(x) for x in (ceilings, relays, ratios))
             print(f"post ceiling: {ceiling:,.0f} events/s, relay {relay:,.0f} events/s (medians); "
                   f"ratio {ratio:.3f} (median of the paired rounds)")
@@ -401,10 +506,18 @@ def main() -> None:
             batch_target = collector.url + BATCH_PATH
             batch_cpu: dict[str, list[float]] = {}
             batch_steady: dict[str, list[float]] = {}
-            batch_ceilings, batch_relays, batch_ratios = alternate(
+            batch_w_cpu: dict[str, list[float]] = {}
+            batch_w_steady: dict[str, list[float]] = {}
+            variants = {"relay": lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
+                                                   broker_pid=broker.pid, cpu=batch_cpu, steady=batch_steady)}
+            if args.workers:
+                variants["workers"] = lambda: workers_eps(broker.bootstrap_servers, topic, collector, n, args.workers,
+                                                          batch=True, broker_pid=broker.pid, cpu=batch_w_cpu,
+                                                          steady=batch_w_steady)
+            batch_ceilings, batch_runs = alternate_variants(
                 args.rounds, lambda: measured(lambda: batch_ceiling(batch_target, bodies), collector, n, batch_cpu),
-                lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
-                                  broker_pid=broker.pid, cpu=batch_cpu, steady=batch_steady), "batch")
+                variants, "batch")
+            batch_relays, batch_ratios = batch_runs["relay"]
             batch_ceiling_eps, batch_relay, batch_ratio = (
                 statistics.median(x) for x in (batch_ceilings, batch_relays, batch_ratios))
             print(f"batch ceiling: {batch_ceiling_eps:,.0f} events/s ({BATCH_EVENTS} events per POST, "
@@ -415,6 +528,24 @@ def main() -> None:
                   + ", ".join(f"{name} {us}" for name, us in cpu_us.items()))
             batch_steady_us = steady_figures(batch_steady)
             print("batch case, steady middle of the relay runs: " + describe_steady(batch_steady_us))
+            workers_figures: dict[str, object] = {}
+            if args.workers:
+                for case, runs, w_cpu, w_steady in (("single", single_runs, single_w_cpu, single_w_steady),
+                                                    ("batch", batch_runs, batch_w_cpu, batch_w_steady)):
+                    eps, w_ratios = runs["workers"]
+                    prefix = "batch_" if case == "batch" else ""
+                    against = "batch_ceiling" if case == "batch" else "ceiling"
+                    w_us = {name: round(statistics.median(v), 1) for name, v in w_cpu.items()}
+                    print(f"{case} case, {args.workers} workers: {statistics.median(eps):,.0f} events/s (median); "
+                          f"ratio {statistics.median(w_ratios):.3f} (median of the paired rounds); CPU per event "
+                          "(median of the rounds, µs, the relay being all its processes): "
+                          + ", ".join(f"{name} {us}" for name, us in w_us.items() if name != "decode_worker")
+                          + "; steady middle: " + describe_steady(steady_figures(w_steady)))
+                    workers_figures.update({
+                        f"{prefix}workers_relay_eps": round(statistics.median(eps), 1),
+                        f"ratio_workers_vs_{against}": round(statistics.median(w_ratios), 3),
+                        f"ratios_workers_vs_{against}": [round(r, 3) for r in w_ratios],
+                        f"{prefix}workers_cpu_us_per_event": w_us})
             pipeline = relay_eps(broker.bootstrap_servers, topic, collector, n, noop=True)
             print(f"pipeline alone (no-op collector, batch settings): {pipeline:,.0f} events/s, "
                   f"{pipeline / batch_ceiling_eps:.3f} x the batch ceiling")
@@ -454,7 +585,8 @@ def main() -> None:
                "cpu_bound_limit_vs_ceiling": round(single_limit, 3),
                "cpu_bound_ratio_vs_batch_ceiling": round(batch_bound, 3),
                "cpu_bound_limit_vs_batch_ceiling": round(batch_limit, 3),
-               "relay_us_budget_single": round(single_budget, 1), "relay_us_budget_batch": round(batch_budget, 1)}
+               "relay_us_budget_single": round(single_budget, 1), "relay_us_budget_batch": round(batch_budget, 1),
+               "workers": args.workers, **workers_figures}
     print(json.dumps(figures))
 
 
