@@ -247,8 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     if worker is not None:  # one relay of a supervisor's: its lines say which
         set_log_context(worker=worker.index)
     setup_logging(config.log_level)
-    if worker is None and config.worker_count > 1:
-        return _supervise(config, list(sys.argv[1:] if argv is None else argv))
+    if worker is None:  # resolved once, here: a worker runs one relay whatever the setting
+        count, source = resolve_workers(config.workers)
+        if config.workers == "auto" or count > 1:  # auto decodes inline even when it comes to 1
+            log_event(log, logging.INFO, "workers_resolved", workers=count, setting=config.workers, source=source)
+        if count > 1:
+            return _supervise(config, list(sys.argv[1:] if argv is None else argv), count)
     for key in inline:  # once, at start-up; the key names the collector, never the value
         log_event(log, logging.WARNING, "secret_in_config_file", key=key,
                   fix="take it from an environment variable (${NAME}), or use token_env or token_file")
@@ -269,13 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _supervise(config: RelayConfig, argv: list[str]) -> int:
-    """``run`` with ``workers`` above 1 (see :mod:`relay.workers`): what the workers would
-    each find at start-up is checked here first, once (their warnings are theirs to log)."""
+def _supervise(config: RelayConfig, argv: list[str], count: int) -> int:
+    """``run`` with ``workers`` resolved to ``count`` above 1 (see :mod:`relay.workers`): what
+    the workers would each find at start-up is checked here first, once (their warnings are
+    theirs to log)."""
     from relay.workers import supervise
 
-    count, source = resolve_workers(config.workers)
-    log_event(log, logging.INFO, "workers_resolved", workers=count, setting=config.workers, source=source)
     try:
         check_files(config)
         return asyncio.run(supervise(config, argv, count))

@@ -48,9 +48,10 @@ class WorkerLink:
         ``kafka.consumer_properties`` suffixed ``-<index>``. The workers of a pod share one
         configuration, and two members with the same instance id fence each other (the
         broker lets the newer one in and the older one fails): the index keeps each its own,
-        the same across the pod's restarts. Without the property: ``config`` unchanged."""
+        the same across the pod's restarts. Without the property, or with it blank (a suffix
+        would turn static membership on): ``config`` unchanged."""
         props = config.kafka.consumer_properties
-        if GROUP_INSTANCE_ID not in props:
+        if not str(props.get(GROUP_INSTANCE_ID, "")).strip():  # blank: no static membership, keep it off
             return config
         own = {**props, GROUP_INSTANCE_ID: f"{props[GROUP_INSTANCE_ID]}-{self.index}"}
         return config.model_copy(update={"kafka": config.kafka.model_copy(update={"consumer_properties": own})})

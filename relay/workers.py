@@ -28,8 +28,8 @@ group; workers ignore it from their start, but one may come before), else 2 when
 
 Policy on a worker that exits on its own (a crash, kill -9, its own start-up error):
 fail fast. The supervisor logs ``worker_exited``, stops the other workers as above and
-exits non-zero: 2 when that worker (or one that exited at the same time) exited 2 (a
-configuration problem), else 1. An exit while a stop was asked for is part of the stop.
+exits non-zero: 2 when that worker, or one that exited with it or while being stopped,
+exited 2 (a configuration problem), else 1. An exit while a stop was asked for is part of the stop.
 Whatever fails in the supervisor itself, at start-up too, the workers it started are
 stopped as above before the error goes on. It does not
 restart workers: the orchestrator restarts the pod, and a crash loop shows as one
@@ -127,7 +127,7 @@ class Worker:
         try:
             async with session.get(f"http://127.0.0.1:{self.port}{path}") as response:
                 return response.status, await response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):  # RuntimeError: the session closed
             return None
 
 
@@ -161,13 +161,17 @@ class Supervisor:
             await self._start_workers()
             await self._supervise()
         finally:  # whatever happened, the workers started are stopped before this returns or raises
-            codes = await self._stop_workers()
-            await self._session.close()
-            if runner is not None:
-                await runner.cleanup()
+            try:
+                codes = await self._stop_workers()
+            finally:  # the endpoint first: a probe served meanwhile still has the session
+                try:
+                    if runner is not None:
+                        await runner.cleanup()
+                finally:
+                    await self._session.close()
         log_event(log, logging.INFO, "workers_stopped", exit_codes=codes)
-        if self.failed is not None:
-            return 2 if self.failed[1] == 2 else 1
+        if self.failed is not None:  # 2 when it, or one stopped after it, exited 2 (a configuration problem)
+            return 2 if self.failed[1] == 2 or 2 in codes else 1
         if all(code in STOPPED_CLEANLY for code in codes):
             return 0
         return 2 if 2 in codes else 1

@@ -95,8 +95,9 @@ def test_two_workers_share_the_partitions_deliver_in_order_and_stop_cleanly(kafk
     produce(kafka.bootstrap_servers, topic, stream)
     with RecordingCollector() as collector:
         first = RelayProcess(relay_args(kafka, topic, dlq, group, collector), log_path=tmp_path / "r1.log",
-                             own_group=True).start()
+                             own_group=True)
         try:
+            first.start()  # inside: a start that fails leaves no supervisor or worker (close_group)
             base = f"http://127.0.0.1:{first.http_port}"
             assert collector.wait_for(lambda c: c.count >= len(unique), 90), f"got {collector.count}"
             # Every record consumed, by both workers (each got partitions), as the supervisor reports it.
@@ -136,8 +137,9 @@ def test_a_worker_killed_stops_the_others_and_the_supervisor_fails(kafka, tmp_pa
     topic, dlq, group = kafka.new_topic("workers-crash", partitions=2), kafka.new_topic("dlq"), kafka.new_group()
     with RecordingCollector() as collector:
         proc = RelayProcess(relay_args(kafka, topic, dlq, group, collector), log_path=tmp_path / "r.log",
-                            own_group=True).start()
+                            own_group=True)
         try:
+            proc.start()
             pids = worker_pids(tmp_path / "r.log")
             os.kill(pids[0], signal.SIGKILL)
             code = proc.proc.wait(STOP_BOUND_S)
@@ -156,8 +158,9 @@ def test_workers_stop_on_their_own_when_the_supervisor_is_killed(kafka, tmp_path
     topic, dlq, group = kafka.new_topic("workers-orphan", partitions=2), kafka.new_topic("dlq"), kafka.new_group()
     with RecordingCollector() as collector:
         proc = RelayProcess(relay_args(kafka, topic, dlq, group, collector), log_path=tmp_path / "r.log",
-                            own_group=True).start()
+                            own_group=True)
         try:
+            proc.start()
             pids = worker_pids(tmp_path / "r.log")
             proc.proc.send_signal(signal.SIGKILL)
             proc.proc.wait(10)

@@ -4,6 +4,7 @@ decoding inline by default with more than one worker; the supervisor's merged /m
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import relay.cli
+import relay.config
 from relay.app import Relay
 from relay.cli import _add_relay_flags, config_from_args, main
 from relay.config import build_config, resolve_workers
@@ -64,6 +67,12 @@ def eight_cpus(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(8)))
 
 
+@pytest.fixture
+def no_cgroup_quota(monkeypatch):
+    """The host's own quota out of it (resolve_workers reads /sys/fs/cgroup by default)."""
+    monkeypatch.setattr(relay.config, "_cgroup_quota", lambda *_args: None)
+
+
 @pytest.mark.parametrize("cpu_max, expected", [
     ("max 100000\n", (8, "affinity")),          # no quota: the affinity
     ("200000 100000\n", (2, "cgroup v2")),
@@ -95,18 +104,85 @@ def test_auto_without_cgroup_v2_reads_the_cgroup_v1_cfs_quota(tmp_path, eight_cp
     assert resolve_workers("auto", cpu_max=tmp_path / "absent", cgroup_v1=dirs) == expected
 
 
-def test_the_supervisor_logs_how_many_workers_and_where_that_came_from(monkeypatch, eight_cpus, capsys):
+def test_the_supervisor_logs_how_many_workers_and_where_that_came_from(monkeypatch, eight_cpus, no_cgroup_quota,
+                                                                     capsys):
     import relay.workers
 
+    counts: list[int] = []
+
     async def supervise(config, argv, count):
+        counts.append(count)
         return 0
 
     monkeypatch.setattr(relay.workers, "supervise", supervise)
     assert main(["run", "--bootstrap-servers", "127.0.0.1:1", "--collector", "a=http://127.0.0.1:1",
                  "--workers", "auto"]) == 0
     [line] = [orjson.loads(x) for x in capsys.readouterr().err.splitlines() if "workers_resolved" in x]
-    assert line["setting"] == "auto" and line["workers"] >= 1
-    assert line["source"] in ("affinity", "cgroup v2", "cgroup v1")
+    assert (line["setting"], line["workers"], line["source"]) == ("auto", 8, "affinity")
+    assert counts == [8]
+
+
+def test_auto_resolved_to_one_is_logged_too_and_runs_one_relay(monkeypatch, no_cgroup_quota, capsys):
+    import relay.workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0})
+    served: list = []
+
+    async def serve(config, worker=None):
+        served.append((config, worker))
+
+    async def supervise(config, argv, count):
+        raise AssertionError("one worker needs no supervisor")
+
+    monkeypatch.setattr(relay.cli, "serve", serve)
+    monkeypatch.setattr(relay.workers, "supervise", supervise)
+    assert main(["run", "--bootstrap-servers", "127.0.0.1:1", "--collector", "a=http://127.0.0.1:1",
+                 "--workers", "auto"]) == 0
+    [line] = [orjson.loads(x) for x in capsys.readouterr().err.splitlines() if "workers_resolved" in x]
+    assert (line["setting"], line["workers"], line["source"]) == ("auto", 1, "affinity")
+    [(config, worker)] = served
+    assert worker is None and not config.pipeline.decode_worker  # what the line explains
+
+
+def test_serve_as_a_worker_runs_the_relay_with_its_own_group_instance_id(monkeypatch):
+    import relay.app
+    import relay.process
+    import relay.server
+
+    got: list = []
+
+    class FakeRelay:
+        def __init__(self, config):
+            got.append(config)
+
+        def request_stop(self):
+            pass
+
+        async def run(self):
+            return None
+
+    class FakeRunner:
+        async def cleanup(self):
+            pass
+
+    async def listen(_app, _host, _port):
+        return FakeRunner(), 4321
+
+    monkeypatch.setattr(relay.app, "Relay", FakeRelay)
+    monkeypatch.setattr(relay.process, "tune_process", lambda: None)
+    monkeypatch.setattr(relay.server, "build_app", lambda _relay: None)
+    monkeypatch.setattr(relay.server, "listen", listen)
+    config = build_config({**BASE, "kafka": {**BASE["kafka"], "consumer_properties": {"group.instance.id": "pod-a"}}})
+    report_r, report_w = os.pipe()
+    lifeline_r, lifeline_w = os.pipe()
+    try:
+        asyncio.run(relay.cli.serve(config, WorkerLink(3, report_w, lifeline_r)))
+        assert os.read(report_r, 64) == b"4321\n"  # the port reported to the supervisor
+    finally:
+        for fd in (report_r, lifeline_r, lifeline_w):
+            os.close(fd)
+    [relayed] = got
+    assert relayed.kafka.consumer_properties["group.instance.id"] == "pod-a-3"
 
 
 def test_with_several_workers_each_decodes_inline_unless_decode_worker_is_given():
@@ -141,6 +217,13 @@ def test_each_worker_has_its_own_group_instance_id():
     assert instance_id(WorkerLink(0, -1, -1).relay_config(config)) == "x-0"
     assert instance_id(config) == "x"  # a single relay: as configured
     assert WorkerLink(1, -1, -1).relay_config(build_config(BASE)) == build_config(BASE)  # none: none
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_a_blank_group_instance_id_is_not_suffixed(blank):
+    # A suffix would make it "-1": static membership turned on where the configuration has it off.
+    config = build_config({**BASE, "kafka": {**BASE["kafka"], "consumer_properties": {"group.instance.id": blank}}})
+    assert WorkerLink(1, -1, -1).relay_config(config) == config
 
 
 def test_check_config_and_version_do_not_load_the_supervisor(tmp_path):

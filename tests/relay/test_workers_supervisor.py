@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+import aiohttp
 import pytest
 
 from relay.config import build_config
@@ -99,3 +100,56 @@ def test_a_worker_started_as_a_worker_imports_this_relay_package(monkeypatch, tm
     root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["relay"].__file__)))
     assert seen["PYTHONPATH"].split(os.pathsep) == [root, str(tmp_path)]
     assert seen["LINEAGE_RELAY_WORKER"].startswith("0,")
+
+
+def test_a_worker_that_exits_2_while_stopped_after_another_failed_makes_it_2(monkeypatch, tmp_path):
+    # Worker 0 fails (1) alone; worker 1 exits 2 only once the supervisor stops it: still 2.
+    ready = tmp_path / "trapped"
+
+    async def trapped(worker: Worker) -> None:
+        if worker.index == 1:
+            while not ready.exists():  # its TERM trap is in place before any stop
+                await asyncio.sleep(0.02)
+
+    plan = {0: "exit 1", 1: f"trap 'exit 2' TERM; touch {ready}; while :; do sleep 0.05; done"}
+    monkeypatch.setattr(Worker, "start", fake_start(plan, [], trapped))
+    supervisor = Supervisor(CONFIG, [], 2)
+    try:
+        assert asyncio.run(supervisor.run(no_endpoint)) == 2
+        assert supervisor.failed is not None and supervisor.failed[0].index == 0 and supervisor.failed[1] == 1
+        assert supervisor.workers[1].proc.returncode == 2
+    finally:
+        kill_all(supervisor.workers)
+
+
+def test_a_probe_on_a_closed_session_is_no_answer():
+    class Running:
+        returncode = None
+
+    async def probe():
+        worker = Worker(0)
+        worker.proc, worker.port = Running(), 1
+        session = aiohttp.ClientSession()
+        await session.close()
+        return await worker.get(session, "/healthz")
+
+    assert asyncio.run(probe()) is None
+
+
+def test_the_endpoint_closes_before_the_session(monkeypatch):
+    order: list[str] = []
+
+    class Runner:
+        async def cleanup(self):
+            order.append("endpoint" if not supervisor._session.closed else "endpoint after the session")
+
+    async def bind(_app):
+        return Runner()
+
+    monkeypatch.setattr(Worker, "start", fake_start({0: "exit 0"}, []))
+    supervisor = Supervisor(CONFIG, [], 1)
+    try:
+        asyncio.run(supervisor.run(bind))
+    finally:
+        kill_all(supervisor.workers)
+    assert order == ["endpoint"]
