@@ -274,9 +274,22 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
         await task
 
     asyncio.run(main())
+    eps = _figures(snapshots[0], snapshots[1], window, n, cpu, steady)
+    delivered = collector.count() - base
+    if delivered < n and not noop:
+        raise RuntimeError(f"collector received {delivered} of {n}")
+    return eps
+
+
+def _figures(first: dict[str, float], last: dict[str, float], window: list, n: int,
+             cpu: dict[str, list[float]] | None, steady: dict[str, list[float]] | None) -> float:
+    """A relay run's events/s in its steady middle (``window``: count, time, CPU snapshot
+    and machine idle at 10% and 90% delivered); appends the CPU per event of each process
+    over the whole run (``first`` to ``last``) to ``cpu``, and over the middle to ``steady``
+    (see :func:`relay_eps`)."""
     if cpu is not None:
-        for name, start in snapshots[0].items():
-            cpu.setdefault(name, []).append((snapshots[1][name] - start) / n * 1e6)
+        for name, start in first.items():
+            cpu.setdefault(name, []).append((last[name] - start) / n * 1e6)
     if len(window) < 2 or window[1][0] <= window[0][0]:
         raise RuntimeError(f"too few events ({n}) for a steady middle")
     (count0, at0, cpu0, idle0), (count1, at1, cpu1, idle1) = window
@@ -285,9 +298,6 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
             steady.setdefault(name, []).append((cpu1[name] - start) / (count1 - count0) * 1e6)
         if idle0 is not None and idle1 is not None and idle1[1] > idle0[1]:
             steady.setdefault("idle_share", []).append((idle1[0] - idle0[0]) / (idle1[1] - idle0[1]))
-    delivered = collector.count() - base
-    if delivered < n and not noop:
-        raise RuntimeError(f"collector received {delivered} of {n}")
     return (count1 - count0) / (at1 - at0)
 
 
@@ -384,19 +394,7 @@ def _workers_run(proc: subprocess.Popen, log_path: Path, collector: CollectorPro
             raise RuntimeError(f"relay with {workers} workers delivered {done} of {n} (exit {proc.poll()}); "
                                f"its log ends:\n{tail}")
         time.sleep(_WORKERS_POLL_S)
-    last = snapshot()
-    if cpu is not None:
-        for name, start in first.items():
-            cpu.setdefault(name, []).append((last[name] - start) / n * 1e6)
-    if len(window) < 2 or window[1][0] <= window[0][0]:
-        raise RuntimeError(f"too few events ({n}) for a steady middle")
-    (count0, at0, cpu0, idle0), (count1, at1, cpu1, idle1) = window
-    if steady is not None:
-        for name, start in cpu0.items():
-            steady.setdefault(name, []).append((cpu1[name] - start) / (count1 - count0) * 1e6)
-        if idle0 is not None and idle1 is not None and idle1[1] > idle0[1]:
-            steady.setdefault("idle_share", []).append((idle1[0] - idle0[0]) / (idle1[1] - idle0[1]))
-    return (count1 - count0) / (at1 - at0)
+    return _figures(first, snapshot(), window, n, cpu, steady)
 
 
 def _stop_group(proc: subprocess.Popen) -> None:

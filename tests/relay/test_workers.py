@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -133,20 +134,27 @@ def test_two_workers_share_the_partitions_deliver_in_order_and_stop_cleanly(kafk
         assert sum(o for o in offsets.values() if o > 0) == len(stream), offsets
 
 
-def test_a_worker_killed_stops_the_others_and_the_supervisor_fails(kafka, tmp_path):
-    topic, dlq, group = kafka.new_topic("workers-crash", partitions=2), kafka.new_topic("dlq"), kafka.new_group()
+@contextmanager
+def two_workers(kafka, tmp_path, name):
+    """A supervisor of two workers on a new 2-partition topic, started (ready); yields it
+    and its workers' pids, and kills its whole process group on the way out."""
+    topic, dlq, group = kafka.new_topic(name, partitions=2), kafka.new_topic("dlq"), kafka.new_group()
     with RecordingCollector() as collector:
         proc = RelayProcess(relay_args(kafka, topic, dlq, group, collector), log_path=tmp_path / "r.log",
                             own_group=True)
         try:
             proc.start()
-            pids = worker_pids(tmp_path / "r.log")
-            os.kill(pids[0], signal.SIGKILL)
-            code = proc.proc.wait(STOP_BOUND_S)
-            # Before close_group's SIGKILL: the supervisor stopped the other one itself.
-            assert eventually(lambda: all(gone(pid) for pid in pids), 10), "a worker outlived its supervisor"
+            yield proc, worker_pids(tmp_path / "r.log")
         finally:
             close_group(proc)
+
+
+def test_a_worker_killed_stops_the_others_and_the_supervisor_fails(kafka, tmp_path):
+    with two_workers(kafka, tmp_path, "workers-crash") as (proc, pids):
+        os.kill(pids[0], signal.SIGKILL)
+        code = proc.proc.wait(STOP_BOUND_S)
+        # Before close_group's SIGKILL: the supervisor stopped the other one itself.
+        assert eventually(lambda: all(gone(pid) for pid in pids), 10), "a worker outlived its supervisor"
     assert code == 1
     [exited] = [line for line in log_lines(tmp_path / "r.log") if line["event"] == "worker_exited"]
     assert exited["worker"] == 0 and exited["pid"] == pids[0] and exited["signal"] == "SIGKILL"
@@ -155,19 +163,11 @@ def test_a_worker_killed_stops_the_others_and_the_supervisor_fails(kafka, tmp_pa
 
 
 def test_workers_stop_on_their_own_when_the_supervisor_is_killed(kafka, tmp_path):
-    topic, dlq, group = kafka.new_topic("workers-orphan", partitions=2), kafka.new_topic("dlq"), kafka.new_group()
-    with RecordingCollector() as collector:
-        proc = RelayProcess(relay_args(kafka, topic, dlq, group, collector), log_path=tmp_path / "r.log",
-                            own_group=True)
-        try:
-            proc.start()
-            pids = worker_pids(tmp_path / "r.log")
-            proc.proc.send_signal(signal.SIGKILL)
-            proc.proc.wait(10)
-            assert eventually(lambda: all(gone(pid) for pid in pids), STOP_BOUND_S), \
-                [(pid, process_state(pid)) for pid in pids if not gone(pid)]
-        finally:
-            close_group(proc)
+    with two_workers(kafka, tmp_path, "workers-orphan") as (proc, pids):
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.wait(10)
+        assert eventually(lambda: all(gone(pid) for pid in pids), STOP_BOUND_S), \
+            [(pid, process_state(pid)) for pid in pids if not gone(pid)]
     lines = log_lines(tmp_path / "r.log")
     assert sorted(line["worker"] for line in lines if line["event"] == "supervisor_gone") == [0, 1]
     assert sorted(line["worker"] for line in lines if line["event"] == "relay_stopped") == [0, 1]
