@@ -48,11 +48,20 @@ def create_ops_topic(kafka: KafkaConfig, topic: str, config: dict[str, str], *, 
                      client_properties=connection_properties(kafka.producer_properties),
                      replication_factor=kafka.topic_replication_factor, timeout_s=timeout_s)
     except KafkaException as err:
-        raise OpsError(f"cannot create the {what} {topic}: {kafka_error_text(err)}; create it ({how}) "
-                       f"or grant the relay's credentials CREATE on it") from err
+        # librdkafka's own timeout (no controller found: no broker answered) is no refusal.
+        if not (err.args and isinstance(err.args[0], KafkaError) and err.args[0].code() == KafkaError._TIMED_OUT):
+            raise OpsError(f"cannot create the {what} {topic}: {kafka_error_text(err)}; create it ({how}) "
+                           f"or grant the relay's credentials CREATE on it") from err
+        raise _no_answer(what, topic, timeout_s) from err
     except concurrent.futures.TimeoutError as err:
-        raise OpsError(f"the broker did not answer the creation of the {what} {topic} within {timeout_s:g}s; "
-                       f"{UNREACHABLE_HINT}") from err
+        raise _no_answer(what, topic, timeout_s) from err
+
+
+def _no_answer(what: str, topic: str, timeout_s: float) -> OpsError:
+    return OpsError(f"the broker did not answer the creation of the {what} {topic} within {timeout_s:g}s; "
+                    f"{UNREACHABLE_HINT}")
+
+
 _BATCH = 1000
 #: For topics of large records (dead letters of tens of MB): consumer properties that fetch
 #: ahead about 4 MB (librdkafka's default is 64 MB; some brokers answer a fetch with more

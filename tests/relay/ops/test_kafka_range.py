@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from relay.embedded.broker import free_port
 from relay.ops import OpsError
@@ -40,3 +41,23 @@ def test_a_topic_the_broker_does_not_create_in_time_fails_naming_it_and_the_fix(
                          how="1 partition, cleanup.policy=compact", timeout_s=1.0)
     assert str(caught.value) == ("the broker did not answer the creation of the redrive marker topic t.dlq.redriven "
                                  "within 1s; is the broker reachable?")
+
+
+@pytest.mark.parametrize("code, expected", [
+    (KafkaError._TIMED_OUT, "the broker did not answer the creation of the redrive lock topic t.lock within 2s; "
+                            "is the broker reachable?"),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, "cannot create the redrive lock topic t.lock: "),
+])
+def test_librdkafkas_own_timeout_is_no_answer_and_a_refusal_names_the_fix(monkeypatch, code, expected):
+    """Against an unreachable broker librdkafka may end the creation itself ("Failed while
+    waiting for controller: Local: Timed out") before the future's own timeout: that is no
+    answer, not a refusal asking for CREATE rights (seen once in CI)."""
+    def refused(*_args, **_kwargs):
+        raise KafkaException(KafkaError(code, "Failed while waiting for controller"))
+
+    monkeypatch.setattr("relay.ops.kafka_range.create_topic", refused)
+    config = relay_config("127.0.0.1:9", "t", {"a": "http://127.0.0.1:9"}, group="g", dlq="t.dlq")
+    with pytest.raises(OpsError) as caught:
+        create_ops_topic(config.kafka, "t.lock", {}, what="redrive lock topic", how="1 partition", timeout_s=2.0)
+    assert str(caught.value).startswith(expected)
+    assert ("CREATE" in str(caught.value)) == (code != KafkaError._TIMED_OUT)
