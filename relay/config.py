@@ -197,10 +197,9 @@ class RelayConfig(Frozen):
     #: Relay processes in this pod, one consumer-group member each, under one supervisor
     #: that serves the HTTP endpoint (see relay.workers); ``auto``: one per CPU this process
     #: may use (affinity, capped by the cgroup quota). With more than one, each decodes on
-    #: its own event loop's thread (``pipeline.decode_worker`` defaults to false): measured
-    #: on 2 cores with a batch collector, two workers decoding inline delivered 0.912 x the
-    #: batch POST ceiling, two with a decode child each 0.74, one relay with its decode
-    #: child 0.786 / 0.689 (two machines).
+    #: its own event loop's thread (``pipeline.decode_worker`` defaults to false; a decode
+    #: child per worker measured slower). On cores shared with the collector it gained
+    #: nothing; the pipeline alone gained ~11% with two (bench/README.md, *Workers*).
     workers: int | Literal["auto"] = 1
 
     @field_validator("collectors", mode="before")
@@ -237,11 +236,6 @@ class RelayConfig(Frozen):
             # Frozen: set once here, while the model is being validated.
             object.__setattr__(self, "pipeline", pipeline.model_copy(update={"decode_worker": False}))
         return self
-
-    @property
-    def worker_count(self) -> int:
-        """``workers`` resolved (``auto``: see :func:`resolve_workers`)."""
-        return resolve_workers(self.workers)[0]
 
     @model_validator(mode="after")
     def _unique_collectors(self) -> RelayConfig:

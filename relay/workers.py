@@ -43,7 +43,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -212,9 +211,8 @@ class Supervisor:
             return []
         for worker in self.workers:
             worker.signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.drain_timeout_s + CLOSE_MARGIN_S + EXIT_MARGIN_S
         _, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs],
-                                        timeout=max(0.0, deadline - time.monotonic()))
+                                        timeout=self.config.drain_timeout_s + CLOSE_MARGIN_S + EXIT_MARGIN_S)
         if pending:
             stragglers = [w for w in self.workers if w.alive]
             log_event(log, logging.ERROR, "workers_killed", workers=[w.index for w in stragglers],

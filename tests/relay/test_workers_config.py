@@ -27,7 +27,6 @@ from relay.worker_link import WorkerLink
 from relay.worker_metrics import merge_expositions
 
 BASE = {"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "collectors": [{"name": "a", "url": "http://127.0.0.1:1"}]}
-CPUS = len(os.sched_getaffinity(0))
 
 
 def run_args(*extra: str) -> argparse.Namespace:
@@ -56,10 +55,10 @@ def test_workers_flag_overrides_the_file_and_auto_resolves(tmp_path):
     path = tmp_path / "relay.yaml"
     path.write_text("kafka: {bootstrap_servers: '127.0.0.1:1'}\ncollectors: [{name: a, url: 'http://127.0.0.1:1'}]\n"
                     "workers: 3\n")
-    assert config_from_args(run_args("--config", str(path))).worker_count == 3
+    assert config_from_args(run_args("--config", str(path))).workers == 3
     assert config_from_args(run_args("--config", str(path), "--workers", "2")).workers == 2
     auto = config_from_args(run_args("--workers", "auto"))
-    assert auto.workers == "auto" and 1 <= auto.worker_count <= CPUS
+    assert auto.workers == "auto"  # resolved at start-up: see the tests with eight_cpus below
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 
 from relay.config import build_config
 from relay.workers import Supervisor, Worker
+from tests.support.waiting import until
 
 CONFIG = build_config({"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "drain_timeout_s": 1,
                        "collectors": [{"name": "a", "url": "http://127.0.0.1:1"}]})
@@ -107,9 +108,8 @@ def test_a_worker_that_exits_2_while_stopped_after_another_failed_makes_it_2(mon
     ready = tmp_path / "trapped"
 
     async def trapped(worker: Worker) -> None:
-        if worker.index == 1:
-            while not ready.exists():  # its TERM trap is in place before any stop
-                await asyncio.sleep(0.02)
+        if worker.index == 1:  # its TERM trap is in place before any stop
+            await until(ready.exists, "worker 1's TERM trap")
 
     plan = {0: "exit 1", 1: f"trap 'exit 2' TERM; touch {ready}; while :; do sleep 0.05; done"}
     monkeypatch.setattr(Worker, "start", fake_start(plan, [], trapped))
