@@ -123,6 +123,11 @@ def _schema_fields(data_type_fields: list[tuple[str, Any]]) -> list[dict]:
     return out
 
 
+def struct_fields(struct: dict) -> list[dict]:
+    """A schema facet's fields from Spark's ``StructType.json()`` (parsed)."""
+    return _schema_fields([(f["name"], f["type"]) for f in struct.get("fields", [])])
+
+
 def _attr_schema(exprs: list[Node]) -> list[dict]:
     return _schema_fields([(e.name or "", _output_type(e)) for e in exprs])
 
@@ -206,8 +211,7 @@ def _output_schema(snap: ActionSnapshot, query: Node | None) -> list[dict] | Non
     what the plan's output expressions say."""
     if snap.output_schema_json:
         try:
-            struct = orjson.loads(snap.output_schema_json)
-            return _schema_fields([(f["name"], f["type"]) for f in struct.get("fields", [])])
+            return struct_fields(orjson.loads(snap.output_schema_json))
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             pass
     return _schema_fields(_output_names(query)) if query is not None else None

@@ -39,10 +39,17 @@ What is guaranteed:
   sources and sink: ``FileStreamSource[<path>]`` and ``FileSink[<path>]`` (``DeltaSink[...]``
   too) by path (a glob's pattern segments dropped); ``KafkaV2[Subscribe[a, b]]`` and
   ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, the servers read once
-  from the query's plan. Rate, socket, memory, console and foreach sources and sinks are no
-  dataset. Anything else (a Kafka sink, whose description names no topic; a
-  ``SubscribePattern``; an unknown source or sink) is left out and named in an
-  ``extractionError`` run facet.
+  from the query's plan; a ``SubscribePattern`` as the topics its progress shows offsets for
+  (those the pattern matched so far: a topic that matches later comes with a later read); a
+  Kafka sink (whose description names no topic) as the ``topic`` of the writer's options in
+  ``kafka://<first of its kafka.bootstrap.servers>``, read once at the run's first progress
+  read (about eight py4j calls). Rate, socket, memory, console and foreach sources and sinks
+  are no dataset. Anything else (a Kafka sink without a ``topic`` option, whose rows name
+  their topics; a pattern that matched nothing yet; an unknown source or sink) is left out
+  and named in an ``extractionError`` run facet, as is what could not be read; what was left
+  out is as of the last read. The output dataset carries a ``schema`` facet: the schema the
+  query writes (its analysed plan's, three py4j calls with the first read that names an
+  output, so not on START).
 * Nothing raises into the query: every callback is guarded, a failure is a log line (and an
   ``extractionError`` facet on the run's next event). Emission only queues.
 
@@ -51,7 +58,7 @@ reported; datasets of a query that fails before its first micro-batch completes 
 known (a RUNNING with them may come up to an interval after an idle query's first
 micro-batch, or only its terminal has them); writes made inside
 ``foreachBatch`` are ordinary batch actions, reported by the batch listener as their own
-runs; no schema or statistics facets.
+runs; no input schema or statistics facets.
 """
 
 from __future__ import annotations
@@ -67,12 +74,24 @@ import orjson
 from producer import events
 from producer.spark import capture
 from producer.spark.capture import DatasetRef
-from producer.spark.streaming_names import KAFKA_SOURCES, datasets, job_name, source_kind
+from producer.spark.streaming_names import (
+    KAFKA_SINKS,
+    KAFKA_SOURCES,
+    datasets,
+    job_name,
+    kafka_namespace,
+    offset_topics,
+    source_kind,
+)
 
 if TYPE_CHECKING:
     from producer.spark.listener import SparkLineage
 
 log = logging.getLogger("producer.spark")
+
+#: What a progress read found: inputs, outputs, what could not be read (kept for the run),
+#: what was left out (replaced at the next read).
+_Found = tuple[list[DatasetRef], list[DatasetRef], list[str], list[str]]
 
 #: After a run's first progress, its progress is read again at most this often (seconds).
 PROGRESS_READ_INTERVAL_S = 30.0
@@ -83,15 +102,20 @@ _MAX_ERRORS = 8
 class _Run:
     run_id: str
     job_name: str
-    query: Any = None          # the JVM StreamExecution, for the Kafka servers (read once)
+    query: Any = None          # the JVM StreamExecution, for the Kafka servers and sink topic (read once)
     inputs: list[DatasetRef] = field(default_factory=list)
     outputs: list[DatasetRef] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)     # what could not be read: kept for the run
+    left_out: list[str] = field(default_factory=list)   # datasets left out at the last read: replaced by the next
     reported: tuple | None = None
     next_read: float = float("-inf")   # due at once: the first micro-batch is read
     read: bool = False                  # a progress was read (else its last one is, when it stops)
     kafka_servers: str | None = None
     kafka_looked_up: bool = False
+    kafka_sink: DatasetRef | str | None = None   # a Kafka sink's topic, or why it is not known
+    kafka_sink_looked_up: bool = False
+    output_schema: list[dict] | None = None      # the schema the query writes (its analysed plan's)
+    schema_looked_up: bool = False
 
     def key(self) -> tuple:
         return (tuple((r.namespace, r.name) for r in self.inputs), tuple((r.namespace, r.name) for r in self.outputs))
@@ -99,6 +123,9 @@ class _Run:
     def note(self, message: str) -> None:
         if len(self.errors) < _MAX_ERRORS and message not in self.errors:
             self.errors.append(message)
+
+    def extraction_errors(self) -> list[str]:
+        return (self.errors + [m for m in self.left_out if m not in self.errors])[:_MAX_ERRORS]
 
 
 class StreamingLineage:
@@ -173,9 +200,7 @@ class StreamingLineage:
             errors.append(f"could not read the query's sink: {err!r}")
         run = _Run(run_id, job_name(self._lineage.settings.app_job_name, sink, name), query=query, errors=errors)
         if sink:
-            _, run.outputs, left_out = datasets([], sink, None)
-            for message in left_out:
-                run.note(message)
+            _, run.outputs, run.left_out = datasets([], sink, None)
         run.reported = run.key()
         with self._lock:
             if self._closed:
@@ -205,26 +230,43 @@ class StreamingLineage:
                 run.reported = run.key()
                 self._emit(run, "RUNNING", progress.get("timestamp"))
 
-    def _datasets(self, run: _Run, progress: dict) -> tuple[list[DatasetRef], list[DatasetRef], list[str]]:
-        """The datasets a progress (as JSON data) names, and what was left out; py4j only for
-        a Kafka source's servers, once a run."""
+    def _datasets(self, run: _Run, progress: dict) -> _Found:
+        """The datasets a progress (as JSON data) names, what could not be read and what was
+        left out; py4j only for a Kafka source's servers and a Kafka sink's topic, once a run."""
         run.read = True
-        sources = [str(s.get("description", "")) for s in progress.get("sources") or []]
+        sources = [s for s in progress.get("sources") or [] if isinstance(s, dict)]
+        descriptions = [str(s.get("description", "")) for s in sources]
         sink = (progress.get("sink") or {}).get("description")
-        left_out: list[str] = []
-        if any(source_kind(s)[0] in KAFKA_SOURCES for s in sources) and not run.kafka_looked_up:
-            run.kafka_looked_up = True  # the listener bus is the only thread reading these two
+        unread: list[str] = []
+        # The listener bus is the only thread reading these (a run's end reads only a run never read).
+        if any(source_kind(s)[0] in KAFKA_SOURCES for s in descriptions) and not run.kafka_looked_up:
+            run.kafka_looked_up = True
             try:
                 run.kafka_servers = _kafka_servers(run.query)
             except Exception as err:  # noqa: BLE001
-                left_out.append(f"could not read the kafka bootstrap servers: {err!r}")
-        inputs, outputs, more = datasets(sources, sink, run.kafka_servers)
-        return inputs, outputs, left_out + more
+                unread.append(f"could not read the kafka bootstrap servers: {err!r}")
+        if sink and source_kind(sink)[0] in KAFKA_SINKS and not run.kafka_sink_looked_up:
+            run.kafka_sink_looked_up = True
+            try:
+                run.kafka_sink = _kafka_sink(run.query)
+            except Exception as err:  # noqa: BLE001
+                run.kafka_sink = f"could not read the topic from the writer's options: {err!r}"
+        topics = [offset_topics(s) if source_kind(d)[0] in KAFKA_SOURCES else [] for s, d in zip(sources, descriptions)]
+        inputs, outputs, left_out = datasets(descriptions, sink, run.kafka_servers, source_topics=topics,
+                                             kafka_sink=run.kafka_sink)
+        if outputs and not run.schema_looked_up:
+            run.schema_looked_up = True
+            try:
+                run.output_schema = _output_schema(run.query)
+            except Exception as err:  # noqa: BLE001
+                unread.append(f"could not read the schema the query writes: {err!r}")
+        return inputs, outputs, unread, left_out
 
     @staticmethod
-    def _take(run: _Run, inputs: list[DatasetRef], outputs: list[DatasetRef], notes: list[str]) -> None:
-        run.inputs, run.outputs = inputs, outputs
-        for message in notes:
+    def _take(run: _Run, inputs: list[DatasetRef], outputs: list[DatasetRef], unread: list[str],
+              left_out: list[str]) -> None:
+        run.inputs, run.outputs, run.left_out = inputs, outputs, left_out
+        for message in unread:
             run.note(message)
 
     def on_idle(self, jevent: Any) -> None:
@@ -250,7 +292,8 @@ class StreamingLineage:
                 if last is not None:
                     found = self._datasets(run, orjson.loads(str(last.json())))
             except Exception as err:  # noqa: BLE001 - the terminal goes out without them
-                found = (run.inputs, run.outputs, [f"could not read the query's last progress: {err!r}"])
+                found = (run.inputs, run.outputs, [f"could not read the query's last progress: {err!r}"],
+                         run.left_out)
         extra = None
         if text is not None:
             # Spark's text is the whole stack trace; the message is what comes before its Java frames
@@ -267,15 +310,17 @@ class StreamingLineage:
         try:
             lineage = self._lineage
             run_facets = {**lineage._child_parent(), **capture.engine_facets(lineage.settings), **(extra or {})}
-            if run.errors:
+            errors = run.extraction_errors()
+            if errors:
                 run_facets["extractionError"] = events.facet("ExtractionErrorRunFacet", {
-                    "totalTasks": len(run.errors), "failedTasks": len(run.errors),
-                    "errors": [{"errorMessage": message} for message in run.errors]})
+                    "totalTasks": len(errors), "failedTasks": len(errors),
+                    "errors": [{"errorMessage": message} for message in errors]})
             lineage.sender.emit(events.run_event(
                 event_type, run_id=run.run_id, event_time=at or None, job_namespace=lineage.settings.namespace,
                 job_name=run.job_name, run_facets=run_facets, job_facets=capture.job_type("SQL_JOB", "STREAMING"),
                 inputs=[events.dataset(r.namespace, r.name, capture.dataset_facets(r, None)) for r in run.inputs],
-                outputs=[events.dataset(r.namespace, r.name, capture.dataset_facets(r, None)) for r in run.outputs]))
+                outputs=[events.dataset(r.namespace, r.name, capture.dataset_facets(r, run.output_schema))
+                         for r in run.outputs]))
         except Exception:  # noqa: BLE001 - never into the query
             log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
 
@@ -292,6 +337,44 @@ def _kafka_servers(query: Any) -> str | None:
             servers = leaf.extraOptions().get("kafka.bootstrap.servers")
             if servers:
                 return str(servers)
+    return None
+
+
+def _output_schema(query: Any) -> list[dict] | None:
+    """The schema the query writes, as a schema facet's fields: its analysed plan's (three
+    py4j calls; Spark's StructType JSON, read as the batch capture reads a written schema)."""
+    if query is None:
+        return None
+    return capture.struct_fields(orjson.loads(str(query.analyzedPlan().schema().json()))) or None
+
+
+def _kafka_sink(query: Any) -> DatasetRef | str:
+    """A Kafka sink's topic as a dataset, from the writer's options (``topic``,
+    ``kafka.bootstrap.servers``) in the query's logical plan (``WriteToMicroBatchDataSource``,
+    or its V1 form), or why it is not known. Read once the query runs: the plan is built on
+    the query's own thread when its first batch starts, and must not be built elsewhere."""
+    if query is None:
+        return "the query was not found"
+    options = query.logicalPlan().writeOptions()
+    topic, servers = _option(options, "topic"), _option(options, "kafka.bootstrap.servers")
+    if not topic:
+        return "no topic option: each row names its topic (its topic column)"
+    if not servers:
+        return "no kafka.bootstrap.servers option"
+    return DatasetRef(kafka_namespace(servers), topic)
+
+
+def _option(options: Any, key: str) -> str | None:
+    """A writer option (a Scala ``Map[String, String]``), its key in any case as Spark
+    compares them; two or three py4j calls, a walk over the keys when not found as given."""
+    found = options.get(key)
+    if found is not None and found.isDefined():
+        return str(found.get())
+    keys = options.keysIterator()
+    while keys.hasNext():
+        name = keys.next()
+        if str(name).lower() == key:
+            return str(options.get(name).get())
     return None
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import orjson
+
 from producer.spark import capture, naming
 from producer.spark.capture import DatasetRef
 
@@ -16,6 +18,8 @@ _NOT_DATASETS = frozenset({
     "ForeachBatchSink", "ForeachWriterTable", "ForeachSink", "NoopTable"})
 _PATH_KINDS = frozenset({"FileStreamSource", "FileSink", "DeltaSink", "DeltaSource"})
 KAFKA_SOURCES = frozenset({"KafkaV2", "KafkaSourceV1"})
+#: Kafka sinks (micro-batch V2 and V1): their description names no topic, the writer's options do.
+KAFKA_SINKS = frozenset({"KafkaTable", "KafkaSink"})
 _GLOB = re.compile(r"[*?\[{]")
 
 
@@ -50,18 +54,58 @@ def _kafka_topics(argument: str) -> list[str] | None:
     return None
 
 
+def offset_topics(source_progress: dict) -> list[str]:
+    """Topics a Kafka source's progress shows offsets for: the keys of its ``endOffset``
+    (``{"orders": {"0": 42}}``; Spark gives it as JSON data, or as text when it could not
+    parse it), else of its ``startOffset``; sorted. What a ``SubscribePattern`` matched."""
+    for key in ("endOffset", "startOffset"):
+        offsets = source_progress.get(key)
+        if isinstance(offsets, str):
+            try:
+                offsets = orjson.loads(offsets)
+            except orjson.JSONDecodeError:
+                continue
+        if isinstance(offsets, dict) and offsets:
+            return sorted(str(topic) for topic in offsets)
+    return []
+
+
 def kafka_namespace(servers: str) -> str:
     """``kafka://host:port`` of the first bootstrap server (naming spec), any ``PROTOCOL://`` dropped."""
     first = servers.split(",")[0].strip()
     return f"kafka://{first.split('://', 1)[-1]}"
 
 
-def datasets(sources: list[str], sink: str | None, kafka_servers: str | None) -> tuple[
-        list[DatasetRef], list[DatasetRef], list[str]]:
-    """(inputs, outputs, what was left out and why) of a query from Spark's descriptions."""
+def _kafka_source(description: str, argument: str, matched: list[str], servers: str | None,
+                  errors: list[str]) -> list[DatasetRef]:
+    """A Kafka source's topics as datasets (``matched``: those its progress shows offsets for),
+    or [] with the reason in ``errors``."""
+    topics = _kafka_topics(argument)
+    if topics is None:
+        if not argument.startswith("SubscribePattern["):
+            errors.append(f"source {description}: no topic names; left out")
+            return []
+        if not matched:
+            errors.append(f"source {description}: no topic has matched the pattern yet; left out")
+            return []
+        topics = matched
+    if not servers:
+        errors.append(f"source {description}: kafka bootstrap servers not found in the query's plan; left out")
+        return []
+    return [DatasetRef(kafka_namespace(servers), topic) for topic in topics]
+
+
+def datasets(sources: list[str], sink: str | None, kafka_servers: str | None, *,
+             source_topics: list[list[str]] | None = None,
+             kafka_sink: DatasetRef | str | None = None) -> tuple[list[DatasetRef], list[DatasetRef], list[str]]:
+    """(inputs, outputs, what was left out and why) of a query from Spark's descriptions.
+    ``source_topics``, beside ``sources``: the topics each one's progress shows offsets for
+    (:func:`offset_topics`), which name what a ``SubscribePattern`` matched. ``kafka_sink``:
+    a Kafka sink's topic as read from the writer's options, or why it could not be (None: not
+    read yet, nothing said)."""
     inputs: list[DatasetRef] = []
     errors: list[str] = []
-    for description in sources:
+    for index, description in enumerate(sources):
         kind, argument = source_kind(description)
         found: list[DatasetRef] = []
         if kind in _NOT_DATASETS:
@@ -69,14 +113,8 @@ def datasets(sources: list[str], sink: str | None, kafka_servers: str | None) ->
         if kind in _PATH_KINDS and argument:
             found = [_path_ref(argument)]
         elif kind in KAFKA_SOURCES:
-            topics = _kafka_topics(argument)
-            if topics is None:
-                errors.append(f"source {description}: no topic names (a pattern?); left out")
-            elif not kafka_servers:
-                errors.append(f"source {description}: kafka bootstrap servers not found in the query's plan; "
-                              "left out")
-            else:
-                found = [DatasetRef(kafka_namespace(kafka_servers), topic) for topic in topics]
+            matched = source_topics[index] if source_topics and index < len(source_topics) else []
+            found = _kafka_source(description, argument, matched, kafka_servers, errors)
         else:
             errors.append(f"source {description}: not a known dataset; left out")
         inputs.extend(r for r in found if not any((r.namespace, r.name) == (i.namespace, i.name) for i in inputs))
@@ -85,8 +123,13 @@ def datasets(sources: list[str], sink: str | None, kafka_servers: str | None) ->
         kind, argument = source_kind(sink)
         if kind in _PATH_KINDS and argument:
             outputs.append(_path_ref(argument))
+        elif kind in KAFKA_SINKS:
+            if isinstance(kafka_sink, DatasetRef):
+                outputs.append(kafka_sink)
+            elif kafka_sink:
+                errors.append(f"sink {sink}: {kafka_sink}; left out")
         elif kind not in _NOT_DATASETS:
-            errors.append(f"sink {sink}: not a known dataset (a Kafka sink names no topic); left out")
+            errors.append(f"sink {sink}: not a known dataset; left out")
     return inputs, outputs, errors
 
 

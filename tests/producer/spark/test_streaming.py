@@ -44,7 +44,7 @@ def _run_events(recorder: Recorder, run_id: str, last: str) -> list[dict]:
 def test_a_file_stream_to_parquet_is_one_run_from_start_to_complete(spark, tmp_path, captured, py4j_calls):
     recorder, lineage = captured
     source, sink = _json_files(tmp_path / "landing" / "orders"), tmp_path / "lake" / "orders"
-    query = (spark.readStream.schema(SCHEMA).json(str(source)).writeStream.format("parquet")
+    query = (spark.readStream.schema(SCHEMA).json(str(source)).selectExpr("id", "v AS V").writeStream.format("parquet")
              .option("path", str(sink)).option("checkpointLocation", str(tmp_path / "ck"))
              .trigger(availableNow=True).start())
     assert query.awaitTermination(120)
@@ -67,7 +67,12 @@ def test_a_file_stream_to_parquet_is_one_run_from_start_to_complete(spark, tmp_p
         assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [("file", str(source))]
         assert [(d["namespace"], d["name"]) for d in event["outputs"]] == [("file", str(sink))]
         assert event["inputs"][0]["facets"]["dataSource"]["uri"] == "file:///"
-    # The whole run, measured: 11 py4j calls at its start, 2 to read its progress, 4 at its end.
+        # What the query writes (upper-cased by its projection: Spark's plan, not the source's schema).
+        assert event["outputs"][0]["facets"]["schema"]["fields"] == [{"name": "id", "type": "long"},
+                                                                    {"name": "V", "type": "string"}]
+    assert "schema" not in start["outputs"][0]["facets"]   # read with the first progress, off the query's thread
+    # The whole run, measured: 11 py4j calls at its start, 2 to read its progress and 3 its written
+    # schema, 4 at its end.
     assert len(py4j_calls) <= 20, py4j_calls
 
 
@@ -170,7 +175,7 @@ def test_enabling_again_through_another_handle_of_the_session_reports_each_run_o
     (["KafkaV2[SubscribePattern[ord.*]]", "RateStreamV2[rowsPerSecond=5, rampUpTimeSeconds=0"],
      "org.apache.spark.sql.execution.streaming.ConsoleTable$@5b411ef0", "b1:9092", [], [], ["SubscribePattern"]),
     (["KafkaV2[Subscribe[orders]]"], "org.apache.spark.sql.kafka010.KafkaSourceProvider$KafkaTable@1a2b", None,
-     [], [], ["bootstrap servers", "KafkaTable"]),
+     [], [], ["bootstrap servers"]),   # the sink's topic: read from the writer's options (test_streaming_kafka)
 ])
 def test_datasets_are_named_from_the_descriptions_spark_gives(sources, sink, servers, inputs, outputs, left_out):
     found_in, found_out, errors = datasets(sources, sink, servers)
