@@ -13,7 +13,9 @@ What is guaranteed:
   ``SQL_JOB`` as the official integration reports streaming queries, and job name
   ``<app>.streaming.<target>``: ``<target>`` is the sink's dataset (the last two segments of
   its path, as for batch writes), else the query's name (``queryName``), else the sink's kind
-  (``memory_sink``, ``console_table``, ``foreach_batch_sink``).
+  (``memory_sink``, ``console_table``, ``foreach_batch_sink``). The name is fixed at START,
+  when a Kafka sink's topic is not known yet: such a query is named by its ``queryName``, else
+  ``kafka_table`` (set a ``queryName`` to tell two Kafka-writing queries apart).
 * START when the query starts (its output dataset when the sink is a file sink; the inputs
   are not known yet); RUNNING when the datasets known from the query's progress first differ
   from those last reported (so, usually, once, after the first micro-batch); COMPLETE when it
@@ -23,8 +25,11 @@ What is guaranteed:
 * Order per run, whatever thread a callback comes on (``onQueryStarted`` runs on the query's
   thread, the others on the listener bus, the application's end on the driver's): START
   first, one terminal, nothing after it, and every terminal before the application's
-  COMPLETE. A run's state changes and its event is emitted under one lock (emission only
-  queues); py4j calls are made outside it. A query that starts once the application has
+  COMPLETE. A run's datasets and what was reported change, and its event is emitted, under
+  one lock (emission only queues); py4j calls are made outside it. What a run looks up once
+  (Kafka servers, a Kafka sink's topic, the output's schema, the topics a pattern matched) is
+  written only by the thread reading its progress (the listener bus), before it takes that
+  lock to apply what it found. A query that starts once the application has
   ended (or capture has stopped) is not reported (one log line).
 * A run's progress is read (two py4j calls) at its first micro-batch and then at most once
   every :data:`PROGRESS_READ_INTERVAL_S`, each run on its own schedule: while no open run is
@@ -40,10 +45,12 @@ What is guaranteed:
   too) by path (a glob's pattern segments dropped); ``KafkaV2[Subscribe[a, b]]`` and
   ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, the servers read once
   from the query's plan; a ``SubscribePattern`` as the topics its progress shows offsets for
-  (those the pattern matched so far: a topic that matches later comes with a later read); a
+  (every topic it matched so far in the run: one that matches later comes with a later read,
+  and one no longer shown stays); a
   Kafka sink (whose description names no topic) as the ``topic`` of the writer's options in
   ``kafka://<first of its kafka.bootstrap.servers>``, read once at the run's first progress
-  read (about eight py4j calls). Rate, socket, memory, console and foreach sources and sinks
+  read (ten py4j calls when the option keys are written in lower case; otherwise a walk over
+  the options, two more per option). Rate, socket, memory, console and foreach sources and sinks
   are no dataset. Anything else (a Kafka sink without a ``topic`` option, whose rows name
   their topics; a pattern that matched nothing yet; an unknown source or sink) is left out
   and named in an ``extractionError`` run facet, as is what could not be read; what was left
@@ -54,11 +61,12 @@ What is guaranteed:
   ``extractionError`` facet on the run's next event). Emission only queues.
 
 Not guaranteed: queries started before ``enable_lineage`` (or in another session) are not
-reported; datasets of a query that fails before its first micro-batch completes are not
-known (a RUNNING with them may come up to an interval after an idle query's first
-micro-batch, or only its terminal has them); writes made inside
-``foreachBatch`` are ordinary batch actions, reported by the batch listener as their own
-runs; no input schema or statistics facets.
+reported; a continuous-trigger query's (``trigger(continuous=...)``) Kafka sink is left out,
+with the reason (its plan's write node holds no writer options); datasets of a query that
+fails before its first micro-batch completes are not known (a RUNNING with them may come up
+to an interval after an idle query's first micro-batch, or only its terminal has them);
+writes made inside ``foreachBatch`` are ordinary batch actions, reported by the batch
+listener as their own runs; no input schema or statistics facets.
 """
 
 from __future__ import annotations
@@ -116,6 +124,7 @@ class _Run:
     kafka_sink_looked_up: bool = False
     output_schema: list[dict] | None = None      # the schema the query writes (its analysed plan's)
     schema_looked_up: bool = False
+    matched: dict[int, list[str]] = field(default_factory=dict)  # topics each Kafka source showed offsets for
 
     def key(self) -> tuple:
         return (tuple((r.namespace, r.name) for r in self.inputs), tuple((r.namespace, r.name) for r in self.outputs))
@@ -197,7 +206,7 @@ class StreamingLineage:
             query = wrapper.streamingQuery() if wrapper is not None else None
             sink = str(query.sink().toString()) if query is not None else None
         except Exception as err:  # noqa: BLE001 - the run is still reported, without its sink
-            errors.append(f"could not read the query's sink: {err!r}")
+            errors.append(f"could not read the query's sink: {_text(err)}")
         run = _Run(run_id, job_name(self._lineage.settings.app_job_name, sink, name), query=query, errors=errors)
         if sink:
             _, run.outputs, run.left_out = datasets([], sink, None)
@@ -244,14 +253,20 @@ class StreamingLineage:
             try:
                 run.kafka_servers = _kafka_servers(run.query)
             except Exception as err:  # noqa: BLE001
-                unread.append(f"could not read the kafka bootstrap servers: {err!r}")
+                unread.append(f"could not read the kafka bootstrap servers: {_text(err)}")
         if sink and source_kind(sink)[0] in KAFKA_SINKS and not run.kafka_sink_looked_up:
             run.kafka_sink_looked_up = True
             try:
                 run.kafka_sink = _kafka_sink(run.query)
             except Exception as err:  # noqa: BLE001
-                run.kafka_sink = f"could not read the topic from the writer's options: {err!r}"
-        topics = [offset_topics(s) if source_kind(d)[0] in KAFKA_SOURCES else [] for s, d in zip(sources, descriptions)]
+                run.kafka_sink = f"could not read the topic from the writer's options: {_text(err)}"
+        topics = []
+        for index, (source, description) in enumerate(zip(sources, descriptions)):
+            if source_kind(description)[0] in KAFKA_SOURCES:
+                # A pattern's topics are those it matched at any read of the run: a topic whose
+                # offsets a later progress no longer shows was still read by this run.
+                run.matched[index] = sorted(set(run.matched.get(index, ())) | set(offset_topics(source)))
+            topics.append(run.matched.get(index, []))
         inputs, outputs, left_out = datasets(descriptions, sink, run.kafka_servers, source_topics=topics,
                                              kafka_sink=run.kafka_sink)
         if outputs and not run.schema_looked_up:
@@ -259,7 +274,7 @@ class StreamingLineage:
             try:
                 run.output_schema = _output_schema(run.query)
             except Exception as err:  # noqa: BLE001
-                unread.append(f"could not read the schema the query writes: {err!r}")
+                unread.append(f"could not read the schema the query writes: {_text(err)}")
         return inputs, outputs, unread, left_out
 
     @staticmethod
@@ -292,7 +307,7 @@ class StreamingLineage:
                 if last is not None:
                     found = self._datasets(run, orjson.loads(str(last.json())))
             except Exception as err:  # noqa: BLE001 - the terminal goes out without them
-                found = (run.inputs, run.outputs, [f"could not read the query's last progress: {err!r}"],
+                found = (run.inputs, run.outputs, [f"could not read the query's last progress: {_text(err)}"],
                          run.left_out)
         extra = None
         if text is not None:
@@ -351,11 +366,17 @@ def _output_schema(query: Any) -> list[dict] | None:
 def _kafka_sink(query: Any) -> DatasetRef | str:
     """A Kafka sink's topic as a dataset, from the writer's options (``topic``,
     ``kafka.bootstrap.servers``) in the query's logical plan (``WriteToMicroBatchDataSource``,
-    or its V1 form), or why it is not known. Read once the query runs: the plan is built on
-    the query's own thread when its first batch starts, and must not be built elsewhere."""
+    or its V1 form), or why it is not known (any other node holds no options). Ten py4j calls
+    when the keys are written in lower case (see :func:`_option`). Read once the query runs:
+    the plan is built on the query's own thread when its first batch starts, and must not be
+    built elsewhere."""
     if query is None:
         return "the query was not found"
-    options = query.logicalPlan().writeOptions()
+    plan = query.logicalPlan()
+    node = str(plan.getClass().getSimpleName())
+    if node not in _WRITE_NODES:
+        return f"the query's plan is a {node}, which holds no writer options"
+    options = plan.writeOptions()
     topic, servers = _option(options, "topic"), _option(options, "kafka.bootstrap.servers")
     if not topic:
         return "no topic option: each row names its topic (its topic column)"
@@ -364,9 +385,28 @@ def _kafka_sink(query: Any) -> DatasetRef | str:
     return DatasetRef(kafka_namespace(servers), topic)
 
 
+#: The write nodes of a micro-batch query's logical plan (a V2 sink's, a V1 sink's): they hold the writer's options.
+_WRITE_NODES = frozenset({"WriteToMicroBatchDataSource", "WriteToMicroBatchDataSourceV1"})
+
+
+def _text(err: BaseException) -> str:
+    """An error for an ``extractionError`` facet: its type and its message's first line; for a
+    py4j error, the Java exception's own (its message goes on with the whole Java stack trace)."""
+    message = str(err)
+    java = getattr(err, "java_exception", None)
+    if java is not None:
+        try:
+            message = str(java.toString())
+        except Exception:  # noqa: BLE001 - the gateway may be gone: py4j's own text then
+            pass
+    first = message.strip().split("\n", 1)[0].strip()
+    return f"{type(err).__name__}: {first[:300]}" if first else type(err).__name__
+
+
 def _option(options: Any, key: str) -> str | None:
     """A writer option (a Scala ``Map[String, String]``), its key in any case as Spark
-    compares them; two or three py4j calls, a walk over the keys when not found as given."""
+    compares them: three py4j calls when found as given; otherwise two, then a walk over the
+    keys (one call, two per key looked at, one more when none matches) and two if one does."""
     found = options.get(key)
     if found is not None and found.isDefined():
         return str(found.get())

@@ -16,7 +16,7 @@ import pytest
 
 from producer.spark.capture import CaptureSettings, DatasetRef
 from producer.spark.listener import SparkLineage
-from producer.spark.streaming import StreamingLineage, _kafka_sink, _QueryListener
+from producer.spark.streaming import StreamingLineage, _kafka_sink, _QueryListener, _text
 from producer.spark.streaming_names import datasets, offset_topics
 from tests.producer.spark.support import Recorder
 from tests.support.spec import validator
@@ -71,15 +71,23 @@ def test_what_cannot_be_named_is_left_out_with_the_reason():
 
 
 class _Options:
-    """A Scala ``Map[String, String]`` as py4j shows it: ``get`` returns an Option."""
+    """A Scala ``Map[String, String]`` as py4j shows it: ``get`` returns an Option. Every call
+    made on it or on what it returns (each a py4j call on Spark's objects) goes to ``calls``."""
 
     def __init__(self, values: dict[str, str], calls: list[str]) -> None:
         self.values, self.calls = values, calls
 
+    def _called(self, name, fn):
+        def call(*args):
+            self.calls.append(name)
+            return fn(*args)
+        return call
+
     def get(self, key):
         self.calls.append(f"get {key}")
         value = self.values.get(key)
-        return NS(isDefined=lambda: value is not None, get=lambda: value)
+        return NS(isDefined=self._called("isDefined", lambda: value is not None),
+                  get=self._called("Option.get", lambda: value))
 
     def keysIterator(self):  # noqa: N802 - Scala
         self.calls.append("keysIterator")
@@ -89,11 +97,12 @@ class _Options:
         def take():
             value, box["next"] = box["next"], next(keys, None)
             return value
-        return NS(hasNext=lambda: box["next"] is not None, next=take)
+        return NS(hasNext=self._called("hasNext", lambda: box["next"] is not None), next=self._called("next", take))
 
 
-def _kafka_query(options: dict[str, str], calls: list[str]):
+def _kafka_query(options: dict[str, str], calls: list[str], *, node="WriteToMicroBatchDataSource", last=None):
     def servers_plan():
+        calls.append("analyzedPlan")
         leaf = NS(getClass=lambda: NS(getSimpleName=lambda: "StreamingRelationV2"),
                   extraOptions=lambda: {"kafka.bootstrap.servers": "SASL_SSL://in1:9092,in2:9092"})
         leaves = iter([leaf])
@@ -107,8 +116,15 @@ def _kafka_query(options: dict[str, str], calls: list[str]):
 
     def logical_plan():
         calls.append("logicalPlan")
-        return NS(writeOptions=lambda: _Options(options, calls))
-    return NS(sink=lambda: NS(toString=lambda: KAFKA_TABLE), analyzedPlan=servers_plan, logicalPlan=logical_plan)
+        recorded = _Options({}, calls)._called
+        return NS(getClass=recorded("getClass", lambda: NS(getSimpleName=recorded("getSimpleName", lambda: node))),
+                  writeOptions=recorded("writeOptions", lambda: _Options(options, calls)))
+
+    def last_progress():
+        calls.append("lastProgress")
+        return None if last is None else NS(json=lambda: orjson.dumps(last).decode())
+    return NS(sink=lambda: NS(toString=lambda: KAFKA_TABLE), analyzedPlan=servers_plan, logicalPlan=logical_plan,
+              lastProgress=last_progress)
 
 
 def _capture(query):
@@ -124,10 +140,14 @@ def _uuid(text):
     return NS(toString=lambda: text)
 
 
+def _progress_data(end_offset):
+    return {"runId": RUN, "timestamp": "2026-11-28T10:00:01.000Z",
+            "sources": [{"description": PATTERN, "startOffset": None, "endOffset": end_offset}],
+            "sink": {"description": KAFKA_TABLE}}
+
+
 def _progress(listener, end_offset):
-    progress = {"runId": RUN, "timestamp": "2026-11-28T10:00:01.000Z",
-                "sources": [{"description": PATTERN, "startOffset": None, "endOffset": end_offset}],
-                "sink": {"description": KAFKA_TABLE}}
+    progress = _progress_data(end_offset)
     listener.onQueryProgress(NS(progress=lambda: NS(json=lambda: orjson.dumps(progress).decode())))
 
 
@@ -168,24 +188,94 @@ def test_a_kafka_to_kafka_query_names_its_pattern_topics_as_they_match_and_its_s
     assert [e["outputs"][0]["facets"]["schema"]["fields"] for e in events if e["outputs"]] == [[
         {"name": "key", "type": "binary"}, {"name": "value", "type": "string"},
         {"name": "headers", "type": "struct", "fields": [{"name": "trace", "type": "string"}]}]] * 4
-    assert calls == ["logicalPlan", "get topic", "get kafka.bootstrap.servers"]  # read once a run
+    # Read once a run, each py4j call counted: the servers, the sink's topic (ten calls), the schema.
+    assert calls == ["analyzedPlan", "logicalPlan", "getClass", "getSimpleName", "writeOptions",
+                     "get topic", "isDefined", "Option.get", "get kafka.bootstrap.servers", "isDefined", "Option.get",
+                     "analyzedPlan"]
 
 
-@pytest.mark.parametrize(("options", "found", "walks"), [
-    ({"topic": "t", "kafka.bootstrap.servers": "b:1"}, DatasetRef("kafka://b:1", "t"), 0),
-    ({"Topic": "t", "KAFKA.bootstrap.servers": "PLAINTEXT://b:1"}, DatasetRef("kafka://b:1", "t"), 2),
-    ({"kafka.bootstrap.servers": "b:1"}, "no topic option: each row names its topic (its topic column)", 1),
-    ({"topic": "t"}, "no kafka.bootstrap.servers option", 1),
+def _started(listener, name=None):
+    listener.onQueryStarted(NS(runId=lambda: _uuid(RUN), id=lambda: _uuid(RUN), name=lambda: name,
+                               timestamp=lambda: "2026-11-28T10:00:00.000Z"))
+
+
+def _terminated(listener):
+    listener.onQueryTerminated(NS(runId=lambda: _uuid(RUN), exception=lambda: NS(isDefined=lambda: False)))
+
+
+def test_a_pattern_source_keeps_every_topic_it_matched_in_the_run():
+    recorder, clock, listener = _capture(_kafka_query({"topic": "out", "kafka.bootstrap.servers": "o:1"}, []))
+    _started(listener)
+    _progress(listener, {"orders-us": {"0": 10}})
+    clock.now += 31
+    _progress(listener, {"orders-eu": {"0": 3}})   # orders-us deleted meanwhile: this run still read it
+    _terminated(listener)
+    assert [_facts(e)[:2] for e in recorder.runs()[RUN]] == [
+        ("START", []), ("RUNNING", ["orders-us"]), ("RUNNING", ["orders-eu", "orders-us"]),
+        ("COMPLETE", ["orders-eu", "orders-us"])]
+
+
+def test_a_kafka_sink_run_first_read_at_its_end_names_its_datasets_in_its_terminal():
+    """A query idle until it stopped: its last progress is read at its end, the sink's topic with it."""
+    calls: list[str] = []
+    query = _kafka_query({"topic": "orders-clean", "kafka.bootstrap.servers": "out1:9092"}, calls,
+                         last=_progress_data({"orders-us": {"0": 10}}))
+    recorder, _, listener = _capture(query)
+    _started(listener, name="enrich")
+    _terminated(listener)
+    events = recorder.runs()[RUN]
+    for event in events:
+        validator().validate(event)
+    assert [_facts(e) for e in events] == [("START", [], [], []), ("COMPLETE", ["orders-us"], ["orders-clean"], [])]
+    assert events[1]["outputs"][0]["namespace"] == "kafka://out1:9092"
+    assert events[1]["outputs"][0]["facets"]["schema"]["fields"][0] == {"name": "key", "type": "binary"}
+    assert events[0]["job"]["name"] == events[1]["job"]["name"] == "st.streaming.enrich"
+    assert calls.count("lastProgress") == 1 and calls.count("logicalPlan") == 1
+
+
+def test_a_plan_whose_write_node_holds_no_options_is_a_reason_not_an_error():
+    calls: list[str] = []
+    found = _kafka_sink(_kafka_query({"topic": "t"}, calls, node="WriteToContinuousDataSource"))
+    assert found == "the query's plan is a WriteToContinuousDataSource, which holds no writer options"
+    assert "writeOptions" not in calls
+
+
+def test_an_errors_text_is_its_type_and_first_line_and_a_java_errors_its_exceptions():
+    class Py4JJavaError(Exception):  # as py4j's: str() gives its own text, then the Java trace
+        java_exception = NS(toString=lambda: "java.lang.IllegalStateException: no plan yet\n\tat a.B.c(B.scala:1)")
+    assert _text(Py4JJavaError("An error occurred while calling o91.logicalPlan.\n: java.lang...")) == (
+        "Py4JJavaError: java.lang.IllegalStateException: no plan yet")
+    assert _text(RuntimeError("first line\n\tat org.apache.Foo(Foo.java:1)")) == "RuntimeError: first line"
+    assert _text(RuntimeError()) == "RuntimeError"
+
+    class Gone(Exception):
+        def __init__(self):
+            super().__init__("py4j text\nmore")
+            self.java_exception = NS(toString=self._fail)
+
+        @staticmethod
+        def _fail():
+            raise ConnectionError("gateway closed")
+    assert _text(Gone()) == "Gone: py4j text"
+
+
+@pytest.mark.parametrize(("options", "found", "walks", "py4j_calls"), [
+    ({"topic": "t", "kafka.bootstrap.servers": "b:1"}, DatasetRef("kafka://b:1", "t"), 0, 10),
+    # each key not found as given: 2 + a walk (1, 2 per key looked at, 1 when none matches) + 2 when found
+    ({"Topic": "t", "KAFKA.bootstrap.servers": "PLAINTEXT://b:1"}, DatasetRef("kafka://b:1", "t"), 2, 4 + 7 + 9),
+    ({"kafka.bootstrap.servers": "b:1"}, "no topic option: each row names its topic (its topic column)", 1, 4 + 6 + 3),
+    ({"topic": "t"}, "no kafka.bootstrap.servers option", 1, 4 + 3 + 6),
 ])
-def test_the_sink_topic_is_read_from_the_writer_options_in_any_case(options, found, walks):
+def test_the_sink_topic_is_read_from_the_writer_options_in_any_case(options, found, walks, py4j_calls):
     calls: list[str] = []
     assert _kafka_sink(_kafka_query(options, calls)) == found
     assert calls.count("keysIterator") == walks
+    assert len(calls) == py4j_calls, calls
 
 
 def test_a_kafka_sink_whose_options_cannot_be_read_is_named_in_the_runs_extraction_error():
     def broken():
-        raise RuntimeError("py4j: no such method writeOptions")
+        raise RuntimeError("py4j: no such method writeOptions\n\tat org.apache.spark.Foo(Foo.scala:1)")
     query = NS(sink=lambda: NS(toString=lambda: KAFKA_TABLE), logicalPlan=broken,
                analyzedPlan=lambda: NS(collectLeaves=lambda: NS(iterator=lambda: NS(hasNext=lambda: False))))
     recorder, _, listener = _capture(query)
@@ -198,7 +288,8 @@ def test_a_kafka_sink_whose_options_cannot_be_read_is_named_in_the_runs_extracti
     validator().validate(terminal)
     assert terminal["job"]["name"] == "st.streaming.enrich"
     errors = [e["errorMessage"] for e in terminal["run"]["facets"]["extractionError"]["errors"]]
-    assert any("could not read the topic from the writer's options" in e and "no such method" in e for e in errors)
+    assert (f"sink {KAFKA_TABLE}: could not read the topic from the writer's options: RuntimeError: py4j: no such "
+            "method writeOptions; left out") in errors
     assert any("bootstrap servers not found" in e for e in errors), errors
 
 
@@ -222,3 +313,12 @@ def test_the_writer_options_are_read_from_a_real_querys_plan(spark, tmp_path, ke
              .option("checkpointLocation", str(tmp_path / "ck2")).trigger(availableNow=True).start())
     assert plain.awaitTermination(120)
     assert _kafka_sink(plain._jsq.streamingQuery()) == "no topic option: each row names its topic (its topic column)"
+
+    # A V1 sink (a file sink): its write node is the V1 form, whose options are read the same way.
+    files = (spark.readStream.schema("id BIGINT").json(str(source)).writeStream.format("parquet")
+             .option(topic_key, "t").option(servers_key, "b3:9092").option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(tmp_path / "ck3")).trigger(availableNow=True).start())
+    assert files.awaitTermination(120)
+    execution = files._jsq.streamingQuery()
+    assert execution.logicalPlan().getClass().getSimpleName() == "WriteToMicroBatchDataSourceV1"
+    assert _kafka_sink(execution) == DatasetRef("kafka://b3:9092", "t")
