@@ -51,6 +51,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.config import RelayConfig
+from relay.event_loop import loop_name
 from relay.logs import log_event
 from relay.server import listen
 from relay.stages.decode_worker import package_env
@@ -181,7 +182,7 @@ class Supervisor:
                 break
             await worker.start(self.argv)
         log_event(log, logging.INFO, "workers_started", workers=len(self.workers),
-                  pids=[w.proc.pid for w in self.workers if w.proc is not None])
+                  pids=[w.proc.pid for w in self.workers if w.proc is not None], event_loop=loop_name())
 
     async def _supervise(self) -> None:
         """Until a stop is asked for or a worker exits; a worker that exited unasked is

@@ -1,6 +1,12 @@
 """Run a real relay for a test: in-process on its own thread and event loop
 (:class:`RelayThread`), or as a separate ``lineage-relay run`` process
-(:class:`RelayProcess`) for kill -9 and SIGTERM tests."""
+(:class:`RelayProcess`) for kill -9 and SIGTERM tests.
+
+``LINEAGE_RELAY_TEST_EVENT_LOOP`` (``auto``, ``uvloop`` or ``asyncio``), when set, is the
+``event_loop`` of every relay these start (a ``--event-loop`` a test gives itself stays):
+the relay-level tests under either loop, e.g.
+``LINEAGE_RELAY_TEST_EVENT_LOOP=asyncio ./dev test tests/relay``. Unset: each relay's own
+setting (``auto`` unless given: uvloop where installed)."""
 
 from __future__ import annotations
 
@@ -14,9 +20,23 @@ from typing import Any
 
 import requests
 
+from relay import event_loop
 from relay.config import RelayConfig, build_config
+from relay.embedded import runner
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, free_port
-from relay.embedded.runner import RelayThread  # noqa: F401 - re-exported for tests
+
+#: The suite's event loop for every relay started here (see the module docstring); None: unset.
+TEST_EVENT_LOOP = event_loop.check_setting(os.environ["LINEAGE_RELAY_TEST_EVENT_LOOP"]) \
+    if os.environ.get("LINEAGE_RELAY_TEST_EVENT_LOOP") else None
+
+
+class RelayThread(runner.RelayThread):
+    """:class:`relay.embedded.runner.RelayThread`, on ``LINEAGE_RELAY_TEST_EVENT_LOOP`` when set."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        if TEST_EVENT_LOOP is not None:
+            config = config.model_copy(update={"event_loop": TEST_EVENT_LOOP})
+        super().__init__(config)
 
 
 def relay_config(bootstrap: str, topic: str, collectors: dict[str, str], *, group: str, dlq: str,
@@ -43,6 +63,8 @@ class RelayProcess:
     def __init__(self, args: list[str], *, log_path: Path, own_group: bool = False) -> None:
         self.http_port = free_port()
         self.args = [sys.executable, "-m", "relay", "run", *args, "--http-port", str(self.http_port)]
+        if TEST_EVENT_LOOP is not None and "--event-loop" not in args:
+            self.args += ["--event-loop", TEST_EVENT_LOOP]
         self.log_path = log_path
         self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
