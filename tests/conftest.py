@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from relay import event_loop  # noqa: E402
 from tests.support.kafka import KafkaHandle, start_kafka  # noqa: E402
+from tests.support.relay import TEST_EVENT_LOOP  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +92,14 @@ def pytest_collection_finish(session):
                     f"pytest-xdist did not group {item.nodeid} (pytest {pytest.__version__}): every worker would "
                     "start a Spark session of its own; install the test extra's pytest (pip install -e '.[test]')")
             return
+
+
+if TEST_EVENT_LOOP is not None and event_loop.resolve(TEST_EVENT_LOOP) == "uvloop":
+    def pytest_asyncio_loop_factories(config, item):
+        """``LINEAGE_RELAY_TEST_EVENT_LOOP`` naming uvloop (see tests/support/relay.py): the
+        async tests run on it too, as the relays the suite starts do. (Defined only then:
+        pytest-asyncio refuses a hook that answers None.)"""
+        return {"uvloop": event_loop.loop_factory("uvloop")}
 
 
 @pytest.fixture

@@ -3,10 +3,11 @@
 (:class:`RelayProcess`) for kill -9 and SIGTERM tests.
 
 ``LINEAGE_RELAY_TEST_EVENT_LOOP`` (``auto``, ``uvloop`` or ``asyncio``), when set, is the
-``event_loop`` of every relay these start (a ``--event-loop`` a test gives itself stays):
-the relay-level tests under either loop, e.g.
-``LINEAGE_RELAY_TEST_EVENT_LOOP=asyncio ./dev test tests/relay``. Unset: each relay's own
-setting (``auto`` unless given: uvloop where installed)."""
+``event_loop`` of every relay these start (a ``--event-loop`` a test gives itself stays),
+and, naming uvloop, the loop of the async tests too (tests/conftest.py): the suite under
+either loop, e.g. ``LINEAGE_RELAY_TEST_EVENT_LOOP=asyncio ./dev test tests/relay``. Unset:
+each relay's own setting (``auto`` unless given: uvloop where installed), and the async
+tests on asyncio's loop (pytest-asyncio's default)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from relay.embedded import runner
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, free_port
 
 #: The suite's event loop for every relay started here (see the module docstring); None: unset.
-TEST_EVENT_LOOP = event_loop.check_setting(os.environ["LINEAGE_RELAY_TEST_EVENT_LOOP"]) \
-    if os.environ.get("LINEAGE_RELAY_TEST_EVENT_LOOP") else None
+_SUITE_LOOP = os.environ.get("LINEAGE_RELAY_TEST_EVENT_LOOP")
+TEST_EVENT_LOOP = event_loop.check_setting(_SUITE_LOOP) if _SUITE_LOOP else None
 
 
 class RelayThread(runner.RelayThread):
