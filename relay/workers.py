@@ -3,9 +3,10 @@ each one member of the consumer group (its own partitions, decoding on its own t
 
 The supervisor (``lineage-relay run`` itself) validates the configuration, listens on
 ``http.host``/``http.port``, then starts the workers as ``python -m relay run <the same
-arguments>`` with :data:`WORKER_ENV` set. A worker runs exactly one relay, serves its own
-endpoint on 127.0.0.1 (a free port, reported on a pipe), logs ``"worker": <index>`` on
-every line, and holds the read end of a life-line pipe whose write end only the supervisor
+arguments>`` with :data:`WORKER_ENV` set (so each runs on the event loop ``event_loop``
+names, as the supervisor does). A worker runs exactly one relay, serves its own endpoint
+on 127.0.0.1 (a free port, reported on a pipe), logs ``"worker": <index>`` on every line,
+and holds the read end of a life-line pipe whose write end only the supervisor
 has: when the supervisor is gone (killed with SIGKILL too) the pipe reads EOF and the
 worker stops gracefully (drain, commit, exit 0).
 
