@@ -141,31 +141,37 @@ async def serve(config: RelayConfig, worker: WorkerLink | None = None) -> None:
     stop_requested = False
     # First, before the imports and the relay's construction: the supervisor may stop its
     # workers at once (a stop during its start-up), and an unhandled SIGTERM kills.
-    for sig in (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
         loop.add_signal_handler(sig, request_stop)
-
-    from relay.app import Relay
-    from relay.process import tune_process
-    from relay.server import build_app, listen
-
-    tune_process()
-    relay = Relay(worker.relay_config(config) if worker is not None else config)
-    if stop_requested:
-        relay.request_stop()
-    runner = None
-    if worker is not None:
-        worker.watch_lifeline(loop, relay.request_stop)
-        runner, port = await listen(build_app(relay), "127.0.0.1", 0)
-        worker.report_port(port)
-        log_event(log, logging.INFO, "http_listening", host="127.0.0.1", port=port)
-    elif config.http.port is not None:
-        runner, port = await listen(build_app(relay), config.http.host, config.http.port)
-        log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
     try:
-        await relay.run()
+        from relay.app import Relay
+        from relay.process import tune_process
+        from relay.server import build_app, listen
+
+        tune_process()
+        relay = Relay(worker.relay_config(config) if worker is not None else config)
+        if stop_requested:
+            relay.request_stop()
+        runner = None
+        if worker is not None:
+            worker.watch_lifeline(loop, relay.request_stop)
+            runner, port = await listen(build_app(relay), "127.0.0.1", 0)
+            worker.report_port(port)
+            log_event(log, logging.INFO, "http_listening", host="127.0.0.1", port=port)
+        elif config.http.port is not None:
+            runner, port = await listen(build_app(relay), config.http.host, config.http.port)
+            log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
+        try:
+            await relay.run()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
     finally:
-        if runner is not None:
-            await runner.cleanup()
+        # asyncio's loop puts the default handlers back when it closes; uvloop's leaves its
+        # own bound to the closed loop, and SIGINT/SIGTERM would be ignored from then on.
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 def check_files(config: RelayConfig) -> None:

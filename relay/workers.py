@@ -299,7 +299,8 @@ async def supervise(config: RelayConfig, argv: list[str], count: int) -> int:
     exit code. Raises :class:`~relay.errors.ConfigError` when the endpoint cannot listen."""
     supervisor = Supervisor(config, argv, count)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
         loop.add_signal_handler(sig, supervisor.request_stop)
 
     async def bind(app: web.Application) -> web.AppRunner | None:
@@ -309,4 +310,10 @@ async def supervise(config: RelayConfig, argv: list[str], count: int) -> int:
         log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
         return runner
 
-    return await supervisor.run(bind)
+    try:
+        return await supervisor.run(bind)
+    finally:
+        # asyncio's loop puts the default handlers back when it closes; uvloop's leaves its
+        # own bound to the closed loop, and SIGINT/SIGTERM would be ignored from then on.
+        for sig in signals:
+            loop.remove_signal_handler(sig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import subprocess
 import sys
 
@@ -125,3 +126,38 @@ def test_auto_without_uvloop_runs_on_asyncio(tmp_path):
     path.write_text(FILE)
     check = child(NO_UVLOOP + "from relay.cli import main\nsys.exit(main(['check-config', sys.argv[1]]))\n", str(path))
     assert check.returncode == 0, check.stderr
+
+
+#: ``run`` with the relay and the supervisor's workers replaced (no broker here), then what
+#: SIGTERM and SIGINT do in the process once the relay's loop is closed, then a SIGTERM.
+SIGNALS_AFTER_RUN = """import os, signal, sys
+import relay.app, relay.process, relay.workers
+from relay.cli import main
+
+class Relay:
+    def __init__(self, config): pass
+    def request_stop(self): pass
+    async def run(self): pass
+
+async def supervisor_run(self, bind):
+    return 0
+
+relay.app.Relay = Relay
+relay.process.tune_process = lambda: None
+relay.workers.Supervisor.run = supervisor_run
+assert main(sys.argv[1:]) == 0
+print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+      flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+print("still running", flush=True)
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["run", "supervisor"])
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_sigterm_and_sigint_act_as_before_once_the_relay_has_stopped(loop, workers):
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    done = child(SIGNALS_AFTER_RUN, *RUN, "--event-loop", loop, *workers)
+    assert done.stdout.split() == ["True", "True"], done.stderr
+    assert done.returncode == -signal.SIGTERM, done.stderr
