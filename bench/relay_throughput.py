@@ -56,9 +56,10 @@ POSTs pre-built bodies at an even pace). Last line: one JSON object.
 ``--event-loop auto|uvloop|asyncio`` (default auto: uvloop when installed, as the relay's
 own ``event_loop`` setting) is the loop of this process's runs, the ceiling's client and the
 in-process relay alike, so both sides of a ratio run on the same loop; the ``--workers``
-relay is given the same setting. The collector process keeps its own (asyncio's). The loop
-used is printed and is the JSON's ``event_loop``; to compare loops, run the bench once with
-each.
+relay is given the same setting. The collector process runs on uvloop whenever it is
+installed, whatever ``--event-loop`` says (relay/embedded/collector.py), and both sides of a
+ratio share that one collector. The loop used is printed and is the JSON's ``event_loop``;
+to compare loops, run the bench once with each.
 """
 
 from __future__ import annotations
@@ -192,9 +193,9 @@ def load_topic(broker: EmbeddedBroker, topic: str, stream: list[tuple[bytes, byt
 
 
 def measured(ceiling, collector: CollectorProcess, n: int, cpu: dict[str, list[float]],  # noqa: ANN001
-             loop: str = "asyncio") -> float:
+             loop: str) -> float:
     """Runs the coroutine ``ceiling()`` returns (a ceiling's events/s) on the event loop
-    ``loop`` (an ``event_loop`` setting; relay_floor.py keeps asyncio's) and appends the CPU
+    ``loop`` (an ``event_loop`` setting, the bench's ``--event-loop``) and appends the CPU
     microseconds per event its client and the collector used to ``cpu``."""
     start, collector_start = time.process_time(), cpu_seconds(collector.proc.pid)
     eps = event_loop.run(ceiling(), loop)

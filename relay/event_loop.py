@@ -1,28 +1,37 @@
 """Which event loop a relay process runs on: ``event_loop: auto | uvloop | asyncio``.
 
-With one event per POST the relay is bound by its event loop's one thread, and on uvloop
-(libuv) that thread spent ~10% less CPU per event than on asyncio's own loop (a probe on
-the 2-core machine of bench/README.md). ``auto`` (the default) takes uvloop when it can be
-imported (a dependency everywhere but Windows), else asyncio's loop; ``uvloop`` without it
-installed is refused when the configuration is validated (``check-config`` too), naming the
-key and the fix.
+With one event per POST the relay is bound by its event loop's one thread; uvloop (libuv)
+spends less CPU per event on it than asyncio's own loop (the two are compared in
+bench/README.md). ``auto`` (the default) takes uvloop when it can be imported (a dependency
+everywhere but Windows, which has no uvloop build), else asyncio's loop; ``uvloop`` without
+it installed is refused when the configuration is validated (``check-config`` too), naming
+the key and the fix.
 
 What the relay asks of its loop works on both: signal handlers (``add_signal_handler``), a
 reader on the supervisor's life-line pipe (``add_reader``), the supervisor's subprocesses
 and their pipes, ``run_in_executor`` and ``call_soon_threadsafe`` from the consumer and
-decode threads, timers (``call_later``).
+decode threads, timers (``call_later``). Where the two differ, and what the relay does:
+
+- uvloop rounds a timer to whole milliseconds of its own clock, so a ``call_later(d, ...)``
+  may run up to 1 ms before ``time.monotonic()`` says ``d`` has passed. A timer that checks
+  the clock when it runs must allow for that (relay/sinks/deadlines.py re-arms with slack,
+  not for the remaining fraction of a millisecond).
+- asyncio's loop puts the process's default SIGINT/SIGTERM handlers back when it closes;
+  uvloop's leaves its own in place, bound to the closed loop, and the signals are then
+  ignored. Whoever adds a signal handler removes it (``remove_signal_handler``) before
+  the loop closes (relay/cli.py ``serve``, relay/workers.py ``supervise``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 T = TypeVar("T")
 
 EventLoopSetting = Literal["auto", "uvloop", "asyncio"]
-EVENT_LOOPS: tuple[str, ...] = ("auto", "uvloop", "asyncio")
+EVENT_LOOPS: tuple[str, ...] = get_args(EventLoopSetting)
 
 
 def check_setting(value: Any) -> str:
@@ -36,8 +45,8 @@ def check_setting(value: Any) -> str:
             import uvloop  # noqa: F401
         except ImportError as err:
             raise ValueError(f"is uvloop, which cannot be imported here ({type(err).__name__}: {err}); fix: "
-                             "pip install uvloop, or set event_loop: asyncio (or auto: uvloop where "
-                             "installed)") from None
+                             "pip install uvloop (it has no Windows build: asyncio there), or set "
+                             "event_loop: asyncio (or auto: uvloop where installed)") from None
     return value
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from relay.stages.decode_worker import package_env
 BASE = {"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "collectors": [{"name": "a", "url": "http://127.0.0.1:1"}]}
 FILE = "kafka: {bootstrap_servers: '127.0.0.1:1'}\ncollectors: [{name: a, url: 'http://127.0.0.1:1'}]\n"
 RUN = ["run", "--bootstrap-servers", "127.0.0.1:1", "--collector", "a=http://127.0.0.1:1"]
+#: For the tests that run on uvloop in this interpreter (uvloop has no Windows build).
+needs_uvloop = pytest.mark.skipif(importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")
 #: A child interpreter where ``import uvloop`` fails, as where it is not installed.
 NO_UVLOOP = "import sys\nsys.modules['uvloop'] = None\n"
 
@@ -37,7 +40,7 @@ def child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
                           env=package_env())
 
 
-@pytest.mark.parametrize("value", ["auto", "uvloop", "asyncio"])
+@pytest.mark.parametrize("value", ["auto", pytest.param("uvloop", marks=needs_uvloop), "asyncio"])
 def test_each_setting_is_accepted(value):
     assert build_config({**BASE, "event_loop": value}).event_loop == value
 
@@ -53,6 +56,7 @@ def test_an_unknown_value_is_refused_naming_the_key_and_the_fix(value):
     assert "event_loop: must be auto (uvloop when installed, else asyncio), uvloop or asyncio; fix:" in str(err.value)
 
 
+@needs_uvloop
 def test_the_flag_overrides_the_file_and_the_file_reads_variables(tmp_path, monkeypatch):
     path = tmp_path / "relay.yaml"
     path.write_text(FILE + "event_loop: ${RELAY_LOOP:-auto}\n")
@@ -87,13 +91,16 @@ def loops_run(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("setting, expected", [("uvloop", "uvloop"), ("asyncio", "asyncio"), ("auto", "uvloop")])
+@pytest.mark.parametrize("setting, expected", [pytest.param("uvloop", "uvloop", marks=needs_uvloop),
+                                               ("asyncio", "asyncio"),
+                                               pytest.param("auto", "uvloop", marks=needs_uvloop)])
 def test_run_and_the_supervisor_run_on_the_loop_set(loops_run, setting, expected):
     assert main([*RUN, "--event-loop", setting]) == 0
     assert main([*RUN, "--event-loop", setting, "--workers", "2"]) == 0
     assert loops_run == [("serve", expected), ("supervise", expected)]
 
 
+@needs_uvloop
 def test_run_without_the_setting_runs_on_uvloop_where_installed(loops_run):
     assert main(RUN) == 0
     assert loops_run == [("serve", "uvloop")]
@@ -109,7 +116,8 @@ def test_uvloop_set_but_not_installed_fails_check_config_and_run_naming_the_key_
     for done in (check, run):
         assert done.returncode == 2, done.stderr
         assert "event_loop: is uvloop, which cannot be imported here" in done.stderr
-        assert "fix: pip install uvloop, or set event_loop: asyncio" in done.stderr
+        assert "fix: pip install uvloop (it has no Windows build: asyncio there), or set event_loop: asyncio" \
+            in done.stderr
     assert "Traceback" not in check.stderr + run.stderr
 
 
@@ -154,10 +162,8 @@ print("still running", flush=True)
 
 
 @pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["run", "supervisor"])
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("loop", [pytest.param("uvloop", marks=needs_uvloop), "asyncio"])
 def test_sigterm_and_sigint_act_as_before_once_the_relay_has_stopped(loop, workers):
-    if loop == "uvloop":
-        pytest.importorskip("uvloop")
     done = child(SIGNALS_AFTER_RUN, *RUN, "--event-loop", loop, *workers)
     assert done.stdout.split() == ["True", "True"], done.stderr
     assert done.returncode == -signal.SIGTERM, done.stderr

@@ -9,6 +9,7 @@ import pytest
 
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
+from tests.relay.test_event_loop import needs_uvloop
 from tests.relay.test_workers import canonical, close_group, log_lines
 from tests.support.kafka import committed_offsets, produce, read_to_end
 from tests.support.relay import RelayProcess, eventually
@@ -24,7 +25,7 @@ def relay_args(kafka, topic, dlq, group, collector, loop, *extra):
     return args
 
 
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("loop", [pytest.param("uvloop", marks=needs_uvloop), "asyncio"])
 def test_the_relay_delivers_serves_metrics_and_drains_on_the_loop_set(kafka, tmp_path, loop):
     topic, dlq, group = kafka.new_topic(f"loop-{loop}", partitions=2), kafka.new_topic("dlq"), kafka.new_group()
     stream = sample_stream(80, seed=31)
@@ -53,7 +54,7 @@ def test_the_relay_delivers_serves_metrics_and_drains_on_the_loop_set(kafka, tmp
     assert started["event_loop"] == loop
 
 
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("loop", [pytest.param("uvloop", marks=needs_uvloop), "asyncio"])
 def test_the_supervisor_and_its_workers_run_on_the_loop_set(kafka, tmp_path, loop):
     topic, dlq, group = kafka.new_topic(f"loop-workers-{loop}", partitions=2), kafka.new_topic("dlq"), \
         kafka.new_group()
