@@ -8,9 +8,11 @@ import time
 
 import pytest
 
+from relay import event_loop
 from relay.embedded.collector import RecordingCollector
 from relay.sinks.deadlines import Deadlines
 from tests.relay.sinks.test_http_collector import BODY, collector_for, until
+from tests.relay.test_event_loop import needs_uvloop
 
 
 @pytest.fixture
@@ -146,3 +148,49 @@ async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_
     assert time.monotonic() - started >= 0.5
     assert deadlines.in_flight == 0
     deadlines.close()
+
+
+class _CountedExpiry(Deadlines):
+    wake_ups = 0
+
+    def _expire(self) -> None:
+        self.wake_ups += 1
+        super()._expire()
+
+
+async def _staggered_timeouts(count: int, timeout_s: float) -> tuple[int, list[float]]:
+    """``count`` requests that never get an answer, started 3 ms apart: how often the timer
+    woke, and how long after its start (as begin() noted it, or later) each timed out."""
+    deadlines = _CountedExpiry(timeout_s)
+    took: list[float] = []
+
+    async def request() -> None:
+        task = deadlines.begin()
+        started = time.monotonic()
+        try:
+            await asyncio.sleep(10)  # ok: a request that never gets an answer
+        except asyncio.CancelledError:
+            assert deadlines.expired(task)
+            took.append(time.monotonic() - started)
+        finally:
+            deadlines.end(task)
+
+    tasks = []
+    for _ in range(count):
+        tasks.append(asyncio.create_task(request()))
+        await asyncio.sleep(0.003)  # ok: the requests' start times being modelled
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    deadlines.close()
+    return deadlines.wake_ups, took
+
+
+@pytest.mark.parametrize("loop", [pytest.param("uvloop", marks=needs_uvloop), "asyncio"])
+def test_the_timer_wakes_once_per_deadline_and_never_before_it(loop):
+    """uvloop runs a timer up to ~1 ms before time.monotonic() reaches its deadline (whole
+    milliseconds of its own clock): the timer must not then wake again and again for the
+    rest, nor cancel a request early."""
+    with asyncio.Runner(loop_factory=event_loop.loop_factory(loop)) as runner:
+        wake_ups, took = runner.run(_staggered_timeouts(50, 0.05))
+    assert len(took) == 50
+    assert min(took) >= 0.05, sorted(took)[:5]
+    assert wake_ups <= 50, wake_ups
