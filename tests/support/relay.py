@@ -3,7 +3,9 @@
 (:class:`RelayProcess`) for kill -9 and SIGTERM tests.
 
 ``LINEAGE_RELAY_TEST_EVENT_LOOP`` (``auto``, ``uvloop`` or ``asyncio``), when set, is the
-``event_loop`` of every relay these start (a ``--event-loop`` a test gives itself stays),
+``event_loop`` of every relay these start (a ``--event-loop`` a test gives itself stays)
+and of those the tests that start ``python -m relay run`` themselves start with
+:func:`suite_loop_args` (those that only check its argument errors do not: no loop runs),
 and, naming uvloop, the loop of the async tests too (tests/conftest.py): the suite under
 either loop, e.g. ``LINEAGE_RELAY_TEST_EVENT_LOOP=asyncio ./dev test tests/relay``. Unset:
 each relay's own setting (``auto`` unless given: uvloop where installed), and the async
@@ -26,9 +28,29 @@ from relay.config import RelayConfig, build_config
 from relay.embedded import runner
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, free_port
 
+
+def _suite_loop() -> str | None:
+    value = os.environ.get("LINEAGE_RELAY_TEST_EVENT_LOOP")
+    if not value:
+        return None
+    if value not in event_loop.EVENT_LOOPS:
+        raise RuntimeError(f"LINEAGE_RELAY_TEST_EVENT_LOOP={value!r}: must be auto, uvloop or asyncio; fix: set it "
+                           "to one of those, or unset it (each relay's own setting)")
+    try:
+        return event_loop.check_setting(value)
+    except ValueError as err:  # uvloop, not importable; the message names the config key
+        raise RuntimeError(f"LINEAGE_RELAY_TEST_EVENT_LOOP=uvloop, which cannot be imported here ({err}); fix: "
+                           "pip install uvloop, or set it to asyncio or auto") from None
+
+
 #: The suite's event loop for every relay started here (see the module docstring); None: unset.
-_SUITE_LOOP = os.environ.get("LINEAGE_RELAY_TEST_EVENT_LOOP")
-TEST_EVENT_LOOP = event_loop.check_setting(_SUITE_LOOP) if _SUITE_LOOP else None
+TEST_EVENT_LOOP = _suite_loop()
+
+
+def suite_loop_args() -> list[str]:
+    """``--event-loop <LINEAGE_RELAY_TEST_EVENT_LOOP>`` when it is set, for a test that starts
+    ``python -m relay run`` itself; else nothing."""
+    return ["--event-loop", TEST_EVENT_LOOP] if TEST_EVENT_LOOP is not None else []
 
 
 class RelayThread(runner.RelayThread):
