@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 
 from relay import event_loop  # noqa: E402
 from tests.support.kafka import KafkaHandle, start_kafka  # noqa: E402
-from tests.support.relay import TEST_EVENT_LOOP  # noqa: E402
+from tests.support.relay import EACH_LOOP_FACTORIES, TEST_EVENT_LOOP  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -94,12 +94,21 @@ def pytest_collection_finish(session):
             return
 
 
-if TEST_EVENT_LOOP is not None and event_loop.resolve(TEST_EVENT_LOOP) == "uvloop":
-    def pytest_asyncio_loop_factories(config, item):
-        """``LINEAGE_RELAY_TEST_EVENT_LOOP`` naming uvloop (see tests/support/relay.py): the
-        async tests run on it too, as the relays the suite starts do. (Defined only then:
-        pytest-asyncio refuses a hook that answers None.)"""
-        return {"uvloop": event_loop.loop_factory("uvloop")}
+_SUITE_ON_UVLOOP = TEST_EVENT_LOOP is not None and event_loop.resolve(TEST_EVENT_LOOP) == "uvloop"
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """The loops an async test runs on (pytest-asyncio >= 1.4). Marked ``ON_EACH_LOOP`` (tests/support/relay.py):
+    asyncio's and uvloop's (uvloop's skipped where it is not installed). Otherwise one:
+    uvloop when ``LINEAGE_RELAY_TEST_EVENT_LOOP`` names it (see tests/support/relay.py), as
+    the relays the suite starts then run on, else asyncio's. (Never None: pytest-asyncio
+    refuses a hook that answers None.)"""
+    marker = item.get_closest_marker("asyncio")
+    if marker is not None and marker.kwargs.get("loop_factories"):
+        return EACH_LOOP_FACTORIES
+    if _SUITE_ON_UVLOOP:
+        return {"uvloop": EACH_LOOP_FACTORIES["uvloop"]}
+    return {"asyncio": EACH_LOOP_FACTORIES["asyncio"]}
 
 
 @pytest.fixture

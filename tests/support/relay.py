@@ -9,18 +9,23 @@ and of those the tests that start ``python -m relay run`` themselves start with
 and, naming uvloop, the loop of the async tests too (tests/conftest.py): the suite under
 either loop, e.g. ``LINEAGE_RELAY_TEST_EVENT_LOOP=asyncio ./dev test tests/relay``. Unset:
 each relay's own setting (``auto`` unless given: uvloop where installed), and the async
-tests on asyncio's loop (pytest-asyncio's default)."""
+tests on asyncio's loop. Async tests marked :data:`ON_EACH_LOOP` run once on each loop
+whatever it says."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from relay import event_loop
@@ -45,6 +50,15 @@ def _suite_loop() -> str | None:
 
 #: The suite's event loop for every relay started here (see the module docstring); None: unset.
 TEST_EVENT_LOOP = _suite_loop()
+
+
+#: The loops :data:`ON_EACH_LOOP` names, by name (tests/conftest.py's loop factory hook).
+EACH_LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+if importlib.util.find_spec("uvloop") is not None:
+    EACH_LOOP_FACTORIES["uvloop"] = event_loop.loop_factory("uvloop")
+#: Runs an async test once on each loop, whatever ``LINEAGE_RELAY_TEST_EVENT_LOOP`` says:
+#: for the code whose behaviour the loop can change (TLS, timers).
+ON_EACH_LOOP = pytest.mark.asyncio(loop_factories=["asyncio", "uvloop"])
 
 
 def suite_loop_args() -> list[str]:

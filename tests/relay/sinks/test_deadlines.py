@@ -13,6 +13,7 @@ from relay.embedded.collector import RecordingCollector
 from relay.sinks.deadlines import Deadlines
 from tests.relay.sinks.test_http_collector import BODY, collector_for, until
 from tests.relay.test_event_loop import needs_uvloop
+from tests.support.relay import ON_EACH_LOOP
 
 
 @pytest.fixture
@@ -21,6 +22,7 @@ def server():
         yield s
 
 
+@ON_EACH_LOOP
 async def test_a_slow_answer_times_out_at_the_limit_not_when_it_comes(server):
     server.fail_next(1, delay_s=5.0)
     http, _ = collector_for(server, token="tok", timeout_s=1.0, retry={"max_attempts": 1})
@@ -36,6 +38,7 @@ async def test_a_slow_answer_times_out_at_the_limit_not_when_it_comes(server):
     assert 1.0 <= took < 3.75, took  # well before the answer (5 s)
 
 
+@ON_EACH_LOOP
 async def test_only_the_request_over_time_times_out(server):
     """Eight requests at once; the one the collector sits on times out, the seven others
     are answered and succeed, and later requests on the same collector are not affected."""
@@ -54,6 +57,7 @@ async def test_only_the_request_over_time_times_out(server):
     assert server.count == 10
 
 
+@ON_EACH_LOOP
 async def test_a_timed_out_request_is_retried_and_delivered(server):
     server.fail_next(1, delay_s=5.0)
     http, metrics = collector_for(server, token="tok", timeout_s=2.0)  # the retry's answer may be slow
@@ -66,6 +70,7 @@ async def test_a_timed_out_request_is_retried_and_delivered(server):
     assert metrics.registry.get_sample_value("lineage_relay_delivery_retries_total", {"collector": "c"}) == 1
 
 
+@ON_EACH_LOOP
 async def test_cancelling_a_delivery_is_not_taken_for_a_timeout(server):
     """Shutdown cancels deliveries still running: that must stop them, not retry them."""
     server.fail_next(1, delay_s=2.0)
@@ -107,6 +112,7 @@ async def _request(deadlines: Deadlines, outcome: list[str]) -> None:
         deadlines.end(task)
 
 
+@ON_EACH_LOOP
 async def test_a_cancellation_at_the_moment_of_the_timeout_still_cancels():
     deadlines = _CancelledTooAtExpiry(0.05)
     outcome: list[str] = []
@@ -118,6 +124,7 @@ async def test_a_cancellation_at_the_moment_of_the_timeout_still_cancels():
     assert deadlines.in_flight == 0
 
 
+@ON_EACH_LOOP
 async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_timeout():
     """A starts at 0 and never gets an answer; B starts at 0.25 and is answered at 0.65:
     A's timeout at 0.5 must not touch B (whose own limit is 0.75)."""
