@@ -28,7 +28,8 @@ Guarantees:
 * Opening a journal counts its records (the recovery scan, which also cuts a torn tail).
   ``Journal(..., recover=False)`` defers that scan to :meth:`Journal.recover_some`, in
   slices of bounded size, so a thread with other work (the producer's sender adopting a
-  large journal) does a slice per turn.
+  large journal) does a slice per turn; until it is complete, :attr:`Journal.pending_at_least`
+  is the records counted so far, and at least 1.
 
 Not thread-safe: one thread (the producer's sender) owns a Journal. ``LOCK`` taken by others,
 ``DESTINATION`` and the directory check: :mod:`producer.journal_dir`.
@@ -167,9 +168,18 @@ class Journal:
             return False
         # An adopted journal waiting for its turn holds its LOCK only, not a segment too.
         self._close_reader()
-        self._recovery = None
+        # The count before the scan ends: pending_at_least, read from other threads, never sees 0 between.
         self.pending = count
+        self._recovery = None
         return True
+
+    @property
+    def pending_at_least(self) -> int:
+        """``pending`` once the recovery scan is complete; until then the records it has
+        counted so far, and at least 1 (what it has not scanned yet may hold any number).
+        Safe to read from another thread than the owner's."""
+        recovery = self._recovery
+        return self.pending if recovery is None else max(1, recovery[1])
 
     # --- writing -----------------------------------------------------------------
 

@@ -9,7 +9,16 @@ Which journal, per sender turn:
 * In journal mode, :meth:`_advance_replay`: the journals dead processes left that the
   producer took over at construction (their events go before its own, and ``pending``,
   ``flush()`` and ``close()`` count them), then its own journal; when all are sent and
-  nothing is queued, back to direct sending.
+  nothing is queued, back to direct sending. Construction only locks and opens those
+  journals (a large one does not slow the job's start); their recovery scans (counting
+  their records) run here, on the sender thread, before any of them is sent
+  (:meth:`_scan_taken_over`): up to :data:`_SCAN_TURN_S` of slices per turn, polling
+  librdkafka between slices and persisting the producer's own events between turns. The
+  scan runs as fast as the disk allows while the job's threads are idle, and shares the
+  GIL with them otherwise. Until a journal is counted, ``pending`` counts it as the
+  records found so far, at least 1 (:attr:`Journal.pending_at_least`), so ``flush()``
+  and ``close()`` wait for it; one that the sender's last turn releases before it is
+  counted stays on disk, whole (no cursor moved), for the next process.
 * In direct mode, :meth:`_advance_adoption`: a dead process's journal adopted while the
   producer runs (:func:`producer.orphans.adopt_next`, looked for every
   ``journal_adopt_interval_s``), so a journal left by a killed child does not wait for
@@ -65,6 +74,9 @@ _ADOPTED_BATCH = 500
 _ADOPTED_BYTES = 1 << 20
 #: An adopted journal's recovery scan per sender turn (records, bytes): a few milliseconds.
 _RECOVERY_SLICE = (2000, 1 << 20)
+#: The journals taken over at construction: their scans' slices per sender turn, for this
+#: long at most (the turn then persists the producer's own events, so emit() never waits).
+_SCAN_TURN_S = 0.05
 _BACKOFF_S = (0.2, 5.0)
 
 
@@ -92,6 +104,7 @@ class Replay:
     _direct_outstanding: Callable[[], int]
     _reset_stall: Callable[[], None]
     _error: Callable[..., None]
+    _poll: Callable[[float], None]
     _on_replay_delivery: Callable[[Any, Any], None]
 
     def _init_replay(self) -> None:
@@ -143,6 +156,8 @@ class Replay:
             return
         if time.monotonic() < self._retry_at or not (self._can_send or self._kafka_client_back()):
             return
+        if not self._scan_taken_over():
+            return
         while self._journals and self._journals[0].pending == 0:
             self._journals.pop(0).close()
         journal = self._journals[0] if self._journals else self._own
@@ -154,6 +169,27 @@ class Replay:
             return
         # A batch must fit librdkafka's queue, or produce() would refuse part of it.
         self._send_batch(journal, min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)
+
+    def _scan_taken_over(self) -> bool:
+        """Count the records of the journals taken over at construction, oldest first, in
+        slices for up to :data:`_SCAN_TURN_S`; True once every one is counted. Not in the
+        sender's last turn: what is not counted stays on disk, whole. A journal that cannot
+        be read is given up (left on disk, logged once)."""
+        deadline = time.monotonic() + _SCAN_TURN_S
+        for journal in list(self._journals):
+            while not journal.recovered:
+                if self._stop.is_set() or time.monotonic() >= deadline:
+                    return False
+                try:
+                    done = journal.recover_some(*_RECOVERY_SLICE)
+                except (OSError, JournalError) as err:
+                    self._journals = [j for j in self._journals if j is not journal]
+                    give_up(journal, err)
+                    break
+                self._poll(0)   # librdkafka's callbacks keep flowing while a large journal is counted
+                if done and journal.pending:
+                    log.info("journal=%s event=adopted pending=%d", journal.path, journal.pending)
+        return True
 
     def _advance_adoption(self) -> None:
         """Direct mode: one step of a dead process's journal -- a slice of its recovery scan,

@@ -337,7 +337,7 @@ class Sender(DeliveryReports, Replay):
                 self._persist()
             finally:
                 for journal in [*self._journals, *([self._own] if self._own else [])]:
-                    self._left_journaled += journal.pending
+                    self._left_journaled += journal.pending_at_least   # one not counted yet stays whole
                     try:
                         journal.close()
                     except OSError as err:

@@ -17,7 +17,8 @@ class ProducerStats:
     ``journal`` or ``disabled`` (:class:`producer.disabled.DisabledProducer`);
     ``adopted``: delivered from journals dead processes left that the producer adopted while
     running (:mod:`producer.replay`; in no other count: ``delivered``, ``replayed`` and
-    ``pending`` include only the journals it took over when it started).
+    ``pending`` include only the journals it took over when it started; ``pending`` counts
+    one whose records its sender has not counted yet as those counted so far, at least 1).
     """
 
     emitted: int
