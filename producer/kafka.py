@@ -124,7 +124,8 @@ class LineageProducer(Sender):
         # producer that can send them. Only locked and opened here: the sender counts them.
         self._journals = self._adopt_orphans() if self._can_send else []
         if self._journals:
-            # Events a dead process left behind go first: start in journal mode.
+            # Events a dead process left behind go first: start in journal mode. (Every one
+            # taken may hold records: those with no bytes after their cursor were removed.)
             self._spilling = True
         self._forked = False
         self._start_sender()
@@ -248,7 +249,8 @@ class LineageProducer(Sender):
     def flush(self, timeout_s: float | None = None) -> int:
         """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
         (default ``close_timeout_s``) passes. Returns the number still pending (they stay
-        queued or journaled, and are not lost)."""
+        queued or journaled, and are not lost): at least that many while a journal a dead
+        process left is not counted yet (``pending``)."""
         # Without a Kafka client (producer.forking) nothing is acknowledged: the journal is the end.
         self._wait(timeout_s, lambda: self.pending == 0 or (not self._can_send and self._not_journaled() == 0))
         return self.pending

@@ -12,10 +12,11 @@ Which journal, per sender turn:
   nothing is queued, back to direct sending. Construction only locks and opens those
   journals (a large one does not slow the job's start); their recovery scans (counting
   their records) run here, on the sender thread, before any of them is sent
-  (:meth:`_scan_taken_over`): up to :data:`_SCAN_TURN_S` of slices per turn, polling
-  librdkafka between slices and persisting the producer's own events between turns. The
-  scan runs as fast as the disk allows while the job's threads are idle, and shares the
-  GIL with them otherwise. Until a journal is counted, ``pending`` counts it as the
+  (:meth:`_scan_taken_over`): about :data:`_SCAN_TURN_S` per turn (the deadline is
+  checked within a slice, every few dozen records), polling librdkafka between slices and
+  persisting the producer's own events between turns. The scan runs as fast as the disk
+  allows while the job's threads are idle, and shares the GIL with them otherwise (a turn
+  then lasts longer: each read waits for the GIL). Until a journal is counted, ``pending`` counts it as the
   records found so far, at least 1 (:attr:`Journal.pending_at_least`), so ``flush()``
   and ``close()`` wait for it; one that the sender's last turn releases before it is
   counted stays on disk, whole (no cursor moved), for the next process.
@@ -74,8 +75,9 @@ _ADOPTED_BATCH = 500
 _ADOPTED_BYTES = 1 << 20
 #: An adopted journal's recovery scan per sender turn (records, bytes): a few milliseconds.
 _RECOVERY_SLICE = (2000, 1 << 20)
-#: The journals taken over at construction: their scans' slices per sender turn, for this
-#: long at most (the turn then persists the producer's own events, so emit() never waits).
+#: The journals taken over at construction: their scans per sender turn, for about this
+#: long (a slice checks the clock every few dozen records); the turn then persists the
+#: producer's own events and polls librdkafka. Longer only while the job's threads hold the GIL.
 _SCAN_TURN_S = 0.05
 _BACKOFF_S = (0.2, 5.0)
 
@@ -174,15 +176,15 @@ class Replay:
         """Count the records of the journals taken over at construction, oldest first, in
         slices for up to :data:`_SCAN_TURN_S`; True once every one is counted. Not in the
         sender's last turn: what is not counted stays on disk, whole. A journal that cannot
-        be read is given up (left on disk, logged once)."""
+        be read, or fails in any other way, is given up (left on disk, whole, logged once)."""
         deadline = time.monotonic() + _SCAN_TURN_S
         for journal in list(self._journals):
             while not journal.recovered:
                 if self._stop.is_set() or time.monotonic() >= deadline:
                     return False
                 try:
-                    done = journal.recover_some(*_RECOVERY_SLICE)
-                except (OSError, JournalError) as err:
+                    done = journal.recover_some(*_RECOVERY_SLICE, deadline=deadline)
+                except Exception as err:   # whatever it is, the producer's own events must not wait for ever
                     self._journals = [j for j in self._journals if j is not journal]
                     give_up(journal, err)
                     break
@@ -252,7 +254,7 @@ class Replay:
         try:
             if not journal.recover_some(*_RECOVERY_SLICE):
                 return False
-        except (OSError, JournalError) as err:
+        except Exception as err:   # whatever it is, given up: not tried again every turn
             self._adopted = None
             give_up(journal, err)
             return False

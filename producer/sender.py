@@ -338,6 +338,9 @@ class Sender(DeliveryReports, Replay):
             finally:
                 for journal in [*self._journals, *([self._own] if self._own else [])]:
                     self._left_journaled += journal.pending_at_least   # one not counted yet stays whole
+                    if not journal.recovered:
+                        log.info("journal=%s event=taken_over_journal_released topic=%s pending=not_counted",
+                                 journal.path, self._topic)
                     try:
                         journal.close()
                     except OSError as err:

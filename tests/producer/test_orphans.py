@@ -184,23 +184,22 @@ def test_a_lock_that_cannot_be_taken_leaks_no_descriptor(tmp_path, monkeypatch):
 
 def test_taken_over_without_their_scans_orphans_are_only_locked_and_one_released_uncounted_stays_whole(tmp_path):
     """A producer's construction (adopt_orphans(recover=False)): nothing is read, empty ones
-    are taken too (their scan finds them empty), and until a journal's scan is complete it
-    is pending as the records counted so far, at least 1."""
+    (no bytes after their cursor) are removed, not taken, and until a journal's scan is
+    complete it is pending as the records counted so far, at least 1."""
     full = _orphan(tmp_path, HERE, n=200)
     empty = _orphan(tmp_path, HERE, n=0)
     before = sorted((p.name, p.read_bytes()) for p in full.path.iterdir())
     adopted = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE, recover=False)
     try:
-        assert [j.path for j in adopted] == [full.path, empty.path]
-        assert sorted(open_paths_under([full.path, empty.path])) == [str(full.path / "LOCK"), str(empty.path / "LOCK")]
-        taken, nothing = adopted
+        assert [j.path for j in adopted] == [full.path]
+        assert not empty.path.exists(), "an empty journal was not removed when taken"
+        assert open_paths_under([full.path]) == [str(full.path / "LOCK")]
+        [taken] = adopted
         assert not taken.recovered and taken.pending_at_least == 1
         assert not taken.recover_some(max_records=30) and taken.pending_at_least == 30
-        assert nothing.recover_some() and nothing.pending_at_least == 0
     finally:
         for journal in adopted:
             journal.close()
-    assert not empty.path.exists(), "an empty journal was not removed once its scan found nothing"
     assert sorted((p.name, p.read_bytes()) for p in full.path.iterdir()) == before, "released uncounted, changed"
     again = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
     try:

@@ -115,8 +115,8 @@ def test_construction_only_locks_the_orphan_journals_and_the_sender_counts_and_s
     p = _producer(kafka.bootstrap_servers, topic, tmp_path)
     try:
         assert seam.records["caller"] == 0, "construction read the orphan journals"
-        for journal in (orphan, empty):
-            assert lock_existing(journal.path) is None, f"{journal.path} not taken over at construction"
+        assert lock_existing(orphan.path) is None, "the orphan not taken over at construction"
+        assert not empty.path.exists(), "an empty orphan (no bytes after its cursor) not removed at construction"
         for i in range(20_000, 20_050):
             p.emit(seq_event(i))
         assert p.flush(120) == 0
@@ -155,7 +155,8 @@ def test_an_uncounted_journal_is_pending_as_at_least_one_and_its_events_go_befor
     assert _arrival_order(kafka.bootstrap_servers, topic, 5010) == list(range(5010))
 
 
-def test_close_before_the_journal_is_counted_leaves_it_whole_for_the_next_producer(kafka, tmp_path, seam):
+def test_close_before_the_journal_is_counted_leaves_it_whole_for_the_next_producer(kafka, tmp_path, seam, caplog):
+    caplog.set_level(logging.INFO, "producer.kafka")
     topic = kafka.new_topic("closed-mid-scan")
     orphan = _orphan(tmp_path, topic, kafka.bootstrap_servers, 0, 3000)
     before = _files(orphan.path)
@@ -172,6 +173,8 @@ def test_close_before_the_journal_is_counted_leaves_it_whole_for_the_next_produc
     assert p.stats.delivered == 0
     assert p.stats.pending == 5 + seam.records["sender"], "what close() left is not in pending"
     assert _files(orphan.path) == before, "the journal released mid-scan was changed"
+    released = [r.getMessage() for r in caplog.records if "event=taken_over_journal_released" in r.getMessage()]
+    assert released == [f"journal={orphan.path} event=taken_over_journal_released topic={topic} pending=not_counted"]
     fd = lock_existing(orphan.path)
     assert fd is not None, "the journal is still locked"
     os.close(fd)
@@ -209,3 +212,101 @@ def test_a_journal_whose_cursor_is_at_the_end_of_a_segment_sends_only_what_follo
         p.close()
     assert not orphan.path.exists()
     assert _arrival_order(kafka.bootstrap_servers, topic, 1010 - sent) == list(range(sent, 1010))
+
+
+def test_a_start_with_only_empty_orphans_stays_direct(kafka, tmp_path, seam, caplog):
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("empty-orphans")
+    empties = [_orphan(tmp_path, topic, kafka.bootstrap_servers, 0, 0) for _ in range(2)]
+    seam.held.update(e.path for e in empties)   # a producer that took them would never finish their scans
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path)
+    try:
+        assert not any(e.path.exists() for e in empties), "an empty orphan was not removed at construction"
+        for i in range(50):
+            p.emit(seq_event(i))
+        assert p.flush(30) == 0
+        assert (p.stats.mode, p.stats.journaled, p.stats.replayed) == ("direct", 0, 0)
+    finally:
+        p.close()
+    assert "event=journal_mode" not in caplog.text and "event=direct_mode" not in caplog.text
+    assert _arrival_order(kafka.bootstrap_servers, topic, 50) == list(range(50))
+
+
+def _given_up(caplog, journal: Journal) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if "event=adopt_failed" in r.getMessage() and r.getMessage().startswith(f"journal={journal.path} ")]
+
+
+def _own_events_sent_and_the_orphan_given_up_whole(kafka, topic: str, tmp_path: Path, orphan: Journal,
+                                                  caplog) -> None:
+    before = _files(orphan.path)
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path)
+    try:
+        for i in range(1000, 1020):
+            p.emit(seq_event(i))
+        assert p.flush(30) == 0, "the producer's own events waited for a journal it could not count"
+    finally:
+        p.close()
+    assert len(_given_up(caplog, orphan)) == 1
+    assert "event=sender_failed" not in caplog.text
+    assert _files(orphan.path) == before, "a journal given up was changed"
+    fd = lock_existing(orphan.path)
+    assert fd is not None, "a journal given up is still locked"
+    os.close(fd)
+    assert _arrival_order(kafka.bootstrap_servers, topic, 20) == list(range(1000, 1020))
+
+
+def test_a_record_longer_than_its_segment_in_an_orphan_gives_the_journal_up_whole(kafka, tmp_path, caplog):
+    """A corrupt header (a huge length) in a segment followed by others: not read (no
+    allocation of its length), not cut as a torn tail (the records after it are kept)."""
+    caplog.set_level(logging.INFO, "producer.journal")
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("huge-length")
+    orphan = _orphan(tmp_path, topic, kafka.bootstrap_servers, 0, 200, segment_bytes=16 * 1024)
+    segment = orphan.path / "00000001.seg"
+    assert (orphan.path / "00000002.seg").exists()
+    with open(segment, "r+b") as f:
+        f.seek(4)   # the first record's value length
+        f.write((0xFFFFFFF0).to_bytes(4, "big"))
+    _own_events_sent_and_the_orphan_given_up_whole(kafka, topic, tmp_path, orphan, caplog)
+
+
+def test_any_failure_counting_an_orphan_gives_it_up_and_the_producers_own_events_go(
+        kafka, tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, "producer.journal")
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("count-fails")
+    orphan = _orphan(tmp_path, topic, kafka.bootstrap_servers, 0, 100)
+    real_recover = Journal.recover_some
+
+    def recover_some(journal, *args, **kwargs):
+        if journal.path == orphan.path:
+            raise MemoryError("a record's length read as 4 GiB")
+        return real_recover(journal, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "recover_some", recover_some)
+    _own_events_sent_and_the_orphan_given_up_whole(kafka, topic, tmp_path, orphan, caplog)
+
+
+def test_an_orphan_segment_that_cannot_be_read_gives_the_journal_up_whole(kafka, tmp_path, caplog):
+    caplog.set_level(logging.INFO, "producer.journal")
+    caplog.set_level(logging.INFO, "producer.kafka")
+    topic = kafka.new_topic("unreadable-segment")
+    orphan = _orphan(tmp_path, topic, kafka.bootstrap_servers, 0, 200, segment_bytes=16 * 1024)
+    segment = orphan.path / "00000001.seg"
+    segment.unlink()
+    segment.mkdir()   # opened for reading: IsADirectoryError
+    (segment / "x").write_bytes(b"")
+    before = {p.name: p.read_bytes() for p in orphan.path.glob("0000000[2-9].seg")}
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path)
+    try:
+        for i in range(1000, 1020):
+            p.emit(seq_event(i))
+        assert p.flush(30) == 0
+    finally:
+        p.close()
+    assert len(_given_up(caplog, orphan)) == 1
+    assert "event=sender_failed" not in caplog.text
+    assert {p.name: p.read_bytes() for p in orphan.path.glob("0000000[2-9].seg")} == before
+    assert (segment / "x").exists()
+    assert _arrival_order(kafka.bootstrap_servers, topic, 20) == list(range(1000, 1020))
