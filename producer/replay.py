@@ -11,15 +11,18 @@ Which journal, per sender turn:
   ``flush()`` and ``close()`` count them), then its own journal; when all are sent and
   nothing is queued, back to direct sending. Construction only locks and opens those
   journals (a large one does not slow the job's start); their recovery scans (counting
-  their records) run here, on the sender thread, before any of them is sent
-  (:meth:`_scan_taken_over`): about :data:`_SCAN_TURN_S` per turn (the deadline is
-  checked within a slice, every few dozen records), polling librdkafka between slices and
-  persisting the producer's own events between turns. The scan runs as fast as the disk
-  allows while the job's threads are idle, and shares the GIL with them otherwise (a turn
-  then lasts longer: each read waits for the GIL). Until a journal is counted, ``pending`` counts it as the
+  their records) run here, on the sender thread, oldest first, each before it is sent
+  (:meth:`_scan_taken_over`): the oldest is sent as soon as it is counted, the next ones
+  counted in the turns between its batches, so a short-lived process still sends some.
+  A turn scans for about :data:`_SCAN_TURN_S` (the deadline is checked within a slice,
+  every few dozen records), polling librdkafka between slices; the producer's own events
+  are persisted between turns. The scan runs as fast as the disk allows while the job's
+  threads are idle, and shares the GIL with them otherwise (a turn then lasts longer: each
+  read may wait for the GIL). Until a journal is counted, ``pending`` counts it as the
   records found so far, at least 1 (:attr:`Journal.pending_at_least`), so ``flush()``
   and ``close()`` wait for it; one that the sender's last turn releases before it is
-  counted stays on disk, whole (no cursor moved), for the next process.
+  counted stays on disk, whole (no cursor moved), for the next process (logged:
+  ``event=taken_over_journal_released pending=not_counted``).
 * In direct mode, :meth:`_advance_adoption`: a dead process's journal adopted while the
   producer runs (:func:`producer.orphans.adopt_next`, looked for every
   ``journal_adopt_interval_s``), so a journal left by a killed child does not wait for
@@ -154,14 +157,17 @@ class Replay:
 
     def _advance_replay(self) -> None:
         """Journal mode: the next batch of the journals counted as this producer's."""
-        if not self._settle_replay():
+        ready = self._settle_replay()
+        self._scan_taken_over()   # while a batch is in flight too: the next journal is counted meanwhile
+        if not ready:
             return
         if time.monotonic() < self._retry_at or not (self._can_send or self._kafka_client_back()):
             return
-        if not self._scan_taken_over():
-            return
-        while self._journals and self._journals[0].pending == 0:
+        # The oldest goes as soon as it is counted (the others are counted between its batches).
+        while self._journals and self._journals[0].recovered and self._journals[0].pending == 0:
             self._journals.pop(0).close()
+        if self._journals and not self._journals[0].recovered:
+            return
         journal = self._journals[0] if self._journals else self._own
         if journal is None or journal.pending == 0:
             with self._lock:

@@ -166,7 +166,7 @@ class Sender(DeliveryReports, Replay):
 
     def _step(self) -> None:
         if self._spilling:
-            busy = bool(self._spill) or self._replay is None
+            busy = bool(self._spill) or self._replay is None or not all(j.recovered for j in self._journals)
         else:
             busy = self._adopted_step_due()
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)

@@ -310,3 +310,26 @@ def test_an_orphan_segment_that_cannot_be_read_gives_the_journal_up_whole(kafka,
     assert {p.name: p.read_bytes() for p in orphan.path.glob("0000000[2-9].seg")} == before
     assert (segment / "x").exists()
     assert _arrival_order(kafka.bootstrap_servers, topic, 20) == list(range(1000, 1020))
+
+
+def test_the_oldest_journal_is_sent_as_soon_as_it_is_counted_the_others_still_before_the_producers_own(
+        kafka, tmp_path, seam):
+    """A short-lived process makes progress on what dead ones left: the oldest journal does
+    not wait for the others' counts; order is kept (journal by journal, its own events last)."""
+    topic = kafka.new_topic("oldest-first")
+    _orphan(tmp_path, topic, kafka.bootstrap_servers, 0, 3000)
+    later = _orphan(tmp_path, topic, kafka.bootstrap_servers, 3000, 3000)
+    seam.held.add(later.path)
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path)
+    try:
+        for i in range(6000, 6010):
+            p.emit(seq_event(i))
+        wait_for(lambda: p.stats.replayed == 3000, 60, "the oldest journal sent while the next is not counted")
+        assert p.pending == 10 + 1, "the uncounted journal and the producer's own events"
+        assert p.stats.delivered == 3000, "the producer's own events went before the uncounted journal's"
+        seam.release()
+        assert p.flush(60) == 0
+    finally:
+        p.close()
+    assert list(tmp_path.iterdir()) == [], "a sent journal was left"
+    assert _arrival_order(kafka.bootstrap_servers, topic, 6010) == list(range(6010))
