@@ -178,16 +178,17 @@ class Replay:
         # A batch must fit librdkafka's queue, or produce() would refuse part of it.
         self._send_batch(journal, min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)
 
-    def _scan_taken_over(self) -> bool:
+    def _scan_taken_over(self) -> None:
         """Count the records of the journals taken over at construction, oldest first, in
-        slices for up to :data:`_SCAN_TURN_S`; True once every one is counted. Not in the
-        sender's last turn: what is not counted stays on disk, whole. A journal that cannot
-        be read, or fails in any other way, is given up (left on disk, whole, logged once)."""
+        slices for up to :data:`_SCAN_TURN_S` (:meth:`_advance_replay` sends the oldest once it
+        is counted). Not in the sender's last turn: what is not counted stays on disk, whole.
+        A journal that cannot be read, or fails in any other way, is given up (left on disk,
+        whole, logged once)."""
         deadline = time.monotonic() + _SCAN_TURN_S
         for journal in list(self._journals):
             while not journal.recovered:
                 if self._stop.is_set() or time.monotonic() >= deadline:
-                    return False
+                    return
                 try:
                     done = journal.recover_some(*_RECOVERY_SLICE, deadline=deadline)
                 except Exception as err:   # whatever it is, the producer's own events must not wait for ever
@@ -197,7 +198,6 @@ class Replay:
                 self._poll(0)   # librdkafka's callbacks keep flowing while a large journal is counted
                 if done and journal.pending:
                     log.info("journal=%s event=adopted pending=%d", journal.path, journal.pending)
-        return True
 
     def _advance_adoption(self) -> None:
         """Direct mode: one step of a dead process's journal -- a slice of its recovery scan,
