@@ -91,6 +91,12 @@ from producer.spark.streaming_names import (
     offset_topics,
     source_kind,
 )
+from producer.spark.streaming_stats import (
+    RECENT_PROGRESS,
+    RowCounts,
+    read_new_progress,
+    source_schemas,
+)
 
 if TYPE_CHECKING:
     from producer.spark.listener import SparkLineage
@@ -98,11 +104,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("producer.spark")
 
 #: What a progress read found: inputs, outputs, what could not be read (kept for the run),
-#: what was left out (replaced at the next read).
-_Found = tuple[list[DatasetRef], list[DatasetRef], list[str], list[str]]
+#: what was left out (replaced at the next read), the datasets of each of the progress's sources.
+_Found = tuple[list[DatasetRef], list[DatasetRef], list[str], list[str], list[list[DatasetRef]]]
 
 #: After a run's first progress, its progress is read again at most this often (seconds).
 PROGRESS_READ_INTERVAL_S = 30.0
+#: ... or once this many progress callbacks (of any run) came since: half of Spark's recent progress.
+READ_EVERY_PROGRESSES = RECENT_PROGRESS // 2
 _MAX_ERRORS = 8
 
 
@@ -124,6 +132,11 @@ class _Run:
     kafka_sink_looked_up: bool = False
     output_schema: list[dict] | None = None      # the schema the query writes (its analysed plan's)
     schema_looked_up: bool = False
+    source_refs: list[list[DatasetRef]] = field(default_factory=list)  # each progress source's datasets
+    input_schemas: list[list[dict]] | None = None  # each progress source's schema (its logical plan's)
+    input_schemas_looked_up: bool = False
+    counts: RowCounts = field(default_factory=RowCounts)
+    read_at_progress: int = 0         # the session's progress callbacks when it was last read
     matched: dict[int, list[str]] = field(default_factory=dict)  # topics each Kafka source showed offsets for
 
     def key(self) -> tuple:
@@ -146,6 +159,7 @@ class StreamingLineage:
         self._lineage = lineage
         self._interval, self._clock = read_interval_s, clock
         self._runs: dict[str, _Run] = {}
+        self._progresses = 0      # progress callbacks so far (a run's are never more)
         self._closed = False      # the application ended or capture stopped: no new run
         self._lock = threading.Lock()  # _runs, _closed, a run's datasets, and every emit
         self._listener: _QueryListener | None = None
@@ -221,20 +235,23 @@ class StreamingLineage:
     def on_progress(self, jevent: Any) -> None:
         now = self._clock()
         with self._lock:
-            due = any(now >= r.next_read for r in self._runs.values())
+            self._progresses += 1
+            due = any(self._due(r, now) for r in self._runs.values())
         if not due:
             return
         progress = orjson.loads(str(jevent.progress().json()))
         with self._lock:
             run = self._runs.get(str(progress.get("runId")))
-            if run is None or now < run.next_read:
+            if run is None or not self._due(run, now):
                 return  # another run was due: this one keeps its own schedule
-            run.next_read = now + self._interval
+            run.next_read, run.read_at_progress = now + self._interval, self._progresses
         found = self._datasets(run, progress)
+        recent = self._recent(run)
         with self._lock:
             if self._runs.get(run.run_id) is not run:
                 return  # ended while its progress was read
             self._take(run, *found)
+            self._count(run, recent)
             if run.key() != run.reported:
                 run.reported = run.key()
                 self._emit(run, "RUNNING", progress.get("timestamp"))
@@ -275,12 +292,52 @@ class StreamingLineage:
                 run.output_schema = _output_schema(run.query)
             except Exception as err:  # noqa: BLE001
                 unread.append(f"could not read the schema the query writes: {_text(err)}")
-        return inputs, outputs, unread, left_out
+        if inputs and not run.input_schemas_looked_up and run.query is not None:
+            run.input_schemas_looked_up = True
+            try:
+                schemas = source_schemas(str(run.query.logicalPlan().toJSON()))
+                if len(schemas) == len(sources):
+                    run.input_schemas = schemas
+                else:
+                    unread.append(f"could not pair the plan's {len(schemas)} streaming sources with the "
+                                  f"progress's {len(sources)}: no input schema")
+            except Exception as err:  # noqa: BLE001
+                unread.append(f"could not read the schemas the query reads: {_text(err)}")
+        per_source = [datasets([d], None, run.kafka_servers, source_topics=[t])[0]
+                      for d, t in zip(descriptions, topics)]
+        return inputs, outputs, unread, left_out, per_source
+
+    @staticmethod
+    def _recent(run: _Run) -> tuple[list[dict], bool] | str | None:
+        """The run's progresses since its last counted batch (py4j; off the lock), or why not."""
+        if run.query is None or run.counts.lost is not None:
+            return None
+        try:
+            return read_new_progress(run.query, run.counts.last_batch)
+        except Exception as err:  # noqa: BLE001 - the counts are given up, the datasets still go out
+            return f"could not read the query's recent progress: {_text(err)}"
+
+    def _due(self, run: _Run, now: float) -> bool:
+        """An interval since its last read, or so many progresses (any run's) that its own
+        batches since could soon fill half of Spark's recent progress."""
+        return now >= run.next_read or self._progresses - run.read_at_progress >= READ_EVERY_PROGRESSES
+
+    @staticmethod
+    def _count(run: _Run, recent: tuple[list[dict], bool] | str | None) -> None:
+        """Count what ``recent`` adds (under the lock); a reason to give the counts up is noted."""
+        if recent is None or run.counts.lost is not None:
+            return
+        if isinstance(recent, str):
+            run.counts.lost = recent
+        else:
+            run.counts.add(*recent)
+        if run.counts.lost is not None:
+            run.note(f"no row counts: {run.counts.lost}")
 
     @staticmethod
     def _take(run: _Run, inputs: list[DatasetRef], outputs: list[DatasetRef], unread: list[str],
-              left_out: list[str]) -> None:
-        run.inputs, run.outputs, run.left_out = inputs, outputs, left_out
+              left_out: list[str], per_source: list[list[DatasetRef]]) -> None:
+        run.inputs, run.outputs, run.left_out, run.source_refs = inputs, outputs, left_out, per_source
         for message in unread:
             run.note(message)
 
@@ -308,7 +365,8 @@ class StreamingLineage:
                     found = self._datasets(run, orjson.loads(str(last.json())))
             except Exception as err:  # noqa: BLE001 - the terminal goes out without them
                 found = (run.inputs, run.outputs, [f"could not read the query's last progress: {_text(err)}"],
-                         run.left_out)
+                         run.left_out, run.source_refs)
+        recent = self._recent(run) if run is not None else None   # the batches since its last read
         extra = None
         if text is not None:
             # Spark's text is the whole stack trace; the message is what comes before its Java frames
@@ -319,6 +377,7 @@ class StreamingLineage:
             if run is not None:  # else ABORTed meanwhile
                 if found is not None:
                     self._take(run, *found)
+                self._count(run, recent)
                 self._emit(run, "COMPLETE" if extra is None else "FAIL", extra=extra)
 
     def _emit(self, run: _Run, event_type: str, at: str | None = None, extra: dict | None = None) -> None:
@@ -333,11 +392,47 @@ class StreamingLineage:
             lineage.sender.emit(events.run_event(
                 event_type, run_id=run.run_id, event_time=at or None, job_namespace=lineage.settings.namespace,
                 job_name=run.job_name, run_facets=run_facets, job_facets=capture.job_type("SQL_JOB", "STREAMING"),
-                inputs=[events.dataset(r.namespace, r.name, capture.dataset_facets(r, None)) for r in run.inputs],
-                outputs=[events.dataset(r.namespace, r.name, capture.dataset_facets(r, run.output_schema))
-                         for r in run.outputs]))
+                inputs=_inputs(run), outputs=_outputs(run)))
         except Exception:  # noqa: BLE001 - never into the query
             log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
+
+
+def _inputs(run: _Run) -> list[dict]:
+    """The run's inputs with their sources' schemas and rows read (a dataset read by several
+    sources, the sum; a source that is several datasets, such as a Kafka source of two topics,
+    gives its datasets a schema but no row count: its rows are not counted per topic)."""
+    schema: dict[tuple[str, str], list[dict]] = {}
+    rows: dict[tuple[str, str], int | None] = {}
+    counts = run.counts if run.counts.lost is None else None
+    for index, refs in enumerate(run.source_refs):
+        known = run.input_schemas[index] if run.input_schemas and index < len(run.input_schemas) else None
+        read = counts.rows_in[index] if counts is not None and index < len(counts.rows_in) else None
+        for ref in refs:
+            key = (ref.namespace, ref.name)
+            if known:
+                schema.setdefault(key, known)
+            if read is None or len(refs) != 1 or (key in rows and rows[key] is None):
+                rows[key] = None
+            else:
+                rows[key] = (rows.get(key) or 0) + read
+    out = []
+    for ref in run.inputs:
+        key = (ref.namespace, ref.name)
+        read = rows.get(key)
+        stats = {"inputStatistics": events.facet("InputStatisticsInputDatasetFacet", {"rowCount": read})}
+        out.append(events.dataset(ref.namespace, ref.name, capture.dataset_facets(ref, schema.get(key)),
+                                  input_facets=stats if read is not None else None))
+    return out
+
+
+def _outputs(run: _Run) -> list[dict]:
+    """The run's outputs with the schema it writes and, when its sink counts them, the rows
+    its micro-batches wrote."""
+    written = run.counts.rows_out if run.counts.lost is None else None
+    stats = None if written is None else {
+        "outputStatistics": events.facet("OutputStatisticsOutputDatasetFacet", {"rowCount": written})}
+    return [events.dataset(r.namespace, r.name, capture.dataset_facets(r, run.output_schema), output_facets=stats)
+            for r in run.outputs]
 
 
 def _kafka_servers(query: Any) -> str | None:

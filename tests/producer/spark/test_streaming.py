@@ -71,9 +71,53 @@ def test_a_file_stream_to_parquet_is_one_run_from_start_to_complete(spark, tmp_p
         assert event["outputs"][0]["facets"]["schema"]["fields"] == [{"name": "id", "type": "long"},
                                                                     {"name": "V", "type": "string"}]
     assert "schema" not in start["outputs"][0]["facets"]   # read with the first progress, off the query's thread
-    # The whole run, measured: 11 py4j calls at its start, 2 to read its progress and 3 its written
-    # schema, 4 at its end.
-    assert len(py4j_calls) <= 20, py4j_calls
+    for event in (running, complete):
+        # What the source reads (its own schema, not the projection's), and the rows its batch read.
+        assert event["inputs"][0]["facets"]["schema"]["fields"] == [{"name": "id", "type": "long"},
+                                                                   {"name": "v", "type": "string"}]
+        assert event["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] == 2
+        assert "outputFacets" not in event["outputs"][0]   # Spark's file sink counts no rows it writes (-1)
+    # The whole run, measured: 11 py4j calls at its start; at its first read 2 for its progress, 3 for
+    # its written schema, 2 for the schemas it reads, 4 for its recent progress (the array, its length,
+    # an entry, its JSON); at its end 4, and 4 for its recent progress again.
+    assert len(py4j_calls) <= 32, py4j_calls
+
+
+@pytest.mark.spark
+def test_the_rows_of_every_micro_batch_are_counted_once_across_reads(spark, tmp_path, captured):
+    """Batches between two reads of the progress (30 s apart) are counted at the next read or the
+    run's end, from the query's recent progress: the terminal has the rows of all of them."""
+    recorder, _ = captured
+    source = tmp_path / "landing" / "events"
+    source.mkdir(parents=True)
+
+    def land(name, rows):
+        (source / f"{name}.json").write_text("".join(f'{{"id": {i}, "v": "{name}"}}\n' for i in range(rows)))
+
+    for name, rows in (("a", 2), ("b", 3), ("c", 4)):
+        land(name, rows)
+    query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+             .writeStream.format("parquet").option("path", str(tmp_path / "lake" / "events"))
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()   # three micro-batches, a file each
+        land("d", 5)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sorted(batches[:3]) == [2, 3, 4] and batches[3:] == [5]
+
+    run = _run_events(recorder, str(query.runId), "COMPLETE")
+    assert [e["eventType"] for e in run] == ["START", "RUNNING", "COMPLETE"]
+    for event in run:
+        validator().validate(event)
+    running, complete = run[1], run[2]
+    # Read at the first batch's progress (the listener bus runs behind: the batches done by then).
+    assert running["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] in (
+        batches[0], batches[0] + batches[1], batches[0] + batches[1] + batches[2])
+    assert complete["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] == 14
+    assert "extractionError" not in complete["run"]["facets"]
 
 
 @pytest.mark.spark

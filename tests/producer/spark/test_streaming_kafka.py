@@ -23,6 +23,16 @@ from tests.support.spec import validator
 
 RUN = "6b2f1c1e-0000-4000-8000-0000000000c1"
 KAFKA_TABLE = "org.apache.spark.sql.kafka010.KafkaSourceProvider$KafkaTable@1a2b3c"
+#: A Kafka query's logical plan as ``toJSON`` gives it, cut to its streaming leaf and its output.
+KAFKA_PLAN = orjson.dumps([
+    {"class": "org.apache.spark.sql.execution.streaming.sources.WriteToMicroBatchDataSource", "num-children": 1},
+    {"class": "org.apache.spark.sql.execution.datasources.v2.StreamingDataSourceV2ScanRelation", "num-children": 0,
+     "output": [[{"class": "org.apache.spark.sql.catalyst.expressions.AttributeReference", "name": name,
+                  "dataType": kind, "nullable": True, "exprId": {"id": i}}]
+                for i, (name, kind) in enumerate([("key", "binary"), ("value", "binary"), ("topic", "string"),
+                                                  ("partition", "integer"), ("offset", "long"),
+                                                  ("timestamp", "timestamp"), ("timestampType", "integer")])]},
+]).decode()
 PATTERN = "KafkaV2[SubscribePattern[orders-.*]]"
 WRITTEN = orjson.dumps({"type": "struct", "fields": [
     {"name": "key", "type": "binary", "nullable": True, "metadata": {}},
@@ -118,13 +128,20 @@ def _kafka_query(options: dict[str, str], calls: list[str], *, node="WriteToMicr
         calls.append("logicalPlan")
         recorded = _Options({}, calls)._called
         return NS(getClass=recorded("getClass", lambda: NS(getSimpleName=recorded("getSimpleName", lambda: node))),
-                  writeOptions=recorded("writeOptions", lambda: _Options(options, calls)))
+                  writeOptions=recorded("writeOptions", lambda: _Options(options, calls)),
+                  toJSON=recorded("toJSON", lambda: KAFKA_PLAN))
 
     def last_progress():
         calls.append("lastProgress")
         return None if last is None else NS(json=lambda: orjson.dumps(last).decode())
-    return NS(sink=lambda: NS(toString=lambda: KAFKA_TABLE), analyzedPlan=servers_plan, logicalPlan=logical_plan,
-              lastProgress=last_progress)
+
+    def recent_progress():
+        calls.append("recentProgress")
+        return [NS(json=_Options({}, calls)._called("json", lambda p=p: orjson.dumps(p).decode()))
+                for p in query.posted]
+    query = NS(sink=lambda: NS(toString=lambda: KAFKA_TABLE), analyzedPlan=servers_plan, logicalPlan=logical_plan,
+               lastProgress=last_progress, recentProgress=recent_progress, posted=[] if last is None else [last])
+    return query
 
 
 def _capture(query):
@@ -140,14 +157,16 @@ def _uuid(text):
     return NS(toString=lambda: text)
 
 
-def _progress_data(end_offset):
-    return {"runId": RUN, "timestamp": "2026-11-28T10:00:01.000Z",
-            "sources": [{"description": PATTERN, "startOffset": None, "endOffset": end_offset}],
-            "sink": {"description": KAFKA_TABLE}}
+def _progress_data(end_offset, batch=0, rows=0):
+    return {"runId": RUN, "timestamp": "2026-11-28T10:00:01.000Z", "batchId": batch,
+            "sources": [{"description": PATTERN, "startOffset": None, "endOffset": end_offset, "numInputRows": rows}],
+            "sink": {"description": KAFKA_TABLE, "numOutputRows": rows}}
 
 
-def _progress(listener, end_offset):
-    progress = _progress_data(end_offset)
+def _progress(listener, end_offset, rows=0):
+    query = listener.owner._runs[RUN].query
+    progress = _progress_data(end_offset, batch=len(query.posted), rows=rows)
+    query.posted.append(progress)
     listener.onQueryProgress(NS(progress=lambda: NS(json=lambda: orjson.dumps(progress).decode())))
 
 
@@ -166,9 +185,12 @@ def test_a_kafka_to_kafka_query_names_its_pattern_topics_as_they_match_and_its_s
     assert calls == []  # the plan is never touched on the query's thread at its start
     _progress(listener, {})                                    # the pattern matches nothing yet
     clock.now += 31
-    _progress(listener, {"orders-us": {"0": 10}})
-    clock.now += 31
-    _progress(listener, {"orders-us": {"0": 12}, "orders-eu": {"0": 3}})   # a topic created since
+    _progress(listener, {"orders-us": {"0": 10}}, rows=10)
+    clock.now += 1                                             # not due: counted at the next read
+    _progress(listener, {"orders-us": {"0": 11}}, rows=1)
+    clock.now += 30
+    _progress(listener, {"orders-us": {"0": 12}, "orders-eu": {"0": 3}}, rows=4)   # a topic created since
+    _progress(listener, {"orders-us": {"0": 12}, "orders-eu": {"0": 5}}, rows=2)   # after the last read
     listener.onQueryTerminated(NS(runId=lambda: _uuid(RUN), exception=lambda: NS(isDefined=lambda: False)))
 
     events = recorder.runs()[RUN]
@@ -188,10 +210,27 @@ def test_a_kafka_to_kafka_query_names_its_pattern_topics_as_they_match_and_its_s
     assert [e["outputs"][0]["facets"]["schema"]["fields"] for e in events if e["outputs"]] == [[
         {"name": "key", "type": "binary"}, {"name": "value", "type": "string"},
         {"name": "headers", "type": "struct", "fields": [{"name": "trace", "type": "string"}]}]] * 4
-    # Read once a run, each py4j call counted: the servers, the sink's topic (ten calls), the schema.
+    # Rows written by every micro-batch so far (0 at the first read, 10 at the second, 1+4 by the third,
+    # 2 after it): the batches between two reads counted at the next. Rows read: those the one topic
+    # gave while the source named only it; a source of two topics has no count per topic.
+    assert [e["outputs"][0].get("outputFacets", {}).get("outputStatistics", {}).get("rowCount") for e in events
+            if e["outputs"]] == [0, 10, 15, 17]
+    assert [[d.get("inputFacets", {}).get("inputStatistics", {}).get("rowCount") for d in e["inputs"]]
+            for e in events] == [[], [], [10], [None, None], [None, None]]
+    # Kafka's own schema on each topic it reads, from the plan once the inputs are known.
+    assert [[d["facets"]["schema"]["fields"][:3] for d in e["inputs"]] for e in events][2:] == [
+        [[{"name": "key", "type": "binary"}, {"name": "value", "type": "binary"}, {"name": "topic", "type": "string"}]]
+    ] + [[[{"name": "key", "type": "binary"}, {"name": "value", "type": "binary"},
+           {"name": "topic", "type": "string"}]] * 2] * 2
+    # Each py4j call counted. Once a run: the servers, the sink's topic (ten calls), the schema it
+    # writes, the plan for the schemas it reads. At each read (and at the end) its recent progress,
+    # newest first down to the last batch counted (two calls, then one per progress: its JSON).
     assert calls == ["analyzedPlan", "logicalPlan", "getClass", "getSimpleName", "writeOptions",
                      "get topic", "isDefined", "Option.get", "get kafka.bootstrap.servers", "isDefined", "Option.get",
-                     "analyzedPlan"]
+                     "analyzedPlan", "recentProgress", "json",
+                     "logicalPlan", "toJSON", "recentProgress", "json", "json",
+                     "recentProgress", "json", "json", "json",
+                     "recentProgress", "json", "json"]
 
 
 def _started(listener, name=None):
@@ -230,7 +269,9 @@ def test_a_kafka_sink_run_first_read_at_its_end_names_its_datasets_in_its_termin
     assert events[1]["outputs"][0]["namespace"] == "kafka://out1:9092"
     assert events[1]["outputs"][0]["facets"]["schema"]["fields"][0] == {"name": "key", "type": "binary"}
     assert events[0]["job"]["name"] == events[1]["job"]["name"] == "st.streaming.enrich"
-    assert calls.count("lastProgress") == 1 and calls.count("logicalPlan") == 1
+    # Its last progress once, the plan once for the sink's topic and once for the schemas it reads.
+    assert calls.count("lastProgress") == 1 and calls.count("logicalPlan") == 2 and calls.count("toJSON") == 1
+    assert events[1]["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"] == 0
 
 
 def test_a_plan_whose_write_node_holds_no_options_is_a_reason_not_an_error():
@@ -276,7 +317,7 @@ def test_the_sink_topic_is_read_from_the_writer_options_in_any_case(options, fou
 def test_a_kafka_sink_whose_options_cannot_be_read_is_named_in_the_runs_extraction_error():
     def broken():
         raise RuntimeError("py4j: no such method writeOptions\n\tat org.apache.spark.Foo(Foo.scala:1)")
-    query = NS(sink=lambda: NS(toString=lambda: KAFKA_TABLE), logicalPlan=broken,
+    query = NS(sink=lambda: NS(toString=lambda: KAFKA_TABLE), logicalPlan=broken, posted=[],
                analyzedPlan=lambda: NS(collectLeaves=lambda: NS(iterator=lambda: NS(hasNext=lambda: False))))
     recorder, _, listener = _capture(query)
     listener.onQueryStarted(NS(runId=lambda: _uuid(RUN), id=lambda: _uuid(RUN), name=lambda: "enrich",
