@@ -32,8 +32,9 @@ What is guaranteed:
   lock to apply what it found. A query that starts once the application has
   ended (or capture has stopped) is not reported (one log line).
 * A run's progress is read (two py4j calls) at its first micro-batch and then at most once
-  every :data:`PROGRESS_READ_INTERVAL_S`, each run on its own schedule: while no open run is
-  due, a progress callback costs no py4j call. An idle notice (``onQueryIdle``, Spark 3.5+,
+  every :data:`PROGRESS_READ_INTERVAL_S`, or sooner once :data:`READ_EVERY_PROGRESSES` progress
+  callbacks (any run's) came since its last read, each run on its own schedule: while no open
+  run is due, a progress callback costs no py4j call. An idle notice (``onQueryIdle``, Spark 3.5+,
   two py4j calls) puts its run's next read an interval later: a query idle from its start
   never posts a progress, and would otherwise keep every other query's progress read. A
   run whose progress was never read (idle until it stopped) has its last one read at its
@@ -56,7 +57,20 @@ What is guaranteed:
   and named in an ``extractionError`` run facet, as is what could not be read; what was left
   out is as of the last read. The output dataset carries a ``schema`` facet: the schema the
   query writes (its analysed plan's, three py4j calls with the first read that names an
-  output, so not on START).
+  output, so not on START). Each input carries the schema its source reads (the logical plan's
+  streaming leaves, :mod:`producer.spark.streaming_stats`; two py4j calls with the first read
+  that names an input).
+* Row counts (:mod:`producer.spark.streaming_stats`): each input's ``inputStatistics`` and the
+  output's ``outputStatistics`` carry the rows of every micro-batch of the run so far
+  (``rowCount``), on RUNNING and on the terminal; they never cause an event of their own. At
+  each read, and at the run's end, the query's recent progress is read from the newest down to
+  the last batch counted (two py4j calls, then two per progress: about two per micro-batch in
+  all, paid at the reads, not on each callback). Exact or left out: batches Spark dropped from
+  its recent progress before they were read (its listener bus dropped their progress events,
+  or ``spark.sql.streaming.numRecentProgressUpdates`` is below 100) give the run's counts up,
+  named in ``extractionError``. A source that is several datasets (a Kafka source of several
+  topics) has no count per topic: its datasets get none; a sink that counts nothing (Spark's
+  file sink reports ``-1``) gives no ``outputStatistics``.
 * Nothing raises into the query: every callback is guarded, a failure is a log line (and an
   ``extractionError`` facet on the run's next event). Emission only queues.
 
@@ -66,7 +80,7 @@ with the reason (its plan's write node holds no writer options); datasets of a q
 fails before its first micro-batch completes are not known (a RUNNING with them may come up
 to an interval after an idle query's first micro-batch, or only its terminal has them);
 writes made inside ``foreachBatch`` are ordinary batch actions, reported by the batch
-listener as their own runs; no input schema or statistics facets.
+listener as their own runs; no ``size`` or ``fileCount`` in the statistics (progress has none).
 """
 
 from __future__ import annotations
@@ -94,6 +108,8 @@ from producer.spark.streaming_names import (
 from producer.spark.streaming_stats import (
     RECENT_PROGRESS,
     RowCounts,
+    input_datasets,
+    output_datasets,
     read_new_progress,
     source_schemas,
 )
@@ -392,47 +408,10 @@ class StreamingLineage:
             lineage.sender.emit(events.run_event(
                 event_type, run_id=run.run_id, event_time=at or None, job_namespace=lineage.settings.namespace,
                 job_name=run.job_name, run_facets=run_facets, job_facets=capture.job_type("SQL_JOB", "STREAMING"),
-                inputs=_inputs(run), outputs=_outputs(run)))
+                inputs=input_datasets(run.inputs, run.source_refs, run.input_schemas, run.counts),
+                outputs=output_datasets(run.outputs, run.output_schema, run.counts)))
         except Exception:  # noqa: BLE001 - never into the query
             log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
-
-
-def _inputs(run: _Run) -> list[dict]:
-    """The run's inputs with their sources' schemas and rows read (a dataset read by several
-    sources, the sum; a source that is several datasets, such as a Kafka source of two topics,
-    gives its datasets a schema but no row count: its rows are not counted per topic)."""
-    schema: dict[tuple[str, str], list[dict]] = {}
-    rows: dict[tuple[str, str], int | None] = {}
-    counts = run.counts if run.counts.lost is None else None
-    for index, refs in enumerate(run.source_refs):
-        known = run.input_schemas[index] if run.input_schemas and index < len(run.input_schemas) else None
-        read = counts.rows_in[index] if counts is not None and index < len(counts.rows_in) else None
-        for ref in refs:
-            key = (ref.namespace, ref.name)
-            if known:
-                schema.setdefault(key, known)
-            if read is None or len(refs) != 1 or (key in rows and rows[key] is None):
-                rows[key] = None
-            else:
-                rows[key] = (rows.get(key) or 0) + read
-    out = []
-    for ref in run.inputs:
-        key = (ref.namespace, ref.name)
-        read = rows.get(key)
-        stats = {"inputStatistics": events.facet("InputStatisticsInputDatasetFacet", {"rowCount": read})}
-        out.append(events.dataset(ref.namespace, ref.name, capture.dataset_facets(ref, schema.get(key)),
-                                  input_facets=stats if read is not None else None))
-    return out
-
-
-def _outputs(run: _Run) -> list[dict]:
-    """The run's outputs with the schema it writes and, when its sink counts them, the rows
-    its micro-batches wrote."""
-    written = run.counts.rows_out if run.counts.lost is None else None
-    stats = None if written is None else {
-        "outputStatistics": events.facet("OutputStatisticsOutputDatasetFacet", {"rowCount": written})}
-    return [events.dataset(r.namespace, r.name, capture.dataset_facets(r, run.output_schema), output_facets=stats)
-            for r in run.outputs]
 
 
 def _kafka_servers(query: Any) -> str | None:

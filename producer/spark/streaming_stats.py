@@ -16,6 +16,7 @@
   buffer before they were read, the counts are given up for the run (:attr:`RowCounts.lost`),
   never reported short. The sink's count is known only when the sink reports one (Spark's
   file sink does not: ``-1``); then there is no output count.
+* :func:`input_datasets` and :func:`output_datasets` put both on a run's datasets.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Any
 
 import orjson
 
+from producer import events
 from producer.spark import capture
+from producer.spark.capture import DatasetRef
 
 #: Spark's default ``spark.sql.streaming.numRecentProgressUpdates``.
 RECENT_PROGRESS = 100
@@ -102,6 +105,46 @@ class RowCounts:
             self.last_batch = batch if self.last_batch is None else max(self.last_batch, batch)
         for batch in [b for b in self._seen if b < self.last_batch - RECENT_PROGRESS]:
             del self._seen[batch]
+
+
+def input_datasets(inputs: list[DatasetRef], source_refs: list[list[DatasetRef]],
+                   schemas: list[list[dict]] | None, counts: RowCounts) -> list[dict]:
+    """A run's inputs with their sources' schemas and rows read. ``source_refs``: the datasets
+    of each progress source, in order. A dataset read by several sources gets their sum; a source
+    that is several datasets (a Kafka source of two topics) gives its datasets a schema but no
+    row count (its rows are not counted per topic)."""
+    schema: dict[tuple[str, str], list[dict]] = {}
+    rows: dict[tuple[str, str], int | None] = {}
+    for index, refs in enumerate(source_refs):
+        known = schemas[index] if schemas and index < len(schemas) else None
+        read = counts.rows_in[index] if counts.lost is None and index < len(counts.rows_in) else None
+        for ref in refs:
+            key = (ref.namespace, ref.name)
+            if known:
+                schema.setdefault(key, known)
+            if read is None or len(refs) != 1 or (key in rows and rows[key] is None):
+                rows[key] = None
+            else:
+                rows[key] = (rows.get(key) or 0) + read
+    out = []
+    for ref in inputs:
+        key = (ref.namespace, ref.name)
+        read = rows.get(key)
+        stats = None if read is None else {
+            "inputStatistics": events.facet("InputStatisticsInputDatasetFacet", {"rowCount": read})}
+        out.append(events.dataset(ref.namespace, ref.name, capture.dataset_facets(ref, schema.get(key)),
+                                  input_facets=stats))
+    return out
+
+
+def output_datasets(outputs: list[DatasetRef], schema: list[dict] | None, counts: RowCounts) -> list[dict]:
+    """A run's outputs with the schema it writes and, when its sink counts them, the rows its
+    micro-batches wrote."""
+    written = counts.rows_out if counts.lost is None else None
+    stats = None if written is None else {
+        "outputStatistics": events.facet("OutputStatisticsOutputDatasetFacet", {"rowCount": written})}
+    return [events.dataset(r.namespace, r.name, capture.dataset_facets(r, schema), output_facets=stats)
+            for r in outputs]
 
 
 def _int(value: Any) -> int:

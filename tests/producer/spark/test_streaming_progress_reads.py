@@ -1,6 +1,7 @@
 """What a streaming query's progress costs on Spark's listener bus: each run's progress is read
 (two py4j calls and a JSON parse) at its first micro-batch and then at most once every
-``PROGRESS_READ_INTERVAL_S``, on that run's own schedule. A run that posts no progress (idle
+``PROGRESS_READ_INTERVAL_S`` (or ``READ_EVERY_PROGRESSES`` progresses: test_streaming_stats.py),
+on that run's own schedule. A run that posts no progress (idle
 from its start: Spark 3.5+ sends ``onQueryIdle`` instead) does not make every other query's
 progress cost a read.
 
@@ -50,7 +51,8 @@ class _Jvm:
 def _setup():
     jvm, clock, recorder = _Jvm(), _Clock(), Recorder()
     query = NS(sink=lambda: NS(toString=lambda: "FileSink[file:/lake/out]"),
-               analyzedPlan=lambda: NS(collectLeaves=lambda: NS(iterator=lambda: NS(hasNext=lambda: False))))
+               analyzedPlan=lambda: NS(collectLeaves=lambda: NS(iterator=lambda: NS(hasNext=lambda: False))),
+               recentProgress=lambda: [])   # the row counts' reads: test_streaming_stats.py
     spark = NS(sparkContext=NS(_jsc=None, _gateway=None),
                _jsparkSession=NS(streams=lambda: NS(get=lambda _id: NS(streamingQuery=lambda: query))))
     lineage = SparkLineage(spark, recorder, CaptureSettings(namespace="st", app_job_name="st"))
