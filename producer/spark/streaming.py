@@ -62,10 +62,11 @@ What is guaranteed:
   that names an input).
 * Row counts (:mod:`producer.spark.streaming_stats`): each input's ``inputStatistics`` and the
   output's ``outputStatistics`` carry the rows of every micro-batch of the run so far
-  (``rowCount``), on RUNNING and on the terminal; they never cause an event of their own. At
-  each read, and at the run's end, the query's recent progress is read from the newest down to
-  the last batch counted (two py4j calls, then two per progress: about two per micro-batch in
-  all, paid at the reads, not on each callback). Exact or left out: batches Spark dropped from
+  (``rowCount``), on RUNNING and on the terminal (an ABORT: as of the last read); they never
+  cause an event of their own. At each read, and at the run's end, the query's recent
+  progress is read from the newest down to the last batch counted (two py4j calls, then two
+  per progress: about two per micro-batch in all, paid at the reads, not on each callback).
+  Exact or left out: batches Spark dropped from
   its recent progress before they were read (its listener bus dropped their progress events,
   or ``spark.sql.streaming.numRecentProgressUpdates`` is below 100) give the run's counts up,
   named in ``extractionError``. A source that is several datasets (a Kafka source of several
