@@ -78,7 +78,12 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None])
     _probe = None
     _close_all = close_all
     for producer in list(live):
-        if getattr(producer, "_forked", None) is None or producer._closed:
+        if getattr(producer, "_forked", None) is None:
+            continue
+        if producer._closed:
+            if not producer._stopped:   # a close deferred in the parent (producer.deferred_close)
+                _inherited.append(dict(vars(producer)))
+                producer._stopped = True   # nothing of it is the child's to finish
             continue
         _inherited.append(dict(vars(producer)))
         # The journal a dead process left that the parent is sending (producer.replay) too:

@@ -52,12 +52,14 @@ import threading
 import time
 import weakref
 from functools import partial
+from threading import get_ident
 from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer
 
 from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
+from producer.deferred_close import LOCK_WAIT_S
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
 from producer.forking import (
@@ -171,7 +173,23 @@ class LineageProducer(Sender):
 
     def emit(self, event: dict) -> None:
         """Queue one event for Kafka. Never blocks on the network, never raises. A value that
-        is not an event (:mod:`producer.event_values`) is dropped: ``not_an_event``."""
+        is not an event (:mod:`producer.event_values`) is dropped: ``not_an_event``. Safe in
+        a signal handler, as are flush(), close() and stats (:mod:`producer.deferred_close`)."""
+        # emit() calls in progress per thread: a close() from a signal handler (same thread) defers.
+        thread = get_ident()
+        emitting = self._emitting
+        depth = emitting[thread] = emitting.get(thread, 0) + 1
+        try:
+            self._emit(event, thread, depth)
+        finally:
+            if depth == 1:
+                del emitting[thread]
+            else:
+                emitting[thread] = depth - 1
+            if self._deferred is not None:
+                self._emit_returned(thread, depth)
+
+    def _emit(self, event: dict, thread: int, depth: int) -> None:
         try:
             if self._forked:
                 start_in_forked_child(self)
@@ -195,7 +213,7 @@ class LineageProducer(Sender):
             if len(value) > self._max_value:
                 self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
                 return
-            dropped = self._enqueue(key, value)
+            dropped = self._enqueue(key, value, thread, depth)
             if dropped is not None:
                 # Logged outside the lock: other emit() calls must not wait for a log handler.
                 self._drop(dropped, "emit after close()" if dropped == "closed" else
@@ -203,25 +221,39 @@ class LineageProducer(Sender):
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
 
-    def _enqueue(self, key: bytes | None, value: bytes) -> str | None:
+    def _enqueue(self, key: bytes | None, value: bytes, thread: int, depth: int) -> str | None:
         """Hand one record to librdkafka or the spill queue, under ``_lock``; returns the
         drop reason when neither takes it (the caller logs it, outside the lock)."""
         with self._lock:
             if self._closed:
-                return "closed"
+                if not self._was_interrupted(thread, depth):
+                    return "closed"
+                # A close() deferred in a signal handler interrupted this emit(): journaled.
+                self._deferred.interrupted += 1
+                self._spill.append((key, value))
+                return None
             if not self._spilling:
+                # The emit number rides with the record to its delivery report:
+                # reclaimed records are journaled in emit order, whatever order
+                # librdkafka reports them in (positional: cheaper than keywords).
+                seq = self._direct_sent
+                on_delivery = partial(self._on_delivery, seq)
+                # Counted before produce(), nothing called in between: a signal handler runs
+                # after a call returns, so one that follows produce() (a flush, a close) sees
+                # the record counted, and one that raises leaves it counted once.
+                self._direct_sent = seq + 1
                 try:
-                    # The emit number rides with the record to its delivery report:
-                    # reclaimed records are journaled in emit order, whatever order
-                    # librdkafka reports them in (positional: cheaper than keywords).
-                    self._producer.produce(self._topic, value, key, -1,
-                                           partial(self._on_delivery, self._direct_sent))
-                    self._direct_sent += 1
+                    self._producer.produce(self._topic, value, key, -1, on_delivery)
                     return None
                 except BufferError:
+                    self._direct_sent -= 1
                     self._begin_journal_mode_locked("queue_full")
                 except KafkaException as err:
+                    self._direct_sent -= 1
                     self._begin_journal_mode_locked(f"produce_failed:{err.args[0].name()}")
+                except Exception:
+                    self._direct_sent -= 1
+                    raise
             if len(self._spill) >= self._max_spill and not self._space.wait_for(
                     lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
                 return "queue_full"
@@ -246,7 +278,11 @@ class LineageProducer(Sender):
     def flush(self, timeout_s: float | None = None) -> int:
         """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
         (default ``close_timeout_s``) passes. Returns the number still pending (they stay
-        queued or journaled, and are not lost)."""
+        queued or journaled, and are not lost). In a signal handler that interrupted the
+        producer (:mod:`producer.deferred_close`) it waits only for what librdkafka holds."""
+        if self._reentered(get_ident()) is not None:
+            self._wait(timeout_s, lambda: self._direct_outstanding() <= 0 or self._kafka_down)
+            return self.pending
         # Without a Kafka client (producer.forking) nothing is acknowledged: the journal is the end.
         self._wait(timeout_s, lambda: self.pending == 0 or (not self._can_send and self._not_journaled() == 0))
         return self.pending
@@ -259,18 +295,37 @@ class LineageProducer(Sender):
         waits out an outage. A dead process's journal adopted while running is not waited
         for: no batch of it starts once close() began, and it is released with what it has
         not sent (:mod:`producer.replay`). Idempotent; later ``emit()`` calls are dropped
-        (reason ``closed``)."""
-        if self._closed:
+        (reason ``closed``). Safe in a signal handler: where it cannot wait for the sender
+        (inside emit(), the counters, logging, or ``_lock`` busy) it is deferred
+        (:mod:`producer.deferred_close`)."""
+        if self._stopped:
             return
         self._closing = True
         if self._forked:   # a forked child that never emitted: nothing to send, no thread to stop
-            self._closed = True
+            self._closed = self._stopped = True
             return _LIVE.discard(self)
-        self._take_back_if_kafka_is_down(timeout_s)
-        self._wait(timeout_s, self._nothing_to_wait_for)
-        with self._lock:
+        deferred = self._deferred
+        if deferred is not None:   # the budget of the close that was deferred
+            deadline = deferred.deadline
+        else:
+            deadline = time.monotonic() + (self.config.close_timeout_s if timeout_s is None else timeout_s)
+        thread = get_ident()
+        reason = self._reentered(thread)
+        if reason is not None:
+            return self._defer_close(reason, deadline, thread)
+        self._take_back_if_kafka_is_down(max(0.0, deadline - time.monotonic()))
+        self._wait(max(0.0, deadline - time.monotonic()), self._nothing_to_wait_for)
+        if self._lock.acquire(timeout=max(LOCK_WAIT_S, deadline - time.monotonic())):
+            try:
+                self._closed = True
+                self._space.notify_all()
+            finally:
+                self._lock.release()
+        elif deferred is None:
+            return self._defer_close("lock_busy", deadline, thread)
+        else:   # busy again at the deferred close's end: stop without it
             self._closed = True
-            self._space.notify_all()
+        self._finishing()
         self._stop.set()
         # A fatal error's reclaim may take two of its waits (answers, then the purge).
         self._sender.join(2 * RECLAIM_TIMEOUT_S + 5)
@@ -279,6 +334,7 @@ class LineageProducer(Sender):
             # wait for the garbage collector, which may run first in a fork child, where
             # destroying an instance whose threads stayed in the parent crashes or hangs.
             self._producer = None
+        self._stopped = True
         _LIVE.discard(self)
         s = self.stats
         log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
@@ -323,7 +379,10 @@ class LineageProducer(Sender):
             return []
 
     def _nothing_to_wait_for(self) -> bool:
-        return self.pending == 0 or (self._kafka_down and self._not_journaled() == 0)
+        # After a deferred close, in direct mode, the journal holds only interrupted emits'
+        # events (producer.deferred_close): they wait for the next producer, not replayed.
+        return self.pending == 0 or ((self._kafka_down or (self._deferred is not None and not self._spilling))
+                                     and self._not_journaled() == 0)
 
     def _wait(self, timeout_s: float | None, done: Callable[[], bool]) -> None:
         """Until ``done()``, ``timeout_s`` (default ``close_timeout_s``) passes, or the sender stops."""

@@ -29,7 +29,8 @@ Steps 4 and 5 are :mod:`producer.replay`.
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
 callbacks never take it, they set flags this loop acts on; they are in
 :mod:`producer.delivery_reports`) and ``_count_lock`` (counters both threads write;
-nothing is called while it is held).
+nothing is called while it is held). Both are re-entrant: a signal handler calling the
+producer runs on a thread that may hold them (:mod:`producer.deferred_close`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from producer.deferred_close import DeferredClosing
 from producer.delivery_reports import DeliveryReports
 from producer.errors import JournalError
 from producer.journal import Journal, Record
@@ -67,7 +69,7 @@ RECLAIM_TIMEOUT_S = 5.0
 _DOWN_GRACE_S = 2.0
 
 
-class Sender(DeliveryReports, Replay):
+class Sender(DeliveryReports, Replay, DeferredClosing):
     """Background half of LineageProducer; see the module docstring."""
 
     config: ProducerConfig
@@ -80,9 +82,9 @@ class Sender(DeliveryReports, Replay):
 
     def _init_sender(self, max_spill: int) -> None:
         self._max_spill = max_spill
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._space = threading.Condition(self._lock)  # the spill queue has room again
-        self._count_lock = threading.Lock()
+        self._count_lock = threading.RLock()
         self._spill: deque[Record] = deque()
         self._spilling = False
         self._closed = False
@@ -122,6 +124,7 @@ class Sender(DeliveryReports, Replay):
         self._own: Journal | None = None
         self._left_journaled = 0            # pending records in journals closed at shutdown
         self._init_replay()
+        self._init_deferred_close()
 
     def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
         raise NotImplementedError
