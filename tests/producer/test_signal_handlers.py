@@ -87,6 +87,8 @@ _ACTIONS = {
     "flush": "t = time.monotonic(); n = p.flush(5); flushes.append((time.monotonic() - t, n))",
     "close": "p.close()",
 }
+#: The random-point variants read stats too, as a handler reporting progress would.
+_RANDOM_ACTIONS = {name: action if name == "stats" else f"p.stats; {action}" for name, action in _ACTIONS.items()}
 
 
 def _run_child(tmp_path, bootstrap: str, topic: str, body: str, action: str = "pass",
@@ -136,7 +138,7 @@ def test_signals_at_random_points_of_an_emit_loop(kafka, tmp_path, action):
     # The handler runs wherever the signal finds the main thread: inside emit() (often
     # holding the lock), inside the counters (stats), between calls.
     topic = kafka.new_topic(f"sig-{action}")
-    child = _run_child(tmp_path, kafka.bootstrap_servers, topic, _LOOP, _ACTIONS[action])
+    child = _run_child(tmp_path, kafka.bootstrap_servers, topic, _LOOP, _RANDOM_ACTIONS[action])
     assert child.stdout.readline().strip() == "ready"
     rng = random.Random(7)
     for _ in range(25):   # ok: spacing between signals, not a synchronisation
