@@ -18,6 +18,10 @@ and that as a ratio to the batch ceiling. A relay at that bound spends no CPU on
 dedupe, ordering, batching, HTTP or hand-over between processes; the gap between it and
 the relay's measured ratio is the relay's own work. Medians of ``--rounds`` runs. Last
 line: one JSON object.
+
+``--event-loop auto|uvloop|asyncio`` (default auto, as relay_throughput.py's) is the loop
+of the batch ceiling's client, so the ceiling here is the one relay_throughput.py measures
+with the same flag; the loop used is printed and is the JSON's ``event_loop``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from relay_throughput import (  # noqa: E402
     measured,
 )
 
+from relay import event_loop  # noqa: E402
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker  # noqa: E402
 from relay.source.consumer_config import _DEFAULTS as CONSUMER_DEFAULTS  # noqa: E402
 from relay.stages.decode import decode_fields  # noqa: E402
@@ -98,11 +103,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--event-loop", choices=event_loop.EVENT_LOOPS, default="auto",
+                        help="event loop of the batch ceiling's client (default auto: uvloop when installed, "
+                             "else asyncio)")
     args = parser.parse_args()
+    loop = event_loop.resolve(args.event_loop)  # uvloop asked for and missing: ImportError here, at once
 
     stream, bodies = bench_stream(args.events)
     n = len(stream)
-    print(f"events: {n}, average size {sum(map(len, bodies)) / n:.0f} bytes, cpus {os.cpu_count()}")
+    print(f"events: {n}, average size {sum(map(len, bodies)) / n:.0f} bytes, cpus {os.cpu_count()}, "
+          f"event loop {loop} (--event-loop {args.event_loop})")
     figures: dict[str, list[float]] = {}
     with EmbeddedBroker() as broker:
         topic = "floor-openlineage"
@@ -114,7 +124,8 @@ def main() -> None:
                 decode = per_event_us(lambda v: decode_fields(v, max_bytes=1 << 25), bodies)
                 parse = per_event_us(orjson.loads, bodies)
                 cpu: dict[str, list[float]] = {}
-                eps = measured(lambda: batch_ceiling(collector.url + BATCH_PATH, bodies), collector, n, cpu)
+                eps = measured(lambda: batch_ceiling(collector.url + BATCH_PATH, bodies), collector, n, cpu,
+                               loop)
                 row = {"consume_us": client, "broker_us": broker_us, "decode_us": decode, "parse_us": parse,
                        "collector_us": cpu["ceiling_collector"][0], "ceiling_client_us": cpu["ceiling_client"][0],
                        "batch_ceiling_eps": eps}
@@ -134,7 +145,7 @@ def main() -> None:
           f"ceiling of {us['batch_ceiling_eps']:,.0f} events/s ({BATCH_EVENTS} events per POST, "
           f"{BATCH_REQUESTS} in flight)")
     print(json.dumps({**us, "floor_us_per_event": round(floor, 1), "bound_eps": round(bound, 1),
-                      "bound_ratio_vs_batch_ceiling": round(ratio, 3)}))
+                      "bound_ratio_vs_batch_ceiling": round(ratio, 3), "event_loop": loop}))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,14 @@ is read its last deliveries run without that work (30,000 events, first to last 
 single-event ratio 0.87-0.89; 120,000 events: 0.79-0.83). For the same reason the default
 stream is long (120,000 events). A ceiling's events/s are those of its whole run (it
 POSTs pre-built bodies at an even pace). Last line: one JSON object.
+
+``--event-loop auto|uvloop|asyncio`` (default auto: uvloop when installed, as the relay's
+own ``event_loop`` setting) is the loop of this process's runs, the ceiling's client and the
+in-process relay alike, so both sides of a ratio run on the same loop; the ``--workers``
+relay is given the same setting. The collector process runs on uvloop whenever it is
+installed, whatever ``--event-loop`` says (relay/embedded/collector.py), and both sides of a
+ratio share that one collector. The loop used is printed and is the JSON's ``event_loop``;
+to compare loops, run the bench once with each.
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ from confluent_kafka import Consumer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from relay import event_loop  # noqa: E402
 from relay.app import Relay  # noqa: E402
 from relay.config import build_config  # noqa: E402
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, EmbeddedBroker, free_port  # noqa: E402
@@ -183,11 +192,13 @@ def load_topic(broker: EmbeddedBroker, topic: str, stream: list[tuple[bytes, byt
     produce(broker.bootstrap_servers, topic, stream)
 
 
-def measured(ceiling, collector: CollectorProcess, n: int, cpu: dict[str, list[float]]) -> float:  # noqa: ANN001
-    """Runs the coroutine ``ceiling()`` returns (a ceiling's events/s) and appends the CPU
+def measured(ceiling, collector: CollectorProcess, n: int, cpu: dict[str, list[float]],  # noqa: ANN001
+             loop: str) -> float:
+    """Runs the coroutine ``ceiling()`` returns (a ceiling's events/s) on the event loop
+    ``loop`` (an ``event_loop`` setting, the bench's ``--event-loop``) and appends the CPU
     microseconds per event its client and the collector used to ``cpu``."""
     start, collector_start = time.process_time(), cpu_seconds(collector.proc.pid)
-    eps = asyncio.run(ceiling())
+    eps = event_loop.run(ceiling(), loop)
     cpu.setdefault("ceiling_client", []).append((time.process_time() - start) / n * 1e6)
     cpu.setdefault("ceiling_collector", []).append((cpu_seconds(collector.proc.pid) - collector_start) / n * 1e6)
     return eps
@@ -216,10 +227,11 @@ def cpu_seconds(pid: int | None) -> float:
     return times.user + times.system
 
 
-def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *, batch: bool = False,
+def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *, loop: str, batch: bool = False,
               noop: bool = False, broker_pid: int | None = None, cpu: dict[str, list[float]] | None = None,
               steady: dict[str, list[float]] | None = None) -> float:
-    """Events/s in the steady middle of the run (see the module docstring). With ``cpu``,
+    """Events/s in the steady middle of the run (see the module docstring), the relay
+    running on the event loop ``loop`` (an ``event_loop`` setting). With ``cpu``,
     appends to it the CPU microseconds per event each process used from the relay's start
     to the last delivery:
     the consumer fetches and the decode worker decodes ahead of the deliveries, so a window
@@ -241,6 +253,7 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
                   "dlq_topic": topic + ".dlq", "consumer_properties": dict(FAST_GROUP_PROPERTIES)},
         "collectors": [target],
         "http": {"port": None},
+        "event_loop": loop,
     })
 
     tune_process()  # as `lineage-relay run` does
@@ -273,7 +286,7 @@ def relay_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, *
         relay.request_stop()
         await task
 
-    asyncio.run(main())
+    event_loop.run(main(), loop)
     eps = _figures(snapshots[0], snapshots[1], window, n, cpu, steady)
     delivered = collector.count() - base
     if delivered < n and not noop:
@@ -322,7 +335,7 @@ def naive_eps(bootstrap: str, topic: str, url: str, n: int) -> float:
     return (n - 1) / (time.perf_counter() - start)
 
 
-def workers_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, workers: int, *,
+def workers_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int, workers: int, *, loop: str,
                 batch: bool = False, broker_pid: int | None = None, cpu: dict[str, list[float]] | None = None,
                 steady: dict[str, list[float]] | None = None) -> float:
     """Events/s of ``lineage-relay run --workers N`` (a supervisor and N relay processes in
@@ -344,7 +357,7 @@ def workers_eps(bootstrap: str, topic: str, collector: CollectorProcess, n: int,
     config = {"kafka": {"bootstrap_servers": bootstrap, "topics": [topic],
                         "group_id": f"bench-workers-{time.time_ns()}", "dlq_topic": topic + ".dlq",
                         "consumer_properties": dict(FAST_GROUP_PROPERTIES)},
-              "collectors": [target], "http": {"port": None}, "log_level": "warning"}
+              "collectors": [target], "http": {"port": None}, "log_level": "warning", "event_loop": loop}
     with tempfile.TemporaryDirectory() as tmp:
         config_path, log_path = Path(tmp, "relay.yaml"), Path(tmp, "relay.log")
         config_path.write_text(json.dumps(config))  # JSON is YAML
@@ -495,12 +508,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2,
                         help="also run `lineage-relay run --workers N` in each case, alternating with the "
                              "in-process relay (0: not)")
+    parser.add_argument("--event-loop", choices=event_loop.EVENT_LOOPS, default="auto",
+                        help="event loop of the ceiling's client and the relays (default auto: uvloop when "
+                             "installed, else asyncio)")
     args = parser.parse_args()
+    loop = event_loop.resolve(args.event_loop)  # uvloop asked for and missing: ImportError here, at once
 
     stream, bodies = bench_stream(args.events)
     n = len(stream)
     avg = sum(len(v) for v in bodies) / n
-    print(f"events: {n}, average size {avg:.0f} bytes, concurrency {CONCURRENCY}, cpus {os.cpu_count()}")
+    print(f"events: {n}, average size {avg:.0f} bytes, concurrency {CONCURRENCY}, cpus {os.cpu_count()}, "
+          f"event loop {loop} (--event-loop {args.event_loop})")
     with EmbeddedBroker() as broker:
         topic = "bench-openlineage"
         load_topic(broker, topic, stream)
@@ -512,14 +530,14 @@ def main() -> None:
 
             single_w_cpu: dict[str, list[float]] = {}
             single_w_steady: dict[str, list[float]] = {}
-            variants = {"relay": lambda: relay_eps(broker.bootstrap_servers, topic, collector, n,
+            variants = {"relay": lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, loop=loop,
                                                    broker_pid=broker.pid, cpu=single_cpu, steady=single_steady)}
             if args.workers:
                 variants["workers"] = lambda: workers_eps(broker.bootstrap_servers, topic, collector, n, args.workers,
-                                                          broker_pid=broker.pid, cpu=single_w_cpu,
+                                                          loop=loop, broker_pid=broker.pid, cpu=single_w_cpu,
                                                           steady=single_w_steady)
             ceilings, single_runs = alternate_variants(
-                args.rounds, lambda: measured(lambda: post_ceiling(target, bodies), collector, n, single_cpu),
+                args.rounds, lambda: measured(lambda: post_ceiling(target, bodies), collector, n, single_cpu, loop),
                 variants, "single")
             relays, ratios = single_runs["relay"]
             ceiling, relay, ratio = (statistics.median(x) for x in (ceilings, relays, ratios))
@@ -536,14 +554,16 @@ def main() -> None:
             batch_steady: dict[str, list[float]] = {}
             batch_w_cpu: dict[str, list[float]] = {}
             batch_w_steady: dict[str, list[float]] = {}
-            variants = {"relay": lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, batch=True,
-                                                   broker_pid=broker.pid, cpu=batch_cpu, steady=batch_steady)}
+            variants = {"relay": lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, loop=loop,
+                                                   batch=True, broker_pid=broker.pid, cpu=batch_cpu,
+                                                   steady=batch_steady)}
             if args.workers:
                 variants["workers"] = lambda: workers_eps(broker.bootstrap_servers, topic, collector, n, args.workers,
-                                                          batch=True, broker_pid=broker.pid, cpu=batch_w_cpu,
+                                                          loop=loop, batch=True, broker_pid=broker.pid, cpu=batch_w_cpu,
                                                           steady=batch_w_steady)
             batch_ceilings, batch_runs = alternate_variants(
-                args.rounds, lambda: measured(lambda: batch_ceiling(batch_target, bodies), collector, n, batch_cpu),
+                args.rounds,
+                lambda: measured(lambda: batch_ceiling(batch_target, bodies), collector, n, batch_cpu, loop),
                 variants, "batch")
             batch_relays, batch_ratios = batch_runs["relay"]
             batch_ceiling_eps, batch_relay, batch_ratio = (
@@ -574,7 +594,7 @@ def main() -> None:
                         f"ratio_workers_vs_{against}": round(statistics.median(w_ratios), 3),
                         f"ratios_workers_vs_{against}": [round(r, 3) for r in w_ratios],
                         f"{prefix}workers_cpu_us_per_event": w_us})
-            pipeline = relay_eps(broker.bootstrap_servers, topic, collector, n, noop=True)
+            pipeline = relay_eps(broker.bootstrap_servers, topic, collector, n, loop=loop, noop=True)
             print(f"pipeline alone (no-op collector, batch settings): {pipeline:,.0f} events/s, "
                   f"{pipeline / batch_ceiling_eps:.3f} x the batch ceiling")
             # Paired too: one naive run is short, and a median of relay runs against it would
@@ -582,7 +602,8 @@ def main() -> None:
             naives, naive_relays, naive_ratios = alternate(
                 args.naive_rounds, lambda: naive_eps(broker.bootstrap_servers, topic, target,
                                                      min(n, args.naive_events)),
-                lambda: relay_eps(broker.bootstrap_servers, topic, collector, n), "naive", baseline="naive")
+                lambda: relay_eps(broker.bootstrap_servers, topic, collector, n, loop=loop), "naive",
+                baseline="naive")
             naive, naive_ratio = statistics.median(naives), statistics.median(naive_ratios)
             print(f"naive loop:   {naive:,.0f} events/s, relay {statistics.median(naive_relays):,.0f} events/s "
                   f"(medians); relay / naive {naive_ratio:.2f} (median of the paired rounds)")
@@ -614,7 +635,7 @@ def main() -> None:
                "cpu_bound_ratio_vs_batch_ceiling": round(batch_bound, 3),
                "cpu_bound_limit_vs_batch_ceiling": round(batch_limit, 3),
                "relay_us_budget_single": round(single_budget, 1), "relay_us_budget_batch": round(batch_budget, 1),
-               "workers": args.workers, **workers_figures}
+               "workers": args.workers, "event_loop": loop, **workers_figures}
     print(json.dumps(figures))
 
 

@@ -72,9 +72,10 @@ _default: LineageProducer | NoLineage | None = None
 
 
 def _new_default_lock() -> None:
-    # A fork while another thread builds the default producer (adopting a large journal
-    # takes seconds) would leave the child's lock held by a thread it does not have: the
-    # child's first lineage_job would wait for ever. The child builds its own, if need be.
+    # A fork while another thread builds the default producer (reading the configuration
+    # sources, probing the resolver for up to 1 s) would leave the child's lock held by a
+    # thread it does not have: the child's first lineage_job would wait for ever. The child
+    # builds its own, if need be.
     global _default_lock
     _default_lock = threading.Lock()
 

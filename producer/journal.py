@@ -28,7 +28,8 @@ Guarantees:
 * Opening a journal counts its records (the recovery scan, which also cuts a torn tail).
   ``Journal(..., recover=False)`` defers that scan to :meth:`Journal.recover_some`, in
   slices of bounded size, so a thread with other work (the producer's sender adopting a
-  large journal) does a slice per turn.
+  large journal) does a slice per turn; until it is complete, :attr:`Journal.pending_at_least`
+  is the records counted so far, and at least 1.
 
 Not thread-safe: one thread (the producer's sender) owns a Journal. ``LOCK`` taken by others,
 ``DESTINATION`` and the directory check: :mod:`producer.journal_dir`.
@@ -43,6 +44,7 @@ import os
 import secrets
 import shutil
 import struct
+import time
 import zlib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,6 +58,8 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">IIH")
 _NO_KEY = 0
 _CURSOR = "CURSOR"
+#: A recovery scan slice with a deadline reads the clock once per this many records.
+_DEADLINE_EVERY = 32
 Record = tuple[bytes | None, bytes]
 
 
@@ -90,9 +94,15 @@ class Journal:
         self.pending = 0
         # The recovery scan's progress: (position, records counted); None once complete.
         self._recovery: tuple[tuple[int, int], int] | None = (self._cursor, 0)
-        if recover:
+        if self._bytes_after(self._cursor) == 0:
+            self._recovery = None   # nothing after the cursor: counted without a read
+        elif recover:
             while not self.recover_some():
                 pass
+
+    def _bytes_after(self, pos: tuple[int, int]) -> int:
+        seg, off = pos
+        return sum(size for n, size in self._sizes.items() if n > seg) + max(0, self._sizes.get(seg, 0) - off)
 
     # --- opening -----------------------------------------------------------------
 
@@ -139,16 +149,19 @@ class Journal:
         """The recovery scan is complete: ``pending`` is known, the journal may be used."""
         return self._recovery is None
 
-    def recover_some(self, max_records: int = 10_000, max_bytes: int = 64 << 20) -> bool:
+    def recover_some(self, max_records: int = 10_000, max_bytes: int = 64 << 20,
+                     deadline: float | None = None) -> bool:
         """Continue the recovery scan by at most ``max_records`` records or about
-        ``max_bytes``: count the records after the cursor, cut a torn tail (crash
-        mid-append). True once it is complete. Until then the journal may only be closed
-        (which keeps it on disk, whatever it holds). Raises OSError, or JournalError,
-        when a segment cannot be read."""
+        ``max_bytes``, or until ``time.monotonic()`` reaches ``deadline`` (checked every
+        :data:`_DEADLINE_EVERY` records, at least one record read): count the records after
+        the cursor, cut a torn tail (crash mid-append). True once it is complete. Until then
+        the journal may only be closed (which keeps it on disk, whatever it holds). Raises
+        OSError, or JournalError, when a segment cannot be read or is corrupt (a record
+        longer than what is left of its segment, in a segment other than the last)."""
         if self._recovery is None:
             return True
         pos, count = self._recovery
-        batch, pos, torn = self._scan(pos, max_records, max_bytes)
+        batch, pos, torn = self._scan(pos, max_records, max_bytes, deadline)
         count += len(batch)
         if torn is not None:
             seg, off = torn
@@ -167,9 +180,18 @@ class Journal:
             return False
         # An adopted journal waiting for its turn holds its LOCK only, not a segment too.
         self._close_reader()
-        self._recovery = None
+        # The count before the scan ends: pending_at_least, read from other threads, never sees 0 between.
         self.pending = count
+        self._recovery = None
         return True
+
+    @property
+    def pending_at_least(self) -> int:
+        """``pending`` once the recovery scan is complete; until then the records it has
+        counted so far, and at least 1 (what it has not scanned yet may hold any number).
+        Safe to read from another thread than the owner's."""
+        recovery = self._recovery
+        return self.pending if recovery is None else max(1, recovery[1])
 
     # --- writing -----------------------------------------------------------------
 
@@ -220,13 +242,17 @@ class Journal:
 
     # --- reading -----------------------------------------------------------------
 
-    def _scan(self, pos: tuple[int, int], max_records: int,
-              max_bytes: int) -> tuple[list[Record], tuple[int, int], tuple[int, int] | None]:
-        """Records from ``pos``: (records, next position, torn position or None)."""
+    def _scan(self, pos: tuple[int, int], max_records: int, max_bytes: int, deadline: float | None = None,
+              ) -> tuple[list[Record], tuple[int, int], tuple[int, int] | None]:
+        """Records from ``pos``: (records, next position, torn position or None). A record
+        longer than what is left of its segment is a torn tail in the last segment (a crash
+        mid-append), and corrupt (JournalError) in another: not read, whatever its length."""
         out: list[Record] = []
         seg, off = pos
         used = 0
         while len(out) < max_records and used < max_bytes:
+            if deadline is not None and out and len(out) % _DEADLINE_EVERY == 0 and time.monotonic() >= deadline:
+                break
             if seg not in self._sizes:
                 later = [n for n in self._sizes if n > seg]
                 if not later:
@@ -245,6 +271,11 @@ class Journal:
                 return out, (seg, off), (seg, off)
             crc, value_len, key_field = _HEADER.unpack(header)
             key_len = key_field - 1 if key_field else 0
+            if key_len + value_len > self._sizes[seg] - off - _HEADER.size:
+                if any(n > seg for n in self._sizes):
+                    raise JournalError(f"journal {self.path} is corrupt at segment {seg} offset {off}: "
+                                       f"a record of {key_len + value_len} bytes past its segment's end")
+                return out, (seg, off), (seg, off)
             body = f.read(key_len + value_len)
             if len(body) < key_len + value_len or zlib.crc32(header[4:] + body) != crc:
                 return out, (seg, off), (seg, off)

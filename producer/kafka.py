@@ -18,7 +18,8 @@ Guarantees:
   journal whatever is left; while Kafka is not taking records they wait only for events
   not yet in the journal. A journal a dead process left (for the same topic and cluster)
   is resent by the next producer that starts on the same journal directory, before its
-  own events, and by a running producer, one journal at a time while Kafka is up and its
+  own events (its construction only locks and opens it; the sender thread counts its
+  records), and by a running producer, one journal at a time while Kafka is up and its
   own backlog is sent, behind its own events (:mod:`producer.replay`).
 * Delivery is at-least-once: a replay after a crash or an outage can repeat events (the
   relay deduplicates).
@@ -122,10 +123,11 @@ class LineageProducer(Sender):
         self._init_sender(config.queue_max_events)
         self._producer = self._new_producer(props)
         # Without a Kafka client (producer.forking), a dead process's journals are left for a
-        # producer that can send them.
+        # producer that can send them. Only locked and opened here: the sender counts them.
         self._journals = self._adopt_orphans() if self._can_send else []
         if self._journals:
-            # Events a dead process left behind go first: start in journal mode.
+            # Events a dead process left behind go first: start in journal mode. (Every one
+            # taken may hold records: those with no bytes after their cursor were removed.)
             self._spilling = True
         self._forked = False
         self._start_sender()
@@ -268,18 +270,20 @@ class LineageProducer(Sender):
     def pending(self) -> int:
         """Events accepted by emit() and not yet acknowledged by Kafka, journaled ones
         included, and those of the journals dead processes left that the producer took over
-        when it started; not those of a journal it adopted while running (``stats.adopted``)."""
+        when it started (one whose records the sender has not counted yet: those counted so
+        far, and at least 1); not those of a journal it adopted while running (``stats.adopted``)."""
         # In-memory records first: on their way to a journal they are counted in one
         # place or the next, and the journal they go to may be created meanwhile.
         in_memory = self._not_journaled()
         journals = list(self._journals) + ([self._own] if self._own else [])
-        return in_memory + sum(j.pending for j in journals) + self._left_journaled
+        return in_memory + sum(j.pending_at_least for j in journals) + self._left_journaled
 
     def flush(self, timeout_s: float | None = None) -> int:
         """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
         (default ``close_timeout_s``) passes. Returns the number still pending (they stay
-        queued or journaled, and are not lost). In a signal handler that interrupted the
-        producer (:mod:`producer.deferred_close`) it waits only for what librdkafka holds."""
+        queued or journaled, and are not lost): at least that many while a journal a dead
+        process left is not counted yet (``pending``). In a signal handler that interrupted
+        the producer (:mod:`producer.deferred_close`) it waits only for what librdkafka holds."""
         if self._reentered(get_ident()) is not None:
             self._wait(timeout_s, lambda: self._direct_outstanding() <= 0 or self._kafka_down)
             return self.pending
@@ -370,10 +374,12 @@ class LineageProducer(Sender):
 
     def _adopt_orphans(self) -> list[Journal]:
         """The journals dead processes left in the journal directory for this topic and
-        cluster (none if unreadable: logged)."""
+        cluster (none if unreadable: logged), locked and opened; the sender counts their
+        records (:mod:`producer.replay`)."""
         try:
             return adopt_orphans(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                 segment_bytes=self._segment_bytes(), destination=self._destination())
+                                 segment_bytes=self._segment_bytes(), destination=self._destination(),
+                                 recover=False)
         except (OSError, JournalError) as err:
             self._error("journal_unreadable", err, path=str(self.config.journal_path))
             return []

@@ -3,10 +3,11 @@
 A journal whose ``LOCK`` is free belongs to a dead process (a ``flock`` dies with the
 last descriptor of its open file). Taking one over means locking it and opening it as a
 :class:`producer.journal.Journal`; its records then go to Kafka from this process, and a
-journal fully sent is removed. Two calls: :func:`adopt_orphans` takes every one with
-records at once (a producer's construction: their events go before its own),
-:func:`adopt_next` the oldest one, its recovery scan left to the caller (a running
-producer, one at a time, the scan in slices of its sender's turns: :mod:`producer.replay`).
+journal fully sent is removed. Two calls: :func:`adopt_orphans` takes every one at once
+(a producer's construction: their events go before its own; with ``recover=False`` it only
+locks and opens them, and the producer's sender thread counts their records,
+:mod:`producer.replay`), :func:`adopt_next` the oldest one, its recovery scan left to the
+caller (a running producer, one at a time, the scan in slices of its sender's turns).
 
 Which journals are taken:
 
@@ -24,8 +25,9 @@ Which journals are taken:
 * A journal that cannot be opened (a bad ``DESTINATION``, an unreadable file, a segment
   that is not a file) is logged once (``event=adopt_failed``) and not tried again by this
   process; it stays on disk for the next process.
-* Empty orphans met on the way are removed (by :func:`adopt_next`'s caller once its scan
-  finds nothing).
+* Empty orphans met on the way are removed: one with no bytes after its cursor when it is
+  opened (nothing read), one whose bytes hold no record once its scan finds none (by the
+  caller of :func:`adopt_next`, or of :func:`adopt_orphans` with ``recover=False``).
 """
 
 from __future__ import annotations
@@ -48,12 +50,17 @@ _skipped: set[Path] = set()
 
 
 def adopt_orphans(root: Path, *, max_bytes: int, segment_bytes: int,
-                  destination: Destination | None = None) -> list[Journal]:
+                  destination: Destination | None = None, recover: bool = True) -> list[Journal]:
     """Lock and open every orphan under ``root`` with records, oldest first (``destination``
-    None: whatever it was written for). Raises OSError when ``root`` cannot be listed."""
+    None: whatever it was written for). ``recover=False``: their recovery scans are not run
+    (cheap whatever their size), so ones whose bytes hold no record are among them too
+    (not those with no bytes after their cursor: removed); the caller runs
+    :meth:`Journal.recover_some` on each until it is complete before reading it, and a
+    journal released before that stays on disk, whole. Raises OSError when ``root`` cannot
+    be listed."""
     adopted = []
     for path in _candidates(root, destination):
-        journal = _take(path, max_bytes, segment_bytes)
+        journal = _take(path, max_bytes, segment_bytes, recover=recover)
         if journal is not None:
             adopted.append(journal)
     return adopted
@@ -135,11 +142,11 @@ def _take(path: Path, max_bytes: int, segment_bytes: int, recover: bool = True) 
         os.close(fd)
         _fail(path, err)
         return None
+    if journal.recovered and journal.pending == 0:
+        journal.close()   # removed: nothing after its cursor (known without a read), or none found
+        return None
     if not recover:
         return journal
-    if journal.pending == 0:
-        journal.close()
-        return None
     log.info("journal=%s event=adopted pending=%d", path, journal.pending)
     return journal
 

@@ -9,7 +9,20 @@ Which journal, per sender turn:
 * In journal mode, :meth:`_advance_replay`: the journals dead processes left that the
   producer took over at construction (their events go before its own, and ``pending``,
   ``flush()`` and ``close()`` count them), then its own journal; when all are sent and
-  nothing is queued, back to direct sending.
+  nothing is queued, back to direct sending. Construction only locks and opens those
+  journals (a large one does not slow the job's start); their recovery scans (counting
+  their records) run here, on the sender thread, oldest first, each before it is sent
+  (:meth:`_scan_taken_over`): the oldest is sent as soon as it is counted, the next ones
+  counted in the turns between its batches, so a short-lived process still sends some.
+  A turn scans for about :data:`_SCAN_TURN_S` (the deadline is checked within a slice,
+  every few dozen records), polling librdkafka between slices; the producer's own events
+  are persisted between turns. The scan runs as fast as the disk allows while the job's
+  threads are idle, and shares the GIL with them otherwise (a turn then lasts longer: each
+  read may wait for the GIL). Until a journal is counted, ``pending`` counts it as the
+  records found so far, at least 1 (:attr:`Journal.pending_at_least`), so ``flush()``
+  and ``close()`` wait for it; one that the sender's last turn releases before it is
+  counted stays on disk, whole (no cursor moved), for the next process (logged:
+  ``event=taken_over_journal_released pending=not_counted``).
 * In direct mode, :meth:`_advance_adoption`: a dead process's journal adopted while the
   producer runs (:func:`producer.orphans.adopt_next`, looked for every
   ``journal_adopt_interval_s``), so a journal left by a killed child does not wait for
@@ -65,6 +78,10 @@ _ADOPTED_BATCH = 500
 _ADOPTED_BYTES = 1 << 20
 #: An adopted journal's recovery scan per sender turn (records, bytes): a few milliseconds.
 _RECOVERY_SLICE = (2000, 1 << 20)
+#: The journals taken over at construction: their scans per sender turn, for about this
+#: long (a slice checks the clock every few dozen records); the turn then persists the
+#: producer's own events and polls librdkafka. Longer only while the job's threads hold the GIL.
+_SCAN_TURN_S = 0.05
 _BACKOFF_S = (0.2, 5.0)
 
 
@@ -92,6 +109,7 @@ class Replay:
     _direct_outstanding: Callable[[], int]
     _reset_stall: Callable[[], None]
     _error: Callable[..., None]
+    _poll: Callable[[float], None]
     _on_replay_delivery: Callable[[Any, Any], None]
 
     def _init_replay(self) -> None:
@@ -139,12 +157,17 @@ class Replay:
 
     def _advance_replay(self) -> None:
         """Journal mode: the next batch of the journals counted as this producer's."""
-        if not self._settle_replay():
+        ready = self._settle_replay()
+        self._scan_taken_over()   # while a batch is in flight too: the next journal is counted meanwhile
+        if not ready:
             return
         if time.monotonic() < self._retry_at or not (self._can_send or self._kafka_client_back()):
             return
-        while self._journals and self._journals[0].pending == 0:
+        # The oldest goes as soon as it is counted (the others are counted between its batches).
+        while self._journals and self._journals[0].recovered and self._journals[0].pending == 0:
             self._journals.pop(0).close()
+        if self._journals and not self._journals[0].recovered:
+            return
         journal = self._journals[0] if self._journals else self._own
         if journal is None or journal.pending == 0:
             with self._lock:
@@ -154,6 +177,27 @@ class Replay:
             return
         # A batch must fit librdkafka's queue, or produce() would refuse part of it.
         self._send_batch(journal, min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)
+
+    def _scan_taken_over(self) -> None:
+        """Count the records of the journals taken over at construction, oldest first, in
+        slices for up to :data:`_SCAN_TURN_S` (:meth:`_advance_replay` sends the oldest once it
+        is counted). Not in the sender's last turn: what is not counted stays on disk, whole.
+        A journal that cannot be read, or fails in any other way, is given up (left on disk,
+        whole, logged once)."""
+        deadline = time.monotonic() + _SCAN_TURN_S
+        for journal in list(self._journals):
+            while not journal.recovered:
+                if self._stop.is_set() or time.monotonic() >= deadline:
+                    return
+                try:
+                    done = journal.recover_some(*_RECOVERY_SLICE, deadline=deadline)
+                except Exception as err:   # whatever it is, the producer's own events must not wait for ever
+                    self._journals = [j for j in self._journals if j is not journal]
+                    give_up(journal, err)
+                    break
+                self._poll(0)   # librdkafka's callbacks keep flowing while a large journal is counted
+                if done and journal.pending:
+                    log.info("journal=%s event=adopted pending=%d", journal.path, journal.pending)
 
     def _advance_adoption(self) -> None:
         """Direct mode: one step of a dead process's journal -- a slice of its recovery scan,
@@ -216,7 +260,7 @@ class Replay:
         try:
             if not journal.recover_some(*_RECOVERY_SLICE):
                 return False
-        except (OSError, JournalError) as err:
+        except Exception as err:   # whatever it is, given up: not tried again every turn
             self._adopted = None
             give_up(journal, err)
             return False

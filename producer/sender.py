@@ -169,7 +169,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
 
     def _step(self) -> None:
         if self._spilling:
-            busy = bool(self._spill) or self._replay is None
+            busy = bool(self._spill) or self._replay is None or not all(j.recovered for j in self._journals)
         else:
             busy = self._adopted_step_due()
         self._poll(_BUSY_POLL_S if busy else _IDLE_POLL_S)
@@ -340,7 +340,10 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
                 self._persist()
             finally:
                 for journal in [*self._journals, *([self._own] if self._own else [])]:
-                    self._left_journaled += journal.pending
+                    self._left_journaled += journal.pending_at_least   # one not counted yet stays whole
+                    if not journal.recovered:
+                        log.info("journal=%s event=taken_over_journal_released topic=%s pending=not_counted",
+                                 journal.path, self._topic)
                     try:
                         journal.close()
                     except OSError as err:

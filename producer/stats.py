@@ -13,11 +13,12 @@ class ProducerStats:
     ``journaled``: written to the journal; ``replayed``: delivered from a journal;
     ``delivery_failures``: records librdkafka gave back (failed or purged), all journaled;
     ``dropped``: events that will never be sent, by reason; ``errors``: every problem
-    logged (drops included); ``pending``: not yet acknowledged; ``mode``: ``direct``,
+    logged (drops included); ``pending``: not yet acknowledged (at least: see below); ``mode``: ``direct``,
     ``journal`` or ``disabled`` (:class:`producer.disabled.DisabledProducer`);
     ``adopted``: delivered from journals dead processes left that the producer adopted while
     running (:mod:`producer.replay`; in no other count: ``delivered``, ``replayed`` and
-    ``pending`` include only the journals it took over when it started).
+    ``pending`` include only the journals it took over when it started; ``pending`` counts
+    one whose records its sender has not counted yet as those counted so far, at least 1).
     """
 
     emitted: int

@@ -43,6 +43,7 @@ import orjson
 
 from relay.backpressure import Backpressure
 from relay.config import RelayConfig
+from relay.event_loop import loop_name
 from relay.events import REDRIVEN_FROM, REDRIVEN_HAVE, LineageEvent, Rejection, SourceRef
 from relay.intake import RecordIntake
 from relay.lag import measure_lag
@@ -196,7 +197,8 @@ class Relay:
             return
         self.started = True
         log_event(log, logging.INFO, "relay_started", topics=",".join(k.topics), group=k.group_id,
-                  collectors=",".join(c.name for c in self.config.collectors), **component_versions())
+                  collectors=",".join(c.name for c in self.config.collectors), event_loop=loop_name(),
+                  **component_versions())
 
     def request_stop(self) -> None:
         """Stop consuming, drain and return from :meth:`run` within ``drain_timeout_s`` +

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Any
 
+from relay import event_loop
 from relay.config import RelayConfig, build_config, merge, read_config, resolve_workers
 from relay.embedded import graph as lineage_graph
 from relay.errors import ConfigError
@@ -80,6 +81,8 @@ def config_from_args(args: argparse.Namespace, warnings: list[str] | None = None
         override["log_level"] = args.log_level
     if getattr(args, "workers", None) is not None:
         override["workers"] = args.workers
+    if getattr(args, "event_loop", None) is not None:
+        override["event_loop"] = args.event_loop
     data = merge(data, override)
     flag_collectors = _pairs(args.collector, "--collector")
     if flag_collectors:
@@ -117,6 +120,8 @@ def _add_relay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--workers", metavar="N|auto",
                    help="relay processes in this pod under one supervisor (1-64, or auto: one per CPU; default 1)")
+    p.add_argument("--event-loop", choices=event_loop.EVENT_LOOPS,
+                   help="event loop of the relay's processes (default auto: uvloop when installed, else asyncio)")
 
 
 async def serve(config: RelayConfig, worker: WorkerLink | None = None) -> None:
@@ -136,31 +141,37 @@ async def serve(config: RelayConfig, worker: WorkerLink | None = None) -> None:
     stop_requested = False
     # First, before the imports and the relay's construction: the supervisor may stop its
     # workers at once (a stop during its start-up), and an unhandled SIGTERM kills.
-    for sig in (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM,) if worker is not None else (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
         loop.add_signal_handler(sig, request_stop)
-
-    from relay.app import Relay
-    from relay.process import tune_process
-    from relay.server import build_app, listen
-
-    tune_process()
-    relay = Relay(worker.relay_config(config) if worker is not None else config)
-    if stop_requested:
-        relay.request_stop()
-    runner = None
-    if worker is not None:
-        worker.watch_lifeline(loop, relay.request_stop)
-        runner, port = await listen(build_app(relay), "127.0.0.1", 0)
-        worker.report_port(port)
-        log_event(log, logging.INFO, "http_listening", host="127.0.0.1", port=port)
-    elif config.http.port is not None:
-        runner, port = await listen(build_app(relay), config.http.host, config.http.port)
-        log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
     try:
-        await relay.run()
+        from relay.app import Relay
+        from relay.process import tune_process
+        from relay.server import build_app, listen
+
+        tune_process()
+        relay = Relay(worker.relay_config(config) if worker is not None else config)
+        if stop_requested:
+            relay.request_stop()
+        runner = None
+        if worker is not None:
+            worker.watch_lifeline(loop, relay.request_stop)
+            runner, port = await listen(build_app(relay), "127.0.0.1", 0)
+            worker.report_port(port)
+            log_event(log, logging.INFO, "http_listening", host="127.0.0.1", port=port)
+        elif config.http.port is not None:
+            runner, port = await listen(build_app(relay), config.http.host, config.http.port)
+            log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
+        try:
+            await relay.run()
+        finally:
+            if runner is not None:
+                await runner.cleanup()
     finally:
-        if runner is not None:
-            await runner.cleanup()
+        # asyncio's loop puts the default handlers back when it closes; uvloop's leaves its
+        # own bound to the closed loop, and SIGINT/SIGTERM would be ignored from then on.
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 def check_files(config: RelayConfig) -> None:
@@ -259,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in (w for c in config.collectors for w in c.warnings()):
         log_event(log, logging.WARNING, "config_warning", detail=line)
     try:
-        asyncio.run(serve(config) if worker is None else serve(config, worker))
+        event_loop.run(serve(config) if worker is None else serve(config, worker), config.event_loop)
     except (ConfigError, StateError) as err:  # found at start-up: a token or TLS file that cannot
         print(f"lineage-relay: {err}", file=sys.stderr)  # be read, an input topic to create first
         return 2
@@ -281,7 +292,7 @@ def _supervise(config: RelayConfig, argv: list[str], count: int) -> int:
 
     try:
         check_files(config)
-        return asyncio.run(supervise(config, argv, count))
+        return event_loop.run(supervise(config, argv, count), config.event_loop)
     except ConfigError as err:
         print(f"lineage-relay: {err}", file=sys.stderr)
         return 2

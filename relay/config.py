@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from relay.config_errors import error_lines, where
 from relay.config_file import Loc, inline_secrets, interpolate, read_yaml
 from relay.errors import ConfigError
+from relay.event_loop import EventLoopSetting, check_setting
 from relay.frozen import Frozen
 from relay.sinks.config import CollectorConfig, DeliveryMode, EventKind
 from relay.sinks.sections import (
@@ -201,6 +202,9 @@ class RelayConfig(Frozen):
     #: child per worker measured slower). On cores shared with the collector it gained
     #: nothing; the pipeline alone gained ~11% with two (bench/README.md, *Workers*).
     workers: int | Literal["auto"] = 1
+    #: The event loop of the relay's processes (see relay.event_loop): ``auto``, uvloop when
+    #: it can be imported, else asyncio's own; ``uvloop`` is refused when it is not installed.
+    event_loop: EventLoopSetting = "auto"
 
     @field_validator("collectors", mode="before")
     @classmethod
@@ -220,6 +224,11 @@ class RelayConfig(Frozen):
             return v
         raise ValueError(f"must be a whole number from 1 to {MAX_WORKERS}, or auto (one per CPU this process may "
                          "use); fix: write workers: 2, or workers: auto, or leave it out for 1")
+
+    @field_validator("event_loop", mode="before")
+    @classmethod
+    def _event_loop(cls, v: Any) -> Any:
+        return check_setting(v)
 
     @model_validator(mode="after")
     def _workers_decode_inline(self) -> RelayConfig:

@@ -3,9 +3,10 @@ each one member of the consumer group (its own partitions, decoding on its own t
 
 The supervisor (``lineage-relay run`` itself) validates the configuration, listens on
 ``http.host``/``http.port``, then starts the workers as ``python -m relay run <the same
-arguments>`` with :data:`WORKER_ENV` set. A worker runs exactly one relay, serves its own
-endpoint on 127.0.0.1 (a free port, reported on a pipe), logs ``"worker": <index>`` on
-every line, and holds the read end of a life-line pipe whose write end only the supervisor
+arguments>`` with :data:`WORKER_ENV` set (so each runs on the event loop ``event_loop``
+names, as the supervisor does). A worker runs exactly one relay, serves its own endpoint
+on 127.0.0.1 (a free port, reported on a pipe), logs ``"worker": <index>`` on every line,
+and holds the read end of a life-line pipe whose write end only the supervisor
 has: when the supervisor is gone (killed with SIGKILL too) the pipe reads EOF and the
 worker stops gracefully (drain, commit, exit 0).
 
@@ -51,6 +52,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from relay.config import RelayConfig
+from relay.event_loop import loop_name
 from relay.logs import log_event
 from relay.server import listen
 from relay.stages.decode_worker import package_env
@@ -181,7 +183,7 @@ class Supervisor:
                 break
             await worker.start(self.argv)
         log_event(log, logging.INFO, "workers_started", workers=len(self.workers),
-                  pids=[w.proc.pid for w in self.workers if w.proc is not None])
+                  pids=[w.proc.pid for w in self.workers if w.proc is not None], event_loop=loop_name())
 
     async def _supervise(self) -> None:
         """Until a stop is asked for or a worker exits; a worker that exited unasked is
@@ -297,7 +299,8 @@ async def supervise(config: RelayConfig, argv: list[str], count: int) -> int:
     exit code. Raises :class:`~relay.errors.ConfigError` when the endpoint cannot listen."""
     supervisor = Supervisor(config, argv, count)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
         loop.add_signal_handler(sig, supervisor.request_stop)
 
     async def bind(app: web.Application) -> web.AppRunner | None:
@@ -307,4 +310,10 @@ async def supervise(config: RelayConfig, argv: list[str], count: int) -> int:
         log_event(log, logging.INFO, "http_listening", host=config.http.host, port=port)
         return runner
 
-    return await supervisor.run(bind)
+    try:
+        return await supervisor.run(bind)
+    finally:
+        # asyncio's loop puts the default handlers back when it closes; uvloop's leaves its
+        # own bound to the closed loop, and SIGINT/SIGTERM would be ignored from then on.
+        for sig in signals:
+            loop.remove_signal_handler(sig)

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from relay import event_loop  # noqa: E402
 from tests.support.kafka import KafkaHandle, start_kafka  # noqa: E402
+from tests.support.relay import EACH_LOOP_FACTORIES, TEST_EVENT_LOOP  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +92,23 @@ def pytest_collection_finish(session):
                     f"pytest-xdist did not group {item.nodeid} (pytest {pytest.__version__}): every worker would "
                     "start a Spark session of its own; install the test extra's pytest (pip install -e '.[test]')")
             return
+
+
+_SUITE_ON_UVLOOP = TEST_EVENT_LOOP is not None and event_loop.resolve(TEST_EVENT_LOOP) == "uvloop"
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """The loops an async test runs on (pytest-asyncio >= 1.4). Marked ``ON_EACH_LOOP`` (tests/support/relay.py):
+    asyncio's and uvloop's (uvloop's skipped where it is not installed). Otherwise one:
+    uvloop when ``LINEAGE_RELAY_TEST_EVENT_LOOP`` names it (see tests/support/relay.py), as
+    the relays the suite starts then run on, else asyncio's. (Never None: pytest-asyncio
+    refuses a hook that answers None.)"""
+    marker = item.get_closest_marker("asyncio")
+    if marker is not None and marker.kwargs.get("loop_factories"):
+        return EACH_LOOP_FACTORIES
+    if _SUITE_ON_UVLOOP:
+        return {"uvloop": EACH_LOOP_FACTORIES["uvloop"]}
+    return {"asyncio": EACH_LOOP_FACTORIES["asyncio"]}
 
 
 @pytest.fixture

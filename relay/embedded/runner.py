@@ -1,5 +1,6 @@
-"""Run a relay on a background thread with its own event loop: for the demo, the tests
-and embedding in a synchronous program. ``stop()`` asks it to drain and waits."""
+"""Run a relay on a background thread with its own event loop (of the kind its
+``event_loop`` says): for the demo, the tests and embedding in a synchronous program.
+``stop()`` asks it to drain and waits."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 
 from relay.app import Relay
 from relay.config import RelayConfig
+from relay.event_loop import new_event_loop
 
 
 class RelayThread:
@@ -21,7 +23,7 @@ class RelayThread:
 
     def start(self) -> RelayThread:
         def target() -> None:
-            self._loop = asyncio.new_event_loop()
+            self._loop = new_event_loop(self.config.event_loop)
             asyncio.set_event_loop(self._loop)
 
             async def main() -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from relay import event_loop
 from relay.config import RelayConfig
 from relay.events import REDRIVEN_FROM, REDRIVEN_HAVE, LineageEvent, Rejection, SourceRef
 from relay.kafka_log import with_log
@@ -333,7 +334,7 @@ class CollectorRedrive:
                                              on_failed=lambda f, n=name: failed(n, f), load_body=load_body))
                 await asyncio.gather(*jobs)
 
-            asyncio.run(deliver_all())
+            event_loop.run(deliver_all(), self._config.event_loop)
 
 
 def _chains(batch: list[LineageEvent], ordered: bool) -> list[list[LineageEvent]]:

@@ -24,13 +24,13 @@ Guarantees and limits:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from confluent_kafka import Consumer, KafkaException
 
+from relay import event_loop
 from relay.config import CollectorConfig, RelayConfig, load_config
 from relay.errors import ConfigError
 from relay.events import LineageEvent, Rejection, SourceRef
@@ -188,7 +188,7 @@ def replay(config: RelayConfig, request: ReplayRequest, *, stream: TextIO | None
             summary.failures.append(failure)
             bar.advance()
 
-        asyncio.run(delivery.run(ordered.chains, on_delivered=delivered, on_failed=failed))
+        event_loop.run(delivery.run(ordered.chains, on_delivered=delivered, on_failed=failed), config.event_loop)
     summary.retries = delivery.retries
     return summary
 

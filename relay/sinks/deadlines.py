@@ -32,6 +32,12 @@ import time
 
 _current_task = asyncio.current_task
 _monotonic = time.monotonic
+#: Added to every wait of the timer. uvloop rounds timers to whole milliseconds of a clock
+#: it reads once per loop iteration, so a timer may run up to ~1 ms before
+#: ``time.monotonic()`` reaches its deadline; without slack the timer then found its request
+#: not yet over time and re-armed for the rest, several wake-ups per deadline instead of one.
+#: With it a request is never cancelled before its deadline, and at most this much after.
+_SLACK_S = 0.002
 
 
 class Deadlines:
@@ -51,7 +57,7 @@ class Deadlines:
             self._expired.discard(task)
         self._started[task] = _monotonic()
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._expire)
+            self._timer = asyncio.get_running_loop().call_later(self.timeout_s + _SLACK_S, self._expire)
         return task
 
     def end(self, task: asyncio.Task) -> None:
@@ -85,7 +91,7 @@ class Deadlines:
             task, at = next(iter(started.items()))
             left = at + self.timeout_s - now
             if left > 0:
-                self._timer = asyncio.get_running_loop().call_later(left, self._expire)
+                self._timer = asyncio.get_running_loop().call_later(left + _SLACK_S, self._expire)
                 return
             del started[task]
             if not task.done():

@@ -145,8 +145,8 @@ def test_a_grandchild_forked_while_its_parent_starts_the_producer_emits(kafka, t
 
 def test_a_fork_while_another_thread_builds_the_default_producer_does_not_block_the_child(
         kafka, tmp_path, monkeypatch):
-    # Building the default producer can take seconds (adopting a large journal left by a
-    # crash); a fork from another thread meanwhile must not leave the lock held in the child.
+    # Building the default producer takes a while (configuration sources, the resolver
+    # probe); a fork from another thread meanwhile must not leave the lock held in the child.
     topic = kafka.new_topic("deflock")
     monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "kafka")
     monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TOPIC_NAME", topic)

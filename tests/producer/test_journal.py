@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from producer.errors import JournalError
 from producer.journal import Journal
 from producer.orphans import adopt_orphans
 
@@ -99,3 +102,46 @@ def test_close_removes_a_delivered_journal_and_keeps_an_undelivered_one(tmp_path
     assert not delivered.path.exists()
     [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096)
     assert adopted.path == kept.path and adopted.read()[0] == _records(2)
+
+
+def test_a_record_longer_than_its_segment_is_corrupt_in_a_segment_followed_by_others(tmp_path):
+    """Not read (a huge length would be a huge allocation), not cut as a torn tail: the
+    records after it stay, and so does the whole journal."""
+    journal = _new(tmp_path)
+    journal.append(_records(300))
+    os.close(journal._writer)
+    os.close(journal._lock_fd)
+    with open(journal.path / "00000002.seg", "r+b") as f:
+        f.seek(4)   # the segment's first record's value length
+        f.write((0xFFFFFFF0).to_bytes(4, "big"))
+    before = {p.name: p.read_bytes() for p in journal.path.iterdir() if p.name != "LOCK"}
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, recover=False)
+    with pytest.raises(JournalError, match="corrupt at segment 2 offset 0"):
+        while not adopted.recover_some(max_records=1000):
+            pass
+    adopted.close()
+    assert {p.name: p.read_bytes() for p in journal.path.iterdir() if p.name != "LOCK"} == before
+
+
+def test_a_record_longer_than_the_last_segment_is_a_torn_tail(tmp_path):
+    journal = _new(tmp_path)
+    journal.append(_records(5))
+    segment = sorted(journal.path.glob("*.seg"))[-1]
+    with open(segment, "ab") as f:        # a crash mid-append: the header whole, its value not
+        f.write((0).to_bytes(4, "big") + (0xFFFFFFF0).to_bytes(4, "big") + (0).to_bytes(2, "big") + b"partial")
+    os.close(journal._lock_fd)
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096)
+    assert adopted.pending == 5 and adopted.read()[0] == _records(5)
+
+
+def test_a_recovery_slice_stops_at_its_deadline(tmp_path):
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(300))
+    os.close(journal._lock_fd)
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20, recover=False)
+    assert not adopted.recover_some(max_records=1000, deadline=0.0)   # long past: the fewest records
+    assert 1 <= adopted.pending_at_least < 300
+    while not adopted.recover_some(max_records=1000, deadline=0.0):
+        pass
+    assert adopted.pending == 300
+    adopted.close()

@@ -22,7 +22,8 @@ def _orphan(root, destination: Destination | None, n: int = 3) -> Journal:
     """A journal whose owner died (the kernel drops its flock with its fds)."""
     journal = Journal.create(root, max_bytes=1 << 20, segment_bytes=4096, destination=destination)
     journal.append([(b"k", f"v{i}".encode()) for i in range(n)])
-    os.close(journal._writer)
+    if journal._writer is not None:   # none without a record
+        os.close(journal._writer)
     os.close(journal._lock_fd)
     return journal
 
@@ -179,3 +180,30 @@ def test_a_lock_that_cannot_be_taken_leaks_no_descriptor(tmp_path, monkeypatch):
         assert _adopt_next(tmp_path) is None
         assert adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE) == []
     assert open_paths_under([foreign.path, ours.path]) == []
+
+
+def test_taken_over_without_their_scans_orphans_are_only_locked_and_one_released_uncounted_stays_whole(tmp_path):
+    """A producer's construction (adopt_orphans(recover=False)): nothing is read, empty ones
+    (no bytes after their cursor) are removed, not taken, and until a journal's scan is
+    complete it is pending as the records counted so far, at least 1."""
+    full = _orphan(tmp_path, HERE, n=200)
+    empty = _orphan(tmp_path, HERE, n=0)
+    before = sorted((p.name, p.read_bytes()) for p in full.path.iterdir())
+    adopted = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE, recover=False)
+    try:
+        assert [j.path for j in adopted] == [full.path]
+        assert not empty.path.exists(), "an empty journal was not removed when taken"
+        assert open_paths_under([full.path]) == [str(full.path / "LOCK")]
+        [taken] = adopted
+        assert not taken.recovered and taken.pending_at_least == 1
+        assert not taken.recover_some(max_records=30) and taken.pending_at_least == 30
+    finally:
+        for journal in adopted:
+            journal.close()
+    assert sorted((p.name, p.read_bytes()) for p in full.path.iterdir()) == before, "released uncounted, changed"
+    again = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    try:
+        assert [(j.path, j.pending, j.pending_at_least) for j in again] == [(full.path, 200, 200)]
+    finally:
+        for journal in again:
+            journal.close()

@@ -7,6 +7,7 @@ import pytest
 from relay.cli import config_from_args, main
 from relay.config import build_config, load_config
 from relay.errors import ConfigError
+from tests.support.relay import suite_loop_args
 
 MINIMAL = """
 kafka:
@@ -287,8 +288,8 @@ def test_a_held_mode_with_a_missing_input_topic_fails_at_start_up_naming_it(kafk
     config.write_text(f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n  topics: [never-created-topic]\n"
                       f"  group_id: {kafka.new_group()}\n"
                       "collectors:\n  - name: c\n    url: http://127.0.0.1:9\n    mode: consolidated\n")
-    out = subprocess.run([sys.executable, "-m", "relay", "run", "--config", str(config), "--http-port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "relay", "run", "--config", str(config), "--http-port", "0",
+                          *suite_loop_args()], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert "kafka.topics" in out.stderr and "never-created-topic" in out.stderr and "create it" in out.stderr

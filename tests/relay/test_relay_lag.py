@@ -9,10 +9,9 @@ import pytest
 
 from relay.embedded.broker import EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
-from relay.embedded.runner import RelayThread
 from relay.embedded.sample import sample_stream
 from tests.support.kafka import produce
-from tests.support.relay import eventually, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka
 

@@ -13,11 +13,10 @@ import pytest
 
 from relay.embedded.broker import EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
-from relay.embedded.runner import RelayThread
 from relay.embedded.sample import sample_stream
 from tests.relay.test_relay_end_to_end import assert_run_order
 from tests.support.kafka import committed_offsets, produce
-from tests.support.relay import eventually, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka
 

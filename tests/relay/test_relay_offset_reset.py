@@ -16,12 +16,11 @@ from confluent_kafka import Consumer, TopicPartition
 
 from relay.embedded.broker import EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
-from relay.embedded.runner import RelayThread
 from relay.embedded.sample import sample_stream
 from tests.relay.test_relay_end_to_end import assert_run_order
 from tests.support.kafka import committed_offsets, produce
 from tests.support.kafka_proxy import FETCH, OFFSET_OUT_OF_RANGE, proxied_broker
-from tests.support.relay import eventually, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka
 

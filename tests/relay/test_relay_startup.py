@@ -26,7 +26,7 @@ from relay.embedded.broker import free_port
 from relay.state.changelog import StateError
 from tests.relay.test_relay_readiness import readyz, served
 from tests.support.hanging_proxy import HangingProxy
-from tests.support.relay import RelayThread, eventually, relay_config
+from tests.support.relay import RelayThread, eventually, relay_config, suite_loop_args
 
 pytestmark = pytest.mark.kafka
 
@@ -62,7 +62,8 @@ def test_sigterm_while_the_broker_does_not_answer_at_start_up_exits_0_within_the
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "relay", "run", "--config",
                                  str(unreachable_config(tmp_path, mode, create_dlq_topic=create_dlq_topic)),
-                                 "--http-port", str(port)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+                                 "--http-port", str(port), *suite_loop_args()],
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         def starting() -> bool:
             assert proc.poll() is None, log_path.read_text()[-2000:]

@@ -1,22 +1,79 @@
 """Run a real relay for a test: in-process on its own thread and event loop
 (:class:`RelayThread`), or as a separate ``lineage-relay run`` process
-(:class:`RelayProcess`) for kill -9 and SIGTERM tests."""
+(:class:`RelayProcess`) for kill -9 and SIGTERM tests.
+
+``LINEAGE_RELAY_TEST_EVENT_LOOP`` (``auto``, ``uvloop`` or ``asyncio``), when set, is the
+``event_loop`` of every relay these start (a ``--event-loop`` a test gives itself stays)
+and of those the tests that start ``python -m relay run`` themselves start with
+:func:`suite_loop_args` (those that only check its argument errors do not: no loop runs),
+and, naming uvloop, the loop of the async tests too (tests/conftest.py): the suite under
+either loop, e.g. ``LINEAGE_RELAY_TEST_EVENT_LOOP=asyncio ./dev test tests/relay``. Unset:
+each relay's own setting (``auto`` unless given: uvloop where installed), and the async
+tests on asyncio's loop. Async tests marked :data:`ON_EACH_LOOP` run once on each loop
+whatever it says."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
+from relay import event_loop
 from relay.config import RelayConfig, build_config
+from relay.embedded import runner
 from relay.embedded.broker import FAST_GROUP_PROPERTIES, free_port
-from relay.embedded.runner import RelayThread  # noqa: F401 - re-exported for tests
+
+
+def _suite_loop() -> str | None:
+    value = os.environ.get("LINEAGE_RELAY_TEST_EVENT_LOOP")
+    if not value:
+        return None
+    if value not in event_loop.EVENT_LOOPS:
+        raise RuntimeError(f"LINEAGE_RELAY_TEST_EVENT_LOOP={value!r}: must be auto, uvloop or asyncio; fix: set it "
+                           "to one of those, or unset it (each relay's own setting)")
+    try:
+        return event_loop.check_setting(value)
+    except ValueError as err:  # uvloop, not importable; the message names the config key
+        raise RuntimeError(f"LINEAGE_RELAY_TEST_EVENT_LOOP=uvloop, which cannot be imported here ({err}); fix: "
+                           "pip install uvloop, or set it to asyncio or auto") from None
+
+
+#: The suite's event loop for every relay started here (see the module docstring); None: unset.
+TEST_EVENT_LOOP = _suite_loop()
+
+
+#: The loops :data:`ON_EACH_LOOP` names, by name (tests/conftest.py's loop factory hook).
+EACH_LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+if importlib.util.find_spec("uvloop") is not None:
+    EACH_LOOP_FACTORIES["uvloop"] = event_loop.loop_factory("uvloop")
+#: Runs an async test once on each loop, whatever ``LINEAGE_RELAY_TEST_EVENT_LOOP`` says:
+#: for the code whose behaviour the loop can change (TLS, timers).
+ON_EACH_LOOP = pytest.mark.asyncio(loop_factories=["asyncio", "uvloop"])
+
+
+def suite_loop_args() -> list[str]:
+    """``--event-loop <LINEAGE_RELAY_TEST_EVENT_LOOP>`` when it is set, for a test that starts
+    ``python -m relay run`` itself; else nothing."""
+    return ["--event-loop", TEST_EVENT_LOOP] if TEST_EVENT_LOOP is not None else []
+
+
+class RelayThread(runner.RelayThread):
+    """:class:`relay.embedded.runner.RelayThread`, on ``LINEAGE_RELAY_TEST_EVENT_LOOP`` when set."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        if TEST_EVENT_LOOP is not None:
+            config = config.model_copy(update={"event_loop": TEST_EVENT_LOOP})
+        super().__init__(config)
 
 
 def relay_config(bootstrap: str, topic: str, collectors: dict[str, str], *, group: str, dlq: str,
@@ -43,6 +100,8 @@ class RelayProcess:
     def __init__(self, args: list[str], *, log_path: Path, own_group: bool = False) -> None:
         self.http_port = free_port()
         self.args = [sys.executable, "-m", "relay", "run", *args, "--http-port", str(self.http_port)]
+        if TEST_EVENT_LOOP is not None and "--event-loop" not in args:
+            self.args += ["--event-loop", TEST_EVENT_LOOP]
         self.log_path = log_path
         self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None

@@ -26,6 +26,7 @@ from relay.metrics import RelayMetrics
 from relay.sinks.auth import TokenSource, ssl_context
 from relay.sinks.http import HttpCollector
 from tests.support.clock import Clock
+from tests.support.relay import ON_EACH_LOOP
 
 BODY = b'{"eventTime":"2024-01-01T00:00:00Z","producer":"p","schemaURL":"s","run":{"runId":"x"},"job":{}}'
 
@@ -167,6 +168,7 @@ async def deliver_once(url: str, **tls) -> object:
         await collector.close()
 
 
+@ON_EACH_LOOP
 async def test_mutual_tls_with_a_private_ca(pki, https_collector):
     url, received = https_collector
     assert await deliver_once(url, ca_bundle=pki["ca"], client_cert=pki["client"][0],
@@ -174,6 +176,7 @@ async def test_mutual_tls_with_a_private_ca(pki, https_collector):
     assert received == ["test-client"]
 
 
+@ON_EACH_LOOP
 async def test_tls_failures_are_not_deliveries(pki, https_collector):
     url, received = https_collector
     no_client_cert = await deliver_once(url, ca_bundle=pki["ca"])

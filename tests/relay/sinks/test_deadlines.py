@@ -8,9 +8,12 @@ import time
 
 import pytest
 
+from relay import event_loop
 from relay.embedded.collector import RecordingCollector
 from relay.sinks.deadlines import Deadlines
 from tests.relay.sinks.test_http_collector import BODY, collector_for, until
+from tests.relay.test_event_loop import needs_uvloop
+from tests.support.relay import ON_EACH_LOOP
 
 
 @pytest.fixture
@@ -19,6 +22,7 @@ def server():
         yield s
 
 
+@ON_EACH_LOOP
 async def test_a_slow_answer_times_out_at_the_limit_not_when_it_comes(server):
     server.fail_next(1, delay_s=5.0)
     http, _ = collector_for(server, token="tok", timeout_s=1.0, retry={"max_attempts": 1})
@@ -34,6 +38,7 @@ async def test_a_slow_answer_times_out_at_the_limit_not_when_it_comes(server):
     assert 1.0 <= took < 3.75, took  # well before the answer (5 s)
 
 
+@ON_EACH_LOOP
 async def test_only_the_request_over_time_times_out(server):
     """Eight requests at once; the one the collector sits on times out, the seven others
     are answered and succeed, and later requests on the same collector are not affected."""
@@ -52,6 +57,7 @@ async def test_only_the_request_over_time_times_out(server):
     assert server.count == 10
 
 
+@ON_EACH_LOOP
 async def test_a_timed_out_request_is_retried_and_delivered(server):
     server.fail_next(1, delay_s=5.0)
     http, metrics = collector_for(server, token="tok", timeout_s=2.0)  # the retry's answer may be slow
@@ -64,6 +70,7 @@ async def test_a_timed_out_request_is_retried_and_delivered(server):
     assert metrics.registry.get_sample_value("lineage_relay_delivery_retries_total", {"collector": "c"}) == 1
 
 
+@ON_EACH_LOOP
 async def test_cancelling_a_delivery_is_not_taken_for_a_timeout(server):
     """Shutdown cancels deliveries still running: that must stop them, not retry them."""
     server.fail_next(1, delay_s=2.0)
@@ -105,6 +112,7 @@ async def _request(deadlines: Deadlines, outcome: list[str]) -> None:
         deadlines.end(task)
 
 
+@ON_EACH_LOOP
 async def test_a_cancellation_at_the_moment_of_the_timeout_still_cancels():
     deadlines = _CancelledTooAtExpiry(0.05)
     outcome: list[str] = []
@@ -116,6 +124,7 @@ async def test_a_cancellation_at_the_moment_of_the_timeout_still_cancels():
     assert deadlines.in_flight == 0
 
 
+@ON_EACH_LOOP
 async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_timeout():
     """A starts at 0 and never gets an answer; B starts at 0.25 and is answered at 0.65:
     A's timeout at 0.5 must not touch B (whose own limit is 0.75)."""
@@ -146,3 +155,49 @@ async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_
     assert time.monotonic() - started >= 0.5
     assert deadlines.in_flight == 0
     deadlines.close()
+
+
+class _CountedExpiry(Deadlines):
+    wake_ups = 0
+
+    def _expire(self) -> None:
+        self.wake_ups += 1
+        super()._expire()
+
+
+async def _staggered_timeouts(count: int, timeout_s: float) -> tuple[int, list[float]]:
+    """``count`` requests that never get an answer, started 3 ms apart: how often the timer
+    woke, and how long after its start (as begin() noted it, or later) each timed out."""
+    deadlines = _CountedExpiry(timeout_s)
+    took: list[float] = []
+
+    async def request() -> None:
+        task = deadlines.begin()
+        started = time.monotonic()
+        try:
+            await asyncio.sleep(10)  # ok: a request that never gets an answer
+        except asyncio.CancelledError:
+            assert deadlines.expired(task)
+            took.append(time.monotonic() - started)
+        finally:
+            deadlines.end(task)
+
+    tasks = []
+    for _ in range(count):
+        tasks.append(asyncio.create_task(request()))
+        await asyncio.sleep(0.003)  # ok: the requests' start times being modelled
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    deadlines.close()
+    return deadlines.wake_ups, took
+
+
+@pytest.mark.parametrize("loop", [pytest.param("uvloop", marks=needs_uvloop), "asyncio"])
+def test_the_timer_wakes_once_per_deadline_and_never_before_it(loop):
+    """uvloop runs a timer up to ~1 ms before time.monotonic() reaches its deadline (whole
+    milliseconds of its own clock): the timer must not then wake again and again for the
+    rest, nor cancel a request early."""
+    with asyncio.Runner(loop_factory=event_loop.loop_factory(loop)) as runner:
+        wake_ups, took = runner.run(_staggered_timeouts(50, 0.05))
+    assert len(took) == 50
+    assert min(took) >= 0.05, sorted(took)[:5]
+    assert wake_ups <= 50, wake_ups
