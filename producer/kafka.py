@@ -60,7 +60,6 @@ from confluent_kafka import KafkaException, Producer
 
 from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
-from producer.deferred_close import LOCK_WAIT_S
 from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
 from producer.forking import (
@@ -174,15 +173,23 @@ class LineageProducer(Sender):
     # --- the hot path ----------------------------------------------------------------
 
     def emit(self, event: dict) -> None:
-        """Queue one event for Kafka. Never blocks on the network, never raises. A value that
-        is not an event (:mod:`producer.event_values`) is dropped: ``not_an_event``. Safe in
-        a signal handler, as are flush(), close() and stats (:mod:`producer.deferred_close`)."""
+        """Queue one event for Kafka. Never blocks on the network, never raises (an
+        exception a signal handler raises while it runs goes on, once its event is placed).
+        A value that is not an event (:mod:`producer.event_values`) is dropped:
+        ``not_an_event``. Safe in a signal handler, as are flush(), close() and stats
+        (:mod:`producer.deferred_close`)."""
         # emit() calls in progress per thread: a close() from a signal handler (same thread) defers.
         thread = get_ident()
         emitting = self._emitting
         depth = emitting[thread] = emitting.get(thread, 0) + 1
+        call = _Emit(event)
         try:
-            self._emit(event, thread, depth)
+            self._emit(call, thread, depth)
+        except BaseException:
+            # Only a signal handler's exception gets here (SystemExit, KeyboardInterrupt: _emit
+            # takes every Exception): the event it cut short is the job's all the same.
+            self._rescue(call, thread, depth)
+            raise
         finally:
             if depth == 1:
                 del emitting[thread]
@@ -191,78 +198,165 @@ class LineageProducer(Sender):
             if self._deferred is not None:
                 self._emit_returned(thread, depth)
 
-    def _emit(self, event: dict, thread: int, depth: int) -> None:
+    def _emit(self, call: _Emit, thread: int, depth: int) -> None:
         try:
             if self._forked:
                 start_in_forked_child(self)
             with self._count_lock:
                 self._emitted += 1
-            if type(event) is not dict:
-                try:
-                    event = as_event(event)
-                except NotAnEvent as err:
-                    self._drop("not_an_event", err)
-                    return
-            try:
-                value = self._encode(event)
-                key = self._fixed_key
-                if key is None:
-                    text = message_key(event)
-                    key = text.encode() if text is not None else None
-            except Exception as err:  # noqa: BLE001 - any encoding failure belongs to the event
-                self._drop("unencodable", err)
-                return
-            if len(value) > self._max_value:
-                self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
-                return
-            dropped = self._enqueue(key, value, thread, depth)
-            if dropped is not None:
-                # Logged outside the lock: other emit() calls must not wait for a log handler.
-                self._drop(dropped, "emit after close()" if dropped == "closed" else
-                           f"the journal writer is {_FULL_WAIT_S}s behind ({self._max_spill} events queued)", key)
+            if self._encoded(call) is not None:
+                self._enqueue(call, thread, depth)
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
+            self._rescue(call, thread, depth)
 
-    def _enqueue(self, key: bytes | None, value: bytes, thread: int, depth: int) -> str | None:
-        """Hand one record to librdkafka or the spill queue, under ``_lock``; returns the
-        drop reason when neither takes it (the caller logs it, outside the lock)."""
-        with self._lock:
-            if self._closed:
-                if not self._was_interrupted(thread, depth):
-                    return "closed"
-                # A close() deferred in a signal handler interrupted this emit(): journaled.
-                self._deferred.interrupted += 1
-                self._spill.append((key, value))
+    def _encoded(self, call: _Emit) -> tuple[bytes | None, bytes] | None:
+        """The call's record (key, value), or None when its event is dropped (counted, logged)."""
+        event = call.event
+        if type(event) is not dict:
+            try:
+                event = as_event(event)
+            except NotAnEvent as err:
+                call.settled = True
+                self._drop("not_an_event", err)
                 return None
-            if not self._spilling:
-                # The emit number rides with the record to its delivery report:
-                # reclaimed records are journaled in emit order, whatever order
-                # librdkafka reports them in (positional: cheaper than keywords).
-                seq = self._direct_sent
-                on_delivery = partial(self._on_delivery, seq)
-                # Counted before produce(), nothing called in between: a signal handler runs
-                # after a call returns, so one that follows produce() (a flush, a close) sees
-                # the record counted, and one that raises leaves it counted once.
-                self._direct_sent = seq + 1
-                try:
-                    self._producer.produce(self._topic, value, key, -1, on_delivery)
-                    return None
-                except BufferError:
-                    self._direct_sent -= 1
-                    self._begin_journal_mode_locked("queue_full")
-                except KafkaException as err:
-                    self._direct_sent -= 1
-                    self._begin_journal_mode_locked(f"produce_failed:{err.args[0].name()}")
-                except Exception:
-                    self._direct_sent -= 1
-                    raise
-            if len(self._spill) >= self._max_spill and not self._space.wait_for(
-                    lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
-                return "queue_full"
-            if self._closed:
-                return "closed"
-            self._spill.append((key, value))
+        try:
+            value = self._encode(event)
+            key = self._fixed_key
+            if key is None:
+                text = message_key(event)
+                key = text.encode() if text is not None else None
+        except Exception as err:  # noqa: BLE001 - any encoding failure belongs to the event
+            call.settled = True
+            self._drop("unencodable", err)
             return None
+        if len(value) > self._max_value:
+            call.settled = True
+            self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
+            return None
+        call.record = record = (key, value)
+        return record
+
+    def _enqueue(self, call: _Emit, thread: int, depth: int) -> None:
+        """Hand the call's record to librdkafka or the spill queue (:meth:`_place`); a drop
+        is logged outside ``_lock``: other emit() calls must not wait for a log handler."""
+        if self._refuses(thread, depth):
+            # Before _lock: once close() began, emit() calls do not compete with its sender for it.
+            call.settled = True
+            dropped: str | None = "closed"
+        elif self._lock._is_owned():  # type: ignore[attr-defined]
+            # A signal handler's emit() that interrupted one of this thread's inside _lock (an
+            # RLock, so taking it would succeed and put this record ahead of that one's, or
+            # mix up its bookkeeping): it goes after that one's record, placed as it leaves.
+            self._held_back.append(call.record)
+            call.settled = True
+            return
+        else:
+            with self._lock:
+                dropped = self._place(call, thread, depth)
+                held_back_dropped = self._place_held_back() if self._held_back else 0
+            if held_back_dropped:
+                self._drop("queue_full", self._queue_full_detail(), n=held_back_dropped)
+        if dropped is not None:
+            key = call.record[0] if call.record is not None else None
+            self._drop(dropped, "emit after close()" if dropped == "closed" else self._queue_full_detail(), key)
+
+    def _queue_full_detail(self) -> str:
+        return f"the journal writer is {_FULL_WAIT_S}s behind ({self._max_spill} events queued)"
+
+    def _place(self, call: _Emit, thread: int | None, depth: int) -> str | None:
+        """Under ``_lock``: the call's record to librdkafka or the spill queue; returns the
+        drop reason when neither takes it. An emit() a deferred close interrupted is placed
+        as if the producer were open (:mod:`producer.deferred_close`): after the events
+        emitted before it, and never dropped as ``closed``; so is a held-back record
+        (``thread`` None: accepted before any close())."""
+        if self._refuses(thread, depth):
+            call.settled = True
+            return "closed"
+        key, value = call.record
+        if not self._spilling and self._produce(call, key, value):
+            if self._closed:
+                self._placed_late()
+            return None
+        if len(self._spill) >= self._max_spill and not self._space.wait_for(
+                lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
+            call.settled = True
+            return "queue_full"
+        if self._refuses(thread, depth):
+            call.settled = True
+            return "closed"
+        self._spill.append(call.record)
+        call.settled = True
+        if self._closed:
+            self._placed_late()
+        return None
+
+    def _produce(self, call: _Emit, key: bytes | None, value: bytes) -> bool:
+        """Under ``_lock``: the record to librdkafka; False (journal mode begun) if it refused it."""
+        # The emit number rides with the record to its delivery report: reclaimed records
+        # are journaled in emit order, whatever order librdkafka reports them in
+        # (positional: cheaper than keywords).
+        seq = self._direct_sent
+        on_delivery = partial(self._on_delivery, seq)
+        # Counted before produce(), with nothing called in between (CPython runs a signal
+        # handler only at a call or a loop's back edge): a handler right after produce() (a
+        # flush, a close) sees the record counted and waits for it.
+        call.seq = seq
+        self._direct_sent = seq + 1
+        try:
+            self._producer.produce(self._topic, value, key, -1, on_delivery)
+        except BufferError:
+            reason = "queue_full"
+        except KafkaException as err:
+            reason = f"produce_failed:{err.args[0].name()}"
+        except Exception:
+            self._direct_sent = seq
+            call.seq = None
+            raise
+        else:
+            call.seq = None
+            call.settled = True
+            return True
+        self._direct_sent = seq
+        call.seq = None
+        self._begin_journal_mode_locked(reason)
+        return False
+
+    def _place_held_back(self) -> int:
+        """Under ``_lock``: the records signal handlers' emit() calls held back, in order;
+        returns how many were dropped (``queue_full``). They were accepted before any close()."""
+        dropped = 0
+        while self._held_back:
+            record = self._held_back.popleft()
+            call = _Emit(None)
+            call.record = record
+            if self._place(call, None, 0) is not None:
+                dropped += 1
+        return dropped
+
+    def _rescue(self, call: _Emit, thread: int, depth: int) -> None:
+        """An emit() cut short by an exception (a signal handler's, or a failure): its event
+        is placed now, after those emitted before it. A record it had handed to librdkafka
+        with no sign of produce() having returned may then be sent twice (at-least-once):
+        its first copy's report is ignored (_abandon)."""
+        if call.settled:
+            return
+        try:
+            if call.record is None and self._encoded(call) is None:
+                return
+            with self._lock:
+                seq, call.seq = call.seq, None
+                if seq is not None:
+                    self._abandon(seq)
+                dropped = self._place(call, thread, depth)
+                held_back_dropped = self._place_held_back() if self._held_back else 0
+            if held_back_dropped:
+                self._drop("queue_full", self._queue_full_detail(), n=held_back_dropped)
+            if dropped is not None:
+                self._drop(dropped, "emit after close()" if dropped == "closed" else self._queue_full_detail(),
+                           call.record[0])
+        except Exception as err:  # noqa: BLE001 - emit must never raise into the job
+            self._error("emit_failed", err)
 
     # --- flush, close, stats ------------------------------------------------------------
 
@@ -285,7 +379,7 @@ class LineageProducer(Sender):
         process left is not counted yet (``pending``). In a signal handler that interrupted
         the producer (:mod:`producer.deferred_close`) it waits only for what librdkafka holds."""
         if self._reentered(get_ident()) is not None:
-            self._wait(timeout_s, lambda: self._direct_outstanding() <= 0 or self._kafka_down)
+            self._wait(timeout_s, self._librdkafka_settled)
             return self.pending
         # Without a Kafka client (producer.forking) nothing is acknowledged: the journal is the end.
         self._wait(timeout_s, lambda: self.pending == 0 or (not self._can_send and self._not_journaled() == 0))
@@ -300,8 +394,9 @@ class LineageProducer(Sender):
         for: no batch of it starts once close() began, and it is released with what it has
         not sent (:mod:`producer.replay`). Idempotent; later ``emit()`` calls are dropped
         (reason ``closed``). Safe in a signal handler: where it cannot wait for the sender
-        (inside emit(), the counters, logging, or ``_lock`` busy) it is deferred
-        (:mod:`producer.deferred_close`)."""
+        (inside emit(), the counters or logging, on the calling thread) it is deferred
+        (:mod:`producer.deferred_close`); anywhere else it never is, and waits for no lock
+        another thread holds for longer than it may wait."""
         if self._stopped:
             return
         self._closing = True
@@ -319,17 +414,12 @@ class LineageProducer(Sender):
             return self._defer_close(reason, deadline, thread)
         self._take_back_if_kafka_is_down(max(0.0, deadline - time.monotonic()))
         self._wait(max(0.0, deadline - time.monotonic()), self._nothing_to_wait_for)
-        if self._lock.acquire(timeout=max(LOCK_WAIT_S, deadline - time.monotonic())):
-            try:
-                self._closed = True
-                self._space.notify_all()
-            finally:
-                self._lock.release()
-        elif deferred is None:
-            return self._defer_close("lock_busy", deadline, thread)
-        else:   # busy again at the deferred close's end: stop without it
-            self._closed = True
-        self._finishing()
+        # Without _lock, which another thread may hold for longer than this close may wait:
+        # emit() reads _closed under it, and the sender's last turn waits for the one that
+        # read it just before (bounded: _quiesce_emits) before journaling what is left.
+        self._close_deadline = deadline
+        self._closed = True
+        deferral = self._finishing()
         self._stop.set()
         # A fatal error's reclaim may take two of its waits (answers, then the purge).
         self._sender.join(2 * RECLAIM_TIMEOUT_S + 5)
@@ -341,8 +431,8 @@ class LineageProducer(Sender):
         self._stopped = True
         _LIVE.discard(self)
         s = self.stats
-        log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
-                 self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors)
+        log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d%s",
+                 self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors, deferral)
 
     def _kafka_client_back(self) -> bool:
         """Journal-only for want of a Kafka client: the resolver probe answered late after all
@@ -385,10 +475,7 @@ class LineageProducer(Sender):
             return []
 
     def _nothing_to_wait_for(self) -> bool:
-        # After a deferred close, in direct mode, the journal holds only interrupted emits'
-        # events (producer.deferred_close): they wait for the next producer, not replayed.
-        return self.pending == 0 or ((self._kafka_down or (self._deferred is not None and not self._spilling))
-                                     and self._not_journaled() == 0)
+        return self.pending == 0 or (self._kafka_down and self._not_journaled() == 0)
 
     def _wait(self, timeout_s: float | None, done: Callable[[], bool]) -> None:
         """Until ``done()``, ``timeout_s`` (default ``close_timeout_s``) passes, or the sender stops."""
@@ -415,6 +502,7 @@ class LineageProducer(Sender):
                 replayed=self._replayed, delivery_failures=self._delivery_failures,
                 errors=self._errors, dropped=dict(self._dropped), pending=self.pending,
                 mode="journal" if self._spilling else "direct", adopted=self._adopted_sent,
+                close_deferred=self._deferred.reason if self._deferred is not None else None,
             )
 
     # --- errors ------------------------------------------------------------------------
@@ -423,6 +511,20 @@ class LineageProducer(Sender):
         """Count and log an event that will never be sent (for integrations that reject an
         event before it reaches :meth:`emit`)."""
         self._drop(reason, detail, key)
+
+
+class _Emit:
+    """One emit() call: its event, its record once encoded, the emit number it holds while
+    produce() may not have taken the record yet, and whether it is settled (placed or
+    dropped): what :meth:`LineageProducer._rescue` needs when an exception cuts it short."""
+
+    __slots__ = ("event", "record", "seq", "settled")
+
+    def __init__(self, event: object) -> None:
+        self.event = event
+        self.record: tuple[bytes | None, bytes] | None = None
+        self.seq: int | None = None
+        self.settled = False
 
 
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
