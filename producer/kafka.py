@@ -103,8 +103,11 @@ class LineageProducer(Sender):
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
         if disabled(os.environ):
             from producer.disabled import disabled_class  # it subclasses this one
-            return super().__new__(disabled_class(cls))
-        return super().__new__(cls)
+            producer = super().__new__(disabled_class(cls))
+        else:
+            producer = super().__new__(cls)
+        _EVERY.add(producer)   # its locks are renewed in a forked child (producer.forking)
+        return producer
 
     def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
         if config is None:
@@ -528,6 +531,8 @@ class _Emit:
 
 
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
+#: Every producer built, closed and disabled ones too.
+_EVERY: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
 
 
 def __getattr__(name: str) -> Any:
@@ -548,4 +553,4 @@ def _close_all_at_exit() -> None:
             log.exception("event=close_at_exit_failed")
 
 
-os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit))
+os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit, _EVERY))
