@@ -350,6 +350,10 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         wait_s = max(LOCK_WAIT_S, self._close_deadline - time.monotonic()) if final else LOCK_SLICE_S
         if not self._lockless and self._lock.acquire(timeout=wait_s):
             try:
+                if self._need_reclaim and not final:
+                    # An emit() began journal mode after this turn's reclaim check: what
+                    # librdkafka holds is older than the spill queue and goes first (next turn).
+                    return
                 batch = returned + list(self._spill) + list(self._held_back)
                 self._in_transit = len(batch)      # before the queues empty: see _not_journaled
                 self._returned = []
