@@ -32,6 +32,11 @@ close, purge and destroy. Before a process's first librdkafka instance,
 wait in the journal for the next producer on the journal directory), until the probe
 answers after all (a process too loaded to answer in time: :func:`resolver_answered`).
 
+A lock a thread of the parent held at the fork stays held in the child for ever: the
+fork hook gives every producer the process built (closed and disabled ones too) new
+locks, so a child's ``stats``, ``emit()`` or ``close()`` never waits for one; a close the
+parent had deferred (:mod:`producer.deferred_close`) is the parent's to finish.
+
 A child killed (``Pool.terminate()``, which leaving a ``with Pool()`` block calls) loses
 what it had not delivered, as any killed process does.
 """

@@ -23,6 +23,10 @@ Guarantees:
   own backlog is sent, behind its own events (:mod:`producer.replay`).
 * Delivery is at-least-once: a replay after a crash or an outage can repeat events (the
   relay deduplicates).
+* ``emit()``, ``flush()``, ``close()`` and ``stats`` are safe in a signal handler, whatever
+  it interrupted: an ``emit()`` it interrupted keeps its event and its place, even when
+  the handler closes the producer or raises (``sys.exit()``), and a close() that cannot
+  finish there is finished when that call returns, or at exit (:mod:`producer.deferred_close`).
 
 Bounded memory: librdkafka holds at most ``queue_max_events`` records, and so does the
 spill queue in front of the journal. If the journal writer falls that far behind (a
