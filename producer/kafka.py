@@ -79,7 +79,7 @@ from producer.journal import Journal
 from producer.journal_dir import check_journal_dir
 from producer.keys import message_key
 from producer.orphans import adopt_orphans
-from producer.sender import RECLAIM_TIMEOUT_S, Sender
+from producer.sender import LOCK_WAIT_S, RECLAIM_TIMEOUT_S, Sender
 from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
 from producer.stats import ProducerStats
 
@@ -428,9 +428,14 @@ class LineageProducer(Sender):
         self._closed = True
         deferral = self._finishing()
         self._stop.set()
-        # A fatal error's reclaim may take two of its waits (answers, then the purge).
-        self._sender.join(2 * RECLAIM_TIMEOUT_S + 5)
-        if not self._sender.is_alive():
+        # The last turn's wait for _lock, then a fatal error's reclaim may take two of its
+        # waits (answers, then the purge).
+        joined = max(LOCK_WAIT_S, deadline - time.monotonic()) + 2 * RECLAIM_TIMEOUT_S + 5
+        self._sender.join(joined)
+        if self._sender.is_alive():
+            self._error("close_incomplete", f"the sender did not stop within {joined:.0f}s: what it still "
+                        "holds is lost if the process exits now")
+        else:
             # Freed now, in this process: its callbacks hold this object (a cycle), so it would
             # wait for the garbage collector, which may run first in a fork child, where
             # destroying an instance whose threads stayed in the parent crashes or hangs.
