@@ -195,6 +195,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         self._lockless = True
         log.warning("event=close_without_lock topic=%s waited_s=%.1f detail=another thread held the producer's "
                     "lock all that time: what is not sent is journaled without it", self._topic, waited)
+
     def _poll(self, timeout: float) -> None:
         try:
             self._producer.poll(timeout)

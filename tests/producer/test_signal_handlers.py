@@ -277,7 +277,6 @@ def test_close_in_a_handler_that_interrupted_logging_leaves_nothing_behind(broke
     assert set(range(100)) <= _seqs_sent(broker.bootstrap_servers, "sig-logging", tmp_path)
 
 
-
 _BEFORE_PRODUCE_AT_501 = """\
 p._producer = Interrupting(p._producer, {{501}}, signal.{sig}, before=True)
 for i in range(1000):
