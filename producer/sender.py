@@ -272,7 +272,8 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         """Records accepted and neither acknowledged nor in a journal: in librdkafka, taken
         back from it, or queued for the journal. Safe to read from any thread: a record
         reaches its next place before it leaves the one read first."""
-        return self._direct_outstanding() + len(self._returned) + len(self._spill) + self._in_transit
+        return (self._direct_outstanding() + len(self._returned) + len(self._spill) + len(self._held_back)
+                + self._in_transit)
 
     def _reclaim(self, settle_in_flight: bool = False) -> None:
         """Take back every record librdkafka holds; their delivery reports put the direct
