@@ -39,6 +39,7 @@ class DeliveryReports:
     _delivery_failures: int
     _returned: list[tuple[int, bytes | None, bytes]]
     _direct_done: int
+    _abandoned: set[int]
     _spilling: bool
     _kafka_down: bool
     _rdkafka_log: LibrdkafkaLog
@@ -65,6 +66,11 @@ class DeliveryReports:
 
     def _on_delivery(self, seq: int, err: KafkaError | None, msg: Any) -> None:
         self._last_report_at = time.monotonic()
+        if self._abandoned and seq in self._abandoned:
+            # Placed again by the emit() an exception cut short (producer.deferred_close), and
+            # counted done then: this copy's fate changes nothing (a delivery is a duplicate).
+            self._abandoned.discard(seq)
+            return
         try:
             if err is None:
                 self._delivered += 1

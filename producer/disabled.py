@@ -26,7 +26,7 @@ class DisabledProducer(LineageProducer):
         base = config if config is not None else ProducerConfig.model_construct(bootstrap_servers="")
         self.config = base.model_copy(update={k: v for k, v in overrides.items()
                                               if k in ProducerConfig.model_fields and v is not None})
-        self._count_lock = threading.Lock()
+        self._count_lock = threading.RLock()   # stats in a signal handler that interrupted emit()
         self._emitted = 0
         if not _disabled_logged:
             _disabled_logged = True

@@ -32,6 +32,11 @@ close, purge and destroy. Before a process's first librdkafka instance,
 wait in the journal for the next producer on the journal directory), until the probe
 answers after all (a process too loaded to answer in time: :func:`resolver_answered`).
 
+A lock a thread of the parent held at the fork stays held in the child for ever: the
+fork hook gives every producer the process built (closed and disabled ones too) new
+locks, so a child's ``stats``, ``emit()`` or ``close()`` never waits for one; a close the
+parent had deferred (:mod:`producer.deferred_close`) is the parent's to finish.
+
 A child killed (``Pool.terminate()``, which leaving a ``with Pool()`` block calls) loses
 what it had not delivered, as any killed process does.
 """
@@ -67,18 +72,29 @@ _probe: threading.Event | None = None
 _probe_deadline = 0.0
 
 
-def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None]) -> None:
+def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None],
+                             every: Iterable[Any] = ()) -> None:
     """The fork hook, in the child. It only builds locks and containers and closes fds: a
     lock a parent thread held at the fork would never be released in the child, so none is
     taken -- the producer's ``_fork_lock`` included: a producer still being started by a
-    thread of the parent (itself a forked child) is reset like any other."""
+    thread of the parent (itself a forked child) is reset like any other. ``every``: all the
+    producers built (closed and disabled ones too): their locks are new ones as well, so
+    their ``stats``, ``emit()`` (dropped) and ``close()`` do not wait for a parent thread."""
     global _exit_registered, _close_all, _in_forked_child, _probe
     _exit_registered = False
     _in_forked_child = True
     _probe = None
     _close_all = close_all
+    for producer in list(every):
+        _renew_locks(producer)
     for producer in list(live):
-        if getattr(producer, "_forked", None) is None or producer._closed:
+        if getattr(producer, "_forked", None) is None:
+            continue
+        if producer._closed:
+            if not producer._stopped:   # a close deferred in the parent (producer.deferred_close)
+                _inherited.append(dict(vars(producer)))
+                producer._stopped = True   # nothing of it is the child's to finish
+                producer._deferred = None  # no interrupted emit() of the parent's goes on here
             continue
         _inherited.append(dict(vars(producer)))
         # The journal a dead process left that the parent is sending (producer.replay) too:
@@ -94,6 +110,21 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None])
         producer._fork_lock = threading.Lock()
         producer._forked = True
         producer._closing = False
+
+
+def _renew_locks(producer: Any) -> None:
+    # A parent thread may have held any of them at the fork (emit(), stats, the sender).
+    # The old objects stay where a frame of this thread may still release them.
+    state = vars(producer)
+    for name in ("_lock", "_count_lock"):
+        if name in state:
+            state[name] = threading.RLock()
+    if "_space" in state:
+        state["_space"] = threading.Condition(state["_lock"])
+    if "_progress" in state:
+        state["_progress"] = threading.Condition()
+    if "_emitting" in state:
+        state["_emitting"] = {}   # the parent's threads are not this process's
 
 
 def _close_inherited_fds(journal: Any) -> None:

@@ -23,6 +23,10 @@ Guarantees:
   own backlog is sent, behind its own events (:mod:`producer.replay`).
 * Delivery is at-least-once: a replay after a crash or an outage can repeat events (the
   relay deduplicates).
+* ``emit()``, ``flush()``, ``close()`` and ``stats`` are safe in a signal handler, whatever
+  it interrupted: an ``emit()`` it interrupted keeps its event and its place, even when
+  the handler closes the producer or raises (``sys.exit()``), and a close() that cannot
+  finish there is finished when that call returns, or at exit (:mod:`producer.deferred_close`).
 
 Bounded memory: librdkafka holds at most ``queue_max_events`` records, and so does the
 spill queue in front of the journal. If the journal writer falls that far behind (a
@@ -53,6 +57,7 @@ import threading
 import time
 import weakref
 from functools import partial
+from threading import get_ident
 from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer
@@ -74,7 +79,7 @@ from producer.journal import Journal
 from producer.journal_dir import check_journal_dir
 from producer.keys import message_key
 from producer.orphans import adopt_orphans
-from producer.sender import RECLAIM_TIMEOUT_S, Sender
+from producer.sender import LOCK_WAIT_S, RECLAIM_TIMEOUT_S, Sender
 from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
 from producer.stats import ProducerStats
 
@@ -102,8 +107,11 @@ class LineageProducer(Sender):
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
         if disabled(os.environ):
             from producer.disabled import disabled_class  # it subclasses this one
-            return super().__new__(disabled_class(cls))
-        return super().__new__(cls)
+            producer = super().__new__(disabled_class(cls))
+        else:
+            producer = super().__new__(cls)
+        _EVERY.add(producer)   # its locks are renewed in a forked child (producer.forking)
+        return producer
 
     def __init__(self, config: ProducerConfig | None = None, **overrides: Any) -> None:
         if config is None:
@@ -172,65 +180,190 @@ class LineageProducer(Sender):
     # --- the hot path ----------------------------------------------------------------
 
     def emit(self, event: dict) -> None:
-        """Queue one event for Kafka. Never blocks on the network, never raises. A value that
-        is not an event (:mod:`producer.event_values`) is dropped: ``not_an_event``."""
+        """Queue one event for Kafka. Never blocks on the network, never raises (an
+        exception a signal handler raises while it runs goes on, once its event is placed).
+        A value that is not an event (:mod:`producer.event_values`) is dropped:
+        ``not_an_event``. Safe in a signal handler, as are flush(), close() and stats
+        (:mod:`producer.deferred_close`)."""
+        # emit() calls in progress per thread: a close() from a signal handler (same thread) defers.
+        thread = get_ident()
+        emitting = self._emitting
+        depth = emitting[thread] = emitting.get(thread, 0) + 1
+        call = _Emit(event)
+        try:
+            self._emit(call, thread, depth)
+        except BaseException:
+            # Only a signal handler's exception gets here (SystemExit, KeyboardInterrupt: _emit
+            # takes every Exception): the event it cut short is the job's all the same.
+            self._rescue(call, thread, depth)
+            raise
+        finally:
+            if depth == 1:
+                del emitting[thread]
+            else:
+                emitting[thread] = depth - 1
+            if self._deferred is not None:
+                self._emit_returned(thread, depth)
+
+    def _emit(self, call: _Emit, thread: int, depth: int) -> None:
         try:
             if self._forked:
                 start_in_forked_child(self)
             with self._count_lock:
                 self._emitted += 1
-            if type(event) is not dict:
-                try:
-                    event = as_event(event)
-                except NotAnEvent as err:
-                    self._drop("not_an_event", err)
-                    return
-            try:
-                value = self._encode(event)
-                key = self._fixed_key
-                if key is None:
-                    text = message_key(event)
-                    key = text.encode() if text is not None else None
-            except Exception as err:  # noqa: BLE001 - any encoding failure belongs to the event
-                self._drop("unencodable", err)
-                return
-            if len(value) > self._max_value:
-                self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
-                return
-            dropped = self._enqueue(key, value)
-            if dropped is not None:
-                # Logged outside the lock: other emit() calls must not wait for a log handler.
-                self._drop(dropped, "emit after close()" if dropped == "closed" else
-                           f"the journal writer is {_FULL_WAIT_S}s behind ({self._max_spill} events queued)", key)
+            if self._encoded(call) is not None:
+                self._enqueue(call, thread, depth)
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
+            self._rescue(call, thread, depth)
 
-    def _enqueue(self, key: bytes | None, value: bytes) -> str | None:
-        """Hand one record to librdkafka or the spill queue, under ``_lock``; returns the
-        drop reason when neither takes it (the caller logs it, outside the lock)."""
-        with self._lock:
-            if self._closed:
-                return "closed"
-            if not self._spilling:
-                try:
-                    # The emit number rides with the record to its delivery report:
-                    # reclaimed records are journaled in emit order, whatever order
-                    # librdkafka reports them in (positional: cheaper than keywords).
-                    self._producer.produce(self._topic, value, key, -1,
-                                           partial(self._on_delivery, self._direct_sent))
-                    self._direct_sent += 1
-                    return None
-                except BufferError:
-                    self._begin_journal_mode_locked("queue_full")
-                except KafkaException as err:
-                    self._begin_journal_mode_locked(f"produce_failed:{err.args[0].name()}")
-            if len(self._spill) >= self._max_spill and not self._space.wait_for(
-                    lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
-                return "queue_full"
-            if self._closed:
-                return "closed"
-            self._spill.append((key, value))
+    def _encoded(self, call: _Emit) -> tuple[bytes | None, bytes] | None:
+        """The call's record (key, value), or None when its event is dropped (counted, logged)."""
+        event = call.event
+        if type(event) is not dict:
+            try:
+                event = as_event(event)
+            except NotAnEvent as err:
+                call.settled = True
+                self._drop("not_an_event", err)
+                return None
+        try:
+            value = self._encode(event)
+            key = self._fixed_key
+            if key is None:
+                text = message_key(event)
+                key = text.encode() if text is not None else None
+        except Exception as err:  # noqa: BLE001 - any encoding failure belongs to the event
+            call.settled = True
+            self._drop("unencodable", err)
             return None
+        if len(value) > self._max_value:
+            call.settled = True
+            self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
+            return None
+        call.record = record = (key, value)
+        return record
+
+    def _enqueue(self, call: _Emit, thread: int, depth: int) -> None:
+        """Hand the call's record to librdkafka or the spill queue (:meth:`_place`); a drop
+        is logged outside ``_lock``: other emit() calls must not wait for a log handler."""
+        if self._refuses(thread, depth):
+            # Before _lock: once close() began, emit() calls do not compete with its sender for it.
+            call.settled = True
+            dropped: str | None = "closed"
+        elif self._lock._is_owned():  # type: ignore[attr-defined]
+            # A signal handler's emit() that interrupted one of this thread's inside _lock (an
+            # RLock, so taking it would succeed and put this record ahead of that one's, or
+            # mix up its bookkeeping): it goes after that one's record, placed as it leaves.
+            self._held_back.append(call.record)
+            call.settled = True
+            return
+        else:
+            with self._lock:
+                dropped = self._place(call, thread, depth)
+                held_back_dropped = self._place_held_back() if self._held_back else 0
+            if held_back_dropped:
+                self._drop("queue_full", self._queue_full_detail(), n=held_back_dropped)
+        if dropped is not None:
+            key = call.record[0] if call.record is not None else None
+            self._drop(dropped, "emit after close()" if dropped == "closed" else self._queue_full_detail(), key)
+
+    def _queue_full_detail(self) -> str:
+        return f"the journal writer is {_FULL_WAIT_S}s behind ({self._max_spill} events queued)"
+
+    def _place(self, call: _Emit, thread: int | None, depth: int) -> str | None:
+        """Under ``_lock``: the call's record to librdkafka or the spill queue; returns the
+        drop reason when neither takes it. An emit() a deferred close interrupted is placed
+        as if the producer were open (:mod:`producer.deferred_close`): after the events
+        emitted before it, and never dropped as ``closed``; so is a held-back record
+        (``thread`` None: accepted before any close())."""
+        if self._refuses(thread, depth):
+            call.settled = True
+            return "closed"
+        key, value = call.record
+        if not self._spilling and self._produce(call, key, value):
+            if self._closed:
+                self._placed_late()
+            return None
+        if len(self._spill) >= self._max_spill and not self._space.wait_for(
+                lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
+            call.settled = True
+            return "queue_full"
+        if self._refuses(thread, depth):
+            call.settled = True
+            return "closed"
+        self._spill.append(call.record)
+        call.settled = True
+        if self._closed:
+            self._placed_late()
+        return None
+
+    def _produce(self, call: _Emit, key: bytes | None, value: bytes) -> bool:
+        """Under ``_lock``: the record to librdkafka; False (journal mode begun) if it refused it."""
+        # The emit number rides with the record to its delivery report: reclaimed records
+        # are journaled in emit order, whatever order librdkafka reports them in
+        # (positional: cheaper than keywords).
+        seq = self._direct_sent
+        on_delivery = partial(self._on_delivery, seq)
+        # Counted before produce(), with nothing called in between (CPython runs a signal
+        # handler only at a call or a loop's back edge): a handler right after produce() (a
+        # flush, a close) sees the record counted and waits for it.
+        call.seq = seq
+        self._direct_sent = seq + 1
+        try:
+            self._producer.produce(self._topic, value, key, -1, on_delivery)
+        except BufferError:
+            reason = "queue_full"
+        except KafkaException as err:
+            reason = f"produce_failed:{err.args[0].name()}"
+        except Exception:
+            self._direct_sent = seq
+            call.seq = None
+            raise
+        else:
+            call.seq = None
+            call.settled = True
+            return True
+        self._direct_sent = seq
+        call.seq = None
+        self._begin_journal_mode_locked(reason)
+        return False
+
+    def _place_held_back(self) -> int:
+        """Under ``_lock``: the records signal handlers' emit() calls held back, in order;
+        returns how many were dropped (``queue_full``). They were accepted before any close()."""
+        dropped = 0
+        while self._held_back:
+            record = self._held_back.popleft()
+            call = _Emit(None)
+            call.record = record
+            if self._place(call, None, 0) is not None:
+                dropped += 1
+        return dropped
+
+    def _rescue(self, call: _Emit, thread: int, depth: int) -> None:
+        """An emit() cut short by an exception (a signal handler's, or a failure): its event
+        is placed now, after those emitted before it. A record it had handed to librdkafka
+        with no sign of produce() having returned may then be sent twice (at-least-once):
+        its first copy's report is ignored (_abandon)."""
+        if call.settled:
+            return
+        try:
+            if call.record is None and self._encoded(call) is None:
+                return
+            with self._lock:
+                seq, call.seq = call.seq, None
+                if seq is not None:
+                    self._abandon(seq)
+                dropped = self._place(call, thread, depth)
+                held_back_dropped = self._place_held_back() if self._held_back else 0
+            if held_back_dropped:
+                self._drop("queue_full", self._queue_full_detail(), n=held_back_dropped)
+            if dropped is not None:
+                self._drop(dropped, "emit after close()" if dropped == "closed" else self._queue_full_detail(),
+                           call.record[0])
+        except Exception as err:  # noqa: BLE001 - emit must never raise into the job
+            self._error("emit_failed", err)
 
     # --- flush, close, stats ------------------------------------------------------------
 
@@ -250,7 +383,11 @@ class LineageProducer(Sender):
         """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
         (default ``close_timeout_s``) passes. Returns the number still pending (they stay
         queued or journaled, and are not lost): at least that many while a journal a dead
-        process left is not counted yet (``pending``)."""
+        process left is not counted yet (``pending``). In a signal handler that interrupted
+        the producer (:mod:`producer.deferred_close`) it waits only for what librdkafka holds."""
+        if self._reentered(get_ident()) is not None:
+            self._wait(timeout_s, self._librdkafka_settled)
+            return self.pending
         # Without a Kafka client (producer.forking) nothing is acknowledged: the journal is the end.
         self._wait(timeout_s, lambda: self.pending == 0 or (not self._can_send and self._not_journaled() == 0))
         return self.pending
@@ -263,30 +400,51 @@ class LineageProducer(Sender):
         waits out an outage. A dead process's journal adopted while running is not waited
         for: no batch of it starts once close() began, and it is released with what it has
         not sent (:mod:`producer.replay`). Idempotent; later ``emit()`` calls are dropped
-        (reason ``closed``)."""
-        if self._closed:
+        (reason ``closed``). Safe in a signal handler: where it cannot wait for the sender
+        (inside emit(), the counters or logging, on the calling thread) it is deferred
+        (:mod:`producer.deferred_close`); anywhere else it never is, and waits for no lock
+        another thread holds for longer than it may wait."""
+        if self._stopped:
             return
         self._closing = True
         if self._forked:   # a forked child that never emitted: nothing to send, no thread to stop
-            self._closed = True
+            self._closed = self._stopped = True
             return _LIVE.discard(self)
-        self._take_back_if_kafka_is_down(timeout_s)
-        self._wait(timeout_s, self._nothing_to_wait_for)
-        with self._lock:
-            self._closed = True
-            self._space.notify_all()
+        deferred = self._deferred
+        if deferred is not None:   # the budget of the close that was deferred
+            deadline = deferred.deadline
+        else:
+            deadline = time.monotonic() + (self.config.close_timeout_s if timeout_s is None else timeout_s)
+        thread = get_ident()
+        reason = self._reentered(thread)
+        if reason is not None:
+            return self._defer_close(reason, deadline, thread)
+        self._take_back_if_kafka_is_down(max(0.0, deadline - time.monotonic()))
+        self._wait(max(0.0, deadline - time.monotonic()), self._nothing_to_wait_for)
+        # Without _lock, which another thread may hold for longer than this close may wait:
+        # emit() reads _closed under it, and the sender's last turn waits for the one that
+        # read it just before (bounded: _quiesce_emits) before journaling what is left.
+        self._close_deadline = deadline
+        self._closed = True
+        deferral = self._finishing()
         self._stop.set()
-        # A fatal error's reclaim may take two of its waits (answers, then the purge).
-        self._sender.join(2 * RECLAIM_TIMEOUT_S + 5)
-        if not self._sender.is_alive():
+        # The last turn's wait for _lock, then a fatal error's reclaim may take two of its
+        # waits (answers, then the purge).
+        joined = max(LOCK_WAIT_S, deadline - time.monotonic()) + 2 * RECLAIM_TIMEOUT_S + 5
+        self._sender.join(joined)
+        if self._sender.is_alive():
+            self._error("close_incomplete", f"the sender did not stop within {joined:.0f}s: what it still "
+                        "holds is lost if the process exits now")
+        else:
             # Freed now, in this process: its callbacks hold this object (a cycle), so it would
             # wait for the garbage collector, which may run first in a fork child, where
             # destroying an instance whose threads stayed in the parent crashes or hangs.
             self._producer = None
+        self._stopped = True
         _LIVE.discard(self)
         s = self.stats
-        log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d",
-                 self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors)
+        log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d%s",
+                 self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors, deferral)
 
     def _kafka_client_back(self) -> bool:
         """Journal-only for want of a Kafka client: the resolver probe answered late after all
@@ -356,6 +514,7 @@ class LineageProducer(Sender):
                 replayed=self._replayed, delivery_failures=self._delivery_failures,
                 errors=self._errors, dropped=dict(self._dropped), pending=self.pending,
                 mode="journal" if self._spilling else "direct", adopted=self._adopted_sent,
+                close_deferred=self._deferred.reason if self._deferred is not None else None,
             )
 
     # --- errors ------------------------------------------------------------------------
@@ -366,7 +525,23 @@ class LineageProducer(Sender):
         self._drop(reason, detail, key)
 
 
+class _Emit:
+    """One emit() call: its event, its record once encoded, the emit number it holds while
+    produce() may not have taken the record yet, and whether it is settled (placed or
+    dropped): what :meth:`LineageProducer._rescue` needs when an exception cuts it short."""
+
+    __slots__ = ("event", "record", "seq", "settled")
+
+    def __init__(self, event: object) -> None:
+        self.event = event
+        self.record: tuple[bytes | None, bytes] | None = None
+        self.seq: int | None = None
+        self.settled = False
+
+
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
+#: Every producer built, closed and disabled ones too.
+_EVERY: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
 
 
 def __getattr__(name: str) -> Any:
@@ -387,4 +562,4 @@ def _close_all_at_exit() -> None:
             log.exception("event=close_at_exit_failed")
 
 
-os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit))
+os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit, _EVERY))

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException, Producer
 
+from producer.deferred_close import LOCK_SLICE_S
 from producer.errors import JournalError
 from producer.journal import Journal
 from producer.journal_dir import Destination
@@ -93,7 +94,7 @@ class Replay:
     _producer: Producer
     _journals: list[Journal]
     _own: Journal | None
-    _lock: threading.Lock
+    _lock: threading.RLock
     _stop: threading.Event
     _max_spill: int
     _spilling: bool
@@ -170,10 +171,14 @@ class Replay:
             return
         journal = self._journals[0] if self._journals else self._own
         if journal is None or journal.pending == 0:
-            with self._lock:
+            if not self._lock.acquire(timeout=LOCK_SLICE_S):   # an emit() holds it: the next turn
+                return
+            try:
                 if not self._spill and not self._returned and self._direct_outstanding() == 0:
                     self._spilling = False
                     log.info("event=direct_mode topic=%s", self._topic)
+            finally:
+                self._lock.release()
             return
         # A batch must fit librdkafka's queue, or produce() would refuse part of it.
         self._send_batch(journal, min(_REPLAY_BATCH, self._max_spill), _REPLAY_BYTES)

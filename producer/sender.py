@@ -29,7 +29,12 @@ Steps 4 and 5 are :mod:`producer.replay`.
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
 callbacks never take it, they set flags this loop acts on; they are in
 :mod:`producer.delivery_reports`) and ``_count_lock`` (counters both threads write;
-nothing is called while it is held).
+nothing is called while it is held). Both are re-entrant: a signal handler calling the
+producer runs on a thread that may hold them (:mod:`producer.deferred_close`). This thread
+never waits long for ``_lock`` in a turn (another thread may hold it while a signal handler
+runs): a turn that cannot have it within :data:`LOCK_SLICE_S` leaves that step to the
+next; the last turn waits for it up to the close's budget, then goes on without it
+(:meth:`Sender._quiesce_emits`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from producer.deferred_close import LOCK_SLICE_S, DeferredClosing
 from producer.delivery_reports import DeliveryReports
 from producer.errors import JournalError
 from producer.journal import Journal, Record
@@ -65,9 +71,12 @@ RECLAIM_TIMEOUT_S = 5.0
 #: close() while Kafka is known down: how long it waits for any answer from Kafka before
 #: taking the records in librdkafka back into the journal (see _take_back_if_kafka_is_down).
 _DOWN_GRACE_S = 2.0
+#: The sender's last turn waits for ``_lock`` for what is left of the close's budget, at
+#: least this long: other emits hold it for microseconds, the sender for a queue swap.
+LOCK_WAIT_S = 0.5
 
 
-class Sender(DeliveryReports, Replay):
+class Sender(DeliveryReports, Replay, DeferredClosing):
     """Background half of LineageProducer; see the module docstring."""
 
     config: ProducerConfig
@@ -80,9 +89,9 @@ class Sender(DeliveryReports, Replay):
 
     def _init_sender(self, max_spill: int) -> None:
         self._max_spill = max_spill
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._space = threading.Condition(self._lock)  # the spill queue has room again
-        self._count_lock = threading.Lock()
+        self._count_lock = threading.RLock()
         self._spill: deque[Record] = deque()
         self._spilling = False
         self._closed = False
@@ -93,6 +102,11 @@ class Sender(DeliveryReports, Replay):
         # _lock; this thread), so no lock. len(producer) also counts queued error events.
         self._direct_sent = 0
         self._direct_done = 0
+        # Emit numbers of records an interrupted emit() placed again (deferred_close: it had
+        # handed them to librdkafka with no sign of produce() returning): counted done at
+        # once (_direct_abandoned, written under _lock), a delivery report of theirs ignored.
+        self._abandoned: set[int] = set()
+        self._direct_abandoned = 0
         # Taken back from librdkafka: (emit number, key, value). librdkafka may report a
         # partition's queued records before its in-flight (older) ones -- a fatal error
         # purges the queue at once, a purge reports in-flight requests before records
@@ -121,7 +135,10 @@ class Sender(DeliveryReports, Replay):
         self._progress = threading.Condition()
         self._own: Journal | None = None
         self._left_journaled = 0            # pending records in journals closed at shutdown
+        self._close_deadline = 0.0          # close()'s: how long the last turn may wait for _lock
+        self._lockless = False              # the last turn goes on without _lock (_quiesce_emits)
         self._init_replay()
+        self._init_deferred_close()
 
     def _new_producer(self, props: dict[str, str] | None = None) -> Producer:
         raise NotImplementedError
@@ -142,8 +159,11 @@ class Sender(DeliveryReports, Replay):
     def _run(self) -> None:
         while True:
             stopping = self._stop.is_set()
+            if stopping:
+                self._quiesce_emits()
             try:
-                self._step()
+                if not self._lockless:
+                    self._step()
             except Exception as err:  # noqa: BLE001 - the sender must keep going
                 self._error("sender_failed", err)
                 if not stopping:
@@ -157,6 +177,24 @@ class Sender(DeliveryReports, Replay):
                 return
             with self._progress:
                 self._progress.notify_all()
+
+    def _quiesce_emits(self) -> None:
+        """The last turn begins: close() set ``_closed`` without ``_lock``, so an emit() that
+        read it just before may still be placing its record; every later one is refused.
+        Once ``_lock`` is free that one is done. Held for longer than what is left of the
+        close's budget (at least :data:`LOCK_WAIT_S`) -- a thread inside emit() that a long
+        signal handler interrupted, or one stuck in a log handler -- the last turn goes on
+        without it (logged): it journals what it holds, the spill queue included."""
+        waited = max(LOCK_WAIT_S, self._close_deadline - time.monotonic())
+        if self._lock.acquire(timeout=waited):
+            try:
+                self._space.notify_all()   # emit() calls waiting for room: refused now
+            finally:
+                self._lock.release()
+            return
+        self._lockless = True
+        log.warning("event=close_without_lock topic=%s waited_s=%.1f detail=another thread held the producer's "
+                    "lock all that time: what is not sent is journaled without it", self._topic, waited)
 
     def _poll(self, timeout: float) -> None:
         try:
@@ -177,8 +215,12 @@ class Sender(DeliveryReports, Replay):
                                   else "batch_too_large")
         if self._want_journal is not None:
             # Before reclaiming, so nothing new goes into the instance being emptied.
-            with self._lock:
+            if not self._lock.acquire(timeout=LOCK_SLICE_S):
+                return   # an emit() holds it: the next turn
+            try:
                 self._begin_journal_mode_locked(self._want_journal)
+            finally:
+                self._lock.release()
             self._want_journal = None
         if self._need_reclaim or replace:
             self._reclaim(settle_in_flight=replace)
@@ -218,13 +260,20 @@ class Sender(DeliveryReports, Replay):
         self._stall_s = _STALL_S[0]
 
     def _direct_outstanding(self) -> int:
-        return self._direct_sent - self._direct_done
+        return self._direct_sent - self._direct_done - self._direct_abandoned
+
+    def _abandon(self, seq: int) -> None:
+        """Under ``_lock``: direct record ``seq`` is placed again (an interrupted emit():
+        :mod:`producer.deferred_close`); if librdkafka has it, its report is ignored."""
+        self._abandoned.add(seq)       # first: a report arriving in between must find it
+        self._direct_abandoned += 1
 
     def _not_journaled(self) -> int:
         """Records accepted and neither acknowledged nor in a journal: in librdkafka, taken
         back from it, or queued for the journal. Safe to read from any thread: a record
         reaches its next place before it leaves the one read first."""
-        return self._direct_outstanding() + len(self._returned) + len(self._spill) + self._in_transit
+        return (self._direct_outstanding() + len(self._returned) + len(self._spill) + len(self._held_back)
+                + self._in_transit)
 
     def _reclaim(self, settle_in_flight: bool = False) -> None:
         """Take back every record librdkafka holds; their delivery reports put the direct
@@ -275,6 +324,8 @@ class Sender(DeliveryReports, Replay):
             # Whatever the old instance did not report back after _reclaim is past saving.
             lost = self._direct_outstanding()
             self._direct_done = self._direct_sent
+            self._direct_abandoned = 0
+            self._abandoned.clear()
         if lost:
             self._drop("lost_in_fatal_producer", "records the replaced librdkafka instance never gave back",
                        n=lost)
@@ -290,18 +341,37 @@ class Sender(DeliveryReports, Replay):
             log.info("event=journal_created path=%s", self._own.path)
         return self._own
 
-    def _persist(self) -> None:
-        """Move ``_returned`` then the spill queue, in that order, into the journal."""
-        if not self._returned and not self._spill:
+    def _persist(self, final: bool = False) -> None:
+        """Move ``_returned``, then the spill queue and any held-back records, in that order,
+        into the journal. Left to the next turn if ``_lock`` stays busy; the last turn
+        (``final``) waits for it as long as :meth:`_quiesce_emits` did, then goes without."""
+        if not self._returned and not self._spill and not self._held_back:
             return
         # Sorted outside the lock emit() takes: only this thread adds to _returned.
         returned = [(key, value) for _, key, value in sorted(self._returned, key=_emit_number)]
-        with self._lock:
-            batch = returned + list(self._spill)
-            self._in_transit = len(batch)      # before the queues empty: see _not_journaled
+        wait_s = max(LOCK_WAIT_S, self._close_deadline - time.monotonic()) if final else LOCK_SLICE_S
+        if not self._lockless and self._lock.acquire(timeout=wait_s):
+            try:
+                if self._need_reclaim and not final:
+                    # An emit() began journal mode after this turn's reclaim check: what
+                    # librdkafka holds is older than the spill queue and goes first (next turn).
+                    return
+                batch = returned + list(self._spill) + list(self._held_back)
+                self._in_transit = len(batch)      # before the queues empty: see _not_journaled
+                self._returned = []
+                self._spill.clear()
+                self._held_back.clear()
+                self._space.notify_all()
+            finally:
+                self._lock.release()
+        elif final:
+            # Another thread holds _lock for good: popped one at a time (a deque's pops and
+            # appends are atomic), so a record appended meanwhile is taken or stays.
+            self._in_transit = len(returned) + len(self._spill) + len(self._held_back)
             self._returned = []
-            self._spill.clear()
-            self._space.notify_all()
+            batch = returned + _drain(self._spill) + _drain(self._held_back)
+        else:
+            return
         reason = "journal_full"
         try:
             written = self._journal().append(batch)
@@ -334,7 +404,7 @@ class Sender(DeliveryReports, Replay):
             # from the next process for as long as this one lives.
             try:
                 self._release_adopted()
-                self._persist()
+                self._persist(final=True)
             finally:
                 for journal in [*self._journals, *([self._own] if self._own else [])]:
                     self._left_journaled += journal.pending_at_least   # one not counted yet stays whole
@@ -370,6 +440,15 @@ class Sender(DeliveryReports, Replay):
 
 def _emit_number(returned: tuple[int, bytes | None, bytes]) -> int:
     return returned[0]
+
+
+def _drain(queue: deque[Record]) -> list[Record]:
+    records = []
+    while True:
+        try:
+            records.append(queue.popleft())
+        except IndexError:
+            return records
 
 
 def _should_log(count: int, n: int = 1) -> bool:

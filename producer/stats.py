@@ -18,7 +18,9 @@ class ProducerStats:
     ``adopted``: delivered from journals dead processes left that the producer adopted while
     running (:mod:`producer.replay`; in no other count: ``delivered``, ``replayed`` and
     ``pending`` include only the journals it took over when it started; ``pending`` counts
-    one whose records its sender has not counted yet as those counted so far, at least 1).
+    one whose records its sender has not counted yet as those counted so far, at least 1);
+    ``close_deferred``: why a close() was deferred (``inside_emit``, ``inside_counters``,
+    ``inside_logging``: :mod:`producer.deferred_close`), from then on; None if none was.
     """
 
     emitted: int
@@ -31,3 +33,4 @@ class ProducerStats:
     pending: int = 0
     mode: str = "direct"
     adopted: int = 0
+    close_deferred: str | None = None

@@ -464,3 +464,53 @@ def _is_open(fd: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("state", ["closed", "deferred_close"])
+def test_a_fork_child_does_not_wait_for_locks_a_parent_thread_held(kafka, tmp_path, state):
+    # A thread of the parent holds the producer's locks at the fork (an emit(), stats, the
+    # sender): the child's copies were never released, and its stats, emit() or close() hung
+    # on them -- a closed producer's (no longer live) and a deferred close's (not reset).
+    topic = kafka.new_topic("fork-locks")
+    producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
+    producer.emit(_event("parent"))
+    if state == "closed":
+        producer.close()
+    else:   # what a close() deferred in a signal handler leaves until the interrupted call returns
+        producer._defer_close("inside_emit", time.monotonic() + 1, threading.get_ident())
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with producer._lock, producer._count_lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:   # the child: only this thread
+        code = 1
+        try:
+            producer.stats
+            producer.emit(_event("child"))
+            producer.close()
+            code = 0 if producer.stats.dropped.get("closed") == 1 else 2
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join(10)
+    status = None
+    deadline = time.monotonic() + 10
+    while status is None and time.monotonic() < deadline:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = code
+        else:
+            time.sleep(0.01)   # ok: the poll interval of a wait with a deadline
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    producer.close()
+    assert status is not None, "the child hung on a lock"
+    assert os.waitstatus_to_exitcode(status) == 0
