@@ -37,6 +37,9 @@ fork hook gives every producer the process built (closed and disabled ones too) 
 locks, so a child's ``stats``, ``emit()`` or ``close()`` never waits for one; a close the
 parent had deferred (:mod:`producer.deferred_close`) is the parent's to finish.
 
+The producer's threads are never inside a log handler at the fork (:mod:`producer.log_gate`):
+a handler's stream lock held there would stop the child's first log line for ever.
+
 A child killed (``Pool.terminate()``, which leaving a ``with Pool()`` block calls) loses
 what it had not delivered, as any killed process does.
 """

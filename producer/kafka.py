@@ -62,6 +62,7 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaException, Producer
 
+from producer import log_gate  # noqa: F401 - the producer's loggers and fork() (producer.log_gate)
 from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.errors import ConfigError, JournalError

@@ -3,6 +3,7 @@ the child's events are delivered, the parent's too, and nothing is lost without 
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from producer import LineageProducer, events, forking, job, sender
+from producer import LineageProducer, events, forking, job, log_gate, sender
 from producer.job import lineage_job
 from producer.journal import Journal
 from producer.journal_dir import Destination, lock_existing
@@ -514,3 +515,54 @@ def test_a_fork_child_does_not_wait_for_locks_a_parent_thread_held(kafka, tmp_pa
     producer.close()
     assert status is not None, "the child hung on a lock"
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+class _SlowWriter(logging.Handler):
+    """A handler whose write takes a while under a lock of its own, as a buffered file's
+    does: no fork hook renews that lock, so a child forked mid-write could never take it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.writing = threading.Event()
+        self.stream_lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.stream_lock:
+            self.writing.set()
+            time.sleep(0.3)   # the write itself: a slow disk
+
+
+def test_a_fork_waits_for_a_producer_thread_to_leave_a_log_handler():
+    """A pool worker forked while the sender logged (librdkafka's refused connection) hung for
+    ever at its first line, its close() at exit with it."""
+    logger = logging.getLogger(log_gate.GATED[0])
+    handler = _SlowWriter()
+    logger.addHandler(handler)
+    try:
+        line = threading.Thread(target=logger.warning, args=("event=test_line from a producer thread",))
+        line.start()
+        assert handler.writing.wait(10)
+        pid = os.fork()
+        if pid == 0:   # the child: its own line through the same handler, then out
+            try:
+                logger.warning("event=test_line from the child")
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung on the handler's lock"
+        line.join(10)
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_records_place_is_its_callers_through_the_gate(caplog):
+    with caplog.at_level(logging.WARNING, logger=log_gate.GATED[0]):
+        logging.getLogger(log_gate.GATED[0]).warning("event=test_line here")
+    (record,) = [r for r in caplog.records if r.getMessage() == "event=test_line here"]
+    assert (record.filename, record.funcName) == ("test_fork.py",
+                                                  "test_a_records_place_is_its_callers_through_the_gate")
