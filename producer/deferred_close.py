@@ -31,8 +31,9 @@ The events of the calls the handler interrupted keep their place:
   back and placed right after it (taking the re-entrant lock would put it ahead).
 * If the handler raises (``sys.exit()``, ``KeyboardInterrupt``), the interrupted ``emit()``
   places its event before the exception goes on (``_rescue``). One that had handed its
-  record to librdkafka with no sign yet of produce() having returned places it again (it
-  may be sent twice: at-least-once); the first copy's delivery report is then ignored.
+  record to librdkafka with no sign yet of produce() having returned is settled by that
+  record's delivery report if it came already; else it places the record again (it may be
+  sent twice: at-least-once), and the first copy's report is ignored when it comes.
 
 ``flush()`` in such a handler waits only for what librdkafka holds and returns the rest as
 pending.
@@ -46,6 +47,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from producer.journal import Record
 
@@ -85,7 +87,9 @@ class DeferredClosing:
     def _init_deferred_close(self) -> None:
         self._stopped = False          # close() finished: the sender is stopped
         self._deferred: DeferredClose | None = None
-        self._emitting: dict[int, int] = {}   # thread id -> emit() calls in progress on it
+        # Thread id -> the innermost emit() call in progress on it (kafka._Emit: its depth,
+        # the call it interrupted).
+        self._emitting: dict[int, Any] = {}
         # Records of emit() calls a signal handler made inside another emit()'s _lock: placed
         # after that one's record (LineageProducer._enqueue).
         self._held_back: deque[Record] = deque()
@@ -108,7 +112,8 @@ class DeferredClosing:
     def _defer_close(self, reason: str, deadline: float, thread: int) -> None:
         deferred = self._deferred
         if deferred is None:
-            deferred = self._deferred = DeferredClose(reason, deadline, thread, self._emitting.get(thread, 0))
+            current = self._emitting.get(thread)
+            deferred = self._deferred = DeferredClose(reason, deadline, thread, current.depth if current else 0)
         self._closing = self._closed = True    # without _lock: this thread may be inside it
         # An emit() of another thread waiting for room in the spill queue sees it at once
         # (this thread may own _lock: re-entrant; if another thread does, it sees it later).

@@ -39,7 +39,6 @@ class DeliveryReports:
     _delivery_failures: int
     _returned: list[tuple[int, bytes | None, bytes]]
     _direct_done: int
-    _abandoned: set[int]
     _spilling: bool
     _kafka_down: bool
     _rdkafka_log: LibrdkafkaLog
@@ -64,12 +63,13 @@ class DeliveryReports:
         self._refused_batch = max(self._refused_batch or 0, size)
         return True
 
-    def _on_delivery(self, seq: int, err: KafkaError | None, msg: Any) -> None:
+    def _on_delivery(self, cell: list[int], err: KafkaError | None, msg: Any) -> None:
         self._last_report_at = time.monotonic()
-        if self._abandoned and seq in self._abandoned:
+        try:
+            seq = cell.pop()   # the record's emit number (Sender._abandon empties it first, or never)
+        except IndexError:
             # Placed again by the emit() an exception cut short (producer.deferred_close), and
             # counted done then: this copy's fate changes nothing (a delivery is a duplicate).
-            self._abandoned.discard(seq)
             return
         try:
             if err is None:

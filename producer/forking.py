@@ -110,7 +110,7 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None],
         producer._init_sender(producer.config.queue_max_events)
         producer._kafka_down = kafka_down
         producer._journals = []
-        producer._fork_lock = threading.Lock()
+        producer._fork_lock = threading.RLock()   # re-entrant: see start_in_forked_child
         producer._forked = True
         producer._closing = False
 
@@ -165,7 +165,10 @@ def _close_inherited_locks(journal_dir: Any) -> None:
 
 
 def start_in_forked_child(producer: Any) -> None:
-    """On a forked child's first emit: a new librdkafka instance and sender thread."""
+    """On a forked child's first emit: a new librdkafka instance and sender thread. A signal
+    handler that interrupts the start (the resolver probe may take up to :data:`_PROBE_S`)
+    never gets here: its emit() is held for the interrupted one, and its close() is
+    deferred until that returns (:mod:`producer.deferred_close`)."""
     with producer._fork_lock:
         if not producer._forked:
             return

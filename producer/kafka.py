@@ -41,7 +41,9 @@ in the spill queue; the journal itself survives. Dropped, counted and logged by 
 ``rejected_by_broker`` (a record Kafka will never accept), ``journal_full``,
 ``journal_write_failed``, ``queue_full`` (above), ``closed`` (emit after close),
 ``lost_in_fatal_producer`` (records a broken librdkafka instance never gave back within
-5 s). A forked child gets a fresh producer of its own (:mod:`producer.forking`).
+5 s), ``late_for_close`` (an event a thread placed holding the producer's lock past a
+close's budget, once the sender had journaled without the lock). A forked child gets a
+fresh producer of its own (:mod:`producer.forking`).
 
 This module is the caller-facing half; the background thread (journal mode, reclaim,
 replay) is :mod:`producer.sender`.
@@ -186,37 +188,39 @@ class LineageProducer(Sender):
         A value that is not an event (:mod:`producer.event_values`) is dropped:
         ``not_an_event``. Safe in a signal handler, as are flush(), close() and stats
         (:mod:`producer.deferred_close`)."""
-        # emit() calls in progress per thread: a close() from a signal handler (same thread) defers.
+        # The emit() call in progress per thread (a signal handler's, inside another, points
+        # to that one): a close() from a signal handler (same thread) defers, and a handler's
+        # emit() goes after the one it interrupted.
         thread = get_ident()
         emitting = self._emitting
-        depth = emitting[thread] = emitting.get(thread, 0) + 1
-        call = _Emit(event)
+        outer = emitting.get(thread)
+        call = emitting[thread] = _Emit(event, outer)
         try:
-            self._emit(call, thread, depth)
+            self._emit(call, thread)
         except BaseException:
             # Only a signal handler's exception gets here (SystemExit, KeyboardInterrupt: _emit
             # takes every Exception): the event it cut short is the job's all the same.
-            self._rescue(call, thread, depth)
+            self._rescue(call, thread)
             raise
         finally:
-            if depth == 1:
+            if outer is None:
                 del emitting[thread]
             else:
-                emitting[thread] = depth - 1
+                emitting[thread] = outer
+            if call.held:
+                self._release_held(call)
             if self._deferred is not None:
-                self._emit_returned(thread, depth)
+                self._emit_returned(thread, call.depth)
 
-    def _emit(self, call: _Emit, thread: int, depth: int) -> None:
+    def _emit(self, call: _Emit, thread: int) -> None:
         try:
-            if self._forked:
-                start_in_forked_child(self)
             with self._count_lock:
                 self._emitted += 1
             if self._encoded(call) is not None:
-                self._enqueue(call, thread, depth)
+                self._enqueue(call, thread)
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
-            self._rescue(call, thread, depth)
+            self._rescue(call, thread)
 
     def _encoded(self, call: _Emit) -> tuple[bytes | None, bytes] | None:
         """The call's record (key, value), or None when its event is dropped (counted, logged)."""
@@ -245,29 +249,90 @@ class LineageProducer(Sender):
         call.record = record = (key, value)
         return record
 
-    def _enqueue(self, call: _Emit, thread: int, depth: int) -> None:
+    def _enqueue(self, call: _Emit, thread: int) -> None:
         """Hand the call's record to librdkafka or the spill queue (:meth:`_place`); a drop
         is logged outside ``_lock``: other emit() calls must not wait for a log handler."""
-        if self._refuses(thread, depth):
+        if self._refuses(thread, call.depth):
             # Before _lock: once close() began, emit() calls do not compete with its sender for it.
             call.settled = True
             dropped: str | None = "closed"
-        elif self._lock._is_owned():  # type: ignore[attr-defined]
-            # A signal handler's emit() that interrupted one of this thread's inside _lock (an
-            # RLock, so taking it would succeed and put this record ahead of that one's, or
-            # mix up its bookkeeping): it goes after that one's record, placed as it leaves.
-            self._held_back.append(call.record)
-            call.settled = True
-            return
+        elif call.outer is not None and (holder := self._holder(call)) is not None:
+            # A signal handler's emit() inside one of this thread's that has not placed its
+            # event yet, or holds _lock: it goes right after that one's (_holder).
+            return self._hold(call, holder)
         else:
+            if self._forked:
+                start_in_forked_child(self)
             with self._lock:
-                dropped = self._place(call, thread, depth)
-                held_back_dropped = self._place_held_back() if self._held_back else 0
-            if held_back_dropped:
-                self._drop("queue_full", self._queue_full_detail(), n=held_back_dropped)
+                dropped = self._place(call, thread, call.depth)
+                if call.held:   # handlers' emit() calls that interrupted this one: right after it
+                    held, call.held = call.held, None
+                    held_dropped = self._place_records(held)
+                else:
+                    held_dropped = 0
+                if self._held_back:
+                    held_dropped += self._place_held_back()
+            self._after_lock(held_dropped)
         if dropped is not None:
             key = call.record[0] if call.record is not None else None
-            self._drop(dropped, "emit after close()" if dropped == "closed" else self._queue_full_detail(), key)
+            self._drop(dropped, self._drop_detail(dropped), key)
+
+    def _drop_detail(self, reason: str) -> str:
+        if reason == "closed":
+            return "emit after close()"
+        if reason == "late_for_close":
+            return ("placed after close() journaled without the producer's lock (this thread held it past the "
+                    "close's budget: a long signal handler?)")
+        return self._queue_full_detail()
+
+    def _holder(self, call: _Emit) -> Any:
+        """Where the record of ``call`` (a signal handler's emit(), or the records held for it)
+        must wait so as not to jump ahead of an emit() it interrupted on this thread: the
+        held list of the nearest such call that has not placed (or dropped) its event -- it
+        places them right after its own -- else the held-back queue while this thread holds
+        ``_lock`` (an RLock: taking it again would put the record ahead of the one being
+        placed, or mix up its bookkeeping), else None: it can be placed now."""
+        outer = call.outer
+        while outer is not None:
+            if not outer.settled:
+                if outer.held is None:
+                    outer.held = []
+                return outer.held
+            outer = outer.outer
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            return self._held_back
+        return None
+
+    @staticmethod
+    def _hold(call: _Emit, holder: Any) -> None:
+        """``call``'s record, then those held for it, wait in ``holder`` (:meth:`_holder`)."""
+        holder.append(call.record)
+        call.settled = True   # a handler's emit() from here on holds its record after this one's
+        if call.held:
+            held, call.held = call.held, None
+            holder.extend(held)
+
+    def _release_held(self, call: _Emit) -> None:
+        """``call`` is done (its event placed, dropped, or its exception on its way): the
+        records held for it go next (:meth:`_holder`)."""
+        held, call.held = call.held, None
+        holder = self._holder(call)
+        if holder is not None:
+            holder.extend(held)
+            return
+        try:
+            with self._lock:
+                dropped = self._place_records(held) + (self._place_held_back() if self._held_back else 0)
+            self._after_lock(dropped)
+        except Exception as err:  # noqa: BLE001 - emit must never raise into the job
+            self._error("emit_failed", err)
+
+    def _after_lock(self, held_dropped: int) -> None:
+        """After an emit's ``_lock``: what must not be logged holding it."""
+        if self._journal_note is not None:
+            self._tell_journal_mode()
+        if held_dropped:
+            self._drop("queue_full", self._queue_full_detail(), n=held_dropped)
 
     def _queue_full_detail(self) -> str:
         return f"the journal writer is {_FULL_WAIT_S}s behind ({self._max_spill} events queued)"
@@ -282,7 +347,7 @@ class LineageProducer(Sender):
             call.settled = True
             return "closed"
         key, value = call.record
-        if not self._spilling and self._produce(call, key, value):
+        if not self._spilling and not self._lockless and self._produce(call, key, value):
             if self._closed:
                 self._placed_late()
             return None
@@ -296,73 +361,105 @@ class LineageProducer(Sender):
         self._spill.append(call.record)
         call.settled = True
         if self._closed:
+            if self._draining and self._taken_back(call.record):
+                return "late_for_close"
             self._placed_late()
         return None
+
+    def _taken_back(self, record: tuple[bytes | None, bytes]) -> bool:
+        """A record appended to the spill queue after the sender's last turn began draining
+        it without ``_lock`` (:meth:`Sender._quiesce_emits`): True if it is taken back here
+        (the drain had finished: it would stay in memory, never journaled), False if the
+        drain took it. The queue's remove and the drain's pops are atomic: one of them has it."""
+        try:
+            self._spill.remove(record)
+        except ValueError:
+            return False
+        return True
 
     def _produce(self, call: _Emit, key: bytes | None, value: bytes) -> bool:
         """Under ``_lock``: the record to librdkafka; False (journal mode begun) if it refused it."""
         # The emit number rides with the record to its delivery report: reclaimed records
         # are journaled in emit order, whatever order librdkafka reports them in
-        # (positional: cheaper than keywords).
+        # (positional: cheaper than keywords). It rides in a cell its delivery report empties:
+        # an emit() cut short before its record is known taken (_rescue) empties it first
+        # if the report has not come (_abandon), and whichever comes second knows.
         seq = self._direct_sent
-        on_delivery = partial(self._on_delivery, seq)
+        cell = [seq]
+        on_delivery = partial(self._on_delivery, cell)
         # Counted before produce(), with nothing called in between (CPython runs a signal
         # handler only at a call or a loop's back edge): a handler right after produce() (a
         # flush, a close) sees the record counted and waits for it.
-        call.seq = seq
+        call.cell = cell
         self._direct_sent = seq + 1
         try:
             self._producer.produce(self._topic, value, key, -1, on_delivery)
         except BufferError:
+            # librdkafka did not take it: uncounted before anything is called (a signal
+            # handler may run at a call, and must not find it counted).
+            self._direct_sent = seq
+            call.cell = None
             reason = "queue_full"
         except KafkaException as err:
-            reason = f"produce_failed:{err.args[0].name()}"
-        except Exception:
             self._direct_sent = seq
-            call.seq = None
-            raise
+            call.cell = None
+            reason = f"produce_failed:{err.args[0].name()}"
+        # Any other exception (a signal handler's, raised in a produce() written in Python:
+        # an instrumented client) leaves the cell set: librdkafka may or may not have the
+        # record, and _rescue settles it either way.
         else:
-            call.seq = None
+            call.cell = None
             call.settled = True
             return True
-        self._direct_sent = seq
-        call.seq = None
         self._begin_journal_mode_locked(reason)
         return False
 
     def _place_held_back(self) -> int:
         """Under ``_lock``: the records signal handlers' emit() calls held back, in order;
-        returns how many were dropped (``queue_full``). They were accepted before any close()."""
+        returns how many were dropped. They were accepted before any close()."""
         dropped = 0
         while self._held_back:
-            record = self._held_back.popleft()
+            dropped += self._place_records((self._held_back.popleft(),))
+        return dropped
+
+    def _place_records(self, records: Any) -> int:
+        """Under ``_lock``: held records (accepted: never refused as ``closed``), in order;
+        returns how many were dropped."""
+        dropped = 0
+        for record in records:
             call = _Emit(None)
             call.record = record
             if self._place(call, None, 0) is not None:
                 dropped += 1
         return dropped
 
-    def _rescue(self, call: _Emit, thread: int, depth: int) -> None:
+    def _rescue(self, call: _Emit, thread: int) -> None:
         """An emit() cut short by an exception (a signal handler's, or a failure): its event
         is placed now, after those emitted before it. A record it had handed to librdkafka
-        with no sign of produce() having returned may then be sent twice (at-least-once):
-        its first copy's report is ignored (_abandon)."""
+        with no sign of produce() having returned is settled by its delivery report if that
+        came already (delivered, or taken back for the journal); else it is placed again
+        and may be sent twice (at-least-once): its first copy's report is ignored (_abandon)."""
         if call.settled:
             return
         try:
             if call.record is None and self._encoded(call) is None:
                 return
+            holder = self._holder(call) if call.outer is not None else None
+            if holder is None and self._forked:   # cut short before its producer started in this child
+                start_in_forked_child(self)
             with self._lock:
-                seq, call.seq = call.seq, None
-                if seq is not None:
-                    self._abandon(seq)
-                dropped = self._place(call, thread, depth)
-                held_back_dropped = self._place_held_back() if self._held_back else 0
-            if held_back_dropped:
-                self._drop("queue_full", self._queue_full_detail(), n=held_back_dropped)
+                cell, call.cell = call.cell, None
+                dropped = None
+                if cell is not None and not self._abandon(cell):
+                    call.settled = True   # its report came: librdkafka had it, and it is accounted for
+                elif holder is not None:
+                    self._hold(call, holder)
+                else:
+                    dropped = self._place(call, thread, call.depth)
+                held_dropped = self._place_held_back() if holder is None and self._held_back else 0
+            self._after_lock(held_dropped)
             if dropped is not None:
-                self._drop(dropped, "emit after close()" if dropped == "closed" else self._queue_full_detail(),
-                           call.record[0])
+                self._drop(dropped, self._drop_detail(dropped), call.record[0])
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
 
@@ -408,9 +505,12 @@ class LineageProducer(Sender):
         if self._stopped:
             return
         self._closing = True
-        if self._forked:   # a forked child that never emitted: nothing to send, no thread to stop
-            self._closed = self._stopped = True
-            return _LIVE.discard(self)
+        if self._forked and not self._fork_lock._is_owned():
+            with self._fork_lock:   # another thread may be starting it: then it is closed as started
+                if self._forked:    # a forked child that never emitted: nothing to send, no thread to stop
+                    self._closed = self._stopped = True
+                    return _LIVE.discard(self)
+        # (A signal handler's close() that interrupted the start, on this thread, is deferred below.)
         deferred = self._deferred
         if deferred is not None:   # the budget of the close that was deferred
             deadline = deferred.deadline
@@ -527,17 +627,23 @@ class LineageProducer(Sender):
 
 
 class _Emit:
-    """One emit() call: its event, its record once encoded, the emit number it holds while
-    produce() may not have taken the record yet, and whether it is settled (placed or
-    dropped): what :meth:`LineageProducer._rescue` needs when an exception cuts it short."""
+    """One emit() call: its event, its record once encoded, the delivery-report cell of its
+    emit number while produce() may not have taken the record yet, and whether it is
+    settled (placed or dropped): what :meth:`LineageProducer._rescue` needs when an
+    exception cuts it short."""
 
-    __slots__ = ("event", "record", "seq", "settled")
+    __slots__ = ("event", "record", "cell", "settled", "outer", "depth", "held")
 
-    def __init__(self, event: object) -> None:
+    def __init__(self, event: object, outer: _Emit | None = None) -> None:
         self.event = event
         self.record: tuple[bytes | None, bytes] | None = None
-        self.seq: int | None = None
+        self.cell: list[int] | None = None
         self.settled = False
+        # The emit() call this one interrupted on its thread (a signal handler's), and how
+        # deep in them it runs; the records of handlers' emit() calls waiting for this one.
+        self.outer = outer
+        self.depth = 1 if outer is None else outer.depth + 1
+        self.held: list[tuple[bytes | None, bytes]] | None = None
 
 
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()

@@ -102,10 +102,8 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         # _lock; this thread), so no lock. len(producer) also counts queued error events.
         self._direct_sent = 0
         self._direct_done = 0
-        # Emit numbers of records an interrupted emit() placed again (deferred_close: it had
-        # handed them to librdkafka with no sign of produce() returning): counted done at
-        # once (_direct_abandoned, written under _lock), a delivery report of theirs ignored.
-        self._abandoned: set[int] = set()
+        # Records an interrupted emit() placed again before their delivery report came
+        # (_abandon): counted done at once (written under _lock), their report ignored.
         self._direct_abandoned = 0
         # Taken back from librdkafka: (emit number, key, value). librdkafka may report a
         # partition's queued records before its in-flight (older) ones -- a fatal error
@@ -119,6 +117,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         self._kafka_down = False
         # Until Kafka takes records again, repeats log quietly: librdkafka's lines, journal mode's reason.
         self._rdkafka_log, self._journal_mode_told = LibrdkafkaLog(), None
+        self._journal_note: str | None = None   # journal mode's reason, not logged yet (_tell_journal_mode)
         self._need_reclaim = False
         self._want_journal: str | None = None
         self._shutdown_failure: Exception | None = None   # logged by _shutdown itself
@@ -137,6 +136,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         self._left_journaled = 0            # pending records in journals closed at shutdown
         self._close_deadline = 0.0          # close()'s: how long the last turn may wait for _lock
         self._lockless = False              # the last turn goes on without _lock (_quiesce_emits)
+        self._draining = False              # ... and is emptying the spill queue (LineageProducer._taken_back)
         self._init_replay()
         self._init_deferred_close()
 
@@ -147,9 +147,19 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         raise NotImplementedError
 
     def _begin_journal_mode_locked(self, reason: str) -> None:
+        """Under ``_lock``: journal mode begins. Its log line is written once the lock is
+        released (:meth:`_tell_journal_mode`): a thread interrupted inside a log handler by a
+        signal handler that calls emit() would otherwise wait for itself."""
         if not self._spilling:
             self._spilling = True
             self._need_reclaim = True
+            self._journal_note = reason
+
+    def _tell_journal_mode(self) -> None:
+        """Log the journal mode begun under ``_lock`` (not holding it): INFO when it is the same
+        reason as last time Kafka took nothing (an outage's repeats), else WARNING."""
+        reason, self._journal_note = self._journal_note, None
+        if reason is not None:
             log.log(logging.INFO if reason == self._journal_mode_told else logging.WARNING,
                     "event=journal_mode topic=%s reason=%s", self._topic, reason)
             self._journal_mode_told = reason
@@ -168,6 +178,8 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
                 self._error("sender_failed", err)
                 if not stopping:
                     self._stop.wait(0.5)
+            if self._journal_note is not None:
+                self._tell_journal_mode()
             if stopping:   # the last turn, even after a failed step
                 try:
                     self._shutdown()
@@ -175,8 +187,13 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
                     if err is not self._shutdown_failure:
                         self._error("sender_failed", err)
                 return
-            with self._progress:
-                self._progress.notify_all()
+            # Never waits: the thread waiting on it may hold its lock where a signal handler
+            # interrupted it (waiters wake every 50 ms anyway: LineageProducer._wait).
+            if self._progress.acquire(blocking=False):
+                try:
+                    self._progress.notify_all()
+                finally:
+                    self._progress.release()
 
     def _quiesce_emits(self) -> None:
         """The last turn begins: close() set ``_closed`` without ``_lock``, so an emit() that
@@ -222,6 +239,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
             finally:
                 self._lock.release()
             self._want_journal = None
+            self._tell_journal_mode()
         if self._need_reclaim or replace:
             self._reclaim(settle_in_flight=replace)
         if replace:
@@ -262,11 +280,18 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
     def _direct_outstanding(self) -> int:
         return self._direct_sent - self._direct_done - self._direct_abandoned
 
-    def _abandon(self, seq: int) -> None:
-        """Under ``_lock``: direct record ``seq`` is placed again (an interrupted emit():
-        :mod:`producer.deferred_close`); if librdkafka has it, its report is ignored."""
-        self._abandoned.add(seq)       # first: a report arriving in between must find it
+    def _abandon(self, cell: list[int]) -> bool:
+        """Under ``_lock``: an interrupted emit() (:mod:`producer.deferred_close`) gives up the
+        direct record whose delivery-report ``cell`` it holds, to place it again: True, and
+        its report, if librdkafka has it, will be ignored; False if that report came already
+        (the record is counted done, and delivered or taken back). The cell's one pop (atomic)
+        decides between this and the report, whichever thread is first."""
+        try:
+            cell.pop()
+        except IndexError:
+            return False
         self._direct_abandoned += 1
+        return True
 
     def _not_journaled(self) -> int:
         """Records accepted and neither acknowledged nor in a journal: in librdkafka, taken
@@ -325,7 +350,6 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
             lost = self._direct_outstanding()
             self._direct_done = self._direct_sent
             self._direct_abandoned = 0
-            self._abandoned.clear()
         if lost:
             self._drop("lost_in_fatal_producer", "records the replaced librdkafka instance never gave back",
                        n=lost)
@@ -345,6 +369,10 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         """Move ``_returned``, then the spill queue and any held-back records, in that order,
         into the journal. Left to the next turn if ``_lock`` stays busy; the last turn
         (``final``) waits for it as long as :meth:`_quiesce_emits` did, then goes without."""
+        if final and self._lockless:
+            # From here on a record appended to the spill queue is taken by the drain below
+            # or taken back by its emit() (LineageProducer._taken_back): never left behind.
+            self._draining = True
         if not self._returned and not self._spill and not self._held_back:
             return
         # Sorted outside the lock emit() takes: only this thread adds to _returned.
@@ -366,7 +394,8 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
                 self._lock.release()
         elif final:
             # Another thread holds _lock for good: popped one at a time (a deque's pops and
-            # appends are atomic), so a record appended meanwhile is taken or stays.
+            # appends are atomic), so a record appended meanwhile is taken here or taken
+            # back by its emit() (_draining, above).
             self._in_transit = len(returned) + len(self._spill) + len(self._held_back)
             self._returned = []
             batch = returned + _drain(self._spill) + _drain(self._held_back)

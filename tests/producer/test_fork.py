@@ -566,3 +566,49 @@ def test_a_records_place_is_its_callers_through_the_gate(caplog):
     (record,) = [r for r in caplog.records if r.getMessage() == "event=test_line here"]
     assert (record.filename, record.funcName) == ("test_fork.py",
                                                   "test_a_records_place_is_its_callers_through_the_gate")
+
+
+@pytest.mark.parametrize("handler", ["emit", "emit_and_close", "raise"])
+def test_a_signal_handler_interrupting_a_forked_childs_producer_start(kafka, tmp_path, handler):
+    # A forked child's first emit() starts its producer (the resolver probe may take up to
+    # 1 s); a signal handler there that emits used to wait for the start's lock, held by the
+    # very thread it interrupted (a hang); one that closed left the interrupted event dropped
+    # as "closed" and a sender running; one that raised handed the event to the parent's
+    # copy of librdkafka, which has no thread in the child (lost).
+    topic = kafka.new_topic("fork-start-signal")
+    producer = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            def child() -> int:
+                start = producer._new_producer
+
+                def interrupted_start(*args):
+                    signal.raise_signal(signal.SIGUSR1)
+                    return start(*args)
+
+                def on_usr1(*_) -> None:
+                    producer._new_producer = start
+                    if handler == "raise":
+                        raise KeyboardInterrupt("from the handler")
+                    producer.emit(_event("handler"))
+                    if handler == "emit_and_close":
+                        producer.close()
+
+                signal.signal(signal.SIGUSR1, on_usr1)
+                producer._new_producer = interrupted_start
+                try:
+                    producer.emit(_event("child"))
+                except KeyboardInterrupt:
+                    pass
+                left = producer.flush(20)
+                producer.close()
+                closed_cleanly = producer._stopped and not producer._sender.is_alive()
+                return 0 if left == 0 and closed_cleanly and not producer.stats.dropped else 3
+            _in_child(child)
+        assert _exit_status(pid, 60) == 0, "the child hung, dropped an event or left its sender running"
+    finally:
+        producer.close()
+    expected = ["child"] if handler == "raise" else ["child", "handler"]
+    records = read_topic(kafka.bootstrap_servers, topic, expected=len(expected), timeout_s=30)
+    assert [decode(r.value)["job"]["name"] for r in records] == expected
