@@ -25,11 +25,11 @@ What is guaranteed:
 * Order per run, whatever thread a callback comes on (``onQueryStarted`` runs on the query's
   thread, the others on the listener bus, the application's end on the driver's): START
   first, one terminal, nothing after it, and every terminal before the application's
-  COMPLETE. A run's datasets and what was reported change, and its event is emitted, under
-  one lock (emission only queues); py4j calls are made outside it. What a run looks up once
-  (Kafka servers, a Kafka sink's topic, the output's schema, the topics a pattern matched) is
-  written only by the thread reading its progress (the listener bus), before it takes that
-  lock to apply what it found. A query that starts once the application has
+  COMPLETE. A run's datasets, row counts and what was reported change, and its event is
+  emitted, under one lock (emission only queues); py4j calls are made outside it. What a run
+  looks up once (Kafka servers, a Kafka sink's topic, the output's schema, the topics a
+  pattern matched) is written only by the thread reading its progress (the listener bus),
+  before it takes that lock to apply what it found. A query that starts once the application has
   ended (or capture has stopped) is not reported (one log line).
 * A run's progress is read (two py4j calls) at its first micro-batch and then at most once
   every :data:`PROGRESS_READ_INTERVAL_S`, or sooner once :data:`READ_EVERY_PROGRESSES` progress
@@ -62,16 +62,19 @@ What is guaranteed:
   that names an input).
 * Row counts (:mod:`producer.spark.streaming_stats`): each input's ``inputStatistics`` and the
   output's ``outputStatistics`` carry the rows of every micro-batch of the run so far
-  (``rowCount``), on RUNNING and on the terminal (an ABORT: as of the last read); they never
-  cause an event of their own. At each read, and at the run's end, the query's recent
-  progress is read from the newest down to the last batch counted (two py4j calls, then two
-  per progress: about two per micro-batch in all, paid at the reads, not on each callback).
-  Exact or left out: batches Spark dropped from
-  its recent progress before they were read (its listener bus dropped their progress events,
-  or ``spark.sql.streaming.numRecentProgressUpdates`` is below 100) give the run's counts up,
-  named in ``extractionError``. A source that is several datasets (a Kafka source of several
-  topics) has no count per topic: its datasets get none; a sink that counts nothing (Spark's
-  file sink reports ``-1``) gives no ``outputStatistics``.
+  (``rowCount``), on RUNNING and on the terminal, an ABORT too; they never cause an event of
+  their own. At each read, and at the run's end, the query's recent progress is read from the
+  newest down to the last batch counted (two py4j calls, then two per progress: about two per
+  micro-batch in all, paid at the reads, not on each callback). An ABORT's read is made on the
+  thread ending the application (or calling ``disable_lineage``), for a run a callback has
+  read before (a run never read has no datasets known to put counts on); if it fails, the
+  ABORT carries no counts, named in ``extractionError``. Exact or left out: batches Spark
+  dropped from its recent progress before they were read (after the last batch counted, or,
+  at a run's first read, from the batch whose progress triggered it on: its listener bus
+  dropped their progress events, or ``spark.sql.streaming.numRecentProgressUpdates`` is below
+  100) give the run's counts up, named in ``extractionError``. A source that is several
+  datasets (a Kafka source of several topics) has no count per topic: its datasets get none;
+  a sink that counts nothing (Spark's file sink reports ``-1``) gives no ``outputStatistics``.
 * Nothing raises into the query: every callback is guarded, a failure is a log line (and an
   ``extractionError`` facet on the run's next event). Emission only queues.
 
@@ -128,6 +131,8 @@ _Found = tuple[list[DatasetRef], list[DatasetRef], list[str], list[str], list[li
 PROGRESS_READ_INTERVAL_S = 30.0
 #: ... or once this many progress callbacks (of any run) came since: half of Spark's recent progress.
 READ_EVERY_PROGRESSES = RECENT_PROGRESS // 2
+#: How long :meth:`StreamingLineage.abort_open` waits for the ABORTs another thread's call is emitting.
+ABORT_WAIT_S = 10.0
 _MAX_ERRORS = 8
 
 
@@ -153,6 +158,7 @@ class _Run:
     input_schemas: list[list[dict]] | None = None  # each progress source's schema (its logical plan's)
     input_schemas_looked_up: bool = False
     counts: RowCounts = field(default_factory=RowCounts)
+    first_batch: int | None = None    # the batchId of the progress that triggered its first read (the counts' floor)
     read_at_progress: int = 0         # the session's progress callbacks when it was last read
     matched: dict[int, list[str]] = field(default_factory=dict)  # topics each Kafka source showed offsets for
 
@@ -178,7 +184,9 @@ class StreamingLineage:
         self._runs: dict[str, _Run] = {}
         self._progresses = 0      # progress callbacks so far (a run's are never more)
         self._closed = False      # the application ended or capture stopped: no new run
-        self._lock = threading.Lock()  # _runs, _closed, a run's datasets, and every emit
+        self._lock = threading.Lock()  # _runs, _closed, _aborting, a run's datasets and counts, and every emit
+        self._aborts_done = threading.Condition(self._lock)
+        self._aborting: list[int] = []   # the threads in abort_open between taking runs and emitting their ABORTs
         self._listener: _QueryListener | None = None
         self._jwrapper: Any = None
 
@@ -218,13 +226,39 @@ class StreamingLineage:
                     del pool.dict[key]
 
     def abort_open(self) -> None:
-        """ABORT every run still open (the application ends while its queries run); no run
-        starts after. An event another thread is emitting is emitted before this returns."""
+        """ABORT every run still open (the application ends, or capture stops, while its queries
+        run); no run starts after. A run whose progress a callback has read has its new progress
+        read first, on this thread and outside the lock (two py4j calls, then two per progress
+        since its last read), so its ABORT carries the rows of every micro-batch up to now; if
+        that read fails, its ABORT carries no row counts and its ``extractionError`` says why.
+        A run never read (its datasets are not known) is not read here.
+
+        When this returns, every event another thread was emitting has been emitted, and so
+        has the ABORT of every run open when it was called, also of those another thread's
+        call took first (waited for up to :data:`ABORT_WAIT_S`, then one log line); not of those
+        a call on this same thread took (re-entered from a signal handler during its read)."""
+        me = threading.get_ident()
         with self._lock:
             self._closed = True
             runs, self._runs = list(self._runs.values()), {}
+            self._aborting.append(me)
+        recent: list[tuple[list[dict], bool] | str | None] = []
+        try:
+            # Out of _runs, their counts are this thread's alone: a callback reading one now drops what it read.
             for run in runs:
-                self._emit(run, "ABORT")
+                read_before = run.first_batch is not None or run.counts.last_batch is not None
+                recent.append(self._recent(run) if read_before else None)
+        finally:
+            with self._lock:
+                for index, run in enumerate(runs):
+                    self._count(run, recent[index] if index < len(recent) else None)
+                    self._emit(run, "ABORT")
+                self._aborting.remove(me)
+                self._aborts_done.notify_all()
+                # Not for this thread's own (a signal handler ending the application inside its read).
+                if not self._aborts_done.wait_for(lambda: all(t == me for t in self._aborting), ABORT_WAIT_S):
+                    log.warning("lineage: streaming runs another thread is aborting were not emitted within %s s",
+                                ABORT_WAIT_S)
 
     # -- callbacks (py4j threads; each guarded by _QueryListener) ------------------------------
     def on_started(self, jevent: Any) -> None:
@@ -262,6 +296,8 @@ class StreamingLineage:
             if run is None or not self._due(run, now):
                 return  # another run was due: this one keeps its own schedule
             run.next_read, run.read_at_progress = now + self._interval, self._progresses
+            if run.first_batch is None and run.counts.last_batch is None:
+                run.first_batch = _batch_id(progress)
         found = self._datasets(run, progress)
         recent = self._recent(run)
         with self._lock:
@@ -347,7 +383,7 @@ class StreamingLineage:
         if isinstance(recent, str):
             run.counts.lost = recent
         else:
-            run.counts.add(*recent)
+            run.counts.add(*recent, floor=run.first_batch)
         if run.counts.lost is not None:
             run.note(f"no row counts: {run.counts.lost}")
 
@@ -462,6 +498,11 @@ def _kafka_sink(query: Any) -> DatasetRef | str:
 
 #: The write nodes of a micro-batch query's logical plan (a V2 sink's, a V1 sink's): they hold the writer's options.
 _WRITE_NODES = frozenset({"WriteToMicroBatchDataSource", "WriteToMicroBatchDataSourceV1"})
+
+
+def _batch_id(progress: dict) -> int | None:
+    batch = progress.get("batchId")
+    return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
 
 
 def _text(err: BaseException) -> str:

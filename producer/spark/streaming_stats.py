@@ -13,9 +13,11 @@
   py4j calls, then two per progress read). A batch is counted once by its ``batchId`` (a
   progress seen again adds only what it has more: an empty progress Spark 3.4 posts for the
   batch to come, then that batch). Exact, or nothing: when batches were dropped from the
-  buffer before they were read, the counts are given up for the run (:attr:`RowCounts.lost`),
-  never reported short. The sink's count is known only when the sink reports one (Spark's
-  file sink does not: ``-1``); then there is no output count.
+  buffer before they were read (after the last batch counted, or, at the run's first read,
+  from the batch whose progress triggered that read on), the counts are given up for the run
+  (:attr:`RowCounts.lost`, the reason named), never reported short. The sink's count is known
+  only when the sink reports one (Spark's file sink does not: ``-1``); then there is no output
+  count.
 * :func:`input_datasets` and :func:`output_datasets` put both on a run's datasets.
 """
 
@@ -76,16 +78,28 @@ class RowCounts:
         self.lost: str | None = None          # why the counts were given up
         self._seen: dict[int, tuple[list[int], int]] = {}   # the recent batches, as counted
 
-    def add(self, progresses: list[dict], read_to_oldest: bool) -> None:
-        """Count what ``progresses`` (oldest first, from :func:`read_new_progress`) add."""
-        if self.lost is not None or not progresses:
+    def add(self, progresses: list[dict], read_to_oldest: bool, *, floor: int | None = None) -> None:
+        """Count what ``progresses`` (oldest first, from :func:`read_new_progress`) add.
+
+        ``floor``: the ``batchId`` of the progress that triggered the run's first read, a batch
+        the buffer must still hold at that read; used until a batch is counted (after that, the
+        batch after the last one counted must still be there). A buffer read to its oldest entry
+        that no longer holds it gives the counts up. ``None`` (a run first read at its end, by
+        no progress callback): batches dropped before a run's first read go unnoticed."""
+        if self.lost is not None:
+            return
+        needed = floor if self.last_batch is None else self.last_batch + 1
+        if not progresses:
+            if read_to_oldest and needed is not None:
+                self.lost = (f"Spark's recent progress held no micro-batch from {needed} on "
+                             "(spark.sql.streaming.numRecentProgressUpdates)")
             return
         batches = [p.get("batchId") for p in progresses]
         if not all(isinstance(b, int) and not isinstance(b, bool) for b in batches):
             self.lost = "a progress without a batchId"
             return
-        if read_to_oldest and self.last_batch is not None and batches[0] > self.last_batch + 1:
-            self.lost = (f"micro-batches {self.last_batch + 1}-{batches[0] - 1} left Spark's recent progress "
+        if read_to_oldest and needed is not None and batches[0] > needed:
+            self.lost = (f"micro-batches {needed}-{batches[0] - 1} left Spark's recent progress "
                          "before they were read (spark.sql.streaming.numRecentProgressUpdates)")
             return
         for batch, progress in zip(batches, progresses):

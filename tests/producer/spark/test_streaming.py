@@ -159,6 +159,43 @@ def test_a_query_still_running_when_the_application_ends_is_aborted_before_the_a
 
 
 @pytest.mark.spark
+def test_an_abort_counts_every_micro_batch_up_to_the_applications_end(spark, tmp_path, captured):
+    """The batches since the run's last read (the next one up to 30 s away) are read for its
+    ABORT: it carries the rows the query read up to the application's end, not as of the last read."""
+    recorder, lineage = captured
+    source = tmp_path / "landing" / "clicks"
+    source.mkdir(parents=True)
+
+    def land(name, rows):
+        (source / f"{name}.json").write_text("".join(f'{{"id": {i}, "v": "{name}"}}\n' for i in range(rows)))
+
+    land("a", 2)
+    query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+             .writeStream.format("memory").queryName("clicks_to_abort").start())
+    try:
+        query.processAllAvailable()
+        run_id = str(query.runId)
+        _run_events(recorder, run_id, "RUNNING")   # the first read: batch 0's progress
+        land("b", 3)
+        land("c", 4)
+        query.processAllAvailable()                # two more micro-batches, a file each, not read yet
+        lineage.end()
+    finally:
+        query.stop()
+    fed = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sorted(fed) == [2, 3, 4], fed
+    run = recorder.runs()[run_id]
+    assert [e["eventType"] for e in run] == ["START", "RUNNING", "ABORT"]
+    for event in run:
+        validator().validate(event)
+    running, abort = run[1], run[2]
+    assert [(d["namespace"], d["name"]) for d in abort["inputs"]] == [("file", str(source))]
+    assert running["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] == 2
+    assert abort["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] == 9
+    assert "extractionError" not in abort["run"]["facets"]
+
+
+@pytest.mark.spark
 def test_disable_lineage_stops_streaming_runs_too(spark, tmp_path, captured):
     recorder, _ = captured
     disable_lineage(spark)

@@ -9,6 +9,7 @@ thread's work exactly where a real py4j round trip leaves room for it."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace as NS
 
 import orjson
@@ -65,8 +66,8 @@ def _started(streaming):
                             timestamp=lambda: "2026-11-27T10:00:00.000Z"))
 
 
-def _progress(streaming):
-    progress = {"runId": RUN, "timestamp": "2026-11-27T10:00:01.000Z",
+def _progress(streaming, **fields):
+    progress = {"runId": RUN, "timestamp": "2026-11-27T10:00:01.000Z", **fields,
                 "sources": [{"description": "FileStreamSource[file:/landing/orders]"},
                             {"description": "KafkaV2[Subscribe[orders]]"}],
                 "sink": {"description": "FileSink[file:/lake/orders]"}}
@@ -121,3 +122,36 @@ def test_stopping_capture_while_a_query_runs_aborts_its_run():
     lineage.stop_capture()  # what disable_lineage does
     _terminated(streaming)
     assert _order(recorder) == [("START", "st.streaming.lake_orders"), ("ABORT", "st.streaming.lake_orders")]
+
+
+def test_the_application_ending_while_capture_stops_waits_for_the_abort_being_read():
+    """``disable_lineage`` on one thread takes the open run and reads its progress for the ABORT
+    (outside the lock); the application ending on another meanwhile finds no run open, but its
+    COMPLETE waits for that ABORT."""
+    lineage, streaming, spark, recorder = _capture()
+    armed, reading, release = threading.Event(), threading.Event(), threading.Event()
+
+    def recent_progress():   # once armed, the ABORT's py4j read, held until the application is ending
+        if armed.is_set():
+            reading.set()
+            assert release.wait(30)
+        return [NS(json=lambda: orjson.dumps({"batchId": 0, "sources": [], "sink": {}}).decode())]
+    spark._query.recentProgress = recent_progress
+    _started(streaming)
+    _progress(streaming, batchId=0)   # read
+    armed.set()
+    stopping = threading.Thread(target=streaming.abort_open)   # what disable_lineage's detach does
+    ending = threading.Thread(target=lineage.end)
+    stopping.start()
+    assert reading.wait(30)
+    ending.start()
+    ending.join(0.5)
+    assert ending.is_alive(), "the application's COMPLETE did not wait for the ABORT being read"
+    release.set()
+    for thread in (stopping, ending):
+        thread.join(30)
+        assert not thread.is_alive()
+    assert _order(recorder) == [("START", "st.streaming.lake_orders"), ("RUNNING", "st.streaming.lake_orders"),
+                                ("ABORT", "st.streaming.lake_orders"), ("COMPLETE", "st")]
+    for event in recorder.events:
+        validator().validate(event)

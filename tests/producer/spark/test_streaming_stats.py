@@ -1,5 +1,6 @@
 """A streaming run's row counts and source schemas: every micro-batch counted once, exactly or
-not at all, and the next read early enough that Spark's recent progress drops no batch."""
+not at all, the next read early enough that Spark's recent progress drops no batch, and an
+ABORT counting the batches up to the application's end."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def test_batches_dropped_from_sparks_buffer_before_a_read_give_the_counts_up():
     assert counts.lost and "micro-batches 1-2" in counts.lost
     counts.add([_batch(5, 1, 1)], False)
     assert counts.rows_in == [5]   # never a short count reported as the total
+
+
+def test_at_the_first_read_the_batch_that_triggered_it_must_still_be_in_sparks_buffer():
+    counts = RowCounts()
+    counts.add([_batch(3, 1, 1), _batch(4, 1, 1)], True, floor=1)   # triggered by batch 1's progress: 1-2 gone
+    assert counts.lost and "micro-batches 1-2" in counts.lost and counts.rows_in == []
+    kept = RowCounts()
+    kept.add([_batch(0, 2, 2), _batch(1, 1, 1)], True, floor=1)   # older batches than the floor: counted too
+    assert (kept.rows_in, kept.rows_out, kept.lost) == ([3], 3, None)
+    empty = RowCounts()
+    empty.add([], True, floor=0)   # spark.sql.streaming.numRecentProgressUpdates=0: Spark keeps none
+    assert empty.lost and "no micro-batch from 0 on" in empty.lost
 
 
 class _Query:
@@ -104,6 +117,11 @@ def _capture(query):
 def _post(listener, query, rows=1):
     progress = _batch(len(query.posted), rows)
     query.posted.append(progress)
+    _deliver(listener, progress)
+
+
+def _deliver(listener, progress):
+    """Spark's listener bus delivering a progress event (it may run behind the query)."""
     listener.onQueryProgress(NS(progress=lambda: NS(json=lambda: orjson.dumps(progress).decode())))
 
 
@@ -151,3 +169,72 @@ def test_a_slow_query_keeps_the_usual_interval_and_a_gap_is_told_not_counted():
     assert "inputFacets" not in terminal["inputs"][0]
     errors = [e["errorMessage"] for e in terminal["run"]["facets"]["extractionError"]["errors"]]
     assert any(e.startswith("no row counts: micro-batches 5-105 left Spark's recent progress") for e in errors), errors
+
+
+def test_a_first_read_that_finds_the_batch_that_triggered_it_gone_gives_the_counts_up():
+    """The listener bus ran 150 progresses behind the query: when batch 0's progress comes, batches
+    0-49 have left Spark's recent progress; the 100 left are not the run's total."""
+    query = _Query()
+    recorder, clock, listener = _capture(query)
+    query.posted = [_batch(b, 1) for b in range(150)]
+    _deliver(listener, query.posted[0])
+    _stop(listener)
+    running, terminal = [e for e in recorder.runs()[RUN] if e["eventType"] in ("RUNNING", "COMPLETE")]
+    for event in (running, terminal):
+        validator().validate(event)
+        assert "inputFacets" not in event["inputs"][0]
+        errors = [e["errorMessage"] for e in event["run"]["facets"]["extractionError"]["errors"]]
+        assert any(e.startswith("no row counts: micro-batches 0-49 left Spark's recent progress") for e in errors), \
+            errors
+
+
+def _end(listener):
+    """The application ends with the query still running (``spark.stop()`` or exit)."""
+    listener.owner._lineage.end()
+    (abort,) = [e for e in listener.owner._lineage.sender.runs()[RUN] if e["eventType"] == "ABORT"]
+    validator().validate(abort)
+    return abort
+
+
+def test_an_abort_counts_the_batches_since_the_last_read():
+    query = _Query()
+    recorder, clock, listener = _capture(query)
+    _post(listener, query, rows=2)            # the first batch: read
+    for _ in range(5):                        # within the interval: not read
+        clock.now += 1
+        _post(listener, query, rows=3)
+    query.calls.clear()
+    abort = _end(listener)
+    assert abort["inputs"][0]["inputFacets"]["inputStatistics"]["rowCount"] == 2 + 5 * 3
+    assert "extractionError" not in abort["run"]["facets"]
+    # Newest first down to the last batch counted: the array, then the 5 new progresses and batch 0 again.
+    assert query.calls == ["recentProgress"] + ["json"] * 6
+    assert [e["eventType"] for e in recorder.events][-2:] == ["ABORT", "COMPLETE"]
+
+
+def test_an_abort_whose_read_fails_carries_no_counts_and_says_why():
+    query = _Query()
+    recorder, clock, listener = _capture(query)
+    _post(listener, query, rows=2)
+    clock.now += 1
+    _post(listener, query, rows=3)
+
+    def gone():
+        raise RuntimeError("An error occurred while calling o131.recentProgress")
+    query.recentProgress = gone
+    abort = _end(listener)   # raises nothing into the job
+    assert "inputFacets" not in abort["inputs"][0]   # not the last read's 2, short of the 5 read
+    errors = [e["errorMessage"] for e in abort["run"]["facets"]["extractionError"]["errors"]]
+    assert errors == ["no row counts: could not read the query's recent progress: "
+                      "RuntimeError: An error occurred while calling o131.recentProgress"]
+    assert [e["eventType"] for e in recorder.events][-2:] == ["ABORT", "COMPLETE"]
+
+
+def test_an_abort_of_a_run_never_read_reads_nothing():
+    query = _Query()
+    recorder, clock, listener = _capture(query)
+    listener.onQueryIdle(NS(runId=lambda: NS(toString=lambda: RUN)))   # its first read put off
+    clock.now += 1
+    _post(listener, query)
+    _end(listener)
+    assert query.calls == []
