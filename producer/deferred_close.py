@@ -26,9 +26,14 @@ The events of the calls the handler interrupted keep their place:
 
 * An ``emit()`` the close interrupted is not refused: its event is placed as if the
   producer were open (to librdkafka, or the spill queue in journal mode, past its bound if
-  it is full), after the events emitted before it, and the close's flush covers it.
-* An ``emit()`` the handler makes while the interrupted one is inside ``_lock`` is held
-  back and placed right after it (taking the re-entrant lock would put it ahead).
+  it is full), after the events emitted before it, and the close's flush covers it -- unless
+  the close is finished elsewhere before that emit() resumes (another thread's close(), or
+  exit while the handler still runs): the sender is stopped then, and the event is dropped
+  (``closed``), counted and logged.
+* An ``emit()`` the handler makes before the interrupted one has placed its event, or while
+  it is inside ``_lock``, is held and placed right after it (taking the re-entrant lock
+  would put it ahead); so is one made in a handler interrupting that handler's emit(), after
+  both. Until the interrupted emit() resumes, flush() on another thread does not count it.
 * If the handler raises (``sys.exit()``, ``KeyboardInterrupt``), the interrupted ``emit()``
   places its event before the exception goes on (``_rescue``). One that had handed its
   record to librdkafka with no sign yet of produce() having returned is settled by that
