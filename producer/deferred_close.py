@@ -92,7 +92,7 @@ class DeferredClosing:
     def _init_deferred_close(self) -> None:
         self._stopped = False          # close() finished: the sender is stopped
         self._deferred: DeferredClose | None = None
-        # Thread id -> the innermost emit() call in progress on it (kafka._Emit: its depth,
+        # Thread id -> the innermost emit() call in progress on it (held_emits.Emit: its depth,
         # the call it interrupted).
         self._emitting: dict[int, Any] = {}
         # Records of emit() calls a signal handler made inside another emit()'s _lock: placed

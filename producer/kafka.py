@@ -46,7 +46,8 @@ close's budget, once the sender had journaled without the lock). A forked child 
 fresh producer of its own (:mod:`producer.forking`).
 
 This module is the caller-facing half; the background thread (journal mode, reclaim,
-replay) is :mod:`producer.sender`.
+replay) is :mod:`producer.sender`, and the placement of emit() calls a signal handler
+interrupts, or makes, is :mod:`producer.held_emits`.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from producer.forking import (
     resolver_usable,
     start_in_forked_child,
 )
+from producer.held_emits import FULL_WAIT_S, Emit, HeldEmits
 from producer.journal import Journal
 from producer.journal_dir import check_journal_dir
 from producer.keys import message_key
@@ -88,11 +90,9 @@ from producer.stats import ProducerStats
 
 log = logging.getLogger(__name__)
 _REJECTED_VALUE = re.compile(r'Invalid value ".*" (for configuration property ")', re.DOTALL)
-#: How long emit() waits for the journal writer when the spill queue is full (disk, not network).
-_FULL_WAIT_S = 1.0
 
 
-class LineageProducer(Sender):
+class LineageProducer(HeldEmits, Sender):
     """Sends OpenLineage events (dicts) to one Kafka topic; see the module docstring.
 
     ``LineageProducer()`` reads every configuration source (:func:`load_config`);
@@ -194,7 +194,7 @@ class LineageProducer(Sender):
         thread = get_ident()
         emitting = self._emitting
         outer = emitting.get(thread)
-        call = emitting[thread] = _Emit(event, outer)
+        call = emitting[thread] = Emit(event, outer)
         try:
             self._emit(call, thread)
         except BaseException:
@@ -212,7 +212,7 @@ class LineageProducer(Sender):
             if self._deferred is not None:
                 self._emit_returned(thread, call.depth)
 
-    def _emit(self, call: _Emit, thread: int) -> None:
+    def _emit(self, call: Emit, thread: int) -> None:
         try:
             with self._count_lock:
                 self._emitted += 1
@@ -222,7 +222,7 @@ class LineageProducer(Sender):
             self._error("emit_failed", err)
             self._rescue(call, thread)
 
-    def _encoded(self, call: _Emit) -> tuple[bytes | None, bytes] | None:
+    def _encoded(self, call: Emit) -> tuple[bytes | None, bytes] | None:
         """The call's record (key, value), or None when its event is dropped (counted, logged)."""
         event = call.event
         if type(event) is not dict:
@@ -249,7 +249,7 @@ class LineageProducer(Sender):
         call.record = record = (key, value)
         return record
 
-    def _enqueue(self, call: _Emit, thread: int) -> None:
+    def _enqueue(self, call: Emit, thread: int) -> None:
         """Hand the call's record to librdkafka or the spill queue (:meth:`_place`); a drop
         is logged outside ``_lock``: other emit() calls must not wait for a log handler."""
         if self._refuses(thread, call.depth):
@@ -277,67 +277,7 @@ class LineageProducer(Sender):
             key = call.record[0] if call.record is not None else None
             self._drop(dropped, self._drop_detail(dropped), key)
 
-    def _drop_detail(self, reason: str) -> str:
-        if reason == "closed":
-            return "emit after close()"
-        if reason == "late_for_close":
-            return ("placed after close() journaled without the producer's lock (this thread held it past the "
-                    "close's budget: a long signal handler?)")
-        return self._queue_full_detail()
-
-    def _holder(self, call: _Emit) -> Any:
-        """Where the record of ``call`` (a signal handler's emit(), or the records held for it)
-        must wait so as not to jump ahead of an emit() it interrupted on this thread: the
-        held list of the nearest such call that has not placed (or dropped) its event -- it
-        places them right after its own -- else the held-back queue while this thread holds
-        ``_lock`` (an RLock: taking it again would put the record ahead of the one being
-        placed, or mix up its bookkeeping), else None: it can be placed now."""
-        outer = call.outer
-        while outer is not None:
-            if not outer.settled:
-                if outer.held is None:
-                    outer.held = []
-                return outer.held
-            outer = outer.outer
-        if self._lock._is_owned():  # type: ignore[attr-defined]
-            return self._held_back
-        return None
-
-    @staticmethod
-    def _hold(call: _Emit, holder: Any) -> None:
-        """``call``'s record, then those held for it, wait in ``holder`` (:meth:`_holder`)."""
-        holder.append(call.record)
-        call.settled = True   # a handler's emit() from here on holds its record after this one's
-        if call.held:
-            held, call.held = call.held, None
-            holder.extend(held)
-
-    def _release_held(self, call: _Emit) -> None:
-        """``call`` is done (its event placed, dropped, or its exception on its way): the
-        records held for it go next (:meth:`_holder`)."""
-        held, call.held = call.held, None
-        holder = self._holder(call)
-        if holder is not None:
-            holder.extend(held)
-            return
-        try:
-            with self._lock:
-                dropped = self._place_records(held) + (self._place_held_back() if self._held_back else 0)
-            self._after_lock(dropped)
-        except Exception as err:  # noqa: BLE001 - emit must never raise into the job
-            self._error("emit_failed", err)
-
-    def _after_lock(self, held_dropped: int) -> None:
-        """After an emit's ``_lock``: what must not be logged holding it."""
-        if self._journal_note is not None:
-            self._tell_journal_mode()
-        if held_dropped:
-            self._drop("queue_full", self._queue_full_detail(), n=held_dropped)
-
-    def _queue_full_detail(self) -> str:
-        return f"the journal writer is {_FULL_WAIT_S}s behind ({self._max_spill} events queued)"
-
-    def _place(self, call: _Emit, thread: int | None, depth: int) -> str | None:
+    def _place(self, call: Emit, thread: int | None, depth: int) -> str | None:
         """Under ``_lock``: the call's record to librdkafka or the spill queue; returns the
         drop reason when neither takes it. An emit() a deferred close interrupted is placed
         as if the producer were open (:mod:`producer.deferred_close`): after the events
@@ -352,7 +292,7 @@ class LineageProducer(Sender):
                 self._placed_late()
             return None
         if len(self._spill) >= self._max_spill and not self._space.wait_for(
-                lambda: len(self._spill) < self._max_spill or self._closed, _FULL_WAIT_S):
+                lambda: len(self._spill) < self._max_spill or self._closed, FULL_WAIT_S):
             call.settled = True
             return "queue_full"
         if self._refuses(thread, depth):
@@ -366,18 +306,7 @@ class LineageProducer(Sender):
             self._placed_late()
         return None
 
-    def _taken_back(self, record: tuple[bytes | None, bytes]) -> bool:
-        """A record appended to the spill queue after the sender's last turn began draining
-        it without ``_lock`` (:meth:`Sender._quiesce_emits`): True if it is taken back here
-        (the drain had finished: it would stay in memory, never journaled), False if the
-        drain took it. The queue's remove and the drain's pops are atomic: one of them has it."""
-        try:
-            self._spill.remove(record)
-        except ValueError:
-            return False
-        return True
-
-    def _produce(self, call: _Emit, key: bytes | None, value: bytes) -> bool:
+    def _produce(self, call: Emit, key: bytes | None, value: bytes) -> bool:
         """Under ``_lock``: the record to librdkafka; False (journal mode begun) if it refused it."""
         # The emit number rides with the record to its delivery report: reclaimed records
         # are journaled in emit order, whatever order librdkafka reports them in
@@ -413,55 +342,6 @@ class LineageProducer(Sender):
             return True
         self._begin_journal_mode_locked(reason)
         return False
-
-    def _place_held_back(self) -> int:
-        """Under ``_lock``: the records signal handlers' emit() calls held back, in order;
-        returns how many were dropped. They were accepted before any close()."""
-        dropped = 0
-        while self._held_back:
-            dropped += self._place_records((self._held_back.popleft(),))
-        return dropped
-
-    def _place_records(self, records: Any) -> int:
-        """Under ``_lock``: held records (accepted: never refused as ``closed``), in order;
-        returns how many were dropped."""
-        dropped = 0
-        for record in records:
-            call = _Emit(None)
-            call.record = record
-            if self._place(call, None, 0) is not None:
-                dropped += 1
-        return dropped
-
-    def _rescue(self, call: _Emit, thread: int) -> None:
-        """An emit() cut short by an exception (a signal handler's, or a failure): its event
-        is placed now, after those emitted before it. A record it had handed to librdkafka
-        with no sign of produce() having returned is settled by its delivery report if that
-        came already (delivered, or taken back for the journal); else it is placed again
-        and may be sent twice (at-least-once): its first copy's report is ignored (_abandon)."""
-        if call.settled:
-            return
-        try:
-            if call.record is None and self._encoded(call) is None:
-                return
-            holder = self._holder(call) if call.outer is not None else None
-            if holder is None and self._forked:   # cut short before its producer started in this child
-                start_in_forked_child(self)
-            with self._lock:
-                cell, call.cell = call.cell, None
-                dropped = None
-                if cell is not None and not self._abandon(cell):
-                    call.settled = True   # its report came: librdkafka had it, and it is accounted for
-                elif holder is not None:
-                    self._hold(call, holder)
-                else:
-                    dropped = self._place(call, thread, call.depth)
-                held_dropped = self._place_held_back() if holder is None and self._held_back else 0
-            self._after_lock(held_dropped)
-            if dropped is not None:
-                self._drop(dropped, self._drop_detail(dropped), call.record[0])
-        except Exception as err:  # noqa: BLE001 - emit must never raise into the job
-            self._error("emit_failed", err)
 
     # --- flush, close, stats ------------------------------------------------------------
 
@@ -625,25 +505,6 @@ class LineageProducer(Sender):
         event before it reaches :meth:`emit`)."""
         self._drop(reason, detail, key)
 
-
-class _Emit:
-    """One emit() call: its event, its record once encoded, the delivery-report cell of its
-    emit number while produce() may not have taken the record yet, and whether it is
-    settled (placed or dropped): what :meth:`LineageProducer._rescue` needs when an
-    exception cuts it short."""
-
-    __slots__ = ("event", "record", "cell", "settled", "outer", "depth", "held")
-
-    def __init__(self, event: object, outer: _Emit | None = None) -> None:
-        self.event = event
-        self.record: tuple[bytes | None, bytes] | None = None
-        self.cell: list[int] | None = None
-        self.settled = False
-        # The emit() call this one interrupted on its thread (a signal handler's), and how
-        # deep in them it runs; the records of handlers' emit() calls waiting for this one.
-        self.outer = outer
-        self.depth = 1 if outer is None else outer.depth + 1
-        self.held: list[tuple[bytes | None, bytes]] | None = None
 
 
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
