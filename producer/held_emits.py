@@ -111,7 +111,7 @@ class HeldEmits:
             return
         try:
             with self._lock:
-                dropped = self._place_records(held) + (self._place_held_back() if self._held_back else 0)
+                dropped = self._place_held(held)
             self._after_lock(dropped)
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
@@ -137,24 +137,21 @@ class HeldEmits:
             return False
         return True
 
-    def _place_held_back(self) -> int:
-        """Under ``_lock``: the records signal handlers' emit() calls held back, in order;
-        returns how many were dropped. They were accepted before any close()."""
+    def _place_held(self, held: list[Record] | None) -> int:
+        """Under ``_lock``, right after a call's own record: the records held for that call
+        (``held``), then those held back while the lock was owned, in order; returns how many
+        were dropped. They were accepted before any close(): never refused as ``closed``."""
         dropped = 0
+        for record in held or ():
+            dropped += self._place_one(record)
         while self._held_back:
-            dropped += self._place_records((self._held_back.popleft(),))
+            dropped += self._place_one(self._held_back.popleft())
         return dropped
 
-    def _place_records(self, records: Any) -> int:
-        """Under ``_lock``: held records (accepted: never refused as ``closed``), in order;
-        returns how many were dropped."""
-        dropped = 0
-        for record in records:
-            call = Emit(None)
-            call.record = record
-            if self._place(call, None, 0) is not None:
-                dropped += 1
-        return dropped
+    def _place_one(self, record: Record) -> int:
+        call = Emit(None)
+        call.record = record
+        return 1 if self._place(call, None, 0) is not None else 0
 
     def _rescue(self, call: Emit, thread: int) -> None:
         """An emit() cut short by an exception (a signal handler's, or a failure): its event
@@ -179,7 +176,7 @@ class HeldEmits:
                     self._hold(call, holder)
                 else:
                     dropped = self._place(call, thread, call.depth)
-                held_dropped = self._place_held_back() if holder is None and self._held_back else 0
+                held_dropped = self._place_held(None) if holder is None else 0
             self._after_lock(held_dropped)
             if dropped is not None:
                 self._drop(dropped, self._drop_detail(dropped), call.record[0])

@@ -265,13 +265,8 @@ class LineageProducer(HeldEmits, Sender):
                 start_in_forked_child(self)
             with self._lock:
                 dropped = self._place(call, thread, call.depth)
-                if call.held:   # handlers' emit() calls that interrupted this one: right after it
-                    held, call.held = call.held, None
-                    held_dropped = self._place_records(held)
-                else:
-                    held_dropped = 0
-                if self._held_back:
-                    held_dropped += self._place_held_back()
+                held, call.held = call.held, None   # handlers' emit() calls that interrupted this one
+                held_dropped = self._place_held(held)
             self._after_lock(held_dropped)
         if dropped is not None:
             key = call.record[0] if call.record is not None else None

@@ -136,7 +136,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         self._left_journaled = 0            # pending records in journals closed at shutdown
         self._close_deadline = 0.0          # close()'s: how long the last turn may wait for _lock
         self._lockless = False              # the last turn goes on without _lock (_quiesce_emits)
-        self._draining = False              # ... and is emptying the spill queue (LineageProducer._taken_back)
+        self._draining = False              # ... and is emptying the spill queue (HeldEmits._taken_back)
         self._init_replay()
         self._init_deferred_close()
 
@@ -371,7 +371,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         (``final``) waits for it as long as :meth:`_quiesce_emits` did, then goes without."""
         if final and self._lockless:
             # From here on a record appended to the spill queue is taken by the drain below
-            # or taken back by its emit() (LineageProducer._taken_back): never left behind.
+            # or taken back by its emit() (HeldEmits._taken_back): never left behind.
             self._draining = True
         if not self._returned and not self._spill and not self._held_back:
             return

@@ -529,7 +529,7 @@ class _SlowWriter(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         with self.stream_lock:
             self.writing.set()
-            time.sleep(0.3)   # the write itself: a slow disk
+            time.sleep(0.3)   # ok: the write itself, on a slow disk (what the test is about)
 
 
 def test_a_fork_waits_for_a_producer_thread_to_leave_a_log_handler():
@@ -548,13 +548,7 @@ def test_a_fork_waits_for_a_producer_thread_to_leave_a_log_handler():
                 logger.warning("event=test_line from the child")
             finally:
                 os._exit(0)
-        deadline = time.monotonic() + 20
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung on the handler's lock"
+        assert _exit_status(pid, 20) == 0, "the child hung on the handler's lock"
         line.join(10)
     finally:
         logger.removeHandler(handler)

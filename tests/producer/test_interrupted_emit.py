@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections import Counter, deque
+from collections import Counter
 
 import pytest
 
@@ -160,35 +160,49 @@ def test_a_close_in_a_handler_that_interrupted_a_flushs_wait_stops_the_sender(ka
     assert set(_seqs_in_order(kafka.bootstrap_servers, topic)) == set(range(20))
 
 
-def test_an_event_placed_after_a_lockless_close_drained_the_queue_is_counted_dropped(broker, tmp_path, caplog):
+@pytest.mark.parametrize("kafka_state", ["down", "up"])
+def test_an_event_placed_after_a_lockless_close_is_counted_dropped(request, tmp_path, caplog, kafka_state):
     # This thread holds the lock, placing an event, past a close's budget (as one a long
-    # signal handler interrupted there would): the sender's last turn journals the spill
-    # queue without the lock; the event appended after that drain used to stay in memory,
-    # never journaled, never counted.
-    p = LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="late", journal_dir=tmp_path,
+    # signal handler interrupted there would): the sender's last turn journals without the
+    # lock and stops. Kafka down: the event, appended to the spill queue after that drain,
+    # used to stay in memory for ever, never journaled, never counted. Kafka up: it went on
+    # to the librdkafka instance the close had just freed (an emit_failed error; one not yet
+    # freed would have taken it, with nobody left to send it); it is refused as closed now.
+    if kafka_state == "up":
+        kafka = request.getfixturevalue("kafka")
+        bootstrap, topic = kafka.bootstrap_servers, kafka.new_topic("late")
+    else:
+        bootstrap, topic = request.getfixturevalue("broker").bootstrap_servers, "late"
+    p = LineageProducer(bootstrap_servers=bootstrap, topic=topic, journal_dir=tmp_path,
                         properties=FAST_RECONNECT, close_timeout_s=0.2)
     for i in range(5):
         p.emit(seq_event(i))
-    wait_for(lambda: p.stats.mode == "journal", 20, "journal mode (no broker)")
+    if kafka_state == "up":
+        assert p.flush(20) == 0
+    else:
+        wait_for(lambda: p.stats.mode == "journal", 20, "journal mode (no broker)")
     closer = threading.Thread(target=p.close)
+    refuses, checks = p._refuses, []
+    # The close comes after the placing's last check before its append (down), or after its
+    # first, before it chooses between librdkafka and the spill queue (up).
+    close_at = 2 if kafka_state == "down" else 1
 
-    class Holding(deque):
-        armed = True
-
-        def append(self, record) -> None:
-            if Holding.armed and threading.current_thread() is threading.main_thread():
-                Holding.armed = False
+    def closing_meanwhile(thread, depth) -> bool:
+        refused = refuses(thread, depth)
+        if p._lock._is_owned():
+            checks.append(refused)
+            if len(checks) == close_at:
                 closer.start()   # this thread holds the producer's lock all along
                 closer.join(30)
-            super().append(record)
+        return refused
 
+    p._refuses = closing_meanwhile
     with caplog.at_level(logging.INFO, logger="producer.kafka"):
-        with p._lock:
-            p._spill = Holding(p._spill)
         p.emit(seq_event(5))
-    assert not closer.is_alive()
+    assert closer.ident is not None and not closer.is_alive()
     assert "event=close_without_lock" in caplog.text
     stats = p.stats
-    assert stats.emitted == 6
-    assert stats.journaled == 5 and stats.dropped == {"late_for_close": 1}, stats
-    assert "event=dropped reason=late_for_close" in caplog.text
+    assert stats.emitted == 6 and stats.errors == 1, stats   # the drop, and no emit_failed
+    expected = "late_for_close" if kafka_state == "down" else "closed"
+    assert stats.delivered + stats.journaled == 5 and stats.dropped == {expected: 1}, stats
+    assert f"event=dropped reason={expected}" in caplog.text

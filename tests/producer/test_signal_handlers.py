@@ -442,3 +442,46 @@ def test_a_close_outside_a_handler_is_never_deferred_while_another_thread_holds_
     assert p.stats.close_deferred is None
     # Closed for good: what librdkafka held is in the journal, which the next producer sends.
     assert _seqs_sent(kafka.bootstrap_servers, topic, tmp_path) == set(range(50))
+
+
+def test_emit_in_a_handler_that_interrupted_logging_while_another_thread_begins_journal_mode(kafka, tmp_path):
+    # Another thread's emit() finds librdkafka's queue full and begins journal mode; its log
+    # line waits for the log handler the main thread was writing to when a signal handler
+    # interrupted it. The journal_mode line used to be written holding the producer's lock:
+    # the handler's own emit() then waited for that lock, and that thread for the handler's
+    # (a deadlock). It is written once the lock is released.
+    topic = kafka.new_topic("sig-journal-mode-log")
+    body = textwrap.dedent("""\
+        class NoRoom:
+            '''librdkafka's producer with its queue full: it refuses every record.'''
+            def __init__(self, real):
+                self.real = real
+            def produce(self, *args):
+                raise BufferError("Local: Queue full")
+            def __getattr__(self, name):
+                return getattr(self.real, name)
+            def __len__(self):
+                return len(self.real)
+
+        other = []
+
+        def on_term_while_logging(signum, frame):
+            other.append(threading.Thread(target=p.emit, args=(seq_event(0),)))
+            other[0].start()
+            deadline = time.monotonic() + 10
+            while not p._spilling and time.monotonic() < deadline:
+                time.sleep(0.005)   # ok: the poll interval of a wait with a deadline
+            p.emit(seq_event(1))   # that thread is logging journal mode now, through the held handler
+            extra.append(1)
+
+        p._producer = NoRoom(p._producer)
+        signal.signal(signal.SIGTERM, on_term_while_logging)
+        accepted = 1
+        logging.getLogger("app").info("interrupted while this line is written")
+        other[0].join(10)
+        p.close()""")
+    child = _run_child(tmp_path, kafka.bootstrap_servers, topic, body, close_timeout_s=2.0)
+    code, printed, log = _finish(child, 40)
+    assert code == 0, log[-3000:]
+    assert "event=journal_mode" in log and "reason=queue_full" in log
+    assert {0, 1} <= _seqs_sent(kafka.bootstrap_servers, topic, tmp_path)
