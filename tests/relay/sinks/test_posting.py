@@ -1,0 +1,162 @@
+"""relay.sinks.posting: the lean request path sends what session.post() sends, reuses the
+pool, and fails with the same aiohttp exceptions. A raw TCP server on loopback records the
+bytes of each request and answers as scripted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import aiohttp
+import pytest
+from yarl import URL
+
+from relay.sinks.posting import LeanPoster, poster
+
+BODY = b'{"eventType":"START","run":{"runId":"r"},"job":{"namespace":"n","name":"j"}}'
+OK = b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"
+
+
+class RawServer:
+    """Reads one request at a time per connection (headers and a Content-Length body) and
+    answers with ``answer`` (None: closes the connection without answering)."""
+
+    def __init__(self, answer: bytes | None = OK) -> None:
+        self.answer = answer
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> URL:
+        assert self._server is not None
+        return URL(f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/api/v1/lineage")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                self.requests.append(head + await reader.readexactly(length))
+                if self.answer is None:
+                    break
+                writer.write(self.answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+def _session(**kw) -> aiohttp.ClientSession:
+    # As HttpCollector.start() builds it.
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=4), headers={"Content-Type": "application/json",
+                                                          "Authorization": "Bearer old", "User-Agent": "ua/1"},
+        cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), raise_for_status=False, **kw)
+
+
+@pytest.mark.parametrize("headers", [None, {"Authorization": "Bearer rotated"}], ids=["defaults", "own_header"])
+async def test_the_lean_path_sends_the_bytes_session_post_sends(headers):
+    async with RawServer() as server, _session() as session:
+        lean = poster(session, traced=False)
+        assert isinstance(lean, LeanPoster)
+        resp = await session.post(server.url, data=BODY, headers=headers, allow_redirects=False)
+        resp.release()
+        resp = await lean(server.url, BODY, headers)
+        status = resp.status
+        resp.release()
+    assert status == 201
+    assert len(server.requests) == 2
+    assert server.requests[1] == server.requests[0]
+    assert server.requests[1].endswith(b"\r\n\r\n" + BODY)
+    expected = b"Bearer old" if headers is None else b"Bearer rotated"
+    auth = [line for line in server.requests[1].split(b"\r\n") if line.lower().startswith(b"authorization:")]
+    assert auth == [b"Authorization: " + expected]
+
+
+async def test_the_lean_path_reuses_the_pools_connections():
+    async with RawServer() as server, _session() as session:
+        lean = poster(session, traced=False)
+
+        async def one() -> int:
+            resp = await lean(server.url, BODY, None)
+            resp.release()
+            return resp.status
+
+        for _ in range(3):   # 3 rounds of 4 in flight, the connector's limit
+            assert await asyncio.gather(*(one() for _ in range(4))) == [201] * 4
+    assert len(server.requests) == 12
+    assert 1 <= server.connections <= 4
+
+
+async def test_an_answers_body_is_read_as_from_session_post():
+    answer = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n"
+              b'{"error":"x"}')
+    async with RawServer(answer) as server, _session() as session:
+        resp = await poster(session, traced=False)(server.url, BODY, None)
+        assert (resp.status, await resp.read()) == (400, b'{"error":"x"}')
+        resp.release()
+
+
+async def test_no_answer_is_the_same_aiohttp_error_either_way():
+    async with RawServer(answer=None) as server, _session() as session:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await session.post(server.url, data=BODY, allow_redirects=False)
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await poster(session, traced=False)(server.url, BODY, None)
+
+
+async def test_a_refused_connection_is_the_same_aiohttp_error_either_way():
+    with socket.socket() as s:   # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = URL(f"http://127.0.0.1:{s.getsockname()[1]}/api/v1/lineage")
+        async with _session() as session:
+            errors = []
+            for send in (lambda: session.post(url, data=BODY, allow_redirects=False),
+                         lambda: poster(session, traced=False)(url, BODY, None)):
+                with pytest.raises(aiohttp.ClientConnectorError) as caught:
+                    await send()
+                errors.append(type(caught.value))
+    assert errors[0] is errors[1]
+
+
+async def test_a_closed_session_refuses_like_session_post():
+    session = _session()
+    lean = poster(session, traced=False)
+    await session.close()
+    with pytest.raises(RuntimeError, match="Session is closed"):
+        await lean(URL("http://127.0.0.1:9/x"), BODY, None)
+
+
+async def test_a_traced_session_posts_through_session_post_and_its_traces_run():
+    started = []
+
+    async def on_start(_session, _ctx, params) -> None:
+        started.append(params.url)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_start)
+    async with RawServer() as server, _session(trace_configs=[trace]) as session:
+        send = poster(session, traced=True)
+        assert not isinstance(send, LeanPoster)
+        url = server.url
+        resp = await send(url, BODY, None)
+        resp.release()
+    assert resp.status == 201
+    assert started == [url]
