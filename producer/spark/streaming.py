@@ -47,19 +47,18 @@ What is guaranteed:
   ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, the servers read once
   from the query's plan; a ``SubscribePattern`` as the topics its progress shows offsets for
   (every topic it matched so far in the run: one that matches later comes with a later read,
-  and one no longer shown stays); a
-  Kafka sink (whose description names no topic) as the ``topic`` of the writer's options in
-  ``kafka://<first of its kafka.bootstrap.servers>``, read once at the run's first progress
-  read (ten py4j calls when the option keys are written in lower case; otherwise a walk over
-  the options, two more per option). Rate, socket, memory, console and foreach sources and sinks
-  are no dataset. Anything else (a Kafka sink without a ``topic`` option, whose rows name
-  their topics; a pattern that matched nothing yet; an unknown source or sink) is left out
-  and named in an ``extractionError`` run facet, as is what could not be read; what was left
-  out is as of the last read. The output dataset carries a ``schema`` facet: the schema the
-  query writes (its analysed plan's, three py4j calls with the first read that names an
-  output, so not on START). Each input carries the schema its source reads (the logical plan's
-  streaming leaves, :mod:`producer.spark.streaming_stats`; two py4j calls with the first read
-  that names an input).
+  and one no longer shown stays); a Kafka sink (whose description names no topic) as the
+  ``topic`` of the writer's options, read once at the run's first progress read. Rate, socket,
+  memory, console and foreach sources and sinks are no dataset. Anything else (a Kafka sink
+  without a ``topic`` option, whose rows name their topics; a pattern that matched nothing
+  yet; an unknown source or sink) is left out and named in an ``extractionError`` run facet,
+  as is what could not be read; what was left out is as of the last read. The output dataset
+  carries a ``schema`` facet: the schema the query writes, read with the first read that names
+  an output (so not on START). Each input carries the schema its source reads (the logical
+  plan's streaming leaves, :mod:`producer.spark.streaming_stats`; two py4j calls with the first
+  read that names an input). How the query's plan is read for the Kafka servers, the sink's
+  topic and the written schema, what each read costs in py4j calls and what it gives when it
+  finds nothing: :mod:`producer.spark.streaming_query`.
 * Row counts (:mod:`producer.spark.streaming_stats`): each input's ``inputStatistics`` and the
   output's ``outputStatistics`` carry the rows of every micro-batch of the run so far
   (``rowCount``), on RUNNING and on the terminal, an ABORT too; they never cause an event of
@@ -92,7 +91,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -100,18 +98,19 @@ import orjson
 from producer import events
 from producer.spark import capture
 from producer.spark.capture import DatasetRef
+from producer.spark.streaming_listener import _QueryListener
 from producer.spark.streaming_names import (
     KAFKA_SINKS,
     KAFKA_SOURCES,
     datasets,
     job_name,
-    kafka_namespace,
     offset_topics,
     source_kind,
 )
+from producer.spark.streaming_query import _kafka_servers, _kafka_sink, _output_schema, _text
+from producer.spark.streaming_run import _Run
 from producer.spark.streaming_stats import (
     RECENT_PROGRESS,
-    RowCounts,
     input_datasets,
     output_datasets,
     read_new_progress,
@@ -133,44 +132,6 @@ PROGRESS_READ_INTERVAL_S = 30.0
 READ_EVERY_PROGRESSES = RECENT_PROGRESS // 2
 #: How long :meth:`StreamingLineage.abort_open` waits for the ABORTs another thread's call is emitting.
 ABORT_WAIT_S = 10.0
-_MAX_ERRORS = 8
-
-
-@dataclass
-class _Run:
-    run_id: str
-    job_name: str
-    query: Any = None          # the JVM StreamExecution, for the Kafka servers and sink topic (read once)
-    inputs: list[DatasetRef] = field(default_factory=list)
-    outputs: list[DatasetRef] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)     # what could not be read: kept for the run
-    left_out: list[str] = field(default_factory=list)   # datasets left out at the last read: replaced by the next
-    reported: tuple | None = None
-    next_read: float = float("-inf")   # due at once: the first micro-batch is read
-    read: bool = False                  # a progress was read (else its last one is, when it stops)
-    kafka_servers: str | None = None
-    kafka_looked_up: bool = False
-    kafka_sink: DatasetRef | str | None = None   # a Kafka sink's topic, or why it is not known
-    kafka_sink_looked_up: bool = False
-    output_schema: list[dict] | None = None      # the schema the query writes (its analysed plan's)
-    schema_looked_up: bool = False
-    source_refs: list[list[DatasetRef]] = field(default_factory=list)  # each progress source's datasets
-    input_schemas: list[list[dict]] | None = None  # each progress source's schema (its logical plan's)
-    input_schemas_looked_up: bool = False
-    counts: RowCounts = field(default_factory=RowCounts)
-    first_batch: int | None = None    # the batchId of the progress that triggered its first read (the counts' floor)
-    read_at_progress: int = 0         # the session's progress callbacks when it was last read
-    matched: dict[int, list[str]] = field(default_factory=dict)  # topics each Kafka source showed offsets for
-
-    def key(self) -> tuple:
-        return (tuple((r.namespace, r.name) for r in self.inputs), tuple((r.namespace, r.name) for r in self.outputs))
-
-    def note(self, message: str) -> None:
-        if len(self.errors) < _MAX_ERRORS and message not in self.errors:
-            self.errors.append(message)
-
-    def extraction_errors(self) -> list[str]:
-        return (self.errors + [m for m in self.left_out if m not in self.errors])[:_MAX_ERRORS]
 
 
 class StreamingLineage:
@@ -451,117 +412,6 @@ class StreamingLineage:
             log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
 
 
-def _kafka_servers(query: Any) -> str | None:
-    """``kafka.bootstrap.servers`` of the query's first source that has them (its analysed
-    plan's ``StreamingRelationV2`` leaves carry the reader's options)."""
-    if query is None:
-        return None
-    leaves = query.analyzedPlan().collectLeaves().iterator()
-    while leaves.hasNext():
-        leaf = leaves.next()
-        if leaf.getClass().getSimpleName() == "StreamingRelationV2":
-            servers = leaf.extraOptions().get("kafka.bootstrap.servers")
-            if servers:
-                return str(servers)
-    return None
-
-
-def _output_schema(query: Any) -> list[dict] | None:
-    """The schema the query writes, as a schema facet's fields: its analysed plan's (three
-    py4j calls; Spark's StructType JSON, read as the batch capture reads a written schema)."""
-    if query is None:
-        return None
-    return capture.struct_fields(orjson.loads(str(query.analyzedPlan().schema().json()))) or None
-
-
-def _kafka_sink(query: Any) -> DatasetRef | str:
-    """A Kafka sink's topic as a dataset, from the writer's options (``topic``,
-    ``kafka.bootstrap.servers``) in the query's logical plan (``WriteToMicroBatchDataSource``,
-    or its V1 form), or why it is not known (any other node holds no options). Ten py4j calls
-    when the keys are written in lower case (see :func:`_option`). Read once the query runs:
-    the plan is built on the query's own thread when its first batch starts, and must not be
-    built elsewhere."""
-    if query is None:
-        return "the query was not found"
-    plan = query.logicalPlan()
-    node = str(plan.getClass().getSimpleName())
-    if node not in _WRITE_NODES:
-        return f"the query's plan is a {node}, which holds no writer options"
-    options = plan.writeOptions()
-    topic, servers = _option(options, "topic"), _option(options, "kafka.bootstrap.servers")
-    if not topic:
-        return "no topic option: each row names its topic (its topic column)"
-    if not servers:
-        return "no kafka.bootstrap.servers option"
-    return DatasetRef(kafka_namespace(servers), topic)
-
-
-#: The write nodes of a micro-batch query's logical plan (a V2 sink's, a V1 sink's): they hold the writer's options.
-_WRITE_NODES = frozenset({"WriteToMicroBatchDataSource", "WriteToMicroBatchDataSourceV1"})
-
-
 def _batch_id(progress: dict) -> int | None:
     batch = progress.get("batchId")
     return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
-
-
-def _text(err: BaseException) -> str:
-    """An error for an ``extractionError`` facet: its type and its message's first line; for a
-    py4j error, the Java exception's own (its message goes on with the whole Java stack trace)."""
-    message = str(err)
-    java = getattr(err, "java_exception", None)
-    if java is not None:
-        try:
-            message = str(java.toString())
-        except Exception:  # noqa: BLE001 - the gateway may be gone: py4j's own text then
-            pass
-    first = message.strip().split("\n", 1)[0].strip()
-    return f"{type(err).__name__}: {first[:300]}" if first else type(err).__name__
-
-
-def _option(options: Any, key: str) -> str | None:
-    """A writer option (a Scala ``Map[String, String]``), its key in any case as Spark
-    compares them: three py4j calls when found as given; otherwise two, then a walk over the
-    keys (one call, two per key looked at, one more when none matches) and two if one does."""
-    found = options.get(key)
-    if found is not None and found.isDefined():
-        return str(found.get())
-    keys = options.keysIterator()
-    while keys.hasNext():
-        name = keys.next()
-        if str(name).lower() == key:
-            return str(options.get(name).get())
-    return None
-
-
-class _QueryListener:
-    """``org.apache.spark.sql.streaming.PythonStreamingQueryListener`` via py4j: the Java
-    event objects as they are (PySpark's own listener copies every field of every progress
-    into Python, dozens of py4j calls per micro-batch)."""
-
-    def __init__(self, owner: StreamingLineage) -> None:
-        self.owner: StreamingLineage | None = owner
-
-    def _call(self, method: str, jevent: Any) -> None:
-        owner = self.owner
-        if owner is None:
-            return
-        try:
-            getattr(owner, method)(jevent)
-        except Exception:  # noqa: BLE001 - never into the query
-            log.exception("lineage: streaming listener failed in %s", method)
-
-    def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802 - Java interface
-        self._call("on_started", jevent)
-
-    def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
-        self._call("on_progress", jevent)
-
-    def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
-        self._call("on_idle", jevent)
-
-    def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
-        self._call("on_terminated", jevent)
-
-    class Java:
-        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
