@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from producer.sender import _DOWN_GRACE_S
+from producer.replacement import _DOWN_GRACE_S
 
 #: In a forked child: what each producer held in the parent (its librdkafka instance,
 #: journals, queues, locks). Kept referenced, never closed, used or freed: librdkafka's
