@@ -18,10 +18,19 @@ Guarantees:
 * At interpreter exit every producer not closed yet is closed (the same bounds;
   :func:`producer.forking.close_at_exit`: shorter in a forked child), one at a time; a
   failure is logged (``close_at_exit_failed``), never raised.
+* A close() that gave up on a sender still running (a journal write or a log handler that
+  blocks, a broken librdkafka instance: ERROR ``close_incomplete``) gets one more chance
+  at a normal exit (:func:`_finish_unfinished_at_exit`, after the closes above): that
+  sender is joined once more, up to its producer's ``close_timeout_s`` counted from then
+  (all of them at once: the exit waits at most the longest), and the outcome is logged:
+  ``close_finished_at_exit`` with the final counts (as ``closed``) if it stopped -- what
+  it held is journaled or delivered -- else ERROR ``lost_at_exit`` with ``not_journaled``,
+  the events lost as the process exits (at most that many: the sender may be writing some),
+  and ``pending``. A forked child never joins a parent's sender (:mod:`producer.forking`).
 
-Not guaranteed: a sender that has not stopped when close() gives up (a journal write or a
-log handler that blocks, a broken librdkafka instance) is logged ``close_incomplete``;
-what it still holds (records not yet journaled) is lost if the process exits before it is done.
+Not guaranteed: the events such a sender holds when that last wait ends, or when the
+process ends without running exit handlers (``os._exit``, a signal's default action,
+SIGKILL), are lost.
 """
 
 from __future__ import annotations
@@ -148,8 +157,10 @@ class Closing:
         joined = max(LOCK_WAIT_S, deadline - time.monotonic()) + 2 * RECLAIM_TIMEOUT_S + 5
         self._sender.join(joined)
         if self._sender.is_alive():
+            _UNFINISHED.add(self)
             self._error("close_incomplete", f"the sender did not stop within {joined:.0f}s: what it still "
-                        "holds is lost if the process exits now")
+                        "holds is lost if the process exits before it stops (a normal exit waits up to "
+                        "close_timeout_s more for it)")
         else:
             # Freed now, in this process: its callbacks hold this object (a cycle), so it would
             # wait for the garbage collector, which may run first in a fork child, where
@@ -181,8 +192,30 @@ class Closing:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _finish_at_exit(self, since: float) -> None:
+        """At exit, a close() that gave up on the sender (close_incomplete): wait for it until
+        ``close_timeout_s`` after ``since``, then log what became of what it held."""
+        sender = self._sender
+        sender.join(max(0.0, since + self.config.close_timeout_s - time.monotonic()))
+        waited = time.monotonic() - since
+        if sender.is_alive():
+            s = self.stats
+            log.error("event=lost_at_exit topic=%s not_journaled=%d pending=%d emitted=%d delivered=%d journaled=%d "
+                      "errors=%d waited_s=%.1f detail=the sender of a close that could not finish did not stop at "
+                      "exit either: the events it has not journaled are lost", self._topic, self._not_journaled(),
+                      s.pending, s.emitted, s.delivered, s.journaled, s.errors, waited)
+            return
+        self._producer = None   # as close() does once the sender stopped
+        s = self.stats
+        log.info("event=close_finished_at_exit topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d "
+                 "waited_s=%.1f", self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors, waited)
+
 
 _LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
+#: Producers whose close() gave up on a sender still running (close_incomplete), until exit
+#: gives each one more wait. Held strongly: one whose sender stops before exit still reports
+#: its final counts then. In a forked child they are the parent's (producer.forking).
+_UNFINISHED: set[LineageProducer] = set()
 
 
 @atexit.register
@@ -190,5 +223,18 @@ def _close_all_at_exit() -> None:
     for producer in list(_LIVE):
         try:
             close_at_exit(producer)
+        except Exception:  # noqa: BLE001 - best effort at exit; each producer logs its own
+            log.exception("event=close_at_exit_failed")
+    _finish_unfinished_at_exit()
+
+
+def _finish_unfinished_at_exit() -> None:
+    """Each close that could not finish (``_UNFINISHED``, the closes just made at exit
+    included) gets its ``close_timeout_s`` from now, once: never raises."""
+    since = time.monotonic()
+    while _UNFINISHED:
+        producer = _UNFINISHED.pop()
+        try:
+            producer._finish_at_exit(since)
         except Exception:  # noqa: BLE001 - best effort at exit; each producer logs its own
             log.exception("event=close_at_exit_failed")

@@ -66,7 +66,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from producer import log_gate  # noqa: F401 - the producer's loggers and fork() (producer.log_gate)
-from producer.closing import _LIVE, Closing, _close_all_at_exit
+from producer.closing import _LIVE, _UNFINISHED, Closing, _close_all_at_exit
 from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.event_values import NotAnEvent, as_event
@@ -343,4 +343,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit, _EVERY))
+os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit, _EVERY,
+                                           _UNFINISHED))
