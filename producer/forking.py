@@ -35,7 +35,9 @@ answers after all (a process too loaded to answer in time: :func:`resolver_answe
 A lock a thread of the parent held at the fork stays held in the child for ever: the
 fork hook gives every producer the process built (closed and disabled ones too) new
 locks, so a child's ``stats``, ``emit()`` or ``close()`` never waits for one; a close the
-parent had deferred (:mod:`producer.deferred_close`) is the parent's to finish.
+parent had deferred (:mod:`producer.deferred_close`) is the parent's to finish, and so is
+one whose sender the parent's close() gave up on (:mod:`producer.closing`): the child's
+exit never waits for a thread of the parent.
 
 The producer's threads are never inside a log handler at the fork (:mod:`producer.log_gate`):
 a handler's stream lock held there would stop the child's first log line for ever.
@@ -54,7 +56,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from producer.sender import _DOWN_GRACE_S
+from producer.replacement import _DOWN_GRACE_S
 
 #: In a forked child: what each producer held in the parent (its librdkafka instance,
 #: journals, queues, locks). Kept referenced, never closed, used or freed: librdkafka's
@@ -76,13 +78,15 @@ _probe_deadline = 0.0
 
 
 def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None],
-                             every: Iterable[Any] = ()) -> None:
+                             every: Iterable[Any] = (), unfinished: set[Any] | None = None) -> None:
     """The fork hook, in the child. It only builds locks and containers and closes fds: a
     lock a parent thread held at the fork would never be released in the child, so none is
     taken -- the producer's ``_fork_lock`` included: a producer still being started by a
     thread of the parent (itself a forked child) is reset like any other. ``every``: all the
     producers built (closed and disabled ones too): their locks are new ones as well, so
-    their ``stats``, ``emit()`` (dropped) and ``close()`` do not wait for a parent thread."""
+    their ``stats``, ``emit()`` (dropped) and ``close()`` do not wait for a parent thread.
+    ``unfinished``: the producers whose close gave up on their sender (:mod:`producer.closing`),
+    emptied: the child's exit is not to wait for those senders, threads of the parent."""
     global _exit_registered, _close_all, _in_forked_child, _probe
     _exit_registered = False
     _in_forked_child = True
@@ -113,6 +117,9 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None],
         producer._fork_lock = threading.RLock()   # re-entrant: see start_in_forked_child
         producer._forked = True
         producer._closing = False
+    if unfinished:
+        _inherited.extend(dict(vars(producer)) for producer in unfinished)   # never freed here
+        unfinished.clear()
 
 
 def _renew_locks(producer: Any) -> None:

@@ -45,54 +45,48 @@ in the spill queue; the journal itself survives. Dropped, counted and logged by 
 close's budget, once the sender had journaled without the lock). A forked child gets a
 fresh producer of its own (:mod:`producer.forking`).
 
-This module is the caller-facing half; the background thread (journal mode, reclaim,
-replay) is :mod:`producer.sender`, and the placement of emit() calls a signal handler
-interrupts, or makes, is :mod:`producer.held_emits`.
+This module is the caller-facing half: construction, emit() and stats. flush(), close()
+and the close at exit are :mod:`producer.closing`; the librdkafka instance (or none, in a
+forked child) is :mod:`producer.kafka_client`; the background thread (journal mode,
+replay) is :mod:`producer.sender`, its reclaim and instance replacement
+:mod:`producer.replacement`; the placement of emit() calls a signal handler interrupts,
+or makes, is :mod:`producer.held_emits`.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import re
 import threading
-import time
 import weakref
 from functools import partial
 from threading import get_ident
-from typing import Any, Callable
+from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from producer import log_gate  # noqa: F401 - the producer's loggers and fork() (producer.log_gate)
+from producer.closing import _LIVE, _UNFINISHED, Closing, _close_all_at_exit
 from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
-from producer.errors import ConfigError, JournalError
 from producer.event_values import NotAnEvent, as_event
 from producer.forking import (
-    NoKafka,
-    close_at_exit,
     register_in_multiprocessing_child,
     reset_in_forked_children,
-    resolver_answered,
-    resolver_usable,
     start_in_forked_child,
 )
 from producer.held_emits import FULL_WAIT_S, Emit, HeldEmits
-from producer.journal import Journal
 from producer.journal_dir import check_journal_dir
+from producer.kafka_client import KafkaClient
 from producer.keys import message_key
-from producer.orphans import adopt_orphans
-from producer.sender import LOCK_WAIT_S, RECLAIM_TIMEOUT_S, Sender
+from producer.sender import Sender
 from producer.sources import TRANSPORT_TYPES, disabled, spark_disabled, spark_transport_type
 from producer.stats import ProducerStats
 
 log = logging.getLogger(__name__)
-_REJECTED_VALUE = re.compile(r'Invalid value ".*" (for configuration property ")', re.DOTALL)
 
 
-class LineageProducer(HeldEmits, Sender):
+class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
     """Sends OpenLineage events (dicts) to one Kafka topic; see the module docstring.
 
     ``LineageProducer()`` reads every configuration source (:func:`load_config`);
@@ -104,7 +98,6 @@ class LineageProducer(HeldEmits, Sender):
     instance of both): no configuration source is read, nothing is sent.
     """
 
-    _client_refused = False   # a late Kafka client refused its configuration (_kafka_client_back)
     _closing = False          # close() began: no late Kafka client
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LineageProducer:
@@ -159,26 +152,6 @@ class LineageProducer(HeldEmits, Sender):
         if transport_type not in TRANSPORT_TYPES or spark_disabled(conf, os.environ):
             return None
         return cls(load_config(spark_conf=conf))
-
-    def _new_producer(self, props: dict[str, str] | None = None) -> Producer | NoKafka:
-        if not resolver_usable():
-            # A fork child that cannot resolve names (producer.forking): journal only. Called
-            # before the sender runs or (a rebuild) under _lock, so no lock is taken here.
-            self._kafka_down = True
-            self._begin_journal_mode_locked("resolver_locked_at_fork")
-            return NoKafka()
-        props = props or self.config.kafka_properties()
-        if self._batch_bytes is not None:   # reduced after the broker refused a batch as too large
-            props = {**props, "batch.size": str(self._batch_bytes)}
-        try:
-            return Producer({**props, "error_cb": self._on_error,
-                             "logger": self._rdkafka_log})
-        except KafkaException as err:
-            # librdkafka quotes the value it rejects (Invalid value "..." for configuration property
-            # "..."): only the property is named, and its exception is not chained (it holds the value).
-            reason = _REJECTED_VALUE.sub(r"Invalid value \1", err.args[0].str())
-            raise ConfigError(f"properties: librdkafka rejected the configuration: {reason} "
-                              "(fix or remove that property)") from None
 
     # --- the hot path ----------------------------------------------------------------
 
@@ -338,149 +311,7 @@ class LineageProducer(HeldEmits, Sender):
         self._begin_journal_mode_locked(reason)
         return False
 
-    # --- flush, close, stats ------------------------------------------------------------
-
-    @property
-    def pending(self) -> int:
-        """Events accepted by emit() and not yet acknowledged by Kafka, journaled ones
-        included, and those of the journals dead processes left that the producer took over
-        when it started (one whose records the sender has not counted yet: those counted so
-        far, and at least 1); not those of a journal it adopted while running (``stats.adopted``)."""
-        # In-memory records first: on their way to a journal they are counted in one
-        # place or the next, and the journal they go to may be created meanwhile.
-        in_memory = self._not_journaled()
-        journals = list(self._journals) + ([self._own] if self._own else [])
-        return in_memory + sum(j.pending_at_least for j in journals) + self._left_journaled
-
-    def flush(self, timeout_s: float | None = None) -> int:
-        """Wait until every event emitted so far is acknowledged by Kafka, or ``timeout_s``
-        (default ``close_timeout_s``) passes. Returns the number still pending (they stay
-        queued or journaled, and are not lost): at least that many while a journal a dead
-        process left is not counted yet (``pending``). In a signal handler that interrupted
-        the producer (:mod:`producer.deferred_close`) it waits only for what librdkafka holds."""
-        if self._reentered(get_ident()) is not None:
-            self._wait(timeout_s, self._librdkafka_settled)
-            return self.pending
-        # Without a Kafka client (producer.forking) nothing is acknowledged: the journal is the end.
-        self._wait(timeout_s, lambda: self.pending == 0 or (not self._can_send and self._not_journaled() == 0))
-        return self.pending
-
-    def close(self, timeout_s: float | None = None) -> None:
-        """Flush for up to ``timeout_s`` (default ``close_timeout_s``), then journal what is
-        left and stop. While Kafka is not taking records (all brokers down, failed
-        deliveries, no delivery report for a while), it waits only until every event is in
-        the journal, which the next producer on the journal directory resends: closing never
-        waits out an outage. A dead process's journal adopted while running is not waited
-        for: no batch of it starts once close() began, and it is released with what it has
-        not sent (:mod:`producer.replay`). Idempotent; later ``emit()`` calls are dropped
-        (reason ``closed``). Safe in a signal handler: where it cannot wait for the sender
-        (inside emit(), the counters or logging, on the calling thread) it is deferred
-        (:mod:`producer.deferred_close`); anywhere else it never is, and waits for no lock
-        another thread holds for longer than it may wait."""
-        if self._stopped:
-            return
-        self._closing = True
-        if self._forked and not self._fork_lock._is_owned():
-            with self._fork_lock:   # another thread may be starting it: then it is closed as started
-                if self._forked:    # a forked child that never emitted: nothing to send, no thread to stop
-                    self._closed = self._stopped = True
-                    return _LIVE.discard(self)
-        # (A signal handler's close() that interrupted the start, on this thread, is deferred below.)
-        deferred = self._deferred
-        if deferred is not None:   # the budget of the close that was deferred
-            deadline = deferred.deadline
-        else:
-            deadline = time.monotonic() + (self.config.close_timeout_s if timeout_s is None else timeout_s)
-        thread = get_ident()
-        reason = self._reentered(thread)
-        if reason is not None:
-            return self._defer_close(reason, deadline, thread)
-        self._take_back_if_kafka_is_down(max(0.0, deadline - time.monotonic()))
-        self._wait(max(0.0, deadline - time.monotonic()), self._nothing_to_wait_for)
-        # Without _lock, which another thread may hold for longer than this close may wait:
-        # emit() reads _closed under it, and the sender's last turn waits for the one that
-        # read it just before (bounded: _quiesce_emits) before journaling what is left.
-        self._close_deadline = deadline
-        self._closed = True
-        deferral = self._finishing()
-        self._stop.set()
-        # The last turn's wait for _lock, then a fatal error's reclaim may take two of its
-        # waits (answers, then the purge).
-        joined = max(LOCK_WAIT_S, deadline - time.monotonic()) + 2 * RECLAIM_TIMEOUT_S + 5
-        self._sender.join(joined)
-        if self._sender.is_alive():
-            self._error("close_incomplete", f"the sender did not stop within {joined:.0f}s: what it still "
-                        "holds is lost if the process exits now")
-        else:
-            # Freed now, in this process: its callbacks hold this object (a cycle), so it would
-            # wait for the garbage collector, which may run first in a fork child, where
-            # destroying an instance whose threads stayed in the parent crashes or hangs.
-            self._producer = None
-        self._stopped = True
-        _LIVE.discard(self)
-        s = self.stats
-        log.info("event=closed topic=%s emitted=%d delivered=%d journaled=%d pending=%d errors=%d%s",
-                 self._topic, s.emitted, s.delivered, s.journaled, s.pending, s.errors, deferral)
-
-    def _kafka_client_back(self) -> bool:
-        """Journal-only for want of a Kafka client: the resolver probe answered late after all
-        (a loaded process, not a lock held for ever): a real client now, the journals a dead
-        process left (not adopted at construction), and replay. Not once close() began."""
-        if self._client_refused or self._closing or not resolver_answered():
-            return False
-        try:
-            client = self._new_producer()
-        except ConfigError as err:   # not checked at construction, which built no client
-            self._client_refused = True
-            self._error("kafka_client_refused", err)
-            return False
-        # Before the client: flush() must not see "can send, nothing pending" without them.
-        self._journals = self._adopt_orphans()
-        with self._lock:
-            if self._closing:   # the adopted journals are closed with the others, still pending
-                return False
-            self._producer = client   # _can_send from here on
-            self._kafka_down = False
-        log.warning("event=kafka_client_started topic=%s reason=resolver_answered_late", self._topic)
-        return True
-
-    @property
-    def _can_send(self) -> bool:
-        """Whether this process has a Kafka client (producer.forking: not when its resolver
-        did not answer)."""
-        return not isinstance(self._producer, NoKafka)
-
-    def _adopt_orphans(self) -> list[Journal]:
-        """The journals dead processes left in the journal directory for this topic and
-        cluster (none if unreadable: logged), locked and opened; the sender counts their
-        records (:mod:`producer.replay`)."""
-        try:
-            return adopt_orphans(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                 segment_bytes=self._segment_bytes(), destination=self._destination(),
-                                 recover=False)
-        except (OSError, JournalError) as err:
-            self._error("journal_unreadable", err, path=str(self.config.journal_path))
-            return []
-
-    def _nothing_to_wait_for(self) -> bool:
-        return self.pending == 0 or (self._kafka_down and self._not_journaled() == 0)
-
-    def _wait(self, timeout_s: float | None, done: Callable[[], bool]) -> None:
-        """Until ``done()``, ``timeout_s`` (default ``close_timeout_s``) passes, or the sender stops."""
-        timeout_s = self.config.close_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while not done() and self._sender.is_alive():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            with self._progress:
-                self._progress.wait(min(0.05, left))
-
-    def __enter__(self) -> LineageProducer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    # --- stats, drops ------------------------------------------------------------------
 
     @property
     def stats(self) -> ProducerStats:
@@ -493,16 +324,12 @@ class LineageProducer(HeldEmits, Sender):
                 close_deferred=self._deferred.reason if self._deferred is not None else None,
             )
 
-    # --- errors ------------------------------------------------------------------------
-
     def drop(self, reason: str, detail: object, key: bytes | None = None) -> None:
         """Count and log an event that will never be sent (for integrations that reject an
         event before it reaches :meth:`emit`)."""
         self._drop(reason, detail, key)
 
 
-
-_LIVE: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
 #: Every producer built, closed and disabled ones too.
 _EVERY: weakref.WeakSet[LineageProducer] = weakref.WeakSet()
 
@@ -516,13 +343,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@atexit.register
-def _close_all_at_exit() -> None:
-    for producer in list(_LIVE):
-        try:
-            close_at_exit(producer)
-        except Exception:  # noqa: BLE001 - best effort at exit; each producer logs its own
-            log.exception("event=close_at_exit_failed")
-
-
-os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit, _EVERY))
+os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit, _EVERY,
+                                           _UNFINISHED))

@@ -24,7 +24,8 @@ State machine, per loop (``_step``):
 5. in direct mode, *adoption*: now and then, a journal a dead process left is adopted
    and sent, one small batch at a time, behind the producer's own events.
 
-Steps 4 and 5 are :mod:`producer.replay`.
+Step 2's reclaim and replacement, and stall detection, are :mod:`producer.replacement`;
+steps 4 and 5 are :mod:`producer.replay`.
 
 Locks: ``_lock`` (mode switch and spill queue; emit() holds it around ``produce()``, so
 callbacks never take it, they set flags this loop acts on; they are in
@@ -43,7 +44,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -53,6 +53,7 @@ from producer.delivery_reports import DeliveryReports
 from producer.errors import JournalError
 from producer.journal import Journal, Record
 from producer.librdkafka_log import LibrdkafkaLog
+from producer.replacement import InstanceReplacement
 from producer.replay import Replay
 
 if TYPE_CHECKING:
@@ -62,21 +63,12 @@ log = logging.getLogger("producer.kafka")
 
 _IDLE_POLL_S = 0.1
 _BUSY_POLL_S = 0.005
-#: Records outstanding and no delivery report for this long: reclaim them into the journal
-#: and start a fresh librdkafka producer (the wait doubles up to the second value while
-#: it keeps happening). It un-sticks an idempotent producer whose id the broker forgot (a
-#: wiped broker), at the price of one reconnect per period during an outage.
-_STALL_S = (5.0, 60.0)
-RECLAIM_TIMEOUT_S = 5.0
-#: close() while Kafka is known down: how long it waits for any answer from Kafka before
-#: taking the records in librdkafka back into the journal (see _take_back_if_kafka_is_down).
-_DOWN_GRACE_S = 2.0
 #: The sender's last turn waits for ``_lock`` for what is left of the close's budget, at
 #: least this long: other emits hold it for microseconds, the sender for a queue swap.
 LOCK_WAIT_S = 0.5
 
 
-class Sender(DeliveryReports, Replay, DeferredClosing):
+class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
     """Background half of LineageProducer; see the module docstring."""
 
     config: ProducerConfig
@@ -85,7 +77,6 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
     _journals: list[Journal]
     _closing: bool    # LineageProducer's: close() began
     _can_send: bool   # LineageProducer's: False without a Kafka client (producer.forking.NoKafka)
-    _wait: Callable[[float | None, Callable[[], bool]], None]  # LineageProducer's
 
     def _init_sender(self, max_spill: int) -> None:
         self._max_spill = max_spill
@@ -127,7 +118,7 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         # the broker refuse a batch (a rebuild halves it); see _shrinks_batch.
         self._batch_bytes: int | None = None
         self._refused_batch: int | None = None
-        self._stall_s = _STALL_S[0]
+        self._reset_stall()                   # self._stall_s (producer.replacement)
         self._quiet_since = time.monotonic()  # last time nothing awaited a delivery report
         self._last_report_at = 0.0            # last delivery report of any kind
         self._stop = threading.Event()
@@ -250,33 +241,6 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         else:
             self._advance_adoption()
 
-    def _take_back_if_kafka_is_down(self, timeout_s: float | None) -> None:
-        """For close(): Kafka said all brokers are down (librdkafka says it once per outage,
-        often before the first event) and acknowledged nothing since, while records sit in
-        librdkafka, where they would wait for the stall detector (``_stall_s``, 5 s and more).
-        Kafka gets ``_DOWN_GRACE_S`` to answer anything: a broker that is back answers within
-        it, which clears ``_kafka_down``, and close() then waits for delivery as usual. No
-        answer at all: the records go to the journal now."""
-        if not (self._kafka_down and not self._spilling and self._direct_outstanding()):
-            return
-        since = self._last_report_at
-        grace = min(_DOWN_GRACE_S, self.config.close_timeout_s if timeout_s is None else timeout_s)
-        self._wait(grace, lambda: self._last_report_at != since or self._direct_outstanding() == 0)
-        if self._kafka_down and self._last_report_at == since and self._direct_outstanding():
-            self._want_journal = "closing_while_kafka_down"
-
-    def _check_stall(self) -> None:
-        """Records waiting and no delivery report for ``_stall_s``: librdkafka is stuck."""
-        now = time.monotonic()
-        if self._direct_outstanding() + self._replay_outstanding == 0:
-            self._quiet_since = now
-        elif now - max(self._quiet_since, self._last_report_at) > self._stall_s:
-            self._stalled = True
-            self._kafka_down = True
-
-    def _reset_stall(self) -> None:
-        self._stall_s = _STALL_S[0]
-
     def _direct_outstanding(self) -> int:
         return self._direct_sent - self._direct_done - self._direct_abandoned
 
@@ -299,64 +263,6 @@ class Sender(DeliveryReports, Replay, DeferredClosing):
         reaches its next place before it leaves the one read first."""
         return (self._direct_outstanding() + len(self._returned) + len(self._spill) + len(self._held_back)
                 + self._in_transit)
-
-    def _reclaim(self, settle_in_flight: bool = False) -> None:
-        """Take back every record librdkafka holds; their delivery reports put the direct
-        ones, in order, on ``_returned`` (ahead of anything emitted since).
-
-        ``settle_in_flight`` (a fatal error or a stall, before the instance is replaced):
-        purge only the queues first and wait for the answers to requests already on the
-        wire. A purged in-flight request is only forgotten, not withdrawn: the broker may
-        still write it after the new instance's resend of the same records (a reorder),
-        and a broker that restarted may hand the new instance the old one's producer id,
-        so the old instance's late requests would count as the new one's. (A stalled
-        instance gets no answer for ``_stall_s`` already; a slow broker may still answer.)
-        """
-        self._need_reclaim = False
-        if settle_in_flight:
-            self._purge_and_wait(in_flight=False)
-        self._purge_and_wait(in_flight=True)
-        if self._direct_outstanding():
-            self._error("reclaim_incomplete", f"{self._direct_outstanding()} records still in librdkafka")
-
-    def _purge_and_wait(self, in_flight: bool) -> None:
-        try:
-            self._producer.purge(in_queue=True, in_flight=in_flight)
-        except KafkaException as err:
-            self._error("purge_failed", err)
-        deadline = time.monotonic() + RECLAIM_TIMEOUT_S
-        while self._direct_outstanding() + self._replay_outstanding > 0 and time.monotonic() < deadline:
-            self._poll(0.05)
-
-    def _rebuild(self) -> None:
-        # A fatal error (e.g. the broker forgot our producer id) poisons the instance.
-        cause = (self._fatal if self._fatal is not None else f"no delivery report for {self._stall_s}s"
-                 if self._stalled else "a batch refused as too large")
-        log.warning("event=producer_rebuilt topic=%s cause=%s", self._topic, cause)
-        if self._refused_batch is not None:
-            before = self._batch_bytes or self._configured_batch_bytes()
-            self._batch_bytes = max(1, before // 2)
-            log.warning("event=batch_size_reduced topic=%s batch_size=%d was=%d largest_refused_record=%d "
-                        "hint=the topic's max.message.bytes is under batch.size: set batch.size below it",
-                        self._topic, self._batch_bytes, before, self._refused_batch)
-            self._refused_batch = None
-        if self._stalled:
-            self._stall_s = min(self._stall_s * 2, _STALL_S[1])
-            self._stalled = False
-        self._quiet_since = time.monotonic()
-        with self._lock:
-            self._producer = self._new_producer()
-            # Whatever the old instance did not report back after _reclaim is past saving.
-            lost = self._direct_outstanding()
-            self._direct_done = self._direct_sent
-            self._direct_abandoned = 0
-        if lost:
-            self._drop("lost_in_fatal_producer", "records the replaced librdkafka instance never gave back",
-                       n=lost)
-        self._fatal = None
-        if self._replay is not None:
-            self._replay_failed = True
-        self._replay_outstanding = 0
 
     def _journal(self) -> Journal:
         if self._own is None:

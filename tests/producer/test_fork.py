@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from producer import LineageProducer, events, forking, job, log_gate, sender
+from producer import LineageProducer, events, forking, job, log_gate, replacement
 from producer.job import lineage_job
 from producer.journal import Journal
 from producer.journal_dir import Destination, lock_existing
@@ -222,9 +222,9 @@ def test_a_fork_childs_exit_does_not_wait_for_a_kafka_that_never_answers(tmp_pat
     # then the record goes to the child's journal, for the next producer. The child inherits
     # the module state: a 0.25 s grace and a 30 s stall period put the exit expected (~0.5 s)
     # far under the bound, and the exit without the grace (30 s) far over it.
-    monkeypatch.setattr(sender, "_DOWN_GRACE_S", 0.25)
+    monkeypatch.setattr(replacement, "_DOWN_GRACE_S", 0.25)
     monkeypatch.setattr(forking, "_FIRST_ANSWER_S", 0.25)
-    monkeypatch.setattr(sender, "_STALL_S", (30.0, 60.0))
+    monkeypatch.setattr(replacement, "_STALL_S", (30.0, 60.0))
     bound_s = 10.0
     server = socket.socket()
     server.bind(("127.0.0.1", 0))   # refusing: bound, never listening

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from producer import LineageProducer, sender
+from producer import LineageProducer, replacement
 from relay.embedded.broker import EmbeddedBroker
 from tests.producer.support import (FAST_RECONNECT, assert_all_arrived_in_order, journal_left_by_killed_producer,
                                     seq_event, start_producer_child, wait_for)
@@ -219,7 +219,7 @@ def test_close_after_all_brokers_down_journals_the_events_without_waiting_for_th
     them (5 s and more). close() gives Kafka a short grace to answer, then takes them back
     into the journal: interpreter exit during an outage took ~4.9 s. The stall period is
     made far longer than any wait here, so only close() can journal the events."""
-    monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
+    monkeypatch.setattr(replacement, "_STALL_S", (600.0, 600.0))
     caplog.set_level(logging.WARNING, "producer.kafka")
     topic = "after-down"
     # librdkafka reports the outage again after a reconnect backoff; a long one keeps this
@@ -248,10 +248,10 @@ def test_close_after_kafka_came_back_delivers_instead_of_journaling(broker, tmp_
     """Kafka down at start (reported), then back, nothing acknowledged since: the events a
     job emits then are delivered by close(), not left in the journal (where, in a pod that
     goes away, nobody resends them)."""
-    monkeypatch.setattr(sender, "_STALL_S", (600.0, 600.0))
+    monkeypatch.setattr(replacement, "_STALL_S", (600.0, 600.0))
     # The grace close() gives a Kafka reported down: here long enough for librdkafka to reconnect
     # on a loaded machine (the test is about delivering, not about the grace's length).
-    monkeypatch.setattr(sender, "_DOWN_GRACE_S", 30.0)
+    monkeypatch.setattr(replacement, "_DOWN_GRACE_S", 30.0)
     caplog.set_level(logging.WARNING, "producer.kafka")
     with _producer(broker.bootstrap_servers, "down-then-up", tmp_path) as p:
         wait_for(lambda: "reason=all_brokers_down" in caplog.text, 10, "librdkafka reporting all brokers down")
@@ -290,7 +290,7 @@ def test_an_outage_is_a_few_warnings_not_a_flood_of_librdkafka_lines(broker, tmp
     at WARNING with its text (it was logged at every reconnect, a hundred lines in a 40 s
     job, and again by every instance a stall rebuild made), the producer says once that
     events go to the journal, and the repeats stay at DEBUG."""
-    monkeypatch.setattr(sender, "_STALL_S", (0.5, 1.0))
+    monkeypatch.setattr(replacement, "_STALL_S", (0.5, 1.0))
     caplog.set_level(logging.WARNING, "producer.kafka")
     caplog.set_level(logging.DEBUG, "producer.librdkafka")   # last: it sets the handler's level too
 
