@@ -13,29 +13,21 @@ Guarantees:
 * Records come back from :meth:`Journal.read` in append order, across segments.
 * Corruption on disk (bit rot, a bad or zeroed sector: a record whose CRC-32 does not
   match, or whose lengths run past its segment's end) costs the corrupt region only, never
-  the records after it. A torn tail is only ever the end of the last segment (appends are
-  sequential); any other bad record starts a search, in its segment, for the next offset
-  whose record headers chain (each length fitting in what is left of the segment) to the
-  segment's end exactly or through :data:`_RESYNC_CHAIN` records, and whose record's
-  CRC-32 matches. The bytes between are skipped (ERROR ``event=journal_corrupt segment=N
-  offset=O skipped_bytes=B action=skipped``; counted in :attr:`Journal.corrupt_regions`
-  and :attr:`Journal.corrupt_bytes`; the producer drops them as ``journal_corrupt``, one
-  per region, the number of records in it being unknown). No such offset: the rest of the
-  segment is the region, and the scan goes on in the next segment; only in the last
-  segment, at open, is it a torn tail, cut. Nothing on disk changes for a corrupt region
-  (no file is cut nor deleted): the recovery scan of every open finds it again, and reads
-  skip exactly what it skipped; a region a read meets that the scan did not (corruption
-  since the open) is skipped the same way, and ``pending``, which counted its records, is
-  set right when the reads reach the end. Lost beyond the corrupt bytes themselves, at
-  most: the up to ``_RESYNC_CHAIN - 1`` records between it and a second bad length field
-  or a torn tail; a false resynchronisation needs, besides lengths that chain, a CRC-32
-  match (about 2^-32 per candidate). The search is bounded: the segment is read a window
-  at a time, a candidate is rejected without reading its body unless its lengths fit and
-  chain, a run of zeros is passed at once, and the recovery slices' ``max_bytes`` and
-  ``deadline`` bound it (a search cut short goes on in the next slice). A read that meets
-  new corruption searches until it has records to return or reaches the segment's end
-  (linear in the segment's size; a segment of random bytes is searched at some 50 MiB/s,
-  one dense in small numbers at about 1 MiB/s).
+  the records after it nor a later segment. A torn tail is only ever the end of the last
+  segment (appends are sequential); any other bad record starts a search, in its segment,
+  for where records resume (:mod:`producer.journal_resync`: what counts as a record again,
+  how the search is bounded). The bytes between are skipped (ERROR ``event=journal_corrupt
+  segment=N offset=O skipped_bytes=B action=skipped``; counted in
+  :attr:`Journal.corrupt_regions` and :attr:`Journal.corrupt_bytes`; the producer drops
+  them as ``journal_corrupt``, one per region, the number of records in it being unknown).
+  Records resuming nowhere: the rest of the segment is the region, and the scan goes on in
+  the next segment; only in the last segment, at open, is it a torn tail, cut. Nothing on
+  disk changes for a corrupt region: the recovery scan of every open finds it again, and
+  reads skip exactly what it skipped; a region a read meets that the scan did not
+  (corruption since the open) is skipped the same way, and ``pending``, which counted its
+  records, is set right when the reads reach the end. Lost beyond the corrupt bytes, at
+  most: the up to ``RESYNC_CHAIN - 1`` (3) records between a region and a second bad
+  length field or a torn tail.
 * :meth:`Journal.commit` persists the read position atomically (write, fsync, rename);
   after a crash, replay restarts at the last commit, so a record can be delivered twice
   but never skipped (at-least-once; the relay deduplicates).
@@ -64,11 +56,9 @@ Not thread-safe: one thread (the producer's sender) owns a Journal. ``LOCK`` tak
 from __future__ import annotations
 
 import fcntl
-import functools
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import struct
@@ -79,28 +69,16 @@ from pathlib import Path
 
 from producer.errors import JournalError
 from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, write_synced
+from producer.journal_resync import HEADER as _HEADER
+from producer.journal_resync import WINDOW, Resume, crc_matches, find_resync
 
 log = logging.getLogger(__name__)
 
 # Record: crc32(u32) | value length(u32) | key length + 1 (u16, 0 = no key) | key | value.
-_HEADER = struct.Struct(">IIH")
 _NO_KEY = 0
 _CURSOR = "CURSOR"
 #: A recovery scan slice with a deadline reads the clock once per this many records.
 _DEADLINE_EVERY = 32
-#: A resynchronisation search reads its segment in windows of this many bytes (and checks
-#: its budget and deadline after each); a record's CRC-32 is checked in chunks of this size.
-_WINDOW = 256 << 10
-#: A resynchronisation point: the record headers from it chain, each length fitting in what
-#: is left of the segment, to the segment's end exactly or through this many records.
-_RESYNC_CHAIN = 4
-#: A resynchronisation search with a deadline reads the clock once per this many candidates.
-_DEADLINE_EVERY_CANDIDATES = 4096
-#: A resynchronisation search checks the CRC-32 of records reaching past its window (bodies
-#: read from the disk) for at most this many times the bytes it searched (plus a window).
-_RESYNC_CRC_ALLOWANCE = 8
-_ZEROS = bytes(_HEADER.size)
-_NONZERO = re.compile(b"[^\\x00]")
 Record = tuple[bytes | None, bytes]
 
 
@@ -113,47 +91,6 @@ def encode_record(key: bytes | None, value: bytes) -> bytes:
     body = (key or b"") + value
     crc = zlib.crc32(struct.pack(">IH", len(value), key_field) + body)
     return _HEADER.pack(crc, len(value), key_field) + body
-
-
-def _crc_matches(fd: int, off: int, size: int, crc: int) -> bool:
-    """Whether the record of ``size`` bytes at ``off`` has CRC-32 ``crc`` (read in chunks)."""
-    value = 0
-    at, end = off + 4, off + size
-    while at < end:
-        chunk = os.pread(fd, min(_WINDOW, end - at), at)
-        if not chunk:
-            return False
-        value = zlib.crc32(chunk, value)
-        at += len(chunk)
-    return value == crc
-
-
-def _chain_fits(fd: int, at: int, end: int, buf: bytes = b"", base: int = 0) -> bool:
-    """Whether record headers chain from ``at`` (after a first record that fits) to ``end``
-    exactly, or through :data:`_RESYNC_CHAIN` records in all, each length fitting. A header
-    within ``buf`` (the segment's bytes from ``base``) is taken from it, others read."""
-    for _ in range(_RESYNC_CHAIN - 1):
-        if at == end:
-            return True
-        if at + _HEADER.size > end:
-            return False
-        if at + _HEADER.size <= base + len(buf):
-            _, value_len, key_field = _HEADER.unpack_from(buf, at - base)
-        else:
-            header = os.pread(fd, _HEADER.size, at)
-            if len(header) < _HEADER.size:
-                return False
-            _, value_len, key_field = _HEADER.unpack(header)
-        at += _HEADER.size + (key_field - 1 if key_field else 0) + value_len
-        if at > end:
-            return False
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _top_byte_class(top: int) -> re.Pattern[bytes]:
-    """Bytes 0 .. ``top``: where a value length's top byte may be."""
-    return re.compile(b"[\\x00-\\x%02x]" % top)
 
 
 class Journal:
@@ -184,7 +121,7 @@ class Journal:
         self._skips: dict[tuple[int, int], int] = {}
         # A resynchronisation search cut short by a slice's budget: (segment, bad offset, next
         # candidate, bytes CRC-checked past a window, bytes searched).
-        self._search: tuple[int, int, int, int, int] | None = None
+        self._search: Resume | None = None
         # Records read after the cursor (up to the read position), and whether ``pending``
         # overcounts: a read found a corrupt region the recovery scan had counted records in.
         self._read_count = 0
@@ -252,7 +189,7 @@ class Journal:
         ``max_bytes`` (records read, and bytes searched for a resynchronisation point after a
         corrupt record), or until ``time.monotonic()`` reaches ``deadline`` (checked every
         :data:`_DEADLINE_EVERY` records, at least one record read, and after every
-        :data:`_WINDOW` bytes searched): count the records after the cursor, skip corrupt
+        :data:`~producer.journal_resync.WINDOW` bytes searched): count the records after the cursor, skip corrupt
         regions (logged, counted: :attr:`corrupt_regions`), cut a torn tail (crash
         mid-append: the end of the last segment). True once it is complete. Until then the
         journal may only be closed (which keeps it on disk, whatever it holds). Raises
@@ -418,7 +355,7 @@ class Journal:
         size = _HEADER.size + key_len + value_len
         if size > end - off:
             return None
-        if size - _HEADER.size > _WINDOW and not _crc_matches(f.fileno(), off, size, crc):
+        if size - _HEADER.size > WINDOW and not crc_matches(f.fileno(), off, size, crc):
             return None
         body = f.read(key_len + value_len)
         if len(body) < key_len + value_len or zlib.crc32(header[4:] + body) != crc:
@@ -426,78 +363,13 @@ class Journal:
         return (body[:key_len] if key_field else None, body[key_len:]), size
 
     def _resync(self, seg: int, bad: int, budget: int, deadline: float | None) -> tuple[int | None, int]:
-        """Where records resume after the bad record at ``bad`` in ``seg``, and the bytes
-        searched: the first offset after it whose record headers chain (each length fitting
-        in what is left of the segment) to the segment's end exactly or through
-        :data:`_RESYNC_CHAIN` records, and whose record's CRC-32 matches; the segment's size
-        when there is none. None when ``budget`` bytes (at least one window) were searched,
-        or ``deadline`` passed, first: ``_search`` keeps where to go on.
-
-        Bounded: the segment is read a window at a time (:data:`_WINDOW`); a candidate whose
-        value length cannot fit (its top byte, found by a regular expression, not a loop of
-        Python over every byte) or whose chain breaks is rejected without its body's CRC-32
-        (computed in chunks when the record reaches past the window, for at most
-        :data:`_RESYNC_CRC_ALLOWANCE` times the bytes searched: past that, such a long
-        candidate is rejected unchecked, so the work stays linear); a run of zeros is
-        passed at once. The deadline is also checked every
-        :data:`_DEADLINE_EVERY_CANDIDATES` candidates (data dense in small numbers)."""
-        end = self._sizes[seg]
-        fd = self._read_handle(seg).fileno()
-        start, spent, before = bad + 1, 0, 0   # spent: bytes CRC-checked past a window; before: searched earlier
-        if self._search is not None and self._search[:2] == (seg, bad):
-            _, _, start, spent, before = self._search
-        self._search = None
-        searched = 0
-        candidates = 0
-        at = start
-        while at + _HEADER.size <= end:
-            window_end = min(end - _HEADER.size + 1, at + _WINDOW)   # candidates in [at, window_end)
-            buf = os.pread(fd, window_end - at + _HEADER.size - 1, at)
-            if len(buf) < window_end - at + _HEADER.size - 1:   # shorter than it was: no record further on
-                window_end = at + len(buf) - _HEADER.size + 1
-                if window_end <= at:
-                    break
-            view = memoryview(buf)
-            # No value length can exceed what is left after ``at``: its top byte at most this.
-            top = _top_byte_class(min(255, max(0, end - at - _HEADER.size) >> 24))
-            i = 0
-            while True:
-                m = top.search(buf, i + 4, window_end - at + 4)
-                if m is None:
-                    break
-                i = m.start() - 4
-                if buf[i:i + _HEADER.size] == _ZEROS:
-                    # No record's header is all zeros (its CRC-32 would be 0): past the run of
-                    # zeros at once (a zeroed page or sector is the commonest corruption).
-                    nonzero = _NONZERO.search(buf, i + _HEADER.size)
-                    i = (nonzero.start() if nonzero else len(buf)) - _HEADER.size + 1
-                    continue
-                candidates += 1
-                if candidates % _DEADLINE_EVERY_CANDIDATES == 0 and deadline is not None \
-                        and time.monotonic() >= deadline:
-                    self._search = (seg, bad, at + i, spent, before + searched + i)
-                    return None, searched + i
-                candidate = at + i
-                crc, value_len, key_field = _HEADER.unpack_from(buf, i)
-                size = _HEADER.size + (key_field - 1 if key_field else 0) + value_len
-                if size <= end - candidate and _chain_fits(fd, candidate + size, end, buf, at):
-                    if i + size <= len(buf):   # in the window: no read
-                        found = zlib.crc32(view[i + 4:i + size]) == crc
-                    elif spent + size > _RESYNC_CRC_ALLOWANCE * (before + searched + i + _WINDOW):
-                        found = False   # data dense in plausible lengths: no more long bodies checked
-                    else:
-                        spent += size
-                        found = _crc_matches(fd, candidate, size, crc)
-                    if found:
-                        return candidate, searched + i
-                i += 1
-            searched += window_end - at
-            at = window_end
-            if at + _HEADER.size <= end and (searched >= budget or
-                                             (deadline is not None and time.monotonic() >= deadline)):
-                self._search = (seg, bad, at, spent, before + searched)
-                return None, searched
-        return end, searched
+        """Where records resume after the bad record at ``bad`` in ``seg`` (its size when
+        nowhere), and the bytes searched; None when ``budget`` or ``deadline`` cut the
+        search short: ``_search`` keeps where to go on (:func:`producer.journal_resync.find_resync`)."""
+        resume = self._search if self._search is not None and self._search[:2] == (seg, bad) else None
+        found, searched, self._search = find_resync(self._read_handle(seg).fileno(), seg, bad, self._sizes[seg],
+                                                    budget, deadline, resume)
+        return found, searched
 
     def _read_handle(self, seg: int):
         if self._reader is None or self._reader[0] != seg:
