@@ -9,8 +9,25 @@ Guarantees:
 
 * :meth:`Journal.append` writes and ``fsync``\\ s before it returns: an appended record
   survives ``kill -9`` and power loss (a torn last record is detected by its CRC-32 and
-  dropped when the journal is next opened, with a warning).
+  dropped when the journal is next opened, with a warning: ``event=torn_tail``).
 * Records come back from :meth:`Journal.read` in append order, across segments.
+* Corruption on disk (bit rot, a bad or zeroed sector: a record whose CRC-32 does not
+  match, or whose lengths run past its segment's end) costs the corrupt region only, never
+  the records after it nor a later segment. A torn tail is only ever the end of the last
+  segment (appends are sequential); any other bad record starts a search, in its segment,
+  for where records resume (:mod:`producer.journal_resync`: what counts as a record again,
+  how the search is bounded). The bytes between are skipped (ERROR ``event=journal_corrupt
+  segment=N offset=O skipped_bytes=B action=skipped``; counted in
+  :attr:`Journal.corrupt_regions` and :attr:`Journal.corrupt_bytes`; the producer drops
+  them as ``journal_corrupt``, one per region, the number of records in it being unknown).
+  Records resuming nowhere: the rest of the segment is the region, and the scan goes on in
+  the next segment; only in the last segment, at open, is it a torn tail, cut. Nothing on
+  disk changes for a corrupt region: the recovery scan of every open finds it again, and
+  reads skip exactly what it skipped; a region a read meets that the scan did not
+  (corruption since the open) is skipped the same way, and ``pending``, which counted its
+  records, is set right when the reads reach the end. Lost beyond the corrupt bytes, at
+  most: the up to ``RESYNC_CHAIN - 1`` (3) records between a region and a second bad
+  length field or a torn tail.
 * :meth:`Journal.commit` persists the read position atomically (write, fsync, rename);
   after a crash, replay restarts at the last commit, so a record can be delivered twice
   but never skipped (at-least-once; the relay deduplicates).
@@ -25,7 +42,8 @@ Guarantees:
   ``DESTINATION``, then the rename to ``<id>``. An adopter opens ``LOCK`` without creating
   it, so a journal being made, which has no ``LOCK`` yet, is never touched (and an older
   version's adopter, which creates ``LOCK``, finds it held as early as can be).
-* Opening a journal counts its records (the recovery scan, which also cuts a torn tail).
+* Opening a journal counts its records (the recovery scan, which also cuts a torn tail and
+  finds the corrupt regions).
   ``Journal(..., recover=False)`` defers that scan to :meth:`Journal.recover_some`, in
   slices of bounded size, so a thread with other work (the producer's sender adopting a
   large journal) does a slice per turn; until it is complete, :attr:`Journal.pending_at_least`
@@ -51,11 +69,12 @@ from pathlib import Path
 
 from producer.errors import JournalError
 from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, write_synced
+from producer.journal_resync import HEADER as _HEADER
+from producer.journal_resync import WINDOW, Resume, crc_matches, find_resync
 
 log = logging.getLogger(__name__)
 
 # Record: crc32(u32) | value length(u32) | key length + 1 (u16, 0 = no key) | key | value.
-_HEADER = struct.Struct(">IIH")
 _NO_KEY = 0
 _CURSOR = "CURSOR"
 #: A recovery scan slice with a deadline reads the clock once per this many records.
@@ -92,6 +111,21 @@ class Journal:
         self._writer: int | None = None
         #: Records appended and not yet committed (0 until the recovery scan is complete).
         self.pending = 0
+        #: Corrupt regions skipped, and their bytes (found by the recovery scan or a read).
+        self.corrupt_regions = 0
+        self.corrupt_bytes = 0
+        self._corrupt_taken = 0   # corrupt_regions when take_corrupt_regions() last ran
+        # The corrupt regions found: (segment, offset of the bad record) -> where records
+        # resume in that segment (its size: none after it). Every open's recovery scan finds
+        # them again (nothing on disk changes), so the scan and every later read skip the same.
+        self._skips: dict[tuple[int, int], int] = {}
+        # A resynchronisation search cut short by a slice's budget: (segment, bad offset, next
+        # candidate, bytes CRC-checked past a window, bytes searched).
+        self._search: Resume | None = None
+        # Records read after the cursor (up to the read position), and whether ``pending``
+        # overcounts: a read found a corrupt region the recovery scan had counted records in.
+        self._read_count = 0
+        self._pending_unknown = False
         # The recovery scan's progress: (position, records counted); None once complete.
         self._recovery: tuple[tuple[int, int], int] | None = (self._cursor, 0)
         if self._bytes_after(self._cursor) == 0:
@@ -152,30 +186,29 @@ class Journal:
     def recover_some(self, max_records: int = 10_000, max_bytes: int = 64 << 20,
                      deadline: float | None = None) -> bool:
         """Continue the recovery scan by at most ``max_records`` records or about
-        ``max_bytes``, or until ``time.monotonic()`` reaches ``deadline`` (checked every
-        :data:`_DEADLINE_EVERY` records, at least one record read): count the records after
-        the cursor, cut a torn tail (crash mid-append). True once it is complete. Until then
-        the journal may only be closed (which keeps it on disk, whatever it holds). Raises
-        OSError, or JournalError, when a segment cannot be read or is corrupt (a record
-        longer than what is left of its segment, in a segment other than the last)."""
+        ``max_bytes`` (records read, and bytes searched for a resynchronisation point after a
+        corrupt record), or until ``time.monotonic()`` reaches ``deadline`` (checked every
+        :data:`_DEADLINE_EVERY` records, at least one record read, and after every
+        :data:`~producer.journal_resync.WINDOW` bytes searched): count the records after the cursor, skip corrupt
+        regions (logged, counted: :attr:`corrupt_regions`), cut a torn tail (crash
+        mid-append: the end of the last segment). True once it is complete. Until then the
+        journal may only be closed (which keeps it on disk, whatever it holds). Raises
+        OSError when a segment cannot be read."""
         if self._recovery is None:
             return True
         pos, count = self._recovery
-        batch, pos, torn = self._scan(pos, max_records, max_bytes, deadline)
+        batch, pos, torn = self._scan(pos, max_records, max_bytes, deadline, recovering=True)
         count += len(batch)
         if torn is not None:
-            seg, off = torn
+            seg, off = torn   # always in the last segment
             log.warning("journal=%s event=torn_tail segment=%d offset=%d action=truncate",
                         self.path, seg, off)
             with open(self.path / _segment_name(seg), "r+b") as f:
                 f.truncate(off)
                 os.fsync(f.fileno())
             self._sizes[seg] = off
-            for later in [n for n in self._sizes if n > seg]:
-                (self.path / _segment_name(later)).unlink()
-                del self._sizes[later]
             self._write_seg = seg
-        elif batch and (pos[1] < self._sizes.get(pos[0], 0) or any(n > pos[0] for n in self._sizes)):
+        elif self._search is not None or self._bytes_after(pos) > 0:
             self._recovery = (pos, count)   # more to scan
             return False
         # An adopted journal waiting for its turn holds its LOCK only, not a segment too.
@@ -184,6 +217,11 @@ class Journal:
         self.pending = count
         self._recovery = None
         return True
+
+    def take_corrupt_regions(self) -> int:
+        """The corrupt regions found since the last call (for the caller's drop count)."""
+        new, self._corrupt_taken = self.corrupt_regions - self._corrupt_taken, self.corrupt_regions
+        return new
 
     @property
     def pending_at_least(self) -> int:
@@ -243,10 +281,18 @@ class Journal:
     # --- reading -----------------------------------------------------------------
 
     def _scan(self, pos: tuple[int, int], max_records: int, max_bytes: int, deadline: float | None = None,
-              ) -> tuple[list[Record], tuple[int, int], tuple[int, int] | None]:
-        """Records from ``pos``: (records, next position, torn position or None). A record
-        longer than what is left of its segment is a torn tail in the last segment (a crash
-        mid-append), and corrupt (JournalError) in another: not read, whatever its length."""
+              recovering: bool = False) -> tuple[list[Record], tuple[int, int], tuple[int, int] | None]:
+        """Records from ``pos``: (records, next position, torn position or None).
+
+        A bad record (a CRC-32 mismatch, lengths past its segment's end, a partial header)
+        starts a search for the next record in its segment (:meth:`_resync`); the bytes
+        between are a corrupt region, skipped (logged, counted, remembered in ``_skips``),
+        and the scan goes on from there. Found nowhere in its segment: the rest of the
+        segment is the region -- except in the recovery scan (``recovering``) of the last
+        segment, where it is a torn tail (a crash mid-append), returned as the torn position
+        for the caller to cut. A search cut short by the budget (``max_bytes``, shared with
+        the records read) or the deadline is resumed by the next call from the same
+        position (``_search``)."""
         out: list[Record] = []
         seg, off = pos
         used = 0
@@ -264,25 +310,66 @@ class Journal:
                     break
                 seg, off = min(later), 0
                 continue
-            f = self._read_handle(seg)
-            f.seek(off)
-            header = f.read(_HEADER.size)
-            if len(header) < _HEADER.size:
+            resume = self._skips.get((seg, off))
+            if resume is not None:
+                off = resume
+                continue
+            record = self._record_at(seg, off)
+            if record is not None:
+                out.append(record[0])
+                off += record[1]
+                used += record[1] - _HEADER.size
+                continue
+            found, searched = self._resync(seg, off, max(0, max_bytes - used), deadline)
+            used += searched
+            if found is None:   # cut short: resumed by the next call
+                return out, (seg, off), None
+            end = self._sizes[seg]
+            if found == end and recovering and not any(n > seg for n in self._sizes):
                 return out, (seg, off), (seg, off)
-            crc, value_len, key_field = _HEADER.unpack(header)
-            key_len = key_field - 1 if key_field else 0
-            if key_len + value_len > self._sizes[seg] - off - _HEADER.size:
-                if any(n > seg for n in self._sizes):
-                    raise JournalError(f"journal {self.path} is corrupt at segment {seg} offset {off}: "
-                                       f"a record of {key_len + value_len} bytes past its segment's end")
-                return out, (seg, off), (seg, off)
-            body = f.read(key_len + value_len)
-            if len(body) < key_len + value_len or zlib.crc32(header[4:] + body) != crc:
-                return out, (seg, off), (seg, off)
-            out.append((body[:key_len] if key_field else None, body[key_len:]))
-            off += _HEADER.size + key_len + value_len
-            used += key_len + value_len
+            self._skips[(seg, off)] = found
+            self.corrupt_regions += 1
+            self.corrupt_bytes += found - off
+            if self._recovery is None:
+                self._pending_unknown = True   # its records were counted: how many is not known
+            log.error("journal=%s event=journal_corrupt segment=%d offset=%d skipped_bytes=%d action=skipped",
+                      self.path, seg, off, found - off)
+            off = found
+            if deadline is not None and time.monotonic() >= deadline:
+                break
         return out, (seg, off), None
+
+    def _record_at(self, seg: int, off: int) -> tuple[Record, int] | None:
+        """The record at ``off`` in ``seg`` and its size, or None when it is bad (a partial
+        header, lengths past the segment's end, a CRC-32 mismatch): never a read of more
+        than what is left of the segment, nor, for a long record, a body in memory before
+        its CRC-32 matches."""
+        end = self._sizes[seg]
+        f = self._read_handle(seg)
+        f.seek(off)
+        header = f.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return None
+        crc, value_len, key_field = _HEADER.unpack(header)
+        key_len = key_field - 1 if key_field else 0
+        size = _HEADER.size + key_len + value_len
+        if size > end - off:
+            return None
+        if size - _HEADER.size > WINDOW and not crc_matches(f.fileno(), off, size, crc):
+            return None
+        body = f.read(key_len + value_len)
+        if len(body) < key_len + value_len or zlib.crc32(header[4:] + body) != crc:
+            return None
+        return (body[:key_len] if key_field else None, body[key_len:]), size
+
+    def _resync(self, seg: int, bad: int, budget: int, deadline: float | None) -> tuple[int | None, int]:
+        """Where records resume after the bad record at ``bad`` in ``seg`` (its size when
+        nowhere), and the bytes searched; None when ``budget`` or ``deadline`` cut the
+        search short: ``_search`` keeps where to go on (:func:`producer.journal_resync.find_resync`)."""
+        resume = self._search if self._search is not None and self._search[:2] == (seg, bad) else None
+        found, searched, self._search = find_resync(self._read_handle(seg).fileno(), seg, bad, self._sizes[seg],
+                                                    budget, deadline, resume)
+        return found, searched
 
     def _read_handle(self, seg: int):
         if self._reader is None or self._reader[0] != seg:
@@ -299,15 +386,26 @@ class Journal:
         """The next records after the read position, and the position after them.
 
         The read position advances; :meth:`commit` makes it durable, :meth:`rewind`
-        goes back to the last commit (after a failed send)."""
-        records, pos, torn = self._scan(self._read_pos, max_records, max_bytes)
-        if torn is not None:
-            raise JournalError(f"journal {self.path} is corrupt at segment {torn[0]} offset {torn[1]}")
+        goes back to the last commit (after a failed send). Corrupt regions are skipped, as
+        by the recovery scan (those it found, and any found now: logged, counted); after one
+        found now, ``pending`` is set right once a read reaches the end of the journal."""
+        pos = self._read_pos
+        while True:
+            records, after, _ = self._scan(pos, max_records, max_bytes)
+            moved, pos = after != pos, after
+            # Nothing yet, but a search was cut short or a corrupt region skipped: on, not [] too early.
+            if records or not (self._search is not None or (moved and self._bytes_after(pos) > 0)):
+                break
         self._read_pos = pos
+        self._read_count += len(records)
+        if self._pending_unknown and self._bytes_after(pos) == 0:
+            self.pending = self._read_count   # what is left after the cursor: what was read
+            self._pending_unknown = False
         return records, pos
 
     def rewind(self) -> None:
         self._read_pos = self._cursor
+        self._read_count = 0
 
     def commit(self, pos: tuple[int, int], count: int) -> None:
         """Mark everything before ``pos`` (``count`` records) delivered, durably."""
@@ -316,11 +414,13 @@ class Journal:
         os.replace(tmp, self.path / _CURSOR)
         self._cursor = pos
         self.pending = max(0, self.pending - count)
+        self._read_count = max(0, self._read_count - count)
         for seg in [n for n in self._sizes if n < pos[0]]:
             if self._reader is not None and self._reader[0] == seg:
                 self._close_reader()
             (self.path / _segment_name(seg)).unlink(missing_ok=True)
             del self._sizes[seg]
+        self._skips = {at: resume for at, resume in self._skips.items() if at[0] >= pos[0]}
         if self.pending == 0 and pos[0] == self._write_seg:
             self._reset()
 
@@ -333,6 +433,10 @@ class Journal:
         for seg in list(self._sizes):
             (self.path / _segment_name(seg)).unlink(missing_ok=True)
         self._sizes.clear()
+        self._skips.clear()
+        self._search = None
+        self._read_count = 0
+        self._pending_unknown = False
         self._write_seg += 1
         self._cursor = self._read_pos = (self._write_seg, 0)
         (self.path / _CURSOR).unlink(missing_ok=True)

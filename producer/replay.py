@@ -110,6 +110,7 @@ class Replay:
     _direct_outstanding: Callable[[], int]
     _reset_stall: Callable[[], None]
     _error: Callable[..., None]
+    _drop: Callable[..., None]
     _poll: Callable[[float], None]
     _on_replay_delivery: Callable[[Any, Any], None]
 
@@ -200,6 +201,7 @@ class Replay:
                     self._journals = [j for j in self._journals if j is not journal]
                     give_up(journal, err)
                     break
+                self._count_corrupt(journal)
                 self._poll(0)   # librdkafka's callbacks keep flowing while a large journal is counted
                 if done and journal.pending:
                     log.info("journal=%s event=adopted pending=%d", journal.path, journal.pending)
@@ -263,11 +265,13 @@ class Replay:
     def _recover_slice(self, journal: Journal) -> bool:
         """One slice of the adopted journal's recovery scan; True once it is complete."""
         try:
-            if not journal.recover_some(*_RECOVERY_SLICE):
-                return False
+            done = journal.recover_some(*_RECOVERY_SLICE)
         except Exception as err:   # whatever it is, given up: not tried again every turn
             self._adopted = None
             give_up(journal, err)
+            return False
+        self._count_corrupt(journal)
+        if not done:
             return False
         self._adopted_had = journal.pending
         if journal.pending:
@@ -298,6 +302,10 @@ class Replay:
 
     def _send_batch(self, journal: Journal, max_records: int, max_bytes: int) -> None:
         records, pos = journal.read(max_records, max_bytes)
+        self._count_corrupt(journal)
+        if not records and journal.pending == 0:
+            journal.commit(pos, 0)   # all that was left was corrupt (bit rot since it was opened): skipped
+            return
         if not records:
             self._error("journal_inconsistent", f"{journal} has pending records but none readable")
             journal.pending = 0
@@ -314,6 +322,15 @@ class Replay:
                 self._replay_outstanding -= len(records) - i
                 self._replay_failed = True
                 break
+
+    def _count_corrupt(self, journal: Journal) -> None:
+        """Count the corrupt regions ``journal`` skipped since the last look, as dropped:
+        reason ``journal_corrupt``, one per region (how many records a region held is not
+        known; its bytes are in the journal's ERROR line, ``event=journal_corrupt``)."""
+        regions = journal.take_corrupt_regions()
+        if regions:
+            self._drop("journal_corrupt", f"{regions} corrupt region(s) of {journal.path} skipped "
+                       f"({journal.corrupt_bytes} bytes in all), their records lost", n=regions)
 
     def _release_adopted(self, event: str | None = "adopted_journal_released") -> None:
         """The adopted journal goes back to the directory, what it has not sent still in it

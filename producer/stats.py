@@ -12,7 +12,9 @@ class ProducerStats:
     ``emitted``: emit() calls; ``delivered``: acknowledged by Kafka (replays included);
     ``journaled``: written to the journal; ``replayed``: delivered from a journal;
     ``delivery_failures``: records librdkafka gave back (failed or purged), all journaled;
-    ``dropped``: events that will never be sent, by reason; ``errors``: every problem
+    ``dropped``: events that will never be sent, by reason (``journal_corrupt``: corrupt
+    regions of a journal skipped, one per region, how many records each held being unknown:
+    :mod:`producer.journal`); ``errors``: every problem
     logged (drops included); ``pending``: not yet acknowledged (at least: see below); ``mode``: ``direct``,
     ``journal`` or ``disabled`` (:class:`producer.disabled.DisabledProducer`);
     ``adopted``: delivered from journals dead processes left that the producer adopted while

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import random
+import struct
 
 import pytest
 
-from producer.errors import JournalError
-from producer.journal import Journal
+from producer.journal import Journal, encode_record
 from producer.orphans import adopt_orphans
 
 
@@ -104,25 +106,6 @@ def test_close_removes_a_delivered_journal_and_keeps_an_undelivered_one(tmp_path
     assert adopted.path == kept.path and adopted.read()[0] == _records(2)
 
 
-def test_a_record_longer_than_its_segment_is_corrupt_in_a_segment_followed_by_others(tmp_path):
-    """Not read (a huge length would be a huge allocation), not cut as a torn tail: the
-    records after it stay, and so does the whole journal."""
-    journal = _new(tmp_path)
-    journal.append(_records(300))
-    os.close(journal._writer)
-    os.close(journal._lock_fd)
-    with open(journal.path / "00000002.seg", "r+b") as f:
-        f.seek(4)   # the segment's first record's value length
-        f.write((0xFFFFFFF0).to_bytes(4, "big"))
-    before = {p.name: p.read_bytes() for p in journal.path.iterdir() if p.name != "LOCK"}
-    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, recover=False)
-    with pytest.raises(JournalError, match="corrupt at segment 2 offset 0"):
-        while not adopted.recover_some(max_records=1000):
-            pass
-    adopted.close()
-    assert {p.name: p.read_bytes() for p in journal.path.iterdir() if p.name != "LOCK"} == before
-
-
 def test_a_record_longer_than_the_last_segment_is_a_torn_tail(tmp_path):
     journal = _new(tmp_path)
     journal.append(_records(5))
@@ -145,3 +128,197 @@ def test_a_recovery_slice_stops_at_its_deadline(tmp_path):
         pass
     assert adopted.pending == 300
     adopted.close()
+
+
+# --- corruption: a bad record that is not a torn tail costs its own region, never the records after it
+
+
+def _read_all(journal: Journal, **kw) -> list[tuple[bytes | None, bytes]]:
+    got = []
+    while True:
+        batch, _ = journal.read(**kw)
+        if not batch:
+            return got
+        got += batch
+
+
+def _offsets(segment) -> list[int]:
+    """The offsets of the records of an intact segment file."""
+    data, at, out = segment.read_bytes(), 0, []
+    while at < len(data):
+        out.append(at)
+        _, value_len, key_field = struct.unpack_from(">IIH", data, at)
+        at += 10 + (key_field - 1 if key_field else 0) + value_len
+    return out
+
+
+def _orphaned(journal: Journal) -> None:
+    if journal._writer is not None:
+        os.close(journal._writer)
+    os.close(journal._lock_fd)   # the owner dies
+
+
+def _patch(path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def _files(journal: Journal) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(journal.path.iterdir()) if p.name != "LOCK"}
+
+
+def _corrupt_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.ERROR and "event=journal_corrupt" in r.getMessage()]
+
+
+#: Ways to spoil the record at an offset, given its key's length: a flipped byte of its value,
+#: a huge value length, a value length a little off (still within the segment), a flipped CRC byte.
+_SPOILERS = {
+    "value_byte": lambda data, at, key_len: (at + 10 + key_len + 2, bytes([data[at + 10 + key_len + 2] ^ 0x40])),
+    "huge_length": lambda data, at, key_len: (at + 4, (0xFFFFFFF0).to_bytes(4, "big")),
+    "length_off": lambda data, at, key_len: (at + 4, (int.from_bytes(data[at + 4:at + 8], "big") + 3)
+                                             .to_bytes(4, "big")),
+    "crc_byte": lambda data, at, key_len: (at, bytes([data[at] ^ 0x01])),
+}
+
+
+def _spoil(segment, at: int, how: str) -> int:
+    """Spoil the record at ``at`` (see _SPOILERS); returns its size."""
+    data = segment.read_bytes()
+    _, value_len, key_field = struct.unpack_from(">IIH", data, at)
+    key_len = key_field - 1 if key_field else 0
+    _patch(segment, *_SPOILERS[how](data, at, key_len))
+    return 10 + key_len + value_len
+
+
+@pytest.mark.parametrize("how", sorted(_SPOILERS))
+def test_a_corrupt_record_in_the_middle_of_the_last_segment_costs_that_record_only(tmp_path, caplog, how):
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(50))
+    _orphaned(journal)
+    [segment] = journal.path.glob("*.seg")
+    at = _offsets(segment)[20]
+    size = _spoil(segment, at, how)
+    length = segment.stat().st_size
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20)
+    expected = _records(20) + _records(29, start=21)
+    assert adopted.pending == 49
+    assert _corrupt_lines(caplog) == [f"journal={journal.path} event=journal_corrupt segment=1 offset={at} "
+                                      f"skipped_bytes={size} action=skipped"]
+    assert segment.stat().st_size == length, "cut at the corrupt record"
+    assert "torn_tail" not in caplog.text
+    assert _read_all(adopted, max_records=7) == expected
+    assert (adopted.corrupt_regions, adopted.corrupt_bytes) == (1, size)
+    assert adopted.take_corrupt_regions() == 1 and adopted.take_corrupt_regions() == 0
+    # New records go after the ones kept; reading again (a rewind) skips the same region, logged once.
+    assert adopted.append(_records(1, start=50)) == 1
+    adopted.rewind()
+    assert _read_all(adopted) == expected + _records(1, start=50)
+    assert len(_corrupt_lines(caplog)) == 1 and adopted.corrupt_regions == 1
+
+
+@pytest.mark.parametrize("how", sorted(_SPOILERS))
+@pytest.mark.parametrize("which", ["first", "middle", "last"])
+def test_a_corrupt_record_in_a_segment_followed_by_others_keeps_every_later_segment(tmp_path, caplog, how, which):
+    """Not read (a huge length would be a huge allocation), not cut as a torn tail: the
+    records after it stay, and so does every file; no JournalError."""
+    journal = _new(tmp_path)
+    journal.append(_records(300))
+    _orphaned(journal)
+    segments = sorted(journal.path.glob("*.seg"))
+    assert len(segments) > 2
+    offsets = _offsets(segments[1])
+    index = {"first": 0, "middle": len(offsets) // 2, "last": len(offsets) - 1}[which]
+    size = _spoil(segments[1], offsets[index], how)
+    lost = len(_offsets(segments[0])) + index
+    before = _files(journal)
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, recover=False)
+    while not adopted.recover_some(max_records=1000):
+        pass
+    assert adopted.pending == 299
+    assert _files(journal) == before, "a file changed, or was deleted"
+    assert _corrupt_lines(caplog) == [f"journal={journal.path} event=journal_corrupt segment=2 "
+                                      f"offset={offsets[index]} skipped_bytes={size} action=skipped"]
+    assert _read_all(adopted, max_records=70) == _records(lost) + _records(299 - lost, start=lost + 1)
+
+
+def _write_segments(journal: Journal, *segments: bytes) -> None:
+    for number, data in enumerate(segments, start=1):
+        (journal.path / f"{number:08d}.seg").write_bytes(data)
+
+
+def _encoded(n: int, start: int = 0) -> bytes:
+    return b"".join(encode_record(key, value) for key, value in _records(n, start))
+
+
+@pytest.mark.parametrize("then", ["records", "nothing"])
+def test_megabytes_of_garbage_in_a_segment_are_skipped_in_bounded_slices(tmp_path, caplog, then):
+    """A segment turned garbage after some records (up to its end, or followed by records):
+    the search for the next record goes a window at a time, each recovery slice bounded,
+    and the records after the garbage, in the segment and the next, all come back."""
+    journal = _new(tmp_path)
+    _orphaned(journal)
+    garbage = random.Random(7).randbytes(3 << 20)
+    tail = _encoded(10, start=10) if then == "records" else b""
+    _write_segments(journal, _encoded(10) + garbage + tail, _encoded(10, start=20))
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=4096, recover=False)
+    slices = 1
+    while not adopted.recover_some(max_records=1000, max_bytes=64 << 10, deadline=0.0):
+        slices += 1
+    assert slices >= 3, "the garbage searched in one slice"
+    assert adopted.corrupt_regions == 1 and adopted.corrupt_bytes == len(garbage)
+    assert _corrupt_lines(caplog) == [f"journal={journal.path} event=journal_corrupt segment=1 "
+                                      f"offset={len(_encoded(10))} skipped_bytes={len(garbage)} action=skipped"]
+    kept = _records(20) if then == "records" else _records(10)
+    assert adopted.pending == len(kept) + 10
+    assert _read_all(adopted) == kept + _records(10, start=20)
+
+
+def test_a_torn_tail_after_a_corrupt_record_is_still_cut_and_the_records_between_kept(tmp_path, caplog):
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(30))
+    _orphaned(journal)
+    [segment] = journal.path.glob("*.seg")
+    at = _offsets(segment)[10]
+    _spoil(segment, at, "value_byte")
+    length = segment.stat().st_size
+    with open(segment, "ab") as f:        # then a crash in the middle of an append
+        f.write(encode_record(b"k", b"v" * 100)[:50])
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20)
+    assert "event=torn_tail segment=1 offset=%d action=truncate" % length in caplog.text
+    assert segment.stat().st_size == length
+    assert adopted.pending == 29 and adopted.corrupt_regions == 1
+    assert _read_all(adopted) == _records(10) + _records(19, start=11)
+
+
+def test_corruption_after_the_journal_was_opened_is_skipped_by_read(tmp_path, caplog):
+    """Bit rot after the recovery scan: read() skips the region as the scan would have
+    (no JournalError), and ``pending`` is set right when the reads reach the end."""
+    journal = _new(tmp_path)
+    journal.append(_records(30))
+    [first, *_] = sorted(journal.path.glob("*.seg"))
+    at = _offsets(first)[5]
+    size = _spoil(first, at, "value_byte")
+    batch, _ = journal.read(max_records=10)
+    assert batch == _records(5) + _records(5, start=6)
+    assert _corrupt_lines(caplog) == [f"journal={journal.path} event=journal_corrupt segment=1 offset={at} "
+                                      f"skipped_bytes={size} action=skipped"]
+    journal.rewind()
+    batch, pos = journal.read(max_records=10)
+    assert batch == _records(5) + _records(5, start=6)
+    journal.commit(pos, len(batch))
+    assert _read_all(journal, max_records=8) == _records(19, start=11)
+    assert journal.pending == 19 and journal.corrupt_regions == 1 and len(_corrupt_lines(caplog)) == 1
+
+
+def test_a_read_that_meets_only_corruption_at_the_end_returns_nothing_and_pending_is_set_right(tmp_path):
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(3))
+    [segment] = journal.path.glob("*.seg")
+    _spoil(segment, _offsets(segment)[2], "huge_length")
+    batch, pos = journal.read()
+    assert batch == _records(2) and journal.pending == 2
+    journal.commit(pos, 2)
+    assert journal.read()[0] == [] and journal.pending == 0

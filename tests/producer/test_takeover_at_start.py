@@ -256,9 +256,12 @@ def _own_events_sent_and_the_orphan_given_up_whole(kafka, topic: str, tmp_path: 
     assert _arrival_order(kafka.bootstrap_servers, topic, 20) == list(range(1000, 1020))
 
 
-def test_a_record_longer_than_its_segment_in_an_orphan_gives_the_journal_up_whole(kafka, tmp_path, caplog):
+def test_a_record_longer_than_its_segment_in_an_orphan_is_skipped_and_every_other_one_sent(
+        kafka, tmp_path, caplog):
     """A corrupt header (a huge length) in a segment followed by others: not read (no
-    allocation of its length), not cut as a torn tail (the records after it are kept)."""
+    allocation of its length), not cut as a torn tail, the journal not given up: that record
+    is skipped (dropped, ``journal_corrupt``: one region), all the others go, before the
+    producer's own events."""
     caplog.set_level(logging.INFO, "producer.journal")
     caplog.set_level(logging.INFO, "producer.kafka")
     topic = kafka.new_topic("huge-length")
@@ -268,7 +271,19 @@ def test_a_record_longer_than_its_segment_in_an_orphan_gives_the_journal_up_whol
     with open(segment, "r+b") as f:
         f.seek(4)   # the first record's value length
         f.write((0xFFFFFFF0).to_bytes(4, "big"))
-    _own_events_sent_and_the_orphan_given_up_whole(kafka, topic, tmp_path, orphan, caplog)
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path)
+    try:
+        for i in range(1000, 1020):
+            p.emit(seq_event(i))
+        assert p.flush(30) == 0
+        dropped = p.stats.dropped
+    finally:
+        p.close()
+    assert dropped == {"journal_corrupt": 1}
+    assert _given_up(caplog, orphan) == []
+    assert f"journal={orphan.path} event=journal_corrupt segment=1 offset=0 " in caplog.text
+    assert not orphan.path.exists(), "a journal all sent is removed"
+    assert _arrival_order(kafka.bootstrap_servers, topic, 219) == list(range(1, 200)) + list(range(1000, 1020))
 
 
 def test_any_failure_counting_an_orphan_gives_it_up_and_the_producers_own_events_go(
