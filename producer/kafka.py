@@ -39,7 +39,9 @@ in the spill queue; the journal itself survives. Dropped, counted and logged by 
 ``not_an_event`` (not a dict, event object or JSON object text: :mod:`producer.event_values`),
 ``unencodable`` (JSON cannot carry a value), ``too_large`` (over ``message.max.bytes``),
 ``rejected_by_broker`` (a record Kafka will never accept), ``journal_full``,
-``journal_write_failed``, ``queue_full`` (above), ``closed`` (emit after close),
+``journal_write_failed``, ``journal_corrupt`` (a corrupt region of an on-disk journal skipped:
+one per region, the number of its records unknown; the records after it are kept),
+``queue_full`` (above), ``closed`` (emit after close),
 ``lost_in_fatal_producer`` (records a broken librdkafka instance never gave back within
 5 s), ``late_for_close`` (an event a thread placed holding the producer's lock past a
 close's budget, once the sender had journaled without the lock). A forked child gets a
