@@ -310,7 +310,7 @@ class Journal:
                     break
                 seg, off = min(later), 0
                 continue
-            resume = self._skips.get((seg, off))
+            resume = self._skips.get((seg, off)) if self._skips else None   # none: no tuple per record
             if resume is not None:
                 off = resume
                 continue

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 
 import aiohttp
 import pytest
 from yarl import URL
 
+from relay.sinks import posting
 from relay.sinks.posting import LeanPoster, poster
 
 BODY = b'{"eventType":"START","run":{"runId":"r"},"job":{"namespace":"n","name":"j"}}'
@@ -101,8 +103,8 @@ async def test_the_lean_path_reuses_the_pools_connections():
 
         for _ in range(3):   # 3 rounds of 4 in flight, the connector's limit
             assert await asyncio.gather(*(one() for _ in range(4))) == [201] * 4
-    assert len(server.requests) == 12
-    assert 1 <= server.connections <= 4
+    # Reused: 12 requests over no more connections than the connector's limit.
+    assert server.connections <= 4 < len(server.requests) == 12
 
 
 async def test_an_answers_body_is_read_as_from_session_post():
@@ -160,3 +162,18 @@ async def test_a_traced_session_posts_through_session_post_and_its_traces_run():
         resp.release()
     assert resp.status == 201
     assert started == [url]
+
+
+async def test_an_aiohttp_the_lean_path_does_not_know_posts_through_session_post(monkeypatch, caplog):
+    monkeypatch.setattr(posting, "_UNSUPPORTED", "aiohttp's ClientRequest or response parser takes no ssl")
+    monkeypatch.setattr(posting, "_fallback_logged", False)
+    caplog.set_level(logging.INFO, logger=posting.__name__)
+    async with RawServer() as server, _session() as session:
+        sends = [poster(session, traced=False) for _ in range(2)]
+        assert not any(isinstance(send, LeanPoster) for send in sends)
+        resp = await sends[0](server.url, BODY, None)
+        resp.release()
+    assert resp.status == 201
+    offs = [r for r in caplog.records if r.getMessage() == "lean_posts_off"]
+    assert len(offs) == 1   # logged once, naming what is missing
+    assert "takes no ssl" in offs[0].fields["detail"]
