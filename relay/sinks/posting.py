@@ -20,8 +20,11 @@ is an ``aiohttp.ClientResponse``, read and released as one from ``session.post()
 
 Not covered, so :func:`poster` falls back to ``session.post()``: a session with trace
 configs (``HttpCollector.check_before_requests``: the checks hang on aiohttp's request
-traces) and an aiohttp whose ``ClientRequest`` or response parser take other arguments than
-those this module passes (checked once, by signature; the fallback is logged once).
+traces), and an aiohttp this module was not tested with: a minor release outside
+:data:`TESTED_AIOHTTP`, or one whose ``ClientRequest`` or response parser take other
+arguments than those this module passes (checked once, by version and signature; the
+fallback is logged once). The lean path reaches into aiohttp's internals, which a minor
+release may change without notice; ``session.post()`` is the public API and always works.
 """
 
 from __future__ import annotations
@@ -48,10 +51,28 @@ Post = Callable[[URL, bytes, "Mapping[str, str] | None"], Awaitable[ClientRespon
 _REQUEST_ARGS = frozenset({"headers", "data", "loop", "response_class", "session", "ssl"})
 _RESPONSE_ARGS = frozenset({"read_until_eof", "auto_decompress"})
 _fallback_logged = False
+#: The aiohttp minor releases the lean path is tested with (first, last), both included:
+#: tests/relay/sinks run on each (3.10.11, 3.11.18, 3.12.15, 3.13.5 and 3.14.5 on 2026-11-29;
+#: CI runs them on the lowest, see .ci/run). Extend it only after the same check.
+TESTED_AIOHTTP = ((3, 10), (3, 14))
 
 
-def _supported() -> str | None:
-    """None when this aiohttp takes what :class:`LeanPoster` passes, else what it lacks."""
+def _minor(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version string such as ``3.14.5`` or ``3.15.0a1``; None if unreadable."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
+def _supported(version: str = aiohttp.__version__) -> str | None:
+    """None when the lean path applies to this aiohttp (``version``), else why not."""
+    minor = _minor(version)
+    first, last = TESTED_AIOHTTP
+    if minor is None or not first <= minor <= last:
+        return (f"aiohttp {version} is not among the releases the lean path is tested with "
+                f"({first[0]}.{first[1]} to {last[0]}.{last[1]}); requests go through session.post()")
     try:
         request = set(inspect.signature(ClientRequest.__init__).parameters)
         response = set(inspect.signature(ResponseHandler.set_response_params).parameters)

@@ -177,3 +177,25 @@ async def test_an_aiohttp_the_lean_path_does_not_know_posts_through_session_post
     offs = [r for r in caplog.records if r.getMessage() == "lean_posts_off"]
     assert len(offs) == 1   # logged once, naming what is missing
     assert "takes no ssl" in offs[0].fields["detail"]
+
+
+@pytest.mark.parametrize(("version", "lean"), [
+    ("3.10.0", True), ("3.14.5", True), ("3.9.5", False), ("3.15.0", False), ("3.15.0a1", False),
+    ("4.0.0", False), ("2.3.10", False), ("garbage", False),
+])
+def test_the_lean_path_applies_only_to_the_aiohttp_releases_it_was_tested_with(version, lean):
+    reason = posting._supported(version)
+    assert (reason is None) is lean
+    if not lean:   # the log line says which release and which ones are tested
+        assert version in reason and "3.10 to 3.14" in reason
+
+
+def test_the_installed_aiohttp_takes_the_lean_path_when_it_is_a_tested_release():
+    # CI runs this module on the newest allowed aiohttp and on the lowest (.ci/run): a tested
+    # release the lean path no longer fits (by signature) must be seen there, not fall back
+    # unnoticed; a newer release than those tested falls back, saying so.
+    first, last = posting.TESTED_AIOHTTP
+    if first <= posting._minor(aiohttp.__version__) <= last:
+        assert posting._UNSUPPORTED is None, posting._UNSUPPORTED
+    else:
+        assert "not among the releases the lean path is tested with" in posting._UNSUPPORTED
