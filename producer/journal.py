@@ -15,11 +15,12 @@ Guarantees:
   match, or whose lengths run past its segment's end) costs the corrupt region only, never
   the records after it nor a later segment. A torn tail is only ever the end of the last
   segment (appends are sequential); any other bad record starts a search, in its segment,
-  for where records resume (:mod:`producer.journal_resync`: what counts as a record again,
-  how the search is bounded). The bytes between are skipped (ERROR ``event=journal_corrupt
-  segment=N offset=O skipped_bytes=B action=skipped``; counted in
-  :attr:`Journal.corrupt_regions` and :attr:`Journal.corrupt_bytes`; the producer drops
-  them as ``journal_corrupt``, one per region, the number of records in it being unknown).
+  for where records resume (:mod:`producer.journal_scan`, which reads the segments back;
+  :mod:`producer.journal_resync`: what counts as a record again, how the search is
+  bounded). The bytes between are skipped (ERROR ``event=journal_corrupt segment=N
+  offset=O skipped_bytes=B action=skipped``; counted in :attr:`Journal.corrupt_regions`
+  and :attr:`Journal.corrupt_bytes`; the producer drops them as ``journal_corrupt``, one
+  per region, the number of records in it being unknown).
   Records resuming nowhere: the rest of the segment is the region, and the scan goes on in
   the next segment; only in the last segment, at open, is it a torn tail, cut. Nothing on
   disk changes for a corrupt region: the recovery scan of every open finds it again, and
@@ -50,7 +51,8 @@ Guarantees:
   is the records counted so far, and at least 1.
 
 Not thread-safe: one thread (the producer's sender) owns a Journal. ``LOCK`` taken by others,
-``DESTINATION`` and the directory check: :mod:`producer.journal_dir`.
+``DESTINATION`` and the directory check: :mod:`producer.journal_dir`. Reading the segments
+back (records, corrupt regions): :mod:`producer.journal_scan`.
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ import os
 import secrets
 import shutil
 import struct
-import time
 import zlib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -70,20 +71,14 @@ from pathlib import Path
 from producer.errors import JournalError
 from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, write_synced
 from producer.journal_resync import HEADER as _HEADER
-from producer.journal_resync import WINDOW, Resume, crc_matches, find_resync
+from producer.journal_scan import SegmentReader, segment_name
 
 log = logging.getLogger(__name__)
 
 # Record: crc32(u32) | value length(u32) | key length + 1 (u16, 0 = no key) | key | value.
 _NO_KEY = 0
 _CURSOR = "CURSOR"
-#: A recovery scan slice with a deadline reads the clock once per this many records.
-_DEADLINE_EVERY = 32
 Record = tuple[bytes | None, bytes]
-
-
-def _segment_name(number: int) -> str:
-    return f"{number:08d}.seg"
 
 
 def encode_record(key: bytes | None, value: bytes) -> bytes:
@@ -106,22 +101,13 @@ class Journal:
         self._cursor = self._load_cursor(segments)
         self._read_pos = self._cursor
         self._write_seg = segments[-1] if segments else 1
-        self._sizes = {n: (path / _segment_name(n)).stat().st_size for n in segments}
-        self._reader: tuple[int, object] | None = None
+        self._sizes = {n: (path / segment_name(n)).stat().st_size for n in segments}
+        # The read side: records and corrupt regions (it reads _sizes, which is never rebound).
+        self._reader = SegmentReader(path, self._sizes)
         self._writer: int | None = None
         #: Records appended and not yet committed (0 until the recovery scan is complete).
         self.pending = 0
-        #: Corrupt regions skipped, and their bytes (found by the recovery scan or a read).
-        self.corrupt_regions = 0
-        self.corrupt_bytes = 0
         self._corrupt_taken = 0   # corrupt_regions when take_corrupt_regions() last ran
-        # The corrupt regions found: (segment, offset of the bad record) -> where records
-        # resume in that segment (its size: none after it). Every open's recovery scan finds
-        # them again (nothing on disk changes), so the scan and every later read skip the same.
-        self._skips: dict[tuple[int, int], int] = {}
-        # A resynchronisation search cut short by a slice's budget: (segment, bad offset, next
-        # candidate, bytes CRC-checked past a window, bytes searched).
-        self._search: Resume | None = None
         # Records read after the cursor (up to the read position), and whether ``pending``
         # overcounts: a read found a corrupt region the recovery scan had counted records in.
         self._read_count = 0
@@ -188,7 +174,7 @@ class Journal:
         """Continue the recovery scan by at most ``max_records`` records or about
         ``max_bytes`` (records read, and bytes searched for a resynchronisation point after a
         corrupt record), or until ``time.monotonic()`` reaches ``deadline`` (checked every
-        :data:`_DEADLINE_EVERY` records, at least one record read, and after every
+        :data:`~producer.journal_scan.DEADLINE_EVERY` records, at least one record read, and after every
         :data:`~producer.journal_resync.WINDOW` bytes searched): count the records after the cursor, skip corrupt
         regions (logged, counted: :attr:`corrupt_regions`), cut a torn tail (crash
         mid-append: the end of the last segment). True once it is complete. Until then the
@@ -203,20 +189,30 @@ class Journal:
             seg, off = torn   # always in the last segment
             log.warning("journal=%s event=torn_tail segment=%d offset=%d action=truncate",
                         self.path, seg, off)
-            with open(self.path / _segment_name(seg), "r+b") as f:
+            with open(self.path / segment_name(seg), "r+b") as f:
                 f.truncate(off)
                 os.fsync(f.fileno())
             self._sizes[seg] = off
             self._write_seg = seg
-        elif self._search is not None or self._bytes_after(pos) > 0:
+        elif self._reader.searching or self._bytes_after(pos) > 0:
             self._recovery = (pos, count)   # more to scan
             return False
         # An adopted journal waiting for its turn holds its LOCK only, not a segment too.
-        self._close_reader()
+        self._reader.close()
         # The count before the scan ends: pending_at_least, read from other threads, never sees 0 between.
         self.pending = count
         self._recovery = None
         return True
+
+    @property
+    def corrupt_regions(self) -> int:
+        """Corrupt regions skipped (found by the recovery scan or a read)."""
+        return self._reader.corrupt_regions
+
+    @property
+    def corrupt_bytes(self) -> int:
+        """The bytes of the corrupt regions skipped."""
+        return self._reader.corrupt_bytes
 
     def take_corrupt_regions(self) -> int:
         """The corrupt regions found since the last call (for the caller's drop count)."""
@@ -263,7 +259,7 @@ class Journal:
 
     def _writer_fd(self) -> int:
         if self._writer is None:
-            path = self.path / _segment_name(self._write_seg)
+            path = self.path / segment_name(self._write_seg)
             new = not path.exists()
             self._writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._sizes.setdefault(self._write_seg, 0)
@@ -282,105 +278,15 @@ class Journal:
 
     def _scan(self, pos: tuple[int, int], max_records: int, max_bytes: int, deadline: float | None = None,
               recovering: bool = False) -> tuple[list[Record], tuple[int, int], tuple[int, int] | None]:
-        """Records from ``pos``: (records, next position, torn position or None).
-
-        A bad record (a CRC-32 mismatch, lengths past its segment's end, a partial header)
-        starts a search for the next record in its segment (:meth:`_resync`); the bytes
-        between are a corrupt region, skipped (logged, counted, remembered in ``_skips``),
-        and the scan goes on from there. Found nowhere in its segment: the rest of the
-        segment is the region -- except in the recovery scan (``recovering``) of the last
-        segment, where it is a torn tail (a crash mid-append), returned as the torn position
-        for the caller to cut. A search cut short by the budget (``max_bytes``, shared with
-        the records read) or the deadline is resumed by the next call from the same
-        position (``_search``)."""
-        out: list[Record] = []
-        seg, off = pos
-        used = 0
-        while len(out) < max_records and used < max_bytes:
-            if deadline is not None and out and len(out) % _DEADLINE_EVERY == 0 and time.monotonic() >= deadline:
-                break
-            if seg not in self._sizes:
-                later = [n for n in self._sizes if n > seg]
-                if not later:
-                    break
-                seg, off = min(later), 0
-            if off >= self._sizes[seg]:
-                later = [n for n in self._sizes if n > seg]
-                if not later:
-                    break
-                seg, off = min(later), 0
-                continue
-            resume = self._skips.get((seg, off)) if self._skips else None   # none: no tuple per record
-            if resume is not None:
-                off = resume
-                continue
-            record = self._record_at(seg, off)
-            if record is not None:
-                out.append(record[0])
-                off += record[1]
-                used += record[1] - _HEADER.size
-                continue
-            found, searched = self._resync(seg, off, max(0, max_bytes - used), deadline)
-            used += searched
-            if found is None:   # cut short: resumed by the next call
-                return out, (seg, off), None
-            end = self._sizes[seg]
-            if found == end and recovering and not any(n > seg for n in self._sizes):
-                return out, (seg, off), (seg, off)
-            self._skips[(seg, off)] = found
-            self.corrupt_regions += 1
-            self.corrupt_bytes += found - off
-            if self._recovery is None:
-                self._pending_unknown = True   # its records were counted: how many is not known
-            log.error("journal=%s event=journal_corrupt segment=%d offset=%d skipped_bytes=%d action=skipped",
-                      self.path, seg, off, found - off)
-            off = found
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-        return out, (seg, off), None
-
-    def _record_at(self, seg: int, off: int) -> tuple[Record, int] | None:
-        """The record at ``off`` in ``seg`` and its size, or None when it is bad (a partial
-        header, lengths past the segment's end, a CRC-32 mismatch): never a read of more
-        than what is left of the segment, nor, for a long record, a body in memory before
-        its CRC-32 matches."""
-        end = self._sizes[seg]
-        f = self._read_handle(seg)
-        f.seek(off)
-        header = f.read(_HEADER.size)
-        if len(header) < _HEADER.size:
-            return None
-        crc, value_len, key_field = _HEADER.unpack(header)
-        key_len = key_field - 1 if key_field else 0
-        size = _HEADER.size + key_len + value_len
-        if size > end - off:
-            return None
-        if size - _HEADER.size > WINDOW and not crc_matches(f.fileno(), off, size, crc):
-            return None
-        body = f.read(key_len + value_len)
-        if len(body) < key_len + value_len or zlib.crc32(header[4:] + body) != crc:
-            return None
-        return (body[:key_len] if key_field else None, body[key_len:]), size
-
-    def _resync(self, seg: int, bad: int, budget: int, deadline: float | None) -> tuple[int | None, int]:
-        """Where records resume after the bad record at ``bad`` in ``seg`` (its size when
-        nowhere), and the bytes searched; None when ``budget`` or ``deadline`` cut the
-        search short: ``_search`` keeps where to go on (:func:`producer.journal_resync.find_resync`)."""
-        resume = self._search if self._search is not None and self._search[:2] == (seg, bad) else None
-        found, searched, self._search = find_resync(self._read_handle(seg).fileno(), seg, bad, self._sizes[seg],
-                                                    budget, deadline, resume)
-        return found, searched
-
-    def _read_handle(self, seg: int):
-        if self._reader is None or self._reader[0] != seg:
-            self._close_reader()
-            self._reader = (seg, open(self.path / _segment_name(seg), "rb"))
-        return self._reader[1]
-
-    def _close_reader(self) -> None:
-        if self._reader is not None:
-            self._reader[1].close()
-            self._reader = None
+        """:meth:`SegmentReader.scan <producer.journal_scan.SegmentReader.scan>` from ``pos``;
+        a corrupt region it finds once the recovery scan is complete leaves ``pending``
+        unknown (its records were counted: how many is not known) until a read reaches the end."""
+        regions = self._reader.corrupt_regions
+        try:
+            return self._reader.scan(pos, max_records, max_bytes, deadline, recovering)
+        finally:   # even on an OSError: a region found before it is remembered, not found again
+            if self._reader.corrupt_regions != regions and self._recovery is None:
+                self._pending_unknown = True
 
     def read(self, max_records: int = 1000, max_bytes: int = 4 << 20) -> tuple[list[Record], tuple[int, int]]:
         """The next records after the read position, and the position after them.
@@ -394,7 +300,7 @@ class Journal:
             records, after, _ = self._scan(pos, max_records, max_bytes)
             moved, pos = after != pos, after
             # Nothing yet, but a search was cut short or a corrupt region skipped: on, not [] too early.
-            if records or not (self._search is not None or (moved and self._bytes_after(pos) > 0)):
+            if records or not (self._reader.searching or (moved and self._bytes_after(pos) > 0)):
                 break
         self._read_pos = pos
         self._read_count += len(records)
@@ -416,25 +322,23 @@ class Journal:
         self.pending = max(0, self.pending - count)
         self._read_count = max(0, self._read_count - count)
         for seg in [n for n in self._sizes if n < pos[0]]:
-            if self._reader is not None and self._reader[0] == seg:
-                self._close_reader()
-            (self.path / _segment_name(seg)).unlink(missing_ok=True)
+            self._reader.close(seg)
+            (self.path / segment_name(seg)).unlink(missing_ok=True)
             del self._sizes[seg]
-        self._skips = {at: resume for at, resume in self._skips.items() if at[0] >= pos[0]}
+        self._reader.forget_before(pos[0])
         if self.pending == 0 and pos[0] == self._write_seg:
             self._reset()
 
     def _reset(self) -> None:
         # Fully delivered: start a fresh segment so the files do not grow forever.
-        self._close_reader()
+        self._reader.close()
         if self._writer is not None:
             os.close(self._writer)
             self._writer = None
         for seg in list(self._sizes):
-            (self.path / _segment_name(seg)).unlink(missing_ok=True)
+            (self.path / segment_name(seg)).unlink(missing_ok=True)
         self._sizes.clear()
-        self._skips.clear()
-        self._search = None
+        self._reader.reset()
         self._read_count = 0
         self._pending_unknown = False
         self._write_seg += 1
@@ -446,7 +350,7 @@ class Journal:
     def close(self) -> None:
         """Release the lock; an empty journal's directory is removed (not one whose recovery
         scan is incomplete)."""
-        self._close_reader()
+        self._reader.close()
         if self._writer is not None:
             os.fsync(self._writer)
             os.close(self._writer)

@@ -198,7 +198,7 @@ def test_a_journal_whose_cursor_is_at_the_end_of_a_segment_sends_only_what_follo
         if pos == (1, first_segment):
             break
     orphan.commit(pos, sent)
-    orphan._close_reader()
+    orphan._reader.close()
     assert (orphan.path / "00000001.seg").exists() and (orphan.path / "00000002.seg").exists()
     assert 0 < sent < 1000
     seam.records.clear()   # what this test read above
