@@ -71,7 +71,7 @@ def test_detection():
 def test_orjson_writes_the_plus_of_a_positive_exponent():
     # may_hold_big_int looks for "e+": orjson before 3.11.7 wrote 1.8446744073709552e19, and
     # with it every integer beyond 64 bits would silently become the nearest float again.
-    # pyproject.toml requires orjson>=3.11.7; if a later orjson writes exponents otherwise,
+    # pyproject.toml requires orjson>=3.12 (past 3.11.7); if a later orjson writes exponents otherwise,
     # this fails rather than the feature.
     assert orjson.dumps(2.0**64) == b"1.8446744073709552e+19"
     assert orjson.dumps(orjson.loads(b"-9223372036854775809")) == b"-9.223372036854776e+18"
