@@ -147,11 +147,15 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             self._journal_note = reason
 
     def _tell_journal_mode(self) -> None:
-        """Log the journal mode begun under ``_lock`` (not holding it): INFO when it is the same
-        reason as last time Kafka took nothing (an outage's repeats), else WARNING."""
+        """Log the journal mode begun under ``_lock`` (not holding it): INFO when it repeats
+        what was told since Kafka last took a record (an outage's repeats: the same reason, or
+        ``stalled`` after any, e.g. once a client rebuilt during the outage took nothing either,
+        as librdkafka before 2.16 may have it), else WARNING."""
         reason, self._journal_note = self._journal_note, None
         if reason is not None:
-            log.log(logging.INFO if reason == self._journal_mode_told else logging.WARNING,
+            told = self._journal_mode_told
+            repeat = reason == told or (told is not None and reason == "stalled")
+            log.log(logging.INFO if repeat else logging.WARNING,
                     "event=journal_mode topic=%s reason=%s", self._topic, reason)
             self._journal_mode_told = reason
 

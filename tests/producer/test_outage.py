@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -312,9 +313,14 @@ def test_an_outage_is_a_few_warnings_not_a_flood_of_librdkafka_lines(broker, tmp
     assert len(warned) == warned_after_one_rebuild, "the second rebuild's instance warned again"
     assert all(r.levelno == logging.WARNING for r in warned)
     assert "Connection refused" in warned[0].getMessage() and broker.bootstrap_servers in warned[0].getMessage()
-    assert caplog.text.count("event=journal_mode") == 1
-    repeats = [r for r in librdkafka(logging.DEBUG) if r.levelno == logging.DEBUG and "FAIL" in r.getMessage()]
-    assert len(repeats) >= 5, "the repeats are still there at DEBUG"
+    told = [r.getMessage() for r in caplog.records if "event=journal_mode" in r.getMessage()]
+    assert len(told) == 1, told
+    repeats = [r.getMessage() for r in librdkafka(logging.DEBUG)
+               if r.levelno == logging.DEBUG and "FAIL" in r.getMessage()]
+    # librdkafka before 2.16 folds identical errors into one line ("N identical error(s)
+    # suppressed"): those count as the failures they stand for.
+    suppressed = sum(int(m.group(1)) for m in map(re.compile(r"(\d+) identical error").search, repeats) if m)
+    assert len(repeats) + suppressed >= 5, f"the repeats are still there at DEBUG: {repeats}"
 
 
 def test_the_next_outage_is_reported_again_once_kafka_took_records(broker, tmp_path, caplog):
