@@ -659,6 +659,11 @@ def main() -> None:
     print(f"what {os.cpu_count()} cores allow at the CPU per event measured, against the ceilings: single "
           f"{single_bound:.3f} ({single_limit:.3f} with a relay process as cheap as the bare client), batch "
           f"{batch_bound:.3f} ({batch_limit:.3f})")
+    # Against the lean ceiling: a relay whose process did nothing but POSTs as cheap as the
+    # lean loop's, with the decode worker, broker and collector as measured.
+    lean_limit = (os.cpu_count() or 1) * 1e6 / (lean_us["lean_client"] + _others(single_us)) / lean
+    print(f"against the lean post ceiling, {os.cpu_count()} cores allow at most {lean_limit:.3f} (a relay process "
+          f"costing only its POSTs, {lean_us['lean_client']} µs per event, the others as measured)")
     single_budget = relay_budget(single_us, ceiling, SINGLE_TARGET)
     batch_budget = relay_budget(cpu_us, batch_ceiling_eps, BATCH_TARGET)
     print(f"the relay's process may use, for the targets with the others as measured: single {single_budget:.1f} "
@@ -681,6 +686,7 @@ def main() -> None:
                "cpu_bound_limit_vs_ceiling": round(single_limit, 3),
                "cpu_bound_ratio_vs_batch_ceiling": round(batch_bound, 3),
                "cpu_bound_limit_vs_batch_ceiling": round(batch_limit, 3),
+               "cpu_bound_limit_vs_lean_ceiling": round(lean_limit, 3),
                "relay_us_budget_single": round(single_budget, 1), "relay_us_budget_batch": round(batch_budget, 1),
                "workers": args.workers, "event_loop": loop, **workers_figures}
     print(json.dumps(figures))
