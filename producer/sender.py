@@ -68,6 +68,17 @@ _BUSY_POLL_S = 0.005
 LOCK_WAIT_S = 0.5
 
 
+def journal_mode_level(reason: str, told: str | None) -> int:
+    """The level of an ``event=journal_mode`` line for ``reason``, ``told`` being the reason
+    last logged since Kafka last took a record (None: none since). INFO for one outage's
+    repeats: the same reason, or ``stalled`` after any (a client rebuilt during the outage
+    that took nothing either, as librdkafka before 2.16 may report it after
+    ``all_brokers_down``); else WARNING, so that news (closing while Kafka is down, a fatal
+    error, a full queue) is seen."""
+    repeat = reason == told or (told is not None and reason == "stalled")
+    return logging.INFO if repeat else logging.WARNING
+
+
 class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
     """Background half of LineageProducer; see the module docstring."""
 
@@ -147,15 +158,11 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             self._journal_note = reason
 
     def _tell_journal_mode(self) -> None:
-        """Log the journal mode begun under ``_lock`` (not holding it): INFO when it repeats
-        what was told since Kafka last took a record (an outage's repeats: the same reason, or
-        ``stalled`` after any, e.g. once a client rebuilt during the outage took nothing either,
-        as librdkafka before 2.16 may have it), else WARNING."""
+        """Log the journal mode begun under ``_lock`` (not holding it), at
+        :func:`journal_mode_level`."""
         reason, self._journal_note = self._journal_note, None
         if reason is not None:
-            told = self._journal_mode_told
-            repeat = reason == told or (told is not None and reason == "stalled")
-            log.log(logging.INFO if repeat else logging.WARNING,
+            log.log(journal_mode_level(reason, self._journal_mode_told),
                     "event=journal_mode topic=%s reason=%s", self._topic, reason)
             self._journal_mode_told = reason
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ def _reserved_port() -> int:
     start then finds that listener instead of Tansu (a create_topic to it timed out in CI).
     Nothing binding to port 0 gets a port below the range."""
     try:
-        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return free_port()
     rng = random.Random()

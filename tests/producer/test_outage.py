@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from producer import LineageProducer, replacement
+from producer import LineageProducer, replacement, sender
 from relay.embedded.broker import EmbeddedBroker
 from tests.producer.support import (FAST_RECONNECT, assert_all_arrived_in_order, journal_left_by_killed_producer,
                                     seq_event, start_producer_child, wait_for)
@@ -362,3 +362,15 @@ def test_a_wiped_broker_that_forgot_the_producer_id_is_recovered_from(broker, tm
             p.emit(seq_event(i))
         assert p.flush(30) == 0
     assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, "wiped", expected=100), range(100, 200))
+
+
+@pytest.mark.parametrize(("reason", "told", "level"), [
+    ("all_brokers_down", None, logging.WARNING),              # an outage's first line
+    ("all_brokers_down", "all_brokers_down", logging.INFO),   # its repeats
+    ("stalled", "all_brokers_down", logging.INFO),            # a rebuilt client took nothing either
+    ("stalled", None, logging.WARNING),                       # a stall is news when nothing was told
+    ("closing_while_kafka_down", "all_brokers_down", logging.WARNING),
+    ("fatal_error", "stalled", logging.WARNING),
+])
+def test_journal_mode_is_a_warning_once_per_outage_and_for_news(reason, told, level):
+    assert sender.journal_mode_level(reason, told) == level
