@@ -26,9 +26,12 @@ Guarantees:
   disk changes for a corrupt region: the recovery scan of every open finds it again, and
   reads skip exactly what it skipped; a region a read meets that the scan did not
   (corruption since the open) is skipped the same way, and ``pending``, which counted its
-  records, is set right when the reads reach the end. Lost beyond the corrupt bytes, at
-  most: the up to ``RESYNC_CHAIN - 1`` (3) records between a region and a second bad
-  length field or a torn tail.
+  records, is set right when the reads reach the end. Nothing is lost beyond the corrupt
+  bytes: the good records between two corrupt regions, however close, or between a region
+  and a torn tail, are kept (two regions; a region and the tail cut) -- but for one rare
+  case, a bad record longer than 256 KiB whose lengths are spoiled and fewer than 4 good
+  records after it before a second bad length field, skipped with it. Garbage taken for a
+  record: below one corrupt region of random bytes in a million (:mod:`producer.journal_resync`).
 * :meth:`Journal.commit` persists the read position atomically (write, fsync, rename);
   after a crash, replay restarts at the last commit, so a record can be delivered twice
   but never skipped (at-least-once; the relay deduplicates).

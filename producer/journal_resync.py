@@ -1,27 +1,51 @@
 """Where records resume after a corrupt one in a journal segment (:mod:`producer.journal`).
 
 A bad record (a CRC-32 mismatch, lengths past its segment's end, a partial header) that is
-not a torn tail starts :func:`find_resync`: the first offset after it, in the same segment,
-whose record headers chain -- each length fitting in what is left of the segment -- to the
-segment's end exactly or through :data:`RESYNC_CHAIN` records, and whose record's CRC-32
-matches. Lengths that chain are cheap to check (no body read) and rule out random data
-(about 2^-24 for four fitting headers), and the CRC-32 match the rest (about 2^-32 per
-candidate): a garbage "record" is not sent on as an event. Requiring the chain only through
-:data:`RESYNC_CHAIN` records, not to the segment's end, keeps the good records before a
-second corruption; the cost is that up to ``RESYNC_CHAIN - 1`` records between a corrupt
-region and a second bad length field (or a torn tail) are skipped with the region.
+not a torn tail starts :func:`find_resync`: an offset after it, in the same segment, whose
+record fits in what is left of the segment and whose CRC-32 matches, and
+
+* first, the natural next record: when the bad record's own lengths fit (only its CRC-32 or
+  a byte of its body spoiled), the offset right after it, whatever follows it (its CRC-32
+  checked in full, however long the record, as a read would);
+* else the first offset that is within :data:`WINDOW` bytes of the bad record (the relaxed
+  rule: the record headers after it may break off at once, at a second bad length field or
+  a torn tail), or whose record headers chain -- each length fitting in what is left of
+  the segment -- to the segment's end exactly or through :data:`RESYNC_CHAIN` records (the
+  strict rule, further on).
+
+Nothing is lost beyond the corrupt bytes: the good records between two corrupt ones close
+together, or between a corrupt record and a torn tail, are found by the relaxed rule (the
+reader then meets the second bad record and searches again: two regions), those before a
+second corruption further on by the strict rule, which needs no chain to the segment's end.
+Still skipped with a region: fewer than :data:`RESYNC_CHAIN` good records after a bad one
+longer than :data:`WINDOW` whose lengths are spoiled too, before a second bad length field
+(or a torn tail).
+
+A garbage "record" is not sent on as an event. In random bytes a length fits with odds of
+about S / 2^32 (S the segment's size: 2^-8 for 16 MiB, 2^-6 for 64 MiB), and a CRC-32
+matches with 2^-32: the strict rule (four fitting headers, then the CRC-32) takes a random
+offset for a record with odds of 2^-64 (2^-56), some 2^-40 (2^-30) over a whole segment of
+garbage; the relaxed rule (one fitting header, the CRC-32) 2^-40 (2^-38) an offset, below
+2^-22 (2^-20) over its window -- one corrupt region of random garbage in four million (one
+in a million), fewer in fact, as a long body is checked only within the allowance below --;
+the natural next record 2^-32 a bad record. Where every length fits (data dense in small
+numbers) the chain rules nothing out, and both rules rest on the CRC-32 alone: 2^-32 an
+offset, as the strict rule always did there.
 
 Bounded: the segment is read a window at a time (:data:`WINDOW`, with ``os.pread``, never
 whole); a candidate whose value length cannot fit (its top byte, found by a regular
-expression, not a loop of Python over every byte) or whose chain breaks is rejected without
-its body's CRC-32 (computed in chunks when the record reaches past the window, for at most
-:data:`_RESYNC_CRC_ALLOWANCE` times the bytes searched: past that, such a long candidate is
-rejected unchecked, so the work stays linear); a run of zeros (a zeroed page or sector, the
-commonest corruption) is passed at once. A search stops when its byte budget (at least one
-window) is spent or its deadline passes -- checked after each window and every
-:data:`_DEADLINE_EVERY_CANDIDATES` candidates -- and returns the state to resume it from.
-Measured: 64 MiB of zeros in 0.2 s, of random bytes in 1.1 s (some 50 MiB/s); data dense in
-small numbers, the worst case, about 1 MiB/s, still linear and in short slices.
+expression, not a loop of Python over every byte) or, past the first window, whose chain
+breaks is rejected without its body's CRC-32 (computed in chunks when the record reaches
+past the window, for at most :data:`_RESYNC_CRC_ALLOWANCE` times the bytes searched: past
+that, such a long candidate is rejected unchecked, so the work stays linear); a run of
+zeros (a zeroed page or sector, the commonest corruption) is passed at once. A search stops
+when its byte budget (at least one window) is spent or its deadline passes -- checked after
+each window and every :data:`_DEADLINE_EVERY_CANDIDATES` candidates -- and returns the state
+to resume it from. Measured: 64 MiB of zeros in 0.2 s, of random bytes in 1.1 s (some
+55 MiB/s); data dense in small numbers (random bytes 0-3) 0.3 MiB/s in a 64 MiB segment,
+2 MiB/s in a 16 MiB one, still linear and in short slices; its first window, where the
+relaxed rule checks the CRC-32 of every record that fits, 0.5 s. The worst found, a
+fitting 64 KiB record at every other byte, costs some 2 s a window in a 64 MiB segment.
 """
 
 from __future__ import annotations
@@ -43,8 +67,9 @@ Resume = tuple[int, int, int, int, int]
 #: A resynchronisation search reads its segment in windows of this many bytes (and checks
 #: its budget and deadline after each); a record's CRC-32 is checked in chunks of this size.
 WINDOW = 256 << 10
-#: A resynchronisation point: the record headers from it chain, each length fitting in what
-#: is left of the segment, to the segment's end exactly or through this many records.
+#: A resynchronisation point past the first window (the strict rule): the record headers
+#: from it chain, each length fitting in what is left of the segment, to the segment's end
+#: exactly or through this many records.
 RESYNC_CHAIN = 4
 #: A resynchronisation search with a deadline reads the clock once per this many candidates.
 _DEADLINE_EVERY_CANDIDATES = 4096
@@ -90,6 +115,27 @@ def _chain_fits(fd: int, at: int, end: int, buf: bytes = b"", base: int = 0) -> 
     return True
 
 
+def _natural_next(fd: int, bad: int, end: int) -> int | None:
+    """The offset right after the bad record at ``bad`` when its lengths fit in the segment
+    (only its CRC-32 or its body spoiled) and the record there fits and its CRC-32 matches;
+    else None."""
+    header = os.pread(fd, HEADER.size, bad)
+    if len(header) < HEADER.size:
+        return None
+    _, value_len, key_field = HEADER.unpack(header)
+    at = bad + HEADER.size + (key_field - 1 if key_field else 0) + value_len
+    if at + HEADER.size > end:
+        return None
+    header = os.pread(fd, HEADER.size, at)
+    if len(header) < HEADER.size:
+        return None
+    crc, value_len, key_field = HEADER.unpack(header)
+    size = HEADER.size + (key_field - 1 if key_field else 0) + value_len
+    if size > end - at or not crc_matches(fd, at, size, crc):
+        return None
+    return at
+
+
 @functools.lru_cache(maxsize=None)
 def _top_byte_class(top: int) -> re.Pattern[bytes]:
     """Bytes 0 .. ``top``: where a value length's top byte may be."""
@@ -100,13 +146,19 @@ def find_resync(fd: int, seg: int, bad: int, end: int, budget: int, deadline: fl
                 resume: Resume | None) -> tuple[int | None, int, Resume | None]:
     """Where records resume after the bad record at ``bad`` in segment ``seg`` (open as
     ``fd``, ``end`` bytes long), the bytes searched, and the state to resume from: the first
-    offset as the module docstring says, or ``end`` when there is none (state None); None
+    offset as the module docstring says (the natural next record, else the relaxed rule in
+    the first window, the strict rule after it), or ``end`` when there is none (state None); None
     when ``budget`` bytes (at least one window) were searched, or ``deadline``
     (``time.monotonic()``) passed, first -- the next call with the state returned goes on
     where this one stopped."""
     start, spent, before = bad + 1, 0, 0   # spent: bytes CRC-checked past a window; before: searched earlier
     if resume is not None:
         _, _, start, spent, before = resume
+    else:
+        natural = _natural_next(fd, bad, end)
+        if natural is not None:
+            return natural, 0, None
+    relaxed_end = bad + 1 + WINDOW   # candidates before it: the relaxed rule
     searched = 0
     candidates = 0
     at = start
@@ -139,7 +191,10 @@ def find_resync(fd: int, seg: int, bad: int, end: int, budget: int, deadline: fl
             candidate = at + i
             crc, value_len, key_field = HEADER.unpack_from(buf, i)
             size = HEADER.size + (key_field - 1 if key_field else 0) + value_len
-            if size <= end - candidate and _chain_fits(fd, candidate + size, end, buf, at):
+            # In the first window the relaxed rule (no chain: it may break at a second bad record
+            # or a torn tail), then the strict one (a whole chain); the CRC-32 in both.
+            if size <= end - candidate and (candidate < relaxed_end or
+                                            _chain_fits(fd, candidate + size, end, buf, at)):
                 if i + size <= len(buf):   # in the window: no read
                     found = zlib.crc32(view[i + 4:i + size]) == crc
                 elif spent + size > _RESYNC_CRC_ALLOWANCE * (before + searched + i + WINDOW):

@@ -322,3 +322,156 @@ def test_a_read_that_meets_only_corruption_at_the_end_returns_nothing_and_pendin
     assert batch == _records(2) and journal.pending == 2
     journal.commit(pos, 2)
     assert journal.read()[0] == [] and journal.pending == 0
+
+
+# --- two corrupt records close together: the good records between them are kept, whatever spoiled either
+
+
+@pytest.mark.parametrize("second", sorted(_SPOILERS))
+@pytest.mark.parametrize("first", sorted(_SPOILERS))
+@pytest.mark.parametrize("gap", [1, 2, 3])
+def test_the_good_records_between_two_corrupt_records_are_kept(tmp_path, caplog, gap, first, second):
+    """Fewer good records between two corrupt ones than the search's header chain is long
+    (a second bad length field ends the chain early): kept all the same, two regions."""
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(50))
+    _orphaned(journal)
+    [segment] = journal.path.glob("*.seg")
+    offsets = _offsets(segment)
+    one, two = offsets[20], offsets[21 + gap]
+    size_one = _spoil(segment, one, first)
+    size_two = _spoil(segment, two, second)
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20)
+    expected = _records(20) + _records(gap, start=21) + _records(50 - 22 - gap, start=22 + gap)
+    assert adopted.pending == 48
+    assert _corrupt_lines(caplog) == [
+        f"journal={journal.path} event=journal_corrupt segment=1 offset={one} skipped_bytes={size_one} action=skipped",
+        f"journal={journal.path} event=journal_corrupt segment=1 offset={two} skipped_bytes={size_two} action=skipped"]
+    assert "torn_tail" not in caplog.text
+    assert _read_all(adopted, max_records=7) == expected
+    assert (adopted.corrupt_regions, adopted.corrupt_bytes) == (2, size_one + size_two)
+    adopted.rewind()
+    assert _read_all(adopted) == expected and adopted.corrupt_regions == 2
+
+
+@pytest.mark.parametrize("second", ["huge_length", "length_off"])
+@pytest.mark.parametrize("gap", [1, 3])
+def test_two_corrupt_records_found_by_reads_keep_the_records_between(tmp_path, caplog, gap, second):
+    """The same corruption after the open: read() keeps the records between, and ``pending``
+    is set right when the reads reach the end."""
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(30))
+    [segment] = journal.path.glob("*.seg")
+    offsets = _offsets(segment)
+    _spoil(segment, offsets[10], "huge_length")
+    _spoil(segment, offsets[11 + gap], second)
+    expected = _records(10) + _records(gap, start=11) + _records(30 - 12 - gap, start=12 + gap)
+    assert _read_all(journal, max_records=4) == expected
+    assert journal.pending == 28 and journal.corrupt_regions == 2 and len(_corrupt_lines(caplog)) == 2
+
+
+@pytest.mark.parametrize("tail", ["partial_header", "partial_record"])
+@pytest.mark.parametrize("how", sorted(_SPOILERS))
+@pytest.mark.parametrize("gap", [1, 2, 3])
+def test_the_good_records_between_a_corrupt_record_and_a_torn_tail_are_kept(tmp_path, caplog, gap, how, tail):
+    """A corrupt record, a few good ones, then a torn tail at the end of the last segment: the
+    good ones are kept, the tail alone is cut."""
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(21 + gap))
+    _orphaned(journal)
+    [segment] = journal.path.glob("*.seg")
+    at = _offsets(segment)[20]
+    size = _spoil(segment, at, how)
+    length = segment.stat().st_size
+    with open(segment, "ab") as f:        # then a crash in the middle of an append
+        f.write(encode_record(b"k", b"v" * 100)[:6 if tail == "partial_header" else 50])
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20)
+    assert "event=torn_tail segment=1 offset=%d action=truncate" % length in caplog.text
+    assert segment.stat().st_size == length
+    assert _corrupt_lines(caplog) == [f"journal={journal.path} event=journal_corrupt segment=1 offset={at} "
+                                      f"skipped_bytes={size} action=skipped"]
+    assert adopted.pending == 20 + gap and adopted.corrupt_regions == 1
+    assert _read_all(adopted) == _records(20) + _records(gap, start=21)
+
+
+def _dense_small(seed: int, size: int) -> bytes:
+    """Garbage dense in small numbers: most record lengths read from it fit in the segment."""
+    return bytes(random.Random(seed).choices([0, 0, 0, 1, 2, 3], k=size))
+
+
+def _half_zeros(seed: int, size: int) -> bytes:
+    """Garbage half zeros, half random: lengths fit often, and chains break often."""
+    rng = random.Random(seed)
+    return bytes(rng.randrange(1, 256) if rng.random() < 0.5 else 0 for _ in range(size))
+
+
+@pytest.mark.parametrize("garbage", [
+    pytest.param(lambda: random.Random(1).randbytes(1 << 20), id="random-seed1-1MiB"),
+    pytest.param(lambda: random.Random(2).randbytes(2 << 20), id="random-seed2-2MiB"),
+    pytest.param(lambda: random.Random(3).randbytes(3 << 20), id="random-seed3-3MiB"),
+    pytest.param(lambda: random.Random(4).randbytes(1 << 20)[:-3], id="random-seed4-1MiB-3"),
+    pytest.param(lambda: _dense_small(5, 256 << 10), id="dense-small-seed5-256KiB"),
+    pytest.param(lambda: _half_zeros(6, 256 << 10), id="half-zeros-seed6-256KiB"),
+])
+def test_garbage_between_good_records_yields_no_phantom_record(tmp_path, caplog, garbage):
+    """Garbage between good records (and a good segment after): exactly the good records come
+    back, the garbage one corrupt region -- no record made up of garbage."""
+    journal = _new(tmp_path)
+    _orphaned(journal)
+    data = garbage()
+    _write_segments(journal, _encoded(10) + data + _encoded(10, start=10), _encoded(10, start=20))
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=4096)
+    assert _corrupt_lines(caplog) == [f"journal={journal.path} event=journal_corrupt segment=1 "
+                                      f"offset={len(_encoded(10))} skipped_bytes={len(data)} action=skipped"]
+    assert adopted.pending == 30 and adopted.corrupt_regions == 1
+    assert _read_all(adopted) == _records(30)
+
+
+@pytest.mark.parametrize("how", ["value_byte", "crc_byte"])
+def test_the_record_right_after_a_long_corrupt_record_with_sound_lengths_is_kept(tmp_path, caplog, how):
+    """A corrupt record longer than the search's window whose lengths are sound, one good
+    record, then a second bad length field: the good record, right after the first (where its
+    lengths say), is kept though no chain of headers runs on from it."""
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    big = (b"big", b"x" * (300 << 10))
+    journal.append(_records(5) + [big] + _records(10, start=5))
+    _orphaned(journal)
+    [segment] = journal.path.glob("*.seg")
+    offsets = _offsets(segment)
+    size_one = _spoil(segment, offsets[5], how)
+    size_two = _spoil(segment, offsets[7], "huge_length")
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20)
+    assert _corrupt_lines(caplog) == [
+        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[5]} skipped_bytes={size_one} "
+        "action=skipped",
+        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[7]} skipped_bytes={size_two} "
+        "action=skipped"]
+    assert adopted.pending == 14
+    assert _read_all(adopted) == _records(6) + _records(8, start=7)
+
+
+def test_a_search_cut_short_in_its_first_window_keeps_the_records_before_a_second_corruption(tmp_path, caplog):
+    """The search after a corrupt record whose bytes hold many candidates is cut short by each
+    recovery slice's deadline and resumed: the good record between it and a second bad length
+    field (within the first window, where the relaxed rule holds) is kept all the same."""
+    rng = random.Random(9)
+    binary = bytes(0 if rng.random() < 0.1 else rng.randrange(1, 256) for _ in range(200 << 10))
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    journal.append(_records(5) + [(b"bin", binary)] + _records(12, start=5))
+    _orphaned(journal)
+    [segment] = journal.path.glob("*.seg")
+    offsets = _offsets(segment)
+    size_one = _spoil(segment, offsets[5], "huge_length")
+    size_two = _spoil(segment, offsets[7], "huge_length")
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20, recover=False)
+    slices = 1
+    while not adopted.recover_some(max_records=1000, deadline=0.0):
+        slices += 1
+    assert slices >= 3, "the search not cut short"
+    assert _corrupt_lines(caplog) == [
+        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[5]} skipped_bytes={size_one} "
+        "action=skipped",
+        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[7]} skipped_bytes={size_two} "
+        "action=skipped"]
+    assert adopted.pending == 16
+    assert _read_all(adopted) == _records(6) + _records(10, start=7)
