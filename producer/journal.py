@@ -29,8 +29,10 @@ Guarantees:
   records, is set right when the reads reach the end. Nothing is lost beyond the corrupt
   bytes: the good records between two corrupt regions, however close, or between a region
   and a torn tail, are kept (two regions; a region and the tail cut) -- but for one rare
-  case, a bad record longer than 256 KiB whose lengths are spoiled and fewer than 4 good
-  records after it before a second bad length field, skipped with it. Garbage taken for a
+  case: fewer than 4 good records more than 256 KiB past the bad offset (after a long bad
+  record whose lengths are spoiled or which another bad record follows, or more than 256 KiB
+  of zeros), before a second bad
+  length field or a torn tail, are skipped with the region. Garbage taken for a
   record: below one corrupt region of random bytes in a million (:mod:`producer.journal_resync`).
 * :meth:`Journal.commit` persists the read position atomically (write, fsync, rename);
   after a crash, replay restarts at the last commit, so a record can be delivered twice

@@ -1,25 +1,28 @@
 """Where records resume after a corrupt one in a journal segment (:mod:`producer.journal`).
 
 A bad record (a CRC-32 mismatch, lengths past its segment's end, a partial header) that is
-not a torn tail starts :func:`find_resync`: an offset after it, in the same segment, whose
-record fits in what is left of the segment and whose CRC-32 matches, and
+not a torn tail starts :func:`find_resync`: the first offset after it, in the same segment,
+whose record fits in what is left of the segment and whose CRC-32 matches, and which is
 
-* first, the natural next record: when the bad record's own lengths fit (only its CRC-32 or
-  a byte of its body spoiled), the offset right after it, whatever follows it (its CRC-32
-  checked in full, however long the record, as a read would);
-* else the first offset that is within :data:`WINDOW` bytes of the bad record (the relaxed
-  rule: the record headers after it may break off at once, at a second bad length field or
-  a torn tail), or whose record headers chain -- each length fitting in what is left of
+* within :data:`WINDOW` bytes of the bad record (the relaxed rule: the record headers after
+  it may break off at once, at a second bad length field or a torn tail);
+* or the natural next record: where the bad record ends if its own lengths are sound (only
+  its CRC-32 or a byte of its body spoiled), whatever follows it (its CRC-32 checked in
+  full, however long the record, as a read would). It is a candidate in offset order like
+  the others, not tried first: a length spoiled upwards that still fits can land exactly on
+  a later record, and taking it first would pass over the good records before it;
+* or, further on, one whose record headers chain -- each length fitting in what is left of
   the segment -- to the segment's end exactly or through :data:`RESYNC_CHAIN` records (the
-  strict rule, further on).
+  strict rule).
 
-Nothing is lost beyond the corrupt bytes: the good records between two corrupt ones close
-together, or between a corrupt record and a torn tail, are found by the relaxed rule (the
-reader then meets the second bad record and searches again: two regions), those before a
-second corruption further on by the strict rule, which needs no chain to the segment's end.
-Still skipped with a region: fewer than :data:`RESYNC_CHAIN` good records after a bad one
-longer than :data:`WINDOW` whose lengths are spoiled too, before a second bad length field
-(or a torn tail).
+So the good records between two corrupt ones close together, or between a corrupt record
+and a torn tail, are kept (the reader meets the second bad record and searches again: two
+regions), and those before a second corruption further on, as the strict rule needs no
+chain to the segment's end. Still skipped with a region: fewer than :data:`RESYNC_CHAIN`
+good records starting more than :data:`WINDOW` bytes after the bad offset and not at its
+natural next record (after a long bad record whose lengths are spoiled or which another
+bad record follows, or more than :data:`WINDOW` of zeros), before a second bad length field
+or a torn tail.
 
 A garbage "record" is not sent on as an event. In random bytes a length fits with odds of
 about S / 2^32 (S the segment's size: 2^-8 for 16 MiB, 2^-6 for 64 MiB), and a CRC-32
@@ -30,7 +33,10 @@ garbage; the relaxed rule (one fitting header, the CRC-32) 2^-40 (2^-38) an offs
 in a million), fewer in fact, as a long body is checked only within the allowance below --;
 the natural next record 2^-32 a bad record. Where every length fits (data dense in small
 numbers) the chain rules nothing out, and both rules rest on the CRC-32 alone: 2^-32 an
-offset, as the strict rule always did there.
+offset, as the strict rule always did there. These odds are for random bytes: a value that
+itself carries bytes framed as a journal record, with their CRC-32, is taken for one when
+the search reaches into its body (JSON values cannot: no length in them fits a segment of
+64 MiB or less, as JSON text has no byte below 0x09 in it).
 
 Bounded: the segment is read a window at a time (:data:`WINDOW`, with ``os.pread``, never
 whole); a candidate whose value length cannot fit (its top byte, found by a regular
@@ -44,8 +50,10 @@ each window and every :data:`_DEADLINE_EVERY_CANDIDATES` candidates -- and retur
 to resume it from. Measured: 64 MiB of zeros in 0.2 s, of random bytes in 1.1 s (some
 55 MiB/s); data dense in small numbers (random bytes 0-3) 0.3 MiB/s in a 64 MiB segment,
 2 MiB/s in a 16 MiB one, still linear and in short slices; its first window, where the
-relaxed rule checks the CRC-32 of every record that fits, 0.5 s. The worst found, a
-fitting 64 KiB record at every other byte, costs some 2 s a window in a 64 MiB segment.
+relaxed rule checks the CRC-32 of every record that fits, 0.5-1.6 s. The worst found, a
+fitting 64-128 KiB record at every other byte, costs some 2-3 s a window (in slices, each
+over its deadline by up to ~50 ms: the clock is read every
+:data:`_DEADLINE_EVERY_CANDIDATES` candidates).
 """
 
 from __future__ import annotations
@@ -115,25 +123,16 @@ def _chain_fits(fd: int, at: int, end: int, buf: bytes = b"", base: int = 0) -> 
     return True
 
 
-def _natural_next(fd: int, bad: int, end: int) -> int | None:
-    """The offset right after the bad record at ``bad`` when its lengths fit in the segment
-    (only its CRC-32 or its body spoiled) and the record there fits and its CRC-32 matches;
-    else None."""
+def _natural_at(fd: int, bad: int) -> int:
+    """Where the record after the bad one at ``bad`` starts if the bad record's lengths are
+    sound (-1 when its header cannot be read): a candidate exempt from the chain, checked in
+    offset order like any other, so that a length spoiled upwards (the offset then landing on a
+    later record) does not pass over the good records before it."""
     header = os.pread(fd, HEADER.size, bad)
     if len(header) < HEADER.size:
-        return None
+        return -1
     _, value_len, key_field = HEADER.unpack(header)
-    at = bad + HEADER.size + (key_field - 1 if key_field else 0) + value_len
-    if at + HEADER.size > end:
-        return None
-    header = os.pread(fd, HEADER.size, at)
-    if len(header) < HEADER.size:
-        return None
-    crc, value_len, key_field = HEADER.unpack(header)
-    size = HEADER.size + (key_field - 1 if key_field else 0) + value_len
-    if size > end - at or not crc_matches(fd, at, size, crc):
-        return None
-    return at
+    return bad + HEADER.size + (key_field - 1 if key_field else 0) + value_len
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,18 +145,15 @@ def find_resync(fd: int, seg: int, bad: int, end: int, budget: int, deadline: fl
                 resume: Resume | None) -> tuple[int | None, int, Resume | None]:
     """Where records resume after the bad record at ``bad`` in segment ``seg`` (open as
     ``fd``, ``end`` bytes long), the bytes searched, and the state to resume from: the first
-    offset as the module docstring says (the natural next record, else the relaxed rule in
-    the first window, the strict rule after it), or ``end`` when there is none (state None); None
+    offset as the module docstring says (in the first window or the natural next record,
+    else by the strict rule), or ``end`` when there is none (state None); None
     when ``budget`` bytes (at least one window) were searched, or ``deadline``
     (``time.monotonic()``) passed, first -- the next call with the state returned goes on
     where this one stopped."""
     start, spent, before = bad + 1, 0, 0   # spent: bytes CRC-checked past a window; before: searched earlier
     if resume is not None:
         _, _, start, spent, before = resume
-    else:
-        natural = _natural_next(fd, bad, end)
-        if natural is not None:
-            return natural, 0, None
+    natural = _natural_at(fd, bad)
     relaxed_end = bad + 1 + WINDOW   # candidates before it: the relaxed rule
     searched = 0
     candidates = 0
@@ -193,9 +189,11 @@ def find_resync(fd: int, seg: int, bad: int, end: int, budget: int, deadline: fl
             size = HEADER.size + (key_field - 1 if key_field else 0) + value_len
             # In the first window the relaxed rule (no chain: it may break at a second bad record
             # or a torn tail), then the strict one (a whole chain); the CRC-32 in both.
-            if size <= end - candidate and (candidate < relaxed_end or
+            if size <= end - candidate and (candidate < relaxed_end or candidate == natural or
                                             _chain_fits(fd, candidate + size, end, buf, at)):
-                if i + size <= len(buf):   # in the window: no read
+                if candidate == natural and i + size > len(buf):
+                    found = crc_matches(fd, candidate, size, crc)   # in full, however long, as a read would
+                elif i + size <= len(buf):   # in the window: no read
                     found = zlib.crc32(view[i + 4:i + size]) == crc
                 elif spent + size > _RESYNC_CRC_ALLOWANCE * (before + searched + i + WINDOW):
                     found = False   # data dense in plausible lengths: no more long bodies checked

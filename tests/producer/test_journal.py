@@ -276,6 +276,27 @@ def test_megabytes_of_garbage_in_a_segment_are_skipped_in_bounded_slices(tmp_pat
     assert _read_all(adopted) == kept + _records(10, start=20)
 
 
+@pytest.mark.parametrize("bit", [6, 10, 12])
+def test_a_length_spoiled_upwards_onto_a_later_record_skips_that_record_only(tmp_path, caplog, bit):
+    """One flipped bit raises a record's value length by 2**bit: with records of one size, its
+    end lands exactly on a later record, whose CRC-32 matches. The search must still resume
+    at the first good record after it, not jump there and skip the records between."""
+    journal = _new(tmp_path, segment_bytes=1 << 20)
+    records = [(b"key-%02d" % (i % 100), b"v%047d" % i) for i in range(200)]   # 64 bytes each
+    journal.append(records)
+    _orphaned(journal)
+    [segment] = journal.path.glob("*.seg")
+    offsets = _offsets(segment)
+    assert offsets[:3] == [0, 64, 128]
+    at = offsets[50]
+    value_len = struct.unpack_from(">I", segment.read_bytes(), at + 4)[0]
+    _patch(segment, at + 4, struct.pack(">I", value_len ^ (1 << bit)))
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20)
+    assert _read_all(adopted) == records[:50] + records[51:]
+    assert _corrupt_lines(caplog) == [f"journal={journal.path} event=journal_corrupt segment=1 offset={at} "
+                                      f"skipped_bytes=64 action=skipped"]
+
+
 def test_a_torn_tail_after_a_corrupt_record_is_still_cut_and_the_records_between_kept(tmp_path, caplog):
     journal = _new(tmp_path, segment_bytes=1 << 20)
     journal.append(_records(30))
