@@ -124,7 +124,7 @@ class LeanPoster:
             raise ClientOSError(*exc.args) from exc
         try:
             assert conn.protocol is not None
-            conn.protocol.set_response_params(read_until_eof=False, auto_decompress=self._auto_decompress)
+            conn.protocol.set_response_params(read_until_eof=True, auto_decompress=self._auto_decompress)
             resp = await req.send(conn)
             try:
                 await resp.start(conn)

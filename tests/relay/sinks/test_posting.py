@@ -22,10 +22,12 @@ OK = b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"
 
 class RawServer:
     """Reads one request at a time per connection (headers and a Content-Length body) and
-    answers with ``answer`` (None: closes the connection without answering)."""
+    answers with ``answer`` (None: closes the connection without answering; ``close_after``:
+    closes it after each answer)."""
 
-    def __init__(self, answer: bytes | None = OK) -> None:
+    def __init__(self, answer: bytes | None = OK, *, close_after: bool = False) -> None:
         self.answer = answer
+        self.close_after = close_after
         self.requests: list[bytes] = []
         self.connections = 0
         self._server: asyncio.Server | None = None
@@ -56,6 +58,8 @@ class RawServer:
                     break
                 writer.write(self.answer)
                 await writer.drain()
+                if self.close_after:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -114,6 +118,27 @@ async def test_an_answers_body_is_read_as_from_session_post():
         resp = await poster(session, traced=False)(server.url, BODY, None)
         assert (resp.status, await resp.read()) == (400, b'{"error":"x"}')
         resp.release()
+
+
+#: A batch endpoint's partial success, its body ended by the server closing the connection.
+_REPLY = b'{"status":"partial_success","failed_events":[{"index":1,"retriable":false}]}'
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.0 200 OK\r\n\r\n", b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\n\r\n"], ids=["http10", "http11_close", "http11_no_length"])
+async def test_a_body_ended_by_the_connections_close_is_read_as_from_session_post(head):
+    """No Content-Length, not chunked: the body runs to the close. Read as empty, a batch
+    reply listing failed events would count every event delivered (found in review)."""
+    bodies = []
+    async with RawServer(answer=head + _REPLY, close_after=True) as server, _session() as session:
+        for send in (poster(session, traced=True), poster(session, traced=False)):
+            resp = await asyncio.wait_for(send(server.url, BODY, None), 10)
+            try:
+                bodies.append((resp.status, await asyncio.wait_for(resp.read(), 10)))
+            finally:
+                resp.release()
+        assert isinstance(send, LeanPoster)
+    assert bodies == [(200, _REPLY), (200, _REPLY)]
 
 
 async def test_no_answer_is_the_same_aiohttp_error_either_way():
