@@ -37,6 +37,11 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 ``spark.openlineage.python.readOnlyActions``      ``true`` also reports actions that write nothing
 ``spark.openlineage.python.maxPlanBytes``         plans above this skip column lineage (32 MiB)
 ================================================  =====================================
+
+``spark.openlineage.columnLineage.datasetLineageEnabled=false`` puts the whole-dataset column
+dependencies (JOIN, FILTER, GROUP_BY, SORT, WINDOW) into every output field's ``inputFields``
+instead of the facet's ``dataset`` member (``true``, the default here), as the official
+integration does with that setting, for consumers that read ``fields`` only.
 """
 
 from __future__ import annotations
@@ -219,6 +224,7 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         app_job_name=snake(app_name or conf.get(_P + "appName") or conf.get("spark.app.name") or "spark_application"),
         spark_version=spark.version,
         column_lineage=col_lineage,
+        dataset_lineage=_bool(conf, _P + "columnLineage.datasetLineageEnabled", True),
         captured_properties={k: conf[k] for k in wanted if k in conf},
         metastore_uris=conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris")
         or _hadoop_setting(spark, "hive.metastore.uris"),

@@ -39,6 +39,8 @@ class CaptureSettings:
     spark_version: str = ""
     adapter_version: str = "0.1.0"
     column_lineage: bool = True
+    #: False: whole-dataset column dependencies copied into every field (see columns.facet_fields).
+    dataset_lineage: bool = True
     captured_properties: dict[str, str] = field(default_factory=dict)
     metastore_uris: str | None = None
     warehouse: str | None = None
@@ -280,7 +282,8 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
             try:
                 result = columns.trace(query, lambda i, _leaf: leaf_ds[i] if i < len(leaf_ds) else None)
                 fields, dataset_level = columns.facet_fields(
-                    result, [(r.namespace, r.name) for r in inputs], column_names or None)
+                    result, [(r.namespace, r.name) for r in inputs], column_names or None,
+                    dataset_lineage=settings.dataset_lineage)
                 body: dict[str, Any] = {"fields": fields}
                 if dataset_level:
                     body["dataset"] = dataset_level

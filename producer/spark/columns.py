@@ -325,11 +325,14 @@ class _Tracer:
 
 
 def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
-                 column_names: list[str] | None = None) -> tuple[dict, list[dict]]:
+                 column_names: list[str] | None = None, *, dataset_lineage: bool = True) -> tuple[dict, list[dict]]:
     """Render as the ColumnLineageDatasetFacet's ``fields`` and ``dataset`` members.
     ``column_names`` (the written schema's names) renames the output columns by position
     when it names exactly as many columns as were traced; otherwise the positions cannot be
-    trusted and the plan's own names stand."""
+    trusted and the plan's own names stand. ``dataset_lineage`` False (the official Spark
+    integration's ``spark.openlineage.columnLineage.datasetLineageEnabled=false``): the
+    whole-dataset dependencies go into every output field's ``inputFields`` instead of
+    ``dataset``, for consumers that read ``fields`` only."""
     fields: dict[str, dict] = {}
     if column_names is not None and len(column_names) != len(result.columns):
         column_names = None
@@ -347,6 +350,9 @@ def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
                     direct[src] = (prev[0], prev[1] or m)
             else:
                 indirect[(src, st)] = indirect.get((src, st), False) or m
+        if not dataset_lineage:
+            for src, st in result.dataset:
+                indirect.setdefault((src, st), False)
         by_src: dict[SourceField, list[dict]] = {}
         for src, (st, m) in direct.items():
             by_src.setdefault(src, []).append({"type": "DIRECT", "subtype": st, "masking": m})
@@ -358,9 +364,9 @@ def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
             input_fields.append({"namespace": ns, "name": ds_name, "field": col, "transformations": transformations})
         if input_fields:
             fields[name] = {"inputFields": input_fields}
-    dataset_level = []
+    dataset_level: list[dict] = []
     grouped: dict[SourceField, list[str]] = {}
-    for src, st in result.dataset:
+    for src, st in (result.dataset if dataset_lineage else ()):
         grouped.setdefault(src, []).append(st)
     for (ds, col), subtypes in sorted(grouped.items()):
         ns, ds_name = datasets[ds]

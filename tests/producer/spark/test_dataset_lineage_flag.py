@@ -1,0 +1,66 @@
+"""``spark.openlineage.columnLineage.datasetLineageEnabled``: where whole-dataset column
+dependencies go in the columnLineage facet (pure: a traced result rendered both ways)."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.errors import ConfigError
+from producer.spark import columns
+from producer.spark.columns import ColumnLineageResult
+
+DATASETS = [("file", "/lake/orders"), ("file", "/lake/customers")]
+
+
+def _result() -> ColumnLineageResult:
+    """orders JOIN customers ON customer_id WHERE status = ..., writing (order_id, name, n)."""
+    return ColumnLineageResult(
+        columns=[("order_id", {((0, "id"), "DIRECT", "IDENTITY"): False}),
+                 ("name", {((1, "name"), "DIRECT", "IDENTITY"): False,
+                           ((0, "status"), "INDIRECT", "CONDITIONAL"): False}),
+                 ("n", {})],
+        dataset={((0, "customer_id"), "JOIN"), ((1, "customer_id"), "JOIN"), ((0, "status"), "FILTER")})
+
+
+def _entries(field: dict) -> list[tuple[str, str, list[str]]]:
+    return [(f["name"], f["field"], [t["subtype"] for t in f["transformations"]]) for f in field["inputFields"]]
+
+
+def test_by_default_whole_dataset_dependencies_go_in_the_dataset_member():
+    fields, dataset = columns.facet_fields(_result(), DATASETS)
+    assert _entries(fields["order_id"]) == [("/lake/orders", "id", ["IDENTITY"])]
+    assert _entries(fields["name"]) == [("/lake/orders", "status", ["CONDITIONAL"]),
+                                        ("/lake/customers", "name", ["IDENTITY"])]
+    assert "n" not in fields
+    assert [(d["name"], d["field"], [t["subtype"] for t in d["transformations"]]) for d in dataset] == [
+        ("/lake/orders", "customer_id", ["JOIN"]), ("/lake/orders", "status", ["FILTER"]),
+        ("/lake/customers", "customer_id", ["JOIN"])]
+
+
+def test_disabled_they_go_into_every_output_field_and_the_dataset_member_is_empty():
+    fields, dataset = columns.facet_fields(_result(), DATASETS, dataset_lineage=False)
+    assert dataset == []
+    join_filter = [("/lake/orders", "customer_id", ["JOIN"]), ("/lake/orders", "status", ["FILTER"]),
+                   ("/lake/customers", "customer_id", ["JOIN"])]
+    assert sorted(_entries(fields["order_id"])) == sorted([("/lake/orders", "id", ["IDENTITY"])] + join_filter)
+    # A field's own INDIRECT dependency on the same column keeps its place beside the copied one.
+    assert sorted(_entries(fields["name"])) == sorted(
+        [("/lake/customers", "name", ["IDENTITY"]), ("/lake/orders", "status", ["CONDITIONAL", "FILTER"])]
+        + [e for e in join_filter if e[1] != "status"])
+    # A column computed from nothing (count(*)) still depends on the rows the join and filter keep.
+    assert sorted(_entries(fields["n"])) == sorted(join_filter)
+    for field in fields.values():
+        for entry in field["inputFields"]:
+            for t in entry["transformations"]:
+                assert t["type"] in ("DIRECT", "INDIRECT") and t["masking"] is False
+
+
+def test_the_setting_is_read_from_spark_conf_and_a_bad_value_is_refused():
+    from producer.spark import _bool
+
+    assert _bool({}, "spark.openlineage.columnLineage.datasetLineageEnabled", True) is True
+    assert _bool({"spark.openlineage.columnLineage.datasetLineageEnabled": "FALSE"},
+                 "spark.openlineage.columnLineage.datasetLineageEnabled", True) is False
+    with pytest.raises(ConfigError, match="datasetLineageEnabled: expected true or false"):
+        _bool({"spark.openlineage.columnLineage.datasetLineageEnabled": "no"},
+              "spark.openlineage.columnLineage.datasetLineageEnabled", True)
