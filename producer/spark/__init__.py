@@ -28,7 +28,9 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 ``spark.openlineage.disabled``                    ``true`` turns capture off (also ``$OPENLINEAGE_DISABLED``)
 ``spark.openlineage.transport.*``                 where events go (over openlineage.yml, over OPENLINEAGE__TRANSPORT__*)
 ``spark.openlineage.namespace``                   job namespace (default ``default``)
-``spark.openlineage.appName``                     application job name (default: app name)
+``spark.openlineage.appName``                     application job name (default: app name, on AWS Glue the job's)
+``spark.openlineage.jobName.appendDatasetName``   ``false``: an action's job name without its output
+``...jobName.replaceDotWithUnderscore``           as the official integration (changes no name today)
 ``spark.openlineage.parentJobNamespace`` etc.     parent/root parent run (also ``OPENLINEAGE_PARENT_ID``)
 ``spark.openlineage.capturedProperties``          Spark properties to report (comma list)
 ``spark.openlineage.columnLineage.enabled``       ``false`` skips column lineage
@@ -52,7 +54,8 @@ from typing import Any
 
 from producer import events
 from producer.errors import ConfigError
-from producer.spark.capture import CaptureSettings, snake
+from producer.spark import job_names
+from producer.spark.capture import CaptureSettings
 from producer.spark.listener import SparkLineage
 
 __all__ = ["enable_lineage", "disable_lineage", "SparkLineage", "CaptureSettings"]
@@ -191,6 +194,8 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     col_lineage = column_lineage if column_lineage is not None else _bool(conf, _P + "columnLineage.enabled", True)
     # A disabled columnLineage facet would be thrown away: not computed at all.
     col_lineage = col_lineage and "columnLineage" not in off
+    append_dataset_name = _bool(conf, _P + "jobName.appendDatasetName", True)
+    replace_dots = _bool(conf, _P + "jobName.replaceDotWithUnderscore", False)
     read_only = (read_only_actions if read_only_actions is not None
                  else _bool(conf, _P + "python.readOnlyActions", False))
     built = None
@@ -221,7 +226,7 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     cfg_namespace = getattr(getattr(producer, "config", None), "namespace", None)
     settings = CaptureSettings(
         namespace=namespace or conf.get(_P + "namespace") or cfg_namespace or "default",
-        app_job_name=snake(app_name or conf.get(_P + "appName") or conf.get("spark.app.name") or "spark_application"),
+        app_job_name=job_names.application_name(conf, app_name),
         spark_version=spark.version,
         column_lineage=col_lineage,
         dataset_lineage=_bool(conf, _P + "columnLineage.datasetLineageEnabled", True),
@@ -229,6 +234,8 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         metastore_uris=conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris")
         or _hadoop_setting(spark, "hive.metastore.uris"),
         warehouse=conf.get("spark.sql.warehouse.dir"),
+        append_dataset_name=append_dataset_name,
+        replace_dot_with_underscore=replace_dots,
     )
     parent, root = _parents(conf, producer)
     sender = _FacetFilter(producer, off) if off else producer

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import orjson
 
 from producer import events
-from producer.spark import columns, naming
+from producer.spark import columns, job_names, naming
 from producer.spark.jvm import ActionSnapshot
 from producer.spark.plan import Node, parse_plan
 from producer.spark.relations import Relation
@@ -44,6 +44,8 @@ class CaptureSettings:
     captured_properties: dict[str, str] = field(default_factory=dict)
     metastore_uris: str | None = None
     warehouse: str | None = None
+    append_dataset_name: bool = True            # spark.openlineage.jobName.appendDatasetName
+    replace_dot_with_underscore: bool = False   # spark.openlineage.jobName.replaceDotWithUnderscore
 
 
 def snake(name: str) -> str:
@@ -306,14 +308,11 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
                 output_facets["outputStatistics"] = events.facet("OutputStatisticsOutputDatasetFacet", stats)
         outputs.append(events.dataset(ref.namespace, ref.name, facets, output_facets=output_facets))
 
-    # Job names are stable across runs and environments: the table name, else the last two
-    # path segments (``<layer>/<table>`` in most lakes), not the full (temporary) root.
-    table = snap.output.table or snap.output.v2_name if snap.output is not None else None
-    target = (table if table else
-              "/".join(out_refs[0].name.rstrip("/").split("/")[-2:]) if out_refs else snap.func)
-    command = snake(snap.command)
-    command = command[:-len("_command")] if command.endswith("_command") else command
-    job_name = f"{settings.app_job_name}.{command}.{slug(target)}"
+    # Named as the official Spark integration names the job (see producer.spark.job_names).
+    job_name = job_names.child_name(
+        settings.app_job_name, snap.node_name, job_names.suffix(snap, out_refs[0].name if out_refs else None),
+        append_dataset_name=settings.append_dataset_name,
+        replace_dot_with_underscore=settings.replace_dot_with_underscore)
     if errors:
         run_facets["extractionError"] = events.facet("ExtractionErrorRunFacet", {
             "totalTasks": 1, "failedTasks": len(errors), "errors": errors})

@@ -66,6 +66,8 @@ class ActionSnapshot:
     stack: str | None = None
     plan_bytes: int = 0
     output_schema_json: str | None = None  # the written query's StructType, exact types
+    node_name: str | None = None  # the executed plan's root node name (the job name's middle part)
+    output_suffix: str | None = None  # a save()'s job-name suffix (see producer.spark.job_names)
 
     @cached_property
     def query_nodes(self) -> list[dict[str, Any]] | None:
@@ -161,6 +163,28 @@ def _unaliased(plan: Any) -> Any:
     return plan
 
 
+def _node_name(plan: Any) -> str:
+    """The executed plan's root node name (``Execute InsertIntoHadoopFsRelationCommand``,
+    ``AdaptiveSparkPlan``), a whole-stage-codegen stage's child's: one py4j call, two for
+    a codegen stage."""
+    name = str(plan.nodeName())
+    return str(plan.child().nodeName()) if name.startswith("WholeStageCodegen") else name
+
+
+def _save_suffix(source: str, path: str | None, options: Any, output: Relation | None) -> str | None:
+    """A ``SaveIntoDataSourceCommand``'s job-name suffix as the official visitor gives it:
+    a Delta path as written (its last two segments), else a ``table`` option, else a JDBC
+    table (the option whose key holds ``table``); else none. Another source's options are
+    not searched for such a key."""
+    from producer.spark.job_names import trim_path
+
+    if "DeltaDataSource" in source and path is not None:
+        return trim_path(path)
+    if output is not None and output.jdbc_url is not None:
+        return output.jdbc_table
+    return opt(options.get("table"))
+
+
 def _table_location(session: Any, table: Any) -> str | None:
     try:
         meta = session.sessionState().catalog().getTableMetadata(table.identifier())
@@ -248,10 +272,12 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     elif command in SOURCE_SAVES:
         options = analyzed.options()
         source = analyzed.dataSource().getClass().getSimpleName()
+        path = None
         if "Jdbc" in source:
             snap.output = Relation(jdbc_url=opt(options.get("url")), jdbc_table=opt(options.get("dbtable")))
         elif (path := opt(options.get("path"))) is not None:
             snap.output = Relation(paths=[qualified(gateway, session, path, options)], fmt=source)
+        snap.output_suffix = _save_suffix(source, path, options, snap.output)
         snap.mode = analyzed.mode().toString()
         query = analyzed.query()
     elif command in V2_WRITES:
@@ -283,9 +309,14 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     if snap.output is not None:
         snap.output_schema_json = query.schema().json()
     snap.leaves = _input_leaves(gateway, snap, query)
+    try:
+        executed = qe.executedPlan()
+        snap.node_name = _node_name(executed)
+    except Exception:  # noqa: BLE001 - not planned: the job name has no node part (as the official one)
+        executed = None
     if error is None:
         try:
-            snap.metrics = _metrics(qe.executedPlan())
+            snap.metrics = _metrics(executed) if executed is not None else {}
         except Exception:  # noqa: BLE001 - metrics are a nicety
             snap.metrics = {}
     else:

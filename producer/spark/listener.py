@@ -200,7 +200,7 @@ class SparkLineage:
         self.sender.emit(events.run_event(
             event_type, run_id=self.app_run_id, job_namespace=self.settings.namespace,
             job_name=self.settings.app_job_name, run_facets=run_facets,
-            job_facets=capture.job_type("APPLICATION")))
+            job_facets=capture.job_type("APPLICATION", "NONE")))
 
     def _child_parent(self) -> dict:
         root = self.root or self.parent or (self.settings.namespace, self.settings.app_job_name, self.app_run_id)

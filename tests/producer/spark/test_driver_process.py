@@ -73,7 +73,8 @@ def test_conf_only_job_that_dies_on_an_exception_reports_fail_with_its_parent(ka
     assert [e["eventType"] for e in app] == ["START", "FAIL"]
     assert [e["eventType"] for e in child] == ["START", "COMPLETE"]
     name = child[0]["job"]["name"]
-    assert name.startswith("nightly_orders.insert_into_hadoop_fs_relation.") and name.endswith("_out"), name
+    assert name.startswith("nightly_orders.execute_insert_into_hadoop_fs_relation_command.") \
+        and name.endswith("_out"), name
     error = app[1]["run"]["facets"]["errorMessage"]
     assert error["programmingLanguage"] == "PYTHON" and "ValueError: the job's own bug" in error["message"]
     assert "Traceback" in error["stackTrace"]
@@ -95,7 +96,7 @@ def test_the_readme_main_command_runs_the_pipeline_and_draws_its_lineage(tmp_pat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "ran the sample PySpark pipeline" in out
-    assert "demo/lineage_demo.create_data_source_table_as_select.gold_daily_revenue" in out
+    assert "demo/lineage_demo.execute_create_data_source_table_as_select_command.gold_daily_revenue" in out
     assert "START -> FAIL" in out, "the deliberately failing action is shown as FAIL"
 
     received = [json.loads(line) for line in (tmp_path / "demo-output" / "received.jsonl").read_text().splitlines()]

@@ -23,12 +23,12 @@ from tests.support.spec import validator
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 APP = "golden"
-BRONZE_ORDERS = f"{APP}.insert_into_hadoop_fs_relation.bronze_orders"
-BRONZE_CUSTOMERS = f"{APP}.insert_into_hadoop_fs_relation.bronze_customers"
-SILVER = f"{APP}.insert_into_hadoop_fs_relation.silver_orders"
-DAILY = f"{APP}.create_data_source_table_as_select.gold_daily_revenue"
-RANK = f"{APP}.insert_into_hadoop_fs_relation.gold_customer_rank"
-AUDIT = f"{APP}.insert_into_hadoop_fs_relation.gold_audit"
+BRONZE_ORDERS = f"{APP}.execute_insert_into_hadoop_fs_relation_command.bronze_orders"
+BRONZE_CUSTOMERS = f"{APP}.execute_insert_into_hadoop_fs_relation_command.bronze_customers"
+SILVER = f"{APP}.adaptive_spark_plan.silver_orders"  # a join: the write runs inside adaptive execution
+DAILY = f"{APP}.execute_create_data_source_table_as_select_command.gold_daily_revenue"
+RANK = f"{APP}.adaptive_spark_plan.gold_customer_rank"
+AUDIT = f"{APP}.execute_insert_into_hadoop_fs_relation_command.gold_audit"
 CHILD_JOBS = [BRONZE_ORDERS, BRONZE_CUSTOMERS, SILVER, DAILY, RANK, AUDIT]
 
 

@@ -89,8 +89,10 @@ def test_a_v2_table_is_one_stable_valid_dataset_and_a_ctas_is_one_run(spark, tmp
     namespace, name = written.pop()
     assert name.endswith("APP.T1") and "@" not in name and "Resolved" not in name
     assert "S3CRET" not in namespace + name
-    assert ctas[0][-1]["job"]["name"] == "tw.create_table_as_select." + capture.snake(name)
-    assert append[0][-1]["job"]["name"].startswith("tw.append_data.")
+    # As the official integration: the executed plan's root node, the identifier's parts.
+    assert ctas[0][-1]["job"]["name"] == "tw.create_table_as_select.APP_T1"
+    assert append[0][-1]["job"]["name"] == "tw.append_data_exec_v1.APP_T1"  # a V1-writable table: AppendDataExecV1
+    assert insert[0][-1]["job"]["name"] == "tw.append_data_exec_v1.APP_T1"
     assert ctas[0][-1]["outputs"][0]["facets"]["lifecycleStateChange"]["lifecycleStateChange"] == "CREATE"
 
 
@@ -113,7 +115,8 @@ def test_merge_update_and_delete_on_a_v2_table_are_reported_not_dropped(spark, t
         assert len(runs) == 1, command
         start, end = runs[0]
         assert end["eventType"] == "FAIL" and "errorMessage" in end["run"]["facets"]
-        assert end["job"]["name"].startswith(f"tw.{command}.")
+        # Not planned (refused): no node part, as the official integration; the target's identifier.
+        assert end["job"]["name"] == "tw.APP_T", end["job"]["name"]
         assert [d["name"].rsplit(".", 2)[-2:] for d in end["outputs"]] == [["APP", "T"]]
         if command == "merge_into_table":
             assert [d["name"].rsplit(".", 2)[-2:] for d in end["inputs"]] == [["APP", "S"]]
