@@ -64,3 +64,43 @@ def test_the_setting_is_read_from_spark_conf_and_a_bad_value_is_refused():
     with pytest.raises(ConfigError, match="datasetLineageEnabled: expected true or false"):
         _bool({"spark.openlineage.columnLineage.datasetLineageEnabled": "no"},
               "spark.openlineage.columnLineage.datasetLineageEnabled", True)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("enabled", ["true", "false"])
+def test_a_join_and_filter_write_renders_them_where_the_spark_conf_says(spark, tmp_path, monkeypatch, enabled):
+    from types import SimpleNamespace
+
+    from producer.spark import disable_lineage, enable_lineage
+    from tests.producer.spark.support import Recorder, drain
+
+    orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
+    spark.range(6).selectExpr("id", "id % 3 AS cust", "id * 10 AS amount").write.parquet(orders)
+    spark.range(3).selectExpr("id AS cust", "concat('c', id) AS name").write.parquet(customers)
+    real = spark.sparkContext.getConf().getAll()
+    monkeypatch.setattr(spark.sparkContext, "getConf", lambda: SimpleNamespace(
+        getAll=lambda: [*real, ("spark.openlineage.columnLineage.datasetLineageEnabled", enabled)]))
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, app_name="dl")
+    try:
+        o, c = spark.read.parquet(orders), spark.read.parquet(customers)
+        o.join(c, "cust").where("amount > 0").select("id", "name").write.parquet(str(tmp_path / "out"))
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+    [complete] = [e for e in recorder.events if e["eventType"] == "COMPLETE" and e["job"]["name"] != "dl"]
+    [output] = complete["outputs"]
+    facet = output["facets"]["columnLineage"]
+
+    def subtypes(entries):
+        return sorted((e["name"].rsplit("/", 1)[-1], e["field"], t["subtype"])
+                      for e in entries for t in e["transformations"] if t["type"] == "INDIRECT")
+
+    join_filter = [("customers", "cust", "JOIN"), ("orders", "amount", "FILTER"), ("orders", "cust", "JOIN")]
+    if enabled == "true":
+        assert subtypes(facet["dataset"]) == join_filter
+        assert all(subtypes(f["inputFields"]) == [] for f in facet["fields"].values())
+    else:
+        assert not facet.get("dataset")
+        assert set(facet["fields"]) == {"id", "name"}
+        assert all(subtypes(f["inputFields"]) == join_filter for f in facet["fields"].values())
