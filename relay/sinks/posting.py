@@ -20,7 +20,9 @@ is an ``aiohttp.ClientResponse``, read and released as one from ``session.post()
 
 Not covered, so :func:`poster` falls back to ``session.post()``: a session with trace
 configs (``HttpCollector.check_before_requests``: the checks hang on aiohttp's request
-traces), and an aiohttp this module was not tested with: a minor release outside
+traces) or with a setting the lean path would not apply (:func:`lean_ignores`: auth,
+proxy, cookies, ...; none that ``HttpCollector`` sets), and an aiohttp this module was not
+tested with: a minor release outside
 :data:`TESTED_AIOHTTP`, or one whose ``ClientRequest`` or response parser take other
 arguments than those this module passes (checked once, by version and signature; the
 fallback is logged once). The lean path reaches into aiohttp's internals, which a minor
@@ -139,11 +141,35 @@ class LeanPoster:
         return resp
 
 
+def lean_ignores(session: ClientSession) -> list[str]:
+    """The settings of ``session`` that :class:`LeanPoster` would not apply (it sends as a
+    session built the way ``HttpCollector.start()`` builds one: no auth, proxy, base url,
+    middlewares, skipped headers or cookies, HTTP/1.1, answers not raised for status)."""
+    ignored = []
+    if session.auth is not None:
+        ignored.append("auth")
+    if session.raise_for_status is not False:
+        ignored.append("raise_for_status")
+    if session.skip_auto_headers:
+        ignored.append("skip_auto_headers")
+    if session.trust_env:
+        ignored.append("trust_env")
+    if session.version != aiohttp.HttpVersion11:
+        ignored.append("version")
+    if not isinstance(session.cookie_jar, aiohttp.DummyCookieJar):
+        ignored.append("cookie_jar")
+    for name, attr in (("proxy", "_default_proxy"), ("base_url", "_base_url"), ("middlewares", "_middlewares")):
+        if getattr(session, attr, None):
+            ignored.append(name)
+    return ignored
+
+
 def poster(session: ClientSession, *, traced: bool) -> Post:
     """How ``session``'s collector POSTs: a :class:`LeanPoster`, or ``session.post()`` where
-    the lean path does not apply (``traced``, or an aiohttp it does not know)."""
+    the lean path does not apply (``traced``, an aiohttp it does not know, or a session
+    with a setting it would not apply: :func:`lean_ignores`)."""
     global _fallback_logged
-    if not traced and _UNSUPPORTED is None:
+    if not traced and _UNSUPPORTED is None and not lean_ignores(session):
         return LeanPoster(session)
     if _UNSUPPORTED is not None and not _fallback_logged:
         _fallback_logged = True

@@ -141,6 +141,32 @@ async def test_a_body_ended_by_the_connections_close_is_read_as_from_session_pos
     assert bodies == [(200, _REPLY), (200, _REPLY)]
 
 
+#: A setting LeanPoster would not apply, as ClientSession's keyword and a value for it (built
+#: in the test: a cookie jar wants a running loop).
+_IGNORED = {"auth": lambda: aiohttp.BasicAuth("u", "p"), "raise_for_status": lambda: True,
+            "skip_auto_headers": lambda: ["User-Agent"], "trust_env": lambda: True,
+            "version": lambda: aiohttp.HttpVersion10, "cookie_jar": lambda: aiohttp.CookieJar(),
+            "proxy": lambda: "http://127.0.0.1:9"}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # aiohttp 3.14 deprecates a session's auth
+@pytest.mark.parametrize("setting", sorted(_IGNORED))
+async def test_a_session_setting_the_lean_path_would_not_apply_posts_through_session_post(setting):
+    if setting == "proxy" and "proxy" not in aiohttp.ClientSession.__init__.__code__.co_varnames:
+        pytest.skip("this aiohttp has no session-wide proxy")
+    async with _session() as plain:
+        assert posting.lean_ignores(plain) == [] and isinstance(poster(plain, traced=False), LeanPoster)
+    kw = {setting: _IGNORED[setting]()}
+    if setting in ("cookie_jar", "raise_for_status"):   # keywords _session() sets itself
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4), auto_decompress=False,
+                                        **{"cookie_jar": aiohttp.DummyCookieJar(), **kw})
+    else:
+        session = _session(**kw)
+    async with session:
+        assert posting.lean_ignores(session) == [setting]
+        assert not isinstance(poster(session, traced=False), LeanPoster)
+
+
 async def test_no_answer_is_the_same_aiohttp_error_either_way():
     async with RawServer(answer=None) as server, _session() as session:
         with pytest.raises(aiohttp.ServerDisconnectedError):
