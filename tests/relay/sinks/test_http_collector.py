@@ -364,3 +364,19 @@ async def test_a_2xx_body_that_never_ends_is_cut_at_the_request_timeout():
     assert failure is not None and failure.reason == "retries_exhausted"
     assert "no answer within 0.5 s" in failure.detail
     assert 0.5 <= took < 3.0
+
+
+async def test_a_started_collector_posts_through_the_lean_path_on_a_tested_aiohttp(server):
+    """Its session has none of the settings the lean path would not apply: a setting added
+    to it (or an aiohttp outside the tested releases) shows here, not as a silent slowdown."""
+    from relay.sinks import posting
+
+    http, _ = collector_for(server, token="tok")
+    await http.start()
+    try:
+        assert posting.lean_ignores(http._session) == []
+        if posting._UNSUPPORTED is None:
+            assert isinstance(http._send, posting.LeanPoster)
+        assert await http.deliver(BODY) is None
+    finally:
+        await http.close()
