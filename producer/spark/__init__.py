@@ -41,7 +41,7 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 ================================================  =====================================
 
 ``spark.openlineage.columnLineage.datasetLineageEnabled=false`` puts the whole-dataset column
-dependencies (JOIN, FILTER, GROUP_BY, SORT, WINDOW) into every output field's ``inputFields``
+dependencies (JOIN, FILTER, GROUP_BY, SORT) into the ``inputFields`` of every output field with inputs of its own
 instead of the facet's ``dataset`` member (``true``, the default here), as the official
 integration does with that setting, for consumers that read ``fields`` only.
 """

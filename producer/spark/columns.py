@@ -331,8 +331,9 @@ def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
     when it names exactly as many columns as were traced; otherwise the positions cannot be
     trusted and the plan's own names stand. ``dataset_lineage`` False (the official Spark
     integration's ``spark.openlineage.columnLineage.datasetLineageEnabled=false``): the
-    whole-dataset dependencies go into every output field's ``inputFields`` instead of
-    ``dataset``, for consumers that read ``fields`` only."""
+    whole-dataset dependencies go into the ``inputFields`` of every output field that has
+    inputs of its own (a ``count(*)`` has none, and gets none) instead of ``dataset``, for
+    consumers that read ``fields`` only."""
     fields: dict[str, dict] = {}
     if column_names is not None and len(column_names) != len(result.columns):
         column_names = None
@@ -350,7 +351,7 @@ def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
                     direct[src] = (prev[0], prev[1] or m)
             else:
                 indirect[(src, st)] = indirect.get((src, st), False) or m
-        if not dataset_lineage:
+        if not dataset_lineage and (direct or indirect):   # as the official: not into a field with no inputs
             for src, st in result.dataset:
                 indirect.setdefault((src, st), False)
         by_src: dict[SourceField, list[dict]] = {}

@@ -79,7 +79,7 @@ def _ident_suffix(name: str | None) -> str | None:
     """A catalog table's identifier as a suffix (``tableIdentifierToSuffix`` /
     ``identToSuffix``: its parts joined by ``_``; the dots become ``_`` when the name is
     built, so the dotted identifier serves)."""
-    return name or None
+    return name.replace("`", "") if name else None   # Identifier.toString quotes parts; identToSuffix does not
 
 
 def suffix(snap: ActionSnapshot, output_name: str | None) -> str | None:

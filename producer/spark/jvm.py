@@ -173,16 +173,22 @@ def _node_name(plan: Any) -> str:
 
 def _save_suffix(source: str, path: str | None, options: Any, output: Relation | None) -> str | None:
     """A ``SaveIntoDataSourceCommand``'s job-name suffix as the official visitor gives it:
-    a Delta path as written (its last two segments), else a ``table`` option, else a JDBC
-    table (the option whose key holds ``table``); else none. Another source's options are
-    not searched for such a key."""
+    a Delta path as written (its last two segments); a JDBC table; a ``kustotable`` or
+    ``table`` option; else the first option whose key holds ``table`` (Snowflake's and
+    Redshift's ``dbtable``, Hudi's ``hoodie.table.name``), in the options' order; else none."""
     from producer.spark.job_names import trim_path
 
     if "DeltaDataSource" in source and path is not None:
         return trim_path(path)
     if output is not None and output.jdbc_url is not None:
         return output.jdbc_table
-    return opt(options.get("table"))
+    for key in ("kustotable", "table"):
+        if (value := opt(options.get(key))) is not None:
+            return value
+    for key in str(options.keys().mkString(SEP)).split(SEP):
+        if "table" in key.lower():
+            return opt(options.get(key))
+    return None
 
 
 def _table_location(session: Any, table: Any) -> str | None:

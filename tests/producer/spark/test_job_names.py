@@ -101,6 +101,39 @@ def test_suffix_per_command():
     assert suffix(_snap("SaveIntoDataSourceCommand", None), None) is None
 
 
+class _ScalaOptions:
+    """A Scala Map[String, String] as py4j shows it: get() -> Option, keys().mkString(sep)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self._options = options
+
+    def get(self, key: str):
+        value = self._options.get(key)
+        return SimpleNamespace(isDefined=lambda: value is not None, get=lambda: value)
+
+    def keys(self):
+        return SimpleNamespace(mkString=lambda sep: sep.join(self._options))
+
+
+@pytest.mark.parametrize(("source", "path", "options", "expected"), [
+    ("DeltaDataSource", "/lake/silver/orders", {"path": "/lake/silver/orders"}, "silver_orders"),
+    ("DefaultSource", None, {"kustotable": "events", "table": "t"}, "events"),
+    ("DefaultSource", None, {"sfurl": "x", "table": "orders"}, "orders"),
+    ("SnowflakeSource", None, {"sfurl": "x", "dbtable": "ORDERS"}, "ORDERS"),
+    ("DefaultSource", "/h/t", {"path": "/h/t", "hoodie.table.name": "trips"}, "trips"),
+    ("DefaultSource", None, {"url": "x", "format": "y"}, None),
+])
+def test_a_save_suffix_is_the_first_table_option_as_the_official_visitor_finds_it(source, path, options, expected):
+    from producer.spark.jvm import _save_suffix
+
+    assert _save_suffix(source, path, _ScalaOptions(options), None) == expected
+
+
+def test_a_v2_identifiers_quoting_is_not_part_of_its_suffix():
+    v2 = Relation(v2_name="db.`my-t`", v2_catalog="iceberg", location="s3://b/wh/db/my-t")
+    assert job_names.suffix(_snap("AppendData", v2), "wh/db/my-t") == "db.my-t"
+
+
 def test_child_name_and_its_options():
     child = job_names.child_name
     assert child("app", "Execute InsertIntoHadoopFsRelationCommand", "silver_orders") == \
