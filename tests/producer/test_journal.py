@@ -184,6 +184,12 @@ _SPOILERS = {
 }
 
 
+def _region_lines(journal: Journal, *regions: tuple[int, int]) -> list[str]:
+    """The ERROR lines of corrupt regions (offset, skipped bytes) in the first segment."""
+    return [f"journal={journal.path} event=journal_corrupt segment=1 offset={at} skipped_bytes={size} action=skipped"
+            for at, size in regions]
+
+
 def _spoil(segment, at: int, how: str) -> int:
     """Spoil the record at ``at`` (see _SPOILERS); returns its size."""
     data = segment.read_bytes()
@@ -462,11 +468,7 @@ def test_the_record_right_after_a_long_corrupt_record_with_sound_lengths_is_kept
     size_one = _spoil(segment, offsets[5], how)
     size_two = _spoil(segment, offsets[7], "huge_length")
     [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=1 << 20)
-    assert _corrupt_lines(caplog) == [
-        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[5]} skipped_bytes={size_one} "
-        "action=skipped",
-        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[7]} skipped_bytes={size_two} "
-        "action=skipped"]
+    assert _corrupt_lines(caplog) == _region_lines(journal, (offsets[5], size_one), (offsets[7], size_two))
     assert adopted.pending == 14
     assert _read_all(adopted) == _records(6) + _records(8, start=7)
 
@@ -489,10 +491,6 @@ def test_a_search_cut_short_in_its_first_window_keeps_the_records_before_a_secon
     while not adopted.recover_some(max_records=1000, deadline=0.0):
         slices += 1
     assert slices >= 3, "the search not cut short"
-    assert _corrupt_lines(caplog) == [
-        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[5]} skipped_bytes={size_one} "
-        "action=skipped",
-        f"journal={journal.path} event=journal_corrupt segment=1 offset={offsets[7]} skipped_bytes={size_two} "
-        "action=skipped"]
+    assert _corrupt_lines(caplog) == _region_lines(journal, (offsets[5], size_one), (offsets[7], size_two))
     assert adopted.pending == 16
     assert _read_all(adopted) == _records(6) + _records(10, start=7)
