@@ -42,12 +42,29 @@ exit never waits for a thread of the parent.
 The producer's threads are never inside a log handler at the fork (:mod:`producer.log_gate`):
 a handler's stream lock held there would stop the child's first log line for ever.
 
+A librdkafka instance (a ``confluent_kafka`` client) the parent had left to its garbage
+collector at the fork -- one in a reference cycle, the application's or a producer's --
+must never be freed in the child: ``rd_kafka_destroy()`` joins librdkafka's main thread,
+which stayed in the parent, through its thread descriptor, which sits on that thread's
+stack; glibc reclaims the parent's thread stacks in the child and unmaps them once a thread
+of the child ends (its stack cache cut back to 40 MiB): the child crashed (SIGSEGV) or, the
+stack reused by a thread of the child, waited for that thread for ever. So in a process that
+built a producer, the fork hook freezes the garbage collector's view of what the child
+inherited (``gc.freeze()``, as Python's documentation recommends around ``fork()`` to keep
+pages shared): the child's collector never visits, frees or finalizes an object of the
+parent's; what the child allocates is collected as usual. An inherited cycle the child lets
+go of stays in memory (it was in the parent's already); automatic collection is paused from
+just before the fork until then, and resumed as it was. A child that calls ``gc.unfreeze()``
+takes that risk back. The instances the producer itself inherited are kept referenced
+(``_inherited``), so that nothing frees them by reference counting either.
+
 A child killed (``Pool.terminate()``, which leaving a ``with Pool()`` block calls) loses
 what it had not delivered, as any killed process does.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import sys
@@ -75,6 +92,41 @@ _PROBE_S = 1.0
 #: This process's resolver probe: set when it answered (None: not started); reset at fork.
 _probe: threading.Event | None = None
 _probe_deadline = 0.0
+
+
+#: The forks under way that paused automatic garbage collection, by forking thread: whether it
+#: is to be on again after them (it was before the first of them). Two threads may fork at once
+#: (a "before" hook may wait: producer.log_gate): the last to finish turns it back on.
+_paused: dict[int, bool] = {}
+
+
+def pause_gc_for_fork(every: Iterable[Any]) -> None:
+    """Before a fork (the parent): in a process that built a producer, no automatic garbage
+    collection until the child froze what it inherited (:func:`freeze_inherited_in_child`)
+    -- none in the child's first moments, before that hook runs -- nor, in the parent,
+    until the fork returned. O(1)."""
+    if every:
+        _paused[threading.get_ident()] = gc.isenabled() or any(_paused.values())
+        gc.disable()
+
+
+def resume_gc_after_fork() -> None:
+    """After a fork, in the parent: automatic collection as it was, once no fork pauses it."""
+    if _paused.pop(threading.get_ident(), False) and not _paused:
+        gc.enable()
+
+
+def freeze_inherited_in_child() -> None:
+    """After a fork, in the child (before the producer's other hooks): every object inherited
+    goes to the collector's permanent generation, never visited, freed or finalized by this
+    process's collector (module docstring); then automatic collection as in the parent."""
+    if threading.get_ident() not in _paused:
+        return   # the parent had no producer
+    collecting = _paused.pop(threading.get_ident())
+    _paused.clear()   # other threads' forks are the parent's
+    gc.freeze()
+    if collecting:
+        gc.enable()
 
 
 def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None],

@@ -73,8 +73,11 @@ from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
 from producer.event_values import NotAnEvent, as_event
 from producer.forking import (
+    freeze_inherited_in_child,
+    pause_gc_for_fork,
     register_in_multiprocessing_child,
     reset_in_forked_children,
+    resume_gc_after_fork,
     start_in_forked_child,
 )
 from producer.held_emits import FULL_WAIT_S, Emit, HeldEmits
@@ -345,5 +348,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# Before the reset below: the child's collector must not free anything it inherited
+# (producer.forking), during the hooks that follow or after them.
+os.register_at_fork(before=partial(pause_gc_for_fork, _EVERY), after_in_parent=resume_gc_after_fork,
+                    after_in_child=freeze_inherited_in_child)
 os.register_at_fork(after_in_child=partial(reset_in_forked_children, _LIVE, _close_all_at_exit, _EVERY,
                                            _UNFINISHED))

@@ -4,14 +4,18 @@ the child's events are delivered, the parent's too, and nothing is lost without 
 from __future__ import annotations
 
 import logging
+import gc
 import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
+import weakref
 
 import pytest
+from confluent_kafka import Producer
 
 from producer import LineageProducer, events, forking, job, log_gate, replacement
 from producer.job import lineage_job
@@ -246,6 +250,98 @@ def test_a_fork_childs_exit_does_not_wait_for_a_kafka_that_never_answers(tmp_pat
             producer.close(0.1)
     finally:
         server.close()
+
+
+class _Holder:
+    client: Producer | None = None
+
+
+#: In a forked child: the parent's unreachable librdkafka instance (_leave_to_the_garbage_collector).
+_garbage: weakref.ref[_Holder] | None = None
+
+
+def _leave_to_the_garbage_collector(bootstrap: str) -> None:
+    """A librdkafka instance in a reference cycle, unreachable: only the garbage collector frees it."""
+    global _garbage
+    holder = _Holder()
+    holder.client = Producer({"bootstrap.servers": bootstrap, "log_level": 0,
+                              "error_cb": lambda err, holder=holder: None})
+    _garbage = weakref.ref(holder)
+
+
+def _emit_and_collect(producer: LineageProducer) -> None:
+    producer.emit(_event("gc.child"))   # starts the child's producer: its threads, and one that ends
+    ended = threading.Thread(target=time.sleep, args=(0.05,))
+    ended.start()
+    ended.join()
+    time.sleep(0.2)   # its stack back in glibc's cache, which is cut back to 40 MiB: the oldest unmapped
+    gc.collect()
+    if _garbage is None or _garbage() is None:
+        sys.exit(3)   # the parent's instance was freed here (when that did not crash or hang)
+
+
+def test_a_fork_childs_garbage_collector_never_frees_a_librdkafka_instance_of_the_parent(tmp_path):
+    # An instance the parent left to its garbage collector (a client in a reference cycle, the
+    # application's or an earlier test's) was freed by the child's collector: rd_kafka_destroy()
+    # there joins librdkafka's main thread, which stayed in the parent, through a descriptor on
+    # that thread's stack, which glibc unmaps in the child once a thread of the child ends:
+    # SIGSEGV, a wait for ever (the stack reused), or, the hole mapped again, a return. So the
+    # child also reports the instance freed (3). The garbage is made first, newer threads after it
+    # (as the instances the parent built since): the oldest stacks are the ones unmapped.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))   # refusing: bound, never listening
+    bootstrap = f"127.0.0.1:{server.getsockname()[1]}"
+    collecting = gc.isenabled()
+    gc.disable()   # the garbage stays until the fork, as between two of the parent's collections
+    newer: list[Producer] = []
+    try:
+        _leave_to_the_garbage_collector(bootstrap)
+        newer.extend(Producer({"bootstrap.servers": bootstrap, "log_level": 0}) for _ in range(3))
+        producer = LineageProducer(bootstrap_servers=bootstrap, topic="t", journal_dir=tmp_path,
+                                   close_timeout_s=1)
+        try:
+            child = multiprocessing.get_context("fork").Process(target=_emit_and_collect, args=(producer,))
+            child.start()
+            child.join(20)
+            if child.is_alive():
+                child.kill()
+                child.join(10)
+            assert child.exitcode == 0
+            assert gc.isenabled() is False, "the parent's collection is as it was before the fork"
+        finally:
+            producer.close(0.1)
+    finally:
+        newer.clear()
+        left = _garbage() if _garbage is not None else None
+        if left is not None:
+            left.client = None   # freed here, in its own process
+        if collecting:
+            gc.enable()
+        server.close()
+
+
+def test_a_fork_leaves_garbage_collection_as_it_was_and_the_child_collects_what_it_allocates(tmp_path):
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:9", topic="t", journal_dir=tmp_path, close_timeout_s=1)
+    try:
+        assert gc.isenabled()
+        pid = os.fork()
+        if pid == 0:   # the child: os._exit, so pytest does not run on in it
+            code = 1
+            try:
+                frozen = gc.get_freeze_count()
+                mine = _Holder()
+                mine.client = mine   # a cycle of the child's own
+                alive = weakref.ref(mine)
+                del mine
+                gc.collect()
+                code = 0 if gc.isenabled() and frozen > 0 and alive() is None else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert gc.isenabled()
+    finally:
+        producer.close(0.1)
 
 
 def _emit_and_tell(producer: LineageProducer | None, job_name: str, conn, bootstrap: str, topic: str,
