@@ -3,8 +3,8 @@ the child's events are delivered, the parent's too, and nothing is lost without 
 
 from __future__ import annotations
 
-import logging
 import gc
+import logging
 import multiprocessing
 import os
 import signal
