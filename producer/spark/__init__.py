@@ -196,6 +196,7 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     col_lineage = col_lineage and "columnLineage" not in off
     append_dataset_name = _bool(conf, _P + "jobName.appendDatasetName", True)
     replace_dots = _bool(conf, _P + "jobName.replaceDotWithUnderscore", False)
+    dataset_lineage = _bool(conf, _P + "columnLineage.datasetLineageEnabled", True)
     read_only = (read_only_actions if read_only_actions is not None
                  else _bool(conf, _P + "python.readOnlyActions", False))
     built = None
@@ -229,7 +230,7 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         app_job_name=job_names.application_name(conf, app_name),
         spark_version=spark.version,
         column_lineage=col_lineage,
-        dataset_lineage=_bool(conf, _P + "columnLineage.datasetLineageEnabled", True),
+        dataset_lineage=dataset_lineage,
         captured_properties={k: conf[k] for k in wanted if k in conf},
         metastore_uris=conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris")
         or _hadoop_setting(spark, "hive.metastore.uris"),

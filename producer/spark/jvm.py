@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from producer.spark.java_objects import per_gateway, untracked
+from producer.spark.job_names import trim_path
 from producer.spark.relations import (
     RELATION_KINDS,
     SEP,
@@ -176,8 +177,6 @@ def _save_suffix(source: str, path: str | None, options: Any, output: Relation |
     a Delta path as written (its last two segments); a JDBC table; a ``kustotable`` or
     ``table`` option; else the first option whose key holds ``table`` (Snowflake's and
     Redshift's ``dbtable``, Hudi's ``hoodie.table.name``), in the options' order; else none."""
-    from producer.spark.job_names import trim_path
-
     if "DeltaDataSource" in source and path is not None:
         return trim_path(path)
     if output is not None and output.jdbc_url is not None:

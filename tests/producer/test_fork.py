@@ -273,8 +273,7 @@ def _emit_and_collect(producer: LineageProducer) -> None:
     producer.emit(_event("gc.child"))   # starts the child's producer: its threads, and one that ends
     ended = threading.Thread(target=time.sleep, args=(0.05,))
     ended.start()
-    ended.join()
-    time.sleep(0.2)   # its stack back in glibc's cache, which is cut back to 40 MiB: the oldest unmapped
+    ended.join()   # joined: its stack is back in glibc's cache, cut back to 40 MiB (the oldest unmapped)
     gc.collect()
     if _garbage is None or _garbage() is None:
         sys.exit(3)   # the parent's instance was freed here (when that did not crash or hang)
