@@ -74,7 +74,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from producer.errors import JournalError
-from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, write_synced
+from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, release_lock, write_synced
 from producer.journal_resync import HEADER as _HEADER
 from producer.journal_scan import SegmentReader, segment_name
 
@@ -362,7 +362,7 @@ class Journal:
             self._writer = None
         if self.pending == 0 and self._recovery is None:
             shutil.rmtree(self.path, ignore_errors=True)
-        os.close(self._lock_fd)
+        release_lock(self._lock_fd)
 
     def __repr__(self) -> str:
         return f"Journal({self.path}, pending={self.pending}, bytes={self.size_bytes})"

@@ -57,6 +57,18 @@ def lock_existing(path: Path) -> int | None:
     return fd
 
 
+def release_lock(fd: int) -> None:
+    """Unlock, then close, a LOCK descriptor this process holds as the journal's owner. The
+    unlock is what frees the journal at once: a flock belongs to the open file, which a fork
+    child shares until its fork hook closes its copy, and a next run must not find the journal
+    of a process that has let it go still locked by that copy."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    os.close(fd)
+
+
 @dataclass(frozen=True)
 class Destination:
     """Where a journal's records go: a topic, on the cluster its bootstrap servers name."""

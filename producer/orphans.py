@@ -33,13 +33,12 @@ Which journals are taken:
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 
 from producer.errors import JournalError
 from producer.journal import Journal
-from producer.journal_dir import Destination, lock_existing, read_destination
+from producer.journal_dir import Destination, lock_existing, read_destination, release_lock
 
 log = logging.getLogger("producer.journal")
 
@@ -116,7 +115,7 @@ def _skip(path: Path, written_for: Destination, destination: Destination) -> Non
         return
     if fd is None:
         return
-    os.close(fd)
+    release_lock(fd)
     _skipped.add(path)
     log.warning("journal=%s event=adopt_skipped written_for=%s@%s producer_for=%s@%s "
                 "fix=run a producer for %s@%s with this journal_dir to send it",
@@ -134,12 +133,12 @@ def _take(path: Path, max_bytes: int, segment_bytes: int, recover: bool = True) 
         return None
     if path.name.startswith("."):
         shutil.rmtree(path, ignore_errors=True)
-        os.close(fd)
+        release_lock(fd)
         return None
     try:
         journal = Journal(path, fd, max_bytes=max_bytes, segment_bytes=segment_bytes, recover=recover)
     except (OSError, ValueError, JournalError) as err:
-        os.close(fd)
+        release_lock(fd)
         _fail(path, err)
         return None
     if journal.recovered and journal.pending == 0:

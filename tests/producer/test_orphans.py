@@ -207,3 +207,27 @@ def test_taken_over_without_their_scans_orphans_are_only_locked_and_one_released
     finally:
         for journal in again:
             journal.close()
+
+
+def test_a_journal_let_go_is_free_at_once_though_a_fork_child_still_has_its_lock_open(tmp_path):
+    # A fork child shares the LOCK's open file (and so its flock) until its fork hook closes
+    # its copy; os.dup makes the same sharing without a race. The owner's close() must free
+    # the journal for the next run there and then; so must an adopter that lets one go.
+    owner = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    owner.append([(b"k", b"v")])
+    childs_copy = os.dup(owner._lock_fd)
+    try:
+        owner.close()
+        adopter = _adopt_next(tmp_path)
+        assert adopter is not None, "the closed journal is still locked by the other copy of its LOCK"
+        assert adopter.recover_some() and adopter.pending == 1
+        adopters_child = os.dup(adopter._lock_fd)
+        try:
+            adopter.close()   # its scan done, one record pending: stays on disk, let go
+            again = _adopt_next(tmp_path)
+            assert again is not None and again.path == owner.path
+            again.close()
+        finally:
+            os.close(adopters_child)
+    finally:
+        os.close(childs_copy)
