@@ -54,7 +54,7 @@ from typing import Any
 
 from producer import events
 from producer.errors import ConfigError
-from producer.spark import job_names
+from producer.spark import job_names, tags
 from producer.spark.capture import CaptureSettings
 from producer.spark.listener import SparkLineage
 
@@ -237,6 +237,9 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         warehouse=conf.get("spark.sql.warehouse.dir"),
         append_dataset_name=append_dataset_name,
         replace_dot_with_underscore=replace_dots,
+        job_tags=tags.parse_tags(conf.get(tags.JOB_TAGS)),
+        run_tags=tags.parse_tags(conf.get(tags.RUN_TAGS)),
+        owners=tags.parse_owners(conf),
     )
     parent, root = _parents(conf, producer)
     sender = _FacetFilter(producer, off) if off else producer

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import orjson
 
 from producer import events
-from producer.spark import columns, job_names, naming
+from producer.spark import columns, job_names, naming, tags
 from producer.spark.jvm import ActionSnapshot
 from producer.spark.plan import Node, parse_plan
 from producer.spark.relations import Relation
@@ -46,6 +46,11 @@ class CaptureSettings:
     warehouse: str | None = None
     append_dataset_name: bool = True            # spark.openlineage.jobName.appendDatasetName
     replace_dot_with_underscore: bool = False   # spark.openlineage.jobName.replaceDotWithUnderscore
+    #: (key, value, source) from spark.openlineage.job.tags / run.tags (see producer.spark.tags).
+    job_tags: tuple[tuple[str, str, str], ...] = ()
+    run_tags: tuple[tuple[str, str, str], ...] = ()
+    #: (type, name) from spark.openlineage.job.owners.<type>.
+    owners: tuple[tuple[str, str], ...] = ()
 
 
 def snake(name: str) -> str:
@@ -329,12 +334,25 @@ def engine_facets(settings: CaptureSettings) -> dict:
         facets["spark_properties"] = events.custom_facet(
             {"properties": dict(settings.captured_properties)},
             schema_url=f"{SCHEMA_BASE}/SparkPropertiesRunFacet.json")
+    if settings.run_tags:
+        facets["tags"] = events.facet("TagsRunFacet", {"tags": tags.tag_list(settings.run_tags)})
     return facets
 
 
 def job_type(kind: str, processing: str = "BATCH") -> dict:
     return {"jobType": events.facet("JobTypeJobFacet", {"processingType": processing, "integration": "SPARK",
                                                         "jobType": kind})}
+
+
+def job_facets(settings: CaptureSettings, kind: str, processing: str = "BATCH") -> dict:
+    """Every Spark job's facets: its type, and the configured tags and owners."""
+    facets = job_type(kind, processing)
+    if settings.job_tags:
+        facets["tags"] = events.facet("TagsJobFacet", {"tags": tags.tag_list(settings.job_tags)})
+    if settings.owners:
+        facets["ownership"] = events.facet("OwnershipJobFacet", {
+            "owners": [{"name": name, "type": kind_} for kind_, name in settings.owners]})
+    return facets
 
 
 def error_facet(message: str, stack: str | None, language: str = "JAVA") -> dict:

@@ -200,7 +200,7 @@ class SparkLineage:
         self.sender.emit(events.run_event(
             event_type, run_id=self.app_run_id, job_namespace=self.settings.namespace,
             job_name=self.settings.app_job_name, run_facets=run_facets,
-            job_facets=capture.job_type("APPLICATION", "NONE")))
+            job_facets=capture.job_facets(self.settings, "APPLICATION", "NONE")))
 
     def _child_parent(self) -> dict:
         root = self.root or self.parent or (self.settings.namespace, self.settings.app_job_name, self.app_run_id)
@@ -248,7 +248,7 @@ class SparkLineage:
                    ended - (duration_ns or 0) / 1e9)
         run_id = events.new_run_id()
         run_facets = {**self._child_parent(), **capture.engine_facets(self.settings), **lineage.run_facets}
-        job_facets = capture.job_type("SQL_JOB")
+        job_facets = capture.job_facets(self.settings, "SQL_JOB")
         common = dict(run_id=run_id, job_namespace=self.settings.namespace, job_name=lineage.job_name,
                       inputs=lineage.inputs, job_facets=job_facets)
         self.sender.emit(events.run_event("START", event_time=events.iso(min(started, ended)),
@@ -273,7 +273,7 @@ class SparkLineage:
                               "errors": [{"errorMessage": message, "stackTrace": traceback.format_exc(limit=5)}]})}
             common = dict(run_id=run_id, job_namespace=self.settings.namespace,
                           job_name=f"{self.settings.app_job_name}.{capture.snake(func)}",
-                          job_facets=capture.job_type("SQL_JOB"))
+                          job_facets=capture.job_facets(self.settings, "SQL_JOB"))
             self.sender.emit(events.run_event("START", event_time=events.iso(ended - (duration_ns or 0) / 1e9),
                                               run_facets=run_facets, **common))
             end_facets = dict(run_facets)

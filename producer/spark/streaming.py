@@ -405,7 +405,8 @@ class StreamingLineage:
                     "errors": [{"errorMessage": message} for message in errors]})
             lineage.sender.emit(events.run_event(
                 event_type, run_id=run.run_id, event_time=at or None, job_namespace=lineage.settings.namespace,
-                job_name=run.job_name, run_facets=run_facets, job_facets=capture.job_type("SQL_JOB", "STREAMING"),
+                job_name=run.job_name, run_facets=run_facets,
+                job_facets=capture.job_facets(lineage.settings, "SQL_JOB", "STREAMING"),
                 inputs=input_datasets(run.inputs, run.source_refs, run.input_schemas, run.counts),
                 outputs=output_datasets(run.outputs, run.output_schema, run.counts)))
         except Exception:  # noqa: BLE001 - never into the query
