@@ -185,6 +185,7 @@ class ActionLineage:
     inputs: list[dict]
     outputs: list[dict]
     run_facets: dict
+    job_facets: dict = field(default_factory=dict)
 
 
 def _output_names(query: Node | None) -> list[tuple[str, Any]]:
@@ -321,10 +322,12 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     if errors:
         run_facets["extractionError"] = events.facet("ExtractionErrorRunFacet", {
             "totalTasks": 1, "failedTasks": len(errors), "errors": errors})
+    # The statement's text, as the official integration's SQLJobFacet (spark.sql actions only).
+    job_facets = {"sql": events.facet("SQLJobFacet", {"query": snap.sql_text})} if snap.sql_text else {}
     return ActionLineage(
         job_name=job_name,
         inputs=[events.dataset(r.namespace, r.name, dataset_facets(r, schemas.get(k))) for k, r in enumerate(inputs)],
-        outputs=outputs, run_facets=run_facets)
+        outputs=outputs, run_facets=run_facets, job_facets=job_facets)
 
 
 def engine_facets(settings: CaptureSettings) -> dict:

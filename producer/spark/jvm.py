@@ -69,6 +69,7 @@ class ActionSnapshot:
     output_schema_json: str | None = None  # the written query's StructType, exact types
     node_name: str | None = None  # the executed plan's root node name (the job name's middle part)
     output_suffix: str | None = None  # a save()'s job-name suffix (see producer.spark.job_names)
+    sql_text: str | None = None  # the SQL statement the written query was parsed from (spark.sql)
 
     @cached_property
     def query_nodes(self) -> list[dict[str, Any]] | None:
@@ -248,6 +249,14 @@ def _analysis_start_asked(phases: Any) -> int | None:
     return int(summary.startTimeMs()) if summary is not None else None
 
 
+def _sql_text(plan: Any) -> str | None:
+    """The SQL text ``plan`` was parsed from (its ``origin``'s, set by Spark's parser for every
+    node of a ``spark.sql`` statement and kept by the analyser), None for a DataFrame built
+    in code: three py4j calls. ``Option.toString`` is ``Some(<text>)`` or ``None``."""
+    text = str(plan.origin().sqlText().toString())
+    return text[5:-1] if text.startswith("Some(") and text.endswith(")") else None
+
+
 def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: int,
              error: Any = None, command: str | None = None) -> ActionSnapshot:
     """Everything lineage needs from one finished (or failed) action (``command``: its
@@ -311,6 +320,10 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
                                                 "CreateDataSourceTableAsSelectCommand" else analyzed.tableDesc())
 
     snap.query_json, snap.plan_bytes = plan_json(gateway, query, max_plan_bytes)
+    try:
+        snap.sql_text = _sql_text(query)
+    except Exception:  # noqa: BLE001 - an older Spark's Origin has no sqlText: no sql facet
+        snap.sql_text = None
     if snap.output is not None:
         snap.output_schema_json = query.schema().json()
     snap.leaves = _input_leaves(gateway, snap, query)

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from producer import events
-from producer.spark import capture, jvm
+from producer.spark import capture, details, jvm
 from producer.spark.capture import CaptureSettings
 from producer.spark.driver_exit import DriverExit
 from producer.spark.execution_listener import QueryExecutionListener, register_listener, unregister_listener
@@ -66,6 +66,8 @@ class SparkLineage:
         self._streaming: StreamingLineage | None = None
         self._driver_exit = DriverExit()
         self._orig_stop = None
+        self._app_details: dict | None = None  # spark_applicationDetails, read once per application run
+        self._jobs: details.JobReader | None = None
 
     @property
     def ended(self) -> bool:
@@ -87,6 +89,7 @@ class SparkLineage:
         """Register the listeners and start the application run (START); its end (COMPLETE
         or FAIL) comes at ``SparkContext.stop`` or exit, captured or not at that moment."""
         self._attach()
+        self._app_details = self._read_app_details()
         self._emit_app("START")
         # The application ends at SparkContext.stop (SparkSession.stop calls it) or at exit.
         sc = self.spark.sparkContext
@@ -189,6 +192,26 @@ class SparkLineage:
             log.exception("lineage: could not emit the application's end")
 
     # -- events -------------------------------------------------------------------------
+    def _read_app_details(self) -> dict | None:
+        try:
+            return details.application_facet(details.read_application(self.spark.sparkContext))
+        except Exception as err:  # noqa: BLE001 - a nicety: the run is reported without it
+            log.warning("lineage: could not read the Spark application's details: %s", err)
+            return None
+
+    def _start_facets(self) -> dict:
+        """What a START carries besides its run's own facets (as the official integration:
+        the application's details, on the application's START and each action's)."""
+        return {"spark_applicationDetails": self._app_details} if self._app_details else {}
+
+    def _action_job(self, gateway: Any, qe: Any) -> dict:
+        """The ``spark_jobDetails`` facet of the action ``qe`` (nothing when not known)."""
+        if self._jobs is None:
+            self._jobs = details.JobReader(gateway, self.spark._jsparkSession)
+        read = self._jobs.read(qe)
+        job = details.job_of(*read) if read is not None else None
+        return {"spark_jobDetails": details.job_facet(job)} if job is not None else {}
+
     def _app_parent_facets(self) -> dict:
         if self.parent is None:
             return {}
@@ -197,6 +220,8 @@ class SparkLineage:
 
     def _emit_app(self, event_type: str, extra: dict | None = None) -> None:
         run_facets = {**self._app_parent_facets(), **capture.engine_facets(self.settings), **(extra or {})}
+        if event_type == "START":
+            run_facets.update(self._start_facets())
         self.sender.emit(events.run_event(
             event_type, run_id=self.app_run_id, job_namespace=self.settings.namespace,
             job_name=self.settings.app_job_name, run_facets=run_facets,
@@ -224,6 +249,7 @@ class SparkLineage:
                 return
             snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe, command=command,
                                 max_plan_bytes=self.max_plan_bytes, error=error)
+            job = self._action_job(gateway, qe) if snap.output is not None or self.read_only_actions else {}
         except Exception as err:  # noqa: BLE001 - capture must never break the job
             self.capture_errors += 1
             log.warning("lineage: could not read action %r: %s", func, err)
@@ -247,13 +273,13 @@ class SparkLineage:
         started = (snap.started_ms / 1000.0 if snap.started_ms else
                    ended - (duration_ns or 0) / 1e9)
         run_id = events.new_run_id()
-        run_facets = {**self._child_parent(), **capture.engine_facets(self.settings), **lineage.run_facets}
-        job_facets = capture.job_facets(self.settings, "SQL_JOB")
+        run_facets = {**self._child_parent(), **capture.engine_facets(self.settings), **job, **lineage.run_facets}
+        job_facets = {**capture.job_facets(self.settings, "SQL_JOB"), **lineage.job_facets}
         common = dict(run_id=run_id, job_namespace=self.settings.namespace, job_name=lineage.job_name,
                       inputs=lineage.inputs, job_facets=job_facets)
         self.sender.emit(events.run_event("START", event_time=events.iso(min(started, ended)),
-                                          run_facets=run_facets, outputs=[_without_stats(o) for o in lineage.outputs],
-                                          **common))
+                                          run_facets={**run_facets, **self._start_facets()},
+                                          outputs=[_without_stats(o) for o in lineage.outputs], **common))
         end_facets = dict(run_facets)
         if error is not None:
             end_facets.update(capture.error_facet(snap.error or "action failed", snap.stack))
@@ -275,7 +301,7 @@ class SparkLineage:
                           job_name=f"{self.settings.app_job_name}.{capture.snake(func)}",
                           job_facets=capture.job_facets(self.settings, "SQL_JOB"))
             self.sender.emit(events.run_event("START", event_time=events.iso(ended - (duration_ns or 0) / 1e9),
-                                              run_facets=run_facets, **common))
+                                              run_facets={**run_facets, **self._start_facets()}, **common))
             end_facets = dict(run_facets)
             if error is not None:
                 try:
