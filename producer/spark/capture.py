@@ -322,8 +322,10 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     if errors:
         run_facets["extractionError"] = events.facet("ExtractionErrorRunFacet", {
             "totalTasks": 1, "failedTasks": len(errors), "errors": errors})
-    # The statement's text, as the official integration's SQLJobFacet (spark.sql actions only).
-    job_facets = {"sql": events.facet("SQLJobFacet", {"query": snap.sql_text})} if snap.sql_text else {}
+    # The statement's text, as the official integration's SQLJobFacet (spark.sql actions
+    # only), credentials masked (naming.mask_sql).
+    job_facets = ({"sql": events.facet("SQLJobFacet", {"query": naming.mask_sql(snap.sql_text)})}
+                  if snap.sql_text else {})
     return ActionLineage(
         job_name=job_name,
         inputs=[events.dataset(r.namespace, r.name, dataset_facets(r, schemas.get(k))) for k, r in enumerate(inputs)],

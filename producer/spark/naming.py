@@ -321,3 +321,39 @@ def table_symlink_namespace(metastore_uris: str | None, warehouse: str | None) -
         # hdfs://nn:8020 + /user/hive/warehouse; s3://bucket + warehouse (no leading slash)
         return (ns + name if name.startswith("/") else f"{ns}/{name}").rstrip("/")
     return "spark_catalog"
+
+
+# --- a SQL statement's text, for the sql job facet ---------------------------------------
+_SQL_SECRET_NAME = re.compile(
+    r"(?i)(password|passwd|pwd|secret|token|credential|api[_.-]?key|access[_.-]?key|private[_.-]?key"
+    r"|account[_.-]?key|shared[_.-]?access|sas|signature)")
+#: ``<name> [=] '<value>'``: an OPTIONS / TBLPROPERTIES / SERDEPROPERTIES pair (name bare,
+#: quoted or back-quoted, value a string literal).
+_SQL_PAIR = re.compile(
+    r"""('[^'\\]*'|"[^"\\]*"|`[^`]*`|\b[A-Za-z_][\w.\-]*)(\s*=?\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
+#: ``scheme://user:password@`` (also ``jdbc:mysql://``): the user info.
+_SQL_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*:(?:[a-z0-9+.\-]+:)*//)[^/\s'\"`@?#]*@")
+#: ``?password=...`` / ``;password=...`` in a URL or a JDBC property list.
+_SQL_PARAM = re.compile(r"([?&;]\s*)([A-Za-z_][\w.\-]*)(=)([^&;'\"`\s)]*)")
+MASK = "***"
+
+
+def mask_sql(text: str) -> str:
+    """``text`` (a SQL statement) with credentials masked: the value of any option whose name
+    looks like a secret (``OPTIONS (password 'x')`` -> ``password '***'``), the user info of
+    URLs and credential-like URL / JDBC parameters. The official integration sends the text
+    as is; a password in a statement would reach every collector and the Kafka topic."""
+    def pair(m: re.Match) -> str:
+        if not _SQL_SECRET_NAME.search(m.group(1)):
+            return m.group(0)
+        quote = m.group(3)[0]
+        return f"{m.group(1)}{m.group(2)}{quote}{MASK}{quote}"
+
+    def param(m: re.Match) -> str:
+        if not _SQL_SECRET_NAME.search(m.group(2)):
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}"
+
+    text = _SQL_PAIR.sub(pair, text)
+    text = _SQL_USERINFO.sub(r"\1", text)
+    return _SQL_PARAM.sub(param, text)

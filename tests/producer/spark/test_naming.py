@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.spark.naming import from_jdbc
+from producer.spark.naming import from_jdbc, mask_sql
 
 
 @pytest.mark.parametrize("url, namespace, name", [
@@ -57,3 +57,30 @@ def test_jdbc_names_follow_the_spec_without_credentials(url, namespace, name):
 ])
 def test_a_jdbc_server_without_a_port_in_its_url_is_named_with_its_default_port(url, namespace):
     assert from_jdbc(url, "t")[0] == namespace
+
+
+@pytest.mark.parametrize(("statement", "masked"), [
+    ("CREATE TABLE t USING jdbc OPTIONS (url 'jdbc:postgresql://db:5432/x?user=a&password=S3cret', "
+     "dbtable 'orders', user 'app', password 'S3cret')",
+     "CREATE TABLE t USING jdbc OPTIONS (url 'jdbc:postgresql://db:5432/x?user=a&password=***', "
+     "dbtable 'orders', user 'app', password '***')"),
+    ("CREATE TABLE t USING x OPTIONS ('spark.secret.key' = \"S3cret\", `apiKey` 'S3cret', 'path' '/a')",
+     "CREATE TABLE t USING x OPTIONS ('spark.secret.key' = \"***\", `apiKey` '***', 'path' '/a')"),
+    ("CREATE TABLE t LOCATION 's3a://AKIAX:S3cret@bucket/x' TBLPROPERTIES ('fs.s3a.access.key'='AKIAX')",
+     "CREATE TABLE t LOCATION 's3a://bucket/x' TBLPROPERTIES ('fs.s3a.access.key'='***')"),
+    ("INSERT INTO t SELECT * FROM jdbc_view -- jdbc:sqlserver://h;user=a;password=S3cret;databaseName=x",
+     "INSERT INTO t SELECT * FROM jdbc_view -- jdbc:sqlserver://h;user=a;password=***;databaseName=x"),
+    ("CREATE TABLE t OPTIONS (token 'a\\'b')", "CREATE TABLE t OPTIONS (token '***')"),
+])
+def test_credentials_in_a_sql_statement_are_masked(statement, masked):
+    assert mask_sql(statement) == masked
+
+
+@pytest.mark.parametrize("statement", [
+    "INSERT INTO sales SELECT id, amount * 2 AS doubled FROM orders WHERE region = 'EU'",
+    "SELECT 'my password is' AS p, 'x' FROM t WHERE note = 'token'",   # literals that merely mention one
+    "SELECT * FROM t WHERE a = 'it''s' AND b = \"q\"",
+    "CREATE TABLE t USING parquet LOCATION 's3a://bucket/p?versionId=3' TBLPROPERTIES ('owner'='data')",
+])
+def test_a_statement_without_credentials_is_kept_as_written(statement):
+    assert mask_sql(statement) == statement

@@ -94,6 +94,23 @@ def test_a_spark_sql_statement_is_the_runs_sql_job_facet_and_a_dataframe_write_h
                if e["job"]["name"].endswith("details_t")), "on START too"
 
 
+def test_credentials_in_a_statement_are_masked_in_its_sql_job_facet(spark, tmp_path):
+    statement = (f"CREATE TABLE details_secret USING parquet LOCATION '{tmp_path / 'details_secret'}' "
+                 "TBLPROPERTIES ('fs.s3a.secret.key'='S3cretValue', 'team'='data') AS SELECT 1 AS id")
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, app_name=APP)
+    try:
+        spark.sql(statement)
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+        spark.sql("DROP TABLE IF EXISTS details_secret")
+    queries = [e["job"]["facets"]["sql"]["query"] for e in _children(recorder, "COMPLETE")
+               if "sql" in e["job"]["facets"]]
+    assert queries == [statement.replace("S3cretValue", "***")]
+    assert not any("S3cretValue" in repr(e) for e in recorder.events)
+
+
 def test_the_details_of_an_action_cost_six_py4j_calls(spark, tmp_path, py4j_calls, monkeypatch):
     costs: dict[str, list[int]] = {"job": [], "sql": []}
 
