@@ -361,7 +361,9 @@ def job_facets(settings: CaptureSettings, kind: str, processing: str = "BATCH") 
 
 
 def error_facet(message: str, stack: str | None, language: str = "JAVA") -> dict:
-    body = {"message": message, "programmingLanguage": language}
+    """The errorMessage facet; credentials masked as in the sql facet (Spark's messages quote
+    the statement's text around a failing expression)."""
+    body = {"message": naming.mask_sql(message), "programmingLanguage": language}
     if stack:
-        body["stackTrace"] = stack
+        body["stackTrace"] = naming.mask_sql(stack)
     return {"errorMessage": events.facet("ErrorMessageRunFacet", body)}

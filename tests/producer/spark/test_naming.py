@@ -84,3 +84,15 @@ def test_credentials_in_a_sql_statement_are_masked(statement, masked):
 ])
 def test_a_statement_without_credentials_is_kept_as_written(statement):
     assert mask_sql(statement) == statement
+
+
+def test_an_error_facet_masks_credentials_spark_quotes_from_the_statement():
+    from producer.spark.capture import error_facet
+
+    message = ("[DIVIDE_BY_ZERO] Division by zero. SQLSTATE: 22012\n== SQL (line 1, position 60) ==\n"
+               "CREATE TABLE t USING jdbc OPTIONS (url 'jdbc:postgresql://u:S3cret@db/x', password 'S3cret') AS "
+               "SELECT 1/0")
+    facet = error_facet(message, f"org.apache.spark.SparkArithmeticException: {message}\n\tat x.y(z.scala:1)")
+    body = facet["errorMessage"]
+    assert "S3cret" not in body["message"] and "S3cret" not in body["stackTrace"]
+    assert body["message"].startswith("[DIVIDE_BY_ZERO] Division by zero.") and "password '***'" in body["message"]
