@@ -258,8 +258,14 @@ class RelayConfig(Frozen):
             raise ValueError("kafka.dlq_topic: must differ from the consumed topics, or rejects would loop")
         stateful = [c.name for c in self.collectors if c.mode != "passthrough"]
         if stateful and len(self.kafka.topics) != 1:
+            # A kind's default mode (type: atlan is consolidated) is not in the user's file: say where it comes from.
+            defaulted = sorted({f"type: {c.type} defaults to mode: {c.mode}" for c in self.collectors
+                                if c.mode != "passthrough" and "mode" not in c.model_fields_set})
             raise ValueError(f"kafka.topics: collectors {', '.join(stateful)} keep run state partitioned like "
-                             "the input topic, so consume exactly one topic (run one relay per topic)")
+                             f"the input topic, so consume exactly one topic"
+                             f"{' (' + '; '.join(defaulted) + ')' if defaulted else ''}; fix: set mode: "
+                             "passthrough on those collectors (events sent as they come, no run state), or consume "
+                             "one topic (run one relay per topic)")
         if stateful and self.kafka.run_state_topic in (*self.kafka.topics, self.kafka.dlq_topic):
             raise ValueError("kafka.state_topic: must differ from the consumed and dead-letter topics")
         return self

@@ -133,6 +133,8 @@ class BatchCollector:
         self._fallback_gauge.set(0)
         self._envelope = envelope
         self._url = URL(config.batch_target)
+        # Logs name the URL without a query or fragment: a key may be in one.
+        self._logged_url = str(self._url.with_query(None).with_fragment(None))
         self._max_events, self._max_bytes, self._linger_s = b.max_events, b.max_bytes, b.linger_ms / 1000
         self._max_requests = b.max_requests
         self._queue: deque[_Item] = deque()
@@ -377,16 +379,16 @@ class BatchCollector:
         detail = reading.outcomes[0].detail[:300] if reading.outcomes else ""
         if change == "resumed":
             self._fallback_gauge.set(0)
-            log_event(log, logging.INFO, "batch_resumed", collector=self.name, url=str(self._url),
+            log_event(log, logging.INFO, "batch_resumed", collector=self.name, url=self._logged_url,
                       note="the batch endpoint accepted a batch: events go in batches again")
         elif change == "still_unsupported":
-            log_event(log, logging.WARNING, "batch_still_unsupported", collector=self.name, url=str(self._url),
+            log_event(log, logging.WARNING, "batch_still_unsupported", collector=self.name, url=self._logged_url,
                       detail=detail, note=f"events still go alone to the single-event endpoint; {again}")
         else:
             self._fallback_gauge.set(1)
             first = self.fallback.gave_up == 1
             log_event(log, logging.ERROR if first else logging.WARNING, "batch_unsupported", collector=self.name,
-                      url=str(self._url), detail=detail,
+                      url=self._logged_url, detail=detail,
                       note=f"{after} batches in a row answered 404, 405 or 501: every event "
                            f"now goes alone to the single-event endpoint; {again}; set batch: null if the "
                            "collector has no batch endpoint")

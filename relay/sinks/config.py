@@ -20,6 +20,7 @@ from relay.sinks.sections import (
     ConsolidationConfig,
     RetryConfig,
     TlsConfig,
+    endpoint_problem,
 )
 from relay.stages.rewrite_config import RewriteConfig
 from relay.stages.route import RouteConfig, kinds_list
@@ -36,6 +37,9 @@ _RELAY_OWNED_HEADERS = {
     "accept-encoding": "the relay reads answers uncompressed only; a compressed batch reply is not read, so "
                        "the events it lists as failed count as delivered",
 }
+#: Headers no token can be sent in: the relay (or its HTTP client) sets them on every request,
+#: so a request would carry the header twice, once with the token.
+_NOT_FOR_TOKEN = frozenset({*_RELAY_OWNED_HEADERS, "content-type", "user-agent", "host"})
 
 
 def _controls(text: str) -> bool:
@@ -301,6 +305,11 @@ class CollectorConfig(Frozen):
         if not _HEADER_NAME.fullmatch(v):
             raise ValueError("must be an HTTP header name such as Authorization or X-Api-Key (not empty, no "
                              "spaces or ':'); leave it out for Authorization")
+        if v.lower() in _NOT_FOR_TOKEN:
+            raise ValueError(f"{v}: the relay sets this header itself on every request, so requests would carry it "
+                             "twice, once with the token, and collectors refuse or misread them; fix: send the token "
+                             "in the header the collector reads it from, such as Authorization (leave auth_header "
+                             "out) or X-Api-Key")
         return v
 
     @field_validator("auth_scheme")
@@ -338,8 +347,9 @@ class CollectorConfig(Frozen):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must start with '/', e.g. /api/v1/lineage")
+        problem = endpoint_problem(v, "/api/v1/lineage", batch=False)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("token_env")

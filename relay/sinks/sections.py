@@ -12,6 +12,22 @@ from pydantic import Field, field_validator, model_validator
 from relay.frozen import Frozen
 
 
+def endpoint_problem(path: str, example: str, batch: bool) -> str | None:
+    """What is wrong with ``path`` as an ``endpoint`` (or ``batch.endpoint``), or None. Never
+    the value in the message: it is where a key would be."""
+    if not path.startswith("/"):
+        return f"must start with '/', e.g. {example}"
+    if "?" in path or "#" in path:
+        appended = "" if batch else "the relay appends /batch to it for batches (after the query: a wrong URL), and "
+        return (f"holds a query string (?...) or a fragment (#...): {appended}a key in it would be written "
+                "wherever the URL is logged; fix: give the path alone, and send the collector's key in headers "
+                "(e.g. x-functions-key for an Azure Function's code=) or as token with auth_header")
+    if any(c.isspace() or not c.isprintable() for c in path):
+        return (f"holds a space, a line break or a control character (a value read from a file often ends in "
+                f"a newline); write the path alone, such as {example}")
+    return None
+
+
 class RetryConfig(Frozen):
     """Retries on connection errors, timeouts, 408, 429 and 5xx: exponential backoff with
     full jitter, capped; a Retry-After header is honoured as a lower bound."""
@@ -131,8 +147,9 @@ class BatchConfig(Frozen):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must start with '/', e.g. /api/v1/lineage/batch")
+        problem = None if v is None else endpoint_problem(v, "/api/v1/lineage/batch", batch=True)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("unsupported_after")

@@ -26,14 +26,17 @@ Contract of :meth:`Rewriter.apply`:
 Redaction (``redact_credentials``) works on substrings of every string in the event's job,
 datasets and facets (JDBC URLs inside an error message included):
 
-* ``scheme://user:password@host`` loses ``user:password@`` (user and password may hold
-  ``@`` and ``/``; see :mod:`relay.stages.redact`). Userinfo without a password is kept (the
-  naming conventions use it for Azure: ``abfss://container@account.dfs...``), except over
-  http(s), where ``https://<token>@github.com`` is a credential.
-* Query or ``;`` parameters named in ``secret_query_params`` (case-insensitive) are removed,
-  e.g. ``?sv=...&sig=...`` (Azure SAS: its short names only beside a ``sig``),
-  ``X-Amz-Signature``, JDBC ``password=`` (braced values too); only the query a parameter
-  was removed from is tidied up.
+* ``scheme://user:password@host`` loses ``user:password@``, whatever follows the host (user
+  and password may hold ``@``, ``/`` and ``'``; see :mod:`relay.stages.redact`), and Oracle's
+  ``jdbc:oracle:thin:user/password@host`` loses ``user/password``. Userinfo without a
+  password is kept (the naming conventions use it for Azure:
+  ``abfss://container@account.dfs...``), except over http(s), where
+  ``https://<token>@github.com`` is a credential.
+* Query, fragment or ``;`` parameters named in ``secret_query_params`` (case-insensitive
+  globs: by default any name holding password, pwd, secret, token, signature...) are
+  removed, e.g. ``?sv=...&sig=...`` (Azure SAS: its short names only beside a ``sig``),
+  ``X-Amz-Signature``, JDBC ``password=`` (braced values too), ``#access_token=``; only the
+  query or fragment a parameter was removed from is tidied up.
 * Not caught: secrets in dict keys, URL-encoded separators, credentials without a URI shape.
 """
 

@@ -260,8 +260,18 @@ def test_bad_batch_fallback_settings_name_the_key_and_the_fix(batch, message):
 def test_a_held_mode_needs_exactly_one_input_topic():
     data = _collector(mode="consolidated")
     data["kafka"]["topics"] = ["a", "b"]
-    with pytest.raises(ConfigError, match=r"kafka\.topics: collectors m keep run state"):
+    with pytest.raises(ConfigError, match=r"kafka\.topics: collectors m keep run state.*one topic; fix: set mode: "
+                                          r"passthrough on those collectors .*or consume one topic"):
         build_config(data)
+
+
+def test_two_topics_with_atlan_say_its_mode_is_a_default_and_the_fix():
+    """type: atlan holds runs without the file saying mode: the refusal says where it comes from."""
+    refused = _refused({"kafka": {"bootstrap_servers": "k:9092", "topics": ["a", "b"]},
+                        "collectors": [{"name": "atlan", "type": "atlan", "tenant": "acme", "connector": "spark",
+                                        "token": "${ATLAN_TOKEN}"}]})
+    assert re.search(r"kafka\.topics: collectors atlan keep run state .*\(type: atlan defaults to mode: "
+                     r"consolidated\); fix: set mode: passthrough on those collectors .*or consume one topic", refused)
 
 
 def test_collector_mode_flag():
@@ -472,6 +482,35 @@ def test_a_collector_url_must_be_a_base_url(collector, message):
     assert "hunter2" not in refused
 
 
+@pytest.mark.parametrize("collector,message", [
+    # An Azure Function's key as code= passed, then batches went to ...?code=KEY/batch and the
+    # batch fallback's log lines printed the key.
+    ({"endpoint": "/api/lineage?code=hunter2", "batch": {}},
+     r"collectors\.m\.endpoint: holds a query string \(\?\.\.\.\) or a fragment \(#\.\.\.\): the relay appends "
+     r"/batch to it.*fix: give the path alone, and send the collector's key in headers"),
+    ({"endpoint": "/api/lineage?code=hunter2"}, r"collectors\.m\.endpoint: holds a query string"),
+    ({"endpoint": "/api/lineage#hunter2"}, r"collectors\.m\.endpoint: holds a query string \(\?\.\.\.\) or a fragment"),
+    ({"endpoint": "/api/v1/lineage\n"}, r"collectors\.m\.endpoint: holds a space, a line break or a control "
+                                        r"character .*write the path alone, such as /api/v1/lineage"),
+    ({"endpoint": "/api/ v1"}, r"collectors\.m\.endpoint: holds a space"),
+    ({"endpoint": "api/v1/lineage"}, r"collectors\.m\.endpoint: must start with '/'"),
+    ({"batch": {"endpoint": "/api/lineage/batch?code=hunter2"}},
+     r"collectors\.m\.batch\.endpoint: holds a query string \(\?\.\.\.\) or a fragment \(#\.\.\.\): "
+     r"a key in it would be written wherever the URL is logged"),
+    ({"batch": {"endpoint": "/b\n"}}, r"collectors\.m\.batch\.endpoint: holds a space, a line break"),
+    ({"batch": {"endpoint": "b"}}, r"collectors\.m\.batch\.endpoint: must start with '/'"),
+    # A connector is one path segment: a final newline (read from a file) is not.
+    ({"type": "atlan", "url": None, "tenant": "acme", "connector": "spark\n", "token": "t"},
+     r"collectors\.m: connector: must be one path segment"),
+])
+def test_an_endpoint_is_a_path_alone(collector, message):
+    data = {"name": "m", "url": "http://h:5000", **collector}
+    refused = _refused({"kafka": {"bootstrap_servers": "k:9092"},
+                        "collectors": [{k: v for k, v in data.items() if v is not None}]})
+    assert re.search(message, refused), refused
+    assert "hunter2" not in refused
+
+
 def test_a_base_url_keeps_a_path_prefix():
     """A reverse proxy's prefix stays: only a path that already ends with the endpoint is refused."""
     for url, target in (("http://h/marquez", "http://h/marquez/api/v1/lineage"),
@@ -491,6 +530,12 @@ def test_a_base_url_keeps_a_path_prefix():
     ({"headers": {"x-api-key": "hunter2", "X-API-KEY": "hunter2"}}, r"collectors\.m\.headers: x-api-key: given more"),
     ({"auth_header": ""}, r"collectors\.m\.auth_header: must be an HTTP header name"),
     ({"auth_header": "X-Token\n"}, r"collectors\.m\.auth_header: must be an HTTP header name"),
+    # The relay's own headers: the token in content-type went beside the relay's Content-Type.
+    ({"token": "hunter2", "auth_header": "content-type"},
+     r"collectors\.m\.auth_header: content-type: the relay sets this header itself .*twice.*fix: send the token in"),
+    ({"token": "hunter2", "auth_header": "User-Agent"}, r"collectors\.m\.auth_header: User-Agent: the relay sets"),
+    ({"token": "hunter2", "auth_header": "Content-Length"}, r"collectors\.m\.auth_header: Content-Length: the relay"),
+    ({"token": "hunter2", "auth_header": "Accept-Encoding"}, r"collectors\.m\.auth_header: Accept-Encoding: the"),
     ({"auth_scheme": "Bearer\n"}, r"collectors\.m\.auth_scheme: holds a line break"),
     ({"token": "t", "headers": {"authorization": "Basic hunter2"}},
      r"collectors\.m: headers\.authorization: the token is sent in this header \(auth_header\), and would replace it; "

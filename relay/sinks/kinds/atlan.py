@@ -69,7 +69,7 @@ class AtlanConfig(CollectorConfig):
         elif data.get("url") is None:
             raise ValueError("tenant: type atlan needs tenant (https://<tenant>.atlan.com) or url")
         if isinstance(connector, str):
-            if not _CONNECTOR.match(connector):
+            if not _CONNECTOR.fullmatch(connector):  # match's $ lets a final newline pass
                 raise ValueError("connector: must be one path segment of letters, digits, '_' and '-', such as "
                                  "spark or airflow")
             if "endpoint" not in data:

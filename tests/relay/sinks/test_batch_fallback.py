@@ -211,3 +211,32 @@ async def test_404s_to_batches_in_flight_at_once_give_up_once_and_lose_nothing(r
     assert sorted(d["run"]["runId"] for d in server.received()) == sorted(f"r{i}" for i in range(60))
     assert 3 <= len(batch_statuses(server)) <= 3 + 4  # at most max_requests more were already on their way
     assert collector.fallback.gave_up == 1 and logged(relay_log, "ERROR") == ["batch_unsupported"]
+
+
+async def test_the_fallback_log_lines_name_the_batch_url_without_its_query(relay_log):
+    """Config refuses a query in endpoint and batch.endpoint; were one there still (an Azure
+    Function's code=KEY), batch_unsupported, batch_still_unsupported and batch_resumed would
+    print the key: they name the URL without query or fragment."""
+    clock = Clock()
+    with KindServer(GENERIC, batch_answers=[404] * 4) as server:
+        relay = Relay(server, clock, reprobe_after_s=600)
+        cfg = relay.collector.config
+        # Past validation, as a config built another way could be.
+        keyed = cfg.model_copy(update={"batch": cfg.batch.model_copy(
+            update={"endpoint": f"{GENERIC.batch_path}?code=hunter2#hunter2"})})
+        relay.collector = BatchCollector(keyed, relay.metrics.for_collector("c"), clock=clock)
+        await relay.collector.start()
+        try:
+            for _ in range(3):
+                await relay.round()
+            clock.now += 600
+            await relay.round()  # the probe, answered 404
+            clock.now += 600
+            await relay.round()  # the next probe, accepted
+        finally:
+            await relay.collector.close()
+    lines = [r for r in relay_log.records if r.name == "relay.sinks.batch"]
+    assert {r.getMessage() for r in lines} >= {"batch_unsupported", "batch_still_unsupported", "batch_resumed"}
+    urls = {r.fields["url"] for r in lines if "url" in r.fields}
+    assert urls == {f"{server.url}{GENERIC.batch_path}"}
+    assert not any("hunter2" in str(r.fields) for r in lines)

@@ -150,7 +150,7 @@ async def test_connections_are_reused_whatever_the_success_answer_carries():
 
     async def answer(request: web.Request) -> web.StreamResponse:
         await request.read()
-        kind = request.query["kind"]
+        kind = request.match_info["kind"]
         peers.append((kind, request.transport.get_extra_info("peername") if request.transport else None))
         if kind == "empty":
             return web.Response(status=201)
@@ -165,7 +165,7 @@ async def test_connections_are_reused_whatever_the_success_answer_carries():
         return response
 
     app = web.Application()
-    app.router.add_post("/api/v1/lineage", answer)
+    app.router.add_post("/api/v1/lineage/{kind}", answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -173,7 +173,7 @@ async def test_connections_are_reused_whatever_the_success_answer_carries():
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         for kind in ("empty", "json", "late"):
-            cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{port}", endpoint=f"/api/v1/lineage?kind={kind}",
+            cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{port}", endpoint=f"/api/v1/lineage/{kind}",
                                   concurrency=4)
             http = HttpCollector(cfg, RelayMetrics().for_collector("c"))
             await http.start()

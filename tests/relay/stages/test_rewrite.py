@@ -163,6 +163,24 @@ URIS_WITH_SECRETS = [
     ("mongodb://admin:s3cr{e}t@mongo:27017/db", "mongodb://mongo:27017/db", ["s3cr{e}t"]),
     ("redis://:Secr3t[1]@cache:6379", "redis://cache:6379", ["Secr3t[1]"]),
     ("postgresql://etl:#abc@db", "postgresql://db", ["#abc"]),
+    # A password holding "'" (RFC 3986 allows it raw in userinfo; generated passwords hold it).
+    ("postgres://app:ab'S3cret@db:5432/sales", "postgres://db:5432/sales", ["ab'S3cret", "S3cret"]),
+    ("jdbc:mysql://app:S3cret'x@db/x", "jdbc:mysql://db/x", ["S3cret"]),
+    # Parameters whose names hold a secret word (Trino, pgjdbc, BigQuery, Snowflake, MySQL, Azure).
+    ("jdbc:trino://trino:443/hive?user=u&accessToken=S3cret", "jdbc:trino://trino:443/hive?user=u", ["S3cret"]),
+    ("jdbc:postgresql://db/x?user=u&sslpassword=S3cret", "jdbc:postgresql://db/x?user=u", ["S3cret"]),
+    ("jdbc:bigquery://https://www.googleapis.com/bigquery/v2:443;ProjectId=p;OAuthType=2;OAuthAccessToken=S3cret",
+     "jdbc:bigquery://https://www.googleapis.com/bigquery/v2:443;ProjectId=p;OAuthType=2", ["S3cret"]),
+    ("jdbc:snowflake://a.snowflakecomputing.com/?user=u&private_key_file_pwd=S3cret",
+     "jdbc:snowflake://a.snowflakecomputing.com/?user=u", ["S3cret"]),
+    ("jdbc:mysql://db/x?trustCertificateKeyStorePassword=S3cret", "jdbc:mysql://db/x", ["S3cret"]),
+    # OAuth's implicit flow puts the token in the fragment.
+    ("https://app.example.com/cb#access_token=S3cret&token_type=bearer", "https://app.example.com/cb", ["S3cret"]),
+    ("https://app.example.com/cb#access_token=S3cret&state=xyz", "https://app.example.com/cb#state=xyz", ["S3cret"]),
+    # Oracle thin: user/password@ without "//"; the '@' stays (the URL's form without credentials).
+    ("jdbc:oracle:thin:scott/S3cret@//db:1521/svc", "jdbc:oracle:thin:@//db:1521/svc", ["scott", "S3cret"]),
+    ("jdbc:oracle:thin:scott/S3cret@db:1521:orcl", "jdbc:oracle:thin:@db:1521:orcl", ["scott", "S3cret"]),
+    ("jdbc:oracle:thin:scott/pa@S3cret@db:1521:orcl", "jdbc:oracle:thin:@db:1521:orcl", ["scott", "S3cret"]),
 ]
 
 
@@ -218,6 +236,21 @@ def test_credentials_are_stripped_everywhere(uri: str, clean: str, secrets: list
         "https://api.example.com/items?st=open&sp=2&page=3",
         # Only a query a secret was removed from is tidied up, not every '?'.
         "SELECT * FROM t WHERE a = ? AND b = ?",
+        # A URL in quotes ends there: what follows is not its password (a quoted e-mail).
+        "VALUES ('http://h:80','ops@example.com')",
+        "`http://h:80`,`ops@example.com`",
+        # Parameters that name a dataset stay.
+        "jdbc:snowflake://a.snowflakecomputing.com/?db=SALES&schema=PUBLIC&warehouse=WH&role=R",
+        "jdbc:bigquery://https://www.googleapis.com/bigquery/v2:443;ProjectId=p;DefaultDataset=d",
+        "jdbc:sqlserver://sql.internal:1433;databaseName=dw;encrypt=true",
+        "DefaultEndpointsProtocol=https;AccountName=a;EndpointSuffix=core.windows.net",
+        # Fragments without secrets, Oracle and ssh URLs without a password.
+        "https://example.com/docs#token-rotation",
+        "https://app.example.com/#/route?id=1",
+        "jdbc:oracle:thin:@//db:1521/svc",
+        "jdbc:oracle:thin:@db:1521:orcl",
+        "ssh://git@github.com/org/repo",
+        "git@github.com:org/repo.git",
     ],
 )
 def test_strings_without_credentials_are_kept(text: str) -> None:
@@ -252,6 +285,28 @@ def test_strings_without_credentials_are_kept(text: str) -> None:
     ("https://user:my@pass.word!@host.example.com/path", "https://host.example.com/path"),
     ("postgres://u:p@ssw0rd=1@db/x", "postgres://db/x"),
     ("failed (postgres://u:pa@ss)@db.internal)", "failed (postgres://db.internal)"),
+    # Whatever follows the host: a closing backtick, CJK punctuation, a non-ASCII host,
+    # characters no host has, a template, a zero-width space.
+    ("cannot connect to `postgres://u:S3cret@db` (timeout)", "cannot connect to `postgres://db` (timeout)"),
+    ("连接失败 postgres://u:S3cret@db。重试", "连接失败 postgres://db。重试"),
+    ("https://u:S3cret@bücher.example/x", "https://bücher.example/x"),
+    ("postgres://u:S3cret@db*", "postgres://db*"),
+    ("postgres://u:S3cret@db|x", "postgres://db|x"),
+    ("postgres://u:S3cret@db&x=1", "postgres://db&x=1"),
+    ("postgres://u:S3cret@db\\x", "postgres://db\\x"),
+    ("postgres://u:S3cret@db:{port}/x", "postgres://db:{port}/x"),
+    ("postgres://u:S3cret@db\u200b/x", "postgres://db\u200b/x"),
+    ("1postgres://u:S3cret@db/x", "1postgres://db/x"),
+    # A quoted URL ends at its closing quote, a password's quote (doubled, as SQL escapes it) aside.
+    ("error: 'postgres://app:ab'S3cret@db:5432/sales'", "error: 'postgres://db:5432/sales'"),
+    ("VALUES ('postgres://app:ab''S3cret@db', 'x')", "VALUES ('postgres://db', 'x')"),
+    ("a ?token=x#section", "a #section"),
+    # Azure connection strings (not URIs: ';'-separated keys).
+    ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=S3cret",
+     "Endpoint=sb://ns.servicebus.windows.net/"),
+    ("DefaultEndpointsProtocol=https;AccountName=a;AccountKey=S3cret;EndpointSuffix=core.windows.net",
+     "DefaultEndpointsProtocol=https;AccountName=a;EndpointSuffix=core.windows.net"),
+    ("https://h/p?a=1#id_token=x", "https://h/p?a=1"),
 ])
 def test_removing_a_secret_leaves_the_rest_of_the_text_as_it_was(text: str, clean: str) -> None:
     doc = run_events()[0]
@@ -266,6 +321,17 @@ def test_secret_query_params_are_configurable() -> None:
     assert default["dataset"]["namespace"] == "https://api.example.com/v1?session=s1"
     custom = orjson.loads(rewriter(redact_credentials=True, secret_query_params=["session"]).apply(doc).body)
     assert custom["dataset"]["namespace"] == "https://api.example.com/v1?apikey=k1"
+
+
+def test_a_name_holding_a_secret_word_goes_unless_a_list_of_ones_own_says_otherwise() -> None:
+    """The default takes any name holding password, token, secret...: a non-secret one too
+    (tokenizer), which a list of one's own keeps; '*' in an entry is any run of name characters."""
+    doc = dataset_event("https://api.example.com/v1?tokenizer=bert&page_token=p1&passphrase=x&mypass=y", "t",
+                        event_time=START)
+    default = orjson.loads(rewriter(redact_credentials=True).apply(doc).body)
+    assert default["dataset"]["namespace"] == "https://api.example.com/v1?passphrase=x&mypass=y"
+    custom = orjson.loads(rewriter(redact_credentials=True, secret_query_params=["*_token", "pass*"]).apply(doc).body)
+    assert custom["dataset"]["namespace"] == "https://api.example.com/v1?tokenizer=bert&mypass=y"
 
 
 # -- dropping and masking ------------------------------------------------------------
