@@ -68,9 +68,12 @@ class RunSequencer(SequenceTakeBack):
     * Memory is bounded: at most ``max_held_events`` held events (beyond that, the run
       whose hold began earliest is released at once, reason ``hold_overflow``) and at
       most ``max_tracked_runs`` started/finished markers (least recently touched are
-      forgotten first). Finished markers are also forgotten ``finished_ttl_s`` after the
-      terminal. A forgotten run's late events are treated like a new run's: held until a
-      START or the hold timeout.
+      forgotten first) besides those of runs whose early terminal waits out its grace:
+      such a run is not forgotten before its terminal is sent (there are no more of them
+      than early terminals released in the last ``terminal_grace_s``, each an unsettled
+      record, which the relay's backpressure bounds). Finished markers are also forgotten
+      ``finished_ttl_s`` after the terminal. A forgotten run's late events are treated like
+      a new run's: held until a START or the hold timeout.
     """
 
     def __init__(
@@ -103,7 +106,9 @@ class RunSequencer(SequenceTakeBack):
         self._forward_other_after_terminal = forward_other_after_terminal
         # Terminal events that arrived before their START, waiting out the grace period
         # after it so that the run's stragglers (RUNNING...) are forwarded first.
-        # run_id -> (terminal, release time); insertion order is release order.
+        # run_id -> (terminal, release time); insertion order is release order. Each is an
+        # open run of _runs, never forgotten while here: forgotten, its later events would
+        # be held and released again, a second terminal with them.
         self._grace: OrderedDict[str, tuple[LineageEvent, float]] = OrderedDict()
         # Runs waiting for their START, ordered by when their hold began (oldest first).
         self._holds: OrderedDict[str, RunHold] = OrderedDict()
@@ -198,13 +203,22 @@ class RunSequencer(SequenceTakeBack):
         ``on_hold_timeout`` policy, and forget runs finished over ``finished_ttl_s`` ago."""
         decisions: list[Decision] = []
         grace = self._grace
+        graced = len(grace)
         while grace:
             run_id, (terminal, until) = next(iter(grace.items()))
             if now < until:
                 break
             del grace[run_id]
-            decisions.append(Forward(terminal))
-            self._finish(run_id, now)
+            state = self._runs.get(run_id, _UNKNOWN)
+            if state is None:
+                decisions.append(Forward(terminal))
+                self._finish(run_id, now)
+            elif state is _UNKNOWN:  # defensive (see _grace): not sent ahead of its START
+                self._hold_again(run_id, terminal, now)
+            else:  # defensive: the run ended here by another terminal
+                decisions.append(Drop(terminal, AFTER_TERMINAL))
+        if len(grace) < graced:
+            self._forget_beyond_cap()
         holds = self._holds
         while holds:
             run_id, hold = next(iter(holds.items()))
@@ -330,20 +344,55 @@ class RunSequencer(SequenceTakeBack):
         ordinary = sorted((e for e in events if not e.is_terminal), key=_by_event_time)
         terminals = sorted((e for e in events if e.is_terminal), key=_by_event_time)
         decisions: list[Decision] = [Forward(event) for event in ordinary]
-        if terminals:
-            if grace_s > 0:
-                self._grace[run_id] = (terminals[0], now + grace_s)
+        if not terminals:
+            return decisions
+        first, later = terminals[0], terminals[1:]
+        waiting = self._grace.get(run_id)
+        if waiting is not None:
+            # Defensive (never so, see _grace): the earliest waits, as in offer; the other is dropped.
+            if first.event_time < waiting[0].event_time:
+                self._grace[run_id] = (first, waiting[1])
+                later = [waiting[0], *later]
             else:
-                decisions.append(Forward(terminals[0]))
-                self._finish(run_id, now)
-            decisions += (Drop(event, AFTER_TERMINAL) for event in terminals[1:])
+                later = terminals
+        elif grace_s > 0:
+            self._grace[run_id] = (first, now + grace_s)
+        else:
+            decisions.append(Forward(first))
+            self._finish(run_id, now)
+        decisions += (Drop(event, AFTER_TERMINAL) for event in later)
         return decisions
+
+    def _hold_again(self, run_id: str, terminal: LineageEvent, since: float) -> None:
+        """A terminal waiting out its grace whose run is no longer known (its START taken
+        back) waits for its START again, with the run's events held since, if any."""
+        holds = self._holds
+        hold = holds.get(run_id)
+        out_of_order = hold is None and bool(holds) and since < next(reversed(holds.values())).since
+        if hold is None:
+            hold = holds[run_id] = RunHold()
+        hold.events.append(terminal)
+        hold.arrivals.append(since)
+        self._held_count += 1
+        if out_of_order:  # keep _holds sorted by hold start for expire()
+            self._holds = OrderedDict(sorted(holds.items(), key=lambda kv: kv[1].since))
 
     def _start(self, run_id: str) -> None:
         self._runs[run_id] = None
         self._runs.move_to_end(run_id)
-        if len(self._runs) > self._max_tracked_runs:
-            evicted, _ = self._runs.popitem(last=False)
+        self._forget_beyond_cap()
+
+    def _forget_beyond_cap(self) -> None:
+        """Forget the least recently touched runs beyond ``max_tracked_runs``, those whose
+        terminal waits out its grace aside (passed over as if touched). There is one to
+        forget: more than max_tracked_runs (>= 1) runs are not in grace."""
+        runs, grace = self._runs, self._grace
+        while len(runs) - len(grace) > self._max_tracked_runs:
+            evicted = next(iter(runs))
+            while evicted in grace:
+                runs.move_to_end(evicted)
+                evicted = next(iter(runs))
+            del runs[evicted]
             self._finished.pop(evicted, None)
 
     def _finish(self, run_id: str, now: float) -> None:

@@ -11,9 +11,10 @@ Guarantees:
   holds keep the order ``expire`` relies on (oldest hold first).
 * :meth:`SequenceTakeBack.rollback` undoes what forwarding the given events taught the
   sequencer: a run whose START is among them is forgotten (what is read again is held
-  until its START), a run whose terminal is among them is open again. A copy read again,
-  here or by another replica, is then not dropped as ``after_terminal`` because of them
-  (which would commit its offset while it reached nothing).
+  until its START, and so is its early terminal waiting out its grace, if any), a run whose
+  terminal is among them is open again. A copy read again, here or by another replica, is
+  then not dropped as ``after_terminal`` because of them (which would commit its offset
+  while it reached nothing).
 * Runs the given events do not touch are left as they are.
 """
 
@@ -36,6 +37,9 @@ class SequenceTakeBack:
     _held_count: int
     _runs: OrderedDict[str, float | None]
     _finished: OrderedDict[str, float]
+    _terminal_grace_s: float
+
+    def _hold_again(self, run_id: str, terminal: LineageEvent, since: float) -> None: ...
 
     def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Remove held events matching ``predicate`` without deciding them and return
@@ -82,6 +86,13 @@ class SequenceTakeBack:
             if event.event_type == "START":
                 del self._runs[run_id]
                 self._finished.pop(run_id, None)
+                waiting = self._grace.pop(run_id, None)
+                if waiting is not None:
+                    # Its early terminal (from a partition not taken back) must not go out
+                    # ahead of the START read again: it waits for it again, held since the
+                    # START let it go.
+                    terminal, until = waiting
+                    self._hold_again(run_id, terminal, until - self._terminal_grace_s)
             elif event.is_terminal and self._runs[run_id] is not None:
                 self._runs[run_id] = None
                 self._finished.pop(run_id, None)

@@ -501,6 +501,136 @@ def test_other_after_terminal_is_forwarded_unless_disabled():
         assert _types(seq.offer(event(run, "OTHER", second=3), 0.0)) == [(expected, "OTHER")]
 
 
+def _early_terminal_in_grace_then_newer_runs(seq: RunSequencer, terminal: LineageEvent) -> None:
+    """``terminal`` (run 1) arrives before its START and waits out its 2 s grace, while
+    three other runs start: more than max_tracked_runs=3 runs started within the grace."""
+    assert seq.offer(terminal, 0.0) == []
+    assert _types(seq.offer(event(1, "START", 0), 0.1)) == [("Forward", "START")]
+    for run in (2, 3, 4):
+        assert _types(seq.offer(event(run, "START", 0), 0.2)) == [("Forward", "START")]
+
+
+def test_a_run_whose_terminal_waits_out_its_grace_is_not_forgotten_for_newer_runs():
+    """Forgotten for runs started after it, run 1's later FAIL was held as a new run's,
+    then forwarded at the hold timeout: two terminals for one run."""
+    seq = sequencer(terminal_grace_s=2.0, max_tracked_runs=3)
+    complete = event(1, "COMPLETE", 10)
+    _early_terminal_in_grace_then_newer_runs(seq, complete)
+    fail = event(1, "FAIL", 11)
+    assert seq.offer(fail, 0.3) == [Drop(fail, AFTER_TERMINAL)]
+    assert seq.expire(2.5) == [Forward(complete)]
+    assert seq.expire(100.0) == [] and seq.held_count == 0
+    # Once its terminal is sent, it is forgotten like any run: the bound holds again.
+    seq.offer(event(5, "START", 0), 101.0)
+    assert seq.tracked_runs == 3
+
+
+def test_a_straggler_of_a_run_in_grace_still_goes_before_its_terminal_despite_newer_runs():
+    """Forgotten, run 1's RUNNING (what the grace waits for) was held and forwarded at the
+    hold timeout, after its COMPLETE."""
+    seq = sequencer(terminal_grace_s=2.0, max_tracked_runs=3)
+    complete = event(1, "COMPLETE", 10)
+    _early_terminal_in_grace_then_newer_runs(seq, complete)
+    running = event(1, "RUNNING", 5)
+    assert seq.offer(running, 0.3) == [Forward(running)]
+    assert seq.expire(2.5) == [Forward(complete)]
+    assert seq.expire(100.0) == []
+
+
+def test_a_copy_of_the_start_of_a_run_in_grace_leaves_its_terminal_to_be_decided():
+    """Forgotten, run 1's FAIL was held; a copy of its START (a duplicate: pass_start)
+    released it into the grace table over the COMPLETE waiting there, which was never
+    decided: its offset, never settled, stopped its partition's commits for good."""
+    seq = sequencer(terminal_grace_s=2.0, max_tracked_runs=3)
+    complete = event(1, "COMPLETE", 10)
+    _early_terminal_in_grace_then_newer_runs(seq, complete)
+    fail = event(1, "FAIL", 11)
+    decisions = seq.offer(fail, 0.3) + seq.pass_start(run_id(1), 0.4) + seq.expire(2.5) + seq.expire(100.0)
+    assert decisions == [Drop(fail, AFTER_TERMINAL), Forward(complete)]
+    assert seq.held_count == 0
+
+
+def test_tracked_runs_exceed_the_cap_only_by_runs_in_grace():
+    seq = sequencer(terminal_grace_s=2.0, max_tracked_runs=2)
+    for run in range(10):
+        seq.offer(event(run, "COMPLETE", 5), 0.0)
+        seq.offer(event(run, "START", 0), 0.1)
+    for run in range(10, 13):
+        assert forwarded(seq.offer(event(run, "START", 0), 0.2))
+    assert seq.held_count == 10 and seq.tracked_runs == 10 + 2
+    assert len(forwarded(seq.expire(2.1))) == 10
+    assert seq.tracked_runs == 2
+
+
+def test_a_start_taken_back_sends_its_runs_terminal_in_grace_back_to_wait_for_it():
+    """The run's START (partition 0) was forwarded, then taken back on revoke; its early
+    COMPLETE (partition 1, not revoked) waits out its grace. Sent at the grace's end, it
+    finished the run, and the START read again was dropped as after_terminal: never
+    delivered, its offset committed."""
+    seq = _grace_sequencer(2.0)
+    complete, start = event(1, "COMPLETE", 10, partition=1), event(1, "START", 0, partition=0)
+    assert seq.offer(complete, 0.0) == [] and seq.offer(start, 0.1) == [Forward(start)]
+    seq.rollback([start])
+    assert seq.discard(lambda e: e.source.partition == 0) == []
+    assert seq.expire(5.0) == [] and seq.held_count == 1
+    again = event(1, "START", 0, partition=0)
+    assert seq.offer(again, 6.0) == [Forward(again)]
+    assert seq.expire(7.9) == []
+    assert seq.expire(8.0) == [Forward(complete)]
+
+
+@pytest.mark.parametrize("max_tracked_runs", [2, 3, 1000])
+def test_with_grace_and_few_tracked_runs_every_event_is_decided_once_and_each_run_life_ends_once(max_tracked_runs):
+    """Early terminals waiting out their grace, runs forgotten for newer ones, copies of
+    STARTs (pass_start), events taken back (rollback, discard). A run's life lasts from
+    when the sequencer knows it until it forgets it (a forgotten run's late events are a
+    new run's): in a life, one terminal at most and only OTHER after it."""
+    rng = random.Random(f"grace-{max_tracked_runs}")
+    for _ in range(200):
+        seq = sequencer(terminal_grace_s=rng.choice([0.5, 2.0]), max_tracked_runs=max_tracked_runs,
+                        hold_timeout_s=rng.choice([1.0, 5.0]), on_hold_timeout=rng.choice(["forward", "dead_letter"]),
+                        finished_ttl_s=rng.choice([2.0, 1000.0]), forward_other_after_terminal=True)
+        stream = random_stream(rng) + random_stream(rng)
+        decided, discarded, under_way = Counter(), Counter(), []
+        life: dict[str, list[str]] = {}
+        now = 0.0
+
+        def take(decisions):
+            for d in decisions:
+                decided[id(d.event)] += 1
+                if isinstance(d, Forward) and d.event.run_id is not None:
+                    sent = life.setdefault(d.event.run_id, [])
+                    ended = any(t in ("COMPLETE", "FAIL", "ABORT") for t in sent)
+                    assert not ended or d.event.event_type == "OTHER", f"{d.event.event_type} after {sent}"
+                    sent.append(d.event.event_type)
+                    under_way.append(d.event)
+            for run in [r for r in life if r not in seq._runs and r not in seq._holds and r not in seq._grace]:
+                del life[run]  # forgotten: its life ended
+
+        for e in stream:
+            now += rng.choice([0.0, 0.1, 0.3, 1.0])
+            take(seq.offer(e, now))
+            if e.run_id is not None and rng.random() < 0.1:
+                take(seq.pass_start(e.run_id, now))  # a copy of its START, deduped
+            if rng.random() < 0.3:
+                take(seq.expire(now))
+            if rng.random() < 0.05 and under_way:  # taken back before delivery
+                back = under_way[rng.randrange(len(under_way)):]
+                del under_way[-len(back):]
+                seq.rollback(back)
+                for b in back:
+                    if b.event_type in life.get(b.run_id, ()):
+                        life[b.run_id].remove(b.event_type)
+                revoked = rng.randint(0, 2)
+                discarded.update(id(x) for x in seq.discard(lambda ev: ev.source.partition == revoked))
+                take([])
+            elif rng.random() < 0.3:
+                under_way.clear()  # delivered
+        take(seq.expire(now + 1e4) + seq.expire(now + 2e4))
+        assert seq.held_count == 0
+        assert decided + discarded == Counter(id(e) for e in stream), "each event decided exactly once"
+
+
 # -- admit: offer's common case without building decisions ------------------------------
 
 ADMIT_CONFIGS = {
