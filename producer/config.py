@@ -9,12 +9,13 @@ names the key as the user spelled it and says how to fix it; neither it nor its 
 carries the values given. ``repr()`` masks secrets: every librdkafka property that can hold
 one (``sasl.password``, ``ssl.key.pem``, ``sasl.oauthbearer.config``, ... see :func:`is_secret`).
 
-Settings copied from the OpenLineage Java (Spark) Kafka transport carry over: properties
-only the Kafka Java client knows (:data:`JAVA_ONLY_PROPERTIES`: serializers, interceptors,
-partitioner and metrics classes) are dropped with one warning, since librdkafka would refuse
-to start on them and none changes what is sent; ``sasl.jaas.config`` of the PLAIN or SCRAM
-login module (``username="..." password="..."``) becomes ``sasl.username``/``sasl.password``,
-any other JAAS config is an error naming the librdkafka equivalents.
+Settings copied from the OpenLineage Java (Spark) Kafka transport carry over: Kafka Java
+client properties are translated to librdkafka's where it has the same setting
+(``max.request.size`` is ``message.max.bytes``, a PLAIN or SCRAM ``sasl.jaas.config`` is
+``sasl.username``/``sasl.password``, a PEM truststore is ``ssl.ca.location``), dropped with one
+warning when they change nothing in what is sent (:data:`JAVA_ONLY_PROPERTIES`), and refused
+with the librdkafka equivalent otherwise (a JKS truststore, another JAAS login module); see
+:mod:`producer.java_properties`.
 
 Defaults worth knowing:
 
@@ -42,6 +43,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from producer.errors import ConfigError
+from producer.java_properties import JAVA_ONLY_PROPERTIES as JAVA_ONLY_PROPERTIES  # re-exported
+from producer.java_properties import to_librdkafka
 from producer.sources import collect
 
 log = logging.getLogger("producer.config")
@@ -54,24 +57,6 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # sasl.jaas.config (Java; holds password="..."). Masking a path too (ssl.key.location) is harmless.
 _SECRET = re.compile(r"password|passphrase|secret|token|credential|jaas|oauthbearer\.config|private"
                      r"|(^|[._])key([._]|$)|pem$", re.IGNORECASE)
-
-#: Kafka Java client properties librdkafka does not have ("No such configuration property")
-#: and that change nothing in what is sent: record serializers (the producer sends bytes),
-#: plug-in classes (interceptors, partitioner, metric reporters) and Java-side memory
-#: and blocking limits (``queue_max_events`` bounds memory here; ``emit`` never blocks).
-#: Dropped with one warning so the official transport's config works unchanged.
-JAVA_ONLY_PROPERTIES = frozenset({
-    "key.serializer", "value.serializer", "interceptor.classes",
-    "partitioner.class", "partitioner.ignore.keys", "partitioner.adaptive.partitioning.enable",
-    "partitioner.availability.timeout.ms",
-    "metric.reporters", "metrics.num.samples", "metrics.sample.window.ms", "metrics.recording.level",
-    "auto.include.jmx.reporter", "buffer.memory", "max.block.ms",
-})
-_JAAS_MODULES = ("org.apache.kafka.common.security.plain.PlainLoginModule",
-                 "org.apache.kafka.common.security.scram.ScramLoginModule")
-_JAAS = re.compile(r'^\s*(?P<module>[\w.$]+)\s+required\s*(?P<options>(?:[\w.]+\s*=\s*"(?:[^"\\]|\\.)*"\s*)*);?\s*$',
-                   re.DOTALL)
-_JAAS_OPTION = re.compile(r'([\w.]+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 JOURNAL_DIR_ENV = "LINEAGE_RELAY_JOURNAL_DIR"
 
@@ -143,7 +128,7 @@ class ProducerConfig(BaseModel):
     root_parent_job_namespace: str | None = None
     root_parent_job_name: str | None = None
     root_parent_run_id: str | None = None
-    # Where parent_* came from: "explicit", "spark" or "env" (see parent_source).
+    # Where parent_* came from: "explicit", "spark", "file" or "env" (see parent_source).
     _parent_source: str = PrivateAttr("explicit")
 
     @model_validator(mode="before")
@@ -199,20 +184,8 @@ class ProducerConfig(BaseModel):
         if not isinstance(v, dict):
             return v
         out: dict[str, str] = {}
-        java_only = sorted(str(k) for k in v if str(k) in JAVA_ONLY_PROPERTIES)
-        if java_only:
-            log.warning("event=java_properties_ignored keys=%s reason=Kafka Java client settings librdkafka "
-                        "does not have; they do not change what is sent", ",".join(java_only))
-        for key, value in v.items():
-            key = str(key)
-            value = str(value).lower() if isinstance(value, bool) else str(value)
-            if key in JAVA_ONLY_PROPERTIES:
-                continue
-            if key == "sasl.jaas.config":
-                for name, secret in _from_jaas(value).items():
-                    if name not in v:   # an explicit librdkafka property wins
-                        out[name] = secret
-                continue
+        given = {str(key): str(value).lower() if isinstance(value, bool) else str(value) for key, value in v.items()}
+        for key, value in to_librdkafka(given, KAFKA_DEFAULTS["compression.type"]).items():
             if key in _OWNED:
                 raise ValueError(f"{key!r} is managed by the producer and cannot be set (remove it)")
             if key in _BYTE_SIZES and not _WHOLE_NUMBER.fullmatch(value):
@@ -267,11 +240,13 @@ class ProducerConfig(BaseModel):
         return (self.parent_job_namespace, self.parent_job_name, self.parent_run_id)  # type: ignore[return-value]
 
     @property
-    def parent_source(self) -> Literal["explicit", "spark", "env"]:
+    def parent_source(self) -> Literal["explicit", "spark", "file", "env"]:
         """Where the parent (and root) came from: ``explicit`` (given to the config or
-        :func:`load_config`), ``spark`` (``spark.openlineage.parent*``) or ``env``
-        (``OPENLINEAGE_PARENT_ID``). :func:`producer.spark.enable_lineage` lets only an
-        explicit one win over the session's Spark conf."""
+        :func:`load_config`), ``spark`` (``spark.openlineage.parent*``), ``file``
+        (openlineage.yml's ``parentJob*``, read with Spark conf) or ``env``
+        (``OPENLINEAGE_PARENT_ID``, or with Spark conf ``OPENLINEAGE__PARENT_JOB_*``).
+        :func:`producer.spark.enable_lineage` lets only an explicit one win over the session's
+        Spark conf."""
         return self._parent_source  # type: ignore[return-value]
 
     @property
@@ -309,21 +284,6 @@ def is_secret(prop: str) -> bool:
     return bool(_SECRET.search(prop))
 
 
-def _from_jaas(jaas: str) -> dict[str, str]:
-    """``sasl.username``/``sasl.password`` from a Java ``sasl.jaas.config`` of the PLAIN or
-    SCRAM login module; anything else raises ValueError naming the librdkafka properties.
-    The value is never part of a message: it holds the password."""
-    match = _JAAS.match(jaas)
-    options = dict(_JAAS_OPTION.findall(match.group("options"))) if match else {}
-    if match and match.group("module") in _JAAS_MODULES and set(options) == {"username", "password"}:
-        return {f"sasl.{k}": re.sub(r"\\(.)", r"\1", options[k]) for k in ("username", "password")}
-    raise ValueError(
-        "sasl.jaas.config is a Kafka Java client setting librdkafka does not read, and only the PLAIN/SCRAM "
-        'login module with exactly username="..." password="..." is translated; set the librdkafka '
-        "properties instead: sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI), "
-        "sasl.username and sasl.password (or sasl.oauthbearer.* / sasl.kerberos.*), and remove sasl.jaas.config")
-
-
 def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) -> ProducerConfig:
     """Validate ``values`` (ProducerConfig field names) into a config.
 
@@ -351,7 +311,8 @@ def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) 
         # from None: pydantic's error, chained, would print the values given (passwords too).
         raise ConfigError("invalid producer configuration:\n  " + "\n  ".join(lines)) from None
     where = origins.get("parent_run_id", "")
-    config._parent_source = "env" if where.startswith("env ") else "spark" if where.startswith(_SPARK) else "explicit"
+    config._parent_source = origins.get("parent_source") or (
+        "env" if where.startswith("env ") else "spark" if where.startswith(_SPARK) else "explicit")
     return config
 
 

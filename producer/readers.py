@@ -1,6 +1,7 @@
 """The OpenLineage ecosystem's configuration sources, each read as the official clients
 read it: openlineage.yml, the ``OPENLINEAGE__TRANSPORT*`` environment variables and Spark
-conf (merged by :mod:`producer.sources`)."""
+conf (merged by :mod:`producer.sources`), and the settings outside ``transport`` the Spark
+integration also reads from openlineage.yml and ``OPENLINEAGE__*`` (:func:`settings_sources`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ log = logging.getLogger("producer.config")
 _SPARK = "spark.openlineage."
 _ENV = "OPENLINEAGE__TRANSPORT__"
 _ENV_SECTION = "OPENLINEAGE__TRANSPORT"
+_ENV_ALL = "OPENLINEAGE__"
 
 TRANSPORT_TYPES = frozenset({
     "kafka", "lineage-relay", "lineage_relay",
@@ -118,16 +120,22 @@ def yaml_problem(err: BaseException) -> str:
     return type(err).__name__
 
 
-def yaml_source(path: Path | None) -> Source | None:
-    if path is None:
-        return None
+def _yaml_doc(path: Path) -> Any:
     try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
     except Exception as err:  # noqa: BLE001 - any file that cannot be read is read as empty
         # Never str(err): PyYAML quotes the offending line, which may hold a password.
         log_once(logging.WARNING, f"badyaml:{path}",
                  "event=openlineage_yml_ignored path=%s reason=cannot read it as YAML: %s fix=correct or remove "
                  "the file; it is read as empty", path, yaml_problem(err))
+        return None
+
+
+def yaml_source(path: Path | None) -> Source | None:
+    if path is None:
+        return None
+    doc = _yaml_doc(path)
+    if doc is None:
         return None
     section = doc.get("transport") if isinstance(doc, dict) else None
     if section is None:
@@ -143,6 +151,87 @@ def yaml_source(path: Path | None) -> Source | None:
         return None
     where = f"{path}: transport"
     return Source(where, section, lambda key: f"{where}.{key}")
+
+
+@dataclass
+class Settings:
+    """One source's settings outside ``transport`` (``namespace``, ``parentJobName``,
+    ``facets``, ...), named as the Java client names them: the top level of openlineage.yml,
+    or the ``OPENLINEAGE__*`` variables. ``kind`` is ``file`` or ``env``."""
+
+    kind: str
+    values: dict[str, Any]
+    origin: Callable[[str], str]
+
+
+def yaml_settings(path: Path | None) -> Settings | None:
+    """openlineage.yml's top-level keys but ``transport`` (a malformed file is logged once, as
+    by :func:`yaml_source`, and has none)."""
+    doc = _yaml_doc(path) if path is not None else None
+    if not isinstance(doc, dict):
+        return None
+    values = {str(key): value for key, value in doc.items() if str(key) != "transport"}
+    return Settings("file", values, lambda key: f"{path}: {key}") if values else None
+
+
+def env_settings(environ: Mapping[str, str]) -> Settings | None:
+    """The ``OPENLINEAGE__*`` variables but ``OPENLINEAGE__TRANSPORT*``, nested and named as the
+    Java client's ``OpenLineageEnvParser`` reads them: split at ``__``, each part from
+    snake_case to camelCase (``OPENLINEAGE__PARENT_JOB_NAME`` is ``parentJobName``,
+    ``OPENLINEAGE__FACETS__SCHEMA__DISABLED`` is ``facets.schema.disabled``), a JSON object or
+    array value parsed, a variable merged over the ones after it in name order (a JSON object
+    into the nested variables it shares a prefix with). ``OPENLINEAGE_NAMESPACE`` is the
+    namespace when ``OPENLINEAGE__NAMESPACE`` is not set."""
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for var in sorted(environ, reverse=True):
+        if not var.startswith(_ENV_ALL) or var == _ENV_SECTION or var.startswith(_ENV):
+            continue
+        parts = [_camel(part.lower()) for part in var[len(_ENV_ALL):].split("__")]
+        if not all(parts):
+            continue
+        value: Any = _env_value(environ[var])
+        for part in reversed(parts):
+            value = {part: value}
+        _merge(values, value)
+        origins[parts[0]] = f"env {var}"
+    if "namespace" not in values and environ.get("OPENLINEAGE_NAMESPACE"):
+        values["namespace"] = environ["OPENLINEAGE_NAMESPACE"]
+        origins["namespace"] = "env OPENLINEAGE_NAMESPACE"
+    if not values:
+        return None
+    return Settings("env", values, lambda key: origins.get(key, f"env {_ENV_ALL}{_snake(key).upper()}"))
+
+
+def settings_sources(environ: Mapping[str, str], cwd: Path | None = None,
+                     home: Path | None = None) -> list[Settings]:
+    """The settings outside ``transport`` of ``OPENLINEAGE__*`` and openlineage.yml, lowest
+    precedence first (the Spark integration's order; Spark conf is above both).
+    ``cwd``/``home`` default to the process's."""
+    if cwd is None:
+        try:
+            cwd = Path.cwd()
+        except OSError:   # a working directory removed under the job: no ./openlineage.yml
+            cwd = Path("/nonexistent")
+    path = find_yaml(environ, cwd, Path.home() if home is None else home)
+    return [s for s in (env_settings(environ), yaml_settings(path)) if s is not None]
+
+
+def _camel(part: str) -> str:
+    head, *rest = part.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(into.get(key), dict) and isinstance(value, Mapping):
+            _merge(into[key], value)
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value
 
 
 def _env_value(raw: str) -> Any:
@@ -170,14 +259,16 @@ def env_json_section(environ: Mapping[str, str]) -> dict[str, Any]:
     return value
 
 
-def env_source(environ: Mapping[str, str]) -> tuple[Source | None, list[str]]:
+def env_source(environ: Mapping[str, str], *, merge_json: bool = False) -> tuple[Source | None, list[str]]:
     """The ``OPENLINEAGE__TRANSPORT*`` variables as one section, and the nested variables
     (settings of other transports, never read). A valid ``OPENLINEAGE__TRANSPORT`` JSON object
     is the whole section: as in openlineage-python, the single variables are then not read
-    (their names are logged once, never their values)."""
+    (their names are logged once, never their values). With ``merge_json`` (the Spark
+    integration, whose Java ``OpenLineageEnvParser`` merges them) the single variables are
+    read too and the JSON object wins key by key (``properties`` merged property by property)."""
     nested = sorted(var for var in environ if var.startswith(_ENV) and _nested(var))
     whole = env_json_section(environ)
-    if whole:
+    if whole and not merge_json:
         ignored = sorted(var for var in environ if var.startswith(_ENV) and not _nested(var))
         if ignored:
             log_once(logging.WARNING, "jsonwins:" + ",".join(ignored),
@@ -206,6 +297,13 @@ def env_source(environ: Mapping[str, str]) -> tuple[Source | None, list[str]]:
         given = section.get("properties", section.get("config"))
         section["properties"] = {**props, **(given if isinstance(given, dict) else {})}
         section.pop("config", None)
+    for key, value in whole.items():   # only with merge_json: the JSON object over the single variables
+        name = str(key).replace("_", "").lower()
+        name = "properties" if name == "config" else name
+        below = [section.pop(k) for k in list(section) if k.replace("_", "").lower() == name]
+        merge = name == "properties" and isinstance(value, dict) and below and isinstance(below[0], dict)
+        section[name] = {**below[0], **value} if merge else value
+        origins[name] = f"{_ENV_SECTION}.{key}"
     if not section:
         return None, nested
     return Source("env", section, lambda key: origins.get(key, f"{_ENV}{key.upper()}"),
@@ -227,6 +325,8 @@ def spark_source(conf: Mapping[str, str]) -> Source | None:
     prefix = _SPARK + "transport."
     section: dict[str, Any] = {}
     for key, value in conf.items():
+        if not str(value).strip():
+            continue   # as the official ArgumentParser: a blank value is not set
         if key.startswith(prefix + "properties."):
             section.setdefault("properties", {})[key[len(prefix + "properties."):]] = value
         elif key.startswith(prefix):

@@ -21,6 +21,15 @@ Precedence, highest first (a key set higher wins; ``properties`` merge key by ke
    plus ``OPENLINEAGE_NAMESPACE``, ``OPENLINEAGE_PARENT_ID`` and ``OPENLINEAGE_ROOT_PARENT_ID``
    (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders).
 
+With Spark conf (``spark_conf`` given: the Spark integration), the other sources are read as the
+official integration's ArgumentParser reads them: openlineage.yml's top-level ``namespace``,
+``parentJobNamespace``/``parentJobName``/``parentRunId`` and ``rootParent*``, and the
+``OPENLINEAGE__*`` variables named as its env parser names them (``OPENLINEAGE__NAMESPACE``,
+``OPENLINEAGE__PARENT_JOB_NAME`` is ``parentJobName``), Spark conf over openlineage.yml over
+the variables (over ``OPENLINEAGE_NAMESPACE``/``OPENLINEAGE_PARENT_ID``); a blank Spark conf
+value is not set; and ``OPENLINEAGE__TRANSPORT`` is merged with the single variables, the JSON
+winning key by key, as the Java env parser merges them.
+
 Whose transport it is, is decided on the merged section, as the official clients do: the
 ``type`` of the highest source that sets one wins, and a source whose type differs from a
 higher one's is dropped whole (our type names count as one). Only a merged type of ours is
@@ -31,7 +40,9 @@ HTTP setup, not ours. Keys are matched ignoring case and ``_`` (``messageKey`` =
 ``message_key`` = ``MESSAGEKEY``); ``config`` (Python client) and ``properties`` (Java
 client) both mean librdkafka properties, whose names may be written with ``_`` for ``.``;
 ``topicName`` (Java) and ``topic`` (Python) both mean the topic; ``flush`` is accepted and
-ignored (``emit`` never waits for the broker), so is ``localServerId``.
+ignored (``emit`` never waits for the broker); ``localServerId`` (the Java transport's record key
+before 1.13, an alias of ``messageKey`` until 1.16) is the message key when no ``messageKey`` is
+set, with a deprecation warning.
 
 When the merged type is ours (no type anywhere counts), openlineage.yml's and Spark conf's
 transport sections were written for this producer: an unknown key in them is an error naming
@@ -44,7 +55,8 @@ of other transports (``OPENLINEAGE__TRANSPORT__AUTH__*``, ``HEADERS__*``, the
 malformed or unreadable openlineage.yml (only the problem and its line are logged, never the
 file's text), a malformed ``OPENLINEAGE_PARENT_ID`` and an incomplete or invalid Spark
 parent (the parent facet is then omitted, as the official integration does). Parent and
-root always come from one source (explicit > Spark conf > ``OPENLINEAGE_PARENT_ID``).
+root always come from one source (explicit > Spark conf > openlineage.yml > ``OPENLINEAGE__PARENT_*``
+> ``OPENLINEAGE_PARENT_ID``; the middle two with Spark conf only).
 """
 
 from __future__ import annotations
@@ -62,11 +74,13 @@ from producer.readers import (
     TRANSPORT_TYPES,
     Source,
     disabled,
+    env_settings,
     env_source,
     find_yaml,
     is_ours,
     log_once,
     spark_source,
+    yaml_settings,
     yaml_source,
 )
 
@@ -78,8 +92,7 @@ log = logging.getLogger("producer.config")
 # Normalised transport key (lower case, no "_") -> ProducerConfig field; None = ignored.
 _TRANSPORT_KEYS: dict[str, str | None] = {
     "type": None, "name": None, "priority": None, "flush": None,
-    # The Java transport only uses it in its Kafka client.id; librdkafka names its own client.
-    "localserverid": None,
+    "localserverid": "local_server_id",   # see _local_server_id
     "topic": "topic", "topicname": "topic",
     "messagekey": "message_key",
     "config": "properties", "properties": "properties",
@@ -222,28 +235,60 @@ def collect(overrides: Mapping[str, Any] | None = None, *,
     cwd = Path.cwd() if cwd is None else Path(cwd)
     home = Path.home() if home is None else Path(home)
     conf = spark_conf or {}
-    env, nested = env_source(environ)
-    sources = [s for s in (env, yaml_source(find_yaml(environ, cwd, home)), spark_source(conf)) if s]
+    # The Spark integration reads these as the official one's ArgumentParser does (OPENLINEAGE__*
+    # merged, openlineage.yml's top-level settings); openlineage-python reads neither.
+    spark = spark_conf is not None
+    path = find_yaml(environ, cwd, home)
+    env, nested = env_source(environ, merge_json=spark)
+    sources = [s for s in (env, yaml_source(path), spark_source(conf)) if s]
+    lower = [s for s in (env_settings(environ), yaml_settings(path)) if s] if spark else []
     merged = _Layer()
     transport, note = _transport(sources, nested)
-    if environ.get("OPENLINEAGE_NAMESPACE"):
-        merged.set("namespace", environ["OPENLINEAGE_NAMESPACE"], "env OPENLINEAGE_NAMESPACE")
+    namespaces = [("env OPENLINEAGE_NAMESPACE", environ.get("OPENLINEAGE_NAMESPACE"))]
+    namespaces += [(s.origin("namespace"), s.values.get("namespace")) for s in lower]
+    namespaces.append((_SPARK + "namespace", conf.get(_SPARK + "namespace")))
+    for where, namespace in namespaces:
+        if namespace is not None and str(namespace).strip():
+            layer = _Layer()
+            layer.set("namespace", namespace, where)
+            merged.update(layer)
     merged.update(transport)
-    if conf.get(_SPARK + "namespace"):
-        spark_ns = _Layer()
-        spark_ns.set("namespace", conf[_SPARK + "namespace"], _SPARK + "namespace")
-        merged.update(spark_ns)
     explicit = _Layer()
     for key, value in (overrides or {}).items():
         if value is not None:
             explicit.set(key, value, key)
+    parent_source = None
     if not any(k.startswith(("parent_", "root_parent_")) for k in explicit.values):
         parents = _Layer()
-        for name, (value, where) in parent_values(conf, environ).items():
+        found, parent_source = parent_values(conf, environ, lower)
+        for name, (value, where) in found.items():
             parents.set(name, value, where)
         merged.update(parents)
     merged.update(explicit)
+    _local_server_id(merged)
     origins = dict(merged.origins)
     if note is not None:
         origins["transport_type"] = note
+    if parent_source is not None and "parent_run_id" in merged.values:
+        origins["parent_source"] = parent_source
     return merged.values, origins
+
+
+def _local_server_id(merged: _Layer) -> None:
+    """``localServerId``: the record key in the official Java Kafka transport before 1.13, an
+    alias of ``messageKey`` in 1.13-1.15, gone since; read as ``messageKey`` when that is not set."""
+    value = merged.values.pop("local_server_id", None)
+    where = merged.origins.pop("local_server_id", "localServerId")
+    if value is None:
+        return
+    if "message_key" in merged.values:
+        log_once(logging.INFO, f"localserverid:{where}",
+                 "event=transport_setting_ignored key=%s reason=deprecated alias of messageKey, which is set "
+                 "fix=remove it", where)
+        return
+    log_once(logging.WARNING, f"localserverid:{where}",
+             "event=deprecated_setting key=%s reason=the OpenLineage Java Kafka transport's old name of "
+             "messageKey (every record gets this key, so all go to one partition) fix=rename it messageKey, or "
+             "remove it for the per-event keys", where)
+    merged.values["message_key"] = value
+    merged.origins["message_key"] = where

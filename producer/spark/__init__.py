@@ -40,6 +40,12 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 ``spark.openlineage.python.maxPlanBytes``         plans above this skip column lineage (32 MiB)
 ================================================  =====================================
 
+``namespace``, ``parentJob*``/``rootParent*`` and ``facets`` may also be set at the top of
+openlineage.yml or as ``OPENLINEAGE__NAMESPACE``, ``OPENLINEAGE__PARENT_JOB_NAME``,
+``OPENLINEAGE__FACETS__<NAME>__DISABLED`` ... (as the official integration reads them; Spark
+conf wins over openlineage.yml, which wins over the variables; see
+:mod:`producer.spark.facets_config` for how the facet settings combine).
+
 ``spark.openlineage.columnLineage.datasetLineageEnabled=false`` puts the whole-dataset column
 dependencies (JOIN, FILTER, GROUP_BY, SORT) into the ``inputFields`` of every output field with inputs of its own
 instead of the facet's ``dataset`` member (``true``, the default here), as the official
@@ -56,9 +62,10 @@ from producer import events
 from producer.errors import ConfigError
 from producer.spark import job_names, tags
 from producer.spark.capture import CaptureSettings
+from producer.spark.facets_config import disabled_facets
 from producer.spark.listener import SparkLineage
 
-__all__ = ["enable_lineage", "disable_lineage", "SparkLineage", "CaptureSettings"]
+__all__ = ["enable_lineage", "disable_lineage", "disabled_facets", "SparkLineage", "CaptureSettings"]
 
 log = logging.getLogger("producer.spark")
 _P = "spark.openlineage."
@@ -79,7 +86,7 @@ def _bool(conf: dict[str, str], key: str, default: bool) -> bool:
 #: ProducerConfig fields only a transport section sets (not the namespace or parent ids).
 _TRANSPORT_FIELDS = frozenset({"bootstrap_servers", "topic", "properties", "message_key", "encoding",
                                "journal_dir", "journal_max_bytes", "journal_adopt_interval_s", "queue_max_events",
-                               "close_timeout_s"})
+                               "close_timeout_s", "local_server_id"})
 
 
 def _transport_elsewhere(conf: dict[str, str]) -> tuple[bool, str | None]:
@@ -92,41 +99,19 @@ def _transport_elsewhere(conf: dict[str, str]) -> tuple[bool, str | None]:
     return any(field in values for field in _TRANSPORT_FIELDS), origins.get("transport_type")
 
 
-def _parents(conf: dict[str, str], producer: Any) -> tuple[tuple | None, tuple | None]:
+def _parents(conf: dict[str, str], producer: Any, lower: list) -> tuple[tuple | None, tuple | None]:
     """The producer's explicitly configured parent, else this session's Spark conf's, else
-    OPENLINEAGE_PARENT_ID's: parent and root from one source, an unusable one skipped (see
-    :mod:`producer.parents`). A parent the producer's config took from Spark conf or the
-    environment when it was built does not beat this session's Spark conf."""
+    openlineage.yml's or OPENLINEAGE__PARENT_*'s (``lower``), else OPENLINEAGE_PARENT_ID's:
+    parent and root from one source, an unusable one skipped (see :mod:`producer.parents`). A
+    parent the producer's config took from those sources when it was built does not beat this
+    session's."""
     cfg = getattr(producer, "config", None)
     if getattr(cfg, "parent", None) is not None and getattr(cfg, "parent_source", "explicit") == "explicit":
         return cfg.parent, getattr(cfg, "root_parent", None)
     from producer.parents import resolve
 
-    parent, root, _source = resolve(conf, os.environ)
+    parent, root, _source = resolve(conf, os.environ, lower)
     return parent, root
-
-
-def disabled_facets(conf: dict[str, str]) -> frozenset[str]:
-    """Facet names turned off as the official integration reads them:
-    ``spark.openlineage.facets.disabled`` (``[a;b]`` or ``a;b``), then
-    ``spark.openlineage.facets.<name>.disabled`` (``true``/``false``) per facet."""
-    raw = str(conf.get(_P + "facets.disabled", "")).strip()
-    if raw.startswith("[") and raw.endswith("]"):
-        raw = raw[1:-1]
-    names = {name.strip() for name in raw.split(";") if name.strip()}
-    prefix = _P + "facets."
-    for key, value in conf.items():
-        if key.startswith(prefix) and key.endswith(".disabled") and len(key) > len(prefix + ".disabled"):
-            name = key[len(prefix):-len(".disabled")]
-            flag = str(value).strip().lower()
-            if flag == "true":
-                names.add(name)
-            elif flag == "false":
-                names.discard(name)
-            else:
-                log.warning("event=setting_ignored key=%s reason=expected true or false, got %r fix=set it to "
-                            "true or false", key, value)
-    return frozenset(names)
 
 
 class _FacetFilter:
@@ -177,7 +162,8 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         running = None
     if running is not None and running.capturing:
         return running
-    conf = dict(spark.sparkContext.getConf().getAll())
+    # A blank spark.openlineage.* value is not set, as in the official ArgumentParser.
+    conf = {k: v for k, v in spark.sparkContext.getConf().getAll() if not k.startswith(_P) or str(v).strip()}
     if spark_disabled(conf, os.environ):
         log.info("lineage: disabled by spark.openlineage.disabled / OPENLINEAGE_DISABLED")
         return None
@@ -190,7 +176,10 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     if wanted is None:
         raw = conf.get(_P + "capturedProperties")
         wanted = [p.strip() for p in raw.split(",") if p.strip()] if raw else list(_DEFAULT_PROPERTIES)
-    off = disabled_facets(conf)
+    from producer.readers import settings_sources
+
+    lower = settings_sources(os.environ)   # OPENLINEAGE__* and openlineage.yml, below Spark conf
+    off = disabled_facets(conf, lower)
     col_lineage = column_lineage if column_lineage is not None else _bool(conf, _P + "columnLineage.enabled", True)
     # A disabled columnLineage facet would be thrown away: not computed at all.
     col_lineage = col_lineage and "columnLineage" not in off
@@ -225,8 +214,10 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
                         "env vars or openlineage.yml, or pass producer=); capture not enabled")
             return None
     cfg_namespace = getattr(getattr(producer, "config", None), "namespace", None)
+    lower_namespace = next((str(s.values["namespace"]).strip() for s in reversed(lower)
+                            if str(s.values.get("namespace") or "").strip()), None)
     settings = CaptureSettings(
-        namespace=namespace or conf.get(_P + "namespace") or cfg_namespace or "default",
+        namespace=namespace or conf.get(_P + "namespace") or cfg_namespace or lower_namespace or "default",
         app_job_name=job_names.application_name(conf, app_name),
         spark_version=spark.version,
         column_lineage=col_lineage,
@@ -241,7 +232,7 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         run_tags=tags.parse_tags(conf.get(tags.RUN_TAGS)),
         owners=tags.parse_owners(conf),
     )
-    parent, root = _parents(conf, producer)
+    parent, root = _parents(conf, producer, lower)
     sender = _FacetFilter(producer, off) if off else producer
     if running is not None:
         if running.identity == (settings.namespace, settings.app_job_name, parent, root):

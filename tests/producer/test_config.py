@@ -257,6 +257,34 @@ def test_java_only_properties_are_all_unknown_to_librdkafka():
             Producer({"bootstrap.servers": "127.0.0.1:1", key: "1"})
 
 
+PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
+
+
+@pytest.mark.parametrize("jaas", [   # all valid for Kafka's JaasConfig (java.io.StreamTokenizer)
+    f"{PLAIN} required username='svc' password='s3cr3t';",
+    f'{PLAIN} REQUIRED username="svc" password="s3cr3t";',
+    f"{PLAIN} required username=svc password=s3cr3t;",
+    f'{PLAIN} Required /* a comment */ username="svc"\n  password="s3cr3t"; // trailing comment',
+    f"{PLAIN} optional username='sv\\143' password='s3cr3t';",   # an octal escape
+])
+def test_sasl_jaas_config_is_read_with_kafkas_grammar(jaas):
+    cfg = ProducerConfig(bootstrap_servers="k:9092", properties={
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.jaas.config": jaas})
+    assert (cfg.properties["sasl.username"], cfg.properties["sasl.password"]) == ("svc", "s3cr3t")
+
+
+@pytest.mark.parametrize("jaas, problem", [
+    (f'{PLAIN} required username="u" password=123;', "no value for option password"),   # a number: no value
+    (f'{PLAIN} mandatory username="u" password="s3cr3t";', "no control flag"),
+    (f'{PLAIN} required username="u" password="s3cr3t"; {PLAIN} required;', "2 login modules"),
+    (f'{PLAIN} required username="u" password="s3cr3t"', "does not end with ';'"),
+])
+def test_sasl_jaas_config_kafka_would_refuse_is_refused(jaas, problem):
+    with pytest.raises(ConfigError) as info:
+        build_config({"bootstrap_servers": "k:1", "properties": {"sasl.jaas.config": jaas}})
+    assert problem in str(info.value) and "s3cr3t" not in str(info.value)
+
+
 @pytest.mark.parametrize("module", ["org.apache.kafka.common.security.plain.PlainLoginModule",
                                     "org.apache.kafka.common.security.scram.ScramLoginModule"])
 def test_sasl_jaas_config_of_plain_or_scram_becomes_librdkafka_properties(module):
@@ -377,3 +405,91 @@ def test_a_path_after_the_port_is_accepted_as_librdkafka_accepts_it(tmp_path, se
     # librdkafka ignores what follows the port: it connects to kafka:9092 and delivers.
     conf = {**SPARK, "spark.openlineage.transport.properties.bootstrap.servers": servers}
     assert _load(tmp_path, spark_conf=conf).bootstrap_servers == servers
+
+
+# --- other Kafka Java client properties: translated, dropped or refused --------------------
+
+@pytest.mark.parametrize("java, librdkafka", [
+    ({"max.request.size": "10485760"}, {"message.max.bytes": "10485760"}),
+    ({"send.buffer.bytes": "131072", "receive.buffer.bytes": "-1"},   # -1: the OS default, librdkafka's 0
+     {"socket.send.buffer.bytes": "131072", "socket.receive.buffer.bytes": "0"}),
+    ({"max.request.size": "2000000", "message.max.bytes": "3000000"}, {"message.max.bytes": "3000000"}),
+    ({"ssl.endpoint.identification.algorithm": ""}, {"ssl.endpoint.identification.algorithm": "none"}),
+    ({"compression.lz4.level": "3", "compression.gzip.level": "5"}, {"compression.level": "3"}),   # lz4 in use
+    ({"compression.type": "gzip", "compression.gzip.level": "5"}, {"compression.type": "gzip",
+                                                                   "compression.level": "5"}),
+    ({"ssl.enabled.protocols": "TLSv1.2,TLSv1.3", "ssl.protocol": "TLSv1.3"}, {}),
+    ({"ssl.truststore.type": "PEM", "ssl.truststore.location": "{ca}"}, {"ssl.ca.location": "{ca}"}),
+    ({"ssl.truststore.location": "/etc/kafka/truststore.jks", "ssl.truststore.password": "changeit",
+      "ssl.ca.location": "{ca}"}, {"ssl.ca.location": "{ca}"}),   # the librdkafka CA given as well wins
+])
+def test_java_properties_librdkafka_has_are_translated(tmp_path, java, librdkafka):
+    from tests.producer.support import write_ca_pem
+
+    ca = str(write_ca_pem(tmp_path / "ca.pem"))
+    java = {k: v.replace("{ca}", ca) for k, v in java.items()}
+    librdkafka = {k: v.replace("{ca}", ca) for k, v in librdkafka.items()}
+    cfg = ProducerConfig(bootstrap_servers="127.0.0.1:1", properties=java)
+    assert cfg.properties == librdkafka
+    LineageProducer(cfg.model_copy(update={"journal_dir": tmp_path / "j"})).close(0)   # librdkafka takes it
+
+
+def test_common_java_producer_properties_start_a_producer(tmp_path, caplog):
+    """What a Java producer config usually holds: librdkafka has the same names, or they are dropped."""
+    caplog.set_level(logging.WARNING, "producer.config")
+    java = {"acks": "all", "retries": "2147483647", "linger.ms": "5", "batch.size": "16384",
+            "compression.type": "snappy", "client.id": "spark-lineage", "delivery.timeout.ms": "120000",
+            "request.timeout.ms": "30000", "max.in.flight.requests.per.connection": "5", "enable.idempotence": "true",
+            "retry.backoff.ms": "100", "reconnect.backoff.ms": "50", "reconnect.backoff.max.ms": "1000",
+            "metadata.max.age.ms": "300000", "connections.max.idle.ms": "540000", "client.dns.lookup":
+            "use_all_dns_ips", "buffer.memory": "33554432", "max.block.ms": "60000", "max.request.size": "1048576",
+            "send.buffer.bytes": "131072", "receive.buffer.bytes": "32768", "metadata.max.idle.ms": "300000",
+            "key.serializer": "org.apache.kafka.common.serialization.StringSerializer",
+            "value.serializer": "org.apache.kafka.common.serialization.StringSerializer"}
+    cfg = ProducerConfig(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path / "j", properties=java)
+    LineageProducer(cfg).close(0)
+    [warning] = [r.getMessage() for r in caplog.records if "java_properties_ignored" in r.getMessage()]
+    assert "buffer.memory,key.serializer,max.block.ms,metadata.max.idle.ms,value.serializer" in warning
+
+
+def test_translated_java_properties_are_unknown_to_librdkafka_under_their_java_names():
+    from confluent_kafka import KafkaException, Producer
+
+    from producer.java_properties import RENAMED
+
+    for java, (name, low, _high) in RENAMED.items():
+        with pytest.raises(KafkaException, match="No such configuration property"):
+            Producer({"bootstrap.servers": "127.0.0.1:1", java: str(low)})
+        Producer({"bootstrap.servers": "127.0.0.1:1", name: str(low)}).flush(0)
+
+
+@pytest.mark.parametrize("props, named, fix", [
+    ({"ssl.truststore.location": "/etc/kafka/truststore.jks", "ssl.truststore.password": "changeit"},
+     "ssl.truststore.location", "ssl.ca.location"),
+    ({"ssl.truststore.type": "PKCS12", "ssl.truststore.location": "/etc/kafka/truststore.p12"},
+     "ssl.truststore.location", "ssl.ca.location"),
+    ({"ssl.keystore.type": "JKS", "ssl.keystore.location": "/etc/kafka/keystore.jks",
+      "ssl.keystore.password": "changeit"}, "ssl.keystore.location", "ssl.certificate.location"),
+    ({"max.request.size": "10MB"}, "max.request.size", "whole number"),
+    ({"sasl.jaas.config": "software.amazon.msk.auth.iam.IAMLoginModule required;"}, "AWS MSK IAM", "SCRAM"),
+])
+def test_java_properties_librdkafka_cannot_honour_fail_with_the_fix(props, named, fix):
+    with pytest.raises(ConfigError) as info:
+        build_config({"bootstrap_servers": "k:1", "properties": props},
+                     {"properties": "spark.openlineage.transport.properties.*"})
+    assert named in str(info.value) and fix in str(info.value) and "changeit" not in str(info.value)
+
+
+def test_local_server_id_is_the_message_key_unless_message_key_is_set(tmp_path, caplog, monkeypatch):
+    """openlineage-java's KafkaConfig: the record key before 1.13, setLocalServerId() sets
+    messageKey in 1.13-1.15."""
+    from producer import readers
+
+    monkeypatch.setattr(readers, "_logged", set())   # logged once per process
+    caplog.set_level(logging.WARNING, "producer.config")
+    conf = {"spark.openlineage.transport.type": "kafka", "spark.openlineage.transport.localServerId": "cluster-a",
+            "spark.openlineage.transport.properties.bootstrap.servers": "k:9092"}
+    assert _load(tmp_path, spark_conf=conf).message_key == "cluster-a"
+    assert "event=deprecated_setting key=spark.openlineage.transport.localServerId" in caplog.text
+    conf["spark.openlineage.transport.messageKey"] = "fixed"
+    assert _load(tmp_path, spark_conf=conf).message_key == "fixed"

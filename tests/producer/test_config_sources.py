@@ -268,3 +268,44 @@ def test_our_type_spelled_two_ways_is_one_transport(tmp_path):
            "OPENLINEAGE__TRANSPORT__TOPIC": "env-topic"}
     cfg = _load(tmp_path, environ=env, yml=yml)
     assert (cfg.bootstrap_servers, cfg.topic, cfg.properties) == ("y:1", "env-topic", {"sasl.username": "u"})
+
+
+# --- the Spark integration's other sources (as the official ArgumentParser) ---------------
+
+def test_with_spark_conf_namespace_and_parent_come_from_openlineage_yml_and_env(tmp_path):
+    yml = f"namespace: yml-ns\nparentJobNamespace: airflow\nparentJobName: dag.task\nparentRunId: {RUN_ID}\n"
+    env = {"OPENLINEAGE__NAMESPACE": "env-ns", "OPENLINEAGE__PARENT_JOB_NAMESPACE": "env",
+           "OPENLINEAGE__PARENT_JOB_NAME": "env.task", "OPENLINEAGE__PARENT_RUN_ID": OUTER_ID,
+           "OPENLINEAGE_PARENT_ID": f"other/outer.task/{ROOT_ID}"}
+    cfg = _load(tmp_path, environ=env, spark_conf=SPARK_KAFKA)
+    assert (cfg.namespace, cfg.parent, cfg.parent_source) == ("env-ns", ("env", "env.task", OUTER_ID), "env")
+    cfg = _load(tmp_path, environ=env, spark_conf=SPARK_KAFKA, yml=yml)
+    assert (cfg.namespace, cfg.parent, cfg.parent_source) == ("yml-ns", ("airflow", "dag.task", RUN_ID), "file")
+    cfg = _load(tmp_path, environ=env, spark_conf={**SPARK_KAFKA, **SPARK_PARENT, "spark.openlineage.namespace": "s"})
+    assert (cfg.namespace, cfg.parent, cfg.parent_source) == ("s", ("airflow", "dag.task", RUN_ID), "spark")
+    # openlineage-python (no Spark conf) reads neither: only its own OPENLINEAGE_PARENT_ID.
+    cfg = _load(tmp_path, {"bootstrap_servers": "k:1"}, environ=env)
+    assert (cfg.namespace, cfg.parent) == (None, ("other", "outer.task", ROOT_ID))
+
+
+def test_an_incomplete_parent_in_openlineage_yml_gives_way_to_the_next_source(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.config")
+    cfg = _load(tmp_path, environ={"OPENLINEAGE_PARENT_ID": f"other/outer.task/{OUTER_ID}"}, spark_conf=SPARK_KAFKA,
+                yml=f"parentRunId: {RUN_ID}\n")
+    assert cfg.parent == ("other", "outer.task", OUTER_ID)
+    [line] = _lines(caplog, "parent_ignored")
+    assert "openlineage.yml: parentJobNamespace" in line and "fix=" in line
+
+
+def test_with_spark_conf_the_transport_json_and_single_variables_merge_as_in_java(tmp_path, caplog):
+    """The Java OpenLineageEnvParser merges OPENLINEAGE__TRANSPORT into the single variables,
+    the JSON winning key by key (openlineage-python lets it replace them: see above)."""
+    caplog.set_level(logging.INFO, "producer.config")
+    section = {"type": "kafka", "topicName": "t1", "properties": {"linger.ms": 3}}
+    env = {"OPENLINEAGE__TRANSPORT": json.dumps(section), "OPENLINEAGE__TRANSPORT__TOPIC_NAME": "nested",
+           "OPENLINEAGE__TRANSPORT__MESSAGE_KEY": "k1",
+           "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": "env:9092"}
+    cfg = _load(tmp_path, environ=env, spark_conf={})
+    assert (cfg.topic, cfg.message_key, cfg.bootstrap_servers, cfg.properties) == \
+        ("t1", "k1", "env:9092", {"linger.ms": "3"})
+    assert not _lines(caplog, "env_transport_ignored")

@@ -173,3 +173,125 @@ def test_every_transport_key_counts_as_a_transport_configured_elsewhere():
     from producer.spark import _TRANSPORT_FIELDS
 
     assert {field for field in _TRANSPORT_KEYS.values() if field} <= _TRANSPORT_FIELDS
+
+
+# --- namespace, parent and facets in openlineage.yml and OPENLINEAGE__* (as ArgumentParser) --
+
+RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
+OTHER_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6c"
+
+
+def _start_event(spark):
+    """The application's START as the capture sends it (through its facet filter)."""
+    from tests.producer.spark.support import Recorder
+
+    sender = Recorder()
+    lineage = enable_lineage(spark, producer=sender)
+    try:
+        [start] = sender.events
+        return lineage, start
+    finally:
+        disable_lineage(spark)
+
+
+def test_namespace_parent_and_facets_in_openlineage_yml(no_ambient_config):
+    (no_ambient_config / "openlineage.yml").write_text(
+        f"namespace: team-a\nparentJobNamespace: airflow\nparentJobName: dag.task\nparentRunId: {RUN_ID}\n"
+        "facets:\n  disabled: [processing_engine]\n  spark_properties:\n    disabled: true\n")
+    lineage, start = _start_event(FakeSession({"spark.app.name": "app"}))
+    assert start["job"]["namespace"] == lineage.settings.namespace == "team-a"
+    assert start["run"]["facets"]["parent"]["job"] == {"namespace": "airflow", "name": "dag.task"}
+    assert lineage.parent == ("airflow", "dag.task", RUN_ID)
+    # Left out of what is sent, not only configured.
+    assert not {"processing_engine", "spark_properties"} & set(start["run"]["facets"])
+
+
+def test_namespace_parent_and_facets_in_openlineage_env_vars(no_ambient_config, monkeypatch):
+    # The Java env parser's names: PARENT_JOB_NAME is parentJobName, FACETS__X__DISABLED is facets.x.disabled.
+    for var, value in {"OPENLINEAGE__NAMESPACE": "team-a", "OPENLINEAGE__PARENT_JOB_NAMESPACE": "airflow",
+                       "OPENLINEAGE__PARENT_JOB_NAME": "dag.task", "OPENLINEAGE__PARENT_RUN_ID": RUN_ID,
+                       "OPENLINEAGE__FACETS__SPARK_PROPERTIES__DISABLED": "true",
+                       "OPENLINEAGE__FACETS__DISABLED": "[processing_engine]"}.items():
+        monkeypatch.setenv(var, value)
+    lineage, start = _start_event(FakeSession({"spark.app.name": "app"}))
+    assert start["job"]["namespace"] == "team-a"
+    assert lineage.parent == ("airflow", "dag.task", RUN_ID)
+    assert not {"processing_engine", "spark_properties"} & set(start["run"]["facets"])
+
+
+def test_spark_conf_over_openlineage_yml_over_env_vars(no_ambient_config, monkeypatch):
+    monkeypatch.setenv("OPENLINEAGE__NAMESPACE", "env-ns")
+    monkeypatch.setenv("OPENLINEAGE__PARENT_JOB_NAMESPACE", "env")
+    monkeypatch.setenv("OPENLINEAGE__PARENT_JOB_NAME", "env.task")
+    monkeypatch.setenv("OPENLINEAGE__PARENT_RUN_ID", OTHER_ID)
+    monkeypatch.setenv("OPENLINEAGE__FACETS__DISABLED", "[spark_properties]")
+    monkeypatch.setenv("OPENLINEAGE__FACETS__PROCESSING_ENGINE__DISABLED", "true")
+    (no_ambient_config / "openlineage.yml").write_text(
+        f"namespace: yml-ns\nparentJobNamespace: airflow\nparentJobName: dag.task\nparentRunId: {RUN_ID}\n"
+        "facets:\n  spark_properties:\n    disabled: false\n")
+    lineage, start = _start_event(FakeSession({"spark.app.name": "app"}))
+    assert (lineage.settings.namespace, lineage.parent) == ("yml-ns", ("airflow", "dag.task", RUN_ID))
+    # A higher source's explicit false turns a facet back on; its list never does.
+    assert "spark_properties" in start["run"]["facets"] and "processing_engine" not in start["run"]["facets"]
+    lineage, start = _start_event(FakeSession({
+        "spark.app.name": "app", "spark.openlineage.namespace": "spark-ns", "spark.openlineage.facets.disabled": "[x]",
+        "spark.openlineage.parentJobNamespace": "spark", "spark.openlineage.parentJobName": "spark.task",
+        "spark.openlineage.parentRunId": OTHER_ID}))
+    assert (lineage.settings.namespace, lineage.parent) == ("spark-ns", ("spark", "spark.task", OTHER_ID))
+    assert "processing_engine" not in start["run"]["facets"]
+
+
+def test_the_built_producer_takes_namespace_and_parent_from_openlineage_yml(no_ambient_config):
+    (no_ambient_config / "openlineage.yml").write_text(
+        f"namespace: team-a\nparentJobNamespace: airflow\nparentJobName: dag.task\nparentRunId: {RUN_ID}\n"
+        f"transport:\n  type: kafka\n  journalDir: {no_ambient_config / 'journal'}\n"
+        "  properties:\n    bootstrap.servers: 127.0.0.1:9\n")
+    lineage = _enabled(FakeSession({}))
+    config = lineage.sender.config
+    assert (lineage.settings.namespace, config.namespace) == ("team-a", "team-a")
+    assert lineage.parent == config.parent == ("airflow", "dag.task", RUN_ID)
+    assert config.parent_source == "file"   # so this session's Spark conf parent still wins over it
+
+
+def test_a_blank_spark_conf_value_is_not_set(no_ambient_config):
+    """As ArgumentParser (StringUtils.isNotBlank): the topic comes from openlineage.yml."""
+    (no_ambient_config / "openlineage.yml").write_text("namespace: yml-ns\ntransport:\n  topicName: from-yaml\n")
+    lineage = _enabled(FakeSession({**SPARK_KAFKA, "spark.openlineage.transport.journalDir":
+                                    str(no_ambient_config / "journal"),
+                                    "spark.openlineage.transport.topicName": " ", "spark.openlineage.namespace": ""}))
+    assert lineage.sender.config.topic == "from-yaml"
+    assert lineage.settings.namespace == "yml-ns"
+
+
+@pytest.mark.parametrize("props", [
+    {"max.request.size": "10485760"},
+    {"ssl.enabled.protocols": "TLSv1.2", "ssl.protocol": "TLSv1.2"},
+    {"send.buffer.bytes": "131072", "receive.buffer.bytes": "-1"},
+    {"security.protocol": "SSL", "ssl.truststore.type": "PEM", "ssl.truststore.location": "{ca}"},
+])
+def test_java_kafka_properties_do_not_fail_the_job(no_ambient_config, props):
+    from tests.producer.support import write_ca_pem
+
+    if props.get("ssl.truststore.location") == "{ca}":
+        props = {**props, "ssl.truststore.location": str(write_ca_pem(no_ambient_config / "ca.pem"))}
+    lineage = _enabled(FakeSession({
+        **SPARK_KAFKA, "spark.openlineage.transport.journalDir": str(no_ambient_config / "journal"),
+        **{f"spark.openlineage.transport.properties.{key}": value for key, value in props.items()}}))
+    assert lineage is not None
+
+
+@pytest.mark.parametrize("props, named", [
+    ({"security.protocol": "SSL", "ssl.truststore.location": "/etc/kafka/truststore.jks",
+      "ssl.truststore.password": "changeit"}, "ssl.truststore.location"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "AWS_MSK_IAM",
+      "sasl.jaas.config": "software.amazon.msk.auth.iam.IAMLoginModule required;"}, "AWS MSK IAM"),
+])
+def test_java_kafka_properties_librdkafka_cannot_honour_fail_with_the_fix(no_ambient_config, props, named):
+    """A JKS truststore or MSK IAM login: dropping it would connect without the CA or the
+    login; the error names the key and what to set instead, before the job's work starts."""
+    with pytest.raises(ConfigError) as info:
+        enable_lineage(FakeSession({
+            **SPARK_KAFKA, "spark.openlineage.transport.journalDir": str(no_ambient_config / "journal"),
+            **{f"spark.openlineage.transport.properties.{key}": value for key, value in props.items()}}))
+    assert named in str(info.value) and ("ssl.ca.location" in str(info.value) or "SCRAM" in str(info.value))
+    assert "changeit" not in str(info.value)

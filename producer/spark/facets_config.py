@@ -1,0 +1,81 @@
+"""The facets left out of every event, read as the official integration's ``FacetsConfig``
+(used by :func:`producer.spark.enable_lineage`).
+
+Each source says it the same two ways: a list (``spark.openlineage.facets.disabled=[a;b]``,
+openlineage.yml ``facets: {disabled: [a, b]}``, ``OPENLINEAGE__FACETS__DISABLED``) and a
+per-facet flag that overrides it (``spark.openlineage.facets.<name>.disabled=true|false``,
+``facets: {<name>: {disabled: true}}``, ``OPENLINEAGE__FACETS__<NAME>__DISABLED``). Sources are
+read lowest precedence first (``OPENLINEAGE__*``, openlineage.yml, Spark conf). Since a left-out
+facet may be left out for privacy, a list only ever adds: a facet named by any source's list or
+flag is left out unless a higher source's flag sets it ``false`` explicitly. A name is matched
+as written and in snake_case (``sparkProperties`` also leaves out ``spark_properties``): the
+environment's names reach us camelCased, as the Java client's env parser makes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from producer.readers import Settings
+
+log = logging.getLogger("producer.spark")
+
+_PREFIX = "spark.openlineage.facets."
+
+
+def disabled_facets(conf: Mapping[str, str], lower: Iterable[Settings] = ()) -> frozenset[str]:
+    """Facet names turned off by ``lower`` (lowest precedence first), then Spark conf."""
+    names: set[str] = set()
+    for source in lower:
+        facets = source.values.get("facets")
+        if isinstance(facets, Mapping):
+            _apply(names, facets.get("disabled"), _flags(facets, ""), source.origin("facets"))
+    flags = {key[len(_PREFIX):-len(".disabled")]: value for key, value in conf.items()
+             if key.startswith(_PREFIX) and key.endswith(".disabled") and len(key) > len(_PREFIX + ".disabled")}
+    _apply(names, conf.get(_PREFIX + "disabled"), flags, _PREFIX[:-1])
+    return frozenset(names)
+
+
+def _apply(names: set[str], listed: Any, flags: Mapping[str, Any], where: str) -> None:
+    for name in _listed(listed):
+        names.update(_variants(name))
+    for name, value in flags.items():
+        flag = str(value).strip().lower()
+        if flag == "true":
+            names.update(_variants(name))
+        elif flag == "false":
+            names.difference_update(_variants(name))
+        else:
+            log.warning("event=setting_ignored key=%s.%s.disabled reason=expected true or false, got %r fix=set "
+                        "it to true or false", where, name, value)
+
+
+def _listed(raw: Any) -> list[str]:
+    """``[a;b]``, ``a;b`` or a YAML/JSON list."""
+    if isinstance(raw, (list, tuple)):
+        return [str(name).strip() for name in raw if str(name).strip()]
+    text = str(raw if raw is not None else "").strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    return [name.strip() for name in text.split(";") if name.strip()]
+
+
+def _flags(facets: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """``{name: flag}`` of a ``facets`` mapping: ``<name>: {disabled: ...}``, nested names
+    dotted (``spark: {logicalPlan: {disabled: true}}`` is ``spark.logicalPlan``)."""
+    out: dict[str, Any] = {}
+    for key, value in facets.items():
+        if not isinstance(value, Mapping) or (not prefix and key == "disabled"):
+            continue
+        name = f"{prefix}{key}"
+        if "disabled" in value:
+            out[name] = value["disabled"]
+        out.update(_flags({k: v for k, v in value.items() if k != "disabled"}, name + "."))
+    return out
+
+
+def _variants(name: str) -> set[str]:
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+    return {name, snake}
