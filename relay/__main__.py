@@ -8,6 +8,11 @@ import sys
 if os.environ.get("LINEAGE_RELAY_WORKER"):  # relay.worker_link.WORKER_ENV
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-from relay.cli import main  # noqa: E402 - after the signal disposition above
+# Then, still before the imports, a stop during start-up exits at once (relay/entrypoint.py).
+from relay.entrypoint import install_early_stop  # noqa: E402 - after the signal disposition above
+
+install_early_stop()
+
+from relay.cli import main  # noqa: E402 - after the signal dispositions above
 
 sys.exit(main())

@@ -13,6 +13,7 @@ from typing import Any
 from relay import event_loop
 from relay.config import RelayConfig, build_config, merge, read_config, resolve_workers
 from relay.embedded import graph as lineage_graph
+from relay.entrypoint import release_early_stop
 from relay.errors import ConfigError
 from relay.logs import log_event, set_log_context, setup_logging
 from relay.ops import add_subcommands as add_ops_subcommands
@@ -226,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     lineage_graph.add_parser(sub)  # graph: the demo's lineage as an HTML page, upstream/downstream answers
     add_ops_subcommands(sub)  # replay, dlq list|redrive: all in relay/ops
     args = parser.parse_args(argv)
+    if args.command != "run":  # the start-up stop of relay/entrypoint.py is for the relay's start
+        release_early_stop()
     if getattr(args, "ops_handler", None) is not None:
         return args.ops_handler(args)
 

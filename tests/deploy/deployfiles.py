@@ -127,7 +127,7 @@ def parse_dockerfile(path: Path) -> tuple[dict[str, str], list[Stage]]:
             rest = rest.strip()
         if keyword == "FROM":
             parts = rest.split()
-            base = _expand(parts[0], args)
+            base = expand_args(parts[0], args)
             name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
             stages.append(Stage(base=base, name=name, instructions=[]))
         elif not stages and keyword == "ARG":
@@ -138,7 +138,8 @@ def parse_dockerfile(path: Path) -> tuple[dict[str, str], list[Stage]]:
     return args, stages
 
 
-def _expand(text: str, args: dict[str, str]) -> str:
+def expand_args(text: str, args: dict[str, str]) -> str:
+    """``text`` with the ``$NAME`` / ``${NAME}`` of ``args`` replaced (others left as they are)."""
     return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), m.group(0)), text)
 
 

@@ -3,10 +3,12 @@
 So the tests need no kustomize binary. Supported kustomization keys: ``resources``
 (files, and directories holding a kustomization), ``namespace``, ``images``
 (``name``/``newName``/``newTag``/``digest``), ``replicas`` (``name``/``count``) and
-``patches`` given as a ``path`` to a strategic-merge patch (target = the patch's kind and
-name). Any other key raises :class:`Unsupported`, so a manifest that starts using one
-fails here instead of being rendered wrongly; extend this module (and compare with
-``kubectl kustomize``, as test_deploy_kubernetes does when kubectl is installed).
+``patches``: a ``path`` to a strategic-merge patch (target = the patch's kind and name), or
+a ``path`` to a JSON patch (RFC 6902: a list of ``add``/``remove``/``replace`` operations)
+with a ``target`` (``group``/``version``/``kind``/``name``/``namespace``). Any other key
+raises :class:`Unsupported`, so a manifest that starts using one fails here instead of
+being rendered wrongly; extend this module (and compare with ``kubectl kustomize``, as
+test_deploy_kubernetes does when kubectl is installed).
 
 Strategic merge follows the Kubernetes rules for the fields these manifests use: maps
 merge recursively, ``null`` deletes a key, lists of containers, volumes, env, ports, ...
@@ -76,9 +78,24 @@ def build(directory: Path) -> list[Resource]:
     _check_unique(resources, kfile)
 
     for patch_entry in spec.get("patches", []):
-        if set(patch_entry) != {"path"}:
-            raise Unsupported(f"{kfile}: only `patches: - path: FILE` (strategic merge) is implemented")
-        for patch in load_documents(directory / patch_entry["path"]):
+        if set(patch_entry) not in ({"path"}, {"path", "target"}):
+            raise Unsupported(f"{kfile}: only `patches: - path: FILE` (and `target:`) is implemented, not "
+                              f"{', '.join(sorted(set(patch_entry) - {'path', 'target'}))}")
+        documents = load_documents(directory / patch_entry["path"])
+        if len(documents) == 1 and isinstance(documents[0], list):  # kustomize tells them apart the same way
+            if "target" not in patch_entry:
+                raise ValueError(f"{kfile}: the JSON patch {patch_entry['path']} needs a target")
+            hits = _select(resources, patch_entry["target"])
+            if not hits:
+                raise LookupError(f"{kfile}: no resource matches the target {patch_entry['target']}")
+            for target in hits:
+                patched = json_patch(target, documents[0])
+                target.clear()
+                target.update(patched)
+            continue
+        if "target" in patch_entry:
+            raise Unsupported(f"{kfile}: a strategic-merge patch with a target is not implemented")
+        for patch in documents:
             target = _find(resources, patch)
             merged = strategic_merge(target, patch)
             target.clear()
@@ -132,6 +149,85 @@ def strategic_merge(original: Any, patch: Any, field: str | None = None) -> Any:
                 out[match] = strategic_merge(out[match], item, field)
         return out
     return copy.deepcopy(patch)
+
+
+def json_patch(document: Any, operations: list[dict[str, Any]]) -> Any:
+    """``document`` with the RFC 6902 ``operations`` applied, in order (it is not modified).
+    Implements ``add``, ``remove`` and ``replace``; a path that does not exist where the
+    operation needs one raises ``LookupError``, as kustomize fails the build."""
+    out = copy.deepcopy(document)
+    for operation in operations:
+        op = operation.get("op")
+        if op not in ("add", "remove", "replace"):
+            raise Unsupported(f"JSON patch operation {op!r}")
+        *parents, last = _pointer(operation["path"])
+        if not parents and last is None:
+            raise Unsupported("a JSON patch of the whole document")
+        container = out
+        for token in parents:
+            container = _step(container, token, operation["path"])
+        if isinstance(container, list):
+            if op == "add" and last == "-":
+                container.append(copy.deepcopy(operation["value"]))
+                continue
+            index = _index(last, len(container) + (op == "add"), operation["path"])
+            if op == "add":
+                container.insert(index, copy.deepcopy(operation["value"]))
+            elif op == "remove":
+                del container[index]
+            else:
+                container[index] = copy.deepcopy(operation["value"])
+        elif isinstance(container, dict):
+            if op != "add" and last not in container:
+                raise LookupError(f"JSON patch {op} {operation['path']}: no such field")
+            if op == "remove":
+                del container[last]
+            else:
+                container[last] = copy.deepcopy(operation["value"])
+        else:
+            raise LookupError(f"JSON patch {op} {operation['path']}: not inside an object or a list")
+    return out
+
+
+def _pointer(path: str) -> list[Any]:
+    """A JSON pointer (RFC 6901) as its tokens; ``[None]`` for the whole document."""
+    if path == "":
+        return [None]
+    if not path.startswith("/"):
+        raise ValueError(f"JSON pointer {path!r} does not start with /")
+    return [token.replace("~1", "/").replace("~0", "~") for token in path[1:].split("/")]
+
+
+def _step(container: Any, token: str, path: str) -> Any:
+    if isinstance(container, dict):
+        if token not in container:
+            raise LookupError(f"JSON patch {path}: no field {token!r}")
+        return container[token]
+    if isinstance(container, list):
+        return container[_index(token, len(container), path)]
+    raise LookupError(f"JSON patch {path}: {token!r} is not inside an object or a list")
+
+
+def _index(token: str, size: int, path: str) -> int:
+    if not token.isdigit() or (token != "0" and token.startswith("0")) or int(token) >= size:
+        raise LookupError(f"JSON patch {path}: no list item {token!r}")
+    return int(token)
+
+
+def _select(resources: list[Resource], target: dict[str, Any]) -> list[Resource]:
+    """The resources a patch's ``target`` selects (exact names; no selectors or regexes)."""
+    unknown = set(target) - {"group", "version", "kind", "name", "namespace"}
+    if unknown:
+        raise Unsupported(f"patch target {', '.join(sorted(unknown))}")
+
+    def matches(res: Resource) -> bool:
+        group, _, version = res.get("apiVersion", "").rpartition("/")
+        meta = res.get("metadata") or {}
+        have = {"group": group, "version": version, "kind": res.get("kind"), "name": meta.get("name"),
+                "namespace": meta.get("namespace", "")}
+        return all(have[key] == value for key, value in target.items())
+
+    return [res for res in resources if matches(res)]
 
 
 def _merge_key(field: str | None, items: list[Any]) -> str | None:

@@ -26,6 +26,7 @@ from tests.deploy.deployfiles import (
     dockerignore_patterns,
     dockerignored,
     env_of,
+    expand_args,
     parse_dockerfile,
 )
 
@@ -38,7 +39,7 @@ BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|clang|make|build-essential|python3?-dev|
 
 def test_multi_stage_onto_python_311_slim():
     assert len(STAGES) >= 2
-    assert re.fullmatch(r"python:3\.11-slim(-\w+)?", FINAL.base), FINAL.base
+    assert re.fullmatch(r"python:3\.11-slim(-\w+)?(@sha256:[0-9a-f]{64})?", FINAL.base), FINAL.base
     builder = STAGES[0]
     # The virtualenv's interpreter is a symlink into the base image: same base both sides.
     assert builder.base == FINAL.base
@@ -64,8 +65,10 @@ def test_entrypoint_cmd_expose_env():
     assert FINAL.last("EXPOSE").value.split() == ["9108"]
     env = env_of(FINAL)
     assert env["PYTHONUNBUFFERED"] == "1"
-    # The entrypoint is the console script pyproject declares, installed into the venv on PATH.
-    assert PYPROJECT["project"]["scripts"]["lineage-relay"] == "relay.cli:main"
+    # The entrypoint is the console script pyproject declares, installed into the venv on PATH:
+    # the thin one that handles SIGTERM before its imports (the relay is PID 1: a signal without
+    # a handler would be dropped; tests/relay/test_entrypoint.py).
+    assert PYPROJECT["project"]["scripts"]["lineage-relay"] == "relay.entrypoint:main"
     venv = next(ins.value.split()[-1] for ins in FINAL.all("COPY") if "from" in ins.flags)
     assert env["PATH"].split(":")[0] == f"{venv}/bin"
 
@@ -124,6 +127,47 @@ def test_runtime_dependencies_are_installed_at_pinned_versions():
         req = Requirement(dep)
         version = pins[re.sub(r"[-_.]+", "-", req.name).lower()]
         assert req.specifier.contains(version), f"{req.name}=={version} is outside pyproject's {req.specifier}"
+
+
+def test_build_backend_is_pinned():
+    """pip built the wheel in an isolated environment with the newest setuptools and wheel
+    in pyproject's ranges: two builds of one commit could differ. The builder installs exact
+    versions and builds with them."""
+    from packaging.requirements import Requirement
+
+    builder = STAGES[0]
+    copied = {ins.value.split()[-1]: ins.value.split()[-2] for ins in builder.all("COPY")}
+    source = next((src for src in copied.values() if src.endswith("build-requirements.txt")), None)
+    assert source is not None, "the builder copies deploy/build-requirements.txt"
+    run = next(ins.value for ins in builder.all("RUN") if " wheel " in ins.value)
+    assert re.search(r"pip install --no-deps (--requirement|-r) \S*build-requirements\.txt", run), run
+    build = re.search(r"pip wheel [^&]*", run).group(0)
+    assert "--no-build-isolation" in build, "else pip ignores the installed backend"
+    assert "--check-build-dependencies" in build, "pip checks the pins against [build-system]"
+    pins = {}
+    for line in (ROOT / source).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[re.sub(r"[-_.]+", "-", req.name).lower()] = spec.version
+    for dep in PYPROJECT["build-system"]["requires"]:
+        req = Requirement(dep)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"pin {req.name} in {source}"
+        assert req.specifier.contains(pins[name]), f"{req.name}=={pins[name]} is outside pyproject's {req.specifier}"
+
+
+def test_base_image_can_be_pinned_by_digest():
+    """Both stages take the base from one build argument, so that
+    `--build-arg PYTHON_IMAGE=python:3.11-slim@sha256:...` (deploy/README.md) pins both."""
+    digest = "python:3.11-slim@sha256:" + "0" * 64
+    raw_bases = [line.split()[1] for line in DOCKERFILE.read_text().splitlines() if line.startswith("FROM ")]
+    assert raw_bases == ["${PYTHON_IMAGE}"] * len(STAGES), raw_bases
+    assert "PYTHON_IMAGE" in ARGS
+    assert "--build-arg PYTHON_IMAGE=python:3.11-slim@sha256:" in (ROOT / "deploy" / "README.md").read_text()
+    assert all(expand_args(base, {"PYTHON_IMAGE": digest}) == digest for base in raw_bases)
 
 
 @pytest.mark.parametrize("dockerfile", [DOCKERFILE, SPARK_DOCKERFILE], ids=["relay", "spark-example"])

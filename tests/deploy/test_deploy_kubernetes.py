@@ -28,6 +28,22 @@ def render(name: str) -> list[dict]:
     return kustomize.build(RENDERED[name])
 
 
+def scaled_by_keda(resources: list[dict]) -> dict | None:
+    """The ScaledObject that scales the rendered Deployment, if any."""
+    dep = one(resources, "Deployment")
+    return next((r for r in by_kind(resources, "ScaledObject")
+                 if r["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+                 and r["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]), None)
+
+
+def fewest_replicas(resources: list[dict]) -> int:
+    """The Deployment's replica count, or with KEDA the fewest it scales to."""
+    scaled = scaled_by_keda(resources)
+    if scaled is not None:
+        return scaled["spec"].get("minReplicaCount", 0)
+    return one(resources, "Deployment")["spec"]["replicas"]
+
+
 def _validate(resource: dict, version: str) -> None:
     try:
         kubernetes_validate.validate(resource, version, strict=True)
@@ -134,6 +150,38 @@ def test_strategic_merge_merges_named_lists_and_replaces_others():
     assert kustomize.strategic_merge({"args": ["1", "2"], "k": 1}, {"args": ["3"], "k": None}) == {"args": ["3"]}
 
 
+def test_json_patch_operations():
+    doc = {"spec": {"replicas": 3, "a/b": {"~": 1}, "items": [1, 2, 3]}}
+    ops = [{"op": "remove", "path": "/spec/replicas"},
+           {"op": "replace", "path": "/spec/a~1b/~0", "value": 2},
+           {"op": "add", "path": "/spec/items/1", "value": 9},
+           {"op": "add", "path": "/spec/items/-", "value": 4},
+           {"op": "remove", "path": "/spec/items/0"},
+           {"op": "add", "path": "/spec/new", "value": {"k": "v"}}]
+    assert kustomize.json_patch(doc, ops) == {"spec": {"a/b": {"~": 2}, "items": [9, 2, 3, 4], "new": {"k": "v"}}}
+    assert doc["spec"]["replicas"] == 3, "the original is left alone"
+    for missing in ("/spec/nothing", "/spec/items/7", "/nothing/replicas"):
+        with pytest.raises(LookupError):
+            kustomize.json_patch(doc, [{"op": "remove", "path": missing}])
+    with pytest.raises(kustomize.Unsupported, match="move"):
+        kustomize.json_patch(doc, [{"op": "move", "from": "/spec/replicas", "path": "/spec/count"}])
+
+
+def test_json_patch_applies_to_its_target_only(tmp_path):
+    (tmp_path / "two.yaml").write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: a}\nspec: {replicas: 2}\n---\n"
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: b}\nspec: {replicas: 2}\n")
+    (tmp_path / "patch.yaml").write_text("- op: remove\n  path: /spec/replicas\n")
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [two.yaml]\npatches:\n  - path: patch.yaml\n"
+        "    target: {group: apps, version: v1, kind: Deployment, name: b}\n")
+    assert [r["spec"] for r in kustomize.build(tmp_path)] == [{"replicas": 2}, {}]
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [two.yaml]\npatches:\n  - path: patch.yaml\n    target: {kind: Deployment, name: c}\n")
+    with pytest.raises(LookupError, match="no resource matches"):
+        kustomize.build(tmp_path)
+
+
 def test_renderer_refuses_features_it_does_not_implement(tmp_path):
     (tmp_path / "kustomization.yaml").write_text("resources: []\nnamePrefix: prod-\n")
     with pytest.raises(kustomize.Unsupported, match="namePrefix"):
@@ -156,7 +204,7 @@ def test_deployment_is_hardened(name):
     resources = render(name)
     dep = one(resources, "Deployment")
     pod = dep["spec"]["template"]["spec"]
-    assert dep["spec"]["replicas"] >= 2
+    assert fewest_replicas(resources) >= 2
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -191,9 +239,46 @@ def test_selectors_select_the_relay_pods(name):
     pdb = one(resources, "PodDisruptionBudget")
     assert selects(pdb["spec"]["selector"]["matchLabels"])
     assert pdb["spec"]["minAvailable"] == 1
-    assert dep["spec"]["replicas"] > pdb["spec"]["minAvailable"], "the PDB would block every eviction"
+    assert fewest_replicas(resources) > pdb["spec"]["minAvailable"], "the PDB would block every eviction"
     for constraint in dep["spec"]["template"]["spec"]["topologySpreadConstraints"]:
         assert selects(constraint["labelSelector"]["matchLabels"])
+
+
+@pytest.mark.parametrize("name", sorted(RENDERED))
+def test_unready_pods_never_block_a_drain(name):
+    """With no relay Ready (a missing input topic, an unreachable broker, a crash loop), the
+    default policy (IfHealthyBudget) refuses every eviction: node drains hang."""
+    pdb = one(render(name), "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"].get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
+
+
+def test_schema_knows_the_unhealthy_pod_eviction_policy():
+    """Our oldest supported Kubernetes has the field (beta, on by default since 1.27): strict
+    validation would reject it otherwise, as it rejects a misspelt one."""
+    pdb = copy.deepcopy(one(render("base"), "PodDisruptionBudget"))
+    for version in K8S_VERSIONS:
+        _validate(pdb, version)
+    pdb["spec"]["unhealthyPodEvictionPolicies"] = pdb["spec"].pop("unhealthyPodEvictionPolicy")
+    with pytest.raises(AssertionError, match="unhealthyPodEvictionPolicies"):
+        _validate(pdb, K8S_VERSIONS[0])
+
+
+@pytest.mark.parametrize("name", sorted(RENDERED))
+def test_keda_alone_sets_the_replica_count(name):
+    """Where KEDA scales the Deployment, the rendered Deployment has no spec.replicas: every
+    `kubectl apply` of one that has would scale it back to that count (Kubernetes' HPA docs,
+    "Migrating Deployments and StatefulSets to horizontal autoscaling"). Elsewhere it has one."""
+    resources = render(name)
+    dep = one(resources, "Deployment")
+    if scaled_by_keda(resources) is not None:
+        assert "replicas" not in dep["spec"], f"{name}: KEDA's replica count is reset by each apply"
+    else:
+        assert dep["spec"]["replicas"] >= 2
+
+
+def test_there_is_a_keda_overlay():
+    assert any(scaled_by_keda(render(name)) is not None for name in RENDERED if name.startswith("overlays/"))
 
 
 @pytest.mark.parametrize("name", sorted(RENDERED))
