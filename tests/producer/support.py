@@ -12,11 +12,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import orjson
+
 from producer import events
 from producer.codec import avro
 from tests.support.kafka import ReadRecord
-
-import orjson
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Fast reconnects so a broker that comes back is noticed within ~200 ms.

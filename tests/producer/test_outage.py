@@ -14,11 +14,22 @@ from confluent_kafka import KafkaError
 
 from producer import LineageProducer, replacement, sender
 from relay.embedded.broker import EmbeddedBroker
-from tests.producer.support import (FAST_RECONNECT, assert_all_arrived_in_order, journal_left_by_killed_producer,
-                                    seq_event, start_producer_child, wait_for)
+from tests.producer.support import (
+    FAST_RECONNECT,
+    assert_all_arrived_in_order,
+    journal_left_by_killed_producer,
+    seq_event,
+    start_producer_child,
+    wait_for,
+)
 from tests.support.kafka import process_state, read_topic, unread_request_bytes
-from tests.support.kafka_proxy import (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER, PRODUCE,
-                                      UNKNOWN_PRODUCER_ID, proxied_broker)
+from tests.support.kafka_proxy import (
+    INVALID_PRODUCER_EPOCH,
+    OUT_OF_ORDER_SEQUENCE_NUMBER,
+    PRODUCE,
+    UNKNOWN_PRODUCER_ID,
+    proxied_broker,
+)
 
 pytestmark = pytest.mark.kafka
 

@@ -6,8 +6,7 @@ import logging
 
 import pytest
 
-from producer import LineageProducer, ProducerStats
-from producer import events
+from producer import LineageProducer, ProducerStats, events
 from relay.stages.decode import decode_record
 from tests.producer.support import assert_all_arrived_in_order, decode, seq_event, wait_for
 from tests.support.kafka import read_topic
