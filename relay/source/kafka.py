@@ -21,9 +21,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from relay.errors import RelayError
 from relay.kafka_log import KafkaLog, OffsetReset, with_log
 from relay.logs import log_event
+from relay.source.admin import connection_properties
 from relay.source.broker_contact import BrokerContact
 from relay.source.consumer_config import consumer_config
 from relay.source.consumer_thread import ConsumerThread
+from relay.source.end_offsets import EndOffsets
 from relay.source.offset_check import OffsetCheck
 from relay.source.offsets import Partition, format_partitions
 from relay.source.properties import scrub
@@ -82,6 +84,11 @@ class KafkaSource:
         #: offset (nothing before their start was delivered: there is nothing to read back).
         self.reset_at_assignment: frozenset[Partition] = frozenset()
         self._conf = with_log(conf, KafkaLog(on_offset_reset))
+        # What asks the broker for the end offsets (:meth:`lag`): the consumer's connection.
+        self._admin_conf = with_log({"client.id": "lineage-relay-lag", **connection_properties(properties),
+                                     "bootstrap.servers": bootstrap_servers})
+        self._isolation_level = str(conf.get("isolation.level", "read_committed"))
+        self._end_offsets: EndOffsets | None = None
         self._topics = list(topics)
         self._on_assign = on_assign
         self._on_revoke = on_revoke
@@ -123,6 +130,12 @@ class KafkaSource:
             # librdkafka quotes values (a file's path, a mechanism from a secret variable).
             text = scrub(str(err), {k: v for k, v in self._conf.items() if isinstance(v, str)})
             raise SourceError(f"cannot create the Kafka consumer: {text}") from err
+        try:
+            self._end_offsets = EndOffsets(self._admin_conf, isolation_level=self._isolation_level,
+                                           on_answer=self.broker.mark_answered)
+        except KafkaException as err:
+            text = scrub(str(err), {k: v for k, v in self._admin_conf.items() if isinstance(v, str)})
+            raise SourceError(f"cannot create the Kafka admin client that measures the consumer lag: {text}") from err
         await self._call(lambda: self._consumer.subscribe(
             self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost))
 
@@ -325,23 +338,35 @@ class KafkaSource:
                   partitions=len(self.assignment))
 
     async def lag(self) -> dict[Partition, int]:
-        """Per assigned partition: high watermark minus position (from cached fetch data)."""
-        consumer = self._consumer
+        """Per assigned partition whose position is known: its end offset minus the position.
+
+        The end offset is the later of librdkafka's cached one (from fetch responses: none
+        come for a paused partition, nor while the broker is unreachable) and the broker's
+        answer to the previous call, which asked it (:class:`~relay.source.end_offsets.EndOffsets`,
+        without waiting): called every lag interval, a paused partition's lag counts the
+        records that arrived up to one interval before. While the broker does not answer,
+        the last known end offset stays."""
+        consumer, end_offsets = self._consumer, self._end_offsets
         if consumer is None:
             return {}
 
         def compute() -> dict[Partition, int]:
-            tps = [TopicPartition(t, p) for t, p in self.assignment]
-            if not tps:
+            parts = list(self.assignment)
+            if end_offsets is not None:
+                end_offsets.ask(parts)
+            if not parts:
                 return {}
+            stated = end_offsets.known() if end_offsets is not None else {}
             out = {}
-            for tp in consumer.position(tps):
+            for tp in consumer.position([TopicPartition(t, p) for t, p in parts]):
+                part = (tp.topic, tp.partition)
                 try:
                     _low, high = consumer.get_watermark_offsets(tp, cached=True)
                 except KafkaException:
-                    continue
+                    high = -1
+                high = max(high, stated.get(part, -1))
                 if high >= 0 and tp.offset >= 0:
-                    out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+                    out[part] = max(0, high - tp.offset)
             return out
         return await self._call(compute)
 
@@ -356,6 +381,9 @@ class KafkaSource:
         ``session.timeout.ms``, and the partitions are read again from the last commit."""
         deadline = time.monotonic() + timeout_s
         consumer, self._consumer = self._consumer, None
+        end_offsets, self._end_offsets = self._end_offsets, None
+        if end_offsets is not None:
+            end_offsets.close()
         if consumer is not None:
             # After what the consumer's thread is doing: it must not use the consumer while it closes.
             idle = asyncio.get_running_loop().run_in_executor(self._executor, _nothing_to_do)

@@ -48,6 +48,43 @@ def test_lag_in_records_and_seconds_while_a_collector_is_down_and_zero_once_caug
         assert relay.error is None
 
 
+def test_lag_counts_the_records_that_arrive_while_consumption_is_paused():
+    """A paused partition (backpressure: a collector failing) is not fetched, and
+    librdkafka's end offset for it, updated by fetch responses only, stays where it was
+    when the pause began: the lag said 0 while records piled up, and the alerts on it
+    (LineageRelayNotConsuming, LineageRelayConsumerLagHigh) never fired in the outages
+    they are for. The broker is asked for the end offsets instead."""
+    with EmbeddedBroker() as broker, RecordingCollector() as collector:
+        broker.create_topic("events", 1)
+        collector.set_outage(503)
+        first = sample_stream(20, seed=41)
+        produce(broker.bootstrap_servers, "events", first)
+        config = relay_config(broker.bootstrap_servers, "events", {"c": collector.url}, group="g", dlq="dlq",
+                              collector={"max_pending": 5})
+        labels = {"topic": "events", "partition": "0"}
+        with RelayThread(config) as relay:
+            # Paused, not only held off (relay.backpressure): librdkafka no longer fetches.
+            assert eventually(lambda: relay.relay is not None and relay.relay.source.paused, 30)
+            assert eventually(lambda: relay.metric("lineage_relay_consumer_lag", **labels)
+                              == len(first) - relay.metric("lineage_relay_events_consumed_total"), 30)
+            # One record a batch: Tansu answers ListOffsets with the last batch's base offset
+            # + 1 (tests/support/kafka.end_offsets), Kafka with the offset the next record gets.
+            waiting = sample_stream(100, seed=43)
+            produce(broker.bootstrap_servers, "events", waiting, config={"batch.num.messages": 1})
+            total = len(first) + len(waiting)
+
+            def lag_counts_them() -> bool:
+                return relay.relay.source.paused and (
+                    relay.metric("lineage_relay_consumer_lag", **labels)
+                    == total - relay.metric("lineage_relay_events_consumed_total") >= len(waiting))
+            assert eventually(lag_counts_them, 30), (relay.metric("lineage_relay_consumer_lag", **labels),
+                                                     relay.metric("lineage_relay_events_consumed_total"))
+            collector.clear_outage()
+            assert collector.wait_for(lambda c: c.count == total, 60)
+            assert eventually(lambda: relay.metric("lineage_relay_consumer_lag", **labels) == 0, 30)
+        assert relay.error is None
+
+
 def test_a_partition_given_to_another_replica_leaves_the_lag_series_of_the_first():
     """After a rebalance, each replica reports lag only for the partitions it owns: the
     series of one given away would keep their last value for ever (alerts firing, sums over
