@@ -324,36 +324,180 @@ def table_symlink_namespace(metastore_uris: str | None, warehouse: str | None) -
 
 
 # --- a SQL statement's text, for the sql job facet ---------------------------------------
-_SQL_SECRET_NAME = re.compile(
-    r"(?i)(password|passwd|pwd|secret|token|credential|api[_.-]?key|access[_.-]?key|private[_.-]?key"
-    r"|account[_.-]?key|shared[_.-]?access|sas|signature)")
-#: ``<name> [=] '<value>'``: an OPTIONS / TBLPROPERTIES / SERDEPROPERTIES pair (name bare,
-#: quoted or back-quoted, value a string literal).
-_SQL_PAIR = re.compile(
-    r"""('[^'\\]*'|"[^"\\]*"|`[^`]*`|\b[A-Za-z_][\w.\-]*)(\s*=?\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
-#: ``scheme://user:password@`` (also ``jdbc:mysql://``): the user info.
-_SQL_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*:(?:[a-z0-9+.\-]+:)*//)[^/\s'\"`@?#]*@")
-#: ``?password=...`` / ``;password=...`` in a URL or a JDBC property list.
-_SQL_PARAM = re.compile(r"([?&;]\s*)([A-Za-z_][\w.\-]*)(=)([^&;'\"`\s)]*)")
+# Every pattern below is anchored or bounded, so masking stays linear in the text's length
+# (it runs on the job's driver, in the capture's thread, holding the GIL while a regex runs).
 MASK = "***"
+#: Quick screen: text with none of these has nothing to mask.
+_MAYBE = re.compile(r"(?i)pass|pwd|secret|token|credential|sig|key|sas|auth|://|oracle")
+_SECRET_SEGMENTS = ("password", "passwd", "pwd", "secret", "token", "credential", "credentials", "signature",
+                    "passphrase")
+_SECRET_WORDS = {"sig", "sas", "apikey", "accesskey", "secretkey", "privatekey", "accountkey", "sharedaccesskey",
+                 "sastoken", "sessiontoken"}
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("secret", "key"), ("private", "key"), ("account", "key"),
+                 ("shared", "access"), ("session", "token"), ("client", "secret")}
+_NAME_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an option, property or parameter name names a credential: a name segment
+    (split at ``.``, ``_``, ``-`` and camelCase) ending with password, secret, token...
+    (``sslpassword``, ``accessToken``), or ``sig``, ``sas``, ``apikey``..., or two segments
+    such as ``account.key`` or ``secret_key``."""
+    if len(name) > 256:
+        return False
+    parts = [p.lower() for p in _NAME_SPLIT.split(name.strip("`'\"")) if p]
+    for k, part in enumerate(parts):
+        if part in _SECRET_WORDS or part.endswith(_SECRET_SEGMENTS):
+            return True
+        if k and (parts[k - 1], part) in _SECRET_PAIRS:
+            return True
+    return False
+
+
+#: ``://user:password@``: the password (a user alone, ``container@account``, is kept).
+_USERINFO = re.compile(r"([^\s/@:?#'\"`\\]{1,256}):([^\s@'\"`\\]{1,256})@")
+#: Oracle's ``jdbc:oracle:thin:user/password@``.
+_ORACLE = re.compile(r"(?i)(jdbc:oracle:[a-z0-9]{1,16}:)([^\s/@'\"`\\]{1,256})/([^\s@'\"`\\]{1,256})@")
+#: ``?name=value`` / ``&`` / ``;`` / ``#`` in a URL, a JDBC property list or a connection string.
+_PARAM = re.compile(r"([?&;#])([A-Za-z_][\w.\-]{0,127})=([^&;#\s'\"`\\)]{0,4096})")
+#: ``name="value"`` (a JAAS config, ``key="value"`` settings in a literal): double quotes
+#: only, so a SQL comparison with a string (``token_type = 'refresh'``) is not taken for one.
+_QUOTED_ASSIGN = re.compile(
+    r"(?<![\w.\-])([A-Za-z_][\w.\-]{0,127})[ \t]{0,16}=[ \t]{0,16}\"((?:[^\"\\]|\\.){0,4096})\"")
+#: ``"name": "value"`` (JSON in a literal).
+_JSON_PAIR = re.compile(r"\"([A-Za-z_][\w.\-]{0,127})\"[ \t]{0,16}:[ \t]{0,16}\"((?:[^\"\\]|\\.){0,4096})\"")
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<comment>--[^\n]*|/\*(?:[^*]|\*(?!/))*(?:\*/|\Z))
+  | (?P<str>[rR]?'(?:[^'\\]|\\[\s\S]|''|\\\Z)*(?:'|\Z)|[rR]?"(?:[^"\\]|\\[\s\S]|""|\\\Z)*(?:"|\Z))
+  | (?P<quoted>`(?:[^`]|``)*(?:`|\Z))
+  | (?P<word>[A-Za-z_][\w$]*(?:\.[\w$]+)*)
+  | (?P<num>\d[\w.]*)
+  | (?P<other>.)""", re.X | re.S)
+#: Where options are written: ``OPTIONS (...)``, ``TBLPROPERTIES (...)``, ... or a ``SET``.
+_CONTEXT = re.compile(r"(?i)\b(?:options|tblproperties|serdeproperties|dbproperties|properties)\b|\bset\b")
+_PROPERTY_LISTS = {"options", "tblproperties", "serdeproperties", "dbproperties", "properties"}
 
 
 def mask_sql(text: str) -> str:
-    """``text`` (a SQL statement) with credentials masked: the value of any option whose name
-    looks like a secret (``OPTIONS (password 'x')`` -> ``password '***'``), the user info of
-    URLs and credential-like URL / JDBC parameters. The official integration sends the text
-    as is; a password in a statement would reach every collector and the Kafka topic."""
-    def pair(m: re.Match) -> str:
-        if not _SQL_SECRET_NAME.search(m.group(1)):
-            return m.group(0)
-        quote = m.group(3)[0]
-        return f"{m.group(1)}{m.group(2)}{quote}{MASK}{quote}"
+    """``text`` (a SQL statement, or an error message quoting one) with credentials masked:
+    the password of a URL's ``user:password@`` (Oracle's ``user/password@`` too), the value of
+    a URL / JDBC / connection-string parameter or of a JSON member named like a secret
+    (:func:`is_secret_name`), and, in ``OPTIONS``/``TBLPROPERTIES``/... lists and ``SET``
+    statements, the value of a key named like one (``password 'x'`` -> ``password '***'``).
+    Everything else is kept as written. The official integration sends the text as is."""
+    if not _MAYBE.search(text):
+        return text
+    text = _mask_userinfo(text)
+    text = _ORACLE.sub(lambda m: f"{m.group(1)}{m.group(2)}/{MASK}@", text)
+    text = _PARAM.sub(lambda m: f"{m.group(1)}{m.group(2)}={MASK}" if is_secret_name(m.group(2)) else m.group(0),
+                      text)
+    text = _QUOTED_ASSIGN.sub(
+        lambda m: f'{m.group(0)[:m.start(2) - m.start(0)]}{MASK}"' if is_secret_name(m.group(1)) else m.group(0), text)
+    text = _JSON_PAIR.sub(lambda m: f'"{m.group(1)}": "{MASK}"' if is_secret_name(m.group(1)) else m.group(0), text)
+    if _CONTEXT.search(text):
+        text = _mask_options(text)
+    return text
 
-    def param(m: re.Match) -> str:
-        if not _SQL_SECRET_NAME.search(m.group(2)):
-            return m.group(0)
-        return f"{m.group(1)}{m.group(2)}{m.group(3)}{MASK}"
 
-    text = _SQL_PAIR.sub(pair, text)
-    text = _SQL_USERINFO.sub(r"\1", text)
-    return _SQL_PARAM.sub(param, text)
+def _mask_userinfo(text: str) -> str:
+    out: list[str] = []
+    done = 0
+    at = text.find("://")
+    while at != -1:
+        m = _USERINFO.match(text, at + 3)
+        if m is not None:
+            out.append(text[done:m.start(2)])
+            out.append(MASK)
+            done = m.end(2)
+        at = text.find("://", at + 3)
+    if not out:
+        return text
+    out.append(text[done:])
+    return "".join(out)
+
+
+def _masked(kind: str, value: str) -> str:
+    if kind == "str":
+        quote = "'" if "'" in value[:2] else '"'
+        return f"{quote}{MASK}{quote}"
+    return MASK
+
+
+def _mask_options(text: str) -> str:
+    tokens = [(m.lastgroup, m.group()) for m in _TOKEN.finditer(text)]
+    sig = [k for k, (kind, _) in enumerate(tokens) if kind not in ("ws", "comment")]
+    out = [value for _, value in tokens]
+    n = len(sig)
+    i = 0
+    statement_start = True
+    while i < n:
+        kind, value = tokens[sig[i]]
+        low = value.lower()
+        if kind == "other" and value == ";":
+            statement_start = True
+            i += 1
+            continue
+        if statement_start and kind == "word" and low == "set":
+            i = _mask_set(tokens, sig, out, i + 1)
+            statement_start = False
+            continue
+        statement_start = False
+        if kind == "word" and low in _PROPERTY_LISTS and i + 1 < n and tokens[sig[i + 1]][1] == "(":
+            i = _mask_list(tokens, sig, out, i + 2)
+            continue
+        i += 1
+    return "".join(out)
+
+
+def _mask_set(tokens: list, sig: list[int], out: list[str], i: int) -> int:
+    """``SET key = value``: the value masked (to the statement's end) when the key is secret."""
+    n = len(sig)
+    j = i
+    while j < n and tokens[sig[j]][1] not in ("=", ";"):
+        j += 1
+    if j >= n or tokens[sig[j]][1] != "=":
+        return j
+    key = "".join(out[sig[i]:sig[j]]) if j > i else ""
+    end = j + 1
+    while end < n and tokens[sig[end]][1] != ";":
+        end += 1
+    if is_secret_name(key.strip()) and j + 1 < n and sig[j] + 1 <= (sig[end] if end < n else len(out)):
+        stop = sig[end] if end < n else len(out)
+        first = sig[j + 1] if j + 1 < end else stop
+        for k in range(first, stop):
+            out[k] = ""
+        if first < stop:
+            out[first] = MASK
+    return end
+
+
+def _mask_list(tokens: list, sig: list[int], out: list[str], i: int) -> int:
+    """``(key [=] value, ...)``: each value whose key is secret masked, up to the closing ``)``."""
+    n = len(sig)
+    depth = 1
+    key_next = True
+    secret = False
+    while i < n and depth:
+        kind, value = tokens[sig[i]]
+        if value == "(":
+            depth += 1
+        elif value == ")":
+            depth -= 1
+        elif value == "," and depth == 1:
+            key_next, secret = True, False
+        elif key_next:
+            secret = kind in ("word", "quoted", "str") and is_secret_name(_unquote(kind, value))
+            key_next = False
+        elif secret and kind in ("str", "num", "word", "quoted"):
+            out[sig[i]] = _masked(kind, value)
+        i += 1
+    return i
+
+
+def _unquote(kind: str, value: str) -> str:
+    if kind == "str":
+        return value.lstrip("rR")[1:-1]
+    if kind == "quoted":
+        return value[1:-1]
+    return value

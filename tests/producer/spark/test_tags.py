@@ -89,3 +89,21 @@ def test_every_event_of_the_application_and_its_runs_carries_the_configured_tags
             {"name": "John Smith", "type": "person"}, {"name": "MyTeam", "type": "team"}]
         assert [(t["key"], t["value"], t["source"]) for t in event["run"]["facets"]["tags"]["tags"]] == [
             ("run", "true", "CONFIG"), ("set", "up", "SERVICE")]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("[env:prod;pii]", [("env", "prod", "CONFIG"), ("pii", "true", "CONFIG")]),   # a list, as the official
+    ("env: ;team:data", [("team", "data", "CONFIG")]),   # a blank value skips the tag
+    ("a::s;b:v", [("b", "v", "CONFIG")]),
+    ("a:v: ;b:v", [("b", "v", "CONFIG")]),               # a blank source too
+    ("a\\\\;b", [("a\\\\", "true", "CONFIG"), ("b", "true", "CONFIG")]),   # an escaped backslash escapes no ';'
+])
+def test_the_official_parsers_edge_cases(raw, expected):
+    assert list(parse_tags(raw)) == expected
+
+
+def test_the_newer_ownership_keys_win_over_owners():
+    conf = {"spark.openlineage.job.ownership.team": "NewTeam", "spark.openlineage.job.owners.team": "Old",
+            "spark.openlineage.job.owners.person": "Someone"}
+    assert parse_owners(conf) == (("team", "NewTeam"),)
+    assert parse_owners({"spark.openlineage.job.owners.person": "Someone"}) == (("person", "Someone"),)
