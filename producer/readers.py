@@ -183,7 +183,7 @@ def env_settings(environ: Mapping[str, str]) -> Settings | None:
     into the nested variables it shares a prefix with). ``OPENLINEAGE_NAMESPACE`` is the
     namespace when ``OPENLINEAGE__NAMESPACE`` is not set."""
     values: dict[str, Any] = {}
-    origins: dict[str, str] = {}
+    written: list[tuple[tuple[str, ...], str, Any]] = []   # (path, variable, value), in merge order
     for var in sorted(environ, reverse=True):
         if not var.startswith(_ENV_ALL) or var == _ENV_SECTION or var.startswith(_ENV):
             continue
@@ -191,16 +191,39 @@ def env_settings(environ: Mapping[str, str]) -> Settings | None:
         if not all(parts):
             continue
         value: Any = _env_value(environ[var])
+        written.append((tuple(parts), var, value))
         for part in reversed(parts):
             value = {part: value}
         _merge(values, value)
-        origins[parts[0]] = f"env {var}"
     if "namespace" not in values and environ.get("OPENLINEAGE_NAMESPACE"):
         values["namespace"] = environ["OPENLINEAGE_NAMESPACE"]
-        origins["namespace"] = "env OPENLINEAGE_NAMESPACE"
+        written.append((("namespace",), "OPENLINEAGE_NAMESPACE", values["namespace"]))
     if not values:
         return None
-    return Settings("env", values, lambda key: origins.get(key, f"env {_ENV_ALL}{_snake(key).upper()}"))
+    return Settings("env", values, lambda key: _env_origin(written, key))
+
+
+def _env_origin(written: list[tuple[tuple[str, ...], str, Any]], key: str) -> str:
+    """The variable a dotted ``key`` came from: the last merged one that holds it
+    (``env OPENLINEAGE__JOB__TAGS``; ``env OPENLINEAGE__JOB: tags`` for a key inside a JSON
+    object), else the first that sets something under it, else its name as the parser reads it."""
+    path = tuple(key.split("."))
+    for parts, var, value in reversed(written):
+        rest = path[len(parts):]
+        if path[:len(parts)] == parts and _holds(value, rest):
+            return f"env {var}" + (f": {'.'.join(rest)}" if rest else "")
+    for parts, var, _value in reversed(written):
+        if parts[:len(path)] == path:
+            return f"env {var}"
+    return "env " + _ENV_ALL + "__".join(_snake(part).upper() for part in path)
+
+
+def _holds(value: Any, rest: tuple[str, ...]) -> bool:
+    for part in rest:
+        if not isinstance(value, Mapping) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 def settings_sources(environ: Mapping[str, str], cwd: Path | None = None,

@@ -33,6 +33,8 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 ``...jobName.replaceDotWithUnderscore``           as the official integration (changes no name today)
 ``spark.openlineage.parentJobNamespace`` etc.     parent/root parent run (also ``OPENLINEAGE_PARENT_ID``)
 ``spark.openlineage.capturedProperties``          Spark properties to report (comma list)
+``spark.openlineage.job.tags``, ``.run.tags``     the tags job and run facets (see :mod:`producer.spark.tags`)
+``spark.openlineage.job.owners.<type>``           the ownership job facet
 ``spark.openlineage.columnLineage.enabled``       ``false`` skips column lineage
 ``spark.openlineage.facets.disabled``             facets to leave out, ``[schema;columnLineage]`` (then not computed)
 ``spark.openlineage.facets.<name>.disabled``      ``true``/``false`` per facet (over the list)
@@ -40,11 +42,14 @@ Configuration (Spark conf, as the official integration names it; keyword argumen
 ``spark.openlineage.python.maxPlanBytes``         plans above this skip column lineage (32 MiB)
 ================================================  =====================================
 
-``namespace``, ``parentJob*``/``rootParent*`` and ``facets`` may also be set at the top of
-openlineage.yml or as ``OPENLINEAGE__NAMESPACE``, ``OPENLINEAGE__PARENT_JOB_NAME``,
-``OPENLINEAGE__FACETS__<NAME>__DISABLED`` ... (as the official integration reads them; Spark
-conf wins over openlineage.yml, which wins over the variables; see
-:mod:`producer.spark.facets_config` for how the facet settings combine).
+Every key but ``disabled`` and ``transport.*`` (read with the producer's transport) may also be
+set in openlineage.yml, nested at its dots (``columnLineage: {datasetLineageEnabled: false}``,
+``job: {tags: [env:prod], owners: {team: data}}``), or as an ``OPENLINEAGE__*`` variable named
+as the Java env parser names it (``OPENLINEAGE__JOB_NAME__APPEND_DATASET_NAME=false``); the
+application's name there is ``overriddenAppName``, the official name (``appName`` is read too).
+Spark conf wins over openlineage.yml, which wins over the variables, as the official
+ArgumentParser merges them; tags merge by key and owners by type. See
+:mod:`producer.spark.settings` (and :mod:`producer.spark.facets_config` for the facets).
 
 ``spark.openlineage.columnLineage.datasetLineageEnabled=false`` puts the whole-dataset column
 dependencies (JOIN, FILTER, GROUP_BY, SORT) into the ``inputFields`` of every output field with inputs of its own
@@ -59,28 +64,17 @@ import os
 from typing import Any
 
 from producer import events
-from producer.errors import ConfigError
-from producer.spark import job_names, tags
+from producer.spark import job_names
 from producer.spark.capture import CaptureSettings
-from producer.spark.facets_config import disabled_facets
 from producer.spark.listener import SparkLineage
+from producer.spark.settings import SparkSettings
 
-__all__ = ["enable_lineage", "disable_lineage", "disabled_facets", "SparkLineage", "CaptureSettings"]
+__all__ = ["enable_lineage", "disable_lineage", "SparkLineage", "CaptureSettings", "SparkSettings"]
 
 log = logging.getLogger("producer.spark")
 _P = "spark.openlineage."
 _DEFAULT_PROPERTIES = ("spark.master", "spark.app.name")
 _ACTIVE: dict[int, SparkLineage] = {}
-
-
-def _bool(conf: dict[str, str], key: str, default: bool) -> bool:
-    raw = conf.get(key)
-    if raw is None:
-        return default
-    value = str(raw).strip().lower()
-    if value not in ("true", "false"):
-        raise ConfigError(f"{key}: expected true or false, got {raw!r}")
-    return value == "true"
 
 
 #: ProducerConfig fields only a transport section sets (not the namespace or parent ids).
@@ -142,8 +136,9 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     :class:`producer.LineageProducer` from the Spark conf and the other config sources;
     ``producer_overrides`` are its config fields). A mistake in *our* configuration (a
     ``kafka`` transport without bootstrap servers, an unknown key in openlineage.yml's or Spark
-    conf's transport section, a bad value) raises :class:`producer.errors.ConfigError` naming the key, here,
-    before the job's work starts; problems in sources that are not needed (a malformed
+    conf's transport section, a bad value of any ``spark.openlineage.*`` setting in any source)
+    raises :class:`producer.errors.ConfigError` naming the source and the key, and the fix, here,
+    before anything is registered or the job's work starts; problems in sources that are not needed (a malformed
     openlineage.yml, another transport's ``OPENLINEAGE__TRANSPORT__*`` variables, an incomplete
     or invalid ``spark.openlineage.parent*``) are logged once and skipped. Nothing after this
     call raises into the job. Calling it twice for one session
@@ -167,27 +162,23 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     if spark_disabled(conf, os.environ):
         log.info("lineage: disabled by spark.openlineage.disabled / OPENLINEAGE_DISABLED")
         return None
-    try:
-        max_plan = int(conf.get(_P + "python.maxPlanBytes", 32 * 1024 * 1024))
-    except ValueError as err:
-        raise ConfigError(f"{_P}python.maxPlanBytes: expected a number of bytes, got "
-                          f"{conf.get(_P + 'python.maxPlanBytes')!r}") from err
-    wanted = captured_properties
-    if wanted is None:
-        raw = conf.get(_P + "capturedProperties")
-        wanted = [p.strip() for p in raw.split(",") if p.strip()] if raw else list(_DEFAULT_PROPERTIES)
-    from producer.readers import settings_sources
-
-    lower = settings_sources(os.environ)   # OPENLINEAGE__* and openlineage.yml, below Spark conf
-    off = disabled_facets(conf, lower)
-    col_lineage = column_lineage if column_lineage is not None else _bool(conf, _P + "columnLineage.enabled", True)
+    # Every setting is read here, before anything is registered: a bad value raises now or never.
+    merged = SparkSettings.read(conf)
+    max_plan = merged.byte_count("python.maxPlanBytes", 32 * 1024 * 1024)
+    wanted = captured_properties if captured_properties is not None else merged.names(
+        "capturedProperties", _DEFAULT_PROPERTIES)
+    off = merged.disabled_facets()
+    col_lineage = column_lineage if column_lineage is not None else merged.flag("columnLineage.enabled", True)
     # A disabled columnLineage facet would be thrown away: not computed at all.
     col_lineage = col_lineage and "columnLineage" not in off
-    append_dataset_name = _bool(conf, _P + "jobName.appendDatasetName", True)
-    replace_dots = _bool(conf, _P + "jobName.replaceDotWithUnderscore", False)
-    dataset_lineage = _bool(conf, _P + "columnLineage.datasetLineageEnabled", True)
-    read_only = (read_only_actions if read_only_actions is not None
-                 else _bool(conf, _P + "python.readOnlyActions", False))
+    append_dataset_name = merged.flag("jobName.appendDatasetName", True)
+    replace_dots = merged.flag("jobName.replaceDotWithUnderscore", False)
+    dataset_lineage = merged.flag("columnLineage.datasetLineageEnabled", True)
+    read_only = read_only_actions if read_only_actions is not None else merged.flag("python.readOnlyActions", False)
+    # overriddenAppName: the name the official integration reads from openlineage.yml.
+    app_job_name = job_names.application_name(conf, app_name or merged.text("appName", "overriddenAppName"))
+    job_tags, run_tags, owners = merged.tags("job.tags"), merged.tags("run.tags"), merged.owners()
+    configured_namespace = merged.find("namespace")
     built = None
     if producer is None and running is not None and not producer_overrides:
         producer = _unfiltered(running.sender)   # capture switched back on: the same producer
@@ -213,12 +204,14 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
                         "spark.openlineage.transport.properties.bootstrap.servers, the OPENLINEAGE__TRANSPORT__* "
                         "env vars or openlineage.yml, or pass producer=); capture not enabled")
             return None
+    # A producer's own namespace ranks below this session's Spark conf, above the other sources.
     cfg_namespace = getattr(getattr(producer, "config", None), "namespace", None)
-    lower_namespace = next((str(s.values["namespace"]).strip() for s in reversed(lower)
-                            if str(s.values.get("namespace") or "").strip()), None)
+    spark_namespace = configured_namespace.value if configured_namespace and configured_namespace.kind == "spark" \
+        else None
     settings = CaptureSettings(
-        namespace=namespace or conf.get(_P + "namespace") or cfg_namespace or lower_namespace or "default",
-        app_job_name=job_names.application_name(conf, app_name),
+        namespace=namespace or spark_namespace or cfg_namespace
+        or (configured_namespace.value if configured_namespace else None) or "default",
+        app_job_name=app_job_name,
         spark_version=spark.version,
         column_lineage=col_lineage,
         dataset_lineage=dataset_lineage,
@@ -228,11 +221,11 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         warehouse=conf.get("spark.sql.warehouse.dir"),
         append_dataset_name=append_dataset_name,
         replace_dot_with_underscore=replace_dots,
-        job_tags=tags.parse_tags(conf.get(tags.JOB_TAGS)),
-        run_tags=tags.parse_tags(conf.get(tags.RUN_TAGS)),
-        owners=tags.parse_owners(conf),
+        job_tags=job_tags,
+        run_tags=run_tags,
+        owners=owners,
     )
-    parent, root = _parents(conf, producer, lower)
+    parent, root = _parents(conf, producer, merged.lower)
     sender = _FacetFilter(producer, off) if off else producer
     if running is not None:
         if running.identity == (settings.namespace, settings.app_job_name, parent, root):

@@ -1,5 +1,5 @@
 """The facets left out of every event, read as the official integration's ``FacetsConfig``
-(used by :func:`producer.spark.enable_lineage`).
+(used by :class:`producer.spark.settings.SparkSettings`).
 
 Each source says it the same two ways: a list (``spark.openlineage.facets.disabled=[a;b]``,
 openlineage.yml ``facets: {disabled: [a, b]}``, ``OPENLINEAGE__FACETS__DISABLED``) and a
@@ -22,19 +22,14 @@ from producer.readers import Settings
 
 log = logging.getLogger("producer.spark")
 
-_PREFIX = "spark.openlineage.facets."
-
-
-def disabled_facets(conf: Mapping[str, str], lower: Iterable[Settings] = ()) -> frozenset[str]:
-    """Facet names turned off by ``lower`` (lowest precedence first), then Spark conf."""
+def disabled_facets(sources: Iterable[Settings]) -> frozenset[str]:
+    """Facet names turned off by ``sources`` (lowest precedence first, Spark conf last, each
+    nested as :class:`producer.spark.settings.SparkSettings` nests it)."""
     names: set[str] = set()
-    for source in lower:
+    for source in sources:
         facets = source.values.get("facets")
         if isinstance(facets, Mapping):
             _apply(names, facets.get("disabled"), _flags(facets, ""), source.origin("facets"))
-    flags = {key[len(_PREFIX):-len(".disabled")]: value for key, value in conf.items()
-             if key.startswith(_PREFIX) and key.endswith(".disabled") and len(key) > len(_PREFIX + ".disabled")}
-    _apply(names, conf.get(_PREFIX + "disabled"), flags, _PREFIX[:-1])
     return frozenset(names)
 
 

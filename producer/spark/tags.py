@@ -1,5 +1,6 @@
-"""Job and run tags and job owners from the Spark conf, as the official Spark integration
-reads them, for the ``tags`` job and run facets and the ``ownership`` job facet.
+"""Job and run tags and job owners as the official Spark integration reads them, for the
+``tags`` job and run facets and the ``ownership`` job facet (from Spark conf, openlineage.yml
+or ``OPENLINEAGE__*``: :mod:`producer.spark.settings` finds and merges them).
 
 * ``spark.openlineage.job.tags`` / ``spark.openlineage.run.tags``: entries separated by
   ``;`` (the whole may be in ``[...]``), each ``key``, ``key:value`` or ``key:value:source``
@@ -8,8 +9,11 @@ reads them, for the ``tags`` job and run facets and the ``ownership`` job facet.
   backslash stays as written. An entry with a blank key, value or source is skipped; an
   empty part at the end (``a:``) counts as none (``a`` then means ``a:true``). Keys and
   values are stripped of surrounding blanks (the official keeps them).
-* ``spark.openlineage.job.ownership.<type>=<name>``, or, when none is set, the older
-  ``spark.openlineage.job.owners.<type>``: one owner per key (``...ownership.team=data``).
+  In openlineage.yml the value may also be a list, each item one entry
+  (``job: {tags: ["env:prod", "pii"]}``).
+* ``spark.openlineage.job.ownership.<type>=<name>``, or, when none is set in that source, the
+  older ``spark.openlineage.job.owners.<type>``: one owner per key (``...ownership.team=data``;
+  openlineage.yml ``job: {ownership: {team: data}}``).
 
 Tags go on every event of the application run and of its child runs (as the official
 integration's builders do), in the order written.
@@ -18,13 +22,7 @@ integration's builders do), in the order written.
 from __future__ import annotations
 
 import re
-from typing import Mapping
-
-PREFIX = "spark.openlineage."
-JOB_TAGS = PREFIX + "job.tags"
-RUN_TAGS = PREFIX + "run.tags"
-OWNERS = PREFIX + "job.owners."
-OWNERSHIP = PREFIX + "job.ownership."
+from typing import Any, Mapping
 
 Tag = tuple[str, str, str]   # key, value, source
 
@@ -62,37 +60,33 @@ def _unescape(text: str) -> str:
 
 
 def parse_tags(raw: str | None) -> tuple[Tag, ...]:
+    """``raw``'s ``;``-separated entries (a Spark conf value, or a string in openlineage.yml)."""
     if not raw:
         return ()
     raw = raw.strip()
     if raw.startswith("[") and raw.endswith("]"):   # the official reads "[a;b]" as a list
         raw = raw[1:-1]
-    tags: list[Tag] = []
-    for entry in _split(raw, ";"):
-        parts = _split(entry, ":")
-        while parts and parts[-1] == "":   # as Java's String.split: trailing empty parts go
-            parts.pop()
-        parts = parts[:3]
-        if not parts or any(not p.strip() for p in parts):   # no key, or a blank value or source
-            continue
-        parts = [_unescape(p).strip() for p in parts]
-        key = parts[0]
-        value = parts[1] if len(parts) > 1 else "true"
-        source = parts[2] if len(parts) > 2 else "CONFIG"
-        tags.append((key, value, source))
-    return tuple(tags)
+    return tuple(tag for tag in map(parse_tag, _split(raw, ";")) if tag is not None)
 
 
-def parse_owners(conf: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """(type, name) for each ``spark.openlineage.job.ownership.<type>`` with a name, or, when
-    there is none (the newer key wins, as in the official integration), each
-    ``spark.openlineage.job.owners.<type>``; sorted by type."""
-    for prefix in (OWNERSHIP, OWNERS):
-        found = tuple(sorted((key[len(prefix):], value.strip()) for key, value in conf.items()
-                             if key.startswith(prefix) and len(key) > len(prefix) and value and value.strip()))
-        if found:
-            return found
-    return ()
+def parse_tag(entry: str) -> Tag | None:
+    """One ``key``, ``key:value`` or ``key:value:source`` entry (an item of a YAML list is one
+    entry, as the official deserializer reads it), or None when it has a blank key, value or
+    source."""
+    parts = _split(entry, ":")
+    while parts and parts[-1] == "":   # as Java's String.split: trailing empty parts go
+        parts.pop()
+    parts = parts[:3]
+    if not parts or any(not p.strip() for p in parts):
+        return None
+    parts = [_unescape(p).strip() for p in parts]
+    return parts[0], parts[1] if len(parts) > 1 else "true", parts[2] if len(parts) > 2 else "CONFIG"
+
+
+def parse_owners(owners: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(type, name) for each ``<type>: <name>`` of ``owners`` with a type and a name, sorted by type."""
+    return tuple(sorted((str(kind), str(name).strip()) for kind, name in owners.items()
+                        if str(kind) and name is not None and str(name).strip()))
 
 
 def tag_list(tags: tuple[Tag, ...]) -> list[dict]:

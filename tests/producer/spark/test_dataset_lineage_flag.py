@@ -56,14 +56,13 @@ def test_disabled_they_go_into_every_output_field_and_the_dataset_member_is_empt
 
 
 def test_the_setting_is_read_from_spark_conf_and_a_bad_value_is_refused():
-    from producer.spark import _bool
+    from producer.spark.settings import SparkSettings
 
-    assert _bool({}, "spark.openlineage.columnLineage.datasetLineageEnabled", True) is True
-    assert _bool({"spark.openlineage.columnLineage.datasetLineageEnabled": "FALSE"},
-                 "spark.openlineage.columnLineage.datasetLineageEnabled", True) is False
-    with pytest.raises(ConfigError, match="datasetLineageEnabled: expected true or false"):
-        _bool({"spark.openlineage.columnLineage.datasetLineageEnabled": "no"},
-              "spark.openlineage.columnLineage.datasetLineageEnabled", True)
+    key = "spark.openlineage.columnLineage.datasetLineageEnabled"
+    assert SparkSettings({}).flag("columnLineage.datasetLineageEnabled", True) is True
+    assert SparkSettings({key: "FALSE"}).flag("columnLineage.datasetLineageEnabled", True) is False
+    with pytest.raises(ConfigError, match=f"^{key}: expected true or false, got 'no' fix: set it to true or false"):
+        SparkSettings({key: "no"}).flag("columnLineage.datasetLineageEnabled", True)
 
 
 @pytest.mark.spark

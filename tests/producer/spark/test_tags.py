@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from producer.spark.capture import CaptureSettings, engine_facets, job_facets
-from producer.spark.tags import parse_owners, parse_tags
+from producer.spark.settings import SparkSettings
+from producer.spark.tags import parse_tags
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -38,7 +39,7 @@ def test_owners_are_one_per_type_key_and_a_blank_name_or_type_is_ignored():
     conf = {"spark.openlineage.job.owners.team": "MyTeam", "spark.openlineage.job.owners.person": "John Smith",
             "spark.openlineage.job.owners.empty": " ", "spark.openlineage.job.owners.": "nobody",
             "spark.openlineage.job.ownersX": "not an owner", "spark.app.name": "x"}
-    assert parse_owners(conf) == (("person", "John Smith"), ("team", "MyTeam"))
+    assert SparkSettings(conf).owners() == (("person", "John Smith"), ("team", "MyTeam"))
 
 
 def test_facets_carry_them_and_nothing_is_added_without_them():
@@ -105,5 +106,5 @@ def test_the_official_parsers_edge_cases(raw, expected):
 def test_the_newer_ownership_keys_win_over_owners():
     conf = {"spark.openlineage.job.ownership.team": "NewTeam", "spark.openlineage.job.owners.team": "Old",
             "spark.openlineage.job.owners.person": "Someone"}
-    assert parse_owners(conf) == (("team", "NewTeam"),)
-    assert parse_owners({"spark.openlineage.job.owners.person": "Someone"}) == (("person", "Someone"),)
+    assert SparkSettings(conf).owners() == (("team", "NewTeam"),)
+    assert SparkSettings({"spark.openlineage.job.owners.person": "Someone"}).owners() == (("person", "Someone"),)
