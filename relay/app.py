@@ -44,7 +44,7 @@ import orjson
 from relay.backpressure import Backpressure
 from relay.config import RelayConfig
 from relay.event_loop import loop_name
-from relay.events import REDRIVEN_FROM, REDRIVEN_HAVE, LineageEvent, Rejection, SourceRef
+from relay.events import LineageEvent, Rejection, SourceRef
 from relay.intake import RecordIntake
 from relay.lag import measure_lag
 from relay.lane import CollectorLane
@@ -60,6 +60,7 @@ from relay.source.broker_contact import BrokerContact
 from relay.source.kafka import KafkaSource
 from relay.source.lookback import Lookback
 from relay.source.offsets import OffsetTracker
+from relay.source.record_headers import redriven_have
 from relay.source.run_search import RunSearch
 from relay.stages.decode_worker import DecodeWorker
 from relay.startup import StartInterrupted, component_versions, create_dead_letter_topic, until_stopped
@@ -308,9 +309,8 @@ class Relay:
                 event.raw = value
             if self._needs_doc and event.doc is None:
                 event.doc = orjson.loads(event.body)
-            headers = message.headers()
-            if headers is not None and any(name == REDRIVEN_FROM for name, _ in headers):
-                have = {n for name, v in headers if name == REDRIVEN_HAVE and v for n in v.decode().split(",")}
+            have = redriven_have(message, source)
+            if have is not None:
                 for lane in self.lanes:
                     if lane.name not in have:
                         lane.offer_again(event, now)

@@ -172,7 +172,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     redrive.add_argument("--collector", metavar="NAME",
                          help="deliver to this collector instead of the one named in each record")
     redrive.add_argument("--to-topic", action="store_true",
-                         help="produce the records back to the input topic for the relay to process")
+                         help="produce the records back to the input topic (and partition) they came from, for the "
+                              "relay to process")
     redrive.add_argument("--dry-run", action="store_true", help="show what would be re-driven; change nothing")
     redrive.add_argument("--max-attempts", type=int, metavar="N",
                          help="give up on a record after N attempts (default: the collector's "

@@ -7,7 +7,8 @@ alone previews every pending record (it sends nothing).
 
 Straight to a collector (the one named in the record, or ``--collector``; a record without
 one, rejected before any collector saw it, goes to every collector whose route takes it)
-or back to the input topic (``--to-topic``), where the relay processes it like any new
+or back to the input topic and partition it came from (``--to-topic``; see
+:func:`relay.ops.redrive_targets.placement`), where the relay processes it like any new
 record. A dead letter written without its value (header ``value_omitted``) is re-driven
 from the original, read back from the source topic at ``source``; one no longer there
 (retention) is a failure naming where it was. A record is re-driven at most once, across
@@ -23,6 +24,7 @@ with their number, not with their size.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -58,6 +60,9 @@ class RedriveSummary:
     unconfirmed: int = 0
     #: Why the redrive stopped, when it did (the summary's "not confirmed" row says it).
     stopped_by: str = "stopped"
+    #: ``--to-topic``: why records did not go back exactly where they came from (topic and
+    #: partition; :func:`relay.ops.redrive_targets.placement`) -> how many.
+    placements: Counter[str] = field(default_factory=Counter)
 
     def render(self, target: str, dry_run: bool, group: str) -> str:
         verb = "would re-drive" if dry_run else "re-driven"
@@ -71,6 +76,8 @@ class RedriveSummary:
         if self.unconfirmed:
             lines.append(f"  NOT CONFIRMED ({self.stopped_by}; may have arrived): {self.unconfirmed} record(s) "
                          f"handed to the producer were dropped unacknowledged; not marked, they stay pending")
+        for note, count in sorted(self.placements.items()):
+            lines.append(f"  NOTE {count} record(s) {note}")
         for record, why in self.failures[:_FAILURES_SHOWN]:
             lines.append(f"  FAILED {record.ref} ({record.reason}, from {record.source or '?'}): {why[:300]}")
         if len(self.failures) > _FAILURES_SHOWN:
@@ -163,7 +170,7 @@ def run_redrive(args: argparse.Namespace, config: RelayConfig, stream: TextIO) -
         except BaseException:
             lock.release()
             raise
-    target = "the input topic each record came from" if args.to_topic else \
+    target = "the input topic and partition each record came from" if args.to_topic else \
         f"collector {args.collector}" if args.collector else "the collector named in each record"
     try:
         code = _redrive(args, config, stream, summary, lock)

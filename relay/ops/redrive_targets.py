@@ -45,6 +45,8 @@ TOPIC_FLUSH_EVERY = 50
 #: The ``--to-topic`` producer's ``linger.ms``, whatever the relay's producer properties say:
 #: the drain every :data:`TOPIC_FLUSH_EVERY` records waits for the records to linger.
 _LINGER_MS = 20
+#: How long reading a topic's partitions may take (one request).
+_METADATA_TIMEOUT_S = 15.0
 #: What a record dropped by ``purge()`` is reported with.
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
@@ -60,12 +62,35 @@ def _gone(record: DeadLetter, at: SourceRef | None, err: ValueGone | None = None
             f"{err}: it cannot be re-driven")
 
 
+def placement(source: SourceRef | None, topics: list[str],
+              partitions_of: Callable[[str], int | None]) -> tuple[str, int | None, str | None]:
+    """Where ``--to-topic`` produces a record that came from ``source``: ``(topic, partition,
+    note)``. The topic is the source's when the relay consumes it, else the first of
+    ``topics``; the partition is the source's number when that topic has it (a run keeps to
+    the partition of its first event, and the relay replica that owns it holds the run), else
+    None: the producer's partitioner picks (librdkafka's, by key: not the one of a Java
+    producer, and a null key goes anywhere). ``note`` says why the record does not go back
+    to exactly where it came from (None when it does). ``partitions_of(topic)``: how many
+    partitions it has, None when not known."""
+    if source is None:
+        return topics[0], None, f"named no source record: produced to {topics[0]}, partition chosen by the partitioner"
+    topic = source.topic if source.topic in topics else topics[0]
+    count = partitions_of(topic)
+    moved = "" if topic == source.topic else f"came from {source.topic}, which the relay does not consume: "
+    if count is not None and source.partition < count:
+        return topic, source.partition, (f"{moved}produced to {topic}, partition {source.partition} as in the source"
+                                         if moved else None)
+    gone = f"{topic} has no partition {source.partition}" if count is not None else f"{topic} is not known"
+    return topic, None, f"{moved}{gone}: produced to {topic}, partition chosen by the partitioner (by key)"
+
+
 class TopicRedrive:
     """``--to-topic``: each record produced back to its source topic (the first configured
-    topic when the source is not one the relay consumes), in dead-letter order, then marked.
-    The relay sends it to the collectors it does not name in ``redriven_have``: for a record
-    one configured collector refused (header ``collector``), that collector alone; else
-    those an earlier redrive did not reach."""
+    topic when the source is not one the relay consumes) and its source partition (see
+    :func:`placement`), in dead-letter order, then marked. The relay sends it to the
+    collectors it does not name in ``redriven_have``: for a record one configured collector
+    refused (header ``collector``), that collector alone; else those an earlier redrive did
+    not reach."""
 
     def __init__(self, config: RelayConfig, values: StoredValues, summary: RedriveSummary) -> None:
         self._config = config
@@ -102,6 +127,18 @@ class TopicRedrive:
                 "enable.idempotence": True, "acks": "all", "linger.ms": _LINGER_MS}
         producer = Producer(with_log(conf))
         stopped = False
+        counts: dict[str, int | None] = {}
+
+        def partitions_of(topic: str) -> int | None:
+            if topic not in counts:
+                try:
+                    meta = producer.list_topics(topic, timeout=_METADATA_TIMEOUT_S).topics.get(topic)
+                except KafkaException as err:
+                    raise OpsError(f"reading the partitions of {topic} failed: {kafka_error_text(err)}; is the "
+                                   f"broker reachable? What was re-driven before is remembered: run redrive "
+                                   f"again") from err
+                counts[topic] = len(meta.partitions) if meta is not None and meta.error is None else None
+            return counts[topic]
 
         def done(record: DeadLetter, topic: str, err: KafkaError | None) -> None:
             bar.advance()
@@ -134,8 +171,9 @@ class TopicRedrive:
                     summary.failures.append((record, _gone(record, at, err)))
                     bar.advance()
                     continue
-                source = SourceRef.parse(record.source)
-                topic = source.topic if source is not None and source.topic in topics else topics[0]
+                topic, partition, note = placement(SourceRef.parse(record.source), topics, partitions_of)
+                if note is not None:
+                    summary.placements[note] += 1
                 headers = [(REDRIVEN_FROM, f"{kafka.dlq_topic}/{record.partition}/{record.offset}".encode())]
                 have = ledger.delivered_to(record.partition, record.offset, record.identity)
                 if record.collector in names:
@@ -152,7 +190,8 @@ class TopicRedrive:
                     guard()
                     try:
                         producer.produce(topic, key=record.key, value=value, headers=headers,
-                                         on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err))
+                                         on_delivery=lambda err, _m, r=record, t=topic: done(r, t, err),
+                                         **({} if partition is None else {"partition": partition}))
                         break
                     except BufferError:  # records of many MB: the queue's bytes are full
                         if time.monotonic() > deadline:

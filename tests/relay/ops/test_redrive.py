@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -175,6 +176,30 @@ def test_a_record_handed_back_to_the_relay_skips_the_collectors_a_redrive_reache
         assert received(a, victim) == 1, "a got the record again"
 
 
+def test_a_handed_back_record_whose_redriven_have_is_not_utf8_still_reaches_the_others(kafka):
+    """A record with ``redriven_from`` and a ``redriven_have`` naming ``a`` and a name that
+    is not UTF-8 (any producer may write these headers): the relay leaves ``a`` out, sends it
+    to ``b`` (the unreadable name names no collector) and goes on with the record after it.
+    (The header's decoding raised in the relay's loop: it failed, and again on that record
+    after every restart.)"""
+    topic, dlq = kafka.new_topic("ol"), kafka.new_topic("dlq")
+    stream = sample_stream(2, seed=7)
+    victim = orjson.loads(stream[-1][1])  # the last: ``a`` holds none of its run's events for it
+    with RecordingCollector() as a, RecordingCollector() as b:
+        group = kafka.new_group()
+        config = relay_config(kafka.bootstrap_servers, topic, {"a": a.url, "b": b.url}, group=group, dlq=dlq)
+        produce(kafka.bootstrap_servers, topic, stream[:-2])
+        produce(kafka.bootstrap_servers, topic, stream[-1:],
+                headers=[("redriven_from", b"dlq/0/0"), ("redriven_have", b"a,b\xff")])
+        produce(kafka.bootstrap_servers, topic, stream[-2:-1])
+        with RelayThread(config):
+            assert b.wait_for(lambda c: c.count == len(stream), 30), f"b got {b.count} of {len(stream)}"
+            assert a.wait_for(lambda c: c.count == len(stream) - 1, 30), f"a got {a.count}"
+            assert eventually(lambda: committed_offsets(kafka.bootstrap_servers, topic, group, 1).get(0, -1)
+                              >= len(stream), 30), "the relay did not settle the records"
+        assert received(a, victim) == 0 and received(b, victim) == 1
+
+
 class DigestCollector:
     """A collector that keeps only a digest of each body it takes: the memory measured in
     this process is then the command's, not the collector's."""
@@ -308,3 +333,37 @@ def test_a_broker_that_stops_answering_while_values_are_read_back_fails_redrive_
         assert "no records arrived for 2s while reading dlq/0" in err and "is the broker reachable?" in err, err
         assert "redrive marker(s) were not written" in err, err
         assert a.count == 1
+
+
+def test_records_handed_back_to_the_relay_go_to_the_partition_they_came_from(kafka, tmp_path, capsys):
+    """``--to-topic`` produces each record to the partition its dead letter's ``source``
+    names: the relay replica that owns that partition holds the record's run (a run keeps
+    to the partition of its first event). A record from a topic the relay no longer
+    consumes goes to the same partition number of the configured topic; one whose partition
+    the topic does not have goes where the partitioner puts it, and the summary says both.
+    (Every record went where librdkafka's partitioner put it: by CRC32 of the key, not the
+    job's Java murmur2, and a null key anywhere.)"""
+    topic, old, dlq = kafka.new_topic("ol", partitions=4), kafka.new_topic("old"), kafka.new_topic("dlq")
+    values = [v for _, v in sample_stream(4, seed=85)][:12]
+    # Keys librdkafka's partitioner (CRC32) does not put in partition 1; and null keys.
+    keys = [k for k in (f"run:ns/job-{i}".encode() for i in range(100)) if zlib.crc32(k) % 4 != 1][:4]
+    sources = ([(keys[i], f"{topic}/1/{i}") for i in range(4)] + [(None, f"{topic}/1/{i}") for i in range(4, 8)]
+               + [(None, f"{old}/3/{i}") for i in range(2)] + [(keys[0], f"{topic}/6/{i}") for i in range(2)])
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for (key, source), value in zip(sources, values, strict=True):
+        producer.produce(dlq, key=key, value=value, headers=[
+            ("reason", b"collector_rejected"), ("detail", b"HTTP 400"), ("collector", b"a"),
+            ("relay_time", b"2024-05-01T00:00:00+00:00"), ("source", source.encode())])
+    assert producer.flush(30) == 0
+    with RecordingCollector() as a:
+        path = write_config(tmp_path / "relay.yaml", relay_config(kafka.bootstrap_servers, topic, {"a": a.url},
+                                                                  group=kafka.new_group(), dlq=dlq))
+        code, out, err = run_cli_within(capsys, 60, "dlq", "redrive", "--config", path, "--all", "--to-topic")
+    assert code == 0 and summary_value(out, "re-driven") == len(sources), out + err
+    back = read_topic(kafka.bootstrap_servers, topic, expected=len(sources), timeout_s=30)
+    where = {int(r.headers["redriven_from"].rsplit(b"/", 1)[1]): r.partition for r in back}
+    assert [where[i] for i in range(10)] == [1] * 8 + [3] * 2, where
+    assert f"NOTE 2 record(s) came from {old}, which the relay does not consume: produced to {topic}, " \
+           f"partition 3 as in the source" in out, out
+    assert f"NOTE 2 record(s) {topic} has no partition 6: produced to {topic}, partition chosen by the " \
+           f"partitioner (by key)" in out, out

@@ -1,0 +1,50 @@
+import logging
+
+from relay.events import SourceRef
+from relay.source.record_headers import collectors_named, redriven_have
+
+AT = SourceRef("ol", 0, 7)
+
+
+class Record:
+    """A consumed Kafka record as confluent-kafka hands it over: only its headers."""
+
+    def __init__(self, headers=None, error=None):
+        self._headers, self._error = headers, error
+
+    def headers(self):
+        if self._error is not None:
+            raise self._error
+        return self._headers
+
+
+def test_names_that_are_not_utf8_name_no_collector_and_the_others_stay():
+    assert collectors_named([b"a,b\xff", None, b"", b"c,"]) == (frozenset({"a", "c"}), True)
+    assert collectors_named([b"a,b"]) == (frozenset({"a", "b"}), False)
+
+
+def test_a_record_without_redriven_from_is_an_ordinary_one():
+    assert redriven_have(Record(None), AT) is None
+    assert redriven_have(Record([("redriven_have", b"a")]), AT) is None
+
+
+def test_a_handed_back_record_names_the_collectors_that_have_it():
+    record = Record([("redriven_from", b"dlq/0/0"), ("redriven_have", b"a,b")])
+    assert redriven_have(record, AT) == frozenset({"a", "b"})
+    assert redriven_have(Record([("redriven_from", None)]), AT) == frozenset()
+
+
+def test_an_unreadable_redriven_have_is_logged_and_never_raises(caplog):
+    record = Record([("redriven_from", b"dlq/0/0"), ("redriven_have", b"\xff\xfe,a")])
+    with caplog.at_level(logging.WARNING):
+        assert redriven_have(record, AT) == frozenset({"a"})
+    [line] = caplog.records
+    assert line.message == "redriven_have_unreadable" and line.fields["source"] == "ol/0/7"
+
+
+def test_headers_that_cannot_be_read_are_ignored_and_logged(caplog):
+    record = Record(error=UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"))
+    with caplog.at_level(logging.WARNING):
+        assert redriven_have(record, AT) is None
+    [line] = caplog.records
+    assert line.message == "record_headers_unreadable" and line.fields["source"] == "ol/0/7"
