@@ -93,8 +93,8 @@ class LineageEvent:
 @dataclass(frozen=True, slots=True)
 class Rejection:
     """Why a record cannot be forwarded. ``reason`` is a stable machine code
-    (``not_utf8``, ``invalid_json``, ``not_object``, ``missing_field``, ``wrong_type``,
-    ``invalid_value``, ``too_large``, ``empty``, ``undecodable``) used as the dead-letter ``reason``
+    (``not_utf8``, ``invalid_json``, ``unsupported_json``, ``not_object``, ``missing_field``,
+    ``wrong_type``, ``invalid_value``, ``too_large``, ``empty``, ``undecodable``) used as the dead-letter ``reason``
     header and as a metric label; ``detail`` is for humans."""
 
     reason: str

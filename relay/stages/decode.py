@@ -7,12 +7,19 @@ Contract of :func:`decode_record`:
   field and what was wrong with it.
 * JSON input keeps its original bytes as ``body`` (lossless, no re-encoding). Avro
   input (single-object encoding, marker ``C3 01``) is decoded by
-  ``producer.codec.avro`` and re-encoded as JSON for ``body``.
+  ``producer.codec.avro`` and re-encoded as JSON for ``body``, which is at most
+  :func:`avro_body_bound` bytes (the decode worker's pipe relies on it): a record whose
+  JSON would be longer is refused as :data:`TOO_LARGE` (none of the writer schema's can be).
 * ``digest`` is the XXH3-128 of the canonical JSON (sorted keys, no whitespace), so key
   order and formatting do not make two copies of one event look different (why XXH3:
   :mod:`relay.stages.event_checks`).
 * It checks what the relay itself relies on, not the whole OpenLineage JSON schema: what
   exactly, and how run ids are normalised, is :mod:`relay.stages.event_checks`' contract.
+* JSON that RFC 8259's grammar allows but orjson (and the I-JSON profile, RFC 7493) does
+  not, a lone UTF-16 surrogate escape (``"\\ud800"``) or a number beyond a 64-bit float
+  (``1e400``), is refused as :data:`UNSUPPORTED_JSON`, not forwarded: every stage that
+  rebuilds an event reads its body again with orjson, and such a value has no faithful
+  form there (no character; Infinity). The dead letter keeps the bytes.
 * An event may nest up to :data:`MAX_DEPTH` levels (objects and arrays within one another,
   the event itself being level 1); a deeper one is refused as :data:`TOO_DEEP`.
 
@@ -22,6 +29,7 @@ the only regular expressions are compiled once at import.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -49,17 +57,35 @@ TOO_LARGE = "too_large"
 NOT_UTF8 = "not_utf8"
 INVALID_JSON = "invalid_json"
 NOT_OBJECT = "not_object"
+#: JSON, but not what the relay (and most collectors) can carry: a lone UTF-16 surrogate
+#: escape, or a number beyond a 64-bit float (see _parse_failure).
+UNSUPPORTED_JSON = "unsupported_json"
 UNDECODABLE = "undecodable"
 #: Decoding the record killed the decode worker, twice (see relay.stages.decode_worker).
 DECODER_CRASHED = "decoder_crashed"
 REASONS = frozenset(
-    {EMPTY, TOO_LARGE, NOT_UTF8, INVALID_JSON, NOT_OBJECT, MISSING_FIELD, WRONG_TYPE,
+    {EMPTY, TOO_LARGE, NOT_UTF8, INVALID_JSON, UNSUPPORTED_JSON, NOT_OBJECT, MISSING_FIELD, WRONG_TYPE,
      INVALID_VALUE, UNDECODABLE, TOO_DEEP}
 )
 
 #: Avro single-object encoding starts with these two bytes. No JSON text can: 0xC3 is a
 #: UTF-8 lead byte and 0x01 is not a continuation byte, so the check is unambiguous.
 AVRO_MARKER = b"\xc3\x01"
+#: How many bytes of JSON one byte of an Avro record (producer.codec.avro's writer schema)
+#: can become, at most, and the bytes on top for the field names of the event's own
+#: record, written once each. The worst cases are ~6.7x: an input or output whose
+#: namespace and name are "" and whose three facets maps are empty (11 bytes,
+#: ``{"namespace":"","name":"","facets":{},"inputFacets":{},"outputFacets":{}},``), and a
+#: string of control characters (``\x01`` is ``\u0001``, 6 bytes). Nulls cost a byte and
+#: write nothing; a facet's JSON text grows only by its numbers (``9e15`` is
+#: ``9000000000000000.0``, 4.5x). tests/relay/stages/test_decode_worker_avro.py checks them.
+AVRO_JSON_GROWTH = 8
+AVRO_JSON_SLACK = 4096
+
+
+def avro_body_bound(size: int) -> int:
+    """The longest JSON ``body`` an Avro record of ``size`` bytes decodes to."""
+    return AVRO_JSON_GROWTH * size + AVRO_JSON_SLACK
 
 
 def decode_record(
@@ -130,7 +156,7 @@ event_time_from_text = datetime.fromisoformat
 def _parse_failure(value: bytes | memoryview, err: orjson.JSONDecodeError) -> Rejection:
     # orjson reports bad UTF-8 as a JSONDecodeError; decoding again is only paid on failure.
     try:
-        str(value, "utf-8")
+        text = str(value, "utf-8")
     except UnicodeDecodeError as utf_err:
         bad = value[utf_err.start]
         return Rejection(
@@ -141,7 +167,38 @@ def _parse_failure(value: bytes | memoryview, err: orjson.JSONDecodeError) -> Re
     if str(err).startswith("depth limit exceeded"):  # orjson reads 1024 levels
         return Rejection(TOO_DEEP, f"record value is nested more than 1024 levels deep (objects and arrays "
                                    f"within one another), over the limit of {MAX_DEPTH} levels ({err})")
-    return Rejection(INVALID_JSON, f"record value is not valid JSON: {err}")
+    message = str(err)
+    if message.startswith(_NOT_CARRIED) and _is_json(text):
+        if message.startswith(_OUT_OF_RANGE):
+            what = ("a number beyond the range of a 64-bit float (read as Infinity, which JSON cannot write "
+                    "again; send such a value as a string)")
+        else:
+            what = ("a lone UTF-16 surrogate escape, such as \\ud800 (no character: PostgreSQL, Marquez's store, "
+                    "refuses it; Python's os.fsdecode makes them of file names that are not UTF-8)")
+        return Rejection(UNSUPPORTED_JSON, f"record value is JSON but holds {what}; RFC 8259 lets a parser refuse "
+                                           f"either, I-JSON (RFC 7493) forbids both ({message})")
+    return Rejection(INVALID_JSON, f"record value is not valid JSON: {message}")
+
+
+# orjson's refusals of text RFC 8259's grammar allows: a lone surrogate escape, a number
+# beyond a double (1e400, an integer of 310 digits).
+_OUT_OF_RANGE = "number is infinity when parsed as double"
+_NOT_CARRIED = ("no low surrogate in string", "invalid high surrogate in string", "invalid low surrogate in string",
+                _OUT_OF_RANGE)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_json(text: str) -> bool:
+    """Whether ``text`` is JSON by RFC 8259's grammar (the stdlib's parser reads lone
+    surrogates and numbers of any size; its NaN and Infinity are refused). Only on failure."""
+    try:
+        json.loads(text, parse_int=len, parse_float=len, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _decode_avro(value: bytes | memoryview) -> tuple[Any, bytes] | Rejection:
@@ -163,5 +220,10 @@ def _decode_avro(value: bytes | memoryview) -> tuple[Any, bytes] | Rejection:
         return too_deep_rejection(err)
     except orjson.JSONEncodeError as err:
         return Rejection(UNDECODABLE, f"Avro record holds a value JSON cannot carry: {err}")
+    bound = avro_body_bound(len(value))
+    if len(body) > bound:  # a writer schema that grows more than the bound says: see AVRO_JSON_GROWTH
+        return Rejection(TOO_LARGE, f"Avro record of {len(value)} bytes is {len(body)} bytes as JSON, over the "
+                                    f"{bound} bytes allowed for it ({AVRO_JSON_GROWTH}x its size + "
+                                    f"{AVRO_JSON_SLACK})")
     return doc, body
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from relay.events import LineageEvent, Rejection
-from relay.stages.decode import event_time_from_text
+from relay.stages.decode import avro_body_bound, event_time_from_text
 
 _HEADER = struct.Struct("!Q")
 _COUNT = struct.Struct("=I")
@@ -28,6 +28,29 @@ _F_SETPIPE_SZ = 1031
 JOIN_BELOW = 256 * 1024
 
 Decoded = LineageEvent | Rejection
+#: Bounds on an answer frame's length (see :func:`frame_bound`): per value, and per frame.
+_ANSWER_SLACK = 4096
+_FRAME_SLACK = 1 << 20
+
+
+def frame_bound(values: Sequence[bytes | None]) -> int:
+    """The longest frame the child can answer ``values`` with, so that a longer one is
+    garbage, refused before anything is allocated for it. An answer holds strings cut from
+    its value (pickled as UTF-8: no longer than it) and, for an Avro value only, its JSON
+    ``body``, which decode keeps within :func:`~relay.stages.decode.avro_body_bound` (a
+    string of control characters is 6x as long as JSON: an answer bounded by 4x its value
+    alone was taken for garbage, the child killed, the chunk sent again, until decoding
+    fell back to the relay's thread for good)."""
+    size = _FRAME_SLACK
+    for value in values:
+        if value:
+            n = len(value)
+            size += _ANSWER_SLACK + 4 * n
+            if value[0] == 0xC3 and value[1:2] == b"\x01":  # AVRO_MARKER (no JSON text starts with 0xC3)
+                size += avro_body_bound(n)
+        else:
+            size += _ANSWER_SLACK
+    return size
 
 
 def compact(found: Rejection | tuple[Any, ...], value: bytes | None) -> tuple[Any, ...]:

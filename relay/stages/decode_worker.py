@@ -59,6 +59,7 @@ from relay.stages.decode_inflight import DecodeBatch, DecodeChild, answer_part
 from relay.stages.decode_pipe import (
     Decoded,
     expand,
+    frame_bound,
     grow_pipe,
     read_frame,
     write_values,
@@ -249,7 +250,7 @@ class DecodeWorker:
                 pending before it is written): a garbage length is refused, not allocated."""
                 with self._lock:
                     oldest = child.pending[0][0] if child.pending else ()
-                return _FRAME_SLACK + sum(_ANSWER_SLACK + 4 * len(v or b"") for v in oldest)
+                return frame_bound(oldest)
 
             while True:
                 try:
@@ -319,9 +320,6 @@ class DecodeWorker:
 #: How long a child that closed its answers may take to exit before it is killed: its exit
 #: status is then its own in ``decode_worker_failed`` (a traceback's 1, a signal's), not -9.
 _EXIT_GRACE_S = 1.0
-#: A bound on an answer's length (see _read_answers): per value, and per frame.
-_ANSWER_SLACK = 4096
-_FRAME_SLACK = 1 << 20
 
 
 def _crash_detail(value: bytes | None, exit_code: int | None) -> str:

@@ -35,7 +35,7 @@ compiled once at import.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -122,11 +122,7 @@ def check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
             _require_object(_field(doc, "job", "job"), "job")
         event_type = _event_type(doc)
         parent_run_id = find_parent_run_id(run_facets)
-    elif "dataset" in doc:
-        if "job" in doc and run is _MISSING:
-            # Valid as neither: the spec's oneOf takes it for both a DatasetEvent and a JobEvent.
-            raise InvalidEvent(INVALID_VALUE, "event has `dataset` and `job` but no `run`: a DatasetEvent has no "
-                                          "`job`, a JobEvent no `dataset` (the spec accepts exactly one of them)")
+    elif "dataset" in doc and ("job" not in doc or run is not _MISSING or _dataset_or_job(doc, body) == "dataset"):
         kind = "dataset"
         dataset = _require_object(doc["dataset"], "dataset")
         _text(dataset, "namespace", "dataset.namespace")
@@ -204,6 +200,29 @@ def check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
             event_type, job_namespace, job_name, parent_run_id, big_int)
 
 
+def _dataset_or_job(doc: dict[str, Any], body: bytes) -> str:
+    """The kind of an event with ``dataset`` and ``job`` and no ``run``, as the spec's
+    ``oneOf`` decides it: a DatasetEvent may hold any ``job`` (it only may not hold both
+    ``job`` and ``run``), a JobEvent any ``dataset``, so it is the one of the two whose own
+    fields pass, and refused when both pass or neither does. Rare: checks it twice."""
+    errors: dict[str, InvalidEvent] = {}
+    for kind, other in (("dataset", "job"), ("job", "dataset")):
+        try:
+            check_event({key: value for key, value in doc.items() if key != other}, body)
+        except InvalidEvent as err:
+            errors[kind] = err
+    if not errors:
+        raise InvalidEvent(INVALID_VALUE, "event is both a DatasetEvent and a JobEvent (`dataset` and `job`, no "
+                                          "`run`): the spec accepts exactly one of them")
+    if len(errors) == 1:
+        return "job" if "dataset" in errors else "dataset"
+    as_dataset, as_job = errors["dataset"], errors["job"]
+    if as_dataset.detail == as_job.detail:  # a field both need (eventTime...)
+        raise as_dataset
+    raise InvalidEvent(as_dataset.reason, f"event has `dataset` and `job` and no `run`, and is neither a "
+                                          f"DatasetEvent ({as_dataset.detail}) nor a JobEvent ({as_job.detail})")
+
+
 def _deep_canonical(doc: dict[str, Any]) -> bytes:
     try:
         return dumps_deep(doc, orjson.OPT_SORT_KEYS, max_depth=MAX_DEPTH)
@@ -276,14 +295,38 @@ def _parse_event_time(text: str) -> tuple[str, datetime]:
         # The regex has vetted the shape, so the C parser is safe to use.
         parsed = datetime.fromisoformat(iso)
     except ValueError as err:
-        raise InvalidEvent(
-            INVALID_VALUE, f"`eventTime` {_show(text)} is not a real date-time: {err}"
-        ) from None
+        leap = _leap_second(iso)
+        if leap is None:
+            raise InvalidEvent(
+                INVALID_VALUE, f"`eventTime` {_show(text)} is not a real date-time: {err}"
+            ) from None
+        iso, parsed = leap
     if parsed.tzinfo is None:
         raise InvalidEvent(
             INVALID_VALUE,
             f"`eventTime` has no timezone offset (add Z or +HH:MM), got {_show(text)}",
         )
+    return iso, parsed
+
+
+def _leap_second(iso: str) -> tuple[str, datetime] | None:
+    """A leap second, which RFC 3339 (and JSON Schema's date-time) allows at 23:59:60 UTC
+    (``15:59:60-08:00`` elsewhere), as the last microsecond of its second 59: it orders
+    after every time of :59 and before the next minute. None when ``iso`` is no leap second.
+    Which days had one is not checked (the JSON Schema test suite does not either)."""
+    if iso[17:19] != "60":
+        return None
+    rest = iso[19:]
+    if rest.startswith("."):
+        rest = rest.lstrip(".0123456789")
+    iso = f"{iso[:17]}59.999999{rest}"
+    try:
+        parsed = datetime.fromisoformat(iso)
+        utc = parsed if parsed.tzinfo is None else parsed.astimezone(UTC)  # none: refused by the caller
+    except (ValueError, OverflowError):
+        return None
+    if (utc.hour, utc.minute) != (23, 59):
+        return None
     return iso, parsed
 
 

@@ -235,6 +235,8 @@ REJECTIONS = [
     ("truncated", _VALID[:-7], "invalid_json", "JSON"),
     ("trailing-garbage", _VALID + b"}", "invalid_json", "JSON"),
     ("python-repr", b"{'eventType': 'START'}", "invalid_json", "JSON"),
+    ("lone-surrogate", orjson.dumps(run_doc(producer="@")).replace(b"@", rb"\udcff"), "unsupported_json",
+     "surrogate"),
     ("array", orjson.dumps([run_doc()]), "not_object", "an array"),
     ("string", b'"START"', "not_object", "a string"),
     ("null-literal", b"null", "not_object", "null"),
