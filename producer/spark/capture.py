@@ -5,7 +5,8 @@ recorded snapshots. What it guarantees:
 
 * datasets are named per the OpenLineage naming spec (:mod:`producer.spark.naming`), catalog
   tables by location with a ``symlinks`` facet naming the table;
-* inputs carry ``schema`` and ``dataSource``; the output also ``columnLineage`` (when the
+* inputs carry ``schema`` and ``dataSource`` and, on success, ``inputStatistics`` from the
+  scans' metrics (:mod:`producer.spark.input_stats`); the output also ``columnLineage`` (when the
   plan could be analysed), ``lifecycleStateChange`` (CREATE/OVERWRITE) and, on success,
   ``outputStatistics`` from the write's metrics;
 * when analysis of the plan fails, the run still gets its START and COMPLETE/FAIL, with an
@@ -23,7 +24,7 @@ from urllib.parse import quote
 import orjson
 
 from producer import events
-from producer.spark import columns, job_names, naming, tags
+from producer.spark import columns, input_stats, job_names, naming, tags
 from producer.spark.jvm import ActionSnapshot
 from producer.spark.plan import Node, parse_plan
 from producer.spark.relations import Relation
@@ -258,12 +259,15 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     leaf_nodes = columns.plan_leaves(query) if query is not None else []
     inputs: list[DatasetRef] = []
     leaf_ds: list[int | None] = []
+    leaf_sets: list[tuple[int, ...]] = []  # every dataset a leaf stands for
     schemas: dict[int, list[dict]] = {}
     for i, rel in enumerate(snap.leaves):
         refs = dataset_refs(rel, settings, errors)
         if not refs:
             leaf_ds.append(None)
+            leaf_sets.append(())
             continue
+        found_all: list[int] = []
         index = None
         for ref in refs:
             found = next((k for k, r in enumerate(inputs) if (r.namespace, r.name) == (ref.namespace, ref.name)), None)
@@ -271,6 +275,8 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
                 inputs.append(ref)
                 found = len(inputs) - 1
             index = found if index is None else index
+            found_all.append(found)
+        leaf_sets.append(tuple(dict.fromkeys(found_all)))
         if rel is not None and rel.jdbc_url and len(refs) > 1:
             index = None  # a query's columns: from which of its tables is not known
         leaf_ds.append(index)
@@ -326,10 +332,23 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     # only), credentials masked (naming.mask_sql).
     job_facets = ({"sql": events.facet("SQLJobFacet", {"query": naming.mask_sql(snap.sql_text)})}
                   if snap.sql_text else {})
+    read = _input_statistics(snap, leaf_nodes, leaf_sets)
     return ActionLineage(
         job_name=job_name,
-        inputs=[events.dataset(r.namespace, r.name, dataset_facets(r, schemas.get(k))) for k, r in enumerate(inputs)],
+        inputs=[events.dataset(r.namespace, r.name, dataset_facets(r, schemas.get(k)), input_facets=(
+            {"inputStatistics": events.facet("InputStatisticsInputDatasetFacet", read[k])} if k in read else None))
+            for k, r in enumerate(inputs)],
         outputs=outputs, run_facets=run_facets, job_facets=job_facets)
+
+
+def _input_statistics(snap: ActionSnapshot, leaf_nodes: list[Node],
+                      leaf_sets: list[tuple[int, ...]]) -> dict[int, dict[str, int]]:
+    """What each input's scans read (see :mod:`producer.spark.input_stats`): nothing for a
+    failed action (partial counts), nor when the plan's leaves are not all known."""
+    if snap.error is not None or not snap.scans or len(leaf_nodes) != len(leaf_sets):
+        return {}
+    leaf_ids = [frozenset(e.expr_id for e in leaf.exprs("output") if e.expr_id is not None) for leaf in leaf_nodes]
+    return input_stats.input_statistics(snap.scans, leaf_ids, leaf_sets)
 
 
 def engine_facets(settings: CaptureSettings) -> dict:

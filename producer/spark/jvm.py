@@ -29,6 +29,7 @@ from producer.spark.relations import (
     relation_of,
     v2_created,
 )
+from producer.spark.scans import Scan, read_scans
 
 #: Analysed-plan roots that write data, by how their target is found.
 FILE_WRITES = {"InsertIntoHadoopFsRelationCommand"}
@@ -70,6 +71,7 @@ class ActionSnapshot:
     node_name: str | None = None  # the executed plan's root node name (the job name's middle part)
     output_suffix: str | None = None  # a save()'s job-name suffix (see producer.spark.job_names)
     sql_text: str | None = None  # the SQL statement the written query was parsed from (spark.sql)
+    scans: list[Scan] | None = None  # the executed plan's leaves and their metrics (a finished action's)
 
     @cached_property
     def query_nodes(self) -> list[dict[str, Any]] | None:
@@ -337,6 +339,12 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
             snap.metrics = _metrics(executed) if executed is not None else {}
         except Exception:  # noqa: BLE001 - metrics are a nicety
             snap.metrics = {}
+        # What the inputs' scans read (inputStatistics): one call, none without data at rest.
+        if executed is not None and any(leaf is not None for leaf in snap.leaves):
+            try:
+                snap.scans = read_scans(gateway, executed)
+            except Exception:  # noqa: BLE001 - a nicety too
+                snap.scans = None
     else:
         snap.error = str(error.getMessage() or error.toString())
         snap.stack = gateway.jvm.org.apache.spark.util.Utils.exceptionString(error)

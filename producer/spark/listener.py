@@ -276,16 +276,17 @@ class SparkLineage:
         run_facets = {**self._child_parent(), **capture.engine_facets(self.settings), **job, **lineage.run_facets}
         job_facets = {**capture.job_facets(self.settings, "SQL_JOB"), **lineage.job_facets}
         common = dict(run_id=run_id, job_namespace=self.settings.namespace, job_name=lineage.job_name,
-                      inputs=lineage.inputs, job_facets=job_facets)
+                      job_facets=job_facets)
         self.sender.emit(events.run_event("START", event_time=events.iso(min(started, ended)),
                                           run_facets={**run_facets, **self._start_facets()},
+                                          inputs=[_without_stats(i) for i in lineage.inputs],
                                           outputs=[_without_stats(o) for o in lineage.outputs], **common))
         end_facets = dict(run_facets)
         if error is not None:
             end_facets.update(capture.error_facet(snap.error or "action failed", snap.stack))
         self.sender.emit(events.run_event("FAIL" if error is not None else "COMPLETE",
                                           event_time=events.iso(ended), run_facets=end_facets,
-                                          outputs=lineage.outputs, **common))
+                                          inputs=lineage.inputs, outputs=lineage.outputs, **common))
         self.actions_captured += 1
 
     def _emit_unreadable(self, func: str, message: str, ended: float, duration_ns: int | None, error: Any) -> None:
@@ -333,5 +334,7 @@ def _path_key(path: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{unquote(parts.path).rstrip('/') or '/'}"
 
 
-def _without_stats(output: dict) -> dict:
-    return {k: v for k, v in output.items() if k != "outputFacets"}
+def _without_stats(dataset: dict) -> dict:
+    """A dataset as a START carries it: no statistics (an input's or output's facets, all
+    counts, known when the action has run)."""
+    return {k: v for k, v in dataset.items() if k not in ("inputFacets", "outputFacets")}
