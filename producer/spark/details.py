@@ -10,9 +10,12 @@ Guarantees:
   official facet reports (deploy mode, driver host, YARN proxy and history server, reverse
   proxy), nothing else.
 * An action's job costs three py4j calls (:class:`JobReader`): its ``queryId``, then one
-  JSON text of the newest SQL executions and Spark jobs in Spark's status store (small:
-  heavy fields such as plan descriptions are never serialised). Which job is the action's is
-  decided in Python (:func:`job_of`), by the execution's ``queryId``, never guessed: when
+  JSON text of the newest SQL executions (with the ids of the jobs each ran) and Spark jobs
+  in Spark's status store (small: heavy fields such as plan descriptions are never
+  serialised). Two more only when the action's first job is not among those newest jobs (an
+  action that ran many, or other threads' jobs since): that one job, read by its id. Which
+  job is the action's is decided in Python (:func:`first_job_id`, :func:`job_of`), by the
+  execution's ``queryId`` and the job ids the store records for it, never guessed: when
   Spark's status store has not recorded it yet (it is updated on another listener thread),
   or the action ran no job, there is no ``spark_jobDetails`` rather than another job's.
 * Nothing here raises into capture: a read that fails returns None (the facet is left out).
@@ -87,7 +90,7 @@ def application_facet(raw: dict[str, str | None]) -> dict:
 _IGNORED = {
     "org.apache.spark.sql.execution.ui.SQLExecutionUIData": (
         "description", "details", "physicalPlanDescription", "modifiedConfigs", "metrics", "metricValues",
-        "stages", "jobs", "errorMessage"),
+        "stages", "errorMessage"),
     "org.apache.spark.status.api.v1.JobData": (
         "name", "stageIds", "jobTags", "killedTasksSummary", "submissionTime", "completionTime", "status", "numTasks",
         "numActiveTasks", "numCompletedTasks", "numSkippedTasks", "numFailedTasks", "numKilledTasks",
@@ -96,8 +99,9 @@ _IGNORED = {
 }
 _EXECUTIONS = "org.apache.spark.sql.execution.ui.SQLExecutionUIData"
 _JOBS = "org.apache.spark.status.JobDataWrapper"
-#: How many of the newest executions and jobs are read: an action's own are among the newest
-#: when its callback runs (a nested write's execution comes after its command's).
+#: How many of the newest executions and jobs are read: an action's execution is among the
+#: newest when its callback runs (a nested write's execution comes after its command's), and
+#: its first job usually is (else it is read by its id: see :meth:`JobReader.read`).
 NEWEST_EXECUTIONS = 12
 NEWEST_JOBS = 16
 
@@ -113,19 +117,34 @@ class JobReader:
         self._lock = threading.Lock()
         self._mapper: Any = None
         self._views: Any = None
+        self._store: Any = None
+        self._job_class: Any = None
 
     def read(self, qe: Any) -> tuple[str, str] | None:
-        """The action's ``queryId`` and ``[[executions...], [jobs...]]``; None when not readable."""
+        """The action's ``queryId`` and ``[[executions...], [jobs...]]``, the jobs holding the
+        action's first job whenever the store has recorded it (:func:`first_job_id`); None
+        when not readable."""
         try:
             with self._lock:
                 query_id = str(qe.queryId().toString())
                 text = self._serialised(rebuild=False)
                 if text.startswith("[[],") or text.endswith(",[]]"):
                     text = self._serialised(rebuild=True)
-                return query_id, text
-        except Exception as err:  # noqa: BLE001 - another Spark: no job details
+                return query_id, self._with_first_job(query_id, text)
+        except Exception as err:  # noqa: BLE001 - another Spark, or a job no longer kept: no job details
             log.debug("lineage: could not read the action's Spark job: %s", err)
             return None
+
+    def _with_first_job(self, query_id: str, text: str) -> str:
+        """``text`` as read when it holds the action's first job (or the action has none known);
+        else that job alone, read by its id (two py4j calls; raises when the store no longer
+        keeps it, past ``spark.ui.retainedJobs``)."""
+        executions, jobs = orjson.loads(text)
+        first = first_job_id(query_id, executions)
+        if first is None or _info_of(jobs, first) is not None:
+            return text
+        job = self._mapper.writeValueAsString(self._store.read(self._job_class, first))
+        return orjson.dumps([executions, [orjson.loads(str(job))]]).decode()
 
     def _serialised(self, *, rebuild: bool) -> str:
         with untracked():  # kept across actions
@@ -152,35 +171,51 @@ class JobReader:
 
     def _make_views(self) -> Any:
         jvm = self._gateway.jvm
-        store = self._jsession.sparkContext().statusStore().store()
+        self._store = self._jsession.sparkContext().statusStore().store()
+        self._job_class = jvm.java.lang.Class.forName(_JOBS)
         views = jvm.java.util.ArrayList()
-        views.add(store.view(jvm.java.lang.Class.forName(_EXECUTIONS)).reverse().max(NEWEST_EXECUTIONS))
-        views.add(store.view(jvm.java.lang.Class.forName(_JOBS)).reverse().max(NEWEST_JOBS))
+        views.add(self._store.view(jvm.java.lang.Class.forName(_EXECUTIONS)).reverse().max(NEWEST_EXECUTIONS))
+        views.add(self._store.view(self._job_class).reverse().max(NEWEST_JOBS))
         return views
 
 
-def job_of(query_id: str, text: str) -> dict | None:
-    """The first Spark job (lowest id) the action ran: a job of its SQL execution (found by
-    ``queryId``) or of an execution nested in it (a CTAS's inner write: the same root, a
+def first_job_id(query_id: str, executions: list[dict]) -> int | None:
+    """The id of the first Spark job (lowest id) the action ran: of its SQL execution (found
+    by ``queryId``) or of an execution nested in it (a CTAS's inner write: the same root, a
     later id, started before the action's ended; while its end is not recorded, no later
-    execution of that root can be either, the store is updated in order). Keys as the
-    facet's; None when not known."""
+    execution of that root can be either, the store is updated in order), as the ``jobs`` of
+    those executions record them. Exact, however many jobs the action ran: a job is in its
+    execution's ``jobs`` from its start, so once any of the action's jobs is, every earlier
+    one is too. None when the execution or its jobs are not recorded (yet)."""
+    ours = next((e for e in executions if isinstance(e, dict) and e.get("queryId") == query_id), None)
+    if ours is None:
+        return None
+    ended = ours.get("completionTime")
+    nested = [e for e in executions
+              if isinstance(e, dict) and e.get("rootExecutionId") == ours.get("rootExecutionId")
+              and e["executionId"] > ours["executionId"]
+              and (ended is None or (e.get("submissionTime") or 0) <= ended)]
+    ids = [int(job) for e in (ours, *nested) for job in (e.get("jobs") or {})]
+    return min(ids, default=None)
+
+
+def _info_of(jobs: list[dict], job_id: int) -> dict | None:
+    """The ``info`` (Spark's ``JobData``) of job ``job_id`` among ``jobs``, if there."""
+    return next((j["info"] for j in jobs
+                 if isinstance(j, dict) and isinstance(j.get("info"), dict) and j["info"].get("jobId") == job_id), None)
+
+
+def job_of(query_id: str, text: str) -> dict | None:
+    """The first Spark job the action ran (:func:`first_job_id`), when ``text`` holds it (what
+    :meth:`JobReader.read` returns does whenever the store has recorded it). Keys as the
+    facet's; None when not known: never another job of the action, nor another action's."""
     try:
         executions, jobs = orjson.loads(text)
-        ours = next((e for e in executions if e.get("queryId") == query_id), None)
-        if ours is None:
+        first = first_job_id(query_id, executions)
+        info = _info_of(jobs, first) if first is not None else None
+        if info is None:
             return None
-        ended = ours.get("completionTime")
-        ids = {ours["executionId"]} | {
-            e["executionId"] for e in executions
-            if e.get("rootExecutionId") == ours.get("rootExecutionId") and e["executionId"] > ours["executionId"]
-            and (ended is None or (e.get("submissionTime") or 0) <= ended)}
-        found = [j["info"] for j in jobs if j.get("sqlExecutionId") in ids and isinstance(j.get("info"), dict)]
-        if not found:
-            return None
-        first = min(found, key=lambda info: info["jobId"])
-        return {"jobId": int(first["jobId"]), "jobDescription": first.get("description"),
-                "jobGroup": first.get("jobGroup")}
+        return {"jobId": first, "jobDescription": info.get("description"), "jobGroup": info.get("jobGroup")}
     except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError):
         return None
 

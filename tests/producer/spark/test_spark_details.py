@@ -5,6 +5,8 @@ statement; what reading them costs in py4j calls."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from producer.spark import details, disable_lineage, enable_lineage, jvm
@@ -73,6 +75,27 @@ def test_an_actions_run_names_its_spark_job_with_the_group_and_description_the_j
     assert second["jobId"] > max(sc.statusTracker().getJobIdsForGroup("nightly-etl"))
     starts = [e["run"]["facets"]["spark_jobDetails"] for e in _children(recorder, "START")]
     assert starts == [first, second], "START and COMPLETE name the same job"
+
+
+def test_an_action_running_more_jobs_than_the_newest_read_still_names_its_first(
+        spark, tmp_path, cleared_job_properties):
+    # A union of 20 aggregations written once: a shuffle job per aggregation, then the write's
+    # (21 jobs), more than the newest jobs read at once (details.NEWEST_JOBS).
+    sc = cleared_job_properties
+    parts = [spark.range(40).selectExpr(f"id % {i + 2} AS k").groupBy("k").count() for i in range(20)]
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, app_name=APP)
+    try:
+        sc.setJobGroup("many-jobs", "one write, many jobs")
+        functools.reduce(lambda a, b: a.union(b), parts).write.mode("overwrite").parquet(str(tmp_path / "many"))
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+    jobs = sc.statusTracker().getJobIdsForGroup("many-jobs")
+    assert len(jobs) > details.NEWEST_JOBS
+    (facet,) = (e["run"]["facets"]["spark_jobDetails"] for e in _children(recorder, "COMPLETE"))
+    assert (facet["jobId"], facet["jobDescription"], facet["jobGroup"]) == (
+        min(jobs), "one write, many jobs", "many-jobs")
 
 
 def test_a_spark_sql_statement_is_the_runs_sql_job_facet_and_a_dataframe_write_has_none(spark, tmp_path):
