@@ -130,6 +130,8 @@ class ProducerConfig(BaseModel):
     root_parent_run_id: str | None = None
     # Where parent_* came from: "explicit", "spark", "file" or "env" (see parent_source).
     _parent_source: str = PrivateAttr("explicit")
+    # Where namespace came from: "explicit", "spark", "file" or "env" (see namespace_source).
+    _namespace_source: str = PrivateAttr("explicit")
 
     @model_validator(mode="before")
     @classmethod
@@ -250,6 +252,14 @@ class ProducerConfig(BaseModel):
         return self._parent_source  # type: ignore[return-value]
 
     @property
+    def namespace_source(self) -> Literal["explicit", "spark", "file", "env"]:
+        """Where the namespace came from, as :attr:`parent_source` says it (``env``:
+        ``OPENLINEAGE_NAMESPACE``, or with Spark conf ``OPENLINEAGE__NAMESPACE``).
+        :func:`producer.spark.enable_lineage` ranks only an explicit one above the session's
+        own sources."""
+        return self._namespace_source  # type: ignore[return-value]
+
+    @property
     def root_parent(self) -> tuple[str, str, str] | None:
         if self.root_parent_run_id is None:
             return None
@@ -313,6 +323,7 @@ def build_config(values: dict[str, Any], origins: dict[str, str] | None = None) 
     where = origins.get("parent_run_id", "")
     config._parent_source = origins.get("parent_source") or (
         "env" if where.startswith("env ") else "spark" if where.startswith(_SPARK) else "explicit")
+    config._namespace_source = origins.get("namespace_source", "explicit")
     return config
 
 
@@ -322,6 +333,8 @@ def with_overrides(config: ProducerConfig, overrides: Mapping[str, Any]) -> Prod
     built = build_config({**config.model_dump(exclude_none=True), **overrides})
     if not any(key.startswith(("parent_", "root_parent_")) for key in overrides):
         built._parent_source = config._parent_source
+    if "namespace" not in overrides:
+        built._namespace_source = config._namespace_source
     return built
 
 

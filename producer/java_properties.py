@@ -6,7 +6,8 @@ properties, which librdkafka refuses ("No such configuration property"). Each on
 * translated when librdkafka has the same setting (:data:`RENAMED`: ``max.request.size`` is
   ``message.max.bytes``; a PEM truststore is ``ssl.ca.location``/``ssl.ca.pem``; a PLAIN or
   SCRAM ``sasl.jaas.config`` is ``sasl.username``/``sasl.password``; ...); a librdkafka
-  property given as well wins;
+  property given as well wins (when the two come from different configuration sources, the
+  higher source's wins: :func:`shadowed` removes the lower librdkafka one first);
 * dropped with one warning when it only tunes the Java client or has no librdkafka
   counterpart and changes nothing in what is sent (:data:`JAVA_ONLY_PROPERTIES`);
 * refused, naming the key and the librdkafka setting to use, when dropping it would change
@@ -92,6 +93,29 @@ def to_librdkafka(props: Mapping[str, str], default_codec: str) -> dict[str, str
     return out
 
 
+def shadowed(props: Mapping[str, object], ranks: Mapping[str, int], default_codec: str) -> set[str]:
+    """The librdkafka properties of ``props`` that a Java property from a higher source replaces.
+
+    ``props`` are merged from several sources, ``ranks`` the precedence of the source each came
+    from (higher wins). :func:`to_librdkafka` lets a librdkafka property win over its Java
+    equivalent, which is right within one source only: across sources the higher one's must win
+    (Spark conf's ``sasl.jaas.config`` over ``OPENLINEAGE__TRANSPORT__PROPERTIES__SASL_PASSWORD``,
+    its ``max.request.size`` over openlineage.yml's ``message.max.bytes``). Removing these first
+    gives that."""
+    codec = str(props.get("compression.type", props.get("compression.codec", default_codec))).lower()
+    pairs: list[tuple[str, tuple[str, ...]]] = [(java, (name,)) for java, (name, _low, _high) in RENAMED.items()]
+    pairs += [(java, ("compression.level",)) for java, level_codec in _LEVELS.items() if level_codec == codec]
+    pairs += [(java, (name,)) for java, name in _KEYSTORE_PEM.items()]
+    pairs += [(java, ("ssl.ca.location", "ssl.ca.pem")) for java in ("ssl.truststore.location",
+                                                                      "ssl.truststore.certificates")]
+    pairs.append(("sasl.jaas.config", ("sasl.username", "sasl.password")))
+    out: set[str] = set()
+    for java, names in pairs:
+        if java in props:
+            out.update(name for name in names if name in props and ranks.get(name, 0) < ranks.get(java, 0))
+    return out
+
+
 def _is_java(key: str) -> bool:
     return (key in JAVA_ONLY_PROPERTIES or key in RENAMED or key in _LEVELS or key in _TRUSTSTORE
             or key in _KEYSTORE_PEM or key in ("ssl.keystore.type", "sasl.jaas.config"))
@@ -144,13 +168,36 @@ def _keystore(props: Mapping[str, str], out: dict[str, str]) -> list[str]:
     for java, name in _KEYSTORE_PEM.items():
         if java in props and name not in props:
             out[name] = props[java]
-    kind = str(props.get("ssl.keystore.type", "PKCS12")).strip().upper()
-    if kind != "PKCS12" and "ssl.keystore.location" in props:
+    location = props.get("ssl.keystore.location")
+    given = props.get("ssl.keystore.type")
+    kind = str(given or (_keystore_kind(str(location)) if location is not None else "PKCS12")).strip().upper()
+    if kind != "PKCS12" and location is not None:
         raise ValueError(
-            "ssl.keystore.location with ssl.keystore.type other than PKCS12: librdkafka reads a PKCS#12 keystore "
+            "ssl.keystore.location is a JKS or PEM keystore (its ssl.keystore.type, or without one the file "
+            "itself): librdkafka reads a PKCS#12 keystore "
             "only: convert it (keytool -importkeystore -deststoretype PKCS12 ...) or set ssl.certificate.location "
             "and ssl.key.location to PEM files, and remove ssl.keystore.type")
     return ["ssl.keystore.type"] if "ssl.keystore.type" in props else []
+
+
+def _keystore_kind(location: str) -> str:
+    """The type of a keystore file given without ``ssl.keystore.type``. Java's default type, JKS,
+    reads a JKS or a PKCS#12 file (keystore.type.compat), and librdkafka's own
+    ``ssl.keystore.location`` is PKCS#12, so the file tells: a JKS/JCEKS one (by its magic number,
+    else by a ``.jks``/``.jceks`` name when it is not PKCS#12 DER or cannot be read here) or a PEM
+    one is refused as with that type, anything else is left to librdkafka."""
+    try:
+        with open(location, "rb") as file:
+            head = file.read(11)
+    except OSError:
+        head = b""
+    if head[:4] in (b"\xfe\xed\xfe\xed", b"\xce\xce\xce\xce"):
+        return "JKS"
+    if head.startswith(b"-----BEGIN"):
+        return "PEM"
+    if head[:1] != b"\x30" and location.lower().endswith((".jks", ".jceks")):
+        return "JKS"
+    return "PKCS12"
 
 
 def _from_jaas(jaas: str) -> dict[str, str]:
@@ -182,7 +229,7 @@ def parse_jaas(text: str) -> tuple[str, dict[str, str]]:
     """``(login module, options)`` of a ``sasl.jaas.config`` holding one entry,
     ``<module> <flag> [key=value ...];``, with the grammar of Kafka's JaasConfig
     (``java.io.StreamTokenizer``): values quoted with ``"`` or ``'`` (backslash escapes) or
-    bare words, a control flag in any case, ``//`` and ``/* */`` comments. ValueError
+    bare words, a control flag in any case, bare or quoted, ``//`` and ``/* */`` comments. ValueError
     (naming no value) otherwise."""
     tokens = list(_tokens(text))
     entries: list[tuple[str, dict[str, str]]] = []
@@ -199,7 +246,8 @@ def parse_jaas(text: str) -> tuple[str, dict[str, str]]:
         if kind not in ("word", "quoted") or not module:
             raise ValueError("no login module class name")
         kind, flag = take()
-        if kind != "word" or str(flag).upper() not in _JAAS_FLAGS:
+        # Kafka takes the token's string value, so a quoted flag ("required") counts too.
+        if kind not in ("word", "quoted") or str(flag).upper() not in _JAAS_FLAGS:
             raise ValueError("no control flag (required, requisite, sufficient or optional)")
         options: dict[str, str] = {}
         while True:

@@ -290,7 +290,7 @@ def env_source(environ: Mapping[str, str], *, merge_json: bool = False) -> tuple
     integration, whose Java ``OpenLineageEnvParser`` merges them) the single variables are
     read too and the JSON object wins key by key (``properties`` merged property by property)."""
     nested = sorted(var for var in environ if var.startswith(_ENV) and _nested(var))
-    whole = env_json_section(environ)
+    whole = _without_blanks(env_json_section(environ), _ENV_SECTION)
     if whole and not merge_json:
         ignored = sorted(var for var in environ if var.startswith(_ENV) and not _nested(var))
         if ignored:
@@ -311,6 +311,9 @@ def env_source(environ: Mapping[str, str], *, merge_json: bool = False) -> tuple
             continue
         parts = var[len(_ENV):].lower().split("__")
         if len(parts) == 2 and parts[0] in ("properties", "config"):
+            if not raw.strip():
+                _blank_property(var)
+                continue
             props[parts[1]] = raw          # BOOTSTRAP_SERVERS: read as bootstrap.servers
             origins.setdefault("properties", f"{_ENV}{parts[0].upper()}__*")
         elif len(parts) == 1:
@@ -331,6 +334,26 @@ def env_source(environ: Mapping[str, str], *, merge_json: bool = False) -> tuple
         return None, nested
     return Source("env", section, lambda key: origins.get(key, f"{_ENV}{key.upper()}"),
                   strict=_names_ours(section), level=logging.INFO), nested
+
+
+def _blank_property(var: str) -> None:
+    # A template that renders an unset value gives "": never a setting (an empty
+    # ssl.endpoint.identification.algorithm would turn TLS hostname verification off). An empty
+    # value is honoured only where it is written on purpose: openlineage.yml, explicit arguments.
+    log_once(logging.INFO, f"blank:{var}", "event=transport_setting_ignored key=%s reason=blank value, read as not "
+             "set fix=unset it, or give the value (an empty one only in openlineage.yml)", var)
+
+
+def _without_blanks(section: dict[str, Any], where: str) -> dict[str, Any]:
+    """``section`` with the blank ``properties``/``config`` values of a JSON environment variable left out."""
+    out = dict(section)
+    for key, value in section.items():
+        if str(key).replace("_", "").lower() in ("properties", "config") and isinstance(value, dict):
+            kept = {k: v for k, v in value.items() if not (isinstance(v, str) and not v.strip())}
+            for name in value.keys() - kept.keys():
+                _blank_property(f"{where}.{key}.{name}")
+            out[key] = kept
+    return out
 
 
 def _nested(var: str) -> bool:

@@ -54,9 +54,21 @@ of other transports (``OPENLINEAGE__TRANSPORT__AUTH__*``, ``HEADERS__*``, the
 ``TRANSPORTS__DEFAULT_HTTP__*`` openlineage-python writes for ``OPENLINEAGE_URL``), a
 malformed or unreadable openlineage.yml (only the problem and its line are logged, never the
 file's text), a malformed ``OPENLINEAGE_PARENT_ID`` and an incomplete or invalid Spark
-parent (the parent facet is then omitted, as the official integration does). Parent and
-root always come from one source (explicit > Spark conf > openlineage.yml > ``OPENLINEAGE__PARENT_*``
-> ``OPENLINEAGE_PARENT_ID``; the middle two with Spark conf only).
+parent (the parent facet is then omitted, as the official integration does). Explicit parent
+settings replace every source's; otherwise, with Spark conf, each ``parent*``/``rootParent*``
+setting comes from the highest source that sets it (Spark conf > openlineage.yml >
+``OPENLINEAGE__PARENT_*``, as the official integration merges them), and
+``OPENLINEAGE_PARENT_ID`` (with ``OPENLINEAGE_ROOT_PARENT_ID``) is the parent only when those
+give no usable one (see :mod:`producer.parents`).
+
+``properties`` merge key by key; a Kafka Java client property and its librdkafka name
+(``max.request.size`` and ``message.max.bytes``, ``sasl.jaas.config`` and
+``sasl.username``/``sasl.password``) compete by source precedence like any other setting: the
+higher source's wins, whichever name it writes (within one source the librdkafka one wins). A
+blank ``OPENLINEAGE__TRANSPORT__PROPERTIES__*`` value (or one in ``OPENLINEAGE__TRANSPORT``'s
+``properties``) is not set: a template rendering an unset value must not turn anything off (an
+empty ``ssl.endpoint.identification.algorithm`` disables TLS hostname verification; give it in
+openlineage.yml to mean it).
 """
 
 from __future__ import annotations
@@ -69,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.errors import ConfigError
+from producer.java_properties import shadowed
 from producer.parents import parent_values
 from producer.readers import (
     TRANSPORT_TYPES,
@@ -109,16 +122,21 @@ _TRANSPORT_KEYS: dict[str, str | None] = {
 _KNOWN = ("topicName (or topic), messageKey, properties (or config), encoding, journalDir, journalMaxBytes, "
           "journalAdoptIntervalS, queueMaxEvents, closeTimeoutS, bootstrapServers")
 _SPARK = "spark.openlineage."
+_DEFAULT_CODEC = "lz4"   # producer.config.KAFKA_DEFAULTS (which imports this module)
 # librdkafka names never hold "_" but these C-API/callback ones; an env var name cannot hold ".".
 _UNDERSCORE_PROPERTY = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)+")
 
 
 class _Layer:
-    """One source's values plus where each came from (for error messages)."""
+    """One source's values plus where each came from (for error messages), or several merged
+    (:meth:`update`), each librdkafka property ranked by the precedence of its source."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
         self.origins: dict[str, str] = {}
+        #: librdkafka/Java property -> precedence of the source it came from (higher wins).
+        self.ranks: dict[str, int] = {}
+        self.sources = 1
 
     def set(self, field: str, value: Any, origin: str) -> None:
         if field == "properties":
@@ -130,6 +148,7 @@ class _Layer:
             if "bootstrap.servers" in props:
                 self.set("bootstrap_servers", props.pop("bootstrap.servers"), f"{origin}.bootstrap.servers")
             self.values.setdefault("properties", {}).update(props)
+            self.ranks.update(dict.fromkeys(props, 0))
         else:
             self.values[field] = value
         self.origins.setdefault(field, origin)
@@ -141,6 +160,17 @@ class _Layer:
             else:
                 self.values[name] = value
             self.origins[name] = other.origins[name]
+        self.ranks.update({key: self.sources + rank for key, rank in other.ranks.items()})
+        self.sources += other.sources
+
+    def translate_by_source(self) -> None:
+        """Drop each librdkafka property a Java one from a higher source replaces, so that the
+        two compete by source precedence when ProducerConfig translates the Java one
+        (:func:`producer.java_properties.shadowed`)."""
+        props = self.values.get("properties")
+        if props:
+            for key in shadowed(props, self.ranks, _DEFAULT_CODEC):
+                del props[key]
 
 
 def _dotted(props: Mapping[Any, Any]) -> dict[str, Any]:
@@ -244,14 +274,16 @@ def collect(overrides: Mapping[str, Any] | None = None, *,
     lower = [s for s in (env_settings(environ), yaml_settings(path)) if s] if spark else []
     merged = _Layer()
     transport, note = _transport(sources, nested)
-    namespaces = [("env OPENLINEAGE_NAMESPACE", environ.get("OPENLINEAGE_NAMESPACE"))]
-    namespaces += [(s.origin("namespace"), s.values.get("namespace")) for s in lower]
-    namespaces.append((_SPARK + "namespace", conf.get(_SPARK + "namespace")))
-    for where, namespace in namespaces:
+    namespaces = [("env", "env OPENLINEAGE_NAMESPACE", environ.get("OPENLINEAGE_NAMESPACE"))]
+    namespaces += [(s.kind, s.origin("namespace"), s.values.get("namespace")) for s in lower]
+    namespaces.append(("spark", _SPARK + "namespace", conf.get(_SPARK + "namespace")))
+    namespace_source = None
+    for kind, where, namespace in namespaces:
         if namespace is not None and str(namespace).strip():
             layer = _Layer()
             layer.set("namespace", namespace, where)
             merged.update(layer)
+            namespace_source = kind
     merged.update(transport)
     explicit = _Layer()
     for key, value in (overrides or {}).items():
@@ -265,10 +297,13 @@ def collect(overrides: Mapping[str, Any] | None = None, *,
             parents.set(name, value, where)
         merged.update(parents)
     merged.update(explicit)
+    merged.translate_by_source()
     _local_server_id(merged)
     origins = dict(merged.origins)
     if note is not None:
         origins["transport_type"] = note
+    if namespace_source is not None and "namespace" not in explicit.values:
+        origins["namespace_source"] = namespace_source
     if parent_source is not None and "parent_run_id" in merged.values:
         origins["parent_source"] = parent_source
     return merged.values, origins

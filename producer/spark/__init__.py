@@ -94,11 +94,10 @@ def _transport_elsewhere(conf: dict[str, str]) -> tuple[bool, str | None]:
 
 
 def _parents(conf: dict[str, str], producer: Any, lower: list) -> tuple[tuple | None, tuple | None]:
-    """The producer's explicitly configured parent, else this session's Spark conf's, else
-    openlineage.yml's or OPENLINEAGE__PARENT_*'s (``lower``), else OPENLINEAGE_PARENT_ID's:
-    parent and root from one source, an unusable one skipped (see :mod:`producer.parents`). A
-    parent the producer's config took from those sources when it was built does not beat this
-    session's."""
+    """The producer's explicitly configured parent, else this session's Spark conf,
+    openlineage.yml and OPENLINEAGE__PARENT_* (``lower``) merged setting by setting, else
+    OPENLINEAGE_PARENT_ID's; an unusable one skipped (see :mod:`producer.parents`). A parent the
+    producer's config took from those sources when it was built does not beat this session's."""
     cfg = getattr(producer, "config", None)
     if getattr(cfg, "parent", None) is not None and getattr(cfg, "parent_source", "explicit") == "explicit":
         return cfg.parent, getattr(cfg, "root_parent", None)
@@ -204,8 +203,11 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
                         "spark.openlineage.transport.properties.bootstrap.servers, the OPENLINEAGE__TRANSPORT__* "
                         "env vars or openlineage.yml, or pass producer=); capture not enabled")
             return None
-    # A producer's own namespace ranks below this session's Spark conf, above the other sources.
-    cfg_namespace = getattr(getattr(producer, "config", None), "namespace", None)
+    # A producer's namespace given explicitly ranks below this session's Spark conf, above the other
+    # sources; one it read from those sources (OPENLINEAGE_NAMESPACE, the lowest) does not beat them.
+    cfg = getattr(producer, "config", None)
+    cfg_namespace = getattr(cfg, "namespace", None) \
+        if getattr(cfg, "namespace_source", "explicit") == "explicit" else None
     spark_namespace = configured_namespace.value if configured_namespace and configured_namespace.kind == "spark" \
         else None
     settings = CaptureSettings(

@@ -7,9 +7,12 @@ per-facet flag that overrides it (``spark.openlineage.facets.<name>.disabled=tru
 ``facets: {<name>: {disabled: true}}``, ``OPENLINEAGE__FACETS__<NAME>__DISABLED``). Sources are
 read lowest precedence first (``OPENLINEAGE__*``, openlineage.yml, Spark conf). Since a left-out
 facet may be left out for privacy, a list only ever adds: a facet named by any source's list or
-flag is left out unless a higher source's flag sets it ``false`` explicitly. A name is matched
-as written and in snake_case (``sparkProperties`` also leaves out ``spark_properties``): the
-environment's names reach us camelCased, as the Java client's env parser makes them.
+flag is left out unless a higher source's flag sets it ``false`` explicitly. A flag is exactly
+``true`` or ``false`` (or a YAML/JSON boolean), as the official ``FacetsConfig`` reads it; any
+other value (``FALSE``, ``no``) is logged once and ignored, so it never turns a facet back on. A
+name that leaves a facet out is matched as written and in snake_case (``sparkProperties`` also
+leaves out ``spark_properties``: the environment's names reach us camelCased, as the Java
+client's env parser makes them); ``false`` turns back on only the facet named exactly so.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any
 from producer.readers import Settings
 
 log = logging.getLogger("producer.spark")
+_logged: set[str] = set()
+
 
 def disabled_facets(sources: Iterable[Settings]) -> frozenset[str]:
     """Facet names turned off by ``sources`` (lowest precedence first, Spark conf last, each
@@ -37,14 +42,22 @@ def _apply(names: set[str], listed: Any, flags: Mapping[str, Any], where: str) -
     for name in _listed(listed):
         names.update(_variants(name))
     for name, value in flags.items():
-        flag = str(value).strip().lower()
-        if flag == "true":
+        if value is True or value == "true":
             names.update(_variants(name))
-        elif flag == "false":
-            names.difference_update(_variants(name))
+        elif value is False or value == "false":
+            names.discard(name)   # only the name as written: a variant may be a facet left out for privacy
         else:
-            log.warning("event=setting_ignored key=%s.%s.disabled reason=expected true or false, got %r fix=set "
-                        "it to true or false", where, name, value)
+            _ignored_once(f"{where}.{name}.disabled")
+
+
+def _ignored_once(key: str) -> None:
+    # The value is not logged (settings are read more than once; a flag holds no secret, but a
+    # mistyped key might be something else).
+    if key not in _logged:
+        _logged.add(key)
+        log.warning("event=setting_ignored key=%s reason=expected true or false (exactly, as the official "
+                    "integration reads it) fix=set it to true or false; the facet stays as the other settings "
+                    "leave it", key)
 
 
 def _listed(raw: Any) -> list[str]:

@@ -493,3 +493,38 @@ def test_local_server_id_is_the_message_key_unless_message_key_is_set(tmp_path, 
     assert "event=deprecated_setting key=spark.openlineage.transport.localServerId" in caplog.text
     conf["spark.openlineage.transport.messageKey"] = "fixed"
     assert _load(tmp_path, spark_conf=conf).message_key == "fixed"
+
+
+def test_a_quoted_control_flag_is_read_as_kafka_reads_it():
+    """JaasConfig takes the flag token's string value: a quoted ``"required"`` is accepted by Kafka."""
+    cfg = ProducerConfig(bootstrap_servers="k:9092", properties={
+        "sasl.jaas.config": f'{PLAIN} "required" username="alice" password="s3cr3t";'})
+    assert (cfg.properties["sasl.username"], cfg.properties["sasl.password"]) == ("alice", "s3cr3t")
+
+
+@pytest.mark.parametrize("name, head", [
+    ("keystore.jks", b"\xfe\xed\xfe\xed\x00\x00\x00\x02"),    # JKS magic
+    ("keystore.bin", b"\xce\xce\xce\xce\x00\x00\x00\x02"),    # JCEKS magic
+    ("keystore.jks", b"\xa7\xdbE\x04z59KU$"),                 # not PKCS#12 DER, named as JKS
+    ("keystore.key", b"-----BEGIN PRIVATE KEY-----\n"),      # PEM
+    ("missing.jks", None),                                   # not readable here: the name tells
+])
+def test_a_keystore_without_a_type_is_read_as_java_reads_it(tmp_path, name, head):
+    """Java's default keystore type is JKS (which also reads PKCS#12 files): a JKS or PEM file
+    with no ssl.keystore.type is refused with the fix, not failed inside librdkafka."""
+    path = tmp_path / name
+    if head is not None:
+        path.write_bytes(head + b"\x00" * 32)
+    with pytest.raises(ConfigError) as info:
+        build_config({"bootstrap_servers": "k:1", "properties": {
+            "ssl.keystore.location": str(path), "ssl.keystore.password": "changeit"}})
+    assert "ssl.keystore.location" in str(info.value) and "ssl.certificate.location" in str(info.value)
+    assert "changeit" not in str(info.value)
+
+
+def test_a_pkcs12_keystore_without_a_type_is_librdkafkas_own_setting(tmp_path):
+    path = tmp_path / "client.jks"   # a PKCS#12 file whatever its name (DER starts with a SEQUENCE)
+    path.write_bytes(b"\x30\x82\x0a\x00" + b"\x00" * 32)
+    for location in (str(path), str(tmp_path / "client.p12")):
+        cfg = build_config({"bootstrap_servers": "k:1", "properties": {"ssl.keystore.location": location}})
+        assert cfg.properties == {"ssl.keystore.location": location}

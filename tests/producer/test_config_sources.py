@@ -309,3 +309,124 @@ def test_with_spark_conf_the_transport_json_and_single_variables_merge_as_in_jav
     assert (cfg.topic, cfg.message_key, cfg.bootstrap_servers, cfg.properties) == \
         ("t1", "k1", "env:9092", {"linger.ms": "3"})
     assert not _lines(caplog, "env_transport_ignored")
+
+
+# --- Java properties against librdkafka ones across sources (settings review 1) ----------
+
+JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
+        'username="job-user" password="new-secret";')
+ENV_KAFKA = {"OPENLINEAGE__TRANSPORT__TYPE": "kafka",
+             "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": "127.0.0.1:9"}
+
+
+@pytest.mark.parametrize("env_credentials", [
+    {"OPENLINEAGE__TRANSPORT__PROPERTIES__SASL_USERNAME": "shared-user",
+     "OPENLINEAGE__TRANSPORT__PROPERTIES__SASL_PASSWORD": "old-secret"},
+    {"OPENLINEAGE__TRANSPORT__PROPERTIES__SASL_PASSWORD": "old-secret"},
+])
+def test_a_higher_sources_jaas_config_wins_over_lower_librdkafka_credentials(tmp_path, env_credentials):
+    spark = {"spark.openlineage.transport.type": "kafka",
+             "spark.openlineage.transport.properties.sasl.jaas.config": JAAS}
+    props = _load(tmp_path, environ={**ENV_KAFKA, **env_credentials}, spark_conf=spark).properties
+    assert (props["sasl.username"], props["sasl.password"]) == ("job-user", "new-secret")
+
+
+def test_a_higher_sources_librdkafka_credential_wins_over_a_lower_jaas_config(tmp_path):
+    yml = ("transport:\n  type: kafka\n  properties:\n    bootstrap.servers: 127.0.0.1:9\n"
+           f"    sasl.jaas.config: '{JAAS}'\n")
+    spark = {"spark.openlineage.transport.properties.sasl.password": "spark-secret"}
+    props = _load(tmp_path, spark_conf=spark, yml=yml).properties
+    assert (props["sasl.username"], props["sasl.password"]) == ("job-user", "spark-secret")
+    # Within one source the librdkafka property still wins.
+    cfg = _load(tmp_path, {"bootstrap_servers": "k:1", "properties": {
+        "sasl.jaas.config": JAAS, "sasl.password": "same-source"}})
+    assert cfg.properties["sasl.password"] == "same-source"
+
+
+@pytest.mark.parametrize("spark, yml_props, expected", [
+    ({"max.request.size": "5242880"}, {"message.max.bytes": 1000000}, {"message.max.bytes": "5242880"}),
+    ({"message.max.bytes": "2000000"}, {"max.request.size": 5242880}, {"message.max.bytes": "2000000"}),
+    ({"compression.type": "zstd", "compression.zstd.level": "7"}, {"compression.level": 3},
+     {"compression.type": "zstd", "compression.level": "7"}),
+    ({"ssl.truststore.type": "PEM", "ssl.truststore.location": "/spark/ca.pem"}, {"ssl.ca.location": "/yml/ca.pem"},
+     {"ssl.ca.location": "/spark/ca.pem"}),
+    ({"ssl.keystore.key": "spark-key"}, {"ssl.key.pem": "yml-key"}, {"ssl.key.pem": "spark-key"}),
+])
+def test_a_java_property_and_its_librdkafka_name_compete_by_source(tmp_path, spark, yml_props, expected):
+    """Spark conf > openlineage.yml, whichever of the two names each writes."""
+    yml = "transport:\n  type: kafka\n  properties:\n    bootstrap.servers: 127.0.0.1:9\n" + "".join(
+        f"    {key}: {value}\n" for key, value in yml_props.items())
+    conf = {f"spark.openlineage.transport.properties.{key}": value for key, value in spark.items()}
+    assert _load(tmp_path, spark_conf=conf, yml=yml).properties == expected
+
+
+def test_a_java_truststore_over_a_lower_ca_is_refused(tmp_path):
+    """Spark conf's JKS truststore is the one Java would use: not silently a lower source's CA."""
+    conf = {"spark.openlineage.transport.properties.ssl.truststore.location": "/spark/truststore.jks"}
+    with pytest.raises(ConfigError, match="ssl.truststore.location is a Java truststore"):
+        _load(tmp_path, environ={**ENV_KAFKA, "OPENLINEAGE__TRANSPORT__PROPERTIES__SSL_CA_LOCATION": "/ca.pem"},
+              spark_conf=conf)
+
+
+# --- blank values in the environment (settings review 5) ----------------------------------
+
+@pytest.mark.parametrize("spark", [None, SPARK_KAFKA])
+def test_a_blank_env_property_is_not_set(tmp_path, caplog, spark):
+    """A template rendering an unset value gives "": it must not turn TLS hostname verification off."""
+    caplog.set_level(logging.INFO, "producer.config")
+    blank = {"OPENLINEAGE__TRANSPORT__PROPERTIES__SSL_ENDPOINT_IDENTIFICATION_ALGORITHM": " "}
+    cfg = _load(tmp_path, environ={**ENV_KAFKA, **blank}, spark_conf=spark)
+    assert "ssl.endpoint.identification.algorithm" not in cfg.properties
+    assert "OPENLINEAGE__TRANSPORT__PROPERTIES__SSL_ENDPOINT_IDENTIFICATION_ALGORITHM" in caplog.text
+    whole = {"OPENLINEAGE__TRANSPORT": json.dumps({"type": "kafka", "properties": {
+        "bootstrap.servers": "127.0.0.1:9", "ssl.endpoint.identification.algorithm": ""}})}
+    assert "ssl.endpoint.identification.algorithm" not in _load(tmp_path, environ=whole, spark_conf=spark).properties
+
+
+def test_an_empty_endpoint_algorithm_in_openlineage_yml_is_honoured(tmp_path):
+    yml = ("transport:\n  type: kafka\n  properties:\n    bootstrap.servers: 127.0.0.1:9\n"
+           "    ssl.endpoint.identification.algorithm: ''\n")
+    assert _load(tmp_path, yml=yml).properties == {"ssl.endpoint.identification.algorithm": "none"}
+
+
+# --- parent fields merged across sources (settings review 2) -------------------------------
+
+@pytest.mark.parametrize("environ, yml, spark", [
+    ({"OPENLINEAGE__PARENT_JOB_NAMESPACE": "airflow"}, None,
+     {"spark.openlineage.parentJobName": "dag.task", "spark.openlineage.parentRunId": RUN_ID}),
+    ({}, "parentJobNamespace: airflow\nparentJobName: dag.task\n", {"spark.openlineage.parentRunId": RUN_ID}),
+    ({"OPENLINEAGE__PARENT_RUN_ID": RUN_ID, "OPENLINEAGE__PARENT_JOB_NAME": "env.task"},
+     "parentJobName: dag.task\n", {"spark.openlineage.parentJobNamespace": "airflow"}),
+])
+def test_parent_fields_merge_across_sources(tmp_path, environ, yml, spark):
+    """As SparkOpenLineageConfig.mergeWithNonNull: each field from the highest source that sets it."""
+    environ = {**environ, "OPENLINEAGE_PARENT_ID": f"other/outer.task/{OUTER_ID}"}
+    cfg = _load(tmp_path, environ=environ, spark_conf={**SPARK_KAFKA, **spark}, yml=yml)
+    assert cfg.parent == ("airflow", "dag.task", RUN_ID) and cfg.root_parent is None
+    assert cfg.parent_source in ("spark", "file", "env") and cfg.parent_source != "explicit"
+
+
+def test_each_root_field_not_set_is_the_parents(tmp_path):
+    """As the official buildApplicationParentFacet: a root field not set falls back to the parent's."""
+    env = {"OPENLINEAGE__ROOT_PARENT_RUN_ID": ROOT_ID}
+    cfg = _load(tmp_path, environ=env, spark_conf={**SPARK_KAFKA, **SPARK_PARENT,
+                                                   "spark.openlineage.rootParentJobName": "dag"})
+    assert cfg.root_parent == ("airflow", "dag", ROOT_ID)
+    cfg = _load(tmp_path, spark_conf={**SPARK_KAFKA, **SPARK_PARENT, "spark.openlineage.rootParentJobName": "dag"})
+    assert cfg.root_parent == ("airflow", "dag", RUN_ID)
+
+
+def test_a_root_run_id_that_is_not_a_uuid_costs_the_root_only(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.config")
+    cfg = _load(tmp_path, spark_conf={**SPARK_KAFKA, **SPARK_PARENT, **SPARK_ROOT,
+                                      "spark.openlineage.rootParentRunId": "{{ root_run_id }}"})
+    assert cfg.parent == ("airflow", "dag.task", RUN_ID) and cfg.root_parent is None
+    [line] = _lines(caplog, "parent_ignored")
+    assert "spark.openlineage.rootParentRunId reason=not a UUID" in line and "without a root" in line
+
+
+def test_without_spark_conf_the_parent_fields_are_not_read(tmp_path):
+    env = {"OPENLINEAGE__PARENT_JOB_NAMESPACE": "airflow", "OPENLINEAGE__PARENT_JOB_NAME": "dag.task",
+           "OPENLINEAGE__PARENT_RUN_ID": RUN_ID, "OPENLINEAGE_PARENT_ID": f"other/outer.task/{OUTER_ID}"}
+    cfg = _load(tmp_path, {"bootstrap_servers": "k:1"}, environ=env)
+    assert cfg.parent == ("other", "outer.task", OUTER_ID) and cfg.parent_source == "env"

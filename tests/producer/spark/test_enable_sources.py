@@ -295,3 +295,38 @@ def test_java_kafka_properties_librdkafka_cannot_honour_fail_with_the_fix(no_amb
             **{f"spark.openlineage.transport.properties.{key}": value for key, value in props.items()}}))
     assert named in str(info.value) and ("ssl.ca.location" in str(info.value) or "SCRAM" in str(info.value))
     assert "changeit" not in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["yml", "env"])
+def test_a_given_producers_namespace_from_the_lowest_source_does_not_beat_the_others(
+        no_ambient_config, monkeypatch, where):
+    """LineageProducer() reads OPENLINEAGE_NAMESPACE (the lowest source): openlineage.yml's and
+    OPENLINEAGE__NAMESPACE still win, as without producer=; an explicit namespace still wins over them."""
+    from producer.config import load_config
+    from tests.producer.spark.support import Recorder
+
+    monkeypatch.setenv("OPENLINEAGE_NAMESPACE", "env-ns")
+    if where == "yml":
+        (no_ambient_config / "openlineage.yml").write_text("namespace: team-a\n")
+    else:
+        monkeypatch.setenv("OPENLINEAGE__NAMESPACE", "team-a")
+    for config, namespace in [(load_config({"bootstrap_servers": "127.0.0.1:9"}), "team-a"),
+                              (load_config({"bootstrap_servers": "127.0.0.1:9", "namespace": "mine"}), "mine")]:
+        assert config.namespace_source == ("env" if namespace == "team-a" else "explicit")
+        sender = Recorder()
+        sender.config = config
+        spark = FakeSession({})
+        lineage = enable_lineage(spark, producer=sender)
+        try:
+            assert lineage.settings.namespace == namespace
+        finally:
+            disable_lineage(spark)
+
+
+def test_parent_fields_from_env_and_spark_conf_make_one_parent(no_ambient_config, monkeypatch):
+    run_id = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
+    monkeypatch.setenv("OPENLINEAGE__PARENT_JOB_NAMESPACE", "airflow")
+    lineage = _enabled(FakeSession({
+        **SPARK_KAFKA, "spark.openlineage.transport.journalDir": str(no_ambient_config / "journal"),
+        "spark.openlineage.parentJobName": "dag.task", "spark.openlineage.parentRunId": run_id}))
+    assert lineage.parent == ("airflow", "dag.task", run_id)

@@ -6,6 +6,7 @@ before anything is registered."""
 
 from __future__ import annotations
 
+import logging
 import os
 from types import SimpleNamespace
 
@@ -234,3 +235,30 @@ def test_action_settings_from_openlineage_yml_and_env_shape_the_action_events(
                for f in facet["fields"].values())
     # The count (no output) is reported too (readOnlyActions true).
     assert any(e["eventType"] == "COMPLETE" and not e.get("outputs") for e in actions)
+
+
+@pytest.mark.parametrize("conf_flag", [
+    {"spark.openlineage.facets.spark_properties.disabled": "FALSE"},    # not exactly "false"
+    {"spark.openlineage.facets.spark_properties.disabled": "no"},
+    {"spark.openlineage.facets.sparkProperties.disabled": "false"},     # another facet's name
+])
+def test_a_facet_a_lower_source_left_out_stays_out_but_for_an_exact_false(clean_env, monkeypatch, caplog, conf_flag):
+    """As the official FacetsConfig: a flag is exactly true or false (anything else is logged and
+    ignored), keyed by the name as written."""
+    from producer.spark import facets_config
+    from producer.spark.settings import SparkSettings
+
+    monkeypatch.setattr(facets_config, "_logged", set())
+    caplog.set_level(logging.WARNING, "producer.spark")
+    _yaml(monkeypatch, clean_env, "facets:\n  spark_properties:\n    disabled: true\n")
+    assert "spark_properties" in SparkSettings.read(conf_flag).disabled_facets()
+    lineage, start = _start({**CONF, **conf_flag})
+    assert "spark_properties" not in start["run"]["facets"]
+    SparkSettings.read(conf_flag).disabled_facets()
+    logged = [r.getMessage() for r in caplog.records if "event=setting_ignored" in r.getMessage()]
+    assert len(logged) == (0 if "sparkProperties" in str(conf_flag) else 1)   # once
+    # An exact false, or a YAML boolean, turns it back on.
+    assert "spark_properties" not in SparkSettings.read(
+        {"spark.openlineage.facets.spark_properties.disabled": "false"}).disabled_facets()
+    _yaml(monkeypatch, clean_env, "facets:\n  disabled: [spark_properties]\n  spark_properties: {disabled: False}\n")
+    assert "spark_properties" not in SparkSettings.read({}).disabled_facets()
