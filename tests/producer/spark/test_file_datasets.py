@@ -84,14 +84,16 @@ def test_naming_many_files_costs_no_more_py4j_calls_than_naming_two(spark, tmp_p
     few = _files(tmp_path / "few", ["a.csv", "b.csv"])
     many = _files(tmp_path / "many", [f"f{i}.csv" for i in range(40)])
     costs = []
-    for paths in (few, many):
+    # The first action of a session also builds the capture's readers (scans, job details):
+    # a first write, not counted, leaves the comparison to what naming the files costs.
+    for paths in (few, few, many):
         df = spark.read.csv(paths, header=True)
         drain(spark)
         py4j_calls.clear()
         done = _completed(spark, captured, lambda: df.write.mode("overwrite").parquet(str(tmp_path / "out")))
         costs.append(len(py4j_calls))
         assert len(done["inputs"]) == 1
-    assert costs[1] == costs[0], costs
+    assert costs[2] == costs[1], costs
 
 
 def test_a_save_path_is_named_absolute_and_qualified_like_other_file_writes(spark, tmp_path, captured):
