@@ -114,14 +114,7 @@ def test_runtime_dependencies_are_installed_at_pinned_versions():
     assert constraints_src is not None, "the builder copies the constraints file"
     install = next(ins.value for ins in builder.all("RUN") if " install " in ins.value)
     assert re.search(r"(--constraint|-c)\s+\S*constraints\.txt", install), install
-    pins = {}
-    for line in (ROOT / constraints_src).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            req = Requirement(line)
-            (spec,) = req.specifier
-            assert spec.operator == "==", line
-            pins[re.sub(r"[-_.]+", "-", req.name).lower()] = spec.version
+    pins = _exact_pins(ROOT / constraints_src)
     assert _runtime_closure() - set(pins) == set(), "pin every runtime dependency in deploy/constraints.txt"
     for dep in PYPROJECT["project"]["dependencies"]:
         req = Requirement(dep)
@@ -144,14 +137,7 @@ def test_build_backend_is_pinned():
     build = re.search(r"pip wheel [^&]*", run).group(0)
     assert "--no-build-isolation" in build, "else pip ignores the installed backend"
     assert "--check-build-dependencies" in build, "pip checks the pins against [build-system]"
-    pins = {}
-    for line in (ROOT / source).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            req = Requirement(line)
-            (spec,) = req.specifier
-            assert spec.operator == "==", line
-            pins[re.sub(r"[-_.]+", "-", req.name).lower()] = spec.version
+    pins = _exact_pins(ROOT / source)
     for dep in PYPROJECT["build-system"]["requires"]:
         req = Requirement(dep)
         name = re.sub(r"[-_.]+", "-", req.name).lower()
@@ -254,3 +240,18 @@ def test_spark_example_image():
     cmd = stage.last("CMD").exec_form()
     assert cmd[0] == "spark-submit" and cmd[-1] == copies["examples/spark/lineage_example.py"]
     assert stage.last("USER").value.split(":")[0].isdigit() and stage.last("USER").value != "0"
+
+
+def _exact_pins(path) -> dict[str, str]:
+    """``name==version`` lines of a requirements file, by normalised name (each must be exact)."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[re.sub(r"[-_.]+", "-", req.name).lower()] = spec.version
+    return pins

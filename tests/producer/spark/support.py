@@ -33,3 +33,17 @@ def drain(spark: Any, timeout_s: float = 60.0) -> None:
     """Wait until Spark's listener bus has delivered every queued event (so every action's
     lineage callback has run). Raises if that does not happen within ``timeout_s``."""
     spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(timeout_s * 1000))
+
+
+def application_start(spark: Any) -> tuple[Any, dict]:
+    """The capture ``enable_lineage`` returns for ``spark`` and the application's START event
+    as it sends it (through its facet filter); capture is switched off again before returning."""
+    from producer.spark import disable_lineage, enable_lineage
+
+    sender = Recorder()
+    lineage = enable_lineage(spark, producer=sender)
+    try:
+        [start] = sender.events
+        return lineage, start
+    finally:
+        disable_lineage(spark)

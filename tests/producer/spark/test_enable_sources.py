@@ -10,6 +10,7 @@ import pytest
 
 from producer.errors import ConfigError
 from producer.spark import disable_lineage, enable_lineage
+from tests.producer.spark.support import application_start
 from tests.producer.spark.test_enable import FakeSession
 
 
@@ -181,24 +182,11 @@ RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
 OTHER_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6c"
 
 
-def _start_event(spark):
-    """The application's START as the capture sends it (through its facet filter)."""
-    from tests.producer.spark.support import Recorder
-
-    sender = Recorder()
-    lineage = enable_lineage(spark, producer=sender)
-    try:
-        [start] = sender.events
-        return lineage, start
-    finally:
-        disable_lineage(spark)
-
-
 def test_namespace_parent_and_facets_in_openlineage_yml(no_ambient_config):
     (no_ambient_config / "openlineage.yml").write_text(
         f"namespace: team-a\nparentJobNamespace: airflow\nparentJobName: dag.task\nparentRunId: {RUN_ID}\n"
         "facets:\n  disabled: [processing_engine]\n  spark_properties:\n    disabled: true\n")
-    lineage, start = _start_event(FakeSession({"spark.app.name": "app"}))
+    lineage, start = application_start(FakeSession({"spark.app.name": "app"}))
     assert start["job"]["namespace"] == lineage.settings.namespace == "team-a"
     assert start["run"]["facets"]["parent"]["job"] == {"namespace": "airflow", "name": "dag.task"}
     assert lineage.parent == ("airflow", "dag.task", RUN_ID)
@@ -213,7 +201,7 @@ def test_namespace_parent_and_facets_in_openlineage_env_vars(no_ambient_config, 
                        "OPENLINEAGE__FACETS__SPARK_PROPERTIES__DISABLED": "true",
                        "OPENLINEAGE__FACETS__DISABLED": "[processing_engine]"}.items():
         monkeypatch.setenv(var, value)
-    lineage, start = _start_event(FakeSession({"spark.app.name": "app"}))
+    lineage, start = application_start(FakeSession({"spark.app.name": "app"}))
     assert start["job"]["namespace"] == "team-a"
     assert lineage.parent == ("airflow", "dag.task", RUN_ID)
     assert not {"processing_engine", "spark_properties"} & set(start["run"]["facets"])
@@ -229,11 +217,11 @@ def test_spark_conf_over_openlineage_yml_over_env_vars(no_ambient_config, monkey
     (no_ambient_config / "openlineage.yml").write_text(
         f"namespace: yml-ns\nparentJobNamespace: airflow\nparentJobName: dag.task\nparentRunId: {RUN_ID}\n"
         "facets:\n  spark_properties:\n    disabled: false\n")
-    lineage, start = _start_event(FakeSession({"spark.app.name": "app"}))
+    lineage, start = application_start(FakeSession({"spark.app.name": "app"}))
     assert (lineage.settings.namespace, lineage.parent) == ("yml-ns", ("airflow", "dag.task", RUN_ID))
     # A higher source's explicit false turns a facet back on; its list never does.
     assert "spark_properties" in start["run"]["facets"] and "processing_engine" not in start["run"]["facets"]
-    lineage, start = _start_event(FakeSession({
+    lineage, start = application_start(FakeSession({
         "spark.app.name": "app", "spark.openlineage.namespace": "spark-ns", "spark.openlineage.facets.disabled": "[x]",
         "spark.openlineage.parentJobNamespace": "spark", "spark.openlineage.parentJobName": "spark.task",
         "spark.openlineage.parentRunId": OTHER_ID}))

@@ -14,7 +14,7 @@ import pytest
 
 from producer.errors import ConfigError
 from producer.spark import disable_lineage, enable_lineage
-from tests.producer.spark.support import Recorder, drain
+from tests.producer.spark.support import Recorder, application_start, drain
 from tests.producer.spark.test_enable import FakeSession
 
 YAML = """\
@@ -73,13 +73,7 @@ def _source(name, monkeypatch, tmp_path):
 
 def _start(conf):
     """The capture and the application's START event, as sent."""
-    spark, sender = FakeSession(conf), Recorder()
-    lineage = enable_lineage(spark, producer=sender)
-    try:
-        [start] = sender.events
-        return lineage, start
-    finally:
-        disable_lineage(spark)
+    return application_start(FakeSession(conf))
 
 
 def _tags(facet):
