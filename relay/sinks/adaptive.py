@@ -26,6 +26,9 @@ as TCP congestion control and Netflix's concurrency-limits do:
 Answers that say nothing about load (a 400, a 401) leave the limit alone. The limit is
 the number of requests in flight; a request waits in :meth:`AdaptiveLimit.acquire`
 before it is sent (its time limit starts once it is sent), first come first served.
+
+:class:`FixedLimit` is the same gate with a limit that never changes: a batch collector's
+``batch.max_requests`` without ``adaptive_concurrency`` (batches and events sent alone share it).
 """
 
 from __future__ import annotations
@@ -173,3 +176,15 @@ class AdaptiveLimit:
             if not waiter.done():
                 self.in_flight += 1
                 waiter.set_result(None)
+
+
+class FixedLimit(AdaptiveLimit):
+    """An :class:`AdaptiveLimit` whose limit never changes: the same gate (first come first
+    served, cancellation-safe), answers say nothing to it."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(minimum=limit, maximum=limit, initial=limit)
+
+    def release(self, sent: Sent, outcome: Outcome) -> None:
+        self.in_flight -= 1
+        self._wake()

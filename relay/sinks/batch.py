@@ -28,7 +28,12 @@ What this guarantees, and why:
   ``max_bytes`` on its own also goes alone. So does an event whose batches were answered
   a bare 500 ``retry.poison_after_attempts`` times while the collector accepted other
   events (:func:`relay.sinks.retry.count_failure`): the batch cannot say whether this
-  event is the one it fails on, the single-event endpoint can.
+  event is the one it fails on, the single-event endpoint can. For the same reason an
+  event's last attempt (``retry.max_attempts``, 2 or more) goes alone: it is
+  ``retries_exhausted`` only on its own answer (with 1, a batch answered 500 is dead-lettered
+  whole). ``max_attempts`` counts an event's POSTs in batches and alone, but not a batch
+  whose answer said nothing of it (refused whole, 404, unattributed). Events sent alone
+  share ``batch.max_requests`` (or the adaptive limit) with the batches.
 * A 404, 405 or 501 to a batch sends its events alone. ``batch.unsupported_after`` such
   answers in a row (:mod:`relay.sinks.batch_fallback`; one may come from a proxy or an old
   instance during a rolling deploy) give the batch endpoint up: every event goes alone
@@ -201,10 +206,11 @@ class BatchCollector:
         if len(self._queue) >= self._max_events or self._queued_bytes + ENVELOPE_BYTES >= self._max_bytes:
             self._full.set()
 
-    def _alone(self, body: bytes, done: Done, token: Any) -> asyncio.Task[Any]:
-        """Deliver ``body`` to the single-event endpoint (retries included), then ``done``;
+    def _alone(self, body: bytes, done: Done, token: Any, before: int = 0) -> asyncio.Task[Any]:
+        """Deliver ``body`` to the single-event endpoint (retries included: those
+        ``retry.max_attempts`` leaves after ``before`` attempts in batches), then ``done``;
         cancelling the task returned means no verdict."""
-        task = asyncio.create_task(self.single.deliver(body))
+        task = asyncio.create_task(self.single.deliver_after(body, before) if before else self.single.deliver(body))
         self._sending.add(task)
 
         def finished(task: asyncio.Task[Undeliverable | None]) -> None:
@@ -227,8 +233,8 @@ class BatchCollector:
         kind = outcome.outcome
         if kind == "delivered":
             item.done(item.token, None)
-        elif kind == "single":
-            item.alone = self._alone(item.body, item.done, item.token)
+        elif kind == "single":  # this batch said nothing of it: not counted, the retries before it are
+            item.alone = self._alone(item.body, item.done, item.token, item.attempt - 1)
         elif kind == "reject":
             item.done(item.token, Undeliverable("collector_rejected", outcome.detail, outcome.status))
         else:
@@ -236,20 +242,24 @@ class BatchCollector:
             record = self.single.tally.record(request)
             item.failures, failed_event = count_failure(item.failures, outcome.status, record,
                                                         retry.poison_after_attempts)
-            if failed_event:  # alone, it is judged on its own (a 500 there is its own)
-                item.alone = self._alone(item.body, item.done, item.token)
-                return
             max_attempts = retry.max_attempts
-            if max_attempts is not None and item.attempt >= max_attempts:
+            left = max_attempts is None or item.attempt < max_attempts
+            if failed_event and left:  # alone, it is judged on its own (a 500 there is its own)
+                item.alone = self._alone(item.body, item.done, item.token, item.attempt)
+                return
+            if not left:  # max_attempts 1 (later, the last attempt went alone: see below)
                 item.done(item.token, Undeliverable("retries_exhausted",
-                                                    f"after {item.attempt} attempts: {outcome.detail}",
-                                                    outcome.status))
+                                                    f"after {item.attempt} attempt{'s' if item.attempt > 1 else ''}: "
+                                                    f"{outcome.detail}", outcome.status))
                 return
             # Logged once per batch by _send; counted here per event, like single deliveries.
             self._metrics.retried.inc()
             delay = self.single.backoff_s(item.attempt, wait_s)
             item.attempt += 1
-            self._backing_off[item] = asyncio.get_running_loop().call_later(delay, self._again, item)
+            # The last attempt goes alone: retries_exhausted on a batch's bare 500 would
+            # dead-letter the neighbours of the one event the collector fails on.
+            again = self._again if max_attempts is None or item.attempt < max_attempts else self._last_alone
+            self._backing_off[item] = asyncio.get_running_loop().call_later(delay, again, item)
 
     def _again(self, item: _Item) -> None:
         """``item``'s backoff is over: into the next batch."""
@@ -257,6 +267,13 @@ class BatchCollector:
         if not item.dropped:
             item.at = asyncio.get_running_loop().time()
             self._enqueue(item)
+
+    def _last_alone(self, item: _Item) -> None:
+        """``item``'s backoff is over and its next attempt is its last: alone, so that
+        only its own answer decides."""
+        del self._backing_off[item]
+        if not item.dropped:
+            item.alone = self._alone(item.body, item.done, item.token, item.attempt - 1)
 
     async def _flush_forever(self) -> None:
         assert self._slots is not None
@@ -320,7 +337,7 @@ class BatchCollector:
                 wait_s, request = reply.wait_s, reply.request
                 reading = read_batch_reply(reply.status, None if reply.unread else reply.body, len(batch),
                                            self.single.verdict, self.single.scrubber.text,
-                                           lambda _: self.single.quote(reply))
+                                           lambda _: self.single.quote(reply), reply.encoding)
         except _Unsupported:  # not sent: no request to count
             reading = BatchReading([EventOutcome("single", "batch endpoint unsupported")] * len(batch), "")
         except asyncio.CancelledError:  # closing: no verdict comes for these

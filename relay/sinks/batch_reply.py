@@ -20,6 +20,12 @@ spellings are read.
   alone (``single``; at-least-once).
   A body that is not a JSON object names no failed events: every event is delivered, the
   2xx stands. So does a body over :data:`MAX_REPLY_BYTES`, which is not read at all.
+  A leading UTF-8 BOM is skipped. A body compressed although the relay asks for
+  ``Accept-Encoding: identity`` (gzip, deflate; a gzip body without its Content-Encoding
+  header is recognised by its first bytes) is read decompressed, up to
+  :data:`MAX_REPLY_BYTES` decompressed too (a larger one is not read, as above). One that
+  cannot be decompressed (corrupt, or an encoding not read here such as br) may list
+  failures that cannot be seen: its events are re-sent alone (``unattributed``).
 * 404, 405 or 501: there is no batch endpoint (``unsupported``): every event is re-sent
   alone, and the caller sends single events from then on.
 * a retriable status (408, 429, 5xx; see the kind's classify): every event is ``retry``.
@@ -32,6 +38,7 @@ spellings are read.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -77,12 +84,13 @@ class BatchReading:
 
 def read_batch_reply(status: int, body: bytes | None, count: int, classify: Callable[[int | None], Verdict],
                      scrub: Callable[[str], str] | None = None,
-                     quote: Callable[[bytes], str] | None = None) -> BatchReading:
+                     quote: Callable[[bytes], str] | None = None, encoding: str | None = None) -> BatchReading:
     """``body`` None: a body over :data:`MAX_REPLY_BYTES`, not read. ``scrub`` and ``quote``
     take the collector's credentials out of what the outcomes quote (see
     relay.sinks.auth.AnswerScrubber): the body is parsed as it came, since scrubbing it
-    first changed what it said (a token ``true`` made a retriable failure delivered)."""
-    reading = _read(status, body, count, classify, quote or _raw, scrub or _same)
+    first changed what it said (a token ``true`` made a retriable failure delivered).
+    ``encoding``: the reply's Content-Encoding header, if any."""
+    reading = _read(status, body, count, classify, quote or _raw, scrub or _same, encoding)
     if scrub is None or (reading.result == "ok" and not reading.note):  # all delivered: nothing quoted
         return reading
     done: dict[int, EventOutcome] = {}  # most outcomes are one object, repeated
@@ -98,7 +106,7 @@ def read_batch_reply(status: int, body: bytes | None, count: int, classify: Call
 
 
 def _read(status: int, body: bytes | None, count: int, classify: Callable[[int | None], Verdict],
-          quote: Callable[[bytes], str], scrub: Callable[[str], str]) -> BatchReading:
+          quote: Callable[[bytes], str], scrub: Callable[[str], str], encoding: str | None) -> BatchReading:
     def _snippet(body: bytes | None) -> str:  # the reply's first bytes, as quoted
         return "(not read)" if body is None else quote(body)
     if status in UNSUPPORTED:
@@ -108,6 +116,9 @@ def _read(status: int, body: bytes | None, count: int, classify: Callable[[int |
     if verdict is Verdict.RETRY:
         outcome = EventOutcome("retry", f"batch answered HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "retry")
+    undecodable = ""
+    if body is not None and (encoding or body[:2] == _GZIP_MAGIC):
+        body, undecodable = _decoded(body, encoding, scrub)
     if verdict is Verdict.REJECT:
         reply = _json_object(body) if body is not None else None
         if reply is not None and _failed_list(reply):
@@ -116,6 +127,9 @@ def _read(status: int, body: bytes | None, count: int, classify: Callable[[int |
             return _per_event(reply, count, alone, status, scrub)
         outcome = EventOutcome("single", f"batch refused with HTTP {status}: {_snippet(body)}", status)
         return BatchReading([outcome] * count, "refused")
+    if undecodable:  # it may list failures: none is known to have been delivered
+        resend = EventOutcome("single", f"{undecodable}; sending the events alone")
+        return BatchReading([resend] * count, "unattributed", undecodable)
     if body is None:
         # Read like a body that is not JSON: it names no failed events, and the collector
         # said it took the batch. Sending every event again alone instead would turn a proxy
@@ -172,7 +186,60 @@ def _failed_list(reply: dict) -> list:
     return failed if isinstance(failed, list) else []
 
 
+#: How a gzip stream starts (RFC 1952): no JSON or text reply does.
+_GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
+
+
+def _decoded(body: bytes, encoding: str | None, scrub: Callable[[str], str]) -> tuple[bytes | None, str]:
+    """``body`` without its Content-Encoding ``encoding`` (gzip, deflate; a gzip body
+    without the header is known by its first bytes), None when that is over
+    :data:`MAX_REPLY_BYTES` (a zip bomb is not inflated past it); or why it cannot be read."""
+    codings = [c for c in (c.strip().lower() for c in (encoding or "").split(",")) if c and c != "identity"]
+    if not codings:
+        if body[:2] != _GZIP_MAGIC:
+            return body, ""
+        codings = ["gzip"]  # known by its first bytes
+    data: bytes | None = body
+    try:
+        for coding in reversed(codings):  # applied in the order listed
+            if coding in ("gzip", "x-gzip"):
+                data = _inflate(data, 31)
+            elif coding == "deflate":  # zlib-wrapped as RFC 9110 says; some servers send it raw
+                try:
+                    data = _inflate(data, 15)
+                except zlib.error:
+                    data = _inflate(data, -15)
+            else:
+                return None, f"reply with Content-Encoding {scrub(coding)[:40]}, not read"
+            if data is None:
+                return None, ""
+    except zlib.error as err:
+        return None, f"reply with Content-Encoding {scrub(','.join(codings))[:60]} could not be decoded ({err})"
+    return data, ""
+
+
+def _inflate(data: bytes, wbits: int) -> bytes | None:
+    """``data`` decompressed (gzip: every member), or None past :data:`MAX_REPLY_BYTES`."""
+    out: list[bytes] = []
+    size = 0
+    while True:
+        d = zlib.decompressobj(wbits)
+        chunk = d.decompress(data, MAX_REPLY_BYTES - size + 1)
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            return None
+        out.append(chunk)
+        if not d.eof:
+            raise zlib.error("the compressed reply is cut short")
+        data = d.unused_data
+        if wbits != 31 or not data:
+            return b"".join(out)
+
+
 def _json_object(body: bytes) -> dict | None:
+    if body[:3] == _BOM:  # not JSON (RFC 8259 forbids it) but some servers send it; orjson refuses it
+        body = body[3:]
     if not body.strip():
         return None
     try:

@@ -5,7 +5,9 @@ mixin of :class:`~relay.sinks.http.HttpCollector`, whose state it uses as declar
 Guarantees:
 
 * An event is POSTed at most ``retry.max_attempts`` times in all, its first attempt
-  included (none set: until it is delivered, refused or found failing).
+  included (none set: until it is delivered, refused or found failing), its failed
+  attempts in batches included (:meth:`EventRetries.deliver_after`; a batch whose answer
+  said nothing of the event, such as a 404, is not counted).
 * Before each later attempt it waits :meth:`EventRetries.backoff_s`: capped exponential
   backoff with full jitter, at least what a Retry-After asked for. Each wait counts one
   ``retried`` and logs one ``delivery_retry`` WARNING on the collector's logger.
@@ -68,31 +70,44 @@ class EventRetries:
                          cap_s=self.config.retry.max_backoff_s, rand=self._rand.random)
         return max(jitter, wait_s or 0.0)
 
-    def _wait(self, state: RetryCallState) -> float:
+    def _wait(self, state: RetryCallState, before: int) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        return self.backoff_s(state.attempt_number + 1, getattr(exc, "wait_s", None))
+        return self.backoff_s(before + state.attempt_number + 1, getattr(exc, "wait_s", None))
 
-    def _before_sleep(self, state: RetryCallState) -> None:
+    def _before_sleep(self, state: RetryCallState, before: int) -> None:
         self._metrics.retried.inc()
         exc = state.outcome.exception() if state.outcome else None
         log_event(log, logging.WARNING, "delivery_retry", collector=self.name,
-                  attempt=state.attempt_number + 1, status=getattr(exc, "status", None),
+                  attempt=before + state.attempt_number + 1, status=getattr(exc, "status", None),
                   detail=getattr(exc, "detail", str(exc))[:200])
 
-    async def _later_attempts(self, body: bytes, failure: Retriable) -> Undeliverable | None:
-        """What becomes of an event whose first attempt failed with ``failure``."""
+    async def deliver_after(self, body: bytes, before: int) -> Undeliverable | None:
+        """``deliver`` for an event already POSTed ``before`` times (in batches: see
+        :mod:`relay.sinks.batch`): it gets only the attempts ``retry.max_attempts`` leaves,
+        at least one, and its backoff goes on from there. A bare 500 counts against it
+        afresh (alone, a 500 is its own)."""
+        try:
+            return await self._attempt(body)
+        except Retriable as failure:
+            return await self._later_attempts(body, failure, before)
+
+    async def _later_attempts(self, body: bytes, failure: Retriable, before: int = 0) -> Undeliverable | None:
+        """What becomes of an event whose first attempt here (after ``before`` others)
+        failed with ``failure``."""
         max_attempts = self.config.retry.max_attempts
-        if max_attempts == 1:
-            return Undeliverable("retries_exhausted", f"after 1 attempt: {failure.detail}", failure.status)
+        if max_attempts is not None and before + 1 >= max_attempts:
+            n = before + 1
+            return Undeliverable("retries_exhausted", f"after {n} attempt{'s' if n > 1 else ''}: {failure.detail}",
+                                 failure.status)
         seen = self._failed_again(EventFailures(), failure)[0]
         self._metrics.retried.inc()
-        log_event(log, logging.WARNING, "delivery_retry", collector=self.name, attempt=1,
+        log_event(log, logging.WARNING, "delivery_retry", collector=self.name, attempt=before + 1,
                   status=failure.status, detail=failure.detail[:200])
-        await asyncio.sleep(self.backoff_s(1, failure.wait_s))
+        await asyncio.sleep(self.backoff_s(before + 1, failure.wait_s))
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(max_attempts - 1) if max_attempts else stop_never,
-            wait=self._wait, retry=retry_if_exception_type(Retriable),
-            before_sleep=self._before_sleep, reraise=True)
+            stop=stop_after_attempt(max_attempts - before - 1) if max_attempts else stop_never,
+            wait=lambda state: self._wait(state, before), retry=retry_if_exception_type(Retriable),
+            before_sleep=lambda state: self._before_sleep(state, before), reraise=True)
 
         async def attempt() -> Undeliverable | None:
             nonlocal seen

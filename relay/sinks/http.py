@@ -36,7 +36,7 @@ from relay import __version__
 from relay.config import CollectorConfig
 from relay.logs import log_event
 from relay.metrics import CollectorMetrics
-from relay.sinks.adaptive import AdaptiveLimit, Outcome
+from relay.sinks.adaptive import AdaptiveLimit, FixedLimit, Outcome
 from relay.sinks.auth import AnswerScrubber, TokenSource, auth_header_value, session_headers, ssl_context
 from relay.sinks.base import DeliveryStopped, Undeliverable
 from relay.sinks.deadlines import Deadlines
@@ -99,23 +99,31 @@ class HttpCollector(EventRetries):
         self._successes = frozenset(s for s in range(200, 300) if classify_status(s) is Verdict.SUCCESS)
         #: With adaptive_concurrency, every request waits for room under the learnt limit
         #: (requests are then batch POSTs when the collector batches: their size, not the
-        #: collector's load, sets their latency, so only overload signals count).
+        #: collector's load, sets their latency, so only overload signals count). A batch
+        #: collector's requests, batches and events sent alone alike, wait for room under
+        #: ``batch.max_requests`` without it too: the dispatcher's ``concurrency`` (events
+        #: in flight, max_events x max_requests by default) would let hundreds of events sent
+        #: alone go at once. The gauge shows the limit enforced.
         self._gate: AdaptiveLimit | None = None
+        self._adaptive: AdaptiveLimit | None = None
         self._next_limit_log = 0.0
         adaptive = config.adaptive_concurrency
         ceiling = config.batch.max_requests if config.batch is not None else config.concurrency
         limit_gauge = metrics.concurrency_limit()
         if adaptive is not None:
-            self._gate = AdaptiveLimit(minimum=adaptive.min, maximum=ceiling, initial=adaptive.initial,
-                                       latency_tolerance=adaptive.latency_tolerance,
-                                       use_latency=config.batch is None, on_change=limit_gauge.set)
+            self._gate = self._adaptive = AdaptiveLimit(
+                minimum=adaptive.min, maximum=ceiling, initial=adaptive.initial,
+                latency_tolerance=adaptive.latency_tolerance, use_latency=config.batch is None,
+                on_change=limit_gauge.set)
         else:
+            if config.batch is not None:
+                self._gate = FixedLimit(ceiling)
             limit_gauge.set(ceiling)
 
     @property
     def gate(self) -> AdaptiveLimit | None:
-        """The adaptive limit on requests in flight, or None (a fixed ``concurrency``)."""
-        return self._gate
+        """The adaptive limit on requests in flight, or None (a fixed ceiling)."""
+        return self._adaptive
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.config.concurrency, keepalive_timeout=30, ttl_dns_cache=300,

@@ -57,6 +57,9 @@ class Reply:
     #: ``body`` is only the answer's first bytes: a quote of it may end inside a secret
     #: (see relay.sinks.auth.AnswerScrubber). Quote it with HttpCollector.quote, never raw.
     cut: bool = False
+    #: Its Content-Encoding header, of an answer to a batch (its body is as it came:
+    #: relay.sinks.batch_reply decodes it).
+    encoding: str | None = None
 
 
 async def read_body(resp: aiohttp.ClientResponse, limit: int, keep: int) -> bytes | None:
@@ -110,6 +113,8 @@ async def read_reply(resp: aiohttp.ClientResponse, keep: int | None) -> Reply:
             body = await read_body(resp, limit, wanted)
             reply = Reply(status, b"", unread=True) if body is None else Reply(status, body)
         reply.cut = content.total_bytes > len(reply.body)
+        if keep is not None:
+            reply.encoding = resp.headers.get("Content-Encoding")
         if status < 300:
             return reply
     else:

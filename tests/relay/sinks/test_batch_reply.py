@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
+import zlib
+
 import orjson
 
-from relay.sinks.batch_reply import read_batch_reply
+from relay.sinks.batch_reply import MAX_REPLY_BYTES, read_batch_reply
 from relay.sinks.retry import classify
 
 
@@ -122,3 +125,41 @@ def test_a_reply_status_quoted_in_part_is_scrubbed_before_it_is_cut():
     assert reading.result == "unattributed"
     assert all("eyJhbGci" not in text for text in quoted), quoted
     assert "failure: bad token ***" in reading.note
+
+
+PARTIAL = orjson.dumps({"status": "partial_success", "failed_events": [{"index": 0, "retriable": True}]})
+
+
+def test_a_reply_with_a_bom_or_compressed_is_read_as_it_says():
+    """A 2xx listing failures is not taken as all delivered because it starts with a UTF-8
+    BOM, or is compressed though the relay asked for identity (gzip known by its first
+    bytes even without the header)."""
+    for body, encoding in ((b"\xef\xbb\xbf" + PARTIAL, None), (gzip.compress(PARTIAL), None),
+                           (gzip.compress(PARTIAL), "gzip"), (zlib.compress(PARTIAL), "deflate"),
+                           (zlib.compress(PARTIAL)[2:-4], "deflate"),  # raw deflate, as some servers send
+                           (gzip.compress(PARTIAL[:20]) + gzip.compress(PARTIAL[20:]), "x-gzip"),
+                           (PARTIAL, "identity")):
+        reading = read_batch_reply(200, body, 2, classify, encoding=encoding)
+        assert [o.outcome for o in reading.outcomes] == ["retry", "delivered"], (body[:10], encoding)
+    listed = orjson.dumps({"failedEvents": [{"index": 1, "reason": "bad"}]})
+    refused = read_batch_reply(400, gzip.compress(listed), 2, classify, encoding="gzip")
+    assert [o.outcome for o in refused.outcomes] == ["single", "reject"]
+
+
+def test_a_compressed_reply_that_cannot_be_read_sends_its_events_alone():
+    """It may list failures: none of its events is known to be delivered."""
+    for body, encoding in ((gzip.compress(PARTIAL)[:-12], "gzip"), (b"\x1f\x8bnot gzip", None),
+                           (PARTIAL, "br"), (b"garbage", "deflate")):
+        reading = read_batch_reply(200, body, 2, classify, encoding=encoding)
+        assert reading.result == "unattributed" and reading.note, (body[:10], encoding)
+        assert [o.outcome for o in reading.outcomes] == ["single", "single"]
+
+
+def test_a_compressed_reply_is_not_inflated_past_the_reply_limit():
+    """A zip bomb: 4 MiB decompressed is the limit, as for a body that came so; past it the
+    reply is not read (the 2xx stands, noted)."""
+    bomb = gzip.compress(b"{" + b" " * (MAX_REPLY_BYTES + 10) + b"}")
+    assert len(bomb) < 10_000
+    reading = read_batch_reply(200, bomb, 2, classify, encoding="gzip")
+    assert [o.outcome for o in reading.outcomes] == ["delivered", "delivered"] and "not read" in reading.note
+    assert [o.outcome for o in read_batch_reply(400, bomb, 2, classify, encoding="gzip").outcomes] == ["single"] * 2
