@@ -1,25 +1,40 @@
 """The ``inputStatistics`` facet of a batch action's inputs: what its scans actually read.
 
 Pure: the executed plan's leaves (:class:`~producer.spark.scans.Scan`, read after the action
-finished) are matched to the analysed plan's leaves by their output attributes' ids, which
+finished) are matched to the analysed plan's leaves by an output attribute's id, which
 Spark keeps from analysis to the physical scan. The numbers are the scans' SQL metrics, so
 they are this action's reading, after partition pruning (static and dynamic) and file
 skipping, not the dataset's size:
 
-* ``fileCount``, ``size``: the files a file scan read and their total bytes on storage
-  (``numFiles``, ``filesSize``: "number of files read", "size of files read");
+* ``fileCount``, ``size``: the files a file scan selected to read, after partition pruning
+  and file skipping, and their total bytes on storage (``numFiles``, ``filesSize``, which
+  Spark labels "number of files read", "size of files read"); set when Spark lists them, so
+  an action that stops early (a ``limit``) may have opened fewer;
 * ``rowCount``: the rows the scan produced (``numOutputRows``), before the query's own
   filters but after what the source skipped itself (Parquet/ORC row groups by pushed filters).
 
 Only V1 file scans (``FileSourceScanExec``: parquet, orc, csv, json, text, Delta, catalog
 tables over files) have all three; DataSourceV2, JDBC and Hive SerDe scans have ``rowCount``
 only. A dataset read by several scans (a self-join, a table read twice) gets their sum, each
-scan's reading counted (a scan Spark reuses is read once, counted once).
+scan's reading counted (a scan Spark reuses is read once, counted once: a
+``ReusedExchangeExec`` adds nothing, and only when every leaf under the exchange it reuses is
+a counted scan seen in this plan; without adaptive execution, dynamic partition pruning can
+leave the original exchange in its subquery, which is not seen).
+
+Only for an action whose executed plan Spark built for this one run (:func:`counts_its_run`):
+a write, or a read Spark plans anew each call (``head``: ``show()``; ``count``, ``isEmpty``,
+``tail``). ``collect``, ``collectToPython`` (PySpark's ``collect``, ``take``, ``head``,
+``first``), ``toLocalIterator``, ``toPandas``, ``foreach``, ``foreachPartition``, ``reduce``,
+``rdd``... run the DataFrame's own plan, again at each call: its scans' metrics are the last
+run's or zeros (Spark posts a file scan's file counts when it first plans it), or the next
+run's, which resets them while the listener reads; and ``rdd`` is reported before its scan
+runs.
 
 Left out rather than guessed: a dataset any of whose plan leaves has no scan seen here (read
-inside a subquery, from a cache, by a scan of another kind), a leaf standing for several
-datasets, and every input of an action with a counted scan that matches no leaf (a scan that
-outputs no column, e.g. for ``count()``, cannot be told apart).
+inside a subquery, from a cache, by a scan of another kind, behind a reused exchange whose
+original was not seen), a leaf standing for several datasets, and every input of an action
+with a counted scan that matches no leaf (a scan that outputs no column, e.g. for
+``count()``, cannot be told apart).
 """
 
 from __future__ import annotations
@@ -35,8 +50,17 @@ COUNTED: dict[str, dict[str, str]] = {
     "RowDataSourceScanExec": {"rowCount": "numOutputRows"},
     "HiveTableScanExec": {"rowCount": "numOutputRows"},
 }
-#: Leaves that stand for a scan made elsewhere in the plan, counted there.
-REUSED = frozenset({"ReusedExchangeExec", "ReusedSubqueryExec"})
+#: A leaf that stands for an exchange made elsewhere, whose scans are counted there.
+REUSED = "ReusedExchangeExec"
+#: Read-only actions Spark plans anew at each call (``Dataset.head``, ``count``...); any
+#: other read-only action may rerun a plan (see above).
+OWN_PLAN_READS = frozenset({"head", "count", "isEmpty", "tail"})
+
+
+def counts_its_run(func: str, writes: bool) -> bool:
+    """Whether the scan metrics of action ``func`` (``writes``: its command writes) are this
+    run's and read after it finished: a write command is planned for its one run."""
+    return writes or func in OWN_PLAN_READS
 
 
 def input_statistics(scans: Sequence[Scan], leaf_ids: Sequence[frozenset[int]],
@@ -55,9 +79,10 @@ def input_statistics(scans: Sequence[Scan], leaf_ids: Sequence[frozenset[int]],
     for leaf, datasets in enumerate(leaf_datasets):
         for dataset in datasets:
             by_dataset.setdefault(dataset, []).append(leaf)
+    counted_ids = {scan.identity for scan in scans if scan.kind in COUNTED and scan.identity is not None}
     out: dict[int, dict[str, int]] = {}
     for dataset, leaves in by_dataset.items():
-        if any(len(leaf_datasets[leaf]) != 1 or not _fully_seen(mapped.get(leaf, [])) for leaf in leaves):
+        if any(len(leaf_datasets[leaf]) != 1 or not _fully_seen(mapped.get(leaf, []), counted_ids) for leaf in leaves):
             continue
         counted = [scan for leaf in leaves for scan in mapped[leaf] if scan.kind in COUNTED]
         stats = _summed(counted)
@@ -66,9 +91,11 @@ def input_statistics(scans: Sequence[Scan], leaf_ids: Sequence[frozenset[int]],
     return out
 
 
-def _fully_seen(scans: list[Scan]) -> bool:
-    """Every physical leaf of a plan leaf is one whose reading is known (counted or reused)."""
-    return bool(scans) and all(scan.kind in COUNTED or scan.kind in REUSED for scan in scans)
+def _fully_seen(scans: list[Scan], counted_ids: set[int]) -> bool:
+    """Every physical leaf of a plan leaf is one whose reading is known: a counted scan, or a
+    reused exchange all of whose original's leaves are counted scans of this plan."""
+    return bool(scans) and all(scan.kind in COUNTED or (scan.kind == REUSED and scan.reuses
+                                                        and scan.reuses <= counted_ids) for scan in scans)
 
 
 def _summed(scans: list[Scan]) -> dict[str, int]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from producer.spark import input_stats
 from producer.spark.java_objects import per_gateway, untracked
 from producer.spark.job_names import trim_path
 from producer.spark.relations import (
@@ -339,8 +340,10 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
             snap.metrics = _metrics(executed) if executed is not None else {}
         except Exception:  # noqa: BLE001 - metrics are a nicety
             snap.metrics = {}
-        # What the inputs' scans read (inputStatistics): one call, none without data at rest.
-        if executed is not None and any(leaf is not None for leaf in snap.leaves):
+        # What the inputs' scans read (inputStatistics): one call, none without data at rest
+        # nor for an action rerunning a DataFrame's plan (its metrics may be another run's).
+        if (executed is not None and input_stats.counts_its_run(func, command in WRITE_COMMANDS)
+                and any(leaf is not None for leaf in snap.leaves)):
             try:
                 snap.scans = read_scans(gateway, executed)
             except Exception:  # noqa: BLE001 - a nicety too
