@@ -9,10 +9,12 @@ gives up a revoked one:
   check started elsewhere: nothing before their start was delivered);
 - revoked: run-state writes are acknowledged, the partitions' queued and held events are
   taken back (the new owner reads them again), deliveries under way are waited for (up to
-  ``drain_timeout_s``, :data:`REVOKE_WAIT_MAX_S` at most) and then stopped, and what was
-  delivered is handed back for the final commit. Once the relay is asked to stop, neither
-  wait outlasts the shutdown: the deliveries are no longer waited for (the drain does that),
-  and the state's acknowledgements only for what is left of the shutdown's time;
+  ``drain_timeout_s``, :data:`REVOKE_WAIT_MAX_S` at most) and then stopped, the run state
+  of the runs whose output was delivered meanwhile is written again (acknowledged: the new
+  owner does not send that output again), and what was delivered is handed back for the
+  final commit. Once the relay is asked to stop, no wait outlasts the shutdown: the
+  deliveries are no longer waited for (the drain does that), and the state's
+  acknowledgements only for what is left of the shutdown's time;
 - lost (another member may own them already): given up at once, nothing written or
   committed, deliveries under way stopped.
 """
@@ -22,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from functools import partial
 
 from relay.lane import CollectorLane
 from relay.logs import log_event
@@ -33,8 +36,9 @@ from relay.state.store import RunStateStore
 # The relay's logger, as before these handlers had a module of their own: log filters on it keep working.
 log = logging.getLogger("relay.app")
 
-#: At most this long, a revocation waits for deliveries under way (with the state settle,
-#: within the 60 s the consumer thread gives a rebalance handler).
+#: At most this long, a revocation waits for deliveries under way (with the state settles
+#: before and after it, well within the max.poll.interval.ms the group gives a rebalance
+#: handler: 300 s unless set).
 REVOKE_WAIT_MAX_S = 30.0
 
 
@@ -67,14 +71,11 @@ class PartitionHandover:
         return {}
 
     async def revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
-        if self._state is not None and partitions:
-            # Written and acknowledged before the final commit and before the new owner reads it.
-            if self._stop.is_set():  # on the way out (leaving the group): within the shutdown's time
-                await self._state.settle(min(self._state_settle_s, self._time_left()))
-            else:  # given up when a stop is asked for meanwhile: the shutdown settles it again
-                await self._state.settle(self._state_settle_s, stop=self._stop)
         if not partitions:
             return {}
+        if self._state is not None:
+            # Written and acknowledged before the final commit and before the new owner reads it.
+            await self._settle(self._state.settle)
         self._release(partitions)
         # The new owner reads these partitions once this returns, and delivers their runs
         # again from the last commit. A delivery of ours still under way (a retry against a
@@ -95,12 +96,24 @@ class PartitionHandover:
         # Still under way: stopped, so that no retry of ours lands after the new owner's
         # later events of the same run; the new owner sends them again.
         self._abort(parts, "revoke_deliveries_aborted")
+        if self._state is not None:
+            # What was delivered meanwhile is out of the runs' records the new owner restores
+            # (their entries were kept for that), or it would send it again.
+            await self._settle(partial(self._state.settle_revoked, [p for _, p in partitions]))
         return self._tracker.revoke(partitions)
+
+    async def _settle(self, settle: Callable[..., Awaitable[bool]]) -> None:
+        if self._stop.is_set():  # on the way out (leaving the group): within the shutdown's time
+            await settle(min(self._state_settle_s, self._time_left()))
+        else:  # given up when a stop is asked for meanwhile: the shutdown settles it again
+            await settle(self._state_settle_s, stop=self._stop)
 
     async def lost(self, partitions: list[Partition]) -> dict[Partition, int]:
         # Another member may own them already: write nothing, commit nothing, and stop our
         # deliveries of them at once (the new owner may be sending the same runs already).
         self._release(partitions)
+        if self._state is not None:
+            self._state.forget_revoked([p for _, p in partitions])
         self._tracker.revoke(partitions)
         self._abort(set(partitions), "lost_deliveries_aborted")
         return {}

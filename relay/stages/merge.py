@@ -305,6 +305,16 @@ class RunMerger:
         return size + sum(e[2] for e in (self._earliest, self._latest, self._terminal) if e is not None)
 
 
+def state_without_facets(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A :meth:`RunMerger.to_state` output with every facet left out (its datasets kept by
+    name, its bases kept): what a run's state record keeps of the merged view when the
+    whole one is too large to write. Restored, it builds events without the facets merged
+    before."""
+    return {**state, "run": {}, "jobFacets": {},
+            "inputs": [[ns, name, {}, {}] for ns, name, *_ in state["inputs"]],
+            "outputs": [[ns, name, {}, {}] for ns, name, *_ in state["outputs"]]}
+
+
 def _facet_size(name: str, entry: _Entry) -> int:
     return len(name) + len(entry[1]) + _ENTRY_OVERHEAD
 

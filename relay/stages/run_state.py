@@ -31,6 +31,7 @@ from relay.stages.decode import decode_record
 from relay.stages.event_checks import content_digest, find_parent_run_id
 from relay.stages.json_bytes import dumps, has_big_int
 from relay.stages.merge import RunMerger
+from relay.stages.merge import state_without_facets as merged_without_facets
 
 log = logging.getLogger("relay.state")
 
@@ -126,6 +127,17 @@ class RunRecord:
             if self.ready_at is not None:
                 times += [self.ready_at + hold_s, self.ready_at + hold_s + timeout_s]
         return [t for t in times if t is not None]
+
+
+def state_without_facets(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A :meth:`RunRecord.to_state` output whose merged views (consolidated: the whole run;
+    coalesce: the RUNNINGs not yet emitted) keep no facets (see
+    :func:`relay.stages.merge.state_without_facets`); a closed run's state, or None, as it is.
+    Where the run stands (its START, its timers, the events it holds) is kept."""
+    if state is None or "closed" in state:
+        return state
+    return {**state, **{slot: merged_without_facets(state[slot])
+                        for slot in ("merged", "running") if state.get(slot) is not None}}
 
 
 def closed_state(outcome: str, at: float) -> dict[str, Any]:

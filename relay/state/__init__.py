@@ -39,9 +39,12 @@ Rebalancing
     On assignment, before any record of the partition is processed, the partition's state
     is read from the beginning to the end of state partition ``p`` (its own consumer, no
     group) and restored; timers restart as if each run's last event came at restore time.
-    On revocation, dirty runs are written and acknowledged before the final offset commit,
-    then the partition's runs are forgotten. On a lost partition (session timeout) nothing
-    is written: another member may already own it.
+    On revocation, dirty runs are written and acknowledged, the partition's runs are taken
+    back, and once the revocation has waited for their deliveries under way, the records of
+    those whose output was delivered meanwhile are written again and acknowledged (the new
+    owner does not send that output again), all before the final offset commit; then the
+    partition's runs are forgotten. On a lost partition (session timeout) nothing is
+    written: another member may already own it.
 
 Not guaranteed
     Runs whose events arrive on several input partitions are owned by the first one's
@@ -50,10 +53,14 @@ Not guaranteed
     acknowledged write holds (the revocation's writes timed out) holds its partition's
     commits until that partition is read again (a restart, a rebalance).
 
-    A state larger than the producer's ``message.max.bytes`` (100 MB unless set) or the
-    state topic's ``max.message.bytes`` is kept in memory only (counted as
-    ``run_state_writes_total{result="too_large"}``); a restart goes back to the run's last
-    record written. Adding input partitions needs the same number added to the state topic.
+    A record larger than the producer's ``message.max.bytes`` (100 MB unless set) or the
+    state topic's ``max.message.bytes`` (counted as ``run_state_writes_total{result=
+    "too_large"}``) is written again without the run's merged facets, and if still too large,
+    without its outbox as well (:mod:`relay.state.table`): a restore then builds the run's
+    events without the facets merged before that record, and does not send again what that
+    outbox held. One too large even so is kept in memory only; a restart goes back to the
+    run's last record written. Adding input partitions needs the same number added to the
+    state topic.
 
     No fencing: a replica that lost a partition without knowing it yet (cut off from the
     group coordinator while still reaching the partition leaders, or frozen for longer than

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from functools import partial
 
 from relay.logs import log_event
 from relay.metrics import RelayMetrics
-from relay.state.changelog import FAILED, TOO_LARGE, RunStateChangelog
-from relay.state.table import RunStateTable, StateWrite
+from relay.state.changelog import OK, TOO_LARGE, RunStateChangelog
+from relay.state.table import WHOLE, RunStateTable, StateWrite
 
 log = logging.getLogger("relay.state")
+
+#: At most this many rounds of writes of a revocation's runs (see settle_revoked): a record
+#: refused as too large is made again twice (facets, then outbox left out), each refusal
+#: maybe seen twice (a batch too large, then the record alone).
+_REVOKED_ROUNDS = 7
 
 
 class RunStateStore:
@@ -29,22 +35,62 @@ class RunStateStore:
         """Write every dirty run (non-blocking); acknowledgements settle tickets and send
         outboxes. ``include_deliveries``: also runs changed only by deliveries."""
         for table in self._tables.values():
-            for write in table.take_writes(include_deliveries):
-                self.changelog.write(write.partition, write.key, write.value, partial(self._written, table, write))
+            self._write(table, table.take_writes(include_deliveries))
+
+    def _write(self, table: RunStateTable, writes: list[StateWrite]) -> None:
+        for write in writes:
+            self.changelog.write(write.partition, write.key, write.value, partial(self._written, table, write))
 
     def _written(self, table: RunStateTable, write: StateWrite, status: str) -> None:
         self._metrics.state_writes.labels(result=status).inc()
         if status == TOO_LARGE:
-            # Kept in memory only; stalling the partition forever would be worse.
-            log_event(log, logging.WARNING, "run_state_not_persisted", collector=table.collector,
-                      run_id=write.run_id, bytes=len(write.value or b""))
-        table.written(write, ok=status != FAILED)
+            if write.reducible:  # made again smaller (see RunStateTable.written)
+                log_event(log, logging.WARNING, "run_state_reduced", collector=table.collector,
+                          run_id=write.run_id, bytes=len(write.value or b""),
+                          left_out="merged_facets" if write.reduced == WHOLE else "merged_facets,outbox")
+            else:  # kept in memory only; stalling the partition forever would be worse
+                log_event(log, logging.WARNING, "run_state_not_persisted", collector=table.collector,
+                          run_id=write.run_id, bytes=len(write.value or b""))
+        table.written(write, ok=status == OK, too_large=status == TOO_LARGE)
 
     async def settle(self, timeout_s: float, stop: asyncio.Event | None = None) -> bool:
         """Write every changed run and wait for the broker's answers; False on timeout, and
         once ``stop`` is set (at once when it is already): the relay is then shutting down,
         which settles again within its own deadline."""
         self.flush(include_deliveries=True)
+        return await self._wait_acked(timeout_s, stop)
+
+    async def settle_revoked(self, partitions: list[int], timeout_s: float, stop: asyncio.Event | None = None) -> bool:
+        """Once a revocation has waited for the deliveries of ``partitions``: write again their
+        runs whose output was delivered meanwhile (or that changed since their last write),
+        wait for the broker's answers as :meth:`settle` does, then forget those runs. Their
+        new owner restores those records, and does not send again what was delivered."""
+        parts, deadline = set(partitions), time.monotonic() + timeout_s
+        try:
+            # A record refused (a batch too large, a record too large: made again smaller)
+            # is made again while time is left; each round has fewer (or smaller) records.
+            for _ in range(_REVOKED_ROUNDS):
+                writes = 0
+                for table in self._tables.values():
+                    taken = table.take_departing_writes(parts)
+                    self._write(table, taken)
+                    writes += len(taken)
+                if not writes:
+                    return True
+                if not await self._wait_acked(max(0.0, deadline - time.monotonic()), stop):
+                    return False
+            return True
+        finally:
+            self.forget_revoked(partitions)
+
+    def forget_revoked(self, partitions: list[int]) -> None:
+        """Forget the runs of revoked ``partitions`` without writing them (lost partitions:
+        another member may own them already)."""
+        parts = set(partitions)
+        for table in self._tables.values():
+            table.departed(parts)
+
+    async def _wait_acked(self, timeout_s: float, stop: asyncio.Event | None) -> bool:
         if stop is None:
             return await self.changelog.wait_acked(timeout_s)
         acked = asyncio.ensure_future(self.changelog.wait_acked(timeout_s))

@@ -23,7 +23,15 @@ Contract (see :mod:`relay.state` for the design):
   (:meth:`leaving`: on its way to the dead-letter topic) is waited for by nobody: the
   dispatcher opened its gate already, and a gate made after that would never open.
 * :meth:`revoke` forgets the runs of partitions that moved away; acknowledgements of their
-  writes still release tickets but send nothing.
+  writes still release tickets but send nothing. A revoked run with output under way is
+  kept aside until :meth:`departed`: what is delivered meanwhile (while the revocation
+  waits for its deliveries) is written once more by :meth:`take_departing_writes`, so that
+  the new owner does not send it again.
+* A record the broker refuses as too large (:meth:`written` with ``too_large``) is made
+  again reduced: the run's records leave out its merged facets, and if that is still too
+  large, its outbox too (its events are then sent although no record holds them: a restore
+  does not send them again). One refused even so is kept in memory only (settled as if
+  written). No record ever lists as unsent an event that a later record showed delivered.
 """
 
 from __future__ import annotations
@@ -37,23 +45,34 @@ import orjson
 from relay.events import LineageEvent
 from relay.stages.consolidate import RunConsolidator
 from relay.stages.json_bytes import loads
-from relay.stages.run_state import built_event, read_closed_state
+from relay.stages.run_state import built_event, read_closed_state, state_without_facets
 
 RECORD_VERSION = 1
 _DIGEST_BYTES = 16
+#: How much of a run its records leave out (see :meth:`RunStateTable.written`).
+WHOLE, FACETS_LEFT_OUT, OUTBOX_LEFT_OUT = 0, 1, 2
 
 
 class StateWrite:
     """One changelog record to produce; ``value`` None is a tombstone."""
 
-    __slots__ = ("partition", "key", "value", "run_id", "slot", "tickets", "to_send", "final", "seq", "epoch")
+    __slots__ = ("partition", "key", "value", "run_id", "slot", "tickets", "to_send", "final", "seq", "epoch",
+                 "reduced")
 
     def __init__(self, partition: int, key: bytes, value: bytes | None, run_id: str, slot: _Slot | None,
-                 tickets: list, to_send: list[LineageEvent], final: bool, seq: int = 0, epoch: int = 0) -> None:
+                 tickets: list, to_send: list[LineageEvent], final: bool, seq: int = 0, epoch: int = 0,
+                 reduced: int = WHOLE) -> None:
         self.partition, self.key, self.value, self.run_id = partition, key, value, run_id
         self.slot, self.tickets, self.to_send, self.final = slot, tickets, to_send, final
         self.seq = seq  # the table's count of writes made before it: their order
         self.epoch = epoch  # a forgotten run's tombstone: its partition's revocations when made
+        self.reduced = reduced  # what the record leaves out of the run
+
+    @property
+    def reducible(self) -> bool:
+        """Whether a smaller record of the run can be made, should the broker refuse this one
+        as too large."""
+        return self.slot is not None and self.reduced < OUTBOX_LEFT_OUT
 
 
 #: Digests a run remembers for dedupe: the latest this many events' (a run that streams for
@@ -80,7 +99,7 @@ class _Slot:
     """What the table keeps per run beside the consolidator's own state. The queues are
     ``()`` while empty (most runs, most of the time: a list per run adds up)."""
 
-    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing", "carried")
+    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing", "carried", "reduced")
 
     def __init__(self, partition: int, seen: bytes = b"") -> None:
         self.partition = partition
@@ -92,6 +111,17 @@ class _Slot:
         # Failed writes whose tickets and events a later write in flight also holds: they
         # settle and go out, first, when it is acknowledged (see written()).
         self.carried: list[StateWrite] | tuple = ()
+        self.reduced = WHOLE  # what its records leave out, since one was refused as too large
+
+
+class _Departure:
+    """A revoked run with output under way or changes not written: its state when it was
+    revoked, its slot (whose outbox deliveries still empty), whether to write it again."""
+
+    __slots__ = ("slot", "state", "changed")
+
+    def __init__(self, slot: _Slot, state: dict[str, Any] | None, changed: bool) -> None:
+        self.slot, self.state, self.changed = slot, state, changed
 
 
 class RunStateTable:
@@ -112,6 +142,7 @@ class RunStateTable:
         # so that its id is not reused while it is here.
         self._leaving: dict[int, LineageEvent] = {}
         self._revoked: dict[int, int] = {}  # partition -> how many times it was revoked
+        self._departing: dict[str, _Departure] = {}  # revoked runs, until departed()
         self._seq = 0
 
     @property
@@ -176,6 +207,11 @@ class RunStateTable:
         if slot is not None and event in slot.outbox:
             slot.outbox = [e for e in slot.outbox if e is not event] or ()
             (self._dirty if slot.unsent else self._delivered)[event.run_id] = None
+        elif self._departing:
+            departure = self._departing.get(event.run_id)
+            if departure is not None and event in departure.slot.outbox:  # delivered while its run leaves
+                departure.slot.outbox = [e for e in departure.slot.outbox if e is not event] or ()
+                departure.changed = True
 
     def _send(self, event: LineageEvent) -> None:
         after = None
@@ -209,23 +245,11 @@ class RunStateTable:
             state = consolidator.to_state(run_id)
             closed = state is None or "closed" in state
             outbox = slot.outbox
-            if state is None and not outbox:
-                value = None
-            else:
-                record: dict[str, Any] = {"v": RECORD_VERSION, "state": state}
-                if not closed:
-                    record["seen"] = slot.seen.hex()
-                if outbox:
-                    record["outbox"] = [orjson.Fragment(event.body) for event in outbox]
-                value = orjson.dumps(record)
             unsent = slot.unsent
             ready = next((i for i, event in enumerate(unsent) if event.is_terminal and event is not outbox[0]),
                          len(unsent))
-            self._seq += 1
-            writes.append(StateWrite(slot.partition, self.key(run_id), value, run_id, slot, slot.waiters,
-                                     unsent[:ready], closed and not outbox, self._seq))
-            slot.waiters, slot.unsent = (), unsent[ready:] or ()
-            slot.writing = [*slot.writing, self._seq]
+            writes.append(self._write(run_id, slot, state, unsent[:ready], closed and not outbox))
+            slot.unsent = unsent[ready:] or ()
         self._dirty.clear()
         closed_runs = self._closed
         while closed_runs:
@@ -240,7 +264,29 @@ class RunStateTable:
             del closed_runs[run_id]
         return writes
 
-    def written(self, write: StateWrite, ok: bool) -> None:
+    def _write(self, run_id: str, slot: _Slot, state: dict[str, Any] | None, to_send: list[LineageEvent],
+               final: bool) -> StateWrite:
+        """The record of ``run_id`` in ``state``, with ``slot``'s waiting tickets (taken)."""
+        outbox = slot.outbox
+        if state is None and not outbox:
+            value = None
+        else:
+            reduced = slot.reduced
+            record: dict[str, Any] = {"v": RECORD_VERSION,
+                                      "state": state_without_facets(state) if reduced else state}
+            if state is not None and "closed" not in state:
+                record["seen"] = slot.seen.hex()
+            if outbox and reduced < OUTBOX_LEFT_OUT:
+                record["outbox"] = [orjson.Fragment(event.body) for event in outbox]
+            value = orjson.dumps(record)
+        self._seq += 1
+        write = StateWrite(slot.partition, self.key(run_id), value, run_id, slot, slot.waiters, to_send, final,
+                           self._seq, reduced=slot.reduced)
+        slot.waiters = ()
+        slot.writing = [*slot.writing, self._seq]
+        return write
+
+    def written(self, write: StateWrite, ok: bool, too_large: bool = False) -> None:
         """The broker acknowledged ``write`` (``ok``) or it failed (it is made again).
 
         A run's record holds all its state and its whole outbox, so a later write of the
@@ -248,8 +294,20 @@ class RunStateTable:
         flight, its tickets and events ride on that one (``carried``): sent as soon as the
         later write is acknowledged, they would otherwise go out after its events (a
         RUNNING before its START); if the later write fails too, all of them are made again,
-        in order."""
+        in order.
+
+        ``too_large``: the broker refused it for its size. It is made again, and the run's
+        records from then on leave out its merged facets (a restore builds its events
+        without the facets merged before); if that is refused too, the next one leaves out
+        the outbox as well (then the run's record is whole again but for its facets). One
+        refused even so is settled as if written: kept in memory only. Never settled while
+        refused: the record on the topic (an older one) could list as unsent an event
+        delivered since, which a restore would send again (a START after the terminal)."""
         slot = write.slot
+        if too_large:
+            ok = not write.reducible
+            if not ok:
+                slot.reduced = max(slot.reduced, write.reduced + 1)
         if slot is None:  # a tombstone
             if not ok and self._revoked.get(write.partition, 0) == write.epoch:
                 # Not after a revocation: the partition's new owner may have written the run since.
@@ -259,7 +317,10 @@ class RunStateTable:
         slot.writing = [seq for seq in slot.writing if seq != write.seq] or ()
         current = self._slots.get(write.run_id) is slot
         if not ok:
-            if current:
+            # Made again: by the next take_writes, or (the run revoked since, its deliveries
+            # waited for) by the revocation's next take_departing_writes.
+            departure = None if current else self._departing.get(write.run_id)
+            if current or (departure is not None and departure.slot is slot):
                 carried = sorted([*slot.carried, write], key=_by_seq)
                 if any(seq > write.seq for seq in slot.writing):
                     slot.carried = carried
@@ -267,7 +328,10 @@ class RunStateTable:
                 slot.carried = ()
                 slot.waiters = [*(t for w in carried for t in w.tickets), *slot.waiters]
                 slot.unsent = [*(e for w in carried for e in w.to_send), *slot.unsent]
-                self._dirty[write.run_id] = None
+                if departure is not None:
+                    departure.changed = True
+                else:
+                    self._dirty[write.run_id] = None
             return
         # Not current: the run was revoked (or reopened) meanwhile. What the write holds is
         # durable all the same, in the run's record, whose new owner sends its outbox: the
@@ -288,6 +352,9 @@ class RunStateTable:
             send(event)
         if not current:
             return
+        if write.reduced == OUTBOX_LEFT_OUT:
+            # Written but for its outbox: the run's next record holds its outbox again.
+            slot.reduced = min(slot.reduced, FACETS_LEFT_OUT)
         if write.final and not slot.writing and not slot.outbox and write.run_id not in self._dirty \
                 and write.run_id not in self._delivered:
             del self._slots[write.run_id]
@@ -298,7 +365,12 @@ class RunStateTable:
 
     def revoke(self, partitions: set[int]) -> tuple[set[str], list[LineageEvent]]:
         """Forget the runs of ``partitions`` (here and in the consolidator); return their ids
-        and their undelivered output (which other runs may have been told to wait for)."""
+        and their undelivered output (which other runs may have been told to wait for).
+
+        Those with output under way, or changed since their last write, are kept aside
+        (their state as it is now) until :meth:`departed`: :meth:`take_departing_writes`
+        writes them again once the revocation has waited for their deliveries."""
+        self.departed(partitions)  # left over by a revocation that did not finish (cancelled)
         for partition in partitions:
             self._revoked[partition] = self._revoked.get(partition, 0) + 1
         gone = {run_id for run_id, slot in self._slots.items() if slot.partition in partitions}
@@ -306,15 +378,36 @@ class RunStateTable:
         abandoned: list[LineageEvent] = []
         for run_id in gone:
             slot = self._slots.pop(run_id, None)
+            dirty = run_id in self._dirty or run_id in self._delivered
+            self._dirty.pop(run_id, None)
+            self._delivered.pop(run_id, None)
+            state = self._consolidator.forget(run_id)
             if slot is not None:
                 abandoned += slot.outbox
                 for event in slot.outbox:
                     self._leaving.pop(id(event), None)
+                if slot.outbox or dirty:
+                    self._departing[run_id] = _Departure(slot, state, dirty)
             self._closed.pop(run_id, None)
-            self._dirty.pop(run_id, None)
-            self._delivered.pop(run_id, None)
-            self._consolidator.forget(run_id)
         return gone, abandoned
+
+    def take_departing_writes(self, partitions: set[int]) -> list[StateWrite]:
+        """Records for the revoked runs of ``partitions`` changed since they were revoked (or
+        not written since they last changed): their state then, their outbox now (without
+        what was delivered meanwhile). Their acknowledgements release tickets, send nothing."""
+        writes = []
+        for run_id, departure in self._departing.items():
+            slot = departure.slot
+            if departure.changed and slot.partition in partitions:
+                departure.changed = False
+                writes.append(self._write(run_id, slot, departure.state, slot.unsent, False))
+                slot.unsent = ()
+        return writes
+
+    def departed(self, partitions: set[int]) -> None:
+        """Forget the revoked runs of ``partitions`` kept aside (written or not)."""
+        for run_id in [r for r, d in self._departing.items() if d.slot.partition in partitions]:
+            del self._departing[run_id]
 
     def restore(self, run_id: str, partition: int, value: bytes, now: float) -> None:
         """Take back a run from its changelog record; its outbox is sent again.
@@ -328,6 +421,7 @@ class RunStateTable:
         state = record.get("state")
         if state is not None:
             self._consolidator.restore(run_id, state, now)
+        self._departing.pop(run_id, None)
         outbox = [built_event(doc, now) for doc in record.get("outbox") or ()]
         if outbox or (state is not None and read_closed_state(run_id, state) is None):
             slot = self._slots[run_id] = _Slot(partition, bytes.fromhex(record.get("seen") or ""))

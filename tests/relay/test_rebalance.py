@@ -1,0 +1,137 @@
+"""PartitionHandover with a consolidated collector's run state: what a revocation writes
+once it has waited for the deliveries under way, and what a lost partition does not."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+import pytest
+
+from relay.config import PipelineConfig
+from relay.lane import CollectorLane
+from relay.metrics import RelayMetrics
+from relay.rebalance import PartitionHandover
+from relay.sinks.config import CollectorConfig
+from relay.state.store import RunStateStore
+from tests.relay.state.test_table import Lane, SlowDeadLetters, spark
+from tests.support.changelog import CompactedTopic
+from tests.support.waiting import until
+
+PART = ("ol", 0)
+
+
+class GatedCollector:
+    """Takes each event once the test opens its gate (open to begin with)."""
+
+    name = "c"
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.got: list[str] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def deliver(self, body: bytes) -> None:
+        await self.gate.wait()
+        self.got.append(orjson.loads(body)["eventType"])
+
+
+class Tracker:
+    def __init__(self) -> None:
+        self.revoked: list[list] = []
+
+    def revoke(self, partitions: list) -> dict:
+        self.revoked.append(partitions)
+        return {}
+
+
+class Relay:
+    """One consolidated lane, its run state in a :class:`CompactedTopic`, its handover."""
+
+    def __init__(self) -> None:
+        self.collector = GatedCollector()
+        self.lane = CollectorLane(self.collector, CollectorConfig(name="c", url="http://127.0.0.1:9",
+                                                                  mode="consolidated",
+                                                                  consolidation={"settle_s": 0.5}),
+                                  pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"),
+                                  dead_letters=SlowDeadLetters())
+        self.topic = CompactedTopic()
+        self.store = RunStateStore(self.topic, [self.lane.table], RelayMetrics())
+        self.tracker = Tracker()
+        self.handover = PartitionHandover([self.lane], self.tracker, state=self.store, lookback=None,
+                                          drain_timeout_s=20, state_settle_s=10, stop=asyncio.Event(),
+                                          time_left=lambda: float("inf"), reset_at_assignment=lambda: ())
+
+    def new_owner(self) -> list[str]:
+        """What the partition's next owner sends first: the outboxes it restores."""
+        fresh = Lane("consolidated")
+        for key, value in self.topic.records.items():
+            if value is not None:
+                fresh.table.restore(key.decode().partition("/")[2], 0, value, now=100.0)
+        fresh.write()
+        return [e.event_type for e, _ in fresh.submitted]
+
+
+async def _under_way(relay: Relay, sent: str) -> None:
+    """Run 1 as far as ``sent`` (START, or the consolidated COMPLETE): written, handed to
+    the collector, which has not answered yet."""
+    start, running, complete = spark(1, partition=0)
+    relay.lane.offer(start, 0.0)
+    if sent == "START":
+        relay.collector.gate.clear()
+    await relay.store.settle(5)  # a commit: the START is written, then sent
+    if sent == "COMPLETE":
+        assert await relay.lane.drain(5)
+        await relay.store.settle(5)  # its delivery recorded
+        relay.collector.gate.clear()
+        relay.lane.offer(running, 1.0)
+        relay.lane.offer(complete, 1.1)
+        relay.lane.expire(2.0)  # settle_s passed: the consolidated terminal is forwarded
+        relay.store.flush()  # the flush after a poll batch: written, then sent
+    await until(lambda: relay.lane.pending == 1, f"the {sent} under way")
+
+
+@pytest.mark.parametrize("sent", ["START", "COMPLETE"])
+async def test_output_delivered_while_a_revocation_waits_is_not_sent_again_by_the_new_owner(sent, caplog):
+    """The revocation wrote the run state before it waited for the deliveries, and forgot
+    the run, so the delivery that landed during the wait was never written: the new owner
+    restored an outbox that still held it, and sent the consolidated terminal (or the
+    START) a second time."""
+    relay = Relay()
+    await relay.lane.start()
+    try:
+        await _under_way(relay, sent)
+        with caplog.at_level(logging.INFO, logger="relay.app"):
+            revoking = asyncio.ensure_future(relay.handover.revoked([PART]))
+            await until(lambda: any(r.getMessage() == "revoke_waiting_for_deliveries" for r in caplog.records),
+                        "the revocation waiting for the delivery")
+            relay.collector.gate.set()
+            await asyncio.wait_for(revoking, 10)
+        assert relay.collector.got[-1] == sent and relay.tracker.revoked == [[PART]]
+    finally:
+        await relay.lane.close()
+    assert relay.new_owner() == []
+
+
+async def test_a_lost_partition_writes_no_run_state():
+    """Another member may own a lost partition already: its runs are forgotten unwritten,
+    and not written by a later revocation either."""
+    relay = Relay()
+    await relay.lane.start()
+    try:
+        await _under_way(relay, "COMPLETE")
+        writes, records = relay.topic.writes, dict(relay.topic.records)
+        await relay.handover.lost([PART])
+        relay.collector.gate.set()
+        await relay.handover.revoked([("ol", 1)])
+        await relay.store.settle(5)
+        assert relay.topic.writes == writes and relay.topic.records == records
+    finally:
+        await relay.lane.close()
