@@ -132,6 +132,9 @@ class CollectorLane(PartitionTakeBack):
                     self._left_out(event, now)
                 return
         if self.table is not None and event.run_id is not None and event.kind == "run":
+            if self.table.refill(event):  # left out of its run's restored record: sent in its place
+                event.ticket.acquire()  # settled once delivered, as any forwarded event's
+                return
             if self.table.is_duplicate(event):
                 self._metrics.deduplicated.inc()
                 return

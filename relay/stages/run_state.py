@@ -140,6 +140,30 @@ def state_without_facets(state: dict[str, Any] | None) -> dict[str, Any] | None:
                         for slot in ("merged", "running") if state.get(slot) is not None}}
 
 
+def doc_without_facets(doc: dict[str, Any]) -> dict[str, Any]:
+    """An event document a run built (a merged view, a synthesized START, a held event
+    replayed) without its facets, as :func:`state_without_facets` keeps a merged view: its
+    datasets by name, its run's ``parent`` facet kept (where the run belongs). What a run's
+    record keeps of the events it has still to send when the whole outbox is too large."""
+    out = dict(doc)
+    run, job = doc.get("run"), doc.get("job")
+    if isinstance(run, dict):
+        facets = run.get("facets")
+        parent = facets.get("parent") if isinstance(facets, dict) else None
+        out["run"] = {**run, "facets": {"parent": parent} if parent is not None else {}}
+    if isinstance(job, dict) and "facets" in job:
+        out["job"] = {**job, "facets": {}}
+    for side in ("inputs", "outputs"):
+        datasets = doc.get(side)
+        if isinstance(datasets, list):
+            out[side] = [{k: v for k, v in d.items() if k not in _DATASET_FACETS} if isinstance(d, dict) else d
+                         for d in datasets]
+    return out
+
+
+_DATASET_FACETS = frozenset({"facets", "inputFacets", "outputFacets"})
+
+
 def closed_state(outcome: str, at: float) -> dict[str, Any]:
     """The saved form of a closed run: how it ended (``finished``, or expired open with its
     START ``emitted``/``skipped``) and when, in the writer's clock."""

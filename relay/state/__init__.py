@@ -56,11 +56,16 @@ Not guaranteed
     A record larger than the producer's ``message.max.bytes`` (100 MB unless set) or the
     state topic's ``max.message.bytes`` (counted as ``run_state_writes_total{result=
     "too_large"}``) is written again without the run's merged facets, and if still too large,
-    without its outbox as well (:mod:`relay.state.table`): a restore then builds the run's
-    events without the facets merged before that record, and does not send again what that
-    outbox held. One too large even so is kept in memory only; a restart goes back to the
-    run's last record written. Adding input partitions needs the same number added to the
-    state topic.
+    with its outbox left out as well (:mod:`relay.state.table`): the events read from the
+    run's partition are marked (digest, offset) and their offsets not committed before they
+    are delivered, so the new owner sends their copies read again, in their places; those
+    the run built (a consolidated terminal, a merged RUNNING) are kept without their facets.
+    A restore then builds the run's events without the facets merged before that record.
+    A mark whose event is not read again (a record older than a delivery: a commit whose
+    state writes timed out) holds the run's later output until a later event of the run is
+    read from its partition. One too large even so is kept in memory only; a restart goes back
+    to the run's last record written. Adding input partitions needs the same number added
+    to the state topic.
 
     No fencing: a replica that lost a partition without knowing it yet (cut off from the
     group coordinator while still reaching the partition leaders, or frozen for longer than

@@ -29,23 +29,29 @@ Contract (see :mod:`relay.state` for the design):
   the new owner does not send it again.
 * A record the broker refuses as too large (:meth:`written` with ``too_large``) is made
   again reduced: the run's records leave out its merged facets, and if that is still too
-  large, its outbox too (its events are then sent although no record holds them: a restore
-  does not send them again). One refused even so is kept in memory only (settled as if
-  written). No record ever lists as unsent an event that a later record showed delivered.
+  large, the events of its outbox read from the input topic (sent as themselves) too, and
+  the facets of those it built. A left-out event is marked in its place (its digest and
+  source offset); its ticket is settled only once it is delivered (or dead-lettered), as
+  any forwarded event's, so its offset is not committed before: after a crash its copy read
+  again takes the mark's place in the restored outbox (:meth:`refill`) and is sent in
+  order; a mark of which a later event of the run and partition is read again was delivered
+  (its offset committed), and is dropped. One refused even so is kept in memory only (settled as
+  if written). No record ever lists as unsent an event that a later record showed delivered.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
 
 from relay.events import LineageEvent
 from relay.stages.consolidate import RunConsolidator
-from relay.stages.json_bytes import loads
-from relay.stages.run_state import built_event, read_closed_state, state_without_facets
+from relay.stages.json_bytes import dumps, loads
+from relay.stages.run_state import built_event, doc_without_facets, read_closed_state, state_without_facets
 
 RECORD_VERSION = 1
 _DIGEST_BYTES = 16
@@ -81,8 +87,14 @@ class StateWrite:
 SEEN_MAX = 256
 
 
-def _hand_over(event: LineageEvent) -> None:
-    if event.ticket is not None:
+def _hand_over(left_out: int | None, event: LineageEvent | _Mark) -> None:
+    """Settle ``event``, which a revoked run's record holds (its new owner sends it); not
+    one the record marks (read from the run's partition ``left_out``, its outbox left out):
+    that partition's commits stop below it, and its new owner reads it again."""
+    if type(event) is _Mark or event.ticket is None:
+        return
+    src = event.source
+    if left_out is None or src is None or src.partition != left_out:
         event.ticket.release()
 
 
@@ -114,6 +126,22 @@ class _Slot:
         self.reduced = WHOLE  # what its records leave out, since one was refused as too large
 
 
+class _Mark:
+    """In a restored outbox, the place of an event its record left out (read from the input
+    topic, sent as itself): its copy read again takes it (see :meth:`RunStateTable.refill`).
+    Never sent; the outbox waits at it."""
+
+    __slots__ = ("digest", "topic", "partition", "offset")
+    event_type = None
+    is_terminal = False
+
+    def __init__(self, digest: bytes, topic: str, partition: int, offset: int) -> None:
+        self.digest, self.topic, self.partition, self.offset = digest, topic, partition, offset
+
+    def to_json(self) -> list:
+        return [self.digest.hex(), self.topic, self.partition, self.offset]
+
+
 class _Departure:
     """A revoked run with output under way or changes not written: its state when it was
     revoked, its slot (whose outbox deliveries still empty), whether to write it again."""
@@ -143,6 +171,7 @@ class RunStateTable:
         self._leaving: dict[int, LineageEvent] = {}
         self._revoked: dict[int, int] = {}  # partition -> how many times it was revoked
         self._departing: dict[str, _Departure] = {}  # revoked runs, until departed()
+        self._marked: set[str] = set()  # runs whose outbox holds marks (see refill)
         self._seq = 0
 
     @property
@@ -167,6 +196,42 @@ class RunStateTable:
                 return True
             at = seen.find(digest, at + 1)
         return False
+
+    def refill(self, event: LineageEvent) -> bool:
+        """Whether ``event`` is the copy, read again, of an event its run's restored record
+        left out (a mark): it takes the mark's place in the outbox (to be sent in order) and
+        the caller holds its ticket until it is delivered; it is not offered to the
+        consolidator (the run's state holds it already).
+
+        An event of the run drops the run's marks of its partition below its offset: their
+        events were delivered (their offsets committed, or they would have been read again
+        before it). Only the run's own: another run's event may come first (held for its
+        routing), and a mark dropped too early would lose its event."""
+        run_id, src = event.run_id, event.source
+        if run_id not in self._marked or src is None:
+            return False
+        slot = self._slots.get(run_id)
+        if slot is None:
+            self._marked.discard(run_id)
+            return False
+        swap: dict[int, LineageEvent | None] = {}
+        for item in slot.outbox:
+            if type(item) is _Mark and item.topic == src.topic and item.partition == src.partition:
+                if item.offset == src.offset and item.digest == event.digest:
+                    swap[id(item)] = event
+                elif item.offset < src.offset:
+                    swap[id(item)] = None
+        if not swap:
+            return False
+        slot.outbox = [e for e in (swap.get(id(e), e) for e in slot.outbox) if e is not None] or ()
+        slot.unsent = [e for e in (swap.get(id(e), e) for e in slot.unsent) if e is not None] or ()
+        if not any(type(e) is _Mark for e in slot.outbox):
+            self._marked.discard(run_id)
+        self._dirty[run_id] = None
+        if event not in slot.outbox:
+            return False
+        _remember(slot, event.digest)
+        return True
 
     def captured(self, event: LineageEvent) -> None:
         """``event`` (with its ticket) is now part of its run's state."""
@@ -219,7 +284,8 @@ class RunStateTable:
             parent = self._slots.get(event.parent_run_id)
             if parent is not None:
                 leaving = self._leaving
-                after = next((e for e in parent.outbox if e.event_type == "START" and id(e) not in leaving), None)
+                after = next((e for e in parent.outbox if e.event_type == "START" and id(e) not in leaving
+                              and type(e) is not _Mark), None)
         self._submit(event, after)
 
     def _slot(self, event: LineageEvent) -> _Slot | None:
@@ -246,8 +312,8 @@ class RunStateTable:
             closed = state is None or "closed" in state
             outbox = slot.outbox
             unsent = slot.unsent
-            ready = next((i for i, event in enumerate(unsent) if event.is_terminal and event is not outbox[0]),
-                         len(unsent))
+            ready = next((i for i, event in enumerate(unsent)
+                          if type(event) is _Mark or event.is_terminal and event is not outbox[0]), len(unsent))
             writes.append(self._write(run_id, slot, state, unsent[:ready], closed and not outbox))
             slot.unsent = unsent[ready:] or ()
         self._dirty.clear()
@@ -276,8 +342,9 @@ class RunStateTable:
                                       "state": state_without_facets(state) if reduced else state}
             if state is not None and "closed" not in state:
                 record["seen"] = slot.seen.hex()
-            if outbox and reduced < OUTBOX_LEFT_OUT:
-                record["outbox"] = [orjson.Fragment(event.body) for event in outbox]
+            if outbox:
+                left_out = slot.partition if reduced == OUTBOX_LEFT_OUT else None
+                record["outbox"] = [_outbox_entry(event, left_out) for event in outbox]
             value = orjson.dumps(record)
         self._seq += 1
         write = StateWrite(slot.partition, self.key(run_id), value, run_id, slot, slot.waiters, to_send, final,
@@ -299,7 +366,8 @@ class RunStateTable:
         ``too_large``: the broker refused it for its size. It is made again, and the run's
         records from then on leave out its merged facets (a restore builds its events
         without the facets merged before); if that is refused too, the next one leaves out
-        the outbox as well (then the run's record is whole again but for its facets). One
+        the outbox as well (see :func:`_outbox_entry`: marks, and built events without
+        their facets; then the run's record is whole again but for its facets). One
         refused even so is settled as if written: kept in memory only. Never settled while
         refused: the record on the topic (an older one) could list as unsent an event
         delivered since, which a restore would send again (a START after the terminal)."""
@@ -337,7 +405,8 @@ class RunStateTable:
         # durable all the same, in the run's record, whose new owner sends its outbox: the
         # events are handed over (settled here: one read from a partition still assigned
         # here would otherwise hold its commits for good).
-        send = self._send if current else _hand_over
+        send = self._send if current else partial(
+            _hand_over, slot.partition if write.reduced == OUTBOX_LEFT_OUT else None)
         if slot.carried:
             held = [w for w in slot.carried if w.seq < write.seq]
             slot.carried = [w for w in slot.carried if w.seq > write.seq] or ()
@@ -382,8 +451,9 @@ class RunStateTable:
             self._dirty.pop(run_id, None)
             self._delivered.pop(run_id, None)
             state = self._consolidator.forget(run_id)
+            self._marked.discard(run_id)
             if slot is not None:
-                abandoned += slot.outbox
+                abandoned += [event for event in slot.outbox if type(event) is not _Mark]
                 for event in slot.outbox:
                     self._leaving.pop(id(event), None)
                 if slot.outbox or dirty:
@@ -422,7 +492,12 @@ class RunStateTable:
         if state is not None:
             self._consolidator.restore(run_id, state, now)
         self._departing.pop(run_id, None)
-        outbox = [built_event(doc, now) for doc in record.get("outbox") or ()]
+        outbox = [built_event(entry, now) if isinstance(entry, dict) else _read_mark(run_id, entry)
+                  for entry in record.get("outbox") or ()]
+        if any(type(e) is _Mark for e in outbox):
+            self._marked.add(run_id)
+        else:
+            self._marked.discard(run_id)
         if outbox or (state is not None and read_closed_state(run_id, state) is None):
             slot = self._slots[run_id] = _Slot(partition, bytes.fromhex(record.get("seen") or ""))
             slot.outbox, slot.unsent = outbox or (), list(outbox) or ()
@@ -431,3 +506,29 @@ class RunStateTable:
                 self._dirty[run_id] = None  # re-sent after the next write, by the same rules
         elif state is not None:
             self._closed[run_id] = partition
+
+
+def _outbox_entry(event: LineageEvent | _Mark, left_out: int | None) -> Any:
+    """How a record holds an outbox event: whole, unless the outbox is left out (its run's
+    partition ``left_out``): then an event read from that partition is a mark (its copy is
+    read again after a crash, its offset not committed before it is delivered), one the run
+    built is kept without its facets. One read from another partition is kept whole: that
+    partition may stay here, and a revocation settles it (its new owner sends it)."""
+    if type(event) is _Mark:
+        return event.to_json()
+    if left_out is None:
+        return orjson.Fragment(event.body)
+    src = event.source
+    if src is None or event.ticket is None:
+        return orjson.Fragment(dumps(doc_without_facets(loads(event.body))))
+    if src.partition != left_out:
+        return orjson.Fragment(event.body)
+    return [event.digest.hex(), src.topic, src.partition, src.offset]
+
+
+def _read_mark(run_id: str, entry: Any) -> _Mark:
+    try:
+        digest, topic, partition, offset = entry
+        return _Mark(bytes.fromhex(digest), topic, int(partition), int(offset))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"malformed outbox entry in run state for {run_id}: {entry!r}") from err

@@ -15,6 +15,7 @@ from relay.metrics import RelayMetrics
 from relay.rebalance import PartitionHandover
 from relay.sinks.config import CollectorConfig
 from relay.state.store import RunStateStore
+from tests.relay.state.test_run_state_store import MAX_RECORD_BYTES, large_copy, read_again
 from tests.relay.state.test_table import Lane, SlowDeadLetters, spark
 from tests.support.changelog import CompactedTopic
 from tests.support.waiting import until
@@ -135,3 +136,38 @@ async def test_a_lost_partition_writes_no_run_state():
         assert relay.topic.writes == writes and relay.topic.records == records
     finally:
         await relay.lane.close()
+
+
+@pytest.mark.parametrize("moved", ["revoked", "lost"])
+async def test_an_event_its_reduced_record_leaves_out_is_sent_by_the_new_owner(moved):
+    """A run whose record is too large even without its merged facets (a large START), its
+    collector down, its partition moved: the record marks the START, whose ticket is not
+    settled (the partition's last commit stays below it); the new owner sends its copy read
+    again. It used to take the copy for a duplicate: the START was lost."""
+    relay = Relay()
+    relay.topic = CompactedTopic(max_record_bytes=MAX_RECORD_BYTES)
+    relay.store = RunStateStore(relay.topic, [relay.lane.table], RelayMetrics())
+    relay.handover = PartitionHandover([relay.lane], relay.tracker, state=relay.store, lookback=None,
+                                       drain_timeout_s=0.2, state_settle_s=10, stop=asyncio.Event(),
+                                       time_left=lambda: float("inf"), reset_at_assignment=lambda: ())
+    start = large_copy(spark(1, partition=0)[0])
+    await relay.lane.start()
+    try:
+        relay.collector.gate.clear()  # down
+        relay.lane.offer(start, 0.0)
+        for _ in range(3):  # commits: refused whole, refused without merged facets, written reduced
+            await relay.store.settle(5)
+        await until(lambda: relay.lane.pending == 1, "the START under way")
+        if moved == "revoked":
+            await relay.handover.revoked([PART])
+        else:
+            await relay.handover.lost([PART])
+        assert start.ticket.released == 0 and relay.collector.got == []
+    finally:
+        await relay.lane.close()
+    fresh = Lane("consolidated")
+    for key, value in relay.topic.records.items():
+        fresh.table.restore(key.decode().partition("/")[2], 0, value, now=100.0)
+    fresh.offer(read_again([start])[0], 101.0)
+    fresh.write()
+    assert fresh.deliver_all() == ["START"]

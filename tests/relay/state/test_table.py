@@ -96,6 +96,8 @@ class Lane:
         self.changelog: dict[bytes, bytes | None] = {}
 
     def offer(self, event: LineageEvent, now: float) -> None:
+        if self.table.refill(event):  # as CollectorLane.offer: left out of a restored record
+            return
         self.apply(self.consolidator.offer(event, now))
 
     def tick(self, now: float) -> None:
