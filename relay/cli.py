@@ -213,6 +213,16 @@ def version_line() -> str:
             f"aiohttp {v['aiohttp']}, Python {v['python']})")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lineage-relay", description=__doc__)
     parser.add_argument("--version", action=_Version, nargs=0, help="print versions (relay, librdkafka, ...) and exit")
@@ -222,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a config file: exit 0, or name the bad key and the fix")
     check.add_argument("path")
     demo = sub.add_parser("demo", help="embedded broker + relay + local collector + sample stream")
-    demo.add_argument("--runs", type=int, default=12, help="sample runs to send (default 12)")
+    demo.add_argument("--runs", type=_positive_int, default=12, help="sample runs to send (default 12)")
     demo.add_argument("--no-spark", action="store_true", help="send a synthetic stream instead of a PySpark job")
     lineage_graph.add_parser(sub)  # graph: the demo's lineage as an HTML page, upstream/downstream answers
     add_ops_subcommands(sub)  # replay, dlq list|redrive: all in relay/ops
@@ -250,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
             except BrokerUnavailable as err:  # a part the demo needs is not installed
                 print(f"lineage-relay demo: {err}", file=sys.stderr)
                 return 2
+            except (FileExistsError, NotADirectoryError) as err:   # ./demo-output is a file
+                print(f"lineage-relay demo: cannot use {err.filename} as the output directory ({err.strerror}); "
+                      "fix: move it away, or run the demo from another directory", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt:
+                print("lineage-relay demo: interrupted; demo-output/ is incomplete (run the demo again)",
+                      file=sys.stderr)
+                return 130
         if args.command == "graph":
             return lineage_graph.run(args)
         inline: list[str] = []

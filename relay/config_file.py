@@ -142,15 +142,34 @@ _Loader.add_implicit_resolver(
                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
 
 
+def _cyclic(value: Any, open_: set[int]) -> bool:
+    """Whether a mapping or list contains itself (YAML builds that from ``&a {k: *a}``)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    if id(value) in open_:
+        return True
+    open_.add(id(value))
+    try:
+        return any(_cyclic(v, open_) for v in (value.values() if isinstance(value, dict) else value))
+    finally:
+        open_.discard(id(value))
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """The file's top-level mapping, references not yet replaced."""
     p = Path(path)
     try:
-        raw = yaml.load(p.read_text(), Loader=_Loader) or {}  # noqa: S506 - a SafeLoader
+        raw = yaml.load(p.read_text(encoding="utf-8-sig"), Loader=_Loader) or {}  # noqa: S506 - a SafeLoader
     except OSError as err:
         raise ConfigError(f"cannot read config file {p}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
+                          "fix: save it as UTF-8") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{p} is not valid YAML: {err}") from err
+    if _cyclic(raw, set()):
+        raise ConfigError(f"{p}: a YAML alias refers to itself (&name ... *name inside it); "
+                          "fix: write the value out instead of the alias")
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping with keys kafka, collectors, ...")
     return raw

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import sqlite3
 import sys
 from collections import defaultdict
 from collections.abc import Hashable, Iterable
@@ -177,6 +178,18 @@ def run(args: argparse.Namespace) -> int:
               f"or pass --store PATH", file=sys.stderr)
         return 2
     queries = [("upstream", q) for q in args.upstream or []] + [("downstream", q) for q in args.downstream or []]
+    try:
+        return _answer(args, queries)
+    except sqlite3.DatabaseError as err:
+        print(f"lineage-relay graph: --store {args.store} is not a lineage store ({err}); fix: pass the "
+              "lineage.sqlite a demo or the recording collector wrote", file=sys.stderr)
+        return 2
+    except BrokenPipeError:   # `graph ... | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
+
+
+def _answer(args: argparse.Namespace, queries: list[tuple[str, str]]) -> int:
     with LineageStore(args.store) as store:
         status = 0
         for direction, text in queries:
@@ -188,7 +201,12 @@ def run(args: argparse.Namespace) -> int:
                 status = 2
         out = args.out if args.out is not None or queries else DEFAULT_OUT
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(render_graph_html(store, title=f"lineage: {args.store.name}"), encoding="utf-8")
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(render_graph_html(store, title=f"lineage: {args.store.name}"), encoding="utf-8")
+            except OSError as err:
+                print(f"lineage-relay graph: cannot write --out {out}: {err.strerror or err}; fix: name a file "
+                      "in a directory you can write", file=sys.stderr)
+                return 2
             print(f"lineage graph: {out} ({len(store.jobs())} jobs, {len(store.datasets())} datasets)")
     return status

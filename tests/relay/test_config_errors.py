@@ -190,3 +190,24 @@ def test_a_concurrency_below_full_batches_is_warned_about_by_check_config_and_ru
     for line in (printed[0], logged[0]):
         assert "collectors.om.concurrency: at most 32 events in flight" in line and "(800)" in line
         assert "fix: remove concurrency" in line
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\x00\xff\xfe", "is not UTF-8 text (byte 1"),
+    ("kafka: {}\n# caf\u00e9\n".encode("latin-1"), "is not UTF-8 text (byte 15"),
+    (b"consumer_properties: &x {k: *x}\n", "a YAML alias refers to itself"),
+])
+def test_a_file_that_is_not_utf8_or_refers_to_itself_is_named_with_the_fix(tmp_path, capsys, content, message):
+    path = tmp_path / "relay.yaml"
+    path.write_bytes(content)
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "fix: " in err and "Traceback" not in err
+
+
+def test_a_utf8_file_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "relay.yaml"
+    path.write_bytes(b"\xef\xbb\xbfkafka:\n  bootstrap_servers: 127.0.0.1:9092\n")
+    from relay.config_file import read_yaml
+
+    assert read_yaml(path) == {"kafka": {"bootstrap_servers": "127.0.0.1:9092"}}

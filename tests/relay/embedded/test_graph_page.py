@@ -215,3 +215,30 @@ def test_cli_writes_the_page_and_prints_answers(store, tmp_path, capsys):
     assert "ambiguous" in capsys.readouterr().err
     assert cli_main(["graph", "--store", str(tmp_path / "missing.sqlite")]) == 2
     assert "lineage-relay demo" in capsys.readouterr().err
+
+
+def test_a_store_that_is_not_one_or_an_out_that_cannot_be_written_is_named_with_the_fix(tmp_path, capsys):
+    not_sqlite = tmp_path / "notes.sqlite"
+    not_sqlite.write_text("not a database")
+    assert cli_main(["graph", "--store", str(not_sqlite), "--upstream", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a lineage store" in err and "fix: " in err and "Traceback" not in err
+
+    store_path = tmp_path / "lineage.sqlite"
+    LineageStore(store_path).close()
+    a_directory = tmp_path / "out"
+    a_directory.mkdir()
+    assert cli_main(["graph", "--store", str(store_path), "--out", str(a_directory)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write --out {a_directory}" in err and "fix: " in err
+
+
+def test_demo_arguments_and_an_output_path_taken_by_a_file_are_refused_clearly(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["demo", "--no-spark", "--runs", "-3"])
+    assert exit_.value.code == 2 and "expected 1 or more" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo-output").write_text("a file, not a directory")
+    assert cli_main(["demo", "--no-spark"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot use demo-output as the output directory" in err and "fix: " in err
