@@ -135,8 +135,8 @@ def main() -> int:
                     print(f"round {r + 1}/{args.rounds} {mode:>3}: {times[mode][-1]:.3f} s", flush=True)
             assert producer.flush(30) == 0
         finally:
+            spark.stop()       # first: it ends the application run, whose COMPLETE goes through the producer
             producer.close()
-            spark.stop()
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     diffs = [b - a for a, b in zip(times["off"], times["on"])]
     diff = statistics.median(diffs)
