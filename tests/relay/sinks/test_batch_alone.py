@@ -43,7 +43,7 @@ async def test_innocent_batch_neighbours_of_a_failing_event_are_not_dead_lettere
         tasks = [asyncio.create_task(collector.deliver(orjson.dumps({"poison": True})))]
         for i in range(200):
             tasks.append(asyncio.create_task(collector.deliver(orjson.dumps({"i": i}))))
-            await asyncio.sleep(0.01 if i >= 20 else 0)
+            await asyncio.sleep(0.01 if i >= 20 else 0)  # ok: spreads the good events over the bad one's retries
         results = await asyncio.gather(*tasks)
     finally:
         await collector.close()
@@ -131,23 +131,17 @@ async def test_events_sent_alone_by_a_batch_collector_respect_its_request_ceilin
     ``concurrency``), and gets 4 at once, not fewer."""
     live = {"n": 0, "max": 0}
 
-    async def single(request: web.Request) -> web.Response:
-        await request.read()
-        live["n"] += 1
-        live["max"] = max(live["max"], live["n"])
-        await asyncio.sleep(0.01)
-        live["n"] -= 1
-        return web.Response(status=201)
+    def answering(status: int):
+        async def handler(request: web.Request) -> web.Response:
+            await request.read()
+            live["n"] += 1
+            live["max"] = max(live["max"], live["n"])
+            await asyncio.sleep(0.01)  # ok: the collector's own answer time, so that requests overlap
+            live["n"] -= 1
+            return web.Response(status=status)
+        return handler
 
-    async def batch(request: web.Request) -> web.Response:
-        await request.read()
-        live["n"] += 1
-        live["max"] = max(live["max"], live["n"])
-        await asyncio.sleep(0.01)
-        live["n"] -= 1
-        return web.Response(status=batch_status)
-
-    runner, port = await serve([("POST", SINGLE, single), ("POST", BATCH, batch)])
+    runner, port = await serve([("POST", SINGLE, answering(201)), ("POST", BATCH, answering(batch_status))])
     metrics = RelayMetrics()
     cfg = CollectorConfig(name="b", url=f"http://127.0.0.1:{port}", batch={"max_events": 50, "max_requests": 4})
     collector = BatchCollector(cfg, metrics.for_collector("b"))
