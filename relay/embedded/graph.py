@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _answer(args: argparse.Namespace, queries: list[tuple[str, str]]) -> int:
-    with LineageStore(args.store) as store:
+    with LineageStore(args.store, read_only=True) as store:
         status = 0
         for direction, text in queries:
             walk = store.upstream if direction == "upstream" else store.downstream

@@ -144,10 +144,29 @@ class Lineage:
 
 
 # -- the store --------------------------------------------------------------------------
+_TABLES = frozenset(("events", "jobs", "runs", "datasets", "dataset_aliases", "dataset_columns", "io_edges",
+                     "column_edges"))
+
+
 class LineageStore:
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    """The store at ``path`` (made when missing). ``read_only``: an existing store, opened
+    for queries alone: nothing is ever written to the file, and a SQLite database without
+    the store's tables raises :class:`sqlite3.DatabaseError` naming those it lacks."""
+
+    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False) -> None:
         self.path = str(path)
         self._lock = threading.Lock()
+        if read_only:
+            uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            try:
+                have = {name for (name,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if missing := sorted(_TABLES - have):
+                    raise sqlite3.DatabaseError(f"it has no table {', '.join(missing)}")
+            except BaseException:
+                self._db.close()
+                raise
+            return
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         with self._lock:
             self._db.executescript(_SCHEMA)

@@ -7,6 +7,7 @@ Without Chromium these tests skip, unless LINEAGE_RELAY_REQUIRE_ALL=1: then they
 
 from __future__ import annotations
 
+import sqlite3
 import struct
 import subprocess
 import zlib
@@ -231,6 +232,29 @@ def test_a_store_that_is_not_one_or_an_out_that_cannot_be_written_is_named_with_
     assert cli_main(["graph", "--store", str(store_path), "--out", str(a_directory)]) == 2
     err = capsys.readouterr().err
     assert f"cannot write --out {a_directory}" in err and "fix: " in err
+
+
+def test_graph_never_writes_to_the_store_and_names_the_tables_a_foreign_database_lacks(store, tmp_path, capsys):
+    foreign = tmp_path / "app.sqlite"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    before = foreign.read_bytes()
+    assert cli_main(["graph", "--store", str(foreign), "--upstream", "x"]) == 2
+    err = capsys.readouterr().err
+    assert f"--store {foreign} is not a lineage store (it has no table column_edges, dataset_aliases" in err, err
+    assert foreign.read_bytes() == before, "graph added its tables to someone else's database"
+    with sqlite3.connect(foreign) as db:
+        assert [name for (name,) in db.execute("SELECT name FROM sqlite_master")] == ["customers"]
+
+    db_path = tmp_path / "lineage.sqlite"
+    with LineageStore(db_path) as s:
+        for event in store.events():
+            s.add(event)
+    db_path.chmod(0o444)   # a store one may only read (a colleague's, a mounted volume) answers
+    before = db_path.read_bytes()
+    assert cli_main(["graph", "--store", str(db_path), "--upstream", "gold.daily_revenue.total_revenue"]) == 0
+    assert "what feeds gold.daily_revenue.total_revenue?" in capsys.readouterr().out
+    assert db_path.read_bytes() == before
 
 
 def test_demo_arguments_and_an_output_path_taken_by_a_file_are_refused_clearly(tmp_path, monkeypatch, capsys):
