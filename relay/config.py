@@ -218,7 +218,7 @@ class RelayConfig(Frozen):
     @field_validator("workers", mode="before")
     @classmethod
     def _workers(cls, v: Any) -> Any:
-        if isinstance(v, str) and v.strip().isdigit():  # --workers 2, ${WORKERS}
+        if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # --workers 2, ${WORKERS}
             v = int(v)
         if v == "auto" or (type(v) is int and 1 <= v <= MAX_WORKERS):
             return v

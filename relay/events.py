@@ -41,7 +41,9 @@ class SourceRef(NamedTuple):
         """The inverse of ``str()`` (e.g. a dead letter's ``source`` header); None when
         ``text`` is not ``topic/partition/offset``."""
         parts = text.rsplit("/", 2)
-        if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or not parts[2].isdigit():
+        # isascii(): isdigit() takes "²", which int() refuses (a header written by another tool).
+        if len(parts) != 3 or not parts[0] or not (parts[1] + parts[2]).isascii() \
+                or not parts[1].isdigit() or not parts[2].isdigit():
             return None
         return cls(parts[0], int(parts[1]), int(parts[2]))
 

@@ -67,7 +67,13 @@ class DeadLetter:
         omitted = headers.get("value_omitted")
         return cls(msg.partition(), msg.offset(), msg.key(), msg.value(), headers.get("reason", "(none)"),
                    headers.get("detail", ""), headers.get("source", ""), headers.get("collector") or None,
-                   headers.get("relay_time", ""), value_omitted=int(omitted) if omitted and omitted.isdigit() else None)
+                   headers.get("relay_time", ""), value_omitted=_count(omitted))
+
+
+def _count(text: str | None) -> int | None:
+    """A header's non-negative decimal count, or None for anything else (``isdigit()`` alone
+    takes "²", which ``int()`` refuses: one record written by another tool must not stop a scan)."""
+    return int(text) if text and text.isascii() and text.isdigit() else None
 
 
 class OffsetRuns:

@@ -92,9 +92,14 @@ class PartitionRange:
 
 
 def parse_refs(values: list[str] | None, flag: str) -> list[tuple[int, int]]:
-    """``["0:10", "1:5,1:7"]`` -> ``[(0, 10), (1, 5), (1, 7)]``; a message naming ``flag`` otherwise."""
+    """``["0:10", "1:5,1:7"]`` -> ``[(0, 10), (1, 5), (1, 7)]``; a message naming ``flag`` otherwise,
+    also for a value that names no offset at all (``""``, ``","``: an unset shell variable),
+    which would otherwise mean "no bound" and select a whole topic."""
     out: list[tuple[int, int]] = []
     for value in values or []:
+        if not value.replace(",", "").strip():
+            raise OpsError(f"{flag} {value!r} names no offset; expected PARTITION:OFFSET[,PARTITION:OFFSET...], "
+                           f"e.g. {flag} 0:1200")
         for item in value.split(","):
             item = item.strip()
             if not item:

@@ -141,7 +141,7 @@ class RedriveLedger:
                 continue  # another topic's, or a tombstone
             partition, _, rest = key[len(prefix):].partition("/")
             offset, _, collector = rest.partition("/")
-            if not (partition.isdigit() and offset.isdigit()):
+            if not ((partition + offset).isascii() and partition.isdigit() and offset.isdigit()):
                 continue
             record = _record_of(msg.value())
             if collector:

@@ -142,6 +142,8 @@ def check_selection(args: argparse.Namespace) -> None:
     if args.reason is not None and not args.reason.strip():
         raise OpsError("--reason is empty: name a reason, as `dlq list` shows them (an empty one would select "
                        "every record); --all re-drives every pending record")
+    if args.offsets:
+        parse_refs(args.offsets, "--offsets")   # refused here, before the broker is asked
     chosen = args.reason is not None or bool(args.offsets)
     if args.all and chosen:
         raise OpsError("--all re-drives every pending record: it excludes --reason and --offsets; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from relay.events import SourceRef
 from relay.ops.dead_letters import DeadLetter
 from relay.ops.dlq import DeadLetterListing
 
@@ -46,3 +47,58 @@ def test_a_limit_below_one_is_refused_not_listed_as_an_empty_topic(tmp_path, cap
         captured = capsys.readouterr()
         assert captured.out == ""
         assert "lineage-relay dlq list: --limit must be at least 1" in captured.err
+
+
+class _Message:
+    """What DeadLetter.from_message reads of a confluent-kafka Message."""
+
+    def __init__(self, headers: list[tuple[str, bytes]]) -> None:
+        self._headers = headers
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return 7
+
+    def key(self) -> bytes:
+        return b"run:ns/job"
+
+    def value(self) -> None:
+        return None
+
+
+def test_digits_that_are_not_ascii_in_a_header_are_read_as_no_count_not_a_crash():
+    """``"²".isdigit()`` is True and ``int("²")`` raises: one record written by another tool
+    with such a ``value_omitted`` or ``source`` stopped every ``dlq list`` and ``dlq redrive``
+    (a traceback, exit 1) of the whole topic. It is read as a record whose value is its own
+    and whose source names no record."""
+    letter = DeadLetter.from_message(_Message([("reason", b"too_large"), ("value_omitted", "²".encode()),
+                                               ("source", "ol/¹/3".encode())]))
+    assert letter.value_omitted is None and letter.reason == "too_large"
+    assert SourceRef.parse("ol/¹/3") is None and SourceRef.parse("ol/1/³") is None
+    assert SourceRef.parse("ol/1/3") == SourceRef("ol", 1, 3)
+    counted = DeadLetter.from_message(_Message([("value_omitted", b"20971520"), ("source", b"ol/0/5")]))
+    assert counted.value_omitted == 20971520 and counted.value_at("dlq") == SourceRef("ol", 0, 5)
+
+
+def test_an_offset_flag_that_names_no_offset_is_refused_not_read_as_no_bound(tmp_path, capsys):
+    """``--from-offset "$START"`` with START unset replayed the whole topic (exit 0); an empty
+    ``--to-offset`` read to the end; ``dlq redrive --offsets ""`` selected nothing, exit 0.
+    Each is refused, exit 2, naming the flag and the form, before the broker is asked."""
+    from relay.cli import main as cli
+
+    path = tmp_path / "relay.yaml"
+    path.write_text("kafka: {bootstrap_servers: '127.0.0.1:1', topics: [ol]}\n"
+                    "collectors: [{name: a, url: 'http://127.0.0.1:1'}]\n")
+    for argv, flag in [(["replay", "--from-offset", "", "--to-end"], "--from-offset"),
+                       (["replay", "--from-offset", ",", "--to-end"], "--from-offset"),
+                       (["replay", "--from-offset", "0:0", "--to-offset", " "], "--to-offset"),
+                       (["dlq", "redrive", "--offsets", ""], "--offsets")]:
+        assert cli([*argv, "--config", str(path), "--collector", "a"] if argv[0] == "replay"
+                   else [*argv, "--config", str(path)]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{flag} " in err and "names no offset; expected PARTITION:OFFSET" in err, (argv, err)
