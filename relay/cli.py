@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -19,7 +20,7 @@ from relay.logs import log_event, set_log_context, setup_logging
 from relay.ops import add_subcommands as add_ops_subcommands
 from relay.source.kafka import SourceError
 from relay.state.changelog import StateError
-from relay.worker_link import WorkerLink
+from relay.worker_link import CONFIG_COPY_ENV, WorkerLink, config_copy, read_once
 
 log = logging.getLogger("relay.cli")
 
@@ -49,15 +50,17 @@ def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def config_from_args(args: argparse.Namespace, warnings: list[str] | None = None) -> RelayConfig:
-    """The configuration of ``run``: the file's (if any) under the flags. What is worth a
-    warning though valid (a secret written in the file) is appended to ``warnings``."""
+def config_from_args(args: argparse.Namespace, warnings: list[str] | None = None,
+                     content: bytes | None = None) -> RelayConfig:
+    """The configuration of ``run``: the file's (if any; ``content``: its bytes, already
+    read) under the flags. What is worth a warning though valid (a secret written in the
+    file) is appended to ``warnings``."""
     if not args.config and not args.bootstrap_servers and not args.collector:
         raise ConfigError("run needs a configuration: --config relay.yaml, or at least --bootstrap-servers HOST:PORT "
                           "and --collector NAME=URL (lineage-relay run --help lists the flags)")
     data: dict[str, Any] = {}
     if args.config:
-        read = read_config(args.config)
+        read = read_config(args.config, content)
         data = read.data
         if warnings is not None:
             warnings.extend(read.inline_secrets)
@@ -158,7 +161,9 @@ async def serve(config: RelayConfig, worker: WorkerLink | None = None) -> None:
         if worker is not None:
             worker.watch_lifeline(loop, relay.request_stop)
             runner, port = await listen(build_app(relay), "127.0.0.1", 0)
-            worker.report_port(port)
+            if not worker.report_port(port):
+                log_event(log, logging.WARNING, "supervisor_gone", stage="reporting the port", action="stopping")
+                relay.request_stop()
             log_event(log, logging.INFO, "http_listening", host="127.0.0.1", port=port)
         elif config.http.port is not None:
             runner, port = await listen(build_app(relay), config.http.host, config.http.port)
@@ -270,12 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                 return 130
         if args.command == "graph":
             return lineage_graph.run(args)
+        worker = WorkerLink.from_env()
+        once: bytes | None = None
+        if worker is None:   # a pipe read here is read for the workers too (config_copy)
+            once = read_once(args.config)
+        elif os.environ.get(CONFIG_COPY_ENV):
+            args.config = os.environ[CONFIG_COPY_ENV]
         inline: list[str] = []
-        config = config_from_args(args, inline)
+        config = config_from_args(args, inline, once)
     except ConfigError as err:
         print(f"lineage-relay: {err}", file=sys.stderr)
         return 2
-    worker = WorkerLink.from_env()
     if worker is not None:  # one relay of a supervisor's: its lines say which
         set_log_context(worker=worker.index)
     setup_logging(config.log_level)
@@ -284,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         if config.workers == "auto" or count > 1:  # auto decodes inline even when it comes to 1
             log_event(log, logging.INFO, "workers_resolved", workers=count, setting=config.workers, source=source)
         if count > 1:
-            return _supervise(config, list(sys.argv[1:] if argv is None else argv), count)
+            with config_copy(once):
+                return _supervise(config, list(sys.argv[1:] if argv is None else argv), count)
     for key in inline:  # once, at start-up; the key names the collector, never the value
         log_event(log, logging.WARNING, "secret_in_config_file", key=key,
                   fix="take it from an environment variable (${NAME}), or use token_env or token_file")

@@ -311,11 +311,11 @@ class ConfigFile:
                 for key in self.inline_secrets]
 
 
-def read_config(path: str | Path) -> ConfigFile:
-    """The file at ``path``, its references replaced. Raises :class:`ConfigError` listing
-    every unset variable and every ``${`` that is no reference, with what else is wrong in
-    the file (its other keys validated as they are)."""
-    raw = read_yaml(path)
+def read_config(path: str | Path, content: bytes | None = None) -> ConfigFile:
+    """The file at ``path`` (or its ``content``, already read), its references replaced.
+    Raises :class:`ConfigError` listing every unset variable and every ``${`` that is no
+    reference, with what else is wrong in the file (its other keys validated as they are)."""
+    raw = read_yaml(path, content)
     found = interpolate(raw)
     if found.problems:
         lines = [f"{where(loc, found.data)}: {msg}" for loc, msg in found.problems]

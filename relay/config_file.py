@@ -155,11 +155,13 @@ def _cyclic(value: Any, open_: set[int]) -> bool:
         open_.discard(id(value))
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The file's top-level mapping, references not yet replaced."""
+def read_yaml(path: str | Path, content: bytes | None = None) -> dict[str, Any]:
+    """The file's top-level mapping, references not yet replaced; ``content``: the file's
+    bytes, already read (a pipe can be read once), ``path`` naming it in messages."""
     p = Path(path)
     try:
-        raw = yaml.load(p.read_text(encoding="utf-8-sig"), Loader=_Loader) or {}  # noqa: S506 - a SafeLoader
+        text = p.read_text(encoding="utf-8-sig") if content is None else content.decode("utf-8-sig")
+        raw = yaml.load(text, Loader=_Loader) or {}  # noqa: S506 - a SafeLoader
     except OSError as err:
         raise ConfigError(f"cannot read config file {p}: {err.strerror}") from err
     except UnicodeDecodeError as err:

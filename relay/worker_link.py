@@ -9,8 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relay.logs import log_event
@@ -22,6 +26,9 @@ log = logging.getLogger("relay.workers")
 
 #: Set in a worker's environment: its index, then the report and life-line pipes' fds.
 WORKER_ENV = "LINEAGE_RELAY_WORKER"
+#: Set in a worker's environment when the supervisor's ``--config`` can be read only once (a
+#: pipe, ``/dev/stdin``, a FIFO, ``<(envsubst < relay.yaml)``): the copy the workers read instead.
+CONFIG_COPY_ENV = "LINEAGE_RELAY_CONFIG_COPY"
 #: The librdkafka property of static group membership: one per member, kept across restarts.
 GROUP_INSTANCE_ID = "group.instance.id"
 
@@ -56,8 +63,14 @@ class WorkerLink:
         own = {**props, GROUP_INSTANCE_ID: f"{props[GROUP_INSTANCE_ID]}-{self.index}"}
         return config.model_copy(update={"kafka": config.kafka.model_copy(update={"consumer_properties": own})})
 
-    def report_port(self, port: int) -> None:
-        os.write(self.report_fd, f"{port}\n".encode())
+    def report_port(self, port: int) -> bool:
+        """Tell the supervisor the port; False when it is gone (killed before it read it:
+        the life-line stops this worker, which is no failure of its own)."""
+        try:
+            os.write(self.report_fd, f"{port}\n".encode())
+        except (BrokenPipeError, OSError):
+            return False
+        return True
         os.close(self.report_fd)
 
     def watch_lifeline(self, loop: asyncio.AbstractEventLoop, on_parent_gone: Callable[[], None]) -> None:
@@ -74,3 +87,37 @@ class WorkerLink:
 
         os.set_blocking(self.lifeline_fd, False)
         loop.add_reader(self.lifeline_fd, readable)
+
+
+def read_once(path: str | None) -> bytes | None:
+    """The content of a ``--config`` that can be read only once (anything but a regular
+    file: a pipe, ``/dev/stdin``, a FIFO), read now for this process and its workers; None
+    for a regular file, or a path that cannot be read (the configuration's reader says why)."""
+    if not path:
+        return None
+    try:
+        if stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        return Path(path).read_bytes()
+    except OSError:
+        return None
+
+
+@contextmanager
+def config_copy(content: bytes | None) -> Iterator[None]:
+    """While inside, workers started find ``content`` (a ``--config`` read once, see
+    :func:`read_once`) at the path :data:`CONFIG_COPY_ENV` names: a file only this user may
+    read, removed on leaving. Nothing when ``content`` is None."""
+    if content is None:
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix="lineage-relay-config-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+        os.environ[CONFIG_COPY_ENV] = path
+        yield
+    finally:
+        os.environ.pop(CONFIG_COPY_ENV, None)
+        with suppress(OSError):
+            os.unlink(path)

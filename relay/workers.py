@@ -70,6 +70,14 @@ EXIT_MARGIN_S = 5.0
 STOPPED_CLEANLY = (0, -signal.SIGTERM, -signal.SIGINT)
 
 
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``SIG40`` for a real-time signal that has no name of its own."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
 class Worker:
     """The supervisor's side of one worker process."""
 
@@ -201,7 +209,7 @@ class Supervisor:
         exited = [(waits[task], task.result()) for task in done if task in waits]
         for worker, code in sorted(exited, key=lambda pair: pair[0].index):
             log_event(log, logging.ERROR, "worker_exited", worker=worker.index, pid=worker.proc.pid,
-                      **({"signal": signal.Signals(-code).name} if code < 0 else {"exit_code": code}),
+                      **({"signal": signal_name(-code)} if code < 0 else {"exit_code": code}),
                       action="stopping the other workers")
         self.failed = max(exited, key=lambda pair: (pair[1] == 2, -pair[0].index))
 

@@ -171,3 +171,36 @@ def test_workers_stop_on_their_own_when_the_supervisor_is_killed(kafka, tmp_path
     lines = log_lines(tmp_path / "r.log")
     assert sorted(line["worker"] for line in lines if line["event"] == "supervisor_gone") == [0, 1]
     assert sorted(line["worker"] for line in lines if line["event"] == "relay_stopped") == [0, 1]
+
+
+def test_a_config_read_from_a_pipe_reaches_every_worker_and_its_copy_is_removed(kafka, tmp_path):
+    """``--config /dev/stdin`` (or ``<(envsubst < relay.yaml)``) can be read once: every worker
+    used to read it again, find it empty, and fail ("kafka: Field required", exit 2) where one
+    relay ran. The supervisor's copy (this user's alone) serves them, removed at the stop."""
+    topic, dlq, group = kafka.new_topic("workers-pipe", partitions=2), kafka.new_topic("dlq"), kafka.new_group()
+    stream = sample_stream(40, seed=43)
+    unique = {canonical(orjson.loads(v)) for _, v in stream}
+    produce(kafka.bootstrap_servers, topic, stream)
+    with RecordingCollector() as collector:
+        config = {"kafka": {"bootstrap_servers": kafka.bootstrap_servers, "topics": [topic], "group_id": group,
+                            "dlq_topic": dlq, "consumer_properties": kafka.consumer_properties()},
+                  "collectors": [{"name": "a", "url": collector.url}], "workers": 2}
+        proc = RelayProcess(["--config", "/dev/stdin"], log_path=tmp_path / "r.log", own_group=True,
+                            stdin=json.dumps(config).encode())   # JSON is YAML
+        try:
+            proc.start()
+            pids = worker_pids(tmp_path / "r.log")
+            copies = {environ_of(pid).get("LINEAGE_RELAY_CONFIG_COPY") for pid in pids}
+            [copy] = copies
+            assert copy is not None and Path(copy).is_file() and Path(copy).stat().st_mode & 0o777 == 0o600
+            assert collector.wait_for(lambda c: c.count >= len(unique), 60), f"got {collector.count}"
+            assert proc.terminate(timeout_s=STOP_BOUND_S) == 0
+            assert not Path(copy).exists(), "the copy of the configuration outlived the supervisor"
+        finally:
+            close_group(proc)
+    assert {canonical(e) for e in collector.events()} == unique
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode("utf-8", "replace").split("\0") if "=" in item)

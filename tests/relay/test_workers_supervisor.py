@@ -4,6 +4,7 @@ start-up that fails or is stopped part-way, and the exit code of a stop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ import aiohttp
 import pytest
 
 from relay.config import build_config
+from relay.worker_link import WorkerLink
 from relay.workers import Supervisor, Worker
 from tests.support.waiting import until
 
@@ -86,6 +88,21 @@ def test_workers_that_exit_at_once_exit_the_supervisor_2_when_one_exited_2(monke
         assert supervisor.failed is not None and supervisor.failed[1] == 2
 
 
+def test_a_worker_killed_by_a_signal_without_a_name_is_logged_with_its_number(monkeypatch, caplog):
+    """Real-time signals 35-63 (but SIGRTMIN/SIGRTMAX) have no ``signal.Signals`` member: the
+    supervisor raised ValueError instead of logging ``worker_exited``."""
+    caplog.set_level(logging.ERROR, "relay.workers")
+    monkeypatch.setattr(Worker, "start", fake_start({0: "kill -40 $$", 1: "exec sleep 60"}, []))
+    supervisor = Supervisor(CONFIG, [], 2)
+    try:
+        assert asyncio.run(supervisor.run(no_endpoint)) == 1
+    finally:
+        kill_all(supervisor.workers)
+    [exited] = [r for r in caplog.records if r.getMessage() == "worker_exited"]
+    assert exited.fields["worker"] == 0 and exited.fields["signal"] == "SIG40"
+    assert supervisor.workers[1].proc.returncode == -signal.SIGTERM   # the other one stopped
+
+
 def test_a_worker_started_as_a_worker_imports_this_relay_package(monkeypatch, tmp_path):
     seen: dict[str, str] = {}
 
@@ -153,3 +170,21 @@ def test_the_endpoint_closes_before_the_session(monkeypatch):
     finally:
         kill_all(supervisor.workers)
     assert order == ["endpoint"]
+
+
+def test_reporting_the_port_to_a_supervisor_already_gone_is_no_crash():
+    """A supervisor killed before it read a worker's port: the write used to raise
+    BrokenPipeError out of the worker's start-up (``relay_failed``, a traceback, exit 1)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        assert WorkerLink(0, write_end, -1).report_port(8080) is False
+    finally:
+        os.close(write_end)
+    read_end, write_end = os.pipe()
+    try:
+        assert WorkerLink(0, write_end, -1).report_port(8080) is True
+        assert os.read(read_end, 16) == b"8080\n"
+    finally:
+        os.close(read_end)
+        os.close(write_end)

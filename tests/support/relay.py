@@ -97,8 +97,10 @@ class RelayProcess:
     """``lineage-relay run`` as a child process with its own /metrics port; ``own_group``:
     in a process group of its own, as a terminal runs a command (see :meth:`interrupt`)."""
 
-    def __init__(self, args: list[str], *, log_path: Path, own_group: bool = False) -> None:
+    def __init__(self, args: list[str], *, log_path: Path, own_group: bool = False,
+                 stdin: bytes | None = None) -> None:
         self.http_port = free_port()
+        self.stdin = stdin   # written to its standard input, then closed (``--config /dev/stdin``)
         self.args = [sys.executable, "-m", "relay", "run", *args, "--http-port", str(self.http_port)]
         if TEST_EVENT_LOOP is not None and "--event-loop" not in args:
             self.args += ["--event-loop", TEST_EVENT_LOOP]
@@ -109,8 +111,12 @@ class RelayProcess:
     def start(self) -> RelayProcess:
         log = open(self.log_path, "ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=self.own_group)
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, env=env, start_new_session=self.own_group,
+                                     stdin=subprocess.DEVNULL if self.stdin is None else subprocess.PIPE)
+        if self.stdin is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(self.stdin)
+            self.proc.stdin.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"relay exited early: {self.log_path.read_text()[-2000:]}"
