@@ -126,33 +126,36 @@ async def test_a_cancellation_at_the_moment_of_the_timeout_still_cancels():
 
 @ON_EACH_LOOP
 async def test_each_request_has_its_own_deadline_and_the_task_is_usable_after_a_timeout():
-    """A starts at 0 and never gets an answer; B starts at 0.25 and is answered at 0.65:
-    A's timeout at 0.5 must not touch B (whose own limit is 0.75)."""
-    deadlines = Deadlines(0.5)
+    """A starts at 0 and never gets an answer; B starts at 1.0 (its own limit is 3.0) and is
+    answered once A has timed out (at 2.0): A's timeout must not touch B. B's answer follows
+    A's timeout itself, not a timer: a loop stalled for a while (a loaded machine) must not
+    make B's deadline come before its answer."""
+    deadlines = Deadlines(2.0)
     outcome: list[str] = []
-
-    async def answered_after(delay_s: float, label: str) -> None:
-        task = deadlines.begin()
-        try:
-            await asyncio.sleep(delay_s)  # ok: the collector's answer time being modelled
-        finally:
-            deadlines.end(task)
-        outcome.append(label)
+    a_timed_out = asyncio.Event()
 
     async def a() -> None:
         await _request(deadlines, outcome)  # times out
+        a_timed_out.set()
         assert asyncio.current_task().cancelling() == 0, "the timeout's cancellation was not taken back"
-        await answered_after(0.01, "A again")  # the same task goes on with another request
+        task = deadlines.begin()   # the same task goes on with another request, answered at once
+        deadlines.end(task)
+        outcome.append("A again")
 
     async def b() -> None:
-        await asyncio.sleep(0.25)  # ok: B's request starts later on the timeline under test
-        await answered_after(0.4, "B")
+        await asyncio.sleep(1.0)  # ok: B's request starts later on the timeline under test
+        task = deadlines.begin()
+        try:
+            await a_timed_out.wait()   # the collector answers B after A's timeout
+        finally:
+            deadlines.end(task)
+        outcome.append("B")
 
     started = time.monotonic()
-    await asyncio.wait_for(asyncio.gather(a(), b()), 5)
+    await asyncio.wait_for(asyncio.gather(a(), b()), 10)
     assert sorted(outcome) == ["A again", "B", "timed out"]
     assert outcome.index("timed out") < outcome.index("B")
-    assert time.monotonic() - started >= 0.5
+    assert time.monotonic() - started >= 2.0
     assert deadlines.in_flight == 0
     deadlines.close()
 
