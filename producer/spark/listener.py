@@ -108,9 +108,14 @@ class SparkLineage:
     def resume(self, sender: Any, settings: CaptureSettings, *, read_only_actions: bool,
                max_plan_bytes: int) -> SparkLineage:
         """Capture again after :meth:`stop_capture`, in the same application run: same runId,
-        no second START. Raises when the listeners cannot be registered (then nothing is)."""
+        no second START. Raises when the listeners cannot be registered (then nothing is).
+
+        Spark's listener bus hands an event to the listeners registered when it delivers it,
+        not when it was posted: the bus is drained first (up to 10 s), so that actions run
+        while capture was off, still queued on a busy bus, are not reported."""
         self.sender, self.settings = sender, settings
         self.read_only_actions, self.max_plan_bytes = read_only_actions, max_plan_bytes
+        self.drain()
         try:
             self._attach()
         except BaseException:

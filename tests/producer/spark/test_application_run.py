@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,60 @@ def test_enabling_again_continues_the_application_run_in_the_shared_session(spar
     assert [e["job"]["name"] for e in second.events if e["job"]["name"] == "ar"] == [], "no second START"
     parents = {e["run"]["facets"]["parent"]["run"]["runId"] for e in second.events}
     assert parents == {first.events[0]["run"]["runId"]}
+
+
+class _BlockingListener:
+    """A QueryExecutionListener (py4j) whose first callback holds Spark's listener bus until
+    ``release`` is set (30 s at most): a slow listener of the job's own, a loaded driver."""
+
+    class Java:
+        implements = ["org.apache.spark.sql.util.QueryExecutionListener"]
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def onSuccess(self, *_args) -> None:  # noqa: N802 - the Java interface's name
+        if not self.holding.is_set():
+            self.holding.set()
+            self.release.wait(30)
+
+    def onFailure(self, *_args) -> None:  # noqa: N802
+        self.onSuccess()
+
+
+def test_actions_run_while_capture_was_off_are_not_reported_once_it_is_on_again(spark, tmp_path):
+    """The listener bus delivers an event to the listeners registered when it gets to it: a
+    write made with capture off, still queued behind a slow listener when capture came back
+    on, used to be reported (CI saw 12 events where 10 were due)."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    from producer.spark.execution_listener import register_listener, unregister_listener
+
+    recorder = Recorder()
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)
+    manager = spark._jsparkSession.listenerManager()
+    blocker = _BlockingListener()
+    holder = register_listener(gateway, manager, blocker)
+    try:
+        enable_lineage(spark, producer=recorder, namespace="ar", app_name="ar")
+        disable_lineage(spark)
+        spark.range(1).write.mode("overwrite").parquet(str(tmp_path / "held"))   # its callback holds the bus
+        assert blocker.holding.wait(60), "the blocking listener was never called"
+        spark.range(1).write.mode("overwrite").parquet(str(tmp_path / "while_off"))
+        # The bus is let go a moment after capture starts coming back on (a slow listener's end).
+        threading.Timer(1.0, blocker.release.set).start()
+        enable_lineage(spark, producer=recorder, namespace="ar", app_name="ar")
+        spark.range(1).write.mode("overwrite").parquet(str(tmp_path / "on_again"))
+        drain(spark)
+    finally:
+        blocker.release.set()
+        disable_lineage(spark)
+        unregister_listener(gateway, manager, blocker, holder)
+    outputs = {o["name"] for e in recorder.events for o in e.get("outputs", [])}
+    assert str(tmp_path / "on_again") in outputs, outputs
+    assert not {str(tmp_path / "held"), str(tmp_path / "while_off")} & outputs, "a write made with capture off"
 
 
 def test_another_application_name_ends_the_paused_run_and_starts_a_new_one(spark):
