@@ -232,11 +232,12 @@ def test_journals_left_together_are_adopted_one_after_another_not_one_per_interv
     caplog.set_level(logging.INFO, "producer.journal")
     caplog.set_level(logging.INFO, "producer.kafka")
     topic = kafka.new_topic("one-after-another")
-    interval = 8.0
+    # One journal per look would take 4 intervals (80 s) after the first: longer than the wait.
+    interval = 20.0
     p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=interval)
     try:
         journals_left_by_killed_process(tmp_path, *[(topic, kafka.bootstrap_servers, 10 * n, 10) for n in range(5)])
-        wait_for(lambda: p.stats.adopted == 50, 60, "the five journals sent")
+        wait_for(lambda: p.stats.adopted == 50, 70, "the five journals sent")
     finally:
         p.close()
     adopted = [r.created for r in caplog.records if "event=adopted " in r.getMessage()]
