@@ -283,7 +283,7 @@ class HttpCollector(EventRetries):
             return reply
         if status == 401:
             self._tokens.refresh()
-        after = retry_after(resp.headers.get("Retry-After"))
+        after = retry_after(resp.headers.get("Retry-After"), limit_s=self.config.retry.max_retry_after_s)
         if after and self.verdict(status) is Verdict.RETRY:
             reply.wait_s = after
             self._not_before = max(self._not_before, time.monotonic() + after)

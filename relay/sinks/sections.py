@@ -34,6 +34,10 @@ class RetryConfig(Frozen):
 
     initial_backoff_s: float = Field(0.2, gt=0)
     max_backoff_s: float = Field(30.0, gt=0)
+    #: A Retry-After longer than this (a proxy's ``Retry-After: 86400``, an HTTP-date from a
+    #: collector whose clock runs ahead) is taken as this: it holds back every request to the
+    #: collector, so one bad header must not stop delivery for a day.
+    max_retry_after_s: float = Field(300.0, gt=0)
     #: None = retry until delivered (a collector that is down pauses the relay, nothing is lost).
     max_attempts: int | None = Field(None, ge=1)
     #: An event answered a bare HTTP 500 this many times, with the collector accepting other

@@ -93,6 +93,28 @@ async def test_retry_after_blocks_every_request_to_that_collector(server):
     assert second_started < window_ends, "the second request did not start inside the Retry-After window"
 
 
+@pytest.mark.parametrize("header", ["86400", "Fri, 31 Dec 2100 23:59:59 GMT"])
+async def test_a_retry_after_longer_than_max_retry_after_s_is_taken_as_it(server, header):
+    """One 429 with ``Retry-After: 86400`` (a proxy's, or a date from a clock running ahead)
+    held every request to the collector for an hour (the fixed cap), long after it recovered."""
+    server.fail_next(1, 429, retry_after=header)
+    http, _ = collector_for(server, token="tok", retry={"initial_backoff_s": 0.01, "max_backoff_s": 0.05,
+                                                        "max_retry_after_s": 1.5})
+    await http.start()
+    try:
+        assert await asyncio.wait_for(http.deliver(BODY), 30) is None
+    finally:
+        await http.close()
+    ok_times = [a.at for a in server.attempts if a.status == 201]
+    assert len(ok_times) == 1 and ok_times[0] - server.attempts[0].at >= 1.5
+
+
+def test_max_retry_after_s_defaults_to_five_minutes_and_must_be_positive():
+    assert CollectorConfig(name="c", url="http://x").retry.max_retry_after_s == 300.0
+    with pytest.raises(ValueError, match="max_retry_after_s"):
+        CollectorConfig(name="c", url="http://x", retry={"max_retry_after_s": 0})
+
+
 async def test_401_with_a_token_file_rereads_it_and_delivers_once_fixed(server, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("stale")
