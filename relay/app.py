@@ -91,6 +91,15 @@ CLOSE_MARGIN_S = 5.0
 _DLQ_MAX_MESSAGE_BYTES = "100000000"
 
 
+
+def held_bytes(value: bytes | None, result: LineageEvent | Rejection) -> int:
+    """What a record weighs in ``pipeline.max_pending_bytes`` until it settles: its value,
+    and for an Avro record the JSON it was decoded to (up to 8x the value), held beside it."""
+    held = len(value) if value else 0
+    if type(result) is not Rejection and result.body is not value:
+        held += len(result.body)
+    return held
+
 class Relay:
     def __init__(self, config: RelayConfig, metrics: RelayMetrics | None = None) -> None:
         self.config = config
@@ -293,7 +302,7 @@ class Relay:
     def _handle(self, message, result: LineageEvent | Rejection, now: float) -> None:
         topic, partition, offset = message.topic(), message.partition(), message.offset()
         value = message.value()
-        ticket = self.tracker.track((topic, partition), offset, len(value) if value else 0, message.timestamp()[1])
+        ticket = self.tracker.track((topic, partition), offset, held_bytes(value, result), message.timestamp()[1])
         source = _new_ref(SourceRef, (topic, partition, offset))
         if type(result) is Rejection:
             ticket.acquire()

@@ -129,7 +129,7 @@ def decode_fields(value: bytes | memoryview | None, *, max_bytes: int) -> Reject
             f"record value is {size} bytes, over the limit of {max_bytes} bytes (max_bytes)",
         )
     if value[:2] == AVRO_MARKER:
-        decoded = _decode_avro(value)
+        decoded = _decode_avro(value, max_bytes)
         if isinstance(decoded, Rejection):
             return decoded
         doc, body = decoded
@@ -201,7 +201,7 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def _decode_avro(value: bytes | memoryview) -> tuple[Any, bytes] | Rejection:
+def _decode_avro(value: bytes | memoryview, max_bytes: int) -> tuple[Any, bytes] | Rejection:
     # Imported lazily: JSON-only deployments never load the Avro codec or fastavro.
     try:
         from producer.codec import avro as avro_codec
@@ -220,6 +220,9 @@ def _decode_avro(value: bytes | memoryview) -> tuple[Any, bytes] | Rejection:
         return too_deep_rejection(err)
     except orjson.JSONEncodeError as err:
         return Rejection(UNDECODABLE, f"Avro record holds a value JSON cannot carry: {err}")
+    if len(body) > max_bytes:   # what collectors are sent, and held, is the JSON
+        return Rejection(TOO_LARGE, f"Avro record of {len(value)} bytes is {len(body)} bytes as JSON, over the "
+                                    f"limit of {max_bytes} bytes (max_bytes)")
     bound = avro_body_bound(len(value))
     if len(body) > bound:  # a writer schema that grows more than the bound says: see AVRO_JSON_GROWTH
         return Rejection(TOO_LARGE, f"Avro record of {len(value)} bytes is {len(body)} bytes as JSON, over the "

@@ -91,3 +91,25 @@ def test_an_avro_record_that_grows_six_times_as_json_is_answered_by_the_child_wh
         assert [r.digest for r in got] == [decode_record(v, max_bytes=MAX).digest for v in batch]
     assert len(pids) == 1 and not in_process and failures == 0
     assert "decode_worker_failed" not in caplog.text
+
+
+def test_an_avro_records_json_over_max_bytes_is_too_large_and_weighs_what_it_holds():
+    """The size limit was checked on the Avro record only: its JSON (what collectors are sent)
+    could be several times ``max_bytes``, and only the record counted in max_pending_bytes
+    while the relay held both."""
+    from relay.app import held_bytes
+
+    doc = WORST["empty-datasets"]
+    value = avro.encode(doc)
+    json_size = len(orjson.dumps(doc))
+    limit = (len(value) + json_size) // 2
+    assert len(value) < limit < json_size
+    found = decode_record(value, max_bytes=limit)
+    assert isinstance(found, Rejection) and found.reason == decode.TOO_LARGE, found
+    assert f"is {json_size} bytes as JSON, over the limit of {limit} bytes" in found.detail
+    event = decode_record(value, max_bytes=MAX)
+    assert isinstance(event, LineageEvent)
+    assert held_bytes(value, event) == len(value) + len(event.body) == len(value) + json_size
+    as_json = orjson.dumps(doc)
+    assert held_bytes(as_json, decode_record(as_json, max_bytes=MAX)) == len(as_json)
+    assert held_bytes(value, found) == len(value)
