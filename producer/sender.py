@@ -50,8 +50,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from producer.deferred_close import LOCK_SLICE_S, DeferredClosing
 from producer.delivery_reports import DeliveryReports
-from producer.errors import JournalError
-from producer.journal import Journal, Record
+from producer.journal import AppendFailed, Journal, Record
 from producer.librdkafka_log import LibrdkafkaLog
 from producer.replacement import InstanceReplacement
 from producer.replay import Replay
@@ -318,19 +317,26 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             batch = returned + _drain(self._spill) + _drain(self._held_back)
         else:
             return
-        reason = "journal_full"
+        # What the journal took (counted journaled), and how many fitted under journal_max_bytes:
+        # the rest are dropped, journal_full; those between, journal_write_failed.
+        written, fitted = 0, len(batch)
         try:
-            written = self._journal().append(batch)
-        except (OSError, JournalError) as err:
-            written, reason = 0, "journal_write_failed"
-            self._error(reason, err)
-        self._journaled += written
-        self._in_transit = 0
-        if written < len(batch):
-            lost = len(batch) - written
-            self._count_drop(reason, lost)
-            log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
-                      reason, lost, self.config.journal_path, self.config.journal_max_bytes)
+            written = fitted = self._journal().append(batch)
+        except AppendFailed as err:
+            written, fitted = err.written, err.fitted
+            self._error("journal_write_failed", err.cause)
+        except Exception as err:  # noqa: BLE001 - whatever it is, the batch is counted (a journal not made, ...)
+            self._error("journal_write_failed", err)
+        finally:
+            # Even on an exception that gets past the above: every record of the batch is
+            # counted, journaled or dropped, and none stays in transit (flush() would wait for it).
+            self._journaled += written
+            self._in_transit = 0
+            for reason, lost in (("journal_write_failed", fitted - written), ("journal_full", len(batch) - fitted)):
+                if lost > 0:
+                    self._count_drop(reason, lost)
+                    log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
+                              reason, lost, self.config.journal_path, self.config.journal_max_bytes)
 
     def _shutdown(self) -> None:
         """Last act of the sender: journal whatever Kafka has not acknowledged."""

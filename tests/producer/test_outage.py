@@ -385,3 +385,16 @@ def test_a_wiped_broker_that_forgot_the_producer_id_is_recovered_from(broker, tm
 ])
 def test_journal_mode_is_a_warning_once_per_outage_and_for_news(reason, told, level):
     assert sender.journal_mode_level(reason, told) == level
+
+
+def test_records_taken_back_from_librdkafka_are_journaled_not_counted_as_delivery_failures(broker, tmp_path):
+    """close() with the broker stopped: the sender's last turn purges what librdkafka holds
+    (queued, and the request on the wire) and journals it. Those records did not fail: they
+    were taken back, so delivery_failures stays 0."""
+    p = _held_behind_a_stopped_broker(broker, "taken-back", tmp_path)
+    try:
+        p.close(1.0)
+        assert p.stats.journaled == 100 and p.stats.dropped == {}, p.stats
+        assert p.stats.delivery_failures == 0, p.stats
+    finally:
+        os.kill(broker._proc.pid, signal.SIGCONT)
