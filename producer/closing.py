@@ -65,6 +65,7 @@ class Closing:
     _producer: object
     _journals: list[Journal]
     _own: Journal | None
+    _aside: Journal | None
     _left_journaled: int
     _kafka_down: bool
     _closing: bool
@@ -97,7 +98,7 @@ class Closing:
         # In-memory records first: on their way to a journal they are counted in one
         # place or the next, and the journal they go to may be created meanwhile.
         in_memory = self._not_journaled()
-        journals = list(self._journals) + ([self._own] if self._own else [])
+        journals = [*self._journals, *(j for j in (self._own, self._aside) if j is not None)]
         return in_memory + sum(j.pending_at_least for j in journals) + self._left_journaled
 
     def flush(self, timeout_s: float | None = None) -> int:

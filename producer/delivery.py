@@ -46,6 +46,17 @@ _POISON = frozenset({
 _BATCH_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
+# What produce() raises for a record librdkafka will never take as it is (its size over
+# message.max.bytes; INVALID_ARG: a length librdkafka cannot carry). Raised before the
+# record is queued, so no batch is involved: it is the record's own, for good.
+_REFUSED_FOR_GOOD = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._INVALID_ARG})
+
+
+def refused_for_good(code: int) -> bool:
+    """Whether produce() refused a record for what it is (not for now: a full queue, a fatal error)."""
+    return code in _REFUSED_FOR_GOOD
+
+
 def batch_too_large(code: int) -> bool:
     """Whether the broker refused the record's batch for its size."""
     return code in _BATCH_TOO_LARGE

@@ -48,6 +48,7 @@ class DeliveryReports:
     _replay_outstanding: int
     _replay_failed: bool
     _replay_rejected: int
+    _replay_dropped: tuple[Any, tuple[int, int], dict[int, tuple[bytes | None, bytes]]] | None
 
     def _configured_batch_bytes(self) -> int:
         return int(self.config.kafka_properties().get("batch.size", 1_000_000))
@@ -78,7 +79,8 @@ class DeliveryReports:
             elif classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
                 self._drop("rejected_by_broker", err.str(), key=msg.key())
             else:
-                self._delivery_failures += 1
+                if err.code() not in _PURGED:   # not those the producer took back itself (reclaim)
+                    self._delivery_failures += 1
                 self._returned.append((seq, msg.key(), msg.value()))
                 self._note_failure(err)
                 if not self._spilling:
@@ -92,7 +94,8 @@ class DeliveryReports:
             # without a lock, must not miss the record in between.
             self._direct_done += 1
 
-    def _on_replay_delivery(self, err: KafkaError | None, msg: Any) -> None:
+    def _on_replay_delivery(self, place: int, err: KafkaError | None, msg: Any) -> None:
+        """A replay batch's record's report (``place``: its index in the batch)."""
         self._replay_outstanding -= 1
         self._last_report_at = time.monotonic()
         if err is None:
@@ -100,6 +103,9 @@ class DeliveryReports:
             return
         if classify(err.code()) == REJECT and not self._shrinks_batch(err, len(msg.value() or b"")):
             self._replay_rejected += 1
+            # Counted once: if another record fails the batch, it is sent again without this one.
+            if self._replay_dropped is not None:
+                self._replay_dropped[2][place] = (msg.key(), msg.value())
             self._drop("rejected_by_broker", err.str(), key=msg.key())
         else:
             self._replay_failed = True

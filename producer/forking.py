@@ -158,7 +158,7 @@ def reset_in_forked_children(live: Iterable[Any], close_all: Callable[[], None],
         _inherited.append(dict(vars(producer)))
         # The journal a dead process left that the parent is sending (producer.replay) too:
         # the child must neither keep it locked nor send it.
-        for journal in [*producer._journals, producer._own, producer._adopted]:
+        for journal in [*producer._journals, producer._own, producer._aside, producer._adopted]:
             if journal is not None:
                 _close_inherited_fds(journal)
         _close_inherited_locks(producer.config.journal_path)

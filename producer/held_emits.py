@@ -36,7 +36,7 @@ class Emit:
     settled (placed or dropped): what :meth:`HeldEmits._rescue` needs when an
     exception cuts it short."""
 
-    __slots__ = ("event", "record", "cell", "settled", "outer", "depth", "held")
+    __slots__ = ("event", "record", "cell", "settled", "outer", "depth", "held", "detail")
 
     def __init__(self, event: object, outer: Emit | None = None) -> None:
         self.event = event
@@ -48,6 +48,7 @@ class Emit:
         self.outer = outer
         self.depth = 1 if outer is None else outer.depth + 1
         self.held: list[tuple[bytes | None, bytes]] | None = None
+        self.detail: str | None = None   # why its record was refused, when that says more than the reason
 
 
 class HeldEmits:
@@ -66,9 +67,13 @@ class HeldEmits:
     _drop: Callable[..., None]
     _error: Callable[..., None]
 
-    def _drop_detail(self, reason: str) -> str:
+    def _drop_detail(self, reason: str, call: Emit | None = None) -> str:
+        if call is not None and call.detail is not None:
+            return call.detail
         if reason == "closed":
             return "emit after close()"
+        if reason == "too_large":
+            return "librdkafka refused the record (its size)"
         if reason == "late_for_close":
             return ("placed after close() journaled without the producer's lock (this thread held it past the "
                     "close's budget: a long signal handler?)")
@@ -116,12 +121,13 @@ class HeldEmits:
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)
 
-    def _after_lock(self, held_dropped: int) -> None:
-        """After an emit's ``_lock``: what must not be logged holding it."""
+    def _after_lock(self, held_dropped: dict[str, int]) -> None:
+        """After an emit's ``_lock``: what must not be logged holding it (the held records
+        dropped, by reason)."""
         if self._journal_note is not None:
             self._tell_journal_mode()
-        if held_dropped:
-            self._drop("queue_full", self._queue_full_detail(), n=held_dropped)
+        for reason, n in held_dropped.items():
+            self._drop(reason, self._drop_detail(reason), n=n)
 
     def _queue_full_detail(self) -> str:
         return f"the journal writer is {FULL_WAIT_S}s behind ({self._max_spill} events queued)"
@@ -137,21 +143,23 @@ class HeldEmits:
             return False
         return True
 
-    def _place_held(self, held: list[Record] | None) -> int:
+    def _place_held(self, held: list[Record] | None) -> dict[str, int]:
         """Under ``_lock``, right after a call's own record: the records held for that call
         (``held``), then those held back while the lock was owned, in order; returns how many
-        were dropped. They were accepted before any close(): never refused as ``closed``."""
-        dropped = 0
+        were dropped, by reason. They were accepted before any close(): never refused as ``closed``."""
+        dropped: dict[str, int] = {}
         for record in held or ():
-            dropped += self._place_one(record)
+            self._place_one(record, dropped)
         while self._held_back:
-            dropped += self._place_one(self._held_back.popleft())
+            self._place_one(self._held_back.popleft(), dropped)
         return dropped
 
-    def _place_one(self, record: Record) -> int:
+    def _place_one(self, record: Record, dropped: dict[str, int]) -> None:
         call = Emit(None)
         call.record = record
-        return 1 if self._place(call, None, 0) is not None else 0
+        reason = self._place(call, None, 0)
+        if reason is not None:
+            dropped[reason] = dropped.get(reason, 0) + 1
 
     def _rescue(self, call: Emit, thread: int) -> None:
         """An emit() cut short by an exception (a signal handler's, or a failure): its event
@@ -176,9 +184,9 @@ class HeldEmits:
                     self._hold(call, holder)
                 else:
                     dropped = self._place(call, thread, call.depth)
-                held_dropped = self._place_held(None) if holder is None else 0
+                held_dropped = self._place_held(None) if holder is None else {}
             self._after_lock(held_dropped)
             if dropped is not None:
-                self._drop(dropped, self._drop_detail(dropped), call.record[0])
+                self._drop(dropped, self._drop_detail(dropped, call), call.record[0])
         except Exception as err:  # noqa: BLE001 - emit must never raise into the job
             self._error("emit_failed", err)

@@ -86,7 +86,27 @@ _CURSOR = "CURSOR"
 Record = tuple[bytes | None, bytes]
 
 
+#: The longest key a record can hold: its length + 1 is a 16-bit field (the producer
+#: refuses a longer one at emit(), as ``too_large``).
+MAX_KEY_BYTES = 0xFFFF - 1
+
+
+class AppendFailed(JournalError):
+    """:meth:`Journal.append` failed part-way (``cause``: the OSError, or whatever it was).
+    Its first ``written`` records are on disk, fsync-ed, and counted in ``pending``; none of
+    the others is (a record cut short was truncated away). ``fitted``: how many of the
+    records fitted under ``max_bytes`` (those after them would have been refused anyway)."""
+
+    def __init__(self, written: int, fitted: int, cause: BaseException) -> None:
+        super().__init__(f"journal append failed after {written} of {fitted} records: {cause}")
+        self.written = written
+        self.fitted = fitted
+        self.cause = cause
+
+
 def encode_record(key: bytes | None, value: bytes) -> bytes:
+    if key is not None and len(key) > MAX_KEY_BYTES:
+        raise ValueError(f"a key of {len(key)} bytes does not fit a journal record (at most {MAX_KEY_BYTES})")
     key_field = _NO_KEY if key is None else len(key) + 1
     body = (key or b"") + value
     crc = zlib.crc32(struct.pack(">IH", len(value), key_field) + body)
@@ -239,7 +259,13 @@ class Journal:
         return sum(self._sizes.values())
 
     def append(self, records: list[Record]) -> int:
-        """Append and fsync; returns how many fitted under ``max_bytes`` (a prefix)."""
+        """Append and fsync; returns how many fitted under ``max_bytes`` (a prefix).
+
+        Raises :class:`AppendFailed` if a write, an fsync or opening a segment fails part-way
+        (a full disk, an I/O error, too many open files): the records it says are written
+        are on disk and counted in ``pending``, the others are not (a record cut short is
+        truncated away, and records whose fsync failed are too). Nothing is written if a
+        record cannot be encoded (ValueError: a key over :data:`MAX_KEY_BYTES`)."""
         chunks = []
         size = self.size_bytes
         for key, value in records:
@@ -248,19 +274,88 @@ class Journal:
                 break
             chunks.append(data)
             size += len(data)
-        written = 0
-        for data in chunks:
-            if self._sizes.get(self._write_seg, 0) + len(data) > self.segment_bytes and \
-                    self._sizes.get(self._write_seg, 0) > 0:
-                self._rotate()
-            fd = self._writer_fd()
-            os.write(fd, data)
-            self._sizes[self._write_seg] = self._sizes.get(self._write_seg, 0) + len(data)
-            written += 1
-        if written:
-            os.fsync(self._writer_fd())
+        written = 0      # whole records written
+        synced = 0       # of those, the ones fsync-ed (a segment rotated away is)
+        # The segment being written, and its size before this append wrote to it.
+        start = (self._write_seg, self._sizes.get(self._write_seg, 0))
+        syncing = False   # an fsync failed: trying it again may "succeed" with the data lost
+        try:
+            for data in chunks:
+                if self._sizes.get(self._write_seg, 0) + len(data) > self.segment_bytes and \
+                        self._sizes.get(self._write_seg, 0) > 0:
+                    syncing = True
+                    self._rotate()
+                    syncing = False
+                    synced = written
+                    start = (self._write_seg, 0)
+                fd = self._writer_fd()
+                _write_all(fd, data)
+                self._sizes[self._write_seg] = self._sizes.get(self._write_seg, 0) + len(data)
+                written += 1
+            if written > synced:
+                fd = self._writer_fd()
+                syncing = True
+                os.fsync(fd)
+        except Exception as err:
+            written = self._salvage(written, synced, start, sync_again=not syncing)
             self.pending += written
+            raise AppendFailed(written, len(chunks), err) from err
+        self.pending += written
         return written
+
+    def _salvage(self, written: int, synced: int, start: tuple[int, int], sync_again: bool) -> int:
+        """After an append failed part-way: the records that stay (``written``, if those in
+        the segment being written can still be fsync-ed, else ``synced``). A record cut
+        short is truncated away; records that cannot be fsync-ed are too (the segment goes
+        back to its size ``start`` gave) -- those of a failed fsync always (``sync_again``
+        False: a second fsync may report success for pages the first one lost). A segment
+        that cannot be truncated is left: its size stays what the journal counts (reads
+        stop there) and appends go to a new one."""
+        seg, before = start
+        keep = self._sizes.get(seg, before)   # its whole records
+        try:
+            if written > synced and not sync_again:
+                raise OSError("fsync failed")
+            self._truncate(seg, keep)
+            if written > synced:
+                if self._writer is not None:
+                    os.fsync(self._writer)
+                else:
+                    with open(self.path / segment_name(seg), "rb") as f:
+                        os.fsync(f.fileno())
+            return written
+        except OSError:
+            pass
+        try:
+            self._truncate(seg, before)
+            if seg in self._sizes:
+                self._sizes[seg] = before
+        except OSError as err:
+            log.error("journal=%s event=segment_abandoned segment=%d detail=%s", self.path, seg, err)
+            if seg in self._sizes:
+                self._sizes[seg] = before
+            self._abandon_segment()
+        return synced
+
+    def _truncate(self, seg: int, size: int) -> None:
+        """Cut segment ``seg`` to ``size`` bytes (if it exists and is longer)."""
+        path = self.path / segment_name(seg)
+        try:
+            if os.stat(path).st_size <= size:
+                return
+        except FileNotFoundError:
+            return
+        os.truncate(path, size)
+
+    def _abandon_segment(self) -> None:
+        """Appends go to a new segment: this one holds bytes after what the journal counts."""
+        fd, self._writer = self._writer, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._write_seg += 1
 
     def _writer_fd(self) -> int:
         if self._writer is None:
@@ -275,8 +370,8 @@ class Journal:
     def _rotate(self) -> None:
         if self._writer is not None:
             os.fsync(self._writer)
-            os.close(self._writer)
-            self._writer = None
+            fd, self._writer = self._writer, None
+            os.close(fd)
         self._write_seg += 1
 
     # --- reading -----------------------------------------------------------------
@@ -364,5 +459,17 @@ class Journal:
             shutil.rmtree(self.path, ignore_errors=True)
         release_lock(self._lock_fd)
 
+    @property
+    def read_position(self) -> tuple[int, int]:
+        """Where the next :meth:`read` starts (after :meth:`rewind`: the last commit)."""
+        return self._read_pos
+
     def __repr__(self) -> str:
         return f"Journal({self.path}, pending={self.pending}, bytes={self.size_bytes})"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (os.write may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

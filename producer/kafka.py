@@ -37,7 +37,9 @@ Not guaranteed: events still in memory when the process is killed with SIGKILL (
 crashes in native code) are lost -- up to ``queue_max_events`` in librdkafka plus as many
 in the spill queue; the journal itself survives. Dropped, counted and logged by reason:
 ``not_an_event`` (not a dict, event object or JSON object text: :mod:`producer.event_values`),
-``unencodable`` (JSON cannot carry a value), ``too_large`` (over ``message.max.bytes``),
+``unencodable`` (JSON cannot carry a value), ``too_large`` (key and value together over
+``message.max.bytes`` less 512 bytes of record overhead, a key over the 65,534 bytes a journal
+record holds, or a record librdkafka's ``produce()`` refuses for its size, directly or from a journal),
 ``rejected_by_broker`` (a record Kafka will never accept), ``journal_full``,
 ``journal_write_failed``, ``journal_corrupt`` (a corrupt region of an on-disk journal skipped:
 one per region, the number of its records unknown; the records after it are kept),
@@ -71,6 +73,7 @@ from producer import log_gate  # noqa: F401 - the producer's loggers and fork() 
 from producer.closing import _LIVE, _UNFINISHED, Closing, _close_all_at_exit
 from producer.codec import encoder
 from producer.config import ProducerConfig, load_config, with_overrides
+from producer.delivery import refused_for_good
 from producer.event_values import NotAnEvent, as_event
 from producer.forking import (
     freeze_inherited_in_child,
@@ -81,6 +84,7 @@ from producer.forking import (
     start_in_forked_child,
 )
 from producer.held_emits import FULL_WAIT_S, Emit, HeldEmits
+from producer.journal import MAX_KEY_BYTES
 from producer.journal_dir import check_journal_dir
 from producer.kafka_client import KafkaClient
 from producer.keys import message_key
@@ -124,8 +128,8 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
         self._topic = config.topic
         self._fixed_key = config.message_key.encode() if config.message_key else None
         props = config.kafka_properties()
-        # Headroom for the record overhead librdkafka adds to the value.
-        self._max_value = int(props.get("message.max.bytes", 1_000_000)) - 512
+        # Key and value together, with headroom for the record overhead librdkafka adds.
+        self._max_record = int(props.get("message.max.bytes", 1_000_000)) - 512
         check_journal_dir(config.journal_path)
         self._init_sender(config.queue_max_events)
         self._producer = self._new_producer(props)
@@ -220,9 +224,16 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
             call.settled = True
             self._drop("unencodable", err)
             return None
-        if len(value) > self._max_value:
+        key_bytes = len(key) if key is not None else 0
+        if key_bytes + len(value) > self._max_record:
             call.settled = True
-            self._drop("too_large", f"{len(value)} bytes, over message.max.bytes")
+            self._drop("too_large", f"{key_bytes + len(value)} bytes (key {key_bytes}, value {len(value)}), over "
+                       f"message.max.bytes less 512 bytes of overhead ({self._max_record})", _shown(key))
+            return None
+        if key_bytes > MAX_KEY_BYTES:
+            call.settled = True
+            self._drop("too_large", f"a key of {key_bytes} bytes, over the {MAX_KEY_BYTES} bytes a journal record "
+                       "holds", _shown(key))
             return None
         call.record = record = (key, value)
         return record
@@ -248,7 +259,7 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
             self._after_lock(held_dropped)
         if dropped is not None:
             key = call.record[0] if call.record is not None else None
-            self._drop(dropped, self._drop_detail(dropped), key)
+            self._drop(dropped, self._drop_detail(dropped, call), key)
 
     def _place(self, call: Emit, thread: int | None, depth: int) -> str | None:
         """Under ``_lock``: the call's record to librdkafka or the spill queue; returns the
@@ -260,10 +271,14 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
             call.settled = True
             return "closed"
         key, value = call.record
-        if not self._spilling and not self._lockless and self._produce(call, key, value):
-            if self._closed:
-                self._placed_late()
-            return None
+        if not self._spilling and not self._lockless:
+            taken = self._produce(call, key, value)
+            if taken is True:
+                if self._closed:
+                    self._placed_late()
+                return None
+            if taken:   # librdkafka refuses the record itself: it never will take it
+                return taken
         if len(self._spill) >= self._max_spill and not self._space.wait_for(
                 lambda: len(self._spill) < self._max_spill or self._closed, FULL_WAIT_S):
             call.settled = True
@@ -279,8 +294,11 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
             self._placed_late()
         return None
 
-    def _produce(self, call: Emit, key: bytes | None, value: bytes) -> bool:
-        """Under ``_lock``: the record to librdkafka; False (journal mode begun) if it refused it."""
+    def _produce(self, call: Emit, key: bytes | None, value: bytes) -> bool | str:
+        """Under ``_lock``: the record to librdkafka; False (journal mode begun) if it refused
+        it for now; the drop reason (``too_large``) if it refused the record itself (its size:
+        librdkafka's own check, which the size check in :meth:`_encoded` should have made first):
+        journaled, it would be refused for ever."""
         # The emit number rides with the record to its delivery report: reclaimed records
         # are journaled in emit order, whatever order librdkafka reports them in
         # (positional: cheaper than keywords). It rides in a cell its delivery report empties:
@@ -305,6 +323,10 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
         except KafkaException as err:
             self._direct_sent = seq
             call.cell = None
+            if refused_for_good(err.args[0].code()):
+                call.settled = True
+                call.detail = f"librdkafka refused the record: {err.args[0].str()}"
+                return "too_large"
             reason = f"produce_failed:{err.args[0].name()}"
         # Any other exception (a signal handler's, raised in a produce() written in Python:
         # an instrumented client) leaves the cell set: librdkafka may or may not have the
@@ -333,6 +355,11 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
         """Count and log an event that will never be sent (for integrations that reject an
         event before it reaches :meth:`emit`)."""
         self._drop(reason, detail, key)
+
+
+def _shown(key: bytes | None) -> bytes | None:
+    """A key as a drop's log line shows it: its first 100 bytes."""
+    return key if key is None or len(key) <= 100 else key[:100] + b"..."
 
 
 #: Every producer built, closed and disabled ones too.

@@ -10,6 +10,10 @@ Guarantees:
   wire are awaited first (bounded the same way), so an old instance's late request does not
   land after the new one's resend. Records it still holds after that are logged
   (``reclaim_incomplete``), and dropped as ``lost_in_fatal_producer`` when it is replaced.
+  While it waits, a spill queue filling up goes to a journal of its own (logged
+  ``event=journal_created ... reason=reclaim_wait``), sent after the records given back,
+  which go to the journal before it (:meth:`producer.sender.Sender._persist_aside`): emit()
+  waits for the disk, never for these answers. The two journals share ``journal_max_bytes``.
 * *Stall detection* (:meth:`InstanceReplacement._check_stall`): records outstanding and no
   delivery report for ``_stall_s`` (:data:`_STALL_S`: 5 s, doubling at each stall up to
   60 s, back to 5 s once a journal replay is acknowledged) marks Kafka down and the
@@ -85,6 +89,8 @@ class InstanceReplacement:
     _wait: Callable[[float | None, Callable[[], bool]], None]
     _drop: Callable[..., None]
     _error: Callable[..., None]
+    _persist_aside: Callable[[], None]
+    _end_aside: Callable[[], None]
 
     def _take_back_if_kafka_is_down(self, timeout_s: float | None) -> None:
         """For close(): Kafka said all brokers are down (librdkafka says it once per outage,
@@ -126,9 +132,12 @@ class InstanceReplacement:
         instance gets no answer for ``_stall_s`` already; a slow broker may still answer.)
         """
         self._need_reclaim = False
-        if settle_in_flight:
-            self._purge_and_wait(in_flight=False)
-        self._purge_and_wait(in_flight=True)
+        try:
+            if settle_in_flight:
+                self._purge_and_wait(in_flight=False)
+            self._purge_and_wait(in_flight=True)
+        finally:
+            self._end_aside()
         if self._direct_outstanding():
             self._error("reclaim_incomplete", f"{self._direct_outstanding()} records still in librdkafka")
 
@@ -140,6 +149,9 @@ class InstanceReplacement:
         deadline = time.monotonic() + RECLAIM_TIMEOUT_S
         while self._direct_outstanding() + self._replay_outstanding > 0 and time.monotonic() < deadline:
             self._poll(0.05)
+            # emit() must not wait for the network meanwhile: a spill queue filling up goes to
+            # a journal of its own, sent after the records given back here (Sender._persist_aside).
+            self._persist_aside()
 
     def _rebuild(self) -> None:
         # A fatal error (e.g. the broker forgot our producer id) poisons the instance.

@@ -56,13 +56,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException, Producer
 
 from producer.deferred_close import LOCK_SLICE_S
+from producer.delivery import refused_for_good
 from producer.errors import JournalError
-from producer.journal import Journal
+from producer.journal import Journal, Record
 from producer.journal_dir import Destination
 from producer.orphans import adopt_next, give_up
 
@@ -112,13 +114,15 @@ class Replay:
     _error: Callable[..., None]
     _drop: Callable[..., None]
     _poll: Callable[[float], None]
-    _on_replay_delivery: Callable[[Any, Any], None]
+    _on_replay_delivery: Callable[[int, Any, Any], None]
 
     def _init_replay(self) -> None:
         self._replay: tuple[Journal, tuple[int, int], int] | None = None
         self._replay_outstanding = 0
         self._replay_failed = False
         self._replay_rejected = 0
+        # The batch in flight's records dropped, by place: (journal, batch start, {place: record}).
+        self._replay_dropped: tuple[Journal, tuple[int, int], dict[int, Record]] | None = None
         self._retry_at = 0.0
         self._backoff = _BACKOFF_S[0]
         self._adopted: Journal | None = None
@@ -153,6 +157,7 @@ class Replay:
             self._replayed += sent
             self._delivered += sent
         journal.commit(pos, count)
+        self._replay_dropped = None
         self._backoff = _BACKOFF_S[0]
         self._reset_stall()
         return True
@@ -168,6 +173,9 @@ class Replay:
         # The oldest goes as soon as it is counted (the others are counted between its batches).
         while self._journals and self._journals[0].recovered and self._journals[0].pending == 0:
             self._journals.pop(0).close()
+            if not self._journals and self._own is not None:
+                # One made during a reclaim shared the cap with the one just sent (Sender._aside_journal).
+                self._own.max_bytes = self.config.journal_max_bytes
         if self._journals and not self._journals[0].recovered:
             return
         journal = self._journals[0] if self._journals else self._own
@@ -301,6 +309,7 @@ class Replay:
         return max(64 * 1024, min(64 << 20, self.config.journal_max_bytes // 4))
 
     def _send_batch(self, journal: Journal, max_records: int, max_bytes: int) -> None:
+        start = journal.read_position
         records, pos = journal.read(max_records, max_bytes)
         self._count_corrupt(journal)
         if not records and journal.pending == 0:
@@ -314,14 +323,42 @@ class Replay:
         self._replay_failed = False
         self._replay_rejected = 0
         self._replay_outstanding = len(records)
-        for i, (key, value) in enumerate(records):
+        dropped = self._batch_dropped(journal, start)
+        for i, record in enumerate(records):
+            key, value = record
+            if dropped.get(i) == record:
+                # Dropped (counted) when this batch was sent before: not sent, nor counted, again.
+                self._replay_outstanding -= 1
+                self._replay_rejected += 1
+                continue
             try:
-                self._producer.produce(self._topic, value, key, on_delivery=self._on_replay_delivery)
-            except (BufferError, KafkaException):
-                # Not queued: the batch fails as a whole and is read again after a backoff.
+                self._producer.produce(self._topic, value, key, on_delivery=partial(self._on_replay_delivery, i))
+            except KafkaException as err:
+                if refused_for_good(err.args[0].code()):
+                    # The record itself (its size): refused for ever. Dropped; the others go on.
+                    self._replay_outstanding -= 1
+                    self._replay_rejected += 1
+                    dropped[i] = record
+                    self._drop("too_large", f"librdkafka refused a journaled record: {err.args[0].str()}",
+                               key=key if key is None or len(key) <= 100 else key[:100] + b"...")
+                    continue
+                # Not queued for now: the batch fails as a whole and is read again after a backoff.
                 self._replay_outstanding -= len(records) - i
                 self._replay_failed = True
                 break
+            except BufferError:
+                self._replay_outstanding -= len(records) - i
+                self._replay_failed = True
+                break
+
+    def _batch_dropped(self, journal: Journal, start: tuple[int, int]) -> dict[int, Record]:
+        """The records of the batch starting at ``start`` in ``journal`` dropped (and counted)
+        when it was sent before, by their place in it: a failed batch is read and sent again,
+        and a record refused for good must not be sent, nor counted, again."""
+        known = self._replay_dropped
+        if known is None or known[0] is not journal or known[1] != start:
+            known = self._replay_dropped = (journal, start, {})
+        return known[2]
 
     def _count_corrupt(self, journal: Journal) -> None:
         """Count the corrupt regions ``journal`` skipped since the last look, as dropped:

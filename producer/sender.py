@@ -44,14 +44,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from producer.deferred_close import LOCK_SLICE_S, DeferredClosing
 from producer.delivery_reports import DeliveryReports
-from producer.errors import JournalError
-from producer.journal import Journal, Record
+from producer.journal import AppendFailed, Journal, Record
 from producer.librdkafka_log import LibrdkafkaLog
 from producer.replacement import InstanceReplacement
 from producer.replay import Replay
@@ -135,6 +135,7 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._stop = threading.Event()
         self._progress = threading.Condition()
         self._own: Journal | None = None
+        self._aside: Journal | None = None     # the spill queue's during a reclaim's wait (_persist_aside)
         self._left_journaled = 0            # pending records in journals closed at shutdown
         self._close_deadline = 0.0          # close()'s: how long the last turn may wait for _lock
         self._lockless = False              # the last turn goes on without _lock (_quiesce_emits)
@@ -318,19 +319,82 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             batch = returned + _drain(self._spill) + _drain(self._held_back)
         else:
             return
-        reason = "journal_full"
+        self._append_counted(self._journal, batch)
+
+    def _append_counted(self, journal: Callable[[], Journal], batch: list[Record]) -> None:
+        """Append ``batch`` (counted in ``_in_transit``) to the journal ``journal()`` returns
+        (made on first use), every record counted: journaled, or dropped."""
+        # What the journal took (counted journaled), and how many fitted under journal_max_bytes:
+        # the rest are dropped, journal_full; those between, journal_write_failed.
+        written, fitted = 0, len(batch)
         try:
-            written = self._journal().append(batch)
-        except (OSError, JournalError) as err:
-            written, reason = 0, "journal_write_failed"
-            self._error(reason, err)
-        self._journaled += written
-        self._in_transit = 0
-        if written < len(batch):
-            lost = len(batch) - written
-            self._count_drop(reason, lost)
-            log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
-                      reason, lost, self.config.journal_path, self.config.journal_max_bytes)
+            written = fitted = journal().append(batch)
+        except AppendFailed as err:
+            written, fitted = err.written, err.fitted
+            self._error("journal_write_failed", err.cause)
+        except Exception as err:  # noqa: BLE001 - whatever it is, the batch is counted (a journal not made, ...)
+            self._error("journal_write_failed", err)
+        finally:
+            # Even on an exception that gets past the above: every record of the batch is
+            # counted, journaled or dropped, and none stays in transit (flush() would wait for it).
+            self._journaled += written
+            self._in_transit = 0
+            for reason, lost in (("journal_write_failed", fitted - written), ("journal_full", len(batch) - fitted)):
+                if lost > 0:
+                    self._count_drop(reason, lost)
+                    log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
+                              reason, lost, self.config.journal_path, self.config.journal_max_bytes)
+
+    def _persist_aside(self) -> None:
+        """During a reclaim's wait for librdkafka's answers (up to ``RECLAIM_TIMEOUT_S`` per
+        purge: :mod:`producer.replacement`), while the spill queue fills: it goes to a journal
+        of its own, made now, so that emit() waits for the disk, never for the network. The
+        records librdkafka gives back are older and go to the current journal, which is then
+        sent first (:meth:`_end_aside`). Not in the last turn: emit() calls are refused then."""
+        if (not self._spilling or self._stop.is_set() or self._lockless
+                or len(self._spill) * 2 < max(1, self._max_spill)):
+            return
+        if not self._lock.acquire(timeout=LOCK_SLICE_S):
+            return
+        try:
+            batch = list(self._spill) + list(self._held_back)
+            self._in_transit = len(batch)      # before the queues empty: see _not_journaled
+            self._spill.clear()
+            self._held_back.clear()
+            self._space.notify_all()
+        finally:
+            self._lock.release()
+        self._append_counted(self._aside_journal, batch)
+
+    def _aside_journal(self) -> Journal:
+        if self._aside is None:
+            # Made after the current journal (made now if need be): a next process that takes
+            # them over, oldest first, keeps their order too. Their cap is shared.
+            own = self._journal()
+            self._aside = Journal.create(self.config.journal_path,
+                                         max_bytes=max(0, self.config.journal_max_bytes - own.size_bytes),
+                                         segment_bytes=self._segment_bytes(), destination=self._destination())
+            log.info("event=journal_created path=%s reason=reclaim_wait", self._aside.path)
+        return self._aside
+
+    def _end_aside(self) -> None:
+        """The reclaim is over: what librdkafka gave back goes to the current journal, which
+        is then sent before the one the spill queue went to meanwhile (:meth:`_persist_aside`),
+        which becomes the producer's own journal."""
+        aside = self._aside
+        if aside is None:
+            return
+        try:
+            if self._returned:
+                batch = [(key, value) for _, key, value in sorted(self._returned, key=_emit_number)]
+                self._in_transit = len(batch)   # before _returned empties: see _not_journaled
+                self._returned = []
+                self._append_counted(self._journal, batch)
+        finally:
+            # Sent before it, as the journals taken over at construction are (producer.replay).
+            if self._own is not None:
+                self._journals.append(self._own)
+            self._own, self._aside = aside, None
 
     def _shutdown(self) -> None:
         """Last act of the sender: journal whatever Kafka has not acknowledged."""
@@ -352,6 +416,8 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
                 self._release_adopted()
                 self._persist(final=True)
             finally:
+                if self._aside is not None:   # a reclaim that failed before its end
+                    self._end_aside()
                 for journal in [*self._journals, *([self._own] if self._own else [])]:
                     self._left_journaled += journal.pending_at_least   # one not counted yet stays whole
                     if not journal.recovered:

@@ -11,7 +11,8 @@ class ProducerStats:
 
     ``emitted``: emit() calls; ``delivered``: acknowledged by Kafka (replays included);
     ``journaled``: written to the journal; ``replayed``: delivered from a journal;
-    ``delivery_failures``: records librdkafka gave back (failed or purged), all journaled;
+    ``delivery_failures``: records librdkafka failed to deliver (not those the producer
+    took back itself from it, purged, as it entered journal mode), all journaled;
     ``dropped``: events that will never be sent, by reason (``journal_corrupt``: corrupt
     regions of a journal skipped, one per region, how many records each held being unknown:
     :mod:`producer.journal`); ``errors``: every problem

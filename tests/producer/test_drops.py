@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 
 import orjson
 import pytest
 
 from producer import LineageProducer, events
+from producer import journal as journal_module
 from producer.event_values import NotAnEvent, as_event
+from producer.journal import Journal
 from producer.keys import message_key
+from producer.orphans import adopt_orphans
 from producer.sender import _should_log
 from tests.producer.support import wait_for
 
@@ -67,3 +71,82 @@ def test_an_openlineage_python_event_object_is_an_event():
     assert doc["run"]["runId"] == run_id and doc["eventType"] == "START" and message_key(doc) == "run:ns/j"
     with pytest.raises(NotAnEvent, match="^EventType is not an OpenLineage event"):
         as_event(RunState.START)
+
+
+def _job_event(name: str) -> dict:
+    return events.run_event("START", run_id=events.new_run_id(), job_namespace="ns", job_name=name)
+
+
+def test_a_key_too_long_for_a_journal_record_is_dropped_at_emit_and_the_rest_journaled(tmp_path, caplog):
+    """A key over 65,534 bytes (a job name of 70,000 characters; the value is far under
+    message.max.bytes) does not fit a journal record's key length: emit() drops it as
+    too_large, the detail naming the key. The events around it are journaled, and none is
+    left in transit (pending is exact: flush() and close() do not wait for it)."""
+    caplog.set_level(logging.ERROR, "producer.kafka")
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=1)
+    try:
+        for i in range(3):
+            producer.emit(_job_event(f"job{i}"))
+        producer.emit(_job_event("x" * 70_000))
+        for i in range(3, 6):
+            producer.emit(_job_event(f"job{i}"))
+        assert producer.stats.dropped == {"too_large": 1}, producer.stats
+        wait_for(lambda: producer.stats.journaled == 6, 10, "the six other events journaled")
+        assert producer.pending == 6 and producer.stats.dropped == {"too_large": 1}, producer.stats
+    finally:
+        producer.close(0)
+    lines = [r.getMessage() for r in caplog.records if "reason=too_large" in r.getMessage()]
+    assert len(lines) == 1 and "a key of 70007 bytes" in lines[0], lines
+
+
+def test_a_journal_append_failing_in_any_way_counts_the_batch_dropped_and_leaves_nothing_in_transit(
+        tmp_path, monkeypatch, caplog):
+    """Whatever the journal's append raises (not only an OSError), every record of the batch
+    is counted, journal_write_failed, and logged; none stays in transit, so pending goes back
+    to 0 and close() does not wait its whole budget for records that are gone."""
+    def broken(self, records):  # noqa: ANN001, ANN202
+        raise RuntimeError("unexpected")
+    monkeypatch.setattr(Journal, "append", broken)
+    caplog.set_level(logging.ERROR, "producer.kafka")
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=1)
+    try:
+        for i in range(5):
+            producer.emit(_job_event(f"job{i}"))
+        wait_for(lambda: producer.stats.dropped.get("journal_write_failed") == 5, 10, "five drops counted")
+        wait_for(lambda: producer.pending == 0, 10, "nothing pending")
+        assert producer.stats.journaled == 0 and producer.flush(0) == 0, producer.stats
+    finally:
+        producer.close(0)
+    assert any("event=journal_write_failed" in r.getMessage() and "unexpected" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_an_append_failing_part_way_counts_journaled_what_is_on_disk_and_dropped_the_rest(tmp_path, monkeypatch):
+    """The journal's disk fails on the 2nd record written (ENOSPC): the record before it is
+    on disk and counted journaled; the rest of that batch is counted dropped,
+    journal_write_failed; nothing on disk is counted dropped, nothing counted journaled is missing."""
+    real_write_all, calls = journal_module._write_all, [0]
+
+    def failing_once(fd, data):  # noqa: ANN001, ANN202
+        calls[0] += 1
+        if calls[0] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_all(fd, data)
+    monkeypatch.setattr(journal_module, "_write_all", failing_once)
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=1)
+    try:
+        for i in range(5):
+            producer.emit(_job_event(f"job{i}"))
+        wait_for(lambda: producer.stats.journaled + producer.stats.dropped.get("journal_write_failed", 0) == 5, 10,
+                 "every event journaled or dropped")
+        stats = producer.stats
+        assert stats.journaled >= 1 and stats.dropped["journal_write_failed"] >= 1, stats
+        assert producer.pending == stats.journaled, stats
+    finally:
+        producer.close(0)
+    left = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20)
+    try:
+        assert sum(journal.pending for journal in left) == stats.journaled
+    finally:
+        for journal in left:
+            journal.close()

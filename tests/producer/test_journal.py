@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -494,3 +495,75 @@ def test_a_search_cut_short_in_its_first_window_keeps_the_records_before_a_secon
     assert _corrupt_lines(caplog) == _region_lines(journal, (offsets[5], size_one), (offsets[7], size_two))
     assert adopted.pending == 16
     assert _read_all(adopted) == _records(6) + _records(10, start=7)
+
+
+# --- an append failing part-way: what it says is written is on disk and counted, nothing else
+
+
+def _faults(kind: str):  # noqa: ANN202
+    """(name in os, replacement) making one append fail part-way, as a full disk, an I/O error
+    or too many open files would; ``short_writes``: os.write writing a few bytes at a time."""
+    real_write, real_open = os.write, os.open
+    calls = [0]
+
+    def write(fd, data):  # noqa: ANN001, ANN202
+        calls[0] += 1
+        if kind == "short_writes":
+            return real_write(fd, bytes(data[:5]))
+        if kind == "no_space" and calls[0] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if kind == "torn_write" and calls[0] == 2:
+            return real_write(fd, bytes(data[:len(data) // 2]))
+        if kind == "torn_write" and calls[0] == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_write(fd, data)
+
+    def fsync(fd):  # noqa: ANN001, ANN202
+        raise OSError(errno.EIO, "Input/output error")
+
+    def open_(path, *args, **kw):  # noqa: ANN001, ANN202
+        if str(path).endswith(".seg"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, *args, **kw)
+
+    return {"short_writes": ("write", write), "no_space": ("write", write), "torn_write": ("write", write),
+            "fsync": ("fsync", fsync), "too_many_files": ("open", open_)}[kind]
+
+
+@pytest.mark.parametrize("kind, kept, rotating", [
+    ("short_writes", 3, False), ("no_space", 1, False), ("no_space", 1, True), ("torn_write", 1, False),
+    ("torn_write", 1, True), ("fsync", 0, False), ("fsync", 0, True), ("too_many_files", 1, True)])
+def test_an_append_failing_part_way_counts_exactly_what_is_on_disk(tmp_path, monkeypatch, kind, kept, rotating):
+    """A batch of 3 after 2 records: a write failing on its 2nd record (``no_space``), one
+    writing half of it then failing (``torn_write``: the half is cut), an fsync failing (its
+    records removed: they may not be on disk), opening the next segment failing after its 1st
+    record (``too_many_files``). AppendFailed says how many of the batch are kept; ``pending``
+    counts exactly those, reads and a reopened journal find exactly those, and the journal
+    takes records after it. os.write writing a few bytes at a time (``short_writes``) loses nothing.
+    ``rotating``: the batch's 2nd record starts a new segment (the 1st was fsync-ed as its
+    segment was left); else all go to one segment."""
+    from producer import journal as journal_module
+    from producer.journal import AppendFailed
+
+    record_bytes = len(encode_record(*_records(1, start=2)[0]))   # 33; the first two: 64 together
+    journal = _new(tmp_path, segment_bytes=3 * record_bytes - 1 if rotating else 4096)
+    assert journal.append(_records(2)) == 2
+    name, fault = _faults(kind)
+    monkeypatch.setattr(journal_module.os, name, fault)
+    try:
+        written = journal.append(_records(3, start=2))
+    except AppendFailed as err:
+        written = err.written
+    finally:
+        monkeypatch.undo()
+    assert written == kept
+    assert journal.pending == 2 + kept
+    assert journal.append(_records(2, start=5)) == 2
+    expected = _records(2) + _records(3, start=2)[:kept] + _records(2, start=5)
+    assert journal.pending == len(expected)
+    _orphaned(journal)
+    reopened = Journal(journal.path, os.open(journal.path / "LOCK", os.O_RDWR), max_bytes=1 << 20,
+                       segment_bytes=journal.segment_bytes)
+    assert reopened.pending == len(expected) and reopened.corrupt_regions == 0
+    assert _read_all(reopened) == expected
+    assert _read_all(journal) == expected and journal.corrupt_regions == 0

@@ -22,7 +22,7 @@ from tests.producer.support import (
     start_producer_child,
     wait_for,
 )
-from tests.support.kafka import process_state, read_topic, unread_request_bytes
+from tests.support.kafka import process_state, read_to_end, read_topic, unread_request_bytes
 from tests.support.kafka_proxy import (
     INVALID_PRODUCER_EPOCH,
     OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -385,3 +385,51 @@ def test_a_wiped_broker_that_forgot_the_producer_id_is_recovered_from(broker, tm
 ])
 def test_journal_mode_is_a_warning_once_per_outage_and_for_news(reason, told, level):
     assert sender.journal_mode_level(reason, told) == level
+
+
+def test_records_taken_back_from_librdkafka_are_journaled_not_counted_as_delivery_failures(broker, tmp_path):
+    """close() with the broker stopped: the sender's last turn purges what librdkafka holds
+    (queued, and the request on the wire) and journals it. Those records did not fail: they
+    were taken back, so delivery_failures stays 0."""
+    p = _held_behind_a_stopped_broker(broker, "taken-back", tmp_path)
+    try:
+        p.close(1.0)
+        assert p.stats.journaled == 100 and p.stats.dropped == {}, p.stats
+        assert p.stats.delivery_failures == 0, p.stats
+    finally:
+        os.kill(broker._proc.pid, signal.SIGCONT)
+
+
+def test_emit_waits_for_no_answer_of_a_frozen_broker_while_the_sender_waits_for_them(broker, tmp_path, caplog):
+    """The broker stops answering (SIGSTOP) with records on the wire: the stall is noticed,
+    and the sender waits up to 5 s for the answers before it replaces its librdkafka
+    instance. The spill queue (a small one: queue_max_events=100) fills within that wait; it
+    goes to a journal of its own, sent after the records given back, so emit() never waits
+    for the network and drops nothing. Once the broker is back every event arrives, in order."""
+    broker.start()
+    broker.create_topic("frozen", 1)
+    caplog.set_level(logging.INFO, "producer.kafka")
+    p = LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="frozen", journal_dir=tmp_path,
+                        properties=FAST_RECONNECT, queue_max_events=100, close_timeout_s=1)
+    try:
+        p.emit(seq_event(0))
+        assert p.flush(15) == 0
+        os.kill(broker._proc.pid, signal.SIGSTOP)
+        wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
+        worst, n = 0.0, 1
+        deadline = time.monotonic() + 30
+        try:
+            while not any("event=producer_rebuilt" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the stall was never noticed"
+                began = time.monotonic()
+                p.emit(seq_event(n))
+                worst, n = max(worst, time.monotonic() - began), n + 1
+                time.sleep(0.005)  # ok: pacing, the job's events coming over time
+        finally:
+            os.kill(broker._proc.pid, signal.SIGCONT)
+        assert p.stats.dropped == {} and worst < 0.5, (worst, p.stats)
+        assert any("reason=reclaim_wait" in r.getMessage() for r in caplog.records), "the spill queue went aside"
+        assert p.flush(30) == 0, p.stats
+    finally:
+        p.close(1)
+    assert_all_arrived_in_order(read_to_end(broker.bootstrap_servers, "frozen"), range(n))

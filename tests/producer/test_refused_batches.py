@@ -72,3 +72,48 @@ def test_a_record_refused_while_alone_in_its_batch_is_dropped_and_counted(tmp_pa
         records = read_topic(broker.bootstrap_servers, "alone", expected=32, timeout_s=3)
     assert len(records) == 31
     assert_all_arrived_in_order(records, range(31))
+
+
+def _key_heavy_event(producer: LineageProducer) -> dict:
+    """An event whose value alone is under message.max.bytes less 512, and whose key (its job's
+    600-byte name) takes the record past message.max.bytes: librdkafka's produce() refuses it."""
+    name = "j" * 600
+
+    def event(pad: int) -> dict:
+        return events.run_event("RUNNING", run_id=events.new_run_id(), job_namespace="tests", job_name=name,
+                                run_facets={"big": events.custom_facet({"pad": "x" * pad},
+                                                                       schema_url="https://example.com/b.json")})
+    limit = int(producer.config.kafka_properties()["message.max.bytes"]) - 512
+    return event(limit - len(producer._encode(event(0))) - 10)
+
+
+@pytest.mark.parametrize("checked_by", ["emit", "librdkafka"])
+def test_a_record_whose_key_and_value_pass_message_max_bytes_is_dropped_and_sending_goes_on(broker, tmp_path,
+                                                                                             caplog, checked_by):
+    """Key and value together over message.max.bytes, the value alone under it: emit()'s own
+    size check drops it as too_large (``emit``); past that check (``librdkafka``: the check
+    left out), produce() refuses it for good -- dropped too, not journaled, where every replay
+    would be refused again. Either way the producer stays in direct mode and the events
+    around it are delivered, in order."""
+    broker.start()
+    broker.create_topic("keyheavy", 1)
+    properties = {**FAST_RECONNECT, "message.max.bytes": "100000"}
+    with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="keyheavy", journal_dir=tmp_path,
+                         properties=properties, close_timeout_s=2) as p:
+        if checked_by == "librdkafka":
+            p._max_record = 1 << 30
+        for i in range(3):
+            p.emit(seq_event(i))
+        assert p.flush(15) == 0, p.stats
+        with caplog.at_level(logging.ERROR, logger="producer"):
+            p.emit(_key_heavy_event(p))
+        for i in range(3, 6):
+            p.emit(seq_event(i))
+        assert p.flush(15) == 0, p.stats
+        assert p.stats.dropped == {"too_large": 1} and p.stats.mode == "direct" and p.stats.journaled == 0, p.stats
+    lines = [r.getMessage() for r in caplog.records if "reason=too_large" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert ("librdkafka refused the record" if checked_by == "librdkafka" else "(key 6") in lines[0], lines[0]
+    records = read_topic(broker.bootstrap_servers, "keyheavy", expected=7, timeout_s=3)
+    assert len(records) == 6
+    assert_all_arrived_in_order(records, range(6))

@@ -13,12 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 
 from producer import LineageProducer
 from producer import journal as journal_module
 from producer import replay as replay_module
+from producer.codec import encode_json
 from producer.journal import Journal
 from producer.journal_dir import Destination, lock_existing
+from producer.keys import message_key
 from producer.orphans import adopt_next, adopt_orphans
 from tests.producer.support import (
     FAST_RECONNECT,
@@ -426,3 +429,85 @@ def test_a_failing_last_turn_is_logged_even_when_releasing_the_journals_fails_to
     failed = [r.getMessage() for r in caplog.records if "event=sender_failed" in r.getMessage()]
     assert [m for m in failed if "the first failure" in m] != [], "the last turn's failure was not logged"
     assert sum("the first failure" in m for m in failed) == 1 and sum("the second failure" in m for m in failed) == 1
+
+
+def _journal_holding(root: Path, topic: str, bootstrap: str, records: list[tuple[bytes | None, bytes]]) -> None:
+    """A journal holding ``records`` whose process died (the kernel drops its flock with its descriptors)."""
+    journal = Journal.create(root, max_bytes=1 << 30, segment_bytes=1 << 20, destination=Destination(topic, bootstrap))
+    journal.append(records)
+    if journal._writer is not None:
+        os.close(journal._writer)
+    os.close(journal._lock_fd)
+
+
+def test_a_journaled_record_librdkafka_refuses_for_good_is_dropped_and_the_rest_is_sent(broker, tmp_path, caplog):
+    """A journal left by a process whose message.max.bytes was larger holds a record over this
+    producer's: produce() refuses it for good (MSG_SIZE_TOO_LARGE). It is dropped, counted
+    (too_large), and the replay commits past it: the records before it are not sent again and
+    again, the ones after it go, and the producer gets back to direct sending."""
+    broker.start()
+    broker.create_topic("oversized", 1)
+    encoded = [(message_key(e).encode(), encode_json(e)) for e in map(seq_event, range(6))]
+    _journal_holding(tmp_path, "oversized", broker.bootstrap_servers,
+                     [*encoded[:3], (b"big", b"x" * 150_000), *encoded[3:]])
+    properties = {**FAST_RECONNECT, "message.max.bytes": "100000"}
+    with caplog.at_level(logging.ERROR, logger="producer"):
+        with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="oversized", journal_dir=tmp_path,
+                             properties=properties, close_timeout_s=2) as p:
+            for i in range(6, 9):
+                p.emit(seq_event(i))
+            assert p.flush(20) == 0, p.stats
+            wait_for(lambda: p.stats.mode == "direct", 10, "direct mode")
+            # Its own events went to its journal behind the dead process's (journal mode at start).
+            assert p.stats.dropped == {"too_large": 1} and p.stats.replayed == 9, p.stats
+    assert any("reason=too_large" in r.getMessage() and "key=b'big'" in r.getMessage() for r in caplog.records)
+    records = read_topic(broker.bootstrap_servers, "oversized", expected=10, timeout_s=3)
+    assert len(records) == 9, "each event written once: the records before the refused one were not sent again"
+    assert_all_arrived_in_order(records, range(9))
+    assert not [d for d in tmp_path.iterdir() if not d.name.startswith(".")], "the journal, all sent, is removed"
+
+
+class _Message:
+    def __init__(self, key: bytes | None, value: bytes) -> None:
+        self._key, self._value = key, value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _RecordingKafka:
+    """Stands for librdkafka: keeps what is produced, with its delivery callback, for the test to answer."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[object, _Message]] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None, on_delivery=None) -> None:  # noqa: ANN001
+        self.sent.append((on_delivery, _Message(key, value)))
+
+
+def test_a_record_the_broker_rejects_is_counted_once_and_not_sent_again_with_its_failed_batch(tmp_path):
+    """A replay batch: the broker rejects one record for good (counted rejected_by_broker),
+    another fails for now, so the batch is read and sent again. The rejected record is not
+    sent again, nor counted again; once the rest is acknowledged the batch is committed."""
+    p = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path / "own", close_timeout_s=0)
+    p.close()   # its sender thread is done: the replay is driven from here, answers made up
+    p._producer = kafka = _RecordingKafka()
+    journal = Journal.create(tmp_path / "left", max_bytes=1 << 20, segment_bytes=1 << 20)
+    journal.append([(b"a", b"REJECTED"), (b"b", b"GOOD")])
+    p._send_batch(journal, 10, 1 << 20)
+    (rejected, first), (failed, second) = kafka.sent
+    rejected(KafkaError(KafkaError.INVALID_RECORD), first)
+    failed(KafkaError(KafkaError._MSG_TIMED_OUT), second)
+    assert not p._settle_replay() and p.stats.dropped == {"rejected_by_broker": 1}
+    kafka.sent.clear()
+    p._retry_at = 0.0
+    p._send_batch(journal, 10, 1 << 20)
+    assert [message.value() for _, message in kafka.sent] == [b"GOOD"]
+    for on_delivery, message in kafka.sent:
+        on_delivery(None, message)
+    assert p._settle_replay()
+    assert p.stats.dropped == {"rejected_by_broker": 1} and p.stats.replayed == 1 and journal.pending == 0, p.stats
+    journal.close()
