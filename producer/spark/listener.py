@@ -13,6 +13,10 @@ Guarantees:
   ``SparkContext.stop`` or exit), whether capture is on at that moment or not: switching
   capture off (:meth:`SparkLineage.stop_capture`) and on again (:meth:`SparkLineage.resume`)
   keeps the run open and its runId, so the actions captured after it are its children too.
+* A streaming micro-batch's own execution (an ``IncrementalExecution``, or an analysed root
+  ``WriteToDataSourceV2`` / ``WriteToMicroBatchDataSource*``: a V2 sink's ``nextBatch.collect()``)
+  is never a batch run: its streaming run reports it. Telling it costs no py4j call without
+  read-only actions, one with them. What a ``foreachBatch`` function runs is a batch action.
 * Streaming queries are listened to beside it (:mod:`producer.spark.streaming`); a session
   where that cannot be done keeps its batch capture.
 """
@@ -242,9 +246,17 @@ class SparkLineage:
                 return
             if func == _CTAS_INNER_WRITE:
                 return  # the CTAS/RTAS that runs it is reported, as one run
+            # A streaming micro-batch (a V2 sink's ``nextBatch.collect()``, a Delta sink's write)
+            # is the streaming run's, never a batch run. Without read-only actions its
+            # ``collect`` never gets here and its analysed root is no write command; with them,
+            # one py4j call tells it before anything else is read.
+            if self.read_only_actions and jvm.is_micro_batch(gateway, qe):
+                return
             # Decide before paying for a snapshot (~50 py4j calls): an action that writes
             # nothing is read only when it will be reported.
             command = jvm.command_of(qe)
+            if command in jvm.MICRO_BATCH_WRITES:
+                return
             if command not in jvm.WRITE_COMMANDS and not self.read_only_actions:
                 return
             snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe, command=command,
