@@ -44,10 +44,11 @@ What is guaranteed:
 * Datasets are named by :mod:`producer.spark.streaming_names` from Spark's descriptions of the
   sources and sink: ``FileStreamSource[<path>]`` and ``FileSink[<path>]`` (``DeltaSink[...]``
   too) by path (a glob's pattern segments dropped); ``KafkaV2[Subscribe[a, b]]`` and
-  ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, the servers read once
-  from the query's plan; a ``SubscribePattern`` as the topics its progress shows offsets for
-  (every topic it matched so far in the run: one that matches later comes with a later read,
-  and one no longer shown stays); a Kafka sink (whose description names no topic) as the
+  ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, each source's servers
+  read once from the query's plan (a query reading two clusters names each topic in its
+  own); a ``SubscribePattern`` as the topics its progress shows offsets for (every topic it
+  matched so far in the run: one that matches later comes with a later read, and one no
+  longer shown stays); a Kafka sink (whose description names no topic) as the
   ``topic`` of the writer's options, read once at the run's first progress read. Rate, socket,
   memory, console and foreach sources and sinks are no dataset. Anything else (a Kafka sink
   without a ``topic`` option, whose rows name their topics; a pattern that matched nothing
@@ -105,6 +106,7 @@ from producer.spark.streaming_names import (
     datasets,
     job_name,
     offset_topics,
+    pair_servers,
     source_kind,
 )
 from producer.spark.streaming_query import _kafka_servers, _kafka_sink, _output_schema, _text
@@ -298,7 +300,10 @@ class StreamingLineage:
                 # offsets a later progress no longer shows was still read by this run.
                 run.matched[index] = sorted(set(run.matched.get(index, ())) | set(offset_topics(source)))
             topics.append(run.matched.get(index, []))
-        inputs, outputs, left_out = datasets(descriptions, sink, run.kafka_servers, source_topics=topics,
+        servers, unpaired = pair_servers(run.kafka_servers, descriptions)
+        if unpaired:
+            unread.append(unpaired)
+        inputs, outputs, left_out = datasets(descriptions, sink, servers, source_topics=topics,
                                              kafka_sink=run.kafka_sink)
         if outputs and not run.schema_looked_up:
             run.schema_looked_up = True
@@ -317,8 +322,8 @@ class StreamingLineage:
                                   f"progress's {len(sources)}: no input schema")
             except Exception as err:  # noqa: BLE001
                 unread.append(f"could not read the schemas the query reads: {_text(err)}")
-        per_source = [datasets([d], None, run.kafka_servers, source_topics=[t])[0]
-                      for d, t in zip(descriptions, topics)]
+        per_source = [datasets([d], None, [s], source_topics=[t])[0]
+                      for d, t, s in zip(descriptions, topics, servers)]
         return inputs, outputs, unread, left_out, per_source
 
     @staticmethod

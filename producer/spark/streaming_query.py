@@ -5,10 +5,10 @@ thread reading the run's progress, outside the run's lock).
 
 What each read costs, and what it gives when there is nothing to read:
 
-* :func:`_kafka_servers`: ``kafka.bootstrap.servers`` of the query's first source that has them,
-  from the leaves of its analysed plan (three py4j calls, then four per leaf looked at, two
-  more for a ``StreamingRelationV2`` leaf, one more when no leaf has them); None when there is
-  no query or no source has them.
+* :func:`_kafka_servers`: ``kafka.bootstrap.servers`` of each streaming leaf of the query's
+  analysed plan, in order (None for a leaf without them), so that each Kafka source is named in
+  its own cluster (a query may read two): three py4j calls, then four per leaf, two more for
+  a ``StreamingRelationV2`` leaf, one more at the end; None when there is no query.
 * :func:`_output_schema`: the schema the query writes, its analysed plan's (three py4j calls);
   None when there is no query or the schema has no fields.
 * :func:`_kafka_sink`: a Kafka sink (whose description names no topic) as the ``topic`` of the
@@ -34,20 +34,28 @@ from producer.spark import capture
 from producer.spark.capture import DatasetRef
 from producer.spark.streaming_names import kafka_namespace
 
+#: The streaming leaves of a query's analysed plan: one per source (a source used twice, twice).
+_STREAMING_RELATIONS = frozenset({"StreamingRelationV2", "StreamingRelation", "StreamingExecutionRelation"})
 
-def _kafka_servers(query: Any) -> str | None:
-    """``kafka.bootstrap.servers`` of the query's first source that has them (its analysed
-    plan's ``StreamingRelationV2`` leaves carry the reader's options)."""
+
+def _kafka_servers(query: Any) -> list[str | None] | None:
+    """``kafka.bootstrap.servers`` of each streaming leaf of the query's analysed plan, in its
+    pre-order (the order of the progress's sources, see
+    :func:`producer.spark.streaming_names.pair_servers`): None for a leaf without them (not a
+    Kafka source); None when there is no query. Only ``StreamingRelationV2`` leaves carry the
+    reader's options; batch leaves (a stream-static join's table) are skipped."""
     if query is None:
         return None
+    found: list[str | None] = []
     leaves = query.analyzedPlan().collectLeaves().iterator()
     while leaves.hasNext():
         leaf = leaves.next()
-        if leaf.getClass().getSimpleName() == "StreamingRelationV2":
-            servers = leaf.extraOptions().get("kafka.bootstrap.servers")
-            if servers:
-                return str(servers)
-    return None
+        kind = leaf.getClass().getSimpleName()
+        if kind not in _STREAMING_RELATIONS:
+            continue
+        servers = leaf.extraOptions().get("kafka.bootstrap.servers") if kind == "StreamingRelationV2" else None
+        found.append(str(servers) if servers else None)
+    return found
 
 
 def _output_schema(query: Any) -> list[dict] | None:

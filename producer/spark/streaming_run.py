@@ -31,7 +31,7 @@ class _Run:
     reported: tuple | None = None
     next_read: float = float("-inf")   # due at once: the first micro-batch is read
     read: bool = False                  # a progress was read (else its last one is, when it stops)
-    kafka_servers: str | None = None
+    kafka_servers: list[str | None] | None = None   # each streaming leaf's, in plan order
     kafka_looked_up: bool = False
     kafka_sink: DatasetRef | str | None = None   # a Kafka sink's topic, or why it is not known
     kafka_sink_looked_up: bool = False
