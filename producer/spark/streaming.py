@@ -57,9 +57,14 @@ What is guaranteed:
   carries a ``schema`` facet: the schema the query writes, read with the first read that names
   an output (so not on START). Each input carries the schema its source reads (the logical
   plan's streaming leaves, :mod:`producer.spark.streaming_stats`; two py4j calls with the first
-  read that names an input). How the query's plan is read for the Kafka servers, the sink's
-  topic and the written schema, what each read costs in py4j calls and what it gives when it
-  finds nothing: :mod:`producer.spark.streaming_query`.
+  read that names an input). Data at rest the query reads besides its streams (a stream-static
+  join's files or table: the logical plan's ``LogicalRelation``, ``HiveTableRelation`` and
+  ``DataSourceV2Relation`` leaves) are inputs too, named as a batch read names them, with the
+  schema the leaf reads and no row count: read once, at the run's first read (the plan's JSON,
+  the same two py4j calls as the sources' schemas, shared; then, only when there are such
+  leaves, two more and those the batch capture pays per relation). How the query's plan is
+  read for the Kafka servers, the sink's topic and the written schema, what each read costs
+  in py4j calls and what it gives when it finds nothing: :mod:`producer.spark.streaming_query`.
 * Row counts (:mod:`producer.spark.streaming_stats`): each input's ``inputStatistics`` and the
   output's ``outputStatistics`` carry the rows of every micro-batch of the run so far
   (``rowCount``), on RUNNING and on the terminal, an ABORT too; they never cause an event of
@@ -109,7 +114,14 @@ from producer.spark.streaming_names import (
     pair_servers,
     source_kind,
 )
-from producer.spark.streaming_query import _kafka_servers, _kafka_sink, _output_schema, _text
+from producer.spark.streaming_query import (
+    _kafka_servers,
+    _kafka_sink,
+    _output_schema,
+    _static_relations,
+    _text,
+    static_leaves,
+)
 from producer.spark.streaming_run import _Run
 from producer.spark.streaming_stats import (
     RECENT_PROGRESS,
@@ -311,10 +323,19 @@ class StreamingLineage:
                 run.output_schema = _output_schema(run.query)
             except Exception as err:  # noqa: BLE001
                 unread.append(f"could not read the schema the query writes: {_text(err)}")
+        if not run.static_looked_up and run.query is not None:
+            # Once a run, at its first read: the data at rest it reads besides its streams.
+            run.static_looked_up = True
+            try:
+                leaves = static_leaves(self._plan_json(run))
+                static = _static_relations(self._gateway(), run.query, leaves)
+                run.static = [(capture.dataset_refs(rel, self._lineage.settings), schema) for rel, schema in static]
+            except Exception as err:  # noqa: BLE001
+                unread.append(f"could not read the data at rest the query reads: {_text(err)}")
         if inputs and not run.input_schemas_looked_up and run.query is not None:
             run.input_schemas_looked_up = True
             try:
-                schemas = source_schemas(str(run.query.logicalPlan().toJSON()))
+                schemas = source_schemas(self._plan_json(run))
                 if len(schemas) == len(sources):
                     run.input_schemas = schemas
                 else:
@@ -322,9 +343,21 @@ class StreamingLineage:
                                   f"progress's {len(sources)}: no input schema")
             except Exception as err:  # noqa: BLE001
                 unread.append(f"could not read the schemas the query reads: {_text(err)}")
+        if run.input_schemas_looked_up and run.static_looked_up:
+            run.plan_json = None
         per_source = [datasets([d], None, [s], source_topics=[t])[0]
                       for d, t, s in zip(descriptions, topics, servers)]
         return inputs, outputs, unread, left_out, per_source
+
+    @staticmethod
+    def _plan_json(run: _Run) -> str:
+        """The query's logical plan as JSON, read once (two py4j calls) for its two reads."""
+        if run.plan_json is None:
+            run.plan_json = str(run.query.logicalPlan().toJSON())
+        return run.plan_json
+
+    def _gateway(self) -> Any:
+        return getattr(getattr(self._lineage.spark, "sparkContext", None), "_gateway", None)
 
     @staticmethod
     def _recent(run: _Run) -> tuple[list[dict], bool] | str | None:
@@ -412,7 +445,7 @@ class StreamingLineage:
                 event_type, run_id=run.run_id, event_time=at or None, job_namespace=lineage.settings.namespace,
                 job_name=run.job_name, run_facets=run_facets,
                 job_facets=capture.job_facets(lineage.settings, "SQL_JOB", "STREAMING"),
-                inputs=input_datasets(run.inputs, run.source_refs, run.input_schemas, run.counts),
+                inputs=input_datasets(*run.all_inputs(), run.counts),
                 outputs=output_datasets(run.outputs, run.output_schema, run.counts)))
         except Exception:  # noqa: BLE001 - never into the query
             log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
