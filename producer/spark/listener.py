@@ -285,7 +285,14 @@ class SparkLineage:
         started = (snap.started_ms / 1000.0 if snap.started_ms else
                    ended - (duration_ns or 0) / 1e9)
         run_id = events.new_run_id()
-        run_facets = {**self._child_parent(), **capture.engine_facets(self.settings), **job, **lineage.run_facets}
+        # Looked up once the action is read, so that its query's inputs are more likely known.
+        stream = self._stream_of(qe)
+        parent = self._child_parent() if stream is None else self._stream_parent(*stream[:2])
+        if stream is not None and not lineage.inputs:
+            # The micro-batch a foreachBatch function writes is an RDD (no dataset): what it
+            # derives from is its query's inputs, as known so far.
+            lineage.inputs = stream[2]
+        run_facets = {**parent, **capture.engine_facets(self.settings), **job, **lineage.run_facets}
         job_facets = {**capture.job_facets(self.settings, "SQL_JOB"), **lineage.job_facets}
         common = dict(run_id=run_id, job_namespace=self.settings.namespace, job_name=lineage.job_name,
                       job_facets=job_facets)
@@ -300,6 +307,25 @@ class SparkLineage:
                                           event_time=events.iso(ended), run_facets=end_facets,
                                           inputs=lineage.inputs, outputs=lineage.outputs, **common))
         self.actions_captured += 1
+        if stream is not None and error is None and lineage.outputs and self._streaming is not None:
+            self._streaming.add_batch_outputs(stream[1], lineage.outputs)
+
+    def _stream_of(self, qe: Any) -> tuple[str, str, list[dict]] | None:
+        """(job name, runId, inputs known so far) of the foreachBatch streaming run whose function
+        ran ``qe``, if any."""
+        streaming = self._streaming
+        if streaming is None:
+            return None
+        try:
+            return streaming.foreach_batch_run(qe)
+        except Exception as err:  # noqa: BLE001 - the action stays the application's child
+            log.debug("lineage: could not tell the action's streaming query: %s", err)
+            return None
+
+    def _stream_parent(self, job_name: str, run_id: str) -> dict:
+        """A foreachBatch write's parent: its streaming run (itself the application run's child)."""
+        root = self.root or self.parent or (self.settings.namespace, self.settings.app_job_name, self.app_run_id)
+        return {"parent": events.parent_facet(self.settings.namespace, job_name, run_id, root=root)}
 
     def _emit_unreadable(self, func: str, message: str, ended: float, duration_ns: int | None, error: Any) -> None:
         """A write we could not read still becomes a run, named after the action, carrying

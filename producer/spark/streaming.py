@@ -80,6 +80,23 @@ What is guaranteed:
   100) give the run's counts up, named in ``extractionError``. A source that is several
   datasets (a Kafka source of several topics) has no count per topic: its datasets get none;
   a sink that counts nothing (Spark's file sink reports ``-1``) gives no ``outputStatistics``.
+* ``foreachBatch`` (as the official integration attributes the SQL jobs a streaming query runs
+  to its run): what the function runs are batch actions, reported by the batch listener as
+  runs of their own (a write always; a read with read-only actions), but an action run in the
+  query's own session (the DataFrame the function is given, and what it derives from it;
+  ``batch_df.sparkSession.sql(...)`` too) is the streaming run's child: its ``parent`` facet
+  names the streaming run (the root stays the application's), and, when the action names no
+  input of its own (the micro-batch is an RDD to it), its inputs are the streaming run's as
+  known when its callback runs (none before the run's first read), without row counts. What
+  such a write wrote is added to the streaming run's outputs (with its schema, no counts) from
+  the run's next event on (its next RUNNING, if its datasets changed, or its terminal), when the
+  write's callback comes while the run is open: Spark delivers it on another listener thread,
+  so a write of the run's last micro-batch may come after its terminal, and is then on its own
+  run only (still the streaming run's child, up to :data:`ENDED_GRACE_S` after its end). The
+  session is told by its identity hash: two py4j calls when the query starts, and two per
+  reported action while a foreachBatch query runs (or ended within the grace); none otherwise.
+  Actions the function runs in another session (the application's ``spark``) are the
+  application run's children, as any other.
 * Nothing raises into the query: every callback is guarded, a failure is a log line (and an
   ``extractionError`` facet on the run's next event). Emission only queues.
 
@@ -88,8 +105,7 @@ reported; a continuous-trigger query's (``trigger(continuous=...)``) Kafka sink 
 with the reason (its plan's write node holds no writer options); datasets of a query that
 fails before its first micro-batch completes are not known (a RUNNING with them may come up
 to an interval after an idle query's first micro-batch, or only its terminal has them);
-writes made inside ``foreachBatch`` are ordinary batch actions, reported by the batch
-listener as their own runs; no ``size`` or ``fileCount`` in the statistics (progress has none).
+no ``size`` or ``fileCount`` in the statistics (progress has none).
 """
 
 from __future__ import annotations
@@ -125,6 +141,7 @@ from producer.spark.streaming_query import (
 from producer.spark.streaming_run import _Run
 from producer.spark.streaming_stats import (
     RECENT_PROGRESS,
+    RowCounts,
     input_datasets,
     output_datasets,
     read_new_progress,
@@ -144,6 +161,12 @@ _Found = tuple[list[DatasetRef], list[DatasetRef], list[str], list[str], list[li
 PROGRESS_READ_INTERVAL_S = 30.0
 #: ... or once this many progress callbacks (of any run) came since: half of Spark's recent progress.
 READ_EVERY_PROGRESSES = RECENT_PROGRESS // 2
+#: The most datasets a run's foreachBatch writes add to its outputs, and foreachBatch runs remembered once ended.
+MAX_BATCH_OUTPUTS = 32
+#: How long the writes of a foreachBatch run that ended are still its children (their callbacks come late).
+ENDED_GRACE_S = 60.0
+#: Sinks that run a user's function on each micro-batch (its writes are batch actions in the query's session).
+FOREACH_BATCH_SINKS = frozenset({"ForeachBatchSink", "PythonForeachBatchSink"})
 #: How long :meth:`StreamingLineage.abort_open` waits for the ABORTs another thread's call is emitting.
 ABORT_WAIT_S = 10.0
 
@@ -164,6 +187,8 @@ class StreamingLineage:
         self._aborting: list[int] = []   # the threads in abort_open between taking runs and emitting their ABORTs
         self._listener: _QueryListener | None = None
         self._jwrapper: Any = None
+        # foreachBatch session -> (job, run, inputs, when) of runs ended within ENDED_GRACE_S
+        self._ended_batch_runs: dict[int, tuple[str, str, list[dict], float]] = {}
 
     @classmethod
     def attach(cls, lineage: SparkLineage, gateway: Any) -> StreamingLineage | None:
@@ -226,6 +251,7 @@ class StreamingLineage:
         finally:
             with self._lock:
                 for index, run in enumerate(runs):
+                    self._forget(run)
                     self._count(run, recent[index] if index < len(recent) else None)
                     self._emit(run, "ABORT")
                 self._aborting.remove(me)
@@ -250,6 +276,11 @@ class StreamingLineage:
         run = _Run(run_id, job_name(self._lineage.settings.app_job_name, sink, name), query=query, errors=errors)
         if sink:
             _, run.outputs, run.left_out = datasets([], sink, None)
+            if source_kind(sink)[0] in FOREACH_BATCH_SINKS:
+                try:   # two py4j calls: the session its function's writes run in
+                    run.session_key = int(query.sparkSessionForStream().hashCode())
+                except Exception as err:  # noqa: BLE001 - its writes stay the application's children
+                    run.note(f"could not read the query's session: {_text(err)}")
         run.reported = run.key()
         with self._lock:
             if self._closed:
@@ -257,6 +288,46 @@ class StreamingLineage:
                 return
             self._runs[run_id] = run
             self._emit(run, "START", at)
+
+    # -- foreachBatch writes (the batch listener's thread) ----------------------------------------
+    def foreach_batch_run(self, qe: Any) -> tuple[str, str, list[dict]] | None:
+        """(job name, runId, inputs known so far) of the foreachBatch run whose function ran the
+        action ``qe`` (it runs in the query's own session), or of one that ended lately; None
+        when there is none (no py4j call when no foreachBatch query runs or ran lately; else two)."""
+        with self._lock:
+            now = self._clock()
+            for session in [k for k, (_, _, _, at) in self._ended_batch_runs.items() if now - at > ENDED_GRACE_S]:
+                del self._ended_batch_runs[session]
+            if not any(r.session_key is not None for r in self._runs.values()) and not self._ended_batch_runs:
+                return None
+        key = int(qe.sparkSession().hashCode())
+        with self._lock:
+            run = next((r for r in self._runs.values() if r.session_key == key), None)
+            if run is not None:
+                return run.job_name, run.run_id, _plain_inputs(run)
+            ended = self._ended_batch_runs.get(key)
+            return ended[:3] if ended is not None else None
+
+    def add_batch_outputs(self, run_id: str, outputs: list[dict]) -> None:
+        """What a foreachBatch function wrote (datasets as its batch run reports them, without
+        statistics) becomes its streaming run's outputs from its next event on; bounded."""
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return  # ended: the write's own run still names it, as the streaming run's child
+            for dataset in outputs:
+                key = (dataset["namespace"], dataset["name"])
+                if len(run.batch_outputs) < MAX_BATCH_OUTPUTS and key not in {
+                        (d["namespace"], d["name"]) for d in run.batch_outputs}:
+                    run.batch_outputs.append({k: v for k, v in dataset.items() if k != "outputFacets"})
+
+    def _forget(self, run: _Run) -> None:
+        """A run leaves ``_runs`` (under the lock): its foreachBatch session is remembered a while,
+        for the callbacks of its last writes that come after its terminal."""
+        if run.session_key is not None:
+            self._ended_batch_runs[run.session_key] = (run.job_name, run.run_id, _plain_inputs(run), self._clock())
+            while len(self._ended_batch_runs) > MAX_BATCH_OUTPUTS:
+                self._ended_batch_runs.pop(next(iter(self._ended_batch_runs)))
 
     def on_progress(self, jevent: Any) -> None:
         now = self._clock()
@@ -427,6 +498,7 @@ class StreamingLineage:
         with self._lock:
             run = self._runs.pop(run_id, None)
             if run is not None:  # else ABORTed meanwhile
+                self._forget(run)
                 if found is not None:
                     self._take(run, *found)
                 self._count(run, recent)
@@ -446,9 +518,14 @@ class StreamingLineage:
                 job_name=run.job_name, run_facets=run_facets,
                 job_facets=capture.job_facets(lineage.settings, "SQL_JOB", "STREAMING"),
                 inputs=input_datasets(*run.all_inputs(), run.counts),
-                outputs=output_datasets(run.outputs, run.output_schema, run.counts)))
+                outputs=output_datasets(run.outputs, run.output_schema, run.counts) + run.batch_outputs))
         except Exception:  # noqa: BLE001 - never into the query
             log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
+
+
+def _plain_inputs(run: _Run) -> list[dict]:
+    """A run's inputs as known so far, with their schemas and without row counts."""
+    return [{k: v for k, v in d.items() if k != "inputFacets"} for d in input_datasets(*run.all_inputs(), RowCounts())]
 
 
 def _batch_id(progress: dict) -> int | None:

@@ -44,6 +44,8 @@ class _Run:
     first_batch: int | None = None    # the batchId of the progress that triggered its first read (the counts' floor)
     read_at_progress: int = 0         # the session's progress callbacks when it was last read
     matched: dict[int, list[str]] = field(default_factory=dict)  # topics each Kafka source showed offsets for
+    session_key: int | None = None     # a foreachBatch query's own session (its identity hash): its writes are ours
+    batch_outputs: list[dict] = field(default_factory=list)  # what its foreachBatch writes wrote (datasets)
     plan_json: str | None = None       # the logical plan's JSON, until both its reads below are done
     static: list[tuple[list[DatasetRef], list[dict]]] = field(default_factory=list)  # data at rest it reads, schema
     static_looked_up: bool = False
@@ -66,7 +68,8 @@ class _Run:
 
     def key(self) -> tuple:
         return (tuple((r.namespace, r.name) for r in self.all_inputs()[0]),
-                tuple((r.namespace, r.name) for r in self.outputs))
+                tuple((r.namespace, r.name) for r in self.outputs),
+                tuple((d["namespace"], d["name"]) for d in self.batch_outputs))
 
     def note(self, message: str) -> None:
         if len(self.errors) < _MAX_ERRORS and message not in self.errors:

@@ -80,8 +80,68 @@ def test_the_writes_of_a_foreach_batch_function_are_still_reported_with_read_onl
     assert query.awaitTermination(120)
     assert eventually(lambda: any(e["eventType"] == "COMPLETE" for e in recorder.runs().get(str(query.runId), [])), 60)
     lineage.drain()
-    writes = [e for e in recorder.events if e["eventType"] == "COMPLETE" and _names(e["outputs"]) == [("file", sink)]]
+    writes = [e for e in recorder.events if e["eventType"] == "COMPLETE" and _names(e["outputs"]) == [("file", sink)]
+              and e["run"]["runId"] != str(query.runId)]
     assert len(writes) == 3, [(e["eventType"], e["job"]["name"]) for e in recorder.events]
     for event in recorder.events:
         validator().validate(event)
     assert not [e for e in recorder.events if "write_to_data_source_v2" in e["job"]["name"]]
+
+
+@pytest.fixture
+def captured(spark):
+    recorder = Recorder()
+    lineage = enable_lineage(spark, producer=recorder, namespace="st", app_name="st")
+    try:
+        yield recorder, lineage
+    finally:
+        disable_lineage(spark)
+
+
+@pytest.mark.spark
+def test_a_foreach_batch_write_is_a_child_of_its_streaming_run_which_names_what_it_wrote(spark, tmp_path, captured):
+    """The write a ``foreachBatch`` function makes (in the query's own session) is the streaming
+    run's child, with the run's inputs (its micro-batch is an RDD to it); what it wrote is an
+    output of the streaming run from its next event on. A write in another session is not."""
+    recorder, lineage = captured
+    source = tmp_path / "landing"
+    source.mkdir()
+    (source / "a.json").write_text('{"id": 1, "v": "x"}\n')
+    sink, other = str(tmp_path / "lake" / "fb"), str(tmp_path / "lake" / "other")
+
+    def load(df, batch_id):
+        df.write.mode("append").parquet(sink)
+
+    query = (spark.readStream.schema(SCHEMA).json(str(source)).writeStream.foreachBatch(load)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()
+        lineage.drain()
+        (source / "b.json").write_text('{"id": 2, "v": "y"}\n')
+        query.processAllAvailable()
+        lineage.drain()
+        spark.range(1).write.mode("overwrite").parquet(other)   # the application's, while the query runs
+    finally:
+        query.stop()
+    lineage.drain()
+    run_id = str(query.runId)
+    stream = recorder.runs()[run_id]
+    assert [e["eventType"] for e in stream] == ["START", "RUNNING", "COMPLETE"]
+    job = stream[0]["job"]["name"]
+    assert job == "st.streaming.foreach_batch_sink"
+    writes = [e for e in recorder.events if _names(e["outputs"]) == [("file", sink)] and e["run"]["runId"] != run_id]
+    assert [e["eventType"] for e in writes] == ["START", "COMPLETE"] * 2
+    for event in writes:
+        parent = event["run"]["facets"]["parent"]
+        assert parent["run"]["runId"] == run_id and parent["job"] == {"namespace": "st", "name": job}
+        assert parent["root"]["run"]["runId"] == lineage.app_run_id
+    # The second batch's write comes once the run's inputs are known (read at its first progress).
+    assert _names(writes[-1]["inputs"]) == [("file", str(source))]
+    assert "inputFacets" not in writes[-1]["inputs"][0]
+    assert _names(stream[-1]["outputs"]) == [("file", sink)]
+    assert stream[-1]["outputs"][0]["facets"]["schema"]["fields"] == [{"name": "id", "type": "long"},
+                                                                     {"name": "v", "type": "string"}]
+    app_write = [e for e in recorder.events if _names(e["outputs"]) == [("file", other)]]
+    assert app_write and all(e["run"]["facets"]["parent"]["run"]["runId"] == lineage.app_run_id for e in app_write)
+    for event in recorder.events:
+        validator().validate(event)
