@@ -48,6 +48,38 @@ WRITE_COMMANDS = (FILE_WRITES | TABLE_CREATES | TABLE_INSERTS | SOURCE_SAVES | V
                   | V2_ROW_LEVEL | DELTA_ROW_LEVEL)
 
 
+#: Analysed-plan roots of a streaming micro-batch's own execution (a V2 sink's ``nextBatch.collect()``):
+#: never a batch action, whatever it is named.
+MICRO_BATCH_WRITES = frozenset({"WriteToDataSourceV2", "WriteToMicroBatchDataSource", "WriteToMicroBatchDataSourceV1"})
+#: The QueryExecution of a streaming micro-batch (Spark 4.1 moved it to ``runtime``).
+_INCREMENTAL_EXECUTION = ("org.apache.spark.sql.execution.streaming.runtime.IncrementalExecution",
+                          "org.apache.spark.sql.execution.streaming.IncrementalExecution")
+_INCREMENTAL: dict[int, tuple[Any, Any]] = {}
+
+
+def _incremental_class(gateway: Any) -> Any:
+    """The JVM class of a micro-batch's QueryExecution, looked up once per gateway; None when
+    this Spark has neither name (the analysed root, :data:`MICRO_BATCH_WRITES`, still tells)."""
+    def build(gateway: Any) -> Any:
+        with untracked():  # kept across actions
+            for name in _INCREMENTAL_EXECUTION:
+                try:
+                    return gateway.jvm.py4j.reflection.ReflectionUtil.classForName(name)
+                except Exception:  # noqa: BLE001 - ClassNotFoundException: the other name
+                    continue
+        return None
+
+    return per_gateway(_INCREMENTAL, gateway, build)
+
+
+def is_micro_batch(gateway: Any, qe: Any) -> bool:
+    """Whether ``qe`` is a streaming micro-batch's own execution (an ``IncrementalExecution``),
+    in one py4j call (after the class's lookup, once per gateway). A write a ``foreachBatch``
+    function makes is not: it is an ordinary batch execution on the query's thread."""
+    cls = _incremental_class(gateway)
+    return cls is not None and bool(cls.isInstance(qe))
+
+
 def command_of(qe: Any) -> str:
     """The class name of the action's analysed plan (``TreeNode.nodeName``), in two py4j
     calls: enough to tell a write (one of :data:`WRITE_COMMANDS`) from a read before paying

@@ -13,6 +13,10 @@ Guarantees:
   ``SparkContext.stop`` or exit), whether capture is on at that moment or not: switching
   capture off (:meth:`SparkLineage.stop_capture`) and on again (:meth:`SparkLineage.resume`)
   keeps the run open and its runId, so the actions captured after it are its children too.
+* A streaming micro-batch's own execution (an ``IncrementalExecution``, or an analysed root
+  ``WriteToDataSourceV2`` / ``WriteToMicroBatchDataSource*``: a V2 sink's ``nextBatch.collect()``)
+  is never a batch run: its streaming run reports it. Telling it costs no py4j call without
+  read-only actions, one with them. What a ``foreachBatch`` function runs is a batch action.
 * Streaming queries are listened to beside it (:mod:`producer.spark.streaming`); a session
   where that cannot be done keeps its batch capture.
 """
@@ -247,9 +251,17 @@ class SparkLineage:
                 return
             if func == _CTAS_INNER_WRITE:
                 return  # the CTAS/RTAS that runs it is reported, as one run
+            # A streaming micro-batch (a V2 sink's ``nextBatch.collect()``, a Delta sink's write)
+            # is the streaming run's, never a batch run. Without read-only actions its
+            # ``collect`` never gets here and its analysed root is no write command; with them,
+            # one py4j call tells it before anything else is read.
+            if self.read_only_actions and jvm.is_micro_batch(gateway, qe):
+                return
             # Decide before paying for a snapshot (~50 py4j calls): an action that writes
             # nothing is read only when it will be reported.
             command = jvm.command_of(qe)
+            if command in jvm.MICRO_BATCH_WRITES:
+                return
             if command not in jvm.WRITE_COMMANDS and not self.read_only_actions:
                 return
             snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe, command=command,
@@ -278,7 +290,14 @@ class SparkLineage:
         started = (snap.started_ms / 1000.0 if snap.started_ms else
                    ended - (duration_ns or 0) / 1e9)
         run_id = events.new_run_id()
-        run_facets = {**self._child_parent(), **capture.engine_facets(self.settings), **job, **lineage.run_facets}
+        # Looked up once the action is read, so that its query's inputs are more likely known.
+        stream = self._stream_of(qe)
+        parent = self._child_parent() if stream is None else self._stream_parent(*stream[:2])
+        if stream is not None and not lineage.inputs:
+            # The micro-batch a foreachBatch function writes is an RDD (no dataset): what it
+            # derives from is its query's inputs, as known so far.
+            lineage.inputs = stream[2]
+        run_facets = {**parent, **capture.engine_facets(self.settings), **job, **lineage.run_facets}
         job_facets = {**capture.job_facets(self.settings, "SQL_JOB"), **lineage.job_facets}
         common = dict(run_id=run_id, job_namespace=self.settings.namespace, job_name=lineage.job_name,
                       job_facets=job_facets)
@@ -293,6 +312,25 @@ class SparkLineage:
                                           event_time=events.iso(ended), run_facets=end_facets,
                                           inputs=lineage.inputs, outputs=lineage.outputs, **common))
         self.actions_captured += 1
+        if stream is not None and error is None and lineage.outputs and self._streaming is not None:
+            self._streaming.add_batch_outputs(stream[1], lineage.outputs)
+
+    def _stream_of(self, qe: Any) -> tuple[str, str, list[dict]] | None:
+        """(job name, runId, inputs known so far) of the foreachBatch streaming run whose function
+        ran ``qe``, if any."""
+        streaming = self._streaming
+        if streaming is None:
+            return None
+        try:
+            return streaming.foreach_batch_run(qe)
+        except Exception as err:  # noqa: BLE001 - the action stays the application's child
+            log.debug("lineage: could not tell the action's streaming query: %s", err)
+            return None
+
+    def _stream_parent(self, job_name: str, run_id: str) -> dict:
+        """A foreachBatch write's parent: its streaming run (itself the application run's child)."""
+        root = self.root or self.parent or (self.settings.namespace, self.settings.app_job_name, self.app_run_id)
+        return {"parent": events.parent_facet(self.settings.namespace, job_name, run_id, root=root)}
 
     def _emit_unreadable(self, func: str, message: str, ended: float, duration_ns: int | None, error: Any) -> None:
         """A write we could not read still becomes a run, named after the action, carrying

@@ -65,6 +65,7 @@ def _logical_relation(gateway: Any, leaf: Any, has_table: bool | None = None) ->
         rel.paths = joined.split(SEP) if joined else []
         if len(rel.paths) > 1:
             rel.paths = _directories(index, roots, rel.paths)
+        rel.paths = _qualified_roots(gateway, relation, rel.paths)
         rel.fmt = rel.fmt or relation.fileFormat().toString().lower()
         return rel
     if kind == "JDBCRelation":
@@ -73,6 +74,34 @@ def _logical_relation(gateway: Any, leaf: Any, has_table: bool | None = None) ->
     if table is not None:
         return catalog_table(table)
     return None
+
+
+def _qualified_roots(gateway: Any, relation: Any, paths: list[str], *, v2: bool = False) -> list[str]:
+    """A read's root paths as Hadoop qualifies them, like those of a write. Spark qualifies a
+    path it lists itself, but not the root of a directory a streaming file sink wrote (read
+    through its ``_spark_metadata`` log): ``rel/out`` -> ``file:/<JVM working dir>/rel/out``,
+    ``/data/t`` -> on the default file system. No py4j call when every path names its file
+    system; else those of :func:`qualified` per path, in the relation's session (its
+    ``sparkSession``: a ``HadoopFsRelation``'s or a V2 file table's) and with its options."""
+    if gateway is None or all(_QUALIFIED.match(path) for path in paths):
+        return paths
+    try:
+        session = relation.sparkSession()
+        # A V2 file table's options are a Java map, where a Scala one is needed: none then.
+        options = _empty_options(gateway) if v2 else relation.options()
+    except Exception:  # noqa: BLE001 - another relation: as given
+        return paths
+    return [qualified(gateway, session, path, options) for path in paths]
+
+
+_EMPTY_OPTIONS: dict[int, tuple[Any, Any]] = {}
+
+
+def _empty_options(gateway: Any) -> Any:
+    def build(gateway: Any) -> Any:
+        with untracked():  # kept across actions
+            return getattr(getattr(gateway.jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
+    return per_gateway(_EMPTY_OPTIONS, gateway, build)
 
 
 def _directories(index: Any, roots: Any, paths: list[str]) -> list[str]:
@@ -125,7 +154,8 @@ def relation_of(gateway: Any, node: Any, leaf: LeafInfo | None = None) -> Relati
     if kind in ("DataSourceV2Relation", "DataSourceV2ScanRelation"):
         rel = node if kind == "DataSourceV2Relation" else node.relation()
         catalog = opt(rel.catalog())
-        return v2_table(rel.table(), catalog.name() if catalog is not None else None, opt(rel.identifier()))
+        return v2_table(rel.table(), catalog.name() if catalog is not None else None, opt(rel.identifier()),
+                        gateway=gateway)
     return None
 
 
@@ -134,7 +164,7 @@ def relation_of(gateway: Any, node: Any, leaf: LeafInfo | None = None) -> Relati
 _FILE_TABLES = frozenset({"ParquetTable", "OrcTable", "CSVTable", "JsonTable", "TextTable", "AvroTable"})
 
 
-def v2_table(table: Any, catalog: str | None, ident: Any) -> Relation | None:
+def v2_table(table: Any, catalog: str | None, ident: Any, *, gateway: Any = None) -> Relation | None:
     """A DataSourceV2 ``Table`` (None for Spark's ``noop`` sink). Named as the official
     integration does: a JDBC catalog's table by its JDBC URL, a table with a ``location``
     property (Iceberg, Delta, the session catalog) by that location, any other by its
@@ -150,7 +180,7 @@ def v2_table(table: Any, catalog: str | None, ident: Any) -> Relation | None:
         paths = joined.split(SEP) if joined else []
         if len(paths) > 1:
             paths = _directories(index, roots, paths)
-        return Relation(paths=paths, fmt=str(table.formatName()).lower())
+        return Relation(paths=_qualified_roots(gateway, table, paths, v2=True), fmt=str(table.formatName()).lower())
     name = str(ident.toString()) if ident is not None else str(table.name())
     if kind == "JDBCTable":
         return Relation(jdbc_url=table.jdbcOptions().url(), jdbc_table=name)

@@ -44,10 +44,11 @@ What is guaranteed:
 * Datasets are named by :mod:`producer.spark.streaming_names` from Spark's descriptions of the
   sources and sink: ``FileStreamSource[<path>]`` and ``FileSink[<path>]`` (``DeltaSink[...]``
   too) by path (a glob's pattern segments dropped); ``KafkaV2[Subscribe[a, b]]`` and
-  ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, the servers read once
-  from the query's plan; a ``SubscribePattern`` as the topics its progress shows offsets for
-  (every topic it matched so far in the run: one that matches later comes with a later read,
-  and one no longer shown stays); a Kafka sink (whose description names no topic) as the
+  ``Assign[...]`` as topics in ``kafka://<first bootstrap server>``, each source's servers
+  read once from the query's plan (a query reading two clusters names each topic in its
+  own); a ``SubscribePattern`` as the topics its progress shows offsets for (every topic it
+  matched so far in the run: one that matches later comes with a later read, and one no
+  longer shown stays); a Kafka sink (whose description names no topic) as the
   ``topic`` of the writer's options, read once at the run's first progress read. Rate, socket,
   memory, console and foreach sources and sinks are no dataset. Anything else (a Kafka sink
   without a ``topic`` option, whose rows name their topics; a pattern that matched nothing
@@ -56,9 +57,14 @@ What is guaranteed:
   carries a ``schema`` facet: the schema the query writes, read with the first read that names
   an output (so not on START). Each input carries the schema its source reads (the logical
   plan's streaming leaves, :mod:`producer.spark.streaming_stats`; two py4j calls with the first
-  read that names an input). How the query's plan is read for the Kafka servers, the sink's
-  topic and the written schema, what each read costs in py4j calls and what it gives when it
-  finds nothing: :mod:`producer.spark.streaming_query`.
+  read that names an input). Data at rest the query reads besides its streams (a stream-static
+  join's files or table: the logical plan's ``LogicalRelation``, ``HiveTableRelation`` and
+  ``DataSourceV2Relation`` leaves) are inputs too, named as a batch read names them, with the
+  schema the leaf reads and no row count: read once, at the run's first read (the plan's JSON,
+  the same two py4j calls as the sources' schemas, shared; then, only when there are such
+  leaves, two more and those the batch capture pays per relation). How the query's plan is
+  read for the Kafka servers, the sink's topic and the written schema, what each read costs
+  in py4j calls and what it gives when it finds nothing: :mod:`producer.spark.streaming_query`.
 * Row counts (:mod:`producer.spark.streaming_stats`): each input's ``inputStatistics`` and the
   output's ``outputStatistics`` carry the rows of every micro-batch of the run so far
   (``rowCount``), on RUNNING and on the terminal, an ABORT too; they never cause an event of
@@ -74,6 +80,23 @@ What is guaranteed:
   100) give the run's counts up, named in ``extractionError``. A source that is several
   datasets (a Kafka source of several topics) has no count per topic: its datasets get none;
   a sink that counts nothing (Spark's file sink reports ``-1``) gives no ``outputStatistics``.
+* ``foreachBatch`` (as the official integration attributes the SQL jobs a streaming query runs
+  to its run): what the function runs are batch actions, reported by the batch listener as
+  runs of their own (a write always; a read with read-only actions), but an action run in the
+  query's own session (the DataFrame the function is given, and what it derives from it;
+  ``batch_df.sparkSession.sql(...)`` too) is the streaming run's child: its ``parent`` facet
+  names the streaming run (the root stays the application's), and, when the action names no
+  input of its own (the micro-batch is an RDD to it), its inputs are the streaming run's as
+  known when its callback runs (none before the run's first read), without row counts. What
+  such a write wrote is added to the streaming run's outputs (with its schema, no counts) from
+  the run's next event on (its next RUNNING, if its datasets changed, or its terminal), when the
+  write's callback comes while the run is open: Spark delivers it on another listener thread,
+  so a write of the run's last micro-batch may come after its terminal, and is then on its own
+  run only (still the streaming run's child, up to :data:`ENDED_GRACE_S` after its end). The
+  session is told by its identity hash: two py4j calls when the query starts, and two per
+  reported action while a foreachBatch query runs (or ended within the grace); none otherwise.
+  Actions the function runs in another session (the application's ``spark``) are the
+  application run's children, as any other.
 * Nothing raises into the query: every callback is guarded, a failure is a log line (and an
   ``extractionError`` facet on the run's next event). Emission only queues.
 
@@ -82,8 +105,7 @@ reported; a continuous-trigger query's (``trigger(continuous=...)``) Kafka sink 
 with the reason (its plan's write node holds no writer options); datasets of a query that
 fails before its first micro-batch completes are not known (a RUNNING with them may come up
 to an interval after an idle query's first micro-batch, or only its terminal has them);
-writes made inside ``foreachBatch`` are ordinary batch actions, reported by the batch
-listener as their own runs; no ``size`` or ``fileCount`` in the statistics (progress has none).
+no ``size`` or ``fileCount`` in the statistics (progress has none).
 """
 
 from __future__ import annotations
@@ -105,12 +127,21 @@ from producer.spark.streaming_names import (
     datasets,
     job_name,
     offset_topics,
+    pair_servers,
     source_kind,
 )
-from producer.spark.streaming_query import _kafka_servers, _kafka_sink, _output_schema, _text
+from producer.spark.streaming_query import (
+    _kafka_servers,
+    _kafka_sink,
+    _output_schema,
+    _static_relations,
+    _text,
+    static_leaves,
+)
 from producer.spark.streaming_run import _Run
 from producer.spark.streaming_stats import (
     RECENT_PROGRESS,
+    RowCounts,
     input_datasets,
     output_datasets,
     read_new_progress,
@@ -130,6 +161,12 @@ _Found = tuple[list[DatasetRef], list[DatasetRef], list[str], list[str], list[li
 PROGRESS_READ_INTERVAL_S = 30.0
 #: ... or once this many progress callbacks (of any run) came since: half of Spark's recent progress.
 READ_EVERY_PROGRESSES = RECENT_PROGRESS // 2
+#: The most datasets a run's foreachBatch writes add to its outputs, and foreachBatch runs remembered once ended.
+MAX_BATCH_OUTPUTS = 32
+#: How long the writes of a foreachBatch run that ended are still its children (their callbacks come late).
+ENDED_GRACE_S = 60.0
+#: Sinks that run a user's function on each micro-batch (its writes are batch actions in the query's session).
+FOREACH_BATCH_SINKS = frozenset({"ForeachBatchSink", "PythonForeachBatchSink"})
 #: How long :meth:`StreamingLineage.abort_open` waits for the ABORTs another thread's call is emitting.
 ABORT_WAIT_S = 10.0
 
@@ -150,6 +187,8 @@ class StreamingLineage:
         self._aborting: list[int] = []   # the threads in abort_open between taking runs and emitting their ABORTs
         self._listener: _QueryListener | None = None
         self._jwrapper: Any = None
+        # foreachBatch session -> (job, run, inputs, when) of runs ended within ENDED_GRACE_S
+        self._ended_batch_runs: dict[int, tuple[str, str, list[dict], float]] = {}
 
     @classmethod
     def attach(cls, lineage: SparkLineage, gateway: Any) -> StreamingLineage | None:
@@ -212,6 +251,7 @@ class StreamingLineage:
         finally:
             with self._lock:
                 for index, run in enumerate(runs):
+                    self._forget(run)
                     self._count(run, recent[index] if index < len(recent) else None)
                     self._emit(run, "ABORT")
                 self._aborting.remove(me)
@@ -236,6 +276,11 @@ class StreamingLineage:
         run = _Run(run_id, job_name(self._lineage.settings.app_job_name, sink, name), query=query, errors=errors)
         if sink:
             _, run.outputs, run.left_out = datasets([], sink, None)
+            if source_kind(sink)[0] in FOREACH_BATCH_SINKS:
+                try:   # two py4j calls: the session its function's writes run in
+                    run.session_key = int(query.sparkSessionForStream().hashCode())
+                except Exception as err:  # noqa: BLE001 - its writes stay the application's children
+                    run.note(f"could not read the query's session: {_text(err)}")
         run.reported = run.key()
         with self._lock:
             if self._closed:
@@ -243,6 +288,46 @@ class StreamingLineage:
                 return
             self._runs[run_id] = run
             self._emit(run, "START", at)
+
+    # -- foreachBatch writes (the batch listener's thread) ----------------------------------------
+    def foreach_batch_run(self, qe: Any) -> tuple[str, str, list[dict]] | None:
+        """(job name, runId, inputs known so far) of the foreachBatch run whose function ran the
+        action ``qe`` (it runs in the query's own session), or of one that ended lately; None
+        when there is none (no py4j call when no foreachBatch query runs or ran lately; else two)."""
+        with self._lock:
+            now = self._clock()
+            for session in [k for k, (_, _, _, at) in self._ended_batch_runs.items() if now - at > ENDED_GRACE_S]:
+                del self._ended_batch_runs[session]
+            if not any(r.session_key is not None for r in self._runs.values()) and not self._ended_batch_runs:
+                return None
+        key = int(qe.sparkSession().hashCode())
+        with self._lock:
+            run = next((r for r in self._runs.values() if r.session_key == key), None)
+            if run is not None:
+                return run.job_name, run.run_id, _plain_inputs(run)
+            ended = self._ended_batch_runs.get(key)
+            return ended[:3] if ended is not None else None
+
+    def add_batch_outputs(self, run_id: str, outputs: list[dict]) -> None:
+        """What a foreachBatch function wrote (datasets as its batch run reports them, without
+        statistics) becomes its streaming run's outputs from its next event on; bounded."""
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return  # ended: the write's own run still names it, as the streaming run's child
+            for dataset in outputs:
+                key = (dataset["namespace"], dataset["name"])
+                if len(run.batch_outputs) < MAX_BATCH_OUTPUTS and key not in {
+                        (d["namespace"], d["name"]) for d in run.batch_outputs}:
+                    run.batch_outputs.append({k: v for k, v in dataset.items() if k != "outputFacets"})
+
+    def _forget(self, run: _Run) -> None:
+        """A run leaves ``_runs`` (under the lock): its foreachBatch session is remembered a while,
+        for the callbacks of its last writes that come after its terminal."""
+        if run.session_key is not None:
+            self._ended_batch_runs[run.session_key] = (run.job_name, run.run_id, _plain_inputs(run), self._clock())
+            while len(self._ended_batch_runs) > MAX_BATCH_OUTPUTS:
+                self._ended_batch_runs.pop(next(iter(self._ended_batch_runs)))
 
     def on_progress(self, jevent: Any) -> None:
         now = self._clock()
@@ -298,7 +383,10 @@ class StreamingLineage:
                 # offsets a later progress no longer shows was still read by this run.
                 run.matched[index] = sorted(set(run.matched.get(index, ())) | set(offset_topics(source)))
             topics.append(run.matched.get(index, []))
-        inputs, outputs, left_out = datasets(descriptions, sink, run.kafka_servers, source_topics=topics,
+        servers, unpaired = pair_servers(run.kafka_servers, descriptions)
+        if unpaired:
+            unread.append(unpaired)
+        inputs, outputs, left_out = datasets(descriptions, sink, servers, source_topics=topics,
                                              kafka_sink=run.kafka_sink)
         if outputs and not run.schema_looked_up:
             run.schema_looked_up = True
@@ -306,10 +394,19 @@ class StreamingLineage:
                 run.output_schema = _output_schema(run.query)
             except Exception as err:  # noqa: BLE001
                 unread.append(f"could not read the schema the query writes: {_text(err)}")
+        if not run.static_looked_up and run.query is not None:
+            # Once a run, at its first read: the data at rest it reads besides its streams.
+            run.static_looked_up = True
+            try:
+                leaves = static_leaves(self._plan_json(run))
+                static = _static_relations(self._gateway(), run.query, leaves)
+                run.static = [(capture.dataset_refs(rel, self._lineage.settings), schema) for rel, schema in static]
+            except Exception as err:  # noqa: BLE001
+                unread.append(f"could not read the data at rest the query reads: {_text(err)}")
         if inputs and not run.input_schemas_looked_up and run.query is not None:
             run.input_schemas_looked_up = True
             try:
-                schemas = source_schemas(str(run.query.logicalPlan().toJSON()))
+                schemas = source_schemas(self._plan_json(run))
                 if len(schemas) == len(sources):
                     run.input_schemas = schemas
                 else:
@@ -317,9 +414,21 @@ class StreamingLineage:
                                   f"progress's {len(sources)}: no input schema")
             except Exception as err:  # noqa: BLE001
                 unread.append(f"could not read the schemas the query reads: {_text(err)}")
-        per_source = [datasets([d], None, run.kafka_servers, source_topics=[t])[0]
-                      for d, t in zip(descriptions, topics)]
+        if run.input_schemas_looked_up and run.static_looked_up:
+            run.plan_json = None
+        per_source = [datasets([d], None, [s], source_topics=[t])[0]
+                      for d, t, s in zip(descriptions, topics, servers)]
         return inputs, outputs, unread, left_out, per_source
+
+    @staticmethod
+    def _plan_json(run: _Run) -> str:
+        """The query's logical plan as JSON, read once (two py4j calls) for its two reads."""
+        if run.plan_json is None:
+            run.plan_json = str(run.query.logicalPlan().toJSON())
+        return run.plan_json
+
+    def _gateway(self) -> Any:
+        return getattr(getattr(self._lineage.spark, "sparkContext", None), "_gateway", None)
 
     @staticmethod
     def _recent(run: _Run) -> tuple[list[dict], bool] | str | None:
@@ -389,6 +498,7 @@ class StreamingLineage:
         with self._lock:
             run = self._runs.pop(run_id, None)
             if run is not None:  # else ABORTed meanwhile
+                self._forget(run)
                 if found is not None:
                     self._take(run, *found)
                 self._count(run, recent)
@@ -407,10 +517,15 @@ class StreamingLineage:
                 event_type, run_id=run.run_id, event_time=at or None, job_namespace=lineage.settings.namespace,
                 job_name=run.job_name, run_facets=run_facets,
                 job_facets=capture.job_facets(lineage.settings, "SQL_JOB", "STREAMING"),
-                inputs=input_datasets(run.inputs, run.source_refs, run.input_schemas, run.counts),
-                outputs=output_datasets(run.outputs, run.output_schema, run.counts)))
+                inputs=input_datasets(*run.all_inputs(), run.counts),
+                outputs=output_datasets(run.outputs, run.output_schema, run.counts) + run.batch_outputs))
         except Exception:  # noqa: BLE001 - never into the query
             log.exception("lineage: could not emit %s of streaming run %s", event_type, run.run_id)
+
+
+def _plain_inputs(run: _Run) -> list[dict]:
+    """A run's inputs as known so far, with their schemas and without row counts."""
+    return [{k: v for k, v in d.items() if k != "inputFacets"} for d in input_datasets(*run.all_inputs(), RowCounts())]
 
 
 def _batch_id(progress: dict) -> int | None:

@@ -95,10 +95,40 @@ def _kafka_source(description: str, argument: str, matched: list[str], servers: 
     return [DatasetRef(kafka_namespace(servers), topic) for topic in topics]
 
 
-def datasets(sources: list[str], sink: str | None, kafka_servers: str | None, *,
+def pair_servers(leaf_servers: list[str | None] | None, sources: list[str]) -> tuple[list[str | None], str | None]:
+    """The Kafka bootstrap servers of each of a progress's ``sources`` (descriptions), from
+    those of each streaming leaf of the query's analysed plan (:func:`producer.spark.streaming_query._kafka_servers`),
+    and why a Kafka source has none (None: nothing to say). Spark lists a progress's sources
+    in its plan's pre-order, each once: one leaf per source pairs by position; else (a source
+    read twice) the Kafka leaves with the Kafka sources when as many; else one cluster for all
+    when the leaves name only one; else none (the Kafka sources are left out, told why)."""
+    kafka = [index for index, source in enumerate(sources) if source_kind(source)[0] in KAFKA_SOURCES]
+    paired: list[str | None] = [None] * len(sources)
+    if not kafka or not leaf_servers:
+        return paired, None
+    if len(leaf_servers) == len(sources):
+        for index in kafka:
+            paired[index] = leaf_servers[index]
+        return paired, None
+    named = [servers for servers in leaf_servers if servers]
+    if len(named) == len(kafka):
+        for index, servers in zip(kafka, named):
+            paired[index] = servers
+        return paired, None
+    if len(set(named)) == 1:
+        for index in kafka:
+            paired[index] = named[0]
+        return paired, None
+    return paired, (f"could not pair the plan's {len(leaf_servers)} streaming sources with the progress's "
+                    f"{len(sources)}: no kafka bootstrap servers")
+
+
+def datasets(sources: list[str], sink: str | None, kafka_servers: str | list[str | None] | None, *,
              source_topics: list[list[str]] | None = None,
              kafka_sink: DatasetRef | str | None = None) -> tuple[list[DatasetRef], list[DatasetRef], list[str]]:
     """(inputs, outputs, what was left out and why) of a query from Spark's descriptions.
+    ``kafka_servers``: the Kafka bootstrap servers of every source, or of each (a list beside
+    ``sources``, :func:`pair_servers`).
     ``source_topics``, beside ``sources``: the topics each one's progress shows offsets for
     (:func:`offset_topics`), which name what a ``SubscribePattern`` matched. ``kafka_sink``:
     a Kafka sink's topic as read from the writer's options, or why it could not be (None: not
@@ -114,7 +144,9 @@ def datasets(sources: list[str], sink: str | None, kafka_servers: str | None, *,
             found = [_path_ref(argument)]
         elif kind in KAFKA_SOURCES:
             matched = source_topics[index] if source_topics and index < len(source_topics) else []
-            found = _kafka_source(description, argument, matched, kafka_servers, errors)
+            servers = (kafka_servers[index] if index < len(kafka_servers) else None) \
+                if isinstance(kafka_servers, list) else kafka_servers
+            found = _kafka_source(description, argument, matched, servers, errors)
         else:
             errors.append(f"source {description}: not a known dataset; left out")
         inputs.extend(r for r in found if not any((r.namespace, r.name) == (i.namespace, i.name) for i in inputs))

@@ -5,10 +5,15 @@ thread reading the run's progress, outside the run's lock).
 
 What each read costs, and what it gives when there is nothing to read:
 
-* :func:`_kafka_servers`: ``kafka.bootstrap.servers`` of the query's first source that has them,
-  from the leaves of its analysed plan (three py4j calls, then four per leaf looked at, two
-  more for a ``StreamingRelationV2`` leaf, one more when no leaf has them); None when there is
-  no query or no source has them.
+* :func:`_kafka_servers`: ``kafka.bootstrap.servers`` of each streaming leaf of the query's
+  analysed plan, in order (None for a leaf without them), so that each Kafka source is named in
+  its own cluster (a query may read two): three py4j calls, then four per leaf, two more for
+  a ``StreamingRelationV2`` leaf, one more at the end; None when there is no query.
+* :func:`_static_relations`: the data at rest a query reads besides its streams (a
+  stream-static join's table or files), from the leaves of its logical plan that its JSON
+  (read once a run for the sources' schemas) shows to be relations (:func:`static_leaves`):
+  none, no py4j call; else two, then one per such leaf and what the batch capture pays to
+  read that relation.
 * :func:`_output_schema`: the schema the query writes, its analysed plan's (three py4j calls);
   None when there is no query or the schema has no fields.
 * :func:`_kafka_sink`: a Kafka sink (whose description names no topic) as the ``topic`` of the
@@ -32,22 +37,61 @@ import orjson
 
 from producer.spark import capture
 from producer.spark.capture import DatasetRef
+from producer.spark.relations import RELATION_KINDS, LeafInfo, Relation, relation_of
 from producer.spark.streaming_names import kafka_namespace
 
+#: The streaming leaves of a query's analysed plan: one per source (a source used twice, twice).
+_STREAMING_RELATIONS = frozenset({"StreamingRelationV2", "StreamingRelation", "StreamingExecutionRelation"})
 
-def _kafka_servers(query: Any) -> str | None:
-    """``kafka.bootstrap.servers`` of the query's first source that has them (its analysed
-    plan's ``StreamingRelationV2`` leaves carry the reader's options)."""
+
+def _kafka_servers(query: Any) -> list[str | None] | None:
+    """``kafka.bootstrap.servers`` of each streaming leaf of the query's analysed plan, in its
+    pre-order (the order of the progress's sources, see
+    :func:`producer.spark.streaming_names.pair_servers`): None for a leaf without them (not a
+    Kafka source); None when there is no query. Only ``StreamingRelationV2`` leaves carry the
+    reader's options; batch leaves (a stream-static join's table) are skipped."""
     if query is None:
         return None
+    found: list[str | None] = []
     leaves = query.analyzedPlan().collectLeaves().iterator()
     while leaves.hasNext():
         leaf = leaves.next()
-        if leaf.getClass().getSimpleName() == "StreamingRelationV2":
-            servers = leaf.extraOptions().get("kafka.bootstrap.servers")
-            if servers:
-                return str(servers)
-    return None
+        kind = leaf.getClass().getSimpleName()
+        if kind not in _STREAMING_RELATIONS:
+            continue
+        servers = leaf.extraOptions().get("kafka.bootstrap.servers") if kind == "StreamingRelationV2" else None
+        found.append(str(servers) if servers else None)
+    return found
+
+
+def static_leaves(plan_json: str) -> list[tuple[int, LeafInfo, list[dict]]]:
+    """The leaves of a streaming query's logical plan (``toJSON``) that are data at rest (a
+    stream-static join's table or files: ``LogicalRelation``, ``HiveTableRelation``,
+    ``DataSourceV2Relation``), as (position in ``collectLeaves()``, what the JSON tells of it,
+    its schema-facet fields)."""
+    nodes = orjson.loads(plan_json)
+    found = []
+    leaves = [n for n in nodes if isinstance(n, dict) and n.get("num-children") == 0]
+    for index, node in enumerate(leaves):
+        kind = str(node.get("class", "")).rsplit(".", 1)[-1]
+        if kind not in RELATION_KINDS:
+            continue
+        attrs = [a[0] for a in node.get("output") or [] if isinstance(a, list) and a and isinstance(a[0], dict)]
+        schema = capture.struct_fields({"fields": [{"name": str(a.get("name", "")), "type": a.get("dataType")}
+                                                   for a in attrs]})
+        found.append((index, LeafInfo(kind, node.get("catalogTable") is not None), schema))
+    return found
+
+
+def _static_relations(gateway: Any, query: Any, leaves: list[tuple[int, LeafInfo, list[dict]]]
+                      ) -> list[tuple[Relation | None, list[dict]]]:
+    """Where each of :func:`static_leaves` keeps its data, read as the batch capture reads an
+    input leaf (:func:`producer.spark.relations.relation_of`): two py4j calls, then one per
+    leaf and what reading its relation costs (a path: about six). None when there are none."""
+    if query is None or not leaves:
+        return []
+    plan_leaves = query.logicalPlan().collectLeaves()
+    return [(relation_of(gateway, plan_leaves.apply(index), leaf), schema) for index, leaf, schema in leaves]
 
 
 def _output_schema(query: Any) -> list[dict] | None:

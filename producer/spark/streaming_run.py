@@ -31,7 +31,7 @@ class _Run:
     reported: tuple | None = None
     next_read: float = float("-inf")   # due at once: the first micro-batch is read
     read: bool = False                  # a progress was read (else its last one is, when it stops)
-    kafka_servers: str | None = None
+    kafka_servers: list[str | None] | None = None   # each streaming leaf's, in plan order
     kafka_looked_up: bool = False
     kafka_sink: DatasetRef | str | None = None   # a Kafka sink's topic, or why it is not known
     kafka_sink_looked_up: bool = False
@@ -44,9 +44,32 @@ class _Run:
     first_batch: int | None = None    # the batchId of the progress that triggered its first read (the counts' floor)
     read_at_progress: int = 0         # the session's progress callbacks when it was last read
     matched: dict[int, list[str]] = field(default_factory=dict)  # topics each Kafka source showed offsets for
+    session_key: int | None = None     # a foreachBatch query's own session (its identity hash): its writes are ours
+    batch_outputs: list[dict] = field(default_factory=list)  # what its foreachBatch writes wrote (datasets)
+    plan_json: str | None = None       # the logical plan's JSON, until both its reads below are done
+    static: list[tuple[list[DatasetRef], list[dict]]] = field(default_factory=list)  # data at rest it reads, schema
+    static_looked_up: bool = False
+
+    def all_inputs(self) -> tuple[list[DatasetRef], list[list[DatasetRef]], list[list[dict]] | None]:
+        """(inputs, each source's datasets, each source's schema) for :func:`input_datasets`: the
+        progress's sources, then the data at rest the query reads besides (a stream-static
+        join's), those the sources already name left out (their counts are the sources')."""
+        streamed = {(r.namespace, r.name) for r in self.inputs}
+        static = [([r for r in refs if (r.namespace, r.name) not in streamed], schema) for refs, schema in self.static]
+        static = [(refs, schema) for refs, schema in static if refs]
+        if not static:
+            return self.inputs, self.source_refs, self.input_schemas
+        inputs = list(self.inputs)
+        for refs, _ in static:
+            inputs.extend(r for r in refs if not any((r.namespace, r.name) == (i.namespace, i.name) for i in inputs))
+        schemas = [(self.input_schemas[i] if self.input_schemas and i < len(self.input_schemas) else [])
+                   for i in range(len(self.source_refs))]
+        return inputs, self.source_refs + [refs for refs, _ in static], schemas + [schema for _, schema in static]
 
     def key(self) -> tuple:
-        return (tuple((r.namespace, r.name) for r in self.inputs), tuple((r.namespace, r.name) for r in self.outputs))
+        return (tuple((r.namespace, r.name) for r in self.all_inputs()[0]),
+                tuple((r.namespace, r.name) for r in self.outputs),
+                tuple((d["namespace"], d["name"]) for d in self.batch_outputs))
 
     def note(self, message: str) -> None:
         if len(self.errors) < _MAX_ERRORS and message not in self.errors:

@@ -161,3 +161,48 @@ def test_masking_a_megabyte_of_hostile_text_does_not_hang(statement):
     started = time.thread_time()
     mask_sql(statement)
     assert time.thread_time() - started < 10
+
+
+@pytest.mark.spark
+def test_a_relative_path_is_read_under_the_name_it_was_written_under(spark, tmp_path):
+    """A directory a streaming file sink wrote is read back through its ``_spark_metadata``
+    log, whose root Spark leaves as given: a relative path is qualified as Spark resolves it
+    (against the JVM's working directory), so the batch read, the streaming write and the
+    batch write of the same data name one dataset."""
+    import os
+    import shutil
+    import uuid
+
+    from producer.spark import disable_lineage, enable_lineage
+    from tests.producer.spark.support import Recorder
+    from tests.support.relay import eventually
+    from tests.support.spec import validator
+
+    user_dir = str(spark.sparkContext._jvm.java.lang.System.getProperty("user.dir"))
+    top = f".lineage_relay_relative_{uuid.uuid4().hex[:12]}"   # under the JVM's working directory
+    relative = f"{top}/out"
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.json").write_text('{"id": 1, "v": "x"}\n')
+    recorder = Recorder()
+    lineage = enable_lineage(spark, producer=recorder, namespace="st", app_name="st")
+    try:
+        query = (spark.readStream.schema("id BIGINT, v STRING").json(str(source)).writeStream.format("parquet")
+                 .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start(relative))
+        assert query.awaitTermination(120)
+        assert eventually(lambda: any(e["eventType"] == "COMPLETE" for e in recorder.runs().get(str(query.runId), [])),
+                          60)
+        spark.read.parquet(relative).write.mode("overwrite").parquet(str(tmp_path / "copy"))
+        lineage.drain()
+    finally:
+        disable_lineage(spark)
+        shutil.rmtree(os.path.join(user_dir, top), ignore_errors=True)
+    absolute = ("file", os.path.join(user_dir, relative))
+    streamed = recorder.runs()[str(query.runId)][-1]
+    assert [(d["namespace"], d["name"]) for d in streamed["outputs"]] == [absolute]
+    copy = [e for e in recorder.events if e["eventType"] == "COMPLETE"
+            and [d["name"] for d in e["outputs"]] == [str(tmp_path / "copy")]]
+    assert len(copy) == 1
+    assert [(d["namespace"], d["name"]) for d in copy[0]["inputs"]] == [absolute]
+    for event in recorder.events:
+        validator().validate(event)

@@ -271,3 +271,39 @@ def test_job_names_follow_the_sink_then_the_query_name():
     assert job_name("app", "ForeachBatchSink", "loader") == "app.streaming.loader"
     assert job_name("app", "org.apache.spark.sql.execution.streaming.ConsoleTable$@5b411ef0", None) == \
         "app.streaming.console_table"
+
+
+@pytest.mark.spark
+def test_a_stream_static_join_reads_the_static_side_too(spark, tmp_path, captured):
+    """Data at rest joined into a stream (files, a catalog table) is an input of the streaming
+    run, named as a batch read names it, with its schema; read once a run."""
+    recorder, _ = captured
+    source = _json_files(tmp_path / "landing" / "orders")
+    dim = tmp_path / "ref" / "dim"
+    spark.createDataFrame([(0, "a"), (1, "b")], "id BIGINT, dim STRING").write.parquet(str(dim))
+    spark.createDataFrame([(0, "eu")], "id BIGINT, region STRING").write.mode("overwrite").saveAsTable("st_regions")
+    try:
+        sink = tmp_path / "lake" / "joined"
+        query = (spark.readStream.schema(SCHEMA).json(str(source)).join(spark.read.parquet(str(dim)), "id")
+                 .join(spark.table("st_regions"), "id", "left").writeStream.format("parquet")
+                 .option("path", str(sink)).option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(120)
+        run = _run_events(recorder, str(query.runId), "COMPLETE")
+    finally:
+        spark.sql("DROP TABLE IF EXISTS st_regions")
+    assert [e["eventType"] for e in run] == ["START", "RUNNING", "COMPLETE"]
+    for event in run:
+        validator().validate(event)
+        assert "extractionError" not in event["run"]["facets"]
+    warehouse = spark.conf.get("spark.sql.warehouse.dir").removeprefix("file:")
+    for event in run[1:]:
+        inputs = {(d["namespace"], d["name"]): d for d in event["inputs"]}
+        assert list(inputs) == [("file", str(source)), ("file", str(dim)),
+                                ("file", f"{warehouse.rstrip('/')}/st_regions")], list(inputs)
+        assert inputs[("file", str(dim))]["facets"]["schema"]["fields"] == [{"name": "id", "type": "long"},
+                                                                           {"name": "dim", "type": "string"}]
+        table = inputs[("file", f"{warehouse.rstrip('/')}/st_regions")]
+        assert table["facets"]["symlinks"]["identifiers"][0]["name"] == "default.st_regions"
+        assert "inputFacets" not in table   # rows are counted per source; a batch side has none
+        assert inputs[("file", str(source))]["inputFacets"]["inputStatistics"]["rowCount"] == 2

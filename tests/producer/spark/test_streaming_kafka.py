@@ -223,12 +223,13 @@ def test_a_kafka_to_kafka_query_names_its_pattern_topics_as_they_match_and_its_s
     ] + [[[{"name": "key", "type": "binary"}, {"name": "value", "type": "binary"},
            {"name": "topic", "type": "string"}]] * 2] * 2
     # Each py4j call counted. Once a run: the servers, the sink's topic (ten calls), the schema it
-    # writes, the plan for the schemas it reads. At each read (and at the end) its recent progress,
-    # newest first down to the last batch counted (two calls, then one per progress: its JSON).
+    # writes, the plan (at the first read, for the data at rest it reads: none here; kept for the
+    # schemas its sources read, once they are named). At each read (and at the end) its recent
+    # progress, newest first down to the last batch counted (two calls, then one per progress: its JSON).
     assert calls == ["analyzedPlan", "logicalPlan", "getClass", "getSimpleName", "writeOptions",
                      "get topic", "isDefined", "Option.get", "get kafka.bootstrap.servers", "isDefined", "Option.get",
-                     "analyzedPlan", "recentProgress", "json",
-                     "logicalPlan", "toJSON", "recentProgress", "json", "json",
+                     "analyzedPlan", "logicalPlan", "toJSON", "recentProgress", "json",
+                     "recentProgress", "json", "json",
                      "recentProgress", "json", "json", "json",
                      "recentProgress", "json", "json"]
 
@@ -363,3 +364,70 @@ def test_the_writer_options_are_read_from_a_real_querys_plan(spark, tmp_path, ke
     execution = files._jsq.streamingQuery()
     assert execution.logicalPlan().getClass().getSimpleName() == "WriteToMicroBatchDataSourceV1"
     assert _kafka_sink(execution) == DatasetRef("kafka://b3:9092", "t")
+
+
+def _leaves_plan(leaves):
+    """An analysed plan whose ``collectLeaves`` are ``leaves`` (simple class name, servers or None)."""
+    def leaf(kind, servers):
+        return NS(getClass=lambda: NS(getSimpleName=lambda: kind),
+                  extraOptions=lambda: {} if servers is None else {"kafka.bootstrap.servers": servers})
+    items = [leaf(kind, servers) for kind, servers in leaves]
+
+    def iterator():
+        rest = iter(items)
+        box = {"next": next(rest, None)}
+
+        def take():
+            value, box["next"] = box["next"], next(rest, None)
+            return value
+        return NS(hasNext=lambda: box["next"] is not None, next=take)
+    return NS(collectLeaves=lambda: NS(iterator=iterator),
+              schema=lambda: NS(json=lambda: '{"type":"struct","fields":[]}'))
+
+
+def test_each_kafka_source_is_named_in_its_own_cluster():
+    """A query reading two clusters (a union of two Kafka sources, a file source between them and
+    a batch table joined in): each topic in its own source's servers, not the first's."""
+    plan = _leaves_plan([("StreamingRelationV2", "SSL://eu-broker:9092,eu2:9092"), ("StreamingRelation", None),
+                         ("LogicalRelation", None), ("StreamingRelationV2", "us-broker:9092")])
+    progress = {"runId": RUN, "timestamp": "2026-11-28T10:00:01.000Z", "batchId": 0,
+                "sources": [{"description": "KafkaV2[Subscribe[orders]]", "numInputRows": 1},
+                            {"description": "FileStreamSource[file:/landing/orders]", "numInputRows": 1},
+                            {"description": "KafkaV2[Subscribe[refunds, orders]]", "numInputRows": 1}],
+                "sink": {"description": "MemorySink", "numOutputRows": 3}}
+    query = NS(sink=lambda: NS(toString=lambda: "MemorySink"), analyzedPlan=lambda: plan,
+               logicalPlan=lambda: NS(toJSON=lambda: "[]"), lastProgress=lambda: None,
+               recentProgress=lambda: [NS(json=lambda: orjson.dumps(progress).decode())])
+    recorder, _, listener = _capture(query)
+    listener.onQueryStarted(NS(runId=lambda: _uuid(RUN), id=lambda: _uuid(RUN), name=lambda: "q",
+                               timestamp=lambda: "2026-11-28T10:00:00.000Z"))
+    listener.onQueryProgress(NS(progress=lambda: NS(json=lambda: orjson.dumps(progress).decode())))
+    listener.onQueryTerminated(NS(runId=lambda: _uuid(RUN), exception=lambda: None))
+    running, complete = [e for e in recorder.events if e["eventType"] in ("RUNNING", "COMPLETE")]
+    for event in (running, complete):
+        validator().validate(event)
+        assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [
+            ("kafka://eu-broker:9092", "orders"), ("file", "/landing/orders"),
+            ("kafka://us-broker:9092", "refunds"), ("kafka://us-broker:9092", "orders")]
+        errors = event["run"]["facets"].get("extractionError", {}).get("errors", [])
+        assert not [e for e in errors if "kafka" in e["errorMessage"]]   # (the fake plan has no input schemas)
+
+
+@pytest.mark.parametrize(("leaves", "sources", "paired", "reason"), [
+    # One leaf per source: by position.
+    (["a:1", None, "b:1"], ["KafkaV2[Subscribe[x]]", "FileStreamSource[file:/f]", "KafkaV2[Subscribe[y]]"],
+     ["a:1", None, "b:1"], None),
+    # A source read twice (a self-union: one progress source, two leaves); one cluster.
+    (["a:1", "a:1"], ["KafkaV2[Subscribe[x]]"], ["a:1"], None),
+    # As many Kafka leaves as Kafka sources, other leaves unpaired.
+    (["a:1", None, None, "b:1"], ["KafkaV2[Subscribe[x]]", "FileStreamSource[file:/f]", "KafkaV2[Subscribe[y]]"],
+     ["a:1", None, "b:1"], None),
+    # Two clusters that cannot be told apart: none, and why.
+    (["a:1", "b:1", "a:1"], ["KafkaV2[Subscribe[x]]", "KafkaV2[Subscribe[y]]"], [None, None],
+     "could not pair the plan's 3 streaming sources with the progress's 2: no kafka bootstrap servers"),
+    (None, ["KafkaV2[Subscribe[x]]"], [None], None),
+    (["a:1"], ["FileStreamSource[file:/f]"], [None], None),
+])
+def test_kafka_servers_pair_with_the_progress_sources(leaves, sources, paired, reason):
+    from producer.spark.streaming_names import pair_servers
+    assert pair_servers(leaves, sources) == (paired, reason)
