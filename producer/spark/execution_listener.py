@@ -98,6 +98,19 @@ class QueryExecutionListener:
     def detach(self) -> None:
         self._owner = None
 
+    # java.lang.Object's methods: py4j asks the Python side for them. Spark's listener list
+    # compares the listener being removed with each registered one: without ``equals`` that
+    # failed whenever another py4j listener was registered before ours (a job's own), and
+    # ours stayed registered (detached, still called by py4j) at every disable_lineage.
+    def equals(self, other: Any) -> bool:
+        return other is self
+
+    def hashCode(self) -> int:  # noqa: N802 - Java's name
+        return id(self) & 0x7FFFFFFF
+
+    def toString(self) -> str:  # noqa: N802 - Java's name
+        return "lineage-relay QueryExecutionListener"
+
     def _owner_for(self, func_name: str) -> SparkLineage | None:
         """The lineage to tell of action ``func_name``: None once detached, or for a read-only
         action (``collect``, ``count``...) when those are not reported."""

@@ -138,6 +138,34 @@ def test_actions_run_while_capture_was_off_are_not_reported_once_it_is_on_again(
     assert not {str(tmp_path / "held"), str(tmp_path / "while_off")} & outputs, "a write made with capture off"
 
 
+def test_disabling_removes_the_listener_when_the_job_registered_a_py4j_listener_first(spark, caplog):
+    """Spark's listener list compares the listener it removes with each registered one, and
+    py4j asks the Python side for ``equals``: ours had none, so with a job's own py4j
+    listener registered first, every disable_lineage left ours registered (one more per
+    enable/disable cycle, each still called on every action) and logged py4j errors."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    from producer.spark.execution_listener import register_listener, unregister_listener
+
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)
+    manager = spark._jsparkSession.listenerManager()
+    before = len(manager.listListeners())
+    theirs = _BlockingListener()
+    theirs.holding.set()   # never blocks
+    holder = register_listener(gateway, manager, theirs)
+    try:
+        for _ in range(3):
+            enable_lineage(spark, producer=Recorder(), namespace="ar", app_name="ar")
+            assert len(manager.listListeners()) == before + 2
+            disable_lineage(spark)
+            assert len(manager.listListeners()) == before + 1, "ours is still registered"
+    finally:
+        unregister_listener(gateway, manager, theirs, holder)
+    assert len(manager.listListeners()) == before
+    assert not [r for r in caplog.records if r.name.startswith("py4j") and r.levelno >= logging.ERROR]
+
+
 def test_another_application_name_ends_the_paused_run_and_starts_a_new_one(spark):
     first, second = Recorder(), Recorder()
     enable_lineage(spark, producer=first, namespace="ar", app_name="ar_one")
