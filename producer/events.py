@@ -12,7 +12,8 @@ Contract:
 * ``new_run_id()`` returns a UUIDv7 (RFC 9562): ids sort by creation time, and ids made
   by one process are strictly increasing even within one millisecond.
 * Times are UTC RFC 3339 with microseconds and a ``Z`` suffix:
-  ``2026-11-22T10:00:00.123456Z``.
+  ``2026-11-22T10:00:00.123456Z``; an ``event_time`` given (an aware ``datetime``, or an ISO
+  8601 string with a UTC offset) is written so too.
 """
 
 from __future__ import annotations
@@ -63,13 +64,16 @@ def new_run_id() -> str:
     return str(uuid.UUID(int=value))
 
 
-def _check_run_id(run_id: str, what: str = "run_id") -> str:
+def check_run_id(run_id: str, what: str = "run_id") -> str:
     """``run_id`` in canonical form (lower-case, hyphenated): ``{...}``, ``urn:uuid:...`` and
     bare hex name the same run, and a consumer joining runs by id compares strings."""
     try:
         return str(uuid.UUID(run_id))
     except (ValueError, TypeError, AttributeError):
         raise ValueError(f"{what} must be a UUID string (use new_run_id()), got {run_id!r}") from None
+
+
+_check_run_id = check_run_id
 
 
 # --- times -------------------------------------------------------------------------
@@ -93,7 +97,31 @@ def iso(ts: datetime | float) -> str:
         dt = datetime.fromtimestamp(ts, timezone.utc)
     else:
         raise ValueError(f"expected an aware datetime or epoch seconds, got {type(ts).__name__}")
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Not strftime: its %Y does not zero-pad years before 1000 on every platform (glibc).
+    return (f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
+            f".{dt.microsecond:06d}Z")
+
+
+def event_time_iso(event_time: str | datetime | None) -> str:
+    """A builder's ``event_time``: None is now; an aware ``datetime`` goes through :func:`iso`;
+    a string must be an ISO 8601 date-time with a UTC offset (or ``Z``), and is written as
+    :func:`iso` writes it (UTC, microseconds, ``Z``). Anything else, or a time without a
+    timezone, raises ``ValueError``: the spec's ``eventTime`` is an RFC 3339 date-time."""
+    if event_time is None:
+        return utc_now_iso()
+    if isinstance(event_time, datetime):
+        return iso(event_time)
+    if not isinstance(event_time, str):
+        raise ValueError(f"event_time must be an aware datetime or an ISO 8601 string with a UTC offset, "
+                         f"got {type(event_time).__name__}")
+    try:
+        parsed = datetime.fromisoformat(event_time)
+    except ValueError:
+        raise ValueError(f"event_time {event_time!r} is not an ISO 8601 date-time "
+                         "(e.g. 2026-11-22T10:00:00Z)") from None
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ValueError(f"event_time {event_time!r} has no UTC offset; add one (Z or +00:00)")
+    return iso(parsed)
 
 
 # --- facets ------------------------------------------------------------------------
@@ -192,15 +220,15 @@ def dataset(namespace: str, name: str, facets: dict | None = None, *,
 
 
 def run_event(event_type: str, *, run_id: str, job_namespace: str, job_name: str,
-              event_time: str | None = None, inputs: Iterable[dict] = (),
+              event_time: str | datetime | None = None, inputs: Iterable[dict] = (),
               outputs: Iterable[dict] = (), run_facets: dict | None = None,
               job_facets: dict | None = None, producer: str = PRODUCER_URI) -> dict:
-    """A ``RunEvent``. ``event_time`` defaults to now; see :func:`iso` to format one."""
+    """A ``RunEvent``. ``event_time`` defaults to now (see :func:`event_time_iso`)."""
     if event_type not in EVENT_TYPES:
         raise ValueError(f"event_type must be one of {sorted(EVENT_TYPES)}, got {event_type!r}")
     return {
         "eventType": event_type,
-        "eventTime": event_time or utc_now_iso(),
+        "eventTime": event_time_iso(event_time),
         "run": {"runId": _check_run_id(run_id), "facets": dict(run_facets or {})},
         "job": {"namespace": job_namespace, "name": job_name, "facets": dict(job_facets or {})},
         "inputs": list(inputs),
@@ -210,25 +238,25 @@ def run_event(event_type: str, *, run_id: str, job_namespace: str, job_name: str
     }
 
 
-def dataset_event(dataset: dict, *, event_time: str | None = None,
+def dataset_event(dataset: dict, *, event_time: str | datetime | None = None,
                   producer: str = PRODUCER_URI) -> dict:
     """A ``DatasetEvent`` (static metadata about one dataset, no run or job)."""
     if not isinstance(dataset, dict) or "namespace" not in dataset or "name" not in dataset:
         raise ValueError("dataset_event needs a dataset dict with namespace and name; build it with dataset()")
     return {
-        "eventTime": event_time or utc_now_iso(),
+        "eventTime": event_time_iso(event_time),
         "dataset": {k: v for k, v in dataset.items() if k in ("namespace", "name", "facets")},
         "producer": producer,
         "schemaURL": DATASET_EVENT_SCHEMA_URL,
     }
 
 
-def job_event(*, job_namespace: str, job_name: str, event_time: str | None = None,
+def job_event(*, job_namespace: str, job_name: str, event_time: str | datetime | None = None,
               inputs: Iterable[dict] = (), outputs: Iterable[dict] = (),
               job_facets: dict | None = None, producer: str = PRODUCER_URI) -> dict:
     """A ``JobEvent`` (static metadata about a job, no run)."""
     return {
-        "eventTime": event_time or utc_now_iso(),
+        "eventTime": event_time_iso(event_time),
         "job": {"namespace": job_namespace, "name": job_name, "facets": dict(job_facets or {})},
         "inputs": list(inputs),
         "outputs": list(outputs),

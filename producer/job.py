@@ -22,6 +22,13 @@ Contract:
   whose status is 0 or None (``sys.exit()``, ``sys.exit(0)``) is a success: COMPLETE.
 * Each call of a decorated function (sync or async) is its own run. One ``lineage_job``
   instance may be entered by several threads or tasks at once: each gets its own run.
+  ``@lineage_job`` without parentheses is ``@lineage_job()``. A decorated generator or
+  async generator function's run spans the iteration: START at the first item asked for,
+  COMPLETE when exhausted, FAIL when an exception escapes it, ABORT when the consumer closes
+  it early (``break``, ``close()``, garbage collection); the run is current only inside it.
+* The FAIL event's ``errorMessage`` facet is bounded (:data:`MAX_ERROR_MESSAGE_CHARS`, and
+  :data:`MAX_STACK_TRACE_CHARS` of the stack trace's tail), so a huge exception message does
+  not make the event too large to send; an exception whose ``str()`` raises still gets one.
 * The parent run is, in order: the ``parent=`` argument; the enclosing ``lineage_job``
   in the same thread or task (nested runs form a tree, with the outermost as root); the
   producer's configured parent (explicit config, else ``spark.openlineage.parent*`` when
@@ -39,7 +46,8 @@ Contract:
   ``OPENLINEAGE_DISABLED=true`` it is a :class:`producer.disabled.DisabledProducer`, which
   sends nothing. A malformed ``OPENLINEAGE_PARENT_ID`` is logged and ignored; an event
   that cannot be built or emitted is logged and skipped. Mistakes in ``lineage_job``'s own arguments (a bad
-  ``parent=`` string) still raise, where it is constructed.
+  ``parent=``/``root_parent=`` string or tuple, a ``run_id=`` that is not a UUID) still raise, where
+  it is constructed.
 """
 
 from __future__ import annotations
@@ -174,12 +182,63 @@ def _nominal_time_facet(nominal: datetime | float | tuple) -> dict:
     return events.facet("NominalTimeRunFacet", fields)
 
 
+#: Bounds of the FAIL event's ErrorMessageRunFacet, in characters (a character may take up to
+#: 6 bytes in JSON): a huge exception message (a whole payload in a ValueError) must not make
+#: the FAIL event too large for Kafka (``message.max.bytes``, 1 MB by default) and lose it.
+MAX_ERROR_MESSAGE_CHARS = 4_096
+MAX_STACK_TRACE_CHARS = 32_768
+
+
+def _safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or what ``traceback`` prints when that raises (a broken ``__str__``)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - lineage must never break the job
+        return "<exception str() failed>"
+
+
+def _head(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
+
+
+def _stack_trace(exc: BaseException) -> str:
+    """The formatted traceback, each part (a frame, an exception's message) at most
+    :data:`MAX_ERROR_MESSAGE_CHARS`, and at most :data:`MAX_STACK_TRACE_CHARS` in all: its
+    tail, where the innermost frames and the exception are."""
+    try:
+        parts = traceback.format_exception(exc)
+    except Exception:  # noqa: BLE001 - a traceback that cannot be formatted costs the stack only
+        return ""
+    text = "".join(_head(part, MAX_ERROR_MESSAGE_CHARS) for part in parts)
+    if len(text) <= MAX_STACK_TRACE_CHARS:
+        return text
+    marker = f"[... {len(text) - MAX_STACK_TRACE_CHARS} characters of the stack trace left out]\n"
+    return marker + text[len(text) - MAX_STACK_TRACE_CHARS:]
+
+
 def _error_facet(exc: BaseException) -> dict:
     return events.facet("ErrorMessageRunFacet", {
-        "message": f"{type(exc).__name__}: {exc}",
+        "message": _head(f"{type(exc).__name__}: {_safe_str(exc)}", MAX_ERROR_MESSAGE_CHARS),
         "programmingLanguage": "python",
-        "stackTrace": "".join(traceback.format_exception(exc)),
+        "stackTrace": _stack_trace(exc),
     })
+
+
+def _parent_arg(value: Parent | str | None, what: str) -> Parent | None:
+    """A ``parent=`` / ``root_parent=`` argument as ``(namespace, name, run_id)``, the run id in
+    canonical form; raises ValueError (construction-time misuse) when it is not one."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_parent_id(value)
+    if isinstance(value, (tuple, list)) and len(value) == 3:
+        namespace, name, run_id = value
+        if isinstance(namespace, str) and namespace and isinstance(name, str) and name:
+            return namespace, name, events.check_run_id(run_id, f"{what} run id")
+    raise ValueError(f"{what} must be (namespace, job name, run id) or \"<namespace>/<job name>/<run id>\", "
+                     f"got {value!r}")
 
 
 class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`, `@lineage_job(...)`
@@ -191,7 +250,21 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
     ``nominal_time`` (a datetime or epoch seconds, or a ``(start, end)`` pair),
     ``job_type`` (e.g. ``"JOB"``, or the JobTypeJobFacet fields), ``run_facets`` and
     ``job_facets`` (more facets, standard or custom), ``run_id`` (default: a new UUIDv7).
+    A ``parent=``/``root_parent=`` or ``run_id=`` that is not one raises ValueError here.
+
+    ``@lineage_job`` without parentheses is ``@lineage_job()``. A decorated generator (or
+    async generator) function's run spans its iteration: START when the first item is asked
+    for, COMPLETE when it is exhausted, FAIL when an exception escapes it, and ABORT when the
+    consumer closes it before the end (``break`` out of a ``for``, ``close()``, garbage
+    collection): the run stopped before its work was done, without an error. A generator
+    never iterated makes no run. Between items the run is current only inside the generator,
+    never in the code consuming it.
     """
+
+    def __new__(cls, name: str | Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        if callable(name) and not isinstance(name, str) and not args and not kwargs:
+            return cls()(name)   # @lineage_job without parentheses
+        return super().__new__(cls)
 
     def __init__(self, name: str | None = None, *, namespace: str | None = None,
                  producer: LineageProducer | None = None, inputs: Iterable[dict] = (),
@@ -205,15 +278,15 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         self._producer = producer
         self._inputs = list(inputs)
         self._outputs = list(outputs)
-        self._parent = parse_parent_id(parent) if isinstance(parent, str) else parent
-        self._root = parse_parent_id(root_parent) if isinstance(root_parent, str) else root_parent
+        self._parent = _parent_arg(parent, "parent")
+        self._root = _parent_arg(root_parent, "root_parent")
         self._run_facets = dict(run_facets or {})
         self._job_facets = dict(job_facets or {})
         if nominal_time is not None:
             self._run_facets.setdefault("nominalTime", _nominal_time_facet(nominal_time))
         if job_type is not None:
             self._job_facets.setdefault("jobType", _job_type_facet(job_type))
-        self._run_id = run_id
+        self._run_id = None if run_id is None else events.check_run_id(run_id)
         self._open_lock = threading.Lock()
         self._open: list[JobRun] = []   # this instance's runs entered and not yet exited
 
@@ -224,10 +297,15 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
             raise ValueError("lineage_job needs a job name when used as a context manager")
         producer = self._producer or default_producer()
         config = getattr(producer, "config", None)
-        parent, root = self._lineage(config)
-        run_facets = dict(self._run_facets)
-        if parent is not None:
-            run_facets.setdefault("parent", events.parent_facet(*parent, root=root))
+        try:
+            parent, root = self._lineage(config)
+            run_facets = dict(self._run_facets)
+            if parent is not None and "parent" not in run_facets:
+                run_facets["parent"] = events.parent_facet(*parent, root=root)
+        except Exception as err:  # noqa: BLE001 - lineage must never break the job
+            log.error("event=lineage_parent_failed job=%s detail=%s; the run has no parent facet", self._name, err)
+            parent = root = None
+            run_facets = dict(self._run_facets)
         run = JobRun(job_namespace=self._namespace or getattr(config, "namespace", None) or "default",
                      job_name=self._name, run_id=self._run_id or events.new_run_id(),
                      parent=parent, root=root, inputs=list(self._inputs), outputs=list(self._outputs),
@@ -240,6 +318,11 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         return run
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException | None, *, abort: bool = False) -> None:
+        """End this instance's run (see :meth:`_end_one_run`): ABORT if ``abort``, else
+        COMPLETE or FAIL as ``exc`` says. Never raises."""
         try:
             run = self._end_one_run()
             if run is None:
@@ -247,7 +330,9 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
                           "nothing emitted", self._name)
                 return
             producer = self._producer or default_producer()
-            if exc is None or (isinstance(exc, SystemExit) and _exit_succeeds(exc.code)):
+            if abort:
+                _emit(producer, run, "ABORT")
+            elif exc is None or (isinstance(exc, SystemExit) and _exit_succeeds(exc.code)):
                 # sys.exit(0) / sys.exit() (click and other CLIs end a successful command so) is
                 # a success for the process and its scheduler, as the Spark capture reads it too.
                 _emit(producer, run, "COMPLETE")
@@ -327,6 +412,74 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
 
     def __call__(self, func: F) -> F:
         name = f"{func.__module__}.{func.__qualname__}"
+        if inspect.isasyncgenfunction(func):
+            @functools.wraps(func)
+            async def run_async_gen(*args: Any, **kwargs: Any) -> Any:
+                job, view = self._for_call(name), _BodyView()
+                agen = func(*args, **kwargs)
+                with view:
+                    job.__enter__()
+                value: Any = None
+                thrown: BaseException | None = None
+                while True:
+                    with view:
+                        try:
+                            item = await (agen.athrow(thrown) if thrown is not None else agen.asend(value))
+                        except StopAsyncIteration:
+                            job._finish(None)
+                            return
+                        except BaseException as exc:
+                            job._finish(exc)
+                            raise
+                    try:
+                        value, thrown = (yield item), None
+                    except GeneratorExit:
+                        with view:
+                            try:
+                                await agen.aclose()
+                            except BaseException as exc:
+                                job._finish(exc)
+                                raise
+                            job._finish(None, abort=True)
+                        raise
+                    except BaseException as exc:
+                        value, thrown = None, exc
+            return run_async_gen  # type: ignore[return-value]
+
+        if inspect.isgeneratorfunction(func):
+            @functools.wraps(func)
+            def run_gen(*args: Any, **kwargs: Any) -> Any:
+                job, view = self._for_call(name), _BodyView()
+                gen = func(*args, **kwargs)
+                with view:
+                    job.__enter__()
+                value: Any = None
+                thrown: BaseException | None = None
+                while True:
+                    with view:
+                        try:
+                            item = gen.throw(thrown) if thrown is not None else gen.send(value)
+                        except StopIteration as stop:
+                            job._finish(None)
+                            return stop.value
+                        except BaseException as exc:
+                            job._finish(exc)
+                            raise
+                    try:
+                        value, thrown = (yield item), None
+                    except GeneratorExit:
+                        with view:
+                            try:
+                                gen.close()
+                            except BaseException as exc:
+                                job._finish(exc)
+                                raise
+                            job._finish(None, abort=True)
+                        raise
+                    except BaseException as exc:
+                        value, thrown = None, exc
+            return run_gen  # type: ignore[return-value]
+
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -339,6 +492,27 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
             with self._for_call(name):
                 return func(*args, **kwargs)
         return run  # type: ignore[return-value]
+
+
+class _BodyView:
+    """The current run as a decorated generator's body sees it, swapped in while the body
+    runs and out while it is paused: the consuming code never sees the generator's run (or
+    one the body left open across a ``yield``) as its own current run."""
+
+    def __init__(self) -> None:
+        self._body: JobRun | None = None
+        self._saved: list[JobRun | None] = []
+        self._started = False
+
+    def __enter__(self) -> None:
+        self._saved.append(_current.get())
+        if self._started:
+            _current.set(self._body)
+        self._started = True   # first step: the body starts from the consumer's current run
+
+    def __exit__(self, *exc: object) -> None:
+        self._body = _current.get()
+        _current.set(self._saved.pop())
 
 
 def _emit(producer: Any, run: JobRun, event_type: str, exc: BaseException | None = None) -> None:

@@ -13,7 +13,8 @@ producer's non-blocking, journaled delivery. A complete ``openlineage.yml``::
       # journalMaxBytes: 268435456
       # journalAdoptIntervalS: 10         # how often a dead process's journal is looked for
       # queueMaxEvents: 100000
-      # closeTimeoutS: 10
+      # closeTimeoutS: 10                 # also the bound of each emit's flush (below)
+      # flush: true                       # default, as the official Kafka transport
       properties:                         # librdkafka producer properties ("config" works too)
         bootstrap.servers: kafka-1:9092,kafka-2:9092
         # security.protocol: SASL_SSL
@@ -33,8 +34,16 @@ becomes ``OPENLINEAGE__TRANSPORT__TRANSPORTS__DEFAULT_HTTP__*``) are logged once
 skipped, as the official Kafka transport drops keys it does not know. While
 ``OPENLINEAGE_DISABLED=true`` the client builds no transport at all.
 ``emit`` converts the client's event object to a dict (``Serde.to_dict``, as the official
-transports do before serialising) and never blocks or raises; ``close(timeout)`` flushes,
-then journals what is left.
+transports do before serialising) and never raises. With ``flush: true`` (the default, as
+the official Kafka transport's), each ``emit`` then waits until Kafka acknowledged the event,
+for at most ``closeTimeoutS``, and what is still not acknowledged then is in the journal when
+``emit`` returns: Airflow's listener emits in a forked child that ends with ``os._exit(0)``,
+which runs no exit handler. To journal, that emit closes the producer (``transport.producer``),
+and the next ``emit`` builds a new one on the same configuration, which resends the journal
+(:mod:`producer.orphans`). While Kafka is not taking records that wait ends as soon as the
+producer is journaling (``stats.mode == "journal"``), not at the bound. With ``flush: false``
+``emit`` never waits: delivery is left to the producer's background thread, and to
+``close()`` or the exit handlers. ``close(timeout)`` flushes, then journals what is left.
 
 Needs ``openlineage-python`` (``pip install 'lineage-relay[openlineage]'``); the rest of
 the producer does not.
@@ -42,14 +51,17 @@ the producer does not.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
 from typing import Any
 
 from producer.config import ProducerConfig, build_config
-from producer.errors import MissingDependency
+from producer.errors import ConfigError, MissingDependency
 from producer.kafka import LineageProducer
 from producer.readers import env_foreign_keys
-from producer.sources import transport_layer
+from producer.sources import local_server_id_as_message_key, transport_layer
 
 try:
     import attr
@@ -60,21 +72,44 @@ except ImportError as err:
         "producer.openlineage_transport needs openlineage-python: pip install 'lineage-relay[openlineage]'"
     ) from err
 
+log = logging.getLogger("producer.openlineage_transport")
+
 #: The value for ``transport.type``.
 TRANSPORT_TYPE = f"{__name__}.LineageRelayTransport"
+#: How often a flushing emit looks whether the producer went into journal mode.
+_FLUSH_SLICE_S = 0.05
+
+
+def _flag(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(f"{where}: must be true or false")
 
 
 @attr.define
 class LineageRelayConfig(Config):
     producer_config: ProducerConfig
+    #: Wait after each emit until Kafka acknowledged it (bounded by ``close_timeout_s``),
+    #: else journal it before returning: the official Kafka transport's ``flush``.
+    flush: bool = True
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> LineageRelayConfig:
         # openlineage-python merged the OPENLINEAGE__TRANSPORT__* variables into ``params``:
         # those that are not ours (another transport's) are skipped, a typo in the file is not.
+        flush = True
+        rest = {}
+        for key, value in params.items():
+            if str(key).replace("_", "").lower() == "flush":
+                flush = _flag(value, f"transport.{key}")
+            else:
+                rest[key] = value
         foreign = env_foreign_keys(os.environ)
-        layer = transport_layer(params, "transport", skippable=lambda key: key.lower() in foreign)
-        return cls(build_config(layer.values, layer.origins))
+        layer = transport_layer(rest, "transport", skippable=lambda key: key.lower() in foreign)
+        local_server_id_as_message_key(layer)   # as every other source's transport section
+        return cls(build_config(layer.values, layer.origins), flush)
 
 
 class LineageRelayTransport(Transport):
@@ -84,7 +119,14 @@ class LineageRelayTransport(Transport):
     config_class = LineageRelayConfig
 
     def __init__(self, config: LineageRelayConfig) -> None:
+        self.config = config
+        self.flush = config.flush
         self.producer = LineageProducer(config.producer_config)
+        self._retired: LineageProducer | None = None   # the producer a flushing emit closed
+        # Held from choosing the producer to emit() returning, and by the close of a flushing
+        # emit: no event goes to a producer being closed (it would be dropped as "closed").
+        # Re-entrant: an emit() from a signal handler on a thread holding it must not hang.
+        self._lock = threading.RLock()
 
     def emit(self, event: Any) -> None:
         try:
@@ -92,7 +134,45 @@ class LineageRelayTransport(Transport):
         except Exception as err:  # noqa: BLE001 - never raise into the integration
             self.producer.drop("unencodable", err)
             return
-        self.producer.emit(doc)
+        with self._lock:
+            producer = self._live_producer()
+            if producer is None:
+                return
+            producer.emit(doc)
+        if self.flush:
+            try:
+                self._flush_or_journal(producer)
+            except Exception as err:  # noqa: BLE001 - never raise into the integration
+                log.error("event=flush_after_emit_failed detail=%r", err)
+
+    def _live_producer(self) -> LineageProducer | None:
+        """Under ``_lock``: the producer, a new one if a flushing emit closed the last (None,
+        logged, if it cannot be built: the event is lost)."""
+        if self.producer is self._retired:
+            try:
+                self.producer = LineageProducer(self.config.producer_config)
+            except Exception as err:  # noqa: BLE001 - never raise into the integration
+                log.error("event=dropped reason=no_producer detail=%s while building the producer that replaces "
+                          "the one a flushing emit closed", type(err).__name__)
+                return None
+        return self.producer
+
+    def _flush_or_journal(self, producer: LineageProducer) -> None:
+        """Wait until Kafka acknowledged every event, for at most ``close_timeout_s``, or
+        until the producer is journaling (Kafka not taking records); then, if any is still
+        not acknowledged, close the producer, which journals them before it returns (the
+        next emit builds a new producer, which resends the journal)."""
+        deadline = time.monotonic() + producer.config.close_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if producer.flush(max(0.0, min(_FLUSH_SLICE_S, left))) == 0:
+                return
+            if left <= 0 or producer.stats.mode != "direct":
+                break
+        with self._lock:
+            if self._retired is not producer:
+                producer.close(max(0.0, deadline - time.monotonic()))
+                self._retired = producer
 
     def wait_for_completion(self, timeout: float = -1) -> bool:
         """Flush; ``timeout`` < 0 means the producer's ``close_timeout_s``. True if all delivered."""

@@ -39,8 +39,9 @@ ours). So openlineage.yml ``type: http`` with ``OPENLINEAGE__TRANSPORT__TYPE=kaf
 HTTP setup, not ours. Keys are matched ignoring case and ``_`` (``messageKey`` =
 ``message_key`` = ``MESSAGEKEY``); ``config`` (Python client) and ``properties`` (Java
 client) both mean librdkafka properties, whose names may be written with ``_`` for ``.``;
-``topicName`` (Java) and ``topic`` (Python) both mean the topic; ``flush`` is accepted and
-ignored (``emit`` never waits for the broker); ``localServerId`` (the Java transport's record key
+``topicName`` (Java) and ``topic`` (Python) both mean the topic; ``flush`` is read by the
+openlineage-python plugin (:mod:`producer.openlineage_transport`) and ignored here
+(``LineageProducer.emit`` never waits for the broker); ``localServerId`` (the Java transport's record key
 before 1.13, an alias of ``messageKey`` until 1.16) is the message key when no ``messageKey`` is
 set, with a deprecation warning.
 
@@ -97,15 +98,15 @@ from producer.readers import (
     yaml_source,
 )
 
-__all__ = ["TRANSPORT_TYPES", "collect", "disabled", "find_yaml", "is_ours", "spark_disabled",
-           "spark_transport_type", "transport_layer"]
+__all__ = ["TRANSPORT_TYPES", "collect", "disabled", "find_yaml", "is_ours", "local_server_id_as_message_key",
+           "spark_disabled", "spark_transport_type", "transport_layer"]
 
 log = logging.getLogger("producer.config")
 
 # Normalised transport key (lower case, no "_") -> ProducerConfig field; None = ignored.
 _TRANSPORT_KEYS: dict[str, str | None] = {
     "type": None, "name": None, "priority": None, "flush": None,
-    "localserverid": "local_server_id",   # see _local_server_id
+    "localserverid": "local_server_id",   # see local_server_id_as_message_key
     "topic": "topic", "topicname": "topic",
     "messagekey": "message_key",
     "config": "properties", "properties": "properties",
@@ -298,7 +299,7 @@ def collect(overrides: Mapping[str, Any] | None = None, *,
         merged.update(parents)
     merged.update(explicit)
     merged.translate_by_source()
-    _local_server_id(merged)
+    local_server_id_as_message_key(merged)
     origins = dict(merged.origins)
     if note is not None:
         origins["transport_type"] = note
@@ -309,7 +310,7 @@ def collect(overrides: Mapping[str, Any] | None = None, *,
     return merged.values, origins
 
 
-def _local_server_id(merged: _Layer) -> None:
+def local_server_id_as_message_key(merged: _Layer) -> None:
     """``localServerId``: the record key in the official Java Kafka transport before 1.13, an
     alias of ``messageKey`` in 1.13-1.15, gone since; read as ``messageKey`` when that is not set."""
     value = merged.values.pop("local_server_id", None)

@@ -7,6 +7,7 @@ A reader tells them apart by the first two bytes: Avro single-object records sta
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Literal
 
@@ -17,8 +18,22 @@ ENCODINGS: tuple[str, ...] = ("json", "avro")
 
 
 def encode_json(event: dict) -> bytes:
-    """Compact UTF-8 JSON. Raises ``TypeError`` (orjson) for values JSON cannot carry."""
-    return orjson.dumps(event)
+    """Compact UTF-8 JSON. Whatever the official client's ``Serde.to_json`` (``json.dumps``)
+    writes is written: dict keys that are not strings (int, float, bool, None: as
+    ``json.dumps`` writes them) and integers beyond 64 bits, which orjson refuses (then
+    ``json.dumps`` writes the event). Raises ``TypeError`` or ``ValueError`` for values JSON
+    cannot carry (NaN and infinities are written as ``null``, as orjson writes them, unless
+    ``json.dumps`` is needed: then they raise)."""
+    try:
+        return orjson.dumps(event, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json_dumps(event).encode("utf-8")
+
+
+def json_dumps(value: object) -> str:
+    """``json.dumps`` as compact as orjson's output, for what orjson refuses (integers beyond
+    64 bits). NaN and infinities raise ``ValueError``: no JSON reader takes ``NaN``."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def encoder(encoding: str) -> Callable[[dict], bytes]:

@@ -37,6 +37,8 @@ from typing import Any
 
 import orjson
 
+from producer.codec import json_dumps
+
 try:
     import fastavro
     from fastavro.schema import to_parsing_canonical_form
@@ -137,7 +139,11 @@ _READERS: dict[bytes, dict] = {FINGERPRINT.to_bytes(8, "little"): _PARSED}
 
 
 def _text(value: Any) -> str:
-    return orjson.dumps(value).decode("utf-8")
+    # As the JSON encoding writes it (producer.codec.encode_json): non-str keys, big ints.
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode("utf-8")
+    except orjson.JSONEncodeError:
+        return json_dumps(value)
 
 
 def _extra(extra: dict) -> str | None:
@@ -151,9 +157,10 @@ def _facets(value: Any) -> Any:
 
 
 def _key(key: Any) -> str:
-    if type(key) is not str:
-        raise TypeError(f"object keys must be strings, got {type(key).__name__}")
-    return key
+    if type(key) is str:
+        return key
+    # A facet name that is not a str (int, float, bool, None) is written as JSON writes it.
+    return next(iter(orjson.loads(_text({key: None}))))
 
 
 _NO = object()

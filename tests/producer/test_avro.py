@@ -10,7 +10,7 @@ import pytest
 from producer import events
 from producer.codec import avro, encode_json
 from relay.stages.decode import decode_record
-from tests.support.spec import default_spec_dir
+from tests.support.spec import default_spec_dir, validator
 
 
 def _examples() -> list[tuple[str, dict]]:
@@ -74,11 +74,33 @@ def test_anything_json_survives_including_odd_and_invalid_events():
 
 
 def test_what_json_cannot_carry_is_refused_at_encode():
-    for bad in ({"n": 2**64}, {"d": {1: "int key"}}, {"o": object()}):
-        with pytest.raises(TypeError):
-            avro.encode(bad)
+    for bad in ({"o": object()}, {"d": {(1, 2): "tuple key"}}, {"n": 2**64, "o": object()}):
+        for encode in (avro.encode, encode_json):
+            with pytest.raises(TypeError):
+                encode(bad)
+    for encode in (avro.encode, encode_json):   # NaN where json.dumps writes the event: no JSON reader takes it
+        with pytest.raises(ValueError):
+            encode({"n": 2**64, "f": float("nan")})
     with pytest.raises(ValueError):
         avro.encode(["not", "an", "object"])  # type: ignore[arg-type]
+
+
+def test_what_the_official_client_writes_is_written_by_both_encodings():
+    """Integers beyond 64 bits and dict keys that are not strings: openlineage-python's
+    Serde.to_json (json.dumps) writes them, and so do both encodings, as json.dumps does."""
+    run_id = events.new_run_id()
+    facet = events.custom_facet({"total": 2**64 + 1, "negative": -(2**70), "histogram": {1: 3, 2.5: 4, None: 0}},
+                                schema_url="https://example.com/stats.json")
+    event = events.run_event("COMPLETE", run_id=run_id, job_namespace="n", job_name="j",
+                             run_facets={"stats": facet}, job_facets={7: events.custom_facet({"a": 1}, schema_url="https://example.com/a.json")})
+    expected = json.loads(json.dumps(event))
+    assert json.loads(encode_json(event)) == expected
+    assert json.loads(encode_json(event))["run"]["facets"]["stats"]["total"] == 2**64 + 1
+    assert encode_json({"a": 2**64, "b": "é"}) == '{"a":18446744073709551616,"b":"é"}'.encode()
+    record = avro.to_record(event)   # facets travel as JSON text: exactly what json.dumps writes
+    assert {k: json.loads(v) for k, v in record["run"][1]["facets"][1].items()} == expected["run"]["facets"]
+    assert avro.decode(avro.encode(event))["job"]["facets"] == expected["job"]["facets"]
+    validator().validate(json.loads(encode_json(event)))
 
 
 @pytest.mark.parametrize("data, message", [

@@ -112,3 +112,36 @@ def test_run_ids_are_emitted_in_canonical_form(written):
     parent = event["run"]["facets"]["parent"]
     assert parent["run"]["runId"] == parent["root"]["run"]["runId"] == canonical
     assert events.parse_parent_id(f"airflow/dag.task/{written}")[2] == canonical
+
+
+def test_event_time_must_carry_a_timezone_and_is_written_as_a_spec_date_time():
+    """A timezone-less event_time (string or naive datetime) fails the spec's date-time: the
+    builders refuse it (construction-time misuse); an aware one is written as iso() writes it."""
+    v = validator()
+    run_id = events.new_run_id()
+    builders = (
+        lambda t: events.run_event("START", run_id=run_id, job_namespace="n", job_name="j", event_time=t),
+        lambda t: events.dataset_event(events.dataset("s3://b", "d"), event_time=t),
+        lambda t: events.job_event(job_namespace="n", job_name="j", event_time=t),
+    )
+    for build in builders:
+        for naive in ("2024-01-01T00:00:00", datetime(2024, 1, 1)):
+            with pytest.raises(ValueError, match="no UTC offset|no timezone"):
+                build(naive)
+        for junk in ("yesterday", "", 1700000000):
+            with pytest.raises(ValueError, match="event_time|ISO 8601"):
+                build(junk)
+        for aware, written in (
+                ("2024-01-01T01:00:00+01:00", "2024-01-01T00:00:00.000000Z"),
+                ("2024-01-01T00:00:00.5Z", "2024-01-01T00:00:00.500000Z"),
+                (datetime(2024, 1, 1, tzinfo=timezone.utc), "2024-01-01T00:00:00.000000Z")):
+            event = build(aware)
+            assert event["eventTime"] == written
+            v.validate(json.loads(json.dumps(event)))
+
+
+def test_years_before_1000_are_zero_padded():
+    early = datetime(999, 1, 2, 3, 4, 5, 6, tzinfo=timezone.utc)
+    assert events.iso(early) == "0999-01-02T03:04:05.000006Z"
+    event = events.run_event("START", run_id=events.new_run_id(), job_namespace="n", job_name="j", event_time=early)
+    validator().validate(event)

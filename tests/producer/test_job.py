@@ -233,9 +233,11 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
+        self.events: list[dict] = []
 
     def emit(self, event: dict) -> None:
         self.seen.append((event["job"]["name"], event["eventType"], event["run"]["runId"]))
+        self.events.append(event)
 
 
 def test_a_generator_paused_inside_its_own_run_does_not_take_the_callers_end():
@@ -292,3 +294,151 @@ def test_sys_exit_is_complete_exactly_when_the_process_exits_with_status_0(statu
         with lineage_job("cli", producer=rec):
             raise SystemExit(status)
     assert rec.seen[-1][1] == ("COMPLETE" if exit_status == 0 else "FAIL")
+
+
+def test_a_huge_exception_message_still_emits_fail_capped(kafka, producer):
+    """The FAIL event of a ValueError carrying a whole payload was too large for Kafka and
+    dropped: message and stack trace are capped (the stack keeps its tail)."""
+    with pytest.raises(ValueError):
+        with lineage_job("huge.error", producer=producer):
+            raise ValueError("x" * 2_000_000)
+    assert producer.flush(10) == 0 and producer.stats.dropped == {}
+    _, fail = _events(kafka, producer, 2)
+    error = fail["run"]["facets"]["errorMessage"]
+    assert fail["eventType"] == "FAIL"
+    assert error["message"].startswith("ValueError: xxx") and "more characters]" in error["message"]
+    assert len(error["message"]) <= job.MAX_ERROR_MESSAGE_CHARS + 100
+    assert len(error["stackTrace"]) <= job.MAX_STACK_TRACE_CHARS + 100
+    assert "Traceback" in error["stackTrace"] and 'raise ValueError("x" * 2_000_000)' in error["stackTrace"]
+
+
+def test_a_deep_stack_keeps_its_innermost_frames():
+    def recurse(n):   # two functions in turn: traceback collapses only repeats of one line
+        if n == 0:
+            raise RuntimeError("at the bottom")
+        other(n - 1)
+
+    def other(n):
+        recurse(n)
+
+    rec = _Recorder()
+    with pytest.raises(RuntimeError):
+        with lineage_job("deep", producer=rec):
+            recurse(400)
+    stack = rec.events[-1]["run"]["facets"]["errorMessage"]["stackTrace"]
+    assert stack.startswith("[... ") and stack.endswith("RuntimeError: at the bottom\n")
+    assert len(stack) <= job.MAX_STACK_TRACE_CHARS + 100
+
+
+def test_the_decorator_without_parentheses(kafka, producer, monkeypatch):
+    monkeypatch.setattr(job, "_default", producer)   # no producer= argument without parentheses
+
+    @lineage_job
+    def refresh(x):
+        """Refreshes."""
+        return x + 1
+
+    assert refresh(41) == 42 and refresh.__name__ == "refresh" and refresh.__doc__ == "Refreshes."
+    start, complete = _events(kafka, producer, 2)
+    assert (start["eventType"], complete["eventType"]) == ("START", "COMPLETE")
+    assert start["job"]["name"] == f"{__name__}.test_the_decorator_without_parentheses.<locals>.refresh"
+
+
+def _by_run(rec) -> list[tuple[str, str]]:
+    return [(e["job"]["name"], e["eventType"]) for e in rec.events]
+
+
+def test_a_decorated_generator_run_spans_its_iteration():
+    rec = _Recorder()
+
+    @lineage_job("rows", producer=rec)
+    def rows(n):
+        got = yield 0
+        assert current_run().job_name == "rows"
+        with lineage_job("inside", producer=rec):
+            for i in range(1, n):
+                yield i + (got or 0)
+        return "done"
+
+    reader = rows(3)
+    assert rec.events == [], "no run before the first item is asked for"
+    assert next(reader) == 0
+    assert _by_run(rec) == [("rows", "START")]
+    assert current_run() is None, "the generator's run is never the consumer's"
+    assert reader.send(10) == 11
+    assert current_run() is None
+    with lineage_job("consumer", producer=rec) as consumer:
+        assert next(reader) == 12
+        assert current_run() is consumer
+    with pytest.raises(StopIteration) as stop:
+        next(reader)
+    assert stop.value.value == "done"
+    assert _by_run(rec) == [("rows", "START"), ("inside", "START"), ("consumer", "START"), ("consumer", "COMPLETE"),
+                            ("inside", "COMPLETE"), ("rows", "COMPLETE")]
+    rows_id = rec.events[0]["run"]["runId"]
+    assert rec.events[1]["run"]["facets"]["parent"]["run"]["runId"] == rows_id
+    assert "parent" not in rec.events[2]["run"]["facets"]
+    assert rec.events[-1]["run"]["runId"] == rows_id
+    for event in rec.events:
+        validator().validate(event)
+
+
+def test_a_decorated_generator_that_raises_fails_and_one_closed_early_aborts():
+    rec = _Recorder()
+
+    @lineage_job("gen", producer=rec)
+    def gen(fail_at=None):
+        for i in range(5):
+            if i == fail_at:
+                raise RuntimeError("fails during iteration")
+            yield i
+
+    with pytest.raises(RuntimeError):
+        for _ in gen(fail_at=2):
+            pass
+    assert _by_run(rec) == [("gen", "START"), ("gen", "FAIL")]
+    assert rec.events[-1]["run"]["facets"]["errorMessage"]["message"] == "RuntimeError: fails during iteration"
+    for _ in gen():
+        break   # the consumer stops early: closed, ABORT (the run stopped before its work was done)
+    assert _by_run(rec)[2:] == [("gen", "START"), ("gen", "ABORT")]
+    thrown = gen()
+    next(thrown)
+    with pytest.raises(KeyError):
+        thrown.throw(KeyError("from the consumer"))
+    assert _by_run(rec)[4:] == [("gen", "START"), ("gen", "FAIL")]
+    assert list(gen()) == [0, 1, 2, 3, 4] and _by_run(rec)[6:] == [("gen", "START"), ("gen", "COMPLETE")]
+    gen().close()   # never started: no run
+    assert len(rec.events) == 8 and current_run() is None
+    for event in rec.events:
+        validator().validate(event)
+
+
+def test_a_decorated_async_generator_run_spans_its_iteration():
+    rec = _Recorder()
+
+    @lineage_job("stream", producer=rec)
+    async def stream(fail=False):
+        for i in range(3):
+            await asyncio.sleep(0)
+            assert current_run().job_name == "stream"
+            yield i
+        if fail:
+            raise RuntimeError("stream broke")
+
+    async def main() -> None:
+        agen = stream()
+        assert await agen.__anext__() == 0
+        assert _by_run(rec) == [("stream", "START")] and current_run() is None
+        assert [i async for i in agen] == [1, 2]
+        assert _by_run(rec) == [("stream", "START"), ("stream", "COMPLETE")]
+        with pytest.raises(RuntimeError):
+            async for _ in stream(fail=True):
+                pass
+        early = stream()
+        await early.__anext__()
+        await early.aclose()
+
+    asyncio.run(main())
+    assert _by_run(rec)[2:] == [("stream", "START"), ("stream", "FAIL"), ("stream", "START"), ("stream", "ABORT")]
+    for event in rec.events:
+        validator().validate(event)

@@ -10,6 +10,7 @@ import pytest
 from producer import job
 from producer.config import ProducerConfig
 from producer.job import lineage_job
+from tests.support.spec import validator
 
 RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
 
@@ -106,11 +107,61 @@ def test_a_malformed_parent_id_is_ignored(monkeypatch, caplog):
     assert sum("OPENLINEAGE_PARENT_ID" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_a_bad_run_id_loses_the_events_not_the_function():
+def test_a_bad_run_id_or_parent_raises_where_lineage_job_is_constructed():
+    """Mistakes in lineage_job's own arguments raise at construction, never at an entry
+    (a nested lineage_job under a run with a bad run_id raised into the job)."""
     sender = Recorder()
-    with lineage_job("j", producer=sender, run_id="not-a-uuid"):
+    with pytest.raises(ValueError, match="run_id must be a UUID"):
+        lineage_job("outer", producer=sender, run_id="not-a-uuid")
+    for bad in (("ns", "p", "{{ run_id }}"), "ns/p/{{ run_id }}", ("ns", "p"), ("", "p", RUN_ID), 42):
+        with pytest.raises(ValueError, match="parent"):
+            lineage_job("j", producer=sender, parent=bad)
+        with pytest.raises(ValueError, match="root_parent|parent id"):
+            lineage_job("j", producer=sender, parent=("ns", "p", RUN_ID), root_parent=bad)
+    upper = "{" + RUN_ID.upper() + "}"
+    with lineage_job("outer", producer=sender, run_id=upper) as outer:
+        with lineage_job("inner", producer=sender):
+            pass
+    with lineage_job("j", producer=sender, parent=("ns", "p", upper), root_parent=["ns", "r", upper]):
         pass
-    assert sender.events == []
+    assert outer.run_id == RUN_ID
+    assert [(e["job"]["name"], e["eventType"]) for e in sender.events] == [
+        ("outer", "START"), ("inner", "START"), ("inner", "COMPLETE"), ("outer", "COMPLETE"), ("j", "START"),
+        ("j", "COMPLETE")]
+    assert sender.events[1]["run"]["facets"]["parent"]["run"]["runId"] == RUN_ID
+    assert sender.events[4]["run"]["facets"]["parent"]["root"]["run"]["runId"] == RUN_ID
+    for event in sender.events:
+        validator().validate(event)
+
+
+def test_a_parent_facet_that_cannot_be_built_costs_the_facet_not_the_job(caplog):
+    sender = Recorder()
+    with lineage_job("outer", producer=sender) as outer:
+        outer.run_id = "changed-by-the-job"   # what the inner run's parent facet is built from
+        with lineage_job("inner", producer=sender) as inner:
+            body_ran = True
+        outer.run_id = RUN_ID
+    assert body_ran and inner.parent is None
+    start = next(e for e in sender.events if e["job"]["name"] == "inner")
+    assert "parent" not in start["run"]["facets"]
+    validator().validate(start)
+    assert "event=lineage_parent_failed job=inner" in caplog.text
+
+
+def test_an_exception_whose_str_raises_still_emits_fail():
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    sender = Recorder()
+    with pytest.raises(Unprintable):
+        with lineage_job("j", producer=sender):
+            raise Unprintable()
+    assert [e["eventType"] for e in sender.events] == ["START", "FAIL"]
+    error = sender.events[1]["run"]["facets"]["errorMessage"]
+    assert error["message"] == "Unprintable: <exception str() failed>"
+    assert "raise Unprintable()" in error["stackTrace"]
+    validator().validate(sender.events[1])
 
 
 def test_openlineage_disabled_needs_no_configuration(no_config, monkeypatch, caplog):

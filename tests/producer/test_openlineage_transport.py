@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 
+import attr
 import pytest
 from openlineage.client import OpenLineageClient, event_v2
-from openlineage.client.facet_v2 import parent_run
+from openlineage.client.facet_v2 import RunFacet, parent_run
 from openlineage.client.uuid import generate_new_uuid
 
-from producer import events, readers
+from producer import LineageProducer, events, readers
 from producer.errors import ConfigError
-from producer.openlineage_transport import TRANSPORT_TYPE, LineageRelayTransport
-from tests.producer.support import decode
+from producer.openlineage_transport import TRANSPORT_TYPE, LineageRelayConfig, LineageRelayTransport
+from tests.producer.support import ROOT, decode
 from tests.support.kafka import read_topic
 from tests.support.spec import validator
 
@@ -110,3 +115,121 @@ def test_client_configured_by_environment_variables_alone(kafka, tmp_cwd, clean_
     assert client.close(10)
     records = read_topic(kafka.bootstrap_servers, topic, expected=2)
     assert [decode(r.value)["job"]["name"] for r in records] == ["env.job", "env.job"]
+
+
+# What Airflow's OpenLineage listener does: fork, build the client in the child, emit there,
+# and end the child with os._exit(0), which runs no exit handler (no producer close).
+_AIRFLOW_CHILD = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    for var in [v for v in os.environ if v.startswith("OPENLINEAGE")]:
+        del os.environ[var]
+    from openlineage.client import OpenLineageClient, event_v2
+    from producer import events
+    pid = os.fork()
+    if pid == 0:
+        client = OpenLineageClient(config={{"transport": {transport!r}}})
+        client.emit(event_v2.RunEvent(eventType=event_v2.RunState.COMPLETE, eventTime=events.utc_now_iso(),
+                                      producer=events.PRODUCER_URI, run=event_v2.Run(runId={run_id!r}),
+                                      job=event_v2.Job(namespace="airflow", name="dag.task")))
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child exit status", status, flush=True)
+    os._exit(0)
+""")
+
+
+def _airflow_task(transport: dict, run_id: str) -> None:
+    code = _AIRFLOW_CHILD.format(root=str(ROOT), transport=transport, run_id=run_id)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "child exit status 0" in done.stdout, done.stderr[-3000:]
+
+
+def test_an_event_emitted_in_a_forked_child_that_ends_with_os_exit_is_delivered(kafka, tmp_path):
+    """flush (default true, as the official Kafka transport's): emit returns once Kafka has
+    the event, so Airflow's task COMPLETE/FAIL, emitted in a child ended by os._exit(0), is sent."""
+    topic = kafka.new_topic("ol-fork")
+    run_id = str(generate_new_uuid())
+    _airflow_task({"type": TRANSPORT_TYPE, "topic": topic, "journalDir": str(tmp_path / "journal"),
+                   "config": {"bootstrap.servers": kafka.bootstrap_servers}}, run_id)
+    records = read_topic(kafka.bootstrap_servers, topic, expected=1, timeout_s=15)
+    doc = decode(records[0].value)
+    assert (doc["eventType"], doc["run"]["runId"]) == ("COMPLETE", run_id)
+    validator().validate(doc)
+
+
+def test_with_kafka_down_a_forked_childs_event_is_journaled_before_emit_returns(broker, tmp_path):
+    """What Kafka has not acknowledged when the flush's bound (closeTimeoutS) passes is in the
+    journal when emit returns: the next producer on the journal directory sends it."""
+    topic, journal = "ol-fork-down", tmp_path / "journal"
+    run_id = str(generate_new_uuid())
+    _airflow_task({"type": TRANSPORT_TYPE, "topic": topic, "journalDir": str(journal), "closeTimeoutS": 2,
+                   "config": {"bootstrap.servers": broker.bootstrap_servers}}, run_id)
+    broker.start()
+    broker.create_topic(topic, 1)
+    with LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic=topic, journal_dir=journal) as p:
+        assert p.flush(30) == 0
+        assert p.stats.replayed == 1
+    records = read_topic(broker.bootstrap_servers, topic, expected=1, timeout_s=15)
+    doc = decode(records[0].value)
+    assert (doc["eventType"], doc["run"]["runId"]) == ("COMPLETE", run_id)
+    validator().validate(doc)
+
+
+def test_flush_false_leaves_delivery_to_the_producer(kafka, tmp_cwd, clean_env):
+    topic = kafka.new_topic("ol-noflush")
+    client = OpenLineageClient(config={"transport": {
+        "type": TRANSPORT_TYPE, "topic": topic, "journalDir": str(tmp_cwd / "journal"), "flush": "false",
+        "config": {"bootstrap.servers": kafka.bootstrap_servers}}})
+    assert client.transport.flush is False
+    _emit_start_complete(client, "noflush.job")
+    assert client.close(10)
+    assert len(read_topic(kafka.bootstrap_servers, topic, expected=2)) == 2
+    with pytest.raises(ConfigError, match="transport.flush: must be true or false"):
+        LineageRelayConfig.from_dict({"topic": "t", "flush": "sometimes", "config": {"bootstrap.servers": "k:1"}})
+
+
+def test_local_server_id_in_the_plugins_section_is_the_message_key(kafka, tmp_cwd, clean_env, caplog, monkeypatch):
+    """The deprecated ``localServerId`` is read as ``messageKey`` (with a warning) by the
+    plugin as by every other source, not refused as an unknown ProducerConfig field."""
+    monkeypatch.setattr(readers, "_logged", set())   # logged once per process: as in a fresh one
+    caplog.set_level(logging.WARNING, "producer.config")
+    topic = kafka.new_topic("ol-lsid")
+    client = OpenLineageClient(config={"transport": {
+        "type": TRANSPORT_TYPE, "topic": topic, "journalDir": str(tmp_cwd / "journal"), "localServerId": "k1",
+        "config": {"bootstrap.servers": kafka.bootstrap_servers}}})
+    assert client.transport.producer.config.message_key == "k1"
+    assert "event=deprecated_setting key=transport.localServerId" in caplog.text
+    _emit_start_complete(client, "lsid.job")
+    assert client.close(10)
+    assert {r.key for r in read_topic(kafka.bootstrap_servers, topic, expected=2)} == {b"k1"}
+    config = LineageRelayConfig.from_dict({"topic": "t", "localServerId": "old", "messageKey": "new",
+                                           "config": {"bootstrap.servers": "k:1"}})
+    assert config.producer_config.message_key == "new"
+
+
+def test_events_the_official_client_can_send_are_not_dropped(kafka, tmp_cwd, clean_env):
+    """Integers beyond 64 bits and dict keys that are not strings: Serde.to_json (json.dumps)
+    writes them, so must we (orjson alone refused them: ``unencodable``)."""
+    @attr.define
+    class StatsFacet(RunFacet):
+        total: int = 0
+        histogram: dict = attr.field(factory=dict)
+
+    topic = kafka.new_topic("ol-bigint")
+    client = OpenLineageClient(config={"transport": {
+        "type": TRANSPORT_TYPE, "topic": topic, "journalDir": str(tmp_cwd / "journal"),
+        "config": {"bootstrap.servers": kafka.bootstrap_servers}}})
+    for facet in (StatsFacet(total=2**64 + 1), StatsFacet(histogram={1: 3, 2.5: 4})):
+        client.emit(event_v2.RunEvent(
+            eventType=event_v2.RunState.COMPLETE, eventTime=events.utc_now_iso(), producer=events.PRODUCER_URI,
+            run=event_v2.Run(runId=str(generate_new_uuid()), facets={"stats": facet}),
+            job=event_v2.Job(namespace="python", name="stats.job")))
+    assert client.transport.producer.stats.dropped == {}
+    assert client.close(10)
+    records = read_topic(kafka.bootstrap_servers, topic, expected=2)
+    big, keys = (json.loads(r.value) for r in records)   # json: the exact integer
+    assert big["run"]["facets"]["stats"]["total"] == 2**64 + 1
+    assert keys["run"]["facets"]["stats"]["histogram"] == {"1": 3, "2.5": 4}
+    for doc in (big, keys):
+        validator().validate(doc)
