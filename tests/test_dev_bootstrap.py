@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 DEV = Path(__file__).resolve().parents[1] / "dev"
-TOOLS = ("bash", "dirname", "sed", "head", "id", "grep", "rm", "touch")
+TOOLS = ("bash", "dirname", "sed", "head", "id", "grep", "rm", "touch", "readlink")
 
 
 def executable(path: Path, text: str) -> Path:
@@ -87,7 +87,7 @@ def test_a_venv_left_by_an_older_python_is_made_again(tmp_path):
     (root / ".venv" / "left-by-3.10").touch()
     done = run_dev(tmp_path, root, ("python3", "3.12"))
     assert done.returncode == 0, done
-    assert "dev: .venv runs Python 3.10; making it again with python3" in done.stderr
+    assert "dev: .venv cannot be used: it runs Python 3.10; making it again with python3" in done.stderr
     assert done.stdout == "started: demo --no-spark\n"
     assert not (root / ".venv" / "left-by-3.10").exists()
     lines = log_lines(tmp_path)
@@ -102,7 +102,8 @@ def test_a_venv_the_user_named_is_never_removed(tmp_path):
     fake_python(theirs / "bin" / "python", "3.9", tmp_path / "old-log")
     done = run_dev(tmp_path, root, ("python3", "3.12"), env={"LINEAGE_RELAY_VENV": str(theirs)})
     assert done.returncode == 1, done
-    assert f"LINEAGE_RELAY_VENV={theirs} runs Python 3.9; the project needs 3.11 or later" in done.stderr
+    assert f"LINEAGE_RELAY_VENV={theirs} cannot be used: it runs Python 3.9; the project needs a venv of " \
+           "Python 3.11 or later" in done.stderr
     assert f"fix: remove {theirs}, or point LINEAGE_RELAY_VENV at a new directory" in done.stderr
     assert (theirs / "bin" / "python").exists() and "started" not in done.stdout
     assert log_lines(tmp_path) == []
@@ -150,5 +151,44 @@ def test_a_venv_whose_python_is_gone_is_made_again(tmp_path):
     os.symlink(tmp_path / "uninstalled-python3.11", root / ".venv" / "bin" / "python")
     done = run_dev(tmp_path, root, ("python3", "3.13"))
     assert done.returncode == 0, done
-    assert "dev: .venv runs Python none (it does not run); making it again with python3" in done.stderr
+    assert "dev: .venv cannot be used: its Python is gone" in done.stderr and "making it again" in done.stderr
+    assert log_lines(tmp_path)[0] == "python3 made .venv"
+
+
+def test_a_folder_named_by_lineage_relay_venv_is_kept_when_the_venv_cannot_be_made(tmp_path):
+    """A LINEAGE_RELAY_VENV naming an existing folder (a mistake) with no venv in it: a failed
+    ``python -m venv`` removed the whole folder."""
+    root = project(tmp_path)
+    theirs = tmp_path / "my-envs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    done = run_dev(tmp_path, root, ("python3", "3.11"), env={"LINEAGE_RELAY_VENV": str(theirs)}, venv_works=False)
+    assert done.returncode == 1 and "ensurepip is not available" in done.stderr, done
+    assert (theirs / "notes.txt").read_text() == "mine"
+
+
+def test_a_venv_whose_python_does_not_start_is_named_and_kept(tmp_path):
+    """PYTHONHOME set for another Python makes every interpreter fail at start: the working
+    .venv was taken for one of an older Python and removed (a full reinstall), and the
+    message blamed it."""
+    root = project(tmp_path)
+    executable(root / ".venv" / "bin" / "python",
+               "#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 1\n")
+    (root / ".venv" / ".installed").touch()
+    done = run_dev(tmp_path, root, ("python3", "3.12"), env={"PYTHONHOME": "/nonexistent"})
+    assert done.returncode == 1, done
+    assert "dev: .venv/bin/python does not start (PYTHONHOME=/nonexistent is set)" in done.stderr
+    assert "fix: unset PYTHONHOME/PYTHONPATH" in done.stderr
+    assert (root / ".venv" / "bin" / "python").exists() and log_lines(tmp_path) == []
+
+
+def test_a_venv_made_without_pip_by_an_older_dev_is_made_again(tmp_path):
+    """An older ./dev on a Debian without ensurepip left .venv/bin/python and no pip: every
+    run then failed with "install failed" and no fix."""
+    root = project(tmp_path)
+    executable(root / ".venv" / "bin" / "python",
+               '#!/bin/sh\ncase "$*" in *"-m pip --version"*) echo "No module named pip" >&2; exit 1 ;; esac\nexit 0\n')
+    done = run_dev(tmp_path, root, ("python3", "3.12"))
+    assert done.returncode == 0, done
+    assert "dev: .venv cannot be used: it has no pip (made half-way); making it again with python3" in done.stderr
     assert log_lines(tmp_path)[0] == "python3 made .venv"
