@@ -70,8 +70,10 @@ class WorkerLink:
             os.write(self.report_fd, f"{port}\n".encode())
         except (BrokenPipeError, OSError):
             return False
+        finally:
+            with suppress(OSError):
+                os.close(self.report_fd)
         return True
-        os.close(self.report_fd)
 
     def watch_lifeline(self, loop: asyncio.AbstractEventLoop, on_parent_gone: Callable[[], None]) -> None:
         """Call ``on_parent_gone()`` once the supervisor is gone (the life-line reads EOF)."""
@@ -96,7 +98,11 @@ def read_once(path: str | None) -> bytes | None:
     if not path:
         return None
     try:
-        if stat.S_ISREG(os.stat(path).st_mode):
+        # /dev/stdin, /dev/fd/N, /proc/self/fd/N name this process's descriptors, which workers
+        # do not have (their stdin is /dev/null): read once even when a regular file is behind
+        # (`--config /dev/stdin < relay.yaml`).
+        own_descriptor = os.path.abspath(path).startswith(("/dev/", "/proc/"))
+        if stat.S_ISREG(os.stat(path).st_mode) and not own_descriptor:
             return None
         return Path(path).read_bytes()
     except OSError:

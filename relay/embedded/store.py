@@ -160,7 +160,16 @@ class LineageStore:
             uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
             try:
-                have = {name for (name,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                try:
+                    have = self._tables()
+                except sqlite3.OperationalError as err:
+                    if "readonly" not in str(err):
+                        raise
+                    # A hot journal (a writer stopped mid-transaction) needs a connection that
+                    # may roll it back, as any SQLite reader does; still no table is created.
+                    self._db.close()
+                    self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                    have = self._tables()
                 if missing := sorted(_TABLES - have):
                     raise sqlite3.DatabaseError(f"it has no table {', '.join(missing)}")
             except BaseException:
@@ -170,6 +179,9 @@ class LineageStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         with self._lock:
             self._db.executescript(_SCHEMA)
+
+    def _tables(self) -> set[str]:
+        return {name for (name,) in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
     def close(self) -> None:
         with self._lock:

@@ -114,8 +114,9 @@ def request_from_args(args: argparse.Namespace, config: RelayConfig) -> ReplayRe
         raise OpsError("--max-events must be at least 1")
     from_offsets = parse_offsets(args.from_offset, "--from-offset") or None
     to_offsets = parse_offsets(args.to_offset, "--to-offset") or None
-    from_ms = parse_time(args.from_time, "--from-time") if args.from_time else None
-    to_ms = parse_time(args.to_time, "--to-time") if args.to_time else None
+    # `is not None`: a blank value (an unset variable) is refused, not read as no bound.
+    from_ms = parse_time(args.from_time, "--from-time") if args.from_time is not None else None
+    to_ms = parse_time(args.to_time, "--to-time") if args.to_time is not None else None
     if from_offsets and to_offsets:
         backwards = sorted(p for p in from_offsets if p in to_offsets and to_offsets[p] < from_offsets[p])
         if backwards:

@@ -177,14 +177,30 @@ def test_reporting_the_port_to_a_supervisor_already_gone_is_no_crash():
     BrokenPipeError out of the worker's start-up (``relay_failed``, a traceback, exit 1)."""
     read_end, write_end = os.pipe()
     os.close(read_end)
-    try:
-        assert WorkerLink(0, write_end, -1).report_port(8080) is False
-    finally:
-        os.close(write_end)
+    assert WorkerLink(0, write_end, -1).report_port(8080) is False
     read_end, write_end = os.pipe()
     try:
         assert WorkerLink(0, write_end, -1).report_port(8080) is True
         assert os.read(read_end, 16) == b"8080\n"
+        assert os.read(read_end, 16) == b"", "the write end is still open (a descriptor held for the worker's life)"
     finally:
         os.close(read_end)
-        os.close(write_end)
+    for fd in (write_end,):   # closed by report_port either way
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_a_config_named_by_a_descriptor_path_is_read_once_even_over_a_regular_file(tmp_path):
+    """``--config /dev/stdin < relay.yaml``: /dev/stdin is a regular file then, but workers'
+    stdin is /dev/null: the supervisor must read it for them."""
+    from relay.worker_link import read_once
+
+    config = tmp_path / "relay.yaml"
+    config.write_text("kafka: {bootstrap_servers: 'h:9092'}\n")
+    assert read_once(str(config)) is None   # a regular file: each worker reads it again
+    fd = os.open(config, os.O_RDONLY)
+    try:
+        assert read_once(f"/proc/self/fd/{fd}") == config.read_bytes()
+        assert read_once(f"/dev/fd/{fd}") == config.read_bytes()
+    finally:
+        os.close(fd)

@@ -7,6 +7,7 @@ Without Chromium these tests skip, unless LINEAGE_RELAY_REQUIRE_ALL=1: then they
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import struct
 import subprocess
@@ -255,6 +256,28 @@ def test_graph_never_writes_to_the_store_and_names_the_tables_a_foreign_database
     assert cli_main(["graph", "--store", str(db_path), "--upstream", "gold.daily_revenue.total_revenue"]) == 0
     assert "what feeds gold.daily_revenue.total_revenue?" in capsys.readouterr().out
     assert db_path.read_bytes() == before
+
+
+def test_a_store_left_with_a_hot_journal_by_a_killed_writer_still_answers(store, tmp_path, capsys):
+    """A recording collector killed mid-transaction leaves a hot journal, which a read-only
+    connection cannot roll back ("attempt to write a readonly database"): the store was
+    refused as "not a lineage store"."""
+    db_path = tmp_path / "lineage.sqlite"
+    with LineageStore(db_path) as s:
+        for event in store.events():
+            s.add(event)
+    pid = os.fork()
+    if pid == 0:   # the writer: a transaction bigger than its cache, then killed
+        db = sqlite3.connect(db_path, isolation_level=None)
+        db.execute("PRAGMA cache_size=1")
+        db.execute("BEGIN")
+        for _ in range(3000):
+            db.execute("INSERT INTO events (body) VALUES (?)", ("x" * 500,))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert (tmp_path / "lineage.sqlite-journal").exists(), "no hot journal to test with"
+    assert cli_main(["graph", "--store", str(db_path), "--upstream", "gold.daily_revenue.total_revenue"]) == 0
+    assert "what feeds gold.daily_revenue.total_revenue?" in capsys.readouterr().out
 
 
 def test_demo_arguments_and_an_output_path_taken_by_a_file_are_refused_clearly(tmp_path, monkeypatch, capsys):

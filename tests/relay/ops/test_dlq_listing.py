@@ -102,3 +102,8 @@ def test_an_offset_flag_that_names_no_offset_is_refused_not_read_as_no_bound(tmp
                    else [*argv, "--config", str(path)]) == 2, argv
         err = capsys.readouterr().err
         assert f"{flag} " in err and "names no offset; expected PARTITION:OFFSET" in err, (argv, err)
+    for argv, flag in [(["--from-time", "", "--to-end"], "--from-time"),
+                       (["--from-offset", "0:0", "--to-time", ""], "--to-time")]:
+        assert cli(["replay", *argv, "--config", str(path), "--collector", "a"]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{flag} '': expected an ISO-8601 date-time" in err, (argv, err)
