@@ -72,7 +72,23 @@ class DatasetRef:
 
 def dataset_refs(rel: Relation | None, settings: CaptureSettings, errors: list[dict] | None = None) -> list[DatasetRef]:
     """Every dataset a relation stands for (several root paths may be several datasets, a
-    JDBC query the tables it reads); why there is none, when that is known, into ``errors``."""
+    JDBC query the tables it reads); why there is none, when that is known, into ``errors``.
+    A dataset whose namespace (or symlink namespace) could hold a credential is dropped
+    (:func:`naming.unsafe_namespace`), with an error naming why but not the value."""
+    refs = _dataset_refs(rel, settings, errors)
+    safe = []
+    for ref in refs:
+        why = naming.unsafe_namespace(ref.namespace) or (
+            naming.unsafe_namespace(ref.symlink[0]) if ref.symlink is not None else None)
+        if why is None:
+            safe.append(ref)
+        elif errors is not None:
+            errors.append({"errorMessage": f"dataset dropped: its namespace would hold {why}, "
+                                           "possibly a credential"})
+    return safe
+
+
+def _dataset_refs(rel: Relation | None, settings: CaptureSettings, errors: list[dict] | None) -> list[DatasetRef]:
     if rel is None:
         return []
     if rel.jdbc_url:
@@ -284,7 +300,7 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
             schemas[index] = _attr_schema(leaf_nodes[i].exprs("output"))
 
     outputs: list[dict] = []
-    out_refs = dataset_refs(snap.output, settings)
+    out_refs = dataset_refs(snap.output, settings, errors)
     if out_refs:
         ref = out_refs[0]
         schema = _output_schema(snap, query)
