@@ -162,11 +162,13 @@ def _output_ids(exprs: list[Node]) -> list[int | None]:
     return [e.expr_id for e in exprs]
 
 
-def trace(query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> ColumnLineageResult:
+def trace(query: Node, leaf_dataset: Callable[[int, Node], int | Iterable[int] | None]) -> ColumnLineageResult:
     """Trace ``query``'s output columns back to the input datasets.
 
-    ``leaf_dataset(i, leaf)`` gives the input dataset index of the ``i``-th leaf or None for
-    leaves that are not datasets (an in-memory DataFrame); leaves are numbered in
+    ``leaf_dataset(i, leaf)`` gives the input dataset index of the ``i``-th leaf, the indexes
+    of every dataset that holds its columns (several directories read as one), or None /
+    nothing for leaves whose columns are no dataset's (an in-memory DataFrame, a JDBC
+    query's result); leaves are numbered in
     :func:`leaf_groups` order (the main plan's in pre-order, then each subquery plan's).
     """
     return _Tracer(query, leaf_dataset).run()
@@ -175,7 +177,7 @@ def trace(query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> Colum
 class _Tracer:
     """One trace: lineage by exprId, each plan node's output ids, CTE definitions' outputs."""
 
-    def __init__(self, query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> None:
+    def __init__(self, query: Node, leaf_dataset: Callable[[int, Node], int | Iterable[int] | None]) -> None:
         self.query = query
         self.leaf_dataset = leaf_dataset
         self.attrs: dict[int, Lineage] = {}
@@ -342,11 +344,12 @@ class _Tracer:
                     self.attrs.setdefault(e.expr_id, {})
             return
         index = self.leaf_index.get(id(node))
-        ds = self.leaf_dataset(index, node) if index is not None else None
+        found = self.leaf_dataset(index, node) if index is not None else None
+        datasets = () if found is None else (found,) if isinstance(found, int) else tuple(found)
         for e in exprs:
             if e.expr_id is not None:
-                self.attrs[e.expr_id] = ({} if ds is None or e.name is None
-                                         else {((ds, e.name), "DIRECT", "IDENTITY"): False})
+                self.attrs[e.expr_id] = ({} if e.name is None
+                                         else {((ds, e.name), "DIRECT", "IDENTITY"): False for ds in datasets})
 
     def _generate(self, node: Node) -> None:
         """``explode(arr)`` and the like: every generated column derives from the generator's

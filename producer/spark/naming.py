@@ -114,7 +114,13 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     raw = _SUB_PROTOCOL.sub(r"\1://", raw, count=1)
     # The authority by hand, not urlsplit's netloc: MySQL's (host=h,port=p,password=x) and
     # address=(host=h)(password=x) forms hold "/", "@", "[" and "#" that urlsplit misreads.
-    authority, path = _split_authority(raw.partition("://")[2])
+    if "://" in raw:
+        authority, path = _split_authority(raw.partition("://")[2])
+    else:   # jdbc:derby:memory:db, jdbc:sqlite:/x.db: no server, a path
+        try:
+            authority, path = "", urlsplit(raw).path
+        except ValueError:
+            authority, path = "", ""
     namespace_scheme = _JDBC_SCHEMES.get(scheme, scheme)
     default_port = DEFAULT_PORTS.get(namespace_scheme)
     if namespace_scheme == "teradata":   # jdbc:teradata://host/DATABASE=db,DBS_PORT=1025

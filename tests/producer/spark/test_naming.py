@@ -279,3 +279,12 @@ def test_no_jdbc_password_reaches_an_event(spark):
     assert "s3cretpw" not in json.dumps(recorder.events).lower()
     for event in recorder.events:
         validator().validate(event)
+
+
+@pytest.mark.parametrize("url, expected", [
+    # URLs without "//" (no server): named as before the key-value host parsing.
+    ("jdbc:derby:memory:db;create=true;user=etl;password=S3cretPw", ("derby://", "memory.t")),
+    ("jdbc:sqlite:/tmp/x.db", ("sqlite://", "tmp/x.db.t")),
+])
+def test_a_jdbc_url_without_a_server_keeps_its_name(url, expected):
+    assert from_jdbc(url, "t") == expected
