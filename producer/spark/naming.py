@@ -29,7 +29,9 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-_PARTITION = re.compile(r"^[^/=]+=[^/]*$")
+#: ``col=value``: a partition directory. Spark escapes ``?``, ``#`` and ``=`` in partition
+#: names and values, so a segment holding ``?`` or ``#`` is a directory's own name.
+_PARTITION = re.compile(r"^[^/=?#]+=[^/?#]*$")
 _SECRET_PARAMS = re.compile(r"(?i)(password|passwd|pwd|secret|token|key|credential|sig|signature)")
 _JDBC_SCHEMES = {
     "postgresql": "postgres", "postgres": "postgres", "mysql": "mysql", "mariadb": "mysql",
@@ -48,8 +50,11 @@ _SUB_PROTOCOL = re.compile(r"^([\w-]+)(?:[+:][\w+:-]*)?://")
 
 
 def strip_partitions(path: str) -> str:
+    """``path`` without its trailing partition directories (``/t/year=2026/m=1`` -> ``/t``),
+    never down to nothing: the last remaining segment is kept (``s3a://b/x=1`` is ``x=1`` of
+    the bucket, not the bucket's root)."""
     parts = path.rstrip("/").split("/")
-    while len(parts) > 1 and _PARTITION.match(parts[-1]):
+    while sum(1 for p in parts if p) > 1 and _PARTITION.match(parts[-1]):
         parts.pop()
     return "/".join(parts) or "/"
 
@@ -60,13 +65,37 @@ def _netloc(host: str | None, port: int | None) -> str:
     return f"{host}:{port}" if port else host
 
 
+#: Hadoop file systems: their paths have no query and no fragment, a ``?`` or ``#`` is part
+#: of a file's name (``/runs/run#1``), never cut off.
+FILE_SYSTEM_SCHEMES = frozenset({
+    "file", "hdfs", "viewfs", "webhdfs", "swebhdfs", "har", "s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs",
+    "adl", "dbfs", "oss", "cos", "cosn", "obs", "ofs", "o3fs", "alluxio", "jfs", "lakefs", "maprfs"})
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+
+
+def _uri_scheme(uri: str) -> str:
+    m = _SCHEME.match(uri)
+    return m.group(1).lower() if m else ""
+
+
+def is_file_system_path(uri: str) -> bool:
+    """Whether ``uri`` is a Hadoop path (absolute, or of a file-system scheme)."""
+    return uri.startswith("/") or _uri_scheme(uri) in FILE_SYSTEM_SCHEMES
+
+
 def from_path(uri: str) -> tuple[str, str]:
     """(namespace, name) of a file-system path or URI."""
     if uri.startswith("/"):
         return "file", strip_partitions(uri)
-    parts = urlsplit(uri)
+    file_system = is_file_system_path(uri)
+    parts = urlsplit(uri, allow_fragments=not file_system)
     scheme = (parts.scheme or "file").lower()
-    path = strip_partitions(parts.path or "/")
+    raw_path = parts.path
+    if file_system and parts.query:   # "?" of a Hadoop path: part of the name
+        raw_path = f"{raw_path}?{parts.query}"
+    elif file_system and uri.endswith("?") and not parts.query:
+        raw_path = f"{raw_path}?"
+    path = strip_partitions(raw_path or "/")
     host = parts.hostname
     if scheme == "file":
         return "file", path
@@ -391,7 +420,18 @@ def _oracle(raw: str) -> tuple[str, str]:
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` without user info and without credential-like query parameters."""
+    """``uri`` without user info and without credential-like query parameters. A Hadoop path
+    (:func:`is_file_system_path`) has neither query nor fragment: only its user info goes,
+    the rest is kept as it is (``/runs/run#1``, ``s3a://b/q?x=1``)."""
+    if is_file_system_path(uri):
+        if uri.startswith("/") or "://" not in uri:
+            return uri
+        scheme, _, rest = uri.partition("://")
+        end = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
+        netloc, tail = rest[:end], rest[end:]
+        if "@" in netloc and scheme.lower() not in ("abfs", "abfss", "wasb", "wasbs"):
+            netloc = netloc.rsplit("@", 1)[1]
+        return f"{scheme}://{netloc}{tail}"
     try:
         parts = urlsplit(uri)
     except ValueError:

@@ -163,3 +163,13 @@ def test_a_read_of_several_directories_credits_each_with_the_columns_and_schema(
     for column in ("id", "name"):
         assert sorted((i["name"], i["field"]) for i in fields[column]["inputFields"]) == [(d1, column), (d2, column)]
     validator().validate(done)
+
+
+def test_a_directory_named_with_a_hash_or_question_mark_keeps_its_name(spark, tmp_path, captured):
+    """Hadoop paths have no fragment and no query: ``run#1`` was named ``run`` (and ``q?x=1``
+    ``q``), another directory."""
+    df = spark.createDataFrame([(1,)], "id INT")
+    for name in ("run#1", "q?x=1"):
+        path = str(tmp_path / name)
+        done = _completed(spark, captured, lambda: df.write.mode("overwrite").parquet(path))
+        assert _names(done["outputs"]) == [("file", path)]

@@ -288,3 +288,39 @@ def test_no_jdbc_password_reaches_an_event(spark):
 ])
 def test_a_jdbc_url_without_a_server_keeps_its_name(url, expected):
     assert from_jdbc(url, "t") == expected
+
+
+@pytest.mark.parametrize("uri, expected", [
+    # Hadoop paths have no query and no fragment: "?" and "#" are part of a name.
+    ("/data/run#1", ("file", "/data/run#1")),
+    ("file:/data/run#1", ("file", "/data/run#1")),
+    ("file:///data/q?x=1", ("file", "/data/q?x=1")),
+    ("hdfs://nn:8020/data/a?b#c", ("hdfs://nn:8020", "/data/a?b#c")),
+    ("s3a://AKIAX:S3cretPw@bucket/k#1", ("s3://bucket", "k#1")),
+    ("abfss://c@acc.dfs.core.windows.net/p#x", ("abfss://c@acc.dfs.core.windows.net", "p#x")),
+])
+def test_a_file_system_path_keeps_its_question_mark_and_hash(uri, expected):
+    from producer.spark.naming import from_path, redact_uri
+
+    assert from_path(redact_uri(uri)) == expected
+
+
+def test_a_uri_that_is_no_file_system_path_still_loses_its_credentials():
+    from producer.spark.naming import redact_uri
+
+    assert redact_uri("https://etl:S3cretPw@h/x?password=S3cretPw&a=2#f") == "https://h/x?a=2"
+
+
+@pytest.mark.parametrize("uri, expected", [
+    # Partition directories go, never the last segment: a table at a bucket's or file
+    # system's root keeps its name.
+    ("s3a://b/x=1", ("s3://b", "x=1")),
+    ("s3a://b/t/x=1/y=2", ("s3://b", "t")),
+    ("/x=1", ("file", "/x=1")),
+    ("hdfs://nn:8020/a=1", ("hdfs://nn:8020", "/a=1")),
+    ("/data/t/p=1", ("file", "/data/t")),
+])
+def test_partition_stripping_never_empties_a_name(uri, expected):
+    from producer.spark.naming import from_path
+
+    assert from_path(uri) == expected
