@@ -189,9 +189,9 @@ def _source_uri(namespace: str) -> str:
 _URI_SAFE = "-._~:/?#[]@!$&'()*+,;=%"
 
 
-#: Save mode -> lifecycleStateChange. ErrorIfExists and Ignore write only a new dataset;
-#: Append changes none.
-_LIFECYCLE = {"Overwrite": "OVERWRITE", "Create": "CREATE", "ErrorIfExists": "CREATE", "Ignore": "CREATE"}
+#: Save mode -> lifecycleStateChange. ErrorIfExists writes only a new dataset; Append changes
+#: none; Ignore writes nothing when the dataset exists (and whether it did is not known here).
+_LIFECYCLE = {"Overwrite": "OVERWRITE", "Create": "CREATE", "ErrorIfExists": "CREATE"}
 
 
 @dataclass

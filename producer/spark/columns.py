@@ -32,7 +32,9 @@ SourceField = tuple[int, str]                 # (input dataset index, column nam
 Lineage = dict[tuple[SourceField, str, str], bool]
 
 _RANK = {"IDENTITY": 0, "TRANSFORMATION": 1, "AGGREGATION": 2}
-MASKING_FUNCTIONS = frozenset({"Sha1", "Sha2", "Md5", "Crc32", "Murmur3Hash", "XxHash64", "HiveHash", "Mask"})
+#: Functions whose result does not reveal the values they read (as the official
+#: ExpressionTraverser's list, Count included: a count carries no value of its column).
+MASKING_FUNCTIONS = frozenset({"Sha1", "Sha2", "Md5", "Crc32", "Murmur3Hash", "XxHash64", "HiveHash", "Mask", "Count"})
 #: Window functions computed from the window's ordering alone: their arguments are the
 #: ORDER BY columns, an INDIRECT (WINDOW) dependency rather than a value they carry.
 RANKING_FUNCTIONS = frozenset({"Rank", "DenseRank", "PercentRank", "RowNumber", "NTile", "CumeDist"})

@@ -173,3 +173,14 @@ def test_a_directory_named_with_a_hash_or_question_mark_keeps_its_name(spark, tm
         path = str(tmp_path / name)
         done = _completed(spark, captured, lambda: df.write.mode("overwrite").parquet(path))
         assert _names(done["outputs"]) == [("file", path)]
+
+
+def test_an_ignored_write_reports_no_lifecycle_change(spark, tmp_path, captured):
+    """mode("ignore") on an existing path writes nothing: it was reported as a CREATE."""
+    df = spark.createDataFrame([(1,)], "id INT")
+    path = str(tmp_path / "e")
+    df.write.parquet(path)
+    drain(spark)
+    done = _completed(spark, captured, lambda: df.write.mode("ignore").parquet(path))
+    assert _names(done["outputs"]) == [("file", path)]
+    assert "lifecycleStateChange" not in done["outputs"][0]["facets"]

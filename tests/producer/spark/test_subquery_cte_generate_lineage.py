@@ -194,6 +194,7 @@ def set_ops(spark, tmp_path_factory):
         "sql_unpivot": lambda: spark.sql("SELECT * FROM (SELECT id, v, u FROM set_ops_a) "
                                          "UNPIVOT (val FOR var IN (v, u))"),
         "melt": lambda: a().select("id", "v", F.col("id").alias("k")).melt("id", ["v", "k"], "var", "val"),
+        "count": lambda: a().groupBy("name").agg(F.count("id").alias("c"), F.sum("v").alias("s")),
     }
     recorder = Recorder()
     enable_lineage(spark, producer=recorder, namespace=APP, app_name=APP)
@@ -298,3 +299,13 @@ def test_an_unknown_node_with_its_own_output_exposes_it_and_no_field_leaves_the_
         ("id", {((1, "id"), "DIRECT", "IDENTITY"): False}), ("extra", {((1, "x"), "DIRECT", "IDENTITY"): False})])
     fields, _ = columns.facet_fields(traced, [("file", "/a"), ("file", "/b")], ["id", "name"])
     assert set(fields) == {"name"}   # "id" traced twice: which one is not known
+
+
+def test_a_count_masks_the_column_it_counts(set_ops):
+    """As the official integration's masking functions: a count reveals no value of ``id``."""
+    fields = set_ops["count"]["outputs"][0]["facets"]["columnLineage"]["fields"]
+    [counted] = fields["c"]["inputFields"]
+    assert (counted["field"], counted["transformations"]) == (
+        "id", [{"type": "DIRECT", "subtype": "AGGREGATION", "masking": True}])
+    [summed] = fields["s"]["inputFields"]
+    assert summed["transformations"] == [{"type": "DIRECT", "subtype": "AGGREGATION", "masking": False}]
