@@ -89,6 +89,8 @@ def test_a_jdbc_query_read_invents_no_column_and_no_schema_for_its_table(spark, 
     from tests.producer.spark.support import Recorder, drain
     from tests.support.spec import validator
 
+    # Derby writes its log where the JVM runs unless told (read when Derby boots).
+    spark._jvm.java.lang.System.setProperty("derby.stream.error.file", str(tmp_path / "derby.log"))
     url = "jdbc:derby:memory:lineage_relay_jq;create=true"
     spark.createDataFrame([(1, "x")], "id INT, name STRING").write.mode("overwrite").jdbc(url, "APP.T1")
     out = str(tmp_path / "jq")
