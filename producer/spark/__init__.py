@@ -218,8 +218,7 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
         column_lineage=col_lineage,
         dataset_lineage=dataset_lineage,
         captured_properties={k: conf[k] for k in wanted if k in conf},
-        metastore_uris=conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris")
-        or _hadoop_setting(spark, "hive.metastore.uris"),
+        metastore_uris=_metastore_uris(spark, conf),
         warehouse=conf.get("spark.sql.warehouse.dir"),
         append_dataset_name=append_dataset_name,
         replace_dot_with_underscore=replace_dots,
@@ -290,6 +289,24 @@ def _same_session(spark: Any, jsession: Any) -> bool:
         return spark._jsparkSession is jsession or bool(spark._jsparkSession.equals(jsession))
     except Exception:  # noqa: BLE001
         return False
+
+
+def _metastore_uris(spark: Any, conf: dict[str, str]) -> str | None:
+    """The Hive metastore that names catalog tables (``hive://host:port`` symlinks), only
+    when the session's catalog is Hive's (``spark.sql.catalogImplementation=hive``, as the
+    official integration's ``PathUtils.extractMetastoreUri`` requires): a
+    ``hive.metastore.uris`` left in a cluster's hive-site.xml names no table of an
+    in-memory catalog, whose tables are named by the warehouse. Read once, at enable."""
+    implementation = conf.get("spark.sql.catalogImplementation")
+    if implementation is None:
+        try:
+            implementation = spark.conf.get("spark.sql.catalogImplementation", None)
+        except Exception:  # noqa: BLE001 - one optional setting must not stop capture
+            implementation = None
+    if str(implementation or "").strip().lower() != "hive":
+        return None
+    return conf.get("spark.hadoop.hive.metastore.uris") or conf.get("hive.metastore.uris") \
+        or _hadoop_setting(spark, "hive.metastore.uris")
 
 
 def _hadoop_setting(spark: Any, key: str) -> str | None:

@@ -72,7 +72,23 @@ class DatasetRef:
 
 def dataset_refs(rel: Relation | None, settings: CaptureSettings, errors: list[dict] | None = None) -> list[DatasetRef]:
     """Every dataset a relation stands for (several root paths may be several datasets, a
-    JDBC query the tables it reads); why there is none, when that is known, into ``errors``."""
+    JDBC query the tables it reads); why there is none, when that is known, into ``errors``.
+    A dataset whose namespace (or symlink namespace) could hold a credential is dropped
+    (:func:`naming.unsafe_namespace`), with an error naming why but not the value."""
+    refs = _dataset_refs(rel, settings, errors)
+    safe = []
+    for ref in refs:
+        why = naming.unsafe_namespace(ref.namespace) or (
+            naming.unsafe_namespace(ref.symlink[0]) if ref.symlink is not None else None)
+        if why is None:
+            safe.append(ref)
+        elif errors is not None:
+            errors.append({"errorMessage": f"dataset dropped: its namespace would hold {why}, "
+                                           "possibly a credential"})
+    return safe
+
+
+def _dataset_refs(rel: Relation | None, settings: CaptureSettings, errors: list[dict] | None) -> list[DatasetRef]:
     if rel is None:
         return []
     if rel.jdbc_url:
@@ -173,9 +189,9 @@ def _source_uri(namespace: str) -> str:
 _URI_SAFE = "-._~:/?#[]@!$&'()*+,;=%"
 
 
-#: Save mode -> lifecycleStateChange. ErrorIfExists and Ignore write only a new dataset;
-#: Append changes none.
-_LIFECYCLE = {"Overwrite": "OVERWRITE", "Create": "CREATE", "ErrorIfExists": "CREATE", "Ignore": "CREATE"}
+#: Save mode -> lifecycleStateChange. ErrorIfExists writes only a new dataset; Append changes
+#: none; Ignore writes nothing when the dataset exists (and whether it did is not known here).
+_LIFECYCLE = {"Overwrite": "OVERWRITE", "Create": "CREATE", "ErrorIfExists": "CREATE"}
 
 
 @dataclass
@@ -258,33 +274,40 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
     # Leaves of subquery plans too, in the order the JVM side resolved them (their schemas).
     leaf_nodes = columns.plan_leaves(query) if query is not None else []
     inputs: list[DatasetRef] = []
-    leaf_ds: list[int | None] = []
+    leaf_ds: list[tuple[int, ...]] = []    # the datasets that hold a leaf's columns
     leaf_sets: list[tuple[int, ...]] = []  # every dataset a leaf stands for
     schemas: dict[int, list[dict]] = {}
     for i, rel in enumerate(snap.leaves):
         refs = dataset_refs(rel, settings, errors)
         if not refs:
-            leaf_ds.append(None)
+            leaf_ds.append(())
             leaf_sets.append(())
             continue
         found_all: list[int] = []
-        index = None
         for ref in refs:
             found = next((k for k, r in enumerate(inputs) if (r.namespace, r.name) == (ref.namespace, ref.name)), None)
             if found is None:
                 inputs.append(ref)
                 found = len(inputs) - 1
-            index = found if index is None else index
             found_all.append(found)
         leaf_sets.append(tuple(dict.fromkeys(found_all)))
-        if rel is not None and rel.jdbc_url and len(refs) > 1:
-            index = None  # a query's columns: from which of its tables is not known
-        leaf_ds.append(index)
-        if i < len(leaf_nodes) and index is not None and index not in schemas:
-            schemas[index] = _attr_schema(leaf_nodes[i].exprs("output"))
+        if rel is not None and rel.jdbc_url and naming.is_jdbc_query(rel.jdbc_table or ""):
+            # A JDBC `query` read: its columns are the query's result (aliases, expressions:
+            # `a * 2 AS dbl`), not columns of the tables it reads, and that result is no
+            # dataset. Crediting its names to a table would invent columns (`orders.dbl`) and
+            # a wrong schema for the table: no column lineage from it and no schema facet.
+            leaf_ds.append(())
+            continue
+        # Several root directories read as one (spark.read.parquet(d1, d2)): each holds the
+        # leaf's columns, so each is credited with them and gets their schema.
+        leaf_ds.append(leaf_sets[-1])
+        if i < len(leaf_nodes):
+            for index in leaf_sets[-1]:
+                if index not in schemas:
+                    schemas[index] = _attr_schema(leaf_nodes[i].exprs("output"))
 
     outputs: list[dict] = []
-    out_refs = dataset_refs(snap.output, settings)
+    out_refs = dataset_refs(snap.output, settings, errors)
     if out_refs:
         ref = out_refs[0]
         schema = _output_schema(snap, query)
@@ -294,7 +317,7 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
         facets = dataset_facets(ref, schema)
         if settings.column_lineage and query is not None:
             try:
-                result = columns.trace(query, lambda i, _leaf: leaf_ds[i] if i < len(leaf_ds) else None)
+                result = columns.trace(query, lambda i, _leaf: leaf_ds[i] if i < len(leaf_ds) else ())
                 fields, dataset_level = columns.facet_fields(
                     result, [(r.namespace, r.name) for r in inputs], column_names or None,
                     dataset_lineage=settings.dataset_lineage)

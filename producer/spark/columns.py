@@ -14,8 +14,9 @@ Subquery plans (IN, EXISTS, scalar subqueries) are separate trees held by an exp
 references (``CTERelationRef``) carry the columns of their definition (same ``cteId``).
 
 Contract: pure Python over :mod:`producer.spark.plan` trees. Node classes it does not know
-pass their children's columns through unchanged, so an unknown operator can make the
-answer less precise (e.g. a missing INDIRECT), never wrong about which columns feed which.
+pass their children's columns through unchanged (or, when they list their own ``output``,
+expose those: see ``_Tracer._passed_through``), so an unknown operator can make the answer
+less precise (e.g. a missing INDIRECT), never wrong about which columns feed which.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ SourceField = tuple[int, str]                 # (input dataset index, column nam
 Lineage = dict[tuple[SourceField, str, str], bool]
 
 _RANK = {"IDENTITY": 0, "TRANSFORMATION": 1, "AGGREGATION": 2}
-MASKING_FUNCTIONS = frozenset({"Sha1", "Sha2", "Md5", "Crc32", "Murmur3Hash", "XxHash64", "HiveHash", "Mask"})
+#: Functions whose result does not reveal the values they read (as the official
+#: ExpressionTraverser's list, Count included: a count carries no value of its column).
+MASKING_FUNCTIONS = frozenset({"Sha1", "Sha2", "Md5", "Crc32", "Murmur3Hash", "XxHash64", "HiveHash", "Mask", "Count"})
 #: Window functions computed from the window's ordering alone: their arguments are the
 #: ORDER BY columns, an INDIRECT (WINDOW) dependency rather than a value they carry.
 RANKING_FUNCTIONS = frozenset({"Rank", "DenseRank", "PercentRank", "RowNumber", "NTile", "CumeDist"})
@@ -161,11 +164,13 @@ def _output_ids(exprs: list[Node]) -> list[int | None]:
     return [e.expr_id for e in exprs]
 
 
-def trace(query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> ColumnLineageResult:
+def trace(query: Node, leaf_dataset: Callable[[int, Node], int | Iterable[int] | None]) -> ColumnLineageResult:
     """Trace ``query``'s output columns back to the input datasets.
 
-    ``leaf_dataset(i, leaf)`` gives the input dataset index of the ``i``-th leaf or None for
-    leaves that are not datasets (an in-memory DataFrame); leaves are numbered in
+    ``leaf_dataset(i, leaf)`` gives the input dataset index of the ``i``-th leaf, the indexes
+    of every dataset that holds its columns (several directories read as one), or None /
+    nothing for leaves whose columns are no dataset's (an in-memory DataFrame, a JDBC
+    query's result); leaves are numbered in
     :func:`leaf_groups` order (the main plan's in pre-order, then each subquery plan's).
     """
     return _Tracer(query, leaf_dataset).run()
@@ -174,7 +179,7 @@ def trace(query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> Colum
 class _Tracer:
     """One trace: lineage by exprId, each plan node's output ids, CTE definitions' outputs."""
 
-    def __init__(self, query: Node, leaf_dataset: Callable[[int, Node], int | None]) -> None:
+    def __init__(self, query: Node, leaf_dataset: Callable[[int, Node], int | Iterable[int] | None]) -> None:
         self.query = query
         self.leaf_dataset = leaf_dataset
         self.attrs: dict[int, Lineage] = {}
@@ -264,13 +269,65 @@ class _Tracer:
                 outputs[id(node)] = child_out
             elif cls == "Union":
                 self._union(node)
+            elif cls in ("Intersect", "Except") and len(kids) == 2:
+                # INTERSECT / EXCEPT [ALL] (intersect, exceptAll, subtract): the rows are the
+                # left's; the right only decides which of them are kept, as a filter does.
+                self._dataset_dependency(outputs.get(id(kids[1]), []), "FILTER")
+                outputs[id(node)] = outputs.get(id(kids[0]), [])
+            elif cls == "Expand":
+                self._expand(node, child_out)
             elif cls == "WithCTE":  # children: the definitions, then the query
                 outputs[id(node)] = outputs.get(id(kids[-1]), [])
             else:
-                outputs[id(node)] = child_out
+                outputs[id(node)] = self._passed_through(node, child_out)
                 if cls == "CTERelationDef":
                     self.ctes[node.fields.get("id")] = child_out
         return order
+
+    def _dataset_dependency(self, ids: list[int | None], subtype: str) -> None:
+        """Every source of the columns ``ids`` as a whole-dataset INDIRECT dependency."""
+        for ref_id in ids:
+            for (src, _t, _st) in self.attrs.get(ref_id, {}) if ref_id is not None else ():
+                self.result.dataset.add((src, subtype))
+
+    def _passed_through(self, node: Node, child_out: list[int | None]) -> list[int | None]:
+        """An operator not known here: its children's columns, unchanged. When it lists its
+        own ``output`` attributes those are its columns: one the children have keeps its
+        lineage; with as many as the children's, each new one takes the lineage of the
+        child column at its position (a rename); otherwise a new one has none, as which
+        child columns feed it is not known."""
+        own = _output_ids(node.exprs("output"))
+        if not own:
+            return child_out
+        same_count = len(own) == len(child_out)
+        for pos, out_id in enumerate(own):
+            if out_id is None or out_id in self.attrs:
+                continue
+            source = child_out[pos] if same_count else None
+            self.attrs[out_id] = dict(self.attrs.get(source, {})) if source is not None else {}
+        return own
+
+    def _expand(self, node: Node, child_out: list[int | None]) -> None:
+        """``Expand`` (ROLLUP, CUBE, GROUPING SETS, unpivot/melt): each input row becomes one row
+        per projection, so output column ``i`` derives from the expressions at position ``i``
+        of every projection. Spark's JSON leaves ``projections`` null when it holds Scala
+        collections it does not serialise (a DataFrame unpivot's ArraySeq): then a column the
+        child has keeps its lineage and a new one gets none (which child columns feed it is
+        not known)."""
+        own = node.exprs("output")
+        projections = node.fields.get("projections")
+        rows = [[parse_plan(e) if isinstance(e, list) and e and isinstance(e[0], dict) else None for e in row]
+                for row in projections if isinstance(row, list)] if isinstance(projections, list) else []
+        for pos, attr in enumerate(own):
+            out_id = attr.expr_id
+            if out_id is None:
+                continue
+            refs = [r for row in rows if pos < len(row) and row[pos] is not None for r in self._refs(row[pos])]
+            if rows:
+                self.attrs[out_id] = _derive(refs, self.attrs)
+            elif out_id not in self.attrs:
+                self.attrs[out_id] = {}
+        self.outputs[id(node)] = _output_ids(own) if own else child_out
 
     def _leaf(self, node: Node) -> None:
         exprs = node.exprs("output")
@@ -289,11 +346,12 @@ class _Tracer:
                     self.attrs.setdefault(e.expr_id, {})
             return
         index = self.leaf_index.get(id(node))
-        ds = self.leaf_dataset(index, node) if index is not None else None
+        found = self.leaf_dataset(index, node) if index is not None else None
+        datasets = () if found is None else (found,) if isinstance(found, int) else tuple(found)
         for e in exprs:
             if e.expr_id is not None:
-                self.attrs[e.expr_id] = ({} if ds is None or e.name is None
-                                         else {((ds, e.name), "DIRECT", "IDENTITY"): False})
+                self.attrs[e.expr_id] = ({} if e.name is None
+                                         else {((ds, e.name), "DIRECT", "IDENTITY"): False for ds in datasets})
 
     def _generate(self, node: Node) -> None:
         """``explode(arr)`` and the like: every generated column derives from the generator's
@@ -329,17 +387,26 @@ def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
     """Render as the ColumnLineageDatasetFacet's ``fields`` and ``dataset`` members.
     ``column_names`` (the written schema's names) renames the output columns by position
     when it names exactly as many columns as were traced; otherwise the positions cannot be
-    trusted and the plan's own names stand. ``dataset_lineage`` False (the official Spark
+    trusted and the plan's own names stand, for the columns of the schema a single traced
+    column names (never a field outside the schema). ``dataset_lineage`` False (the official Spark
     integration's ``spark.openlineage.columnLineage.datasetLineageEnabled=false``): the
     whole-dataset dependencies go into the ``inputFields`` of every output field that has
     inputs of its own (a ``count(*)`` has none, and gets none) instead of ``dataset``, for
     consumers that read ``fields`` only."""
     fields: dict[str, dict] = {}
+    # The written schema's names when the counts agree (by position). Otherwise the plan's
+    # names, and only those the schema has, once: a name the trace found twice cannot be
+    # told apart, and a field outside the schema is no field of the dataset.
+    keep: set[str] | None = None
     if column_names is not None and len(column_names) != len(result.columns):
+        traced = [name for name, _ in result.columns]
+        keep = {n for n in column_names if traced.count(n) == 1}
         column_names = None
     for pos, (name, lineage) in enumerate(result.columns):
         if column_names is not None:
             name = column_names[pos]
+        elif keep is not None and name not in keep:
+            continue
         direct: dict[SourceField, tuple[str, bool]] = {}
         indirect: dict[tuple[SourceField, str], bool] = {}
         for (src, t, st), m in lineage.items():

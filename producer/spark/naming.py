@@ -29,7 +29,9 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-_PARTITION = re.compile(r"^[^/=]+=[^/]*$")
+#: ``col=value``: a partition directory. Spark escapes ``?``, ``#`` and ``=`` in partition
+#: names and values, so a segment holding ``?`` or ``#`` is a directory's own name.
+_PARTITION = re.compile(r"^[^/=?#]+=[^/?#]*$")
 _SECRET_PARAMS = re.compile(r"(?i)(password|passwd|pwd|secret|token|key|credential|sig|signature)")
 _JDBC_SCHEMES = {
     "postgresql": "postgres", "postgres": "postgres", "mysql": "mysql", "mariadb": "mysql",
@@ -48,8 +50,11 @@ _SUB_PROTOCOL = re.compile(r"^([\w-]+)(?:[+:][\w+:-]*)?://")
 
 
 def strip_partitions(path: str) -> str:
+    """``path`` without its trailing partition directories (``/t/year=2026/m=1`` -> ``/t``),
+    never down to nothing: the last remaining segment is kept (``s3a://b/x=1`` is ``x=1`` of
+    the bucket, not the bucket's root)."""
     parts = path.rstrip("/").split("/")
-    while len(parts) > 1 and _PARTITION.match(parts[-1]):
+    while sum(1 for p in parts if p) > 1 and _PARTITION.match(parts[-1]):
         parts.pop()
     return "/".join(parts) or "/"
 
@@ -60,13 +65,37 @@ def _netloc(host: str | None, port: int | None) -> str:
     return f"{host}:{port}" if port else host
 
 
+#: Hadoop file systems: their paths have no query and no fragment, a ``?`` or ``#`` is part
+#: of a file's name (``/runs/run#1``), never cut off.
+FILE_SYSTEM_SCHEMES = frozenset({
+    "file", "hdfs", "viewfs", "webhdfs", "swebhdfs", "har", "s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs",
+    "adl", "dbfs", "oss", "cos", "cosn", "obs", "ofs", "o3fs", "alluxio", "jfs", "lakefs", "maprfs"})
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+
+
+def _uri_scheme(uri: str) -> str:
+    m = _SCHEME.match(uri)
+    return m.group(1).lower() if m else ""
+
+
+def is_file_system_path(uri: str) -> bool:
+    """Whether ``uri`` is a Hadoop path (absolute, or of a file-system scheme)."""
+    return uri.startswith("/") or _uri_scheme(uri) in FILE_SYSTEM_SCHEMES
+
+
 def from_path(uri: str) -> tuple[str, str]:
     """(namespace, name) of a file-system path or URI."""
     if uri.startswith("/"):
         return "file", strip_partitions(uri)
-    parts = urlsplit(uri)
+    file_system = is_file_system_path(uri)
+    parts = urlsplit(uri, allow_fragments=not file_system)
     scheme = (parts.scheme or "file").lower()
-    path = strip_partitions(parts.path or "/")
+    raw_path = parts.path
+    if file_system and parts.query:   # "?" of a Hadoop path: part of the name
+        raw_path = f"{raw_path}?{parts.query}"
+    elif file_system and uri.endswith("?") and not parts.query:
+        raw_path = f"{raw_path}?"
+    path = strip_partitions(raw_path or "/")
     host = parts.hostname
     if scheme == "file":
         return "file", path
@@ -112,31 +141,129 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
             hostport = f"{hostport}:{port}"
         return f"sqlserver://{hostport}", ".".join(x for x in (database, name) if x)
     raw = _SUB_PROTOCOL.sub(r"\1://", raw, count=1)
-    parts = urlsplit(raw)
+    # The authority by hand, not urlsplit's netloc: MySQL's (host=h,port=p,password=x) and
+    # address=(host=h)(password=x) forms hold "/", "@", "[" and "#" that urlsplit misreads.
+    if "://" in raw:
+        authority, path = _split_authority(raw.partition("://")[2])
+    else:   # jdbc:derby:memory:db, jdbc:sqlite:/x.db: no server, a path
+        try:
+            authority, path = "", urlsplit(raw).path
+        except ValueError:
+            authority, path = "", ""
     namespace_scheme = _JDBC_SCHEMES.get(scheme, scheme)
     default_port = DEFAULT_PORTS.get(namespace_scheme)
     if namespace_scheme == "teradata":   # jdbc:teradata://host/DATABASE=db,DBS_PORT=1025
-        default_port = _jdbc_properties(parts.path).get("dbs_port") or default_port
-    return f"{namespace_scheme}://{_servers(parts.netloc, default_port)}", \
-        ".".join(x for x in (_jdbc_database(parts.path), name) if x)
+        default_port = _jdbc_properties(path).get("dbs_port") or default_port
+    return f"{namespace_scheme}://{_servers(authority, default_port)}", \
+        ".".join(x for x in (_jdbc_database(path), name) if x)
+
+
+def _split_authority(rest: str) -> tuple[str, str]:
+    """``rest`` (what follows ``scheme://``) as (authority, path): the authority ends at the
+    first ``/``, ``?`` or ``#`` outside parentheses and brackets; the path at ``?``/``#``."""
+    depth = 0
+    end = len(rest)
+    for i, ch in enumerate(rest):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and ch in "/?#":
+            end = i
+            break
+    return rest[:end], re.split(r"[?#]", rest[end:], maxsplit=1)[0]
+
+
+#: MySQL's ``address=(host=h)(port=p)(key=value)...``: one ``(key=value)`` group.
+_ADDRESS_PAIR = re.compile(r"\(\s*([^()=\s]+)\s*=\s*([^()]*)\)")
+
+
+def _top_level_split(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside parentheses and brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(depth - 1, 0)
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _key_value_server(entry: str) -> str | None:
+    """``host[:port]`` of MySQL's key-value host forms, ``(host=h,port=p,user=u,password=x)``
+    and ``address=(host=h)(port=p)(password=x)``; only the host and the port are read.
+    None when ``entry`` is in neither form."""
+    entry = entry.strip()
+    if entry.lower().startswith("address="):
+        pairs = _ADDRESS_PAIR.findall(entry[len("address="):])
+    elif entry.startswith("(") and entry.endswith(")"):
+        pairs = [tuple(p.split("=", 1)) for p in entry[1:-1].split(",") if "=" in p]
+    else:
+        return None
+    found = {k.strip().lower(): v.strip() for k, v in pairs}
+    host, port = found.get("host", ""), found.get("port", "")
+    if not host or "=" in host:
+        return ""
+    return f"{host}:{port}" if port.isdigit() else host
 
 
 def _servers(netloc: str, default_port: int | str | None) -> str:
     """``host:port`` of each server a JDBC URL names (failover lists: ``h1:5432,h2``), with
     ``default_port`` where one has none; user info dropped, hosts lower-cased, IPv6
-    addresses kept in brackets."""
+    addresses kept in brackets. MySQL's key-value host forms give their host and port
+    alone; anything after a ``;`` (``db1;user=u;password=p`` of AS400, ...) and any part
+    holding ``=`` are properties, never a server."""
+    # Properties first (a password after ";" may hold "@"), then user info (user:pw@).
+    netloc = _top_level_split(_top_level_split(netloc, ";")[0], "@")[-1].strip()
+    if netloc.startswith("[") and netloc.endswith("]") and "(" in netloc:   # [(host=a),(host=b)]
+        netloc = netloc[1:-1]
     servers = []
-    for server in netloc.rpartition("@")[2].split(","):
-        if not server:
+    for entry in _top_level_split(netloc, ","):
+        server = _key_value_server(entry)
+        if server is None:   # the plain form: host[:port]
+            server = entry.strip()
+        if not server or "=" in server or "(" in server or ")" in server:
             continue
         try:
             parts = urlsplit(f"//{server}")
             host, port = parts.hostname, parts.port
         except ValueError:   # a port that is not a number: keep the host alone
-            host, port = urlsplit(f"//{server.rpartition(':')[0]}").hostname, None
+            try:
+                host, port = urlsplit(f"//{server.rpartition(':')[0]}").hostname, None
+            except ValueError:   # not a host at all ("[x"): no server
+                continue
         if host:
             servers.append(_with_port(f"[{host}]" if ":" in host else host, port or default_port))
     return ",".join(servers)
+
+
+#: Names of credentials that no dataset namespace holds: a namespace with one of them as a
+#: word (or with any ``=``) was built from a URL form not understood, and is not emitted.
+_SECRET_KEY_WORDS = frozenset({"password", "passwd", "pwd", "secret", "token", "credential", "credentials",
+                               "apikey", "accesskey", "secretkey", "sessiontoken", "sastoken", "accountkey"})
+
+
+def unsafe_namespace(namespace: str) -> str | None:
+    """Why ``namespace`` must not be emitted (the last safeguard against a credential leaking
+    through a URL form the naming rules misread), or None. The reason never quotes it.
+    Its server part is what is checked (``scheme://<authority>``): a path after it
+    (``file:/wh/secret``, ``hdfs://nn:8020/wh``, a warehouse) names a directory, not a login."""
+    scheme, sep, rest = namespace.partition("://")
+    if sep:
+        namespace = rest.split("/", 1)[0]
+    elif scheme.lower() in ("file", "dbfs") or namespace.lower().startswith(("file:", "dbfs:")):
+        return None
+    if "=" in namespace:
+        return "a key=value property"
+    words = {w.lower() for w in re.split(r"[^A-Za-z0-9]+", namespace)}
+    found = sorted(words & _SECRET_KEY_WORDS)
+    if found:
+        return f"the credential key name {found[0]!r}"
+    return None
 
 
 def _with_port(host: str, port: int | str | None) -> str:
@@ -293,7 +420,18 @@ def _oracle(raw: str) -> tuple[str, str]:
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` without user info and without credential-like query parameters."""
+    """``uri`` without user info and without credential-like query parameters. A Hadoop path
+    (:func:`is_file_system_path`) has neither query nor fragment: only its user info goes,
+    the rest is kept as it is (``/runs/run#1``, ``s3a://b/q?x=1``)."""
+    if is_file_system_path(uri):
+        if uri.startswith("/") or "://" not in uri:
+            return uri
+        scheme, _, rest = uri.partition("://")
+        end = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
+        netloc, tail = rest[:end], rest[end:]
+        if "@" in netloc and scheme.lower() not in ("abfs", "abfss", "wasb", "wasbs"):
+            netloc = netloc.rsplit("@", 1)[1]
+        return f"{scheme}://{netloc}{tail}"
     try:
         parts = urlsplit(uri)
     except ValueError:

@@ -103,17 +103,19 @@ def test_a_failed_start_unregisters_the_listener_and_undoes_the_hooks(caplog):
 
 def test_the_metastore_is_found_in_the_hadoop_configuration_too(spark):
     """Clusters set hive.metastore.uris in hive-site.xml / core-site.xml, not in the Spark
-    conf: table symlinks then named the warehouse instead of the metastore."""
-    from producer.spark import _hadoop_setting
+    conf: table symlinks then named the warehouse instead of the metastore. It names the
+    tables only of a Hive catalog (this session's is in-memory)."""
+    from producer.spark import _hadoop_setting, _metastore_uris
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     assert _hadoop_setting(spark, "hive.metastore.uris") is None
     hadoop.set("hive.metastore.uris", "thrift://metastore:9083")
     try:
         assert _hadoop_setting(spark, "hive.metastore.uris") == "thrift://metastore:9083"
+        assert _metastore_uris(spark, {"spark.sql.catalogImplementation": "hive"}) == "thrift://metastore:9083"
         lineage = enable_lineage(spark, producer=Recorder())
         try:
-            assert lineage.settings.metastore_uris == "thrift://metastore:9083"
+            assert lineage.settings.metastore_uris is None   # in-memory catalog
         finally:
             disable_lineage(spark)
     finally:

@@ -142,3 +142,45 @@ def test_a_read_through_a_v2_file_source_is_named_as_through_v1(spark, tmp_path,
     assert _names(parquet["inputs"]) == [("file", written)]
     csv = _completed(spark, captured, lambda: spark.read.csv([a, b], header=True).write.mode("overwrite").parquet(out))
     assert _names(csv["inputs"]) == [("file", str(tmp_path / "csv"))]
+
+
+def test_a_read_of_several_directories_credits_each_with_the_columns_and_schema(spark, tmp_path, captured):
+    """``spark.read.parquet(d1, d2)``: one leaf, two datasets. Both hold the columns read, so
+    both are in each column's lineage and both get the schema facet (the first alone had
+    them: the second looked unused)."""
+    from tests.support.spec import validator
+
+    df = spark.createDataFrame([(1, "x")], "id INT, name STRING")
+    d1, d2, out = str(tmp_path / "d1"), str(tmp_path / "d2"), str(tmp_path / "out")
+    df.write.parquet(d1)
+    df.write.parquet(d2)
+    drain(spark)
+    done = _completed(spark, captured, lambda: spark.read.parquet(d1, d2).write.mode("overwrite").parquet(out))
+    assert _names(done["inputs"]) == [("file", d1), ("file", d2)]
+    for dataset in done["inputs"]:
+        assert [f["name"] for f in dataset["facets"]["schema"]["fields"]] == ["id", "name"]
+    fields = done["outputs"][0]["facets"]["columnLineage"]["fields"]
+    for column in ("id", "name"):
+        assert sorted((i["name"], i["field"]) for i in fields[column]["inputFields"]) == [(d1, column), (d2, column)]
+    validator().validate(done)
+
+
+def test_a_directory_named_with_a_hash_or_question_mark_keeps_its_name(spark, tmp_path, captured):
+    """Hadoop paths have no fragment and no query: ``run#1`` was named ``run`` (and ``q?x=1``
+    ``q``), another directory."""
+    df = spark.createDataFrame([(1,)], "id INT")
+    for name in ("run#1", "q?x=1"):
+        path = str(tmp_path / name)
+        done = _completed(spark, captured, lambda: df.write.mode("overwrite").parquet(path))
+        assert _names(done["outputs"]) == [("file", path)]
+
+
+def test_an_ignored_write_reports_no_lifecycle_change(spark, tmp_path, captured):
+    """mode("ignore") on an existing path writes nothing: it was reported as a CREATE."""
+    df = spark.createDataFrame([(1,)], "id INT")
+    path = str(tmp_path / "e")
+    df.write.parquet(path)
+    drain(spark)
+    done = _completed(spark, captured, lambda: df.write.mode("ignore").parquet(path))
+    assert _names(done["outputs"]) == [("file", path)]
+    assert "lifecycleStateChange" not in done["outputs"][0]["facets"]

@@ -206,3 +206,121 @@ def test_a_relative_path_is_read_under_the_name_it_was_written_under(spark, tmp_
     assert [(d["namespace"], d["name"]) for d in copy[0]["inputs"]] == [absolute]
     for event in recorder.events:
         validator().validate(event)
+
+
+_KEY_VALUE_URLS = [
+    # MySQL's key-value host forms and AS400's ;properties: the reviewer's repro, where the
+    # password was part of the namespace and the dataSource facet.
+    ("jdbc:mysql://(host=db1,port=3306,user=etl,password=S3cretPw)/sales", "mysql://db1:3306", "sales.t"),
+    ("jdbc:mysql://address=(host=db1)(port=3306)(user=etl)(password=S3cretPw)/sales", "mysql://db1:3306", "sales.t"),
+    ("jdbc:as400://db1;user=etl;password=S3cretPw", "as400://db1", "t"),
+    # Lists of them, a password holding "@", "/" or "," inside the parentheses, user info.
+    ("jdbc:mysql://etl:S3cretPw@(host=db1,port=1111,password=a@S3cretPw/x),(host=db2,port=2222)/sales",
+     "mysql://db1:1111,db2:2222", "sales.t"),
+    ("jdbc:mysql://[(host=db1,password=S3cretPw),address=(host=db2)(port=7)(password=S3cretPw)]/sales",
+     "mysql://db1:3306,db2:7", "sales.t"),
+    ("jdbc:mysql://address=(protocol=tcp)(host=[::1])(port=3306)(password=S3cretPw)/sales",
+     "mysql://[::1]:3306", "sales.t"),
+    ("jdbc:as400://db1;password=S3c@S3cretPw", "as400://db1", "t"),
+    ("jdbc:db2://db1:50000;user=etl;password=S3cretPw", "db2://db1:50000", "t"),
+]
+
+
+@pytest.mark.parametrize("url, namespace, name", _KEY_VALUE_URLS)
+def test_key_value_host_forms_give_the_host_and_port_alone(url, namespace, name):
+    got = from_jdbc(url, "t")
+    assert got == (namespace, name)
+    assert not any(s in part.lower() for part in got for s in ("s3cretpw", "etl", "password", "="))
+
+
+def test_a_namespace_that_could_hold_a_credential_is_never_emitted(monkeypatch):
+    """The last safeguard: whatever URL form the naming rules misread, a namespace holding
+    ``=`` or a credential's key name is dropped with an extractionError that names why,
+    never the value."""
+    from producer.spark import capture, naming
+    from producer.spark.capture import CaptureSettings
+    from producer.spark.relations import Relation
+
+    assert naming.unsafe_namespace("as400://db1;user=etl;password=S3cretPw") is not None
+    assert naming.unsafe_namespace("x://db1:1;pwd") is not None
+    for fine in ("mysql://db1:3306", "file", "file:/wh/secret=1", "hdfs://nn:8020/token", "hive://ms:9083"):
+        assert naming.unsafe_namespace(fine) is None
+    monkeypatch.setattr(naming, "jdbc_datasets",
+                        lambda url, table: ([("weird://db1;password=S3cretPw", "t"), ("weird://db2", "t")], None))
+    errors: list[dict] = []
+    refs = capture.dataset_refs(Relation(jdbc_url="jdbc:weird://anything", jdbc_table="t"), CaptureSettings(), errors)
+    assert [(r.namespace, r.name) for r in refs] == [("weird://db2", "t")]
+    assert len(errors) == 1 and "dropped" in errors[0]["errorMessage"]
+    assert "S3cretPw" not in str(errors)
+
+
+@pytest.mark.spark
+def test_no_jdbc_password_reaches_an_event(spark):
+    """End to end: writes to key-value-form JDBC URLs (they fail: no MySQL/AS400 driver)
+    name their output without the password, in the namespace and the dataSource facet."""
+    from producer.spark import disable_lineage, enable_lineage
+    from tests.producer.spark.support import Recorder, drain
+    from tests.support.spec import validator
+
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, namespace="jl", app_name="jl")
+    df = spark.createDataFrame([(1, "x")], "id int, name string")
+    try:
+        for url, _, _ in _KEY_VALUE_URLS[:3]:
+            with pytest.raises(Exception):
+                df.write.mode("append").jdbc(url, "t")
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+    ends = [e for e in recorder.events if e["eventType"] == "FAIL"]
+    assert sorted(d["namespace"] for e in ends for d in e["outputs"]) == ["as400://db1", "mysql://db1:3306",
+                                                                          "mysql://db1:3306"]
+    import json
+    assert "s3cretpw" not in json.dumps(recorder.events).lower()
+    for event in recorder.events:
+        validator().validate(event)
+
+
+@pytest.mark.parametrize("url, expected", [
+    # URLs without "//" (no server): named as before the key-value host parsing.
+    ("jdbc:derby:memory:db;create=true;user=etl;password=S3cretPw", ("derby://", "memory.t")),
+    ("jdbc:sqlite:/tmp/x.db", ("sqlite://", "tmp/x.db.t")),
+])
+def test_a_jdbc_url_without_a_server_keeps_its_name(url, expected):
+    assert from_jdbc(url, "t") == expected
+
+
+@pytest.mark.parametrize("uri, expected", [
+    # Hadoop paths have no query and no fragment: "?" and "#" are part of a name.
+    ("/data/run#1", ("file", "/data/run#1")),
+    ("file:/data/run#1", ("file", "/data/run#1")),
+    ("file:///data/q?x=1", ("file", "/data/q?x=1")),
+    ("hdfs://nn:8020/data/a?b#c", ("hdfs://nn:8020", "/data/a?b#c")),
+    ("s3a://AKIAX:S3cretPw@bucket/k#1", ("s3://bucket", "k#1")),
+    ("abfss://c@acc.dfs.core.windows.net/p#x", ("abfss://c@acc.dfs.core.windows.net", "p#x")),
+])
+def test_a_file_system_path_keeps_its_question_mark_and_hash(uri, expected):
+    from producer.spark.naming import from_path, redact_uri
+
+    assert from_path(redact_uri(uri)) == expected
+
+
+def test_a_uri_that_is_no_file_system_path_still_loses_its_credentials():
+    from producer.spark.naming import redact_uri
+
+    assert redact_uri("https://etl:S3cretPw@h/x?password=S3cretPw&a=2#f") == "https://h/x?a=2"
+
+
+@pytest.mark.parametrize("uri, expected", [
+    # Partition directories go, never the last segment: a table at a bucket's or file
+    # system's root keeps its name.
+    ("s3a://b/x=1", ("s3://b", "x=1")),
+    ("s3a://b/t/x=1/y=2", ("s3://b", "t")),
+    ("/x=1", ("file", "/x=1")),
+    ("hdfs://nn:8020/a=1", ("hdfs://nn:8020", "/a=1")),
+    ("/data/t/p=1", ("file", "/data/t")),
+])
+def test_partition_stripping_never_empties_a_name(uri, expected):
+    from producer.spark.naming import from_path
+
+    assert from_path(uri) == expected

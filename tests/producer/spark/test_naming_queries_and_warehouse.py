@@ -78,3 +78,40 @@ def test_a_jdbc_query_is_read_as_the_tables_it_names_or_as_none_with_the_reason(
     assert capture.dataset_refs(Relation(jdbc_url=url, jdbc_table="SELECT * FROM (SELECT 1) x"),
                                 CaptureSettings(), errors) == []
     assert len(errors) == 1 and "too complex" in errors[0]["errorMessage"]
+
+
+@pytest.mark.spark
+def test_a_jdbc_query_read_invents_no_column_and_no_schema_for_its_table(spark, tmp_path):
+    """A JDBC ``query`` read names the table it reads, but its columns are the query's
+    result (``"id" * 2 AS dbl``): they were credited to the table as IDENTITY columns it
+    does not have (``T1.dbl``), with a schema facet of them on the table. Now neither."""
+    from producer.spark import disable_lineage, enable_lineage
+    from tests.producer.spark.support import Recorder, drain
+    from tests.support.spec import validator
+
+    # Derby writes its log where the JVM runs unless told (read when Derby boots).
+    spark._jvm.java.lang.System.setProperty("derby.stream.error.file", str(tmp_path / "derby.log"))
+    url = "jdbc:derby:memory:lineage_relay_jq;create=true"
+    spark.createDataFrame([(1, "x")], "id INT, name STRING").write.mode("overwrite").jdbc(url, "APP.T1")
+    out = str(tmp_path / "jq")
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, namespace="jq", app_name="jq")
+    try:
+        (spark.read.format("jdbc").option("url", url)
+         .option("query", 'SELECT "id" * 2 AS dbl, upper("name") AS uname FROM APP.T1').load()
+         .write.mode("overwrite").parquet(out))
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+        try:
+            spark._jvm.java.sql.DriverManager.getConnection("jdbc:derby:memory:lineage_relay_jq;drop=true")
+        except Exception:  # noqa: BLE001 - Derby reports a dropped database by an exception
+            pass
+    [done] = [e for e in recorder.events if e["eventType"] == "COMPLETE" and e["outputs"]
+              and e["outputs"][0]["name"] == out]
+    assert [d["name"] for d in done["inputs"]] == ["memory.APP.T1"]   # derby:memory: "memory" as database
+    assert "schema" not in done["inputs"][0]["facets"]
+    lineage = done["outputs"][0]["facets"].get("columnLineage", {})
+    assert not lineage.get("fields") and not lineage.get("dataset")
+    for event in recorder.events:
+        validator().validate(event)

@@ -161,3 +161,151 @@ def test_plan_leaves_include_the_subquery_tables_with_their_columns(spark, compl
     query = parse_plan(orjson.loads(plan._jdf.queryExecution().analyzed().toJSON()))
     assert [[e.name for e in leaf.exprs("output")] for leaf in plan_leaves(query)] == [
         ["id", "v", "amt"], ["id", "tier"]]
+
+
+@pytest.fixture(scope="module")
+def set_ops(spark, tmp_path_factory):
+    """COMPLETE events of writes through INTERSECT / EXCEPT and Expand (ROLLUP, CUBE,
+    GROUPING SETS, unpivot), by output directory."""
+    from pyspark.sql import functions as F
+
+    base = tmp_path_factory.mktemp("set_ops")
+    spark.createDataFrame([(1, "x", 10, 11), (2, "y", 20, 21)], "id INT, name STRING, v INT, u INT") \
+        .write.parquet(str(base / "A"))
+    spark.createDataFrame([(1, "x", 5)], "id INT, name STRING, w INT").write.parquet(str(base / "B"))
+
+    def a():
+        return spark.read.parquet(str(base / "A"))
+
+    def b():
+        return spark.read.parquet(str(base / "B"))
+
+    a().createOrReplaceTempView("set_ops_a")
+    b().createOrReplaceTempView("set_ops_b")
+    writes = {
+        "intersect": lambda: a().select("id", "name").intersect(b().select("id", "name")),
+        "except_all": lambda: a().select("id", "name").exceptAll(b().select("id", "name")),
+        "subtract": lambda: a().select("id").subtract(b().select("id")).withColumn("d", F.col("id") * 2),
+        "sql_except": lambda: spark.sql("SELECT id, name, v FROM set_ops_a EXCEPT SELECT id, name, w FROM set_ops_b"),
+        "rollup": lambda: a().rollup("name").agg(F.sum("v").alias("s")),
+        "cube": lambda: a().cube("name", "id").agg(F.max("v").alias("m")),
+        "grouping_sets": lambda: spark.sql("SELECT name, id, sum(v) AS s FROM set_ops_a "
+                                           "GROUP BY GROUPING SETS ((name), (id))"),
+        "sql_unpivot": lambda: spark.sql("SELECT * FROM (SELECT id, v, u FROM set_ops_a) "
+                                         "UNPIVOT (val FOR var IN (v, u))"),
+        "melt": lambda: a().select("id", "v", F.col("id").alias("k")).melt("id", ["v", "k"], "var", "val"),
+        "count": lambda: a().groupBy("name").agg(F.count("id").alias("c"), F.sum("v").alias("s")),
+    }
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, namespace=APP, app_name=APP)
+    try:
+        for name, df in writes.items():
+            df().write.mode("overwrite").parquet(str(base / name))
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+    checker = validator()
+    for event in recorder.events:
+        checker.validate(event)
+    return {event["outputs"][0]["name"].rsplit("/", 1)[-1]: event for event in recorder.events
+            if event["eventType"] == "COMPLETE" and event["outputs"]}
+
+
+@pytest.mark.parametrize("out, columns, filtered_by", [
+    ("intersect", ["id", "name"], {("B", "id", "FILTER"), ("B", "name", "FILTER")}),
+    ("except_all", ["id", "name"], {("B", "id", "FILTER"), ("B", "name", "FILTER")}),
+    ("sql_except", ["id", "name", "v"], {("B", "id", "FILTER"), ("B", "name", "FILTER"), ("B", "w", "FILTER")}),
+])
+def test_intersect_and_except_take_their_columns_from_the_left_the_right_filters(set_ops, out, columns, filtered_by):
+    """The rows of INTERSECT / EXCEPT are the left input's: every column is the left's (it
+    was the right's, the last one traced with that name); the right only decides which rows
+    stay, a whole-dataset INDIRECT dependency as a filter is."""
+    event = set_ops[out]
+    assert _inputs(event) == {"A", "B"}
+    assert _columns(event) == {c: {("A", c, "DIRECT", "IDENTITY")} for c in columns}
+    assert _dataset(event) == filtered_by
+
+
+def test_a_column_computed_after_a_subtract_comes_from_the_left(set_ops):
+    event = set_ops["subtract"]
+    assert _columns(event) == {"id": {("A", "id", "DIRECT", "IDENTITY")},
+                               "d": {("A", "id", "DIRECT", "TRANSFORMATION")}}
+    assert _dataset(event) == {("B", "id", "FILTER")}
+
+
+@pytest.mark.parametrize("out, expected, grouped_by", [
+    ("rollup", {"name": {("A", "name", "DIRECT", "IDENTITY")}, "s": {("A", "v", "DIRECT", "AGGREGATION")}},
+     {("A", "name", "GROUP_BY")}),
+    ("cube", {"name": {("A", "name", "DIRECT", "IDENTITY")}, "id": {("A", "id", "DIRECT", "IDENTITY")},
+              "m": {("A", "v", "DIRECT", "AGGREGATION")}},
+     {("A", "name", "GROUP_BY"), ("A", "id", "GROUP_BY")}),
+])
+def test_rollup_and_cube_grouping_columns_keep_their_lineage(set_ops, out, expected, grouped_by):
+    """The grouping columns go through an Expand: each derives from its position in every
+    projection (it had no lineage at all, and no GROUP_BY)."""
+    event = set_ops[out]
+    assert _columns(event) == expected
+    assert _dataset(event) == grouped_by
+
+
+def test_grouping_sets_columns_keep_their_lineage(set_ops):
+    columns = _columns(set_ops["grouping_sets"])
+    assert {(ds, f) for ds, f, _, _ in columns["name"]} == {("A", "name")}
+    assert {(ds, f) for ds, f, _, _ in columns["id"]} == {("A", "id")}
+    assert columns["s"] == {("A", "v", "DIRECT", "AGGREGATION")}
+    assert {("A", "name", "GROUP_BY"), ("A", "id", "GROUP_BY")} <= _dataset(set_ops["grouping_sets"])
+
+
+def test_an_unpivot_value_column_derives_from_every_unpivoted_column(set_ops):
+    """SQL UNPIVOT: ``val`` is ``v`` in one row and ``u`` in the other; ``var`` holds their
+    names (literals): no column feeds it."""
+    columns = _columns(set_ops["sql_unpivot"])
+    assert {(ds, f) for ds, f, _, _ in columns["val"]} == {("A", "v"), ("A", "u")}
+    assert {(ds, f) for ds, f, _, _ in columns["id"]} == {("A", "id")}
+    assert "var" not in columns
+
+
+def test_a_dataframe_melt_credits_no_column_by_position(set_ops):
+    """A DataFrame unpivot's projections are Scala collections Spark's JSON leaves null:
+    its new columns get no lineage rather than the lineage of whichever child column
+    sat at their position (``var`` <- v, ``val`` <- id before)."""
+    columns = _columns(set_ops["melt"])
+    assert columns["id"] == {("A", "id", "DIRECT", "IDENTITY")}
+    assert "var" not in columns
+    assert all(("A", "id") != (ds, f) for ds, f, _, _ in columns.get("val", set()))
+
+
+def _attr(name: str, expr_id: int) -> list[dict]:
+    return [{"class": "org.apache.spark.sql.catalyst.expressions.AttributeReference", "num-children": 0,
+             "name": name, "dataType": "integer", "exprId": {"id": expr_id}}]
+
+
+def test_an_unknown_node_with_its_own_output_exposes_it_and_no_field_leaves_the_schema():
+    """An operator the tracer does not know that lists its own output (here one column for
+    its child's two): its column is its own, not the child's first by position; and a
+    traced column the written schema lacks is never a field of the facet."""
+    from producer.spark import columns
+    from producer.spark.plan import parse_plan
+
+    plan = parse_plan([
+        {"class": "x.MapSomething", "num-children": 1, "output": [_attr("z", 9)], "child": 0},
+        {"class": "x.LogicalRelation", "num-children": 0, "output": [_attr("a", 1), _attr("b", 2)]},
+    ])
+    result = columns.trace(plan, lambda i, leaf: 0)
+    assert [name for name, _ in result.columns] == ["z"]
+    assert result.columns[0][1] == {}
+    traced = columns.ColumnLineageResult(columns=[
+        ("id", {((0, "id"), "DIRECT", "IDENTITY"): False}), ("name", {((0, "name"), "DIRECT", "IDENTITY"): False}),
+        ("id", {((1, "id"), "DIRECT", "IDENTITY"): False}), ("extra", {((1, "x"), "DIRECT", "IDENTITY"): False})])
+    fields, _ = columns.facet_fields(traced, [("file", "/a"), ("file", "/b")], ["id", "name"])
+    assert set(fields) == {"name"}   # "id" traced twice: which one is not known
+
+
+def test_a_count_masks_the_column_it_counts(set_ops):
+    """As the official integration's masking functions: a count reveals no value of ``id``."""
+    fields = set_ops["count"]["outputs"][0]["facets"]["columnLineage"]["fields"]
+    [counted] = fields["c"]["inputFields"]
+    assert (counted["field"], counted["transformations"]) == (
+        "id", [{"type": "DIRECT", "subtype": "AGGREGATION", "masking": True}])
+    [summed] = fields["s"]["inputFields"]
+    assert summed["transformations"] == [{"type": "DIRECT", "subtype": "AGGREGATION", "masking": False}]

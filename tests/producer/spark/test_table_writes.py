@@ -160,3 +160,41 @@ def test_save_as_table_reports_the_lifecycle_change_its_save_mode_makes(spark, c
         lifecycle[label] = output["facets"].get("lifecycleStateChange", {}).get("lifecycleStateChange")
     spark.sql(f"DROP TABLE {table}")
     assert lifecycle == {"new": "CREATE", "append": None, "overwrite": "OVERWRITE"}
+
+
+def test_a_metastore_uri_names_no_table_of_an_in_memory_catalog(spark, tmp_path):
+    """``hive.metastore.uris`` in the Hadoop configuration (a cluster's hive-site.xml) while
+    the session's catalog is in-memory: the table is not the metastore's, its symlink names
+    the warehouse (it was ``hive://metastore.prod:9083``), as the official integration's
+    ``PathUtils.extractMetastoreUri`` decides by ``spark.sql.catalogImplementation``."""
+    from tests.producer.spark.support import Recorder, drain
+    from tests.support.spec import validator
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop.set("hive.metastore.uris", "thrift://metastore.prod:9083")
+    recorder = Recorder()
+    try:
+        enable_lineage(spark, producer=recorder, namespace="hms", app_name="hms")
+        try:
+            spark.createDataFrame([(1,)], "id INT").write.mode("overwrite").saveAsTable("hms_in_memory_t")
+            drain(spark)
+        finally:
+            disable_lineage(spark)
+    finally:
+        hadoop.unset("hive.metastore.uris")
+        spark.sql("DROP TABLE IF EXISTS hms_in_memory_t")
+    [done] = [e for e in recorder.events if e["eventType"] == "COMPLETE" and e["outputs"]]
+    [link] = done["outputs"][0]["facets"]["symlinks"]["identifiers"]
+    warehouse = spark.conf.get("spark.sql.warehouse.dir")
+    assert not link["namespace"].startswith("hive://")
+    assert link["namespace"].rstrip("/").endswith(warehouse.rstrip("/").split(":", 1)[-1])
+    assert link["name"].endswith("hms_in_memory_t")
+    for event in recorder.events:
+        validator().validate(event)
+    # A Hive catalog's tables are the metastore's.
+    from producer.spark import _metastore_uris
+
+    assert _metastore_uris(spark, {"spark.sql.catalogImplementation": "in-memory",
+                                   "hive.metastore.uris": "thrift://ms:9083"}) is None
+    assert _metastore_uris(spark, {"spark.sql.catalogImplementation": "hive",
+                                   "hive.metastore.uris": "thrift://ms:9083"}) == "thrift://ms:9083"
