@@ -13,7 +13,9 @@ Guarantees:
   While it waits, a spill queue filling up goes to a journal of its own (logged
   ``event=journal_created ... reason=reclaim_wait``), sent after the records given back,
   which go to the journal before it (:meth:`producer.sender.Sender._persist_aside`): emit()
-  waits for the disk, never for these answers. The two journals share ``journal_max_bytes``.
+  waits for the disk, never for these answers. The two journals share ``journal_max_bytes``
+  with the producer's other journals, one budget checked at each append: records given back
+  that no longer fit are dropped (``journal_full``, counted).
 * *Stall detection* (:meth:`InstanceReplacement._check_stall`): records outstanding and no
   delivery report for ``_stall_s`` (:data:`_STALL_S`: 5 s, doubling at each stall up to
   60 s, back to 5 s once a journal replay is acknowledged) marks Kafka down and the
