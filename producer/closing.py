@@ -5,6 +5,10 @@ Guarantees:
 * ``flush(timeout_s)`` waits until every event emitted so far is acknowledged by Kafka,
   ``timeout_s`` (default ``close_timeout_s``) passes, or the sender stops, and returns
   how many are still ``pending`` (queued or journaled: not lost).
+* ``settle(timeout_s)`` waits until every event emitted so far is acknowledged or in the
+  journal on disk, taking records back from librdkafka into the journal while Kafka is
+  reported down, without closing; it returns how many are neither (0: an ``os._exit``
+  right after it loses nothing). See :meth:`Closing.settle`.
 * ``close(timeout_s)`` flushes within ``timeout_s`` (default ``close_timeout_s``), then
   stops the sender, whose last turn journals whatever Kafka has not acknowledged
   (:meth:`producer.sender.Sender._shutdown`), and logs ``event=closed`` with the final
@@ -86,7 +90,10 @@ class Closing:
     _reentered: Callable[[int], str | None]
     _defer_close: Callable[[str, float, int], None]
     _finishing: Callable[[], str]
-    _take_back_if_kafka_is_down: Callable[[float | None], None]
+    _take_back_if_kafka_is_down: Callable[..., None]
+    _spilling: bool
+    _want_journal: str | None
+    _direct_outstanding: Callable[[], int]
     _error: Callable[..., None]
 
     @property
@@ -113,6 +120,48 @@ class Closing:
         # Without a Kafka client (producer.forking) nothing is acknowledged: the journal is the end.
         self._wait(timeout_s, lambda: self.pending == 0 or (not self._can_send and self._not_journaled() == 0))
         return self.pending
+
+    def settle(self, timeout_s: float | None = None) -> int:
+        """Wait until every event emitted so far is acknowledged by Kafka or written to the
+        journal (fsync-ed), for at most ``timeout_s`` (default ``close_timeout_s``); returns how
+        many are still neither (in librdkafka, or queued for the journal). The producer stays
+        open: unlike close(), nothing is stopped, and the journal is resent by this producer
+        once Kafka takes records again.
+
+        While Kafka is reported down (all brokers down, a failed delivery, a stall) and records
+        still sit in librdkafka, Kafka gets up to :data:`producer.replacement._DOWN_GRACE_S`
+        (at most half of ``timeout_s``) to answer anything, then they are taken back into the
+        journal, as close() does (journal mode, logged ``reason=settling_while_kafka_down``):
+        settling never waits out an outage. Records librdkafka holds while Kafka is merely slow
+        (not reported down) are waited for, not taken back: at the bound they are counted in
+        the result.
+
+        Once it returned 0, every event emitted before the call is on Kafka or on disk: a
+        process that ends then without exit handlers (``os._exit``, as Airflow's forked
+        listener does; SIGKILL) loses none of them (journaled ones are sent by the next
+        producer on the journal directory, :mod:`producer.orphans`). A result above 0 means
+        that many would be lost by such an exit (they are still sent or journaled if the
+        process lives or exits normally). Never raises for Kafka's sake, never closes. In a
+        signal handler that interrupted the producer (:mod:`producer.deferred_close`) it
+        waits only for what librdkafka holds, as flush() does."""
+        budget = self.config.close_timeout_s if timeout_s is None else max(0.0, timeout_s)
+        deadline = time.monotonic() + budget
+        if self._reentered(get_ident()) is not None:
+            self._wait(budget, self._librdkafka_settled)
+            return self._not_journaled()
+        while True:
+            left = deadline - time.monotonic()
+            # At most half the budget for Kafka's answer: the rest is the take-back's.
+            self._take_back_if_kafka_is_down(min(left, budget) / 2, "settling_while_kafka_down")
+            self._wait(max(0.0, deadline - time.monotonic()), self._settled_or_take_back_due)
+            if self._not_journaled() == 0 or deadline - time.monotonic() <= 0 or not self._sender.is_alive():
+                return self._not_journaled()
+
+    def _settled_or_take_back_due(self) -> bool:
+        """settle()'s wait: nothing outside Kafka and the journal, or Kafka went down with
+        records in librdkafka (then taken back: :meth:`settle`)."""
+        return self._not_journaled() == 0 or (self._kafka_down and not self._spilling and self._want_journal is None
+                                              and self._direct_outstanding() > 0)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Flush for up to ``timeout_s`` (default ``close_timeout_s``), then journal what is

@@ -26,6 +26,9 @@ Contract:
   async generator function's run spans the iteration: START at the first item asked for,
   COMPLETE when exhausted, FAIL when an exception escapes it, ABORT when the consumer closes
   it early (``break``, ``close()``, garbage collection); the run is current only inside it.
+  Its arguments are bound at the call, as undecorated (a missing one raises TypeError there);
+  what the consumer throws in, GeneratorExit included, reaches the body as undecorated: ABORT
+  only when a GeneratorExit ends it (the body may catch one and yield on).
 * The FAIL event's ``errorMessage`` facet is bounded (:data:`MAX_ERROR_MESSAGE_CHARS`, and
   :data:`MAX_STACK_TRACE_CHARS` of the stack trace's tail), so a huge exception message does
   not make the event too large to send; an exception whose ``str()`` raises still gets one.
@@ -256,8 +259,10 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
     async generator) function's run spans its iteration: START when the first item is asked
     for, COMPLETE when it is exhausted, FAIL when an exception escapes it, and ABORT when the
     consumer closes it before the end (``break`` out of a ``for``, ``close()``, garbage
-    collection): the run stopped before its work was done, without an error. A generator
-    never iterated makes no run. Between items the run is current only inside the generator,
+    collection): the run stopped before its work was done, without an error (a GeneratorExit
+    thrown in and caught by the body, which yields on, ends nothing, as undecorated). The
+    arguments are bound when it is called (a TypeError raised then), as undecorated; a
+    generator never iterated makes no run. Between items the run is current only inside the generator,
     never in the code consuming it.
     """
 
@@ -410,74 +415,77 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         clone._inputs, clone._outputs = list(self._inputs), list(self._outputs)
         return clone
 
+    def _drive_gen(self, gen: Any, name: str) -> Any:
+        """A decorated generator: the run spans ``gen``'s iteration (START at the first step,
+        COMPLETE at exhaustion, FAIL on an exception, ABORT when it ends on a GeneratorExit).
+        Everything the consumer sends or throws is forwarded, GeneratorExit included: a body
+        that catches a thrown GeneratorExit and yields goes on, as it would undecorated (and
+        ``close()`` then raises RuntimeError, as it would undecorated); ABORT only when the
+        GeneratorExit propagates out of the body or the body returns straight from it (as
+        at a ``break``); a body that yields on ends as it ends later."""
+        job, view = self._for_call(name), _BodyView()
+        with view:
+            job.__enter__()
+        value: Any = None
+        thrown: BaseException | None = None
+        while True:
+            with view:
+                try:
+                    item = gen.throw(thrown) if thrown is not None else gen.send(value)
+                except StopIteration as stop:
+                    job._finish(None, abort=isinstance(thrown, GeneratorExit))
+                    return stop.value
+                except BaseException as exc:
+                    if isinstance(exc, GeneratorExit) and isinstance(thrown, GeneratorExit):
+                        job._finish(None, abort=True)
+                    else:
+                        job._finish(exc)
+                    raise
+            try:
+                value, thrown = (yield item), None
+            except BaseException as exc:
+                value, thrown = None, exc
+
+    async def _drive_async_gen(self, agen: Any, name: str) -> Any:
+        """:meth:`_drive_gen` for a decorated async generator (``asend``/``athrow``; ``aclose()``
+        is a GeneratorExit thrown in)."""
+        job, view = self._for_call(name), _BodyView()
+        with view:
+            job.__enter__()
+        value: Any = None
+        thrown: BaseException | None = None
+        while True:
+            with view:
+                try:
+                    item = await (agen.athrow(thrown) if thrown is not None else agen.asend(value))
+                except StopAsyncIteration:
+                    job._finish(None, abort=isinstance(thrown, GeneratorExit))
+                    return
+                except BaseException as exc:
+                    if isinstance(exc, GeneratorExit) and isinstance(thrown, GeneratorExit):
+                        job._finish(None, abort=True)
+                    else:
+                        job._finish(exc)
+                    raise
+            try:
+                value, thrown = (yield item), None
+            except BaseException as exc:
+                value, thrown = None, exc
+
     def __call__(self, func: F) -> F:
         name = f"{func.__module__}.{func.__qualname__}"
         if inspect.isasyncgenfunction(func):
             @functools.wraps(func)
-            async def run_async_gen(*args: Any, **kwargs: Any) -> Any:
-                job, view = self._for_call(name), _BodyView()
-                agen = func(*args, **kwargs)
-                with view:
-                    job.__enter__()
-                value: Any = None
-                thrown: BaseException | None = None
-                while True:
-                    with view:
-                        try:
-                            item = await (agen.athrow(thrown) if thrown is not None else agen.asend(value))
-                        except StopAsyncIteration:
-                            job._finish(None)
-                            return
-                        except BaseException as exc:
-                            job._finish(exc)
-                            raise
-                    try:
-                        value, thrown = (yield item), None
-                    except GeneratorExit:
-                        with view:
-                            try:
-                                await agen.aclose()
-                            except BaseException as exc:
-                                job._finish(exc)
-                                raise
-                            job._finish(None, abort=True)
-                        raise
-                    except BaseException as exc:
-                        value, thrown = None, exc
+            def run_async_gen(*args: Any, **kwargs: Any) -> Any:
+                # The generator object made now: arguments are bound (a TypeError raised) at
+                # the call, as for the undecorated function; the run starts at the first step.
+                return self._drive_async_gen(func(*args, **kwargs), name)
             return run_async_gen  # type: ignore[return-value]
 
         if inspect.isgeneratorfunction(func):
             @functools.wraps(func)
             def run_gen(*args: Any, **kwargs: Any) -> Any:
-                job, view = self._for_call(name), _BodyView()
-                gen = func(*args, **kwargs)
-                with view:
-                    job.__enter__()
-                value: Any = None
-                thrown: BaseException | None = None
-                while True:
-                    with view:
-                        try:
-                            item = gen.throw(thrown) if thrown is not None else gen.send(value)
-                        except StopIteration as stop:
-                            job._finish(None)
-                            return stop.value
-                        except BaseException as exc:
-                            job._finish(exc)
-                            raise
-                    try:
-                        value, thrown = (yield item), None
-                    except GeneratorExit:
-                        with view:
-                            try:
-                                gen.close()
-                            except BaseException as exc:
-                                job._finish(exc)
-                                raise
-                            job._finish(None, abort=True)
-                        raise
-                    except BaseException as exc:
-                        value, thrown = None, exc
+                return self._drive_gen(func(*args, **kwargs), name)   # bound now, as run_async_gen
             return run_gen  # type: ignore[return-value]
 
         if inspect.iscoroutinefunction(func):

@@ -38,10 +38,15 @@ transports do before serialising) and never raises. With ``flush: true`` (the de
 the official Kafka transport's), each ``emit`` then waits until Kafka acknowledged the event,
 for at most ``closeTimeoutS``, and what is still not acknowledged then is in the journal when
 ``emit`` returns: Airflow's listener emits in a forked child that ends with ``os._exit(0)``,
-which runs no exit handler. To journal, that emit closes the producer (``transport.producer``),
-and the next ``emit`` builds a new one on the same configuration, which resends the journal
-(:mod:`producer.orphans`). While Kafka is not taking records that wait ends as soon as the
-producer is journaling (``stats.mode == "journal"``), not at the bound. With ``flush: false``
+which runs no exit handler. That wait is :meth:`producer.LineageProducer.settle`: while
+Kafka is reported down it takes what librdkafka holds back into the journal (without
+closing anything), and ends as soon as every event is acknowledged or on disk, not at the
+bound. One producer (``transport.producer``) serves every emit: during an outage its one
+journal (capped by ``journalMaxBytes``) grows, it resends it once Kafka is back, and its
+``stats`` count every drop; a process ended by ``os._exit`` leaves the journal to the next
+producer on the journal directory (:mod:`producer.orphans`). An event Kafka is merely slow
+to acknowledge (not reported down) when the bound passes is logged (``flush_incomplete``):
+it is still sent or journaled, unless the process ends without exit handlers. With ``flush: false``
 ``emit`` never waits: delivery is left to the producer's background thread, and to
 ``close()`` or the exit handlers. ``close(timeout)`` flushes, then journals what is left.
 
@@ -53,8 +58,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 from typing import Any
 
 from producer.config import ProducerConfig, build_config
@@ -76,8 +79,6 @@ log = logging.getLogger("producer.openlineage_transport")
 
 #: The value for ``transport.type``.
 TRANSPORT_TYPE = f"{__name__}.LineageRelayTransport"
-#: How often a flushing emit looks whether the producer went into journal mode.
-_FLUSH_SLICE_S = 0.05
 
 
 def _flag(value: Any, where: str) -> bool:
@@ -91,8 +92,8 @@ def _flag(value: Any, where: str) -> bool:
 @attr.define
 class LineageRelayConfig(Config):
     producer_config: ProducerConfig
-    #: Wait after each emit until Kafka acknowledged it (bounded by ``close_timeout_s``),
-    #: else journal it before returning: the official Kafka transport's ``flush``.
+    #: Wait after each emit until Kafka acknowledged it or it is journaled (bounded by
+    #: ``close_timeout_s``: ``LineageProducer.settle``): the official Kafka transport's ``flush``.
     flush: bool = True
 
     @classmethod
@@ -122,11 +123,6 @@ class LineageRelayTransport(Transport):
         self.config = config
         self.flush = config.flush
         self.producer = LineageProducer(config.producer_config)
-        self._retired: LineageProducer | None = None   # the producer a flushing emit closed
-        # Held from choosing the producer to emit() returning, and by the close of a flushing
-        # emit: no event goes to a producer being closed (it would be dropped as "closed").
-        # Re-entrant: an emit() from a signal handler on a thread holding it must not hang.
-        self._lock = threading.RLock()
 
     def emit(self, event: Any) -> None:
         try:
@@ -134,45 +130,18 @@ class LineageRelayTransport(Transport):
         except Exception as err:  # noqa: BLE001 - never raise into the integration
             self.producer.drop("unencodable", err)
             return
-        with self._lock:
-            producer = self._live_producer()
-            if producer is None:
-                return
-            producer.emit(doc)
+        self.producer.emit(doc)
         if self.flush:
             try:
-                self._flush_or_journal(producer)
+                left = self.producer.settle()
             except Exception as err:  # noqa: BLE001 - never raise into the integration
                 log.error("event=flush_after_emit_failed detail=%r", err)
-
-    def _live_producer(self) -> LineageProducer | None:
-        """Under ``_lock``: the producer, a new one if a flushing emit closed the last (None,
-        logged, if it cannot be built: the event is lost)."""
-        if self.producer is self._retired:
-            try:
-                self.producer = LineageProducer(self.config.producer_config)
-            except Exception as err:  # noqa: BLE001 - never raise into the integration
-                log.error("event=dropped reason=no_producer detail=%s while building the producer that replaces "
-                          "the one a flushing emit closed", type(err).__name__)
-                return None
-        return self.producer
-
-    def _flush_or_journal(self, producer: LineageProducer) -> None:
-        """Wait until Kafka acknowledged every event, for at most ``close_timeout_s``, or
-        until the producer is journaling (Kafka not taking records); then, if any is still
-        not acknowledged, close the producer, which journals them before it returns (the
-        next emit builds a new producer, which resends the journal)."""
-        deadline = time.monotonic() + producer.config.close_timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if producer.flush(max(0.0, min(_FLUSH_SLICE_S, left))) == 0:
                 return
-            if left <= 0 or producer.stats.mode != "direct":
-                break
-        with self._lock:
-            if self._retired is not producer:
-                producer.close(max(0.0, deadline - time.monotonic()))
-                self._retired = producer
+            if left:
+                log.warning("event=flush_incomplete topic=%s not_journaled=%d timeout_s=%s detail=neither acknowledged "
+                            "by Kafka nor journaled within closeTimeoutS: still sent or journaled later, but lost if "
+                            "the process ends now without exit handlers (os._exit)", self.producer.config.topic,
+                            left, self.producer.config.close_timeout_s)
 
     def wait_for_completion(self, timeout: float = -1) -> bool:
         """Flush; ``timeout`` < 0 means the producer's ``close_timeout_s``. True if all delivered."""

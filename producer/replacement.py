@@ -13,7 +13,9 @@ Guarantees:
   While it waits, a spill queue filling up goes to a journal of its own (logged
   ``event=journal_created ... reason=reclaim_wait``), sent after the records given back,
   which go to the journal before it (:meth:`producer.sender.Sender._persist_aside`): emit()
-  waits for the disk, never for these answers. The two journals share ``journal_max_bytes``.
+  waits for the disk, never for these answers. The two journals share ``journal_max_bytes``
+  with the producer's other journals, one budget checked at each append: records given back
+  that no longer fit are dropped (``journal_full``, counted).
 * *Stall detection* (:meth:`InstanceReplacement._check_stall`): records outstanding and no
   delivery report for ``_stall_s`` (:data:`_STALL_S`: 5 s, doubling at each stall up to
   60 s, back to 5 s once a journal replay is acknowledged) marks Kafka down and the
@@ -22,7 +24,7 @@ Guarantees:
   batch the broker refused for its size (then with half the batch size, logged
   ``batch_size_reduced``), a new librdkafka instance takes the old one's place under
   ``_lock`` (logged ``producer_rebuilt``); a replay batch in flight is read again.
-* close() while Kafka is known down (:meth:`InstanceReplacement._take_back_if_kafka_is_down`)
+* close() or settle() while Kafka is known down (:meth:`InstanceReplacement._take_back_if_kafka_is_down`)
   gives Kafka :data:`_DOWN_GRACE_S` to answer, then has the sender take the records back
   into the journal rather than wait for the stall detector.
 
@@ -92,8 +94,9 @@ class InstanceReplacement:
     _persist_aside: Callable[[], None]
     _end_aside: Callable[[], None]
 
-    def _take_back_if_kafka_is_down(self, timeout_s: float | None) -> None:
-        """For close(): Kafka said all brokers are down (librdkafka says it once per outage,
+    def _take_back_if_kafka_is_down(self, timeout_s: float | None, reason: str = "closing_while_kafka_down") -> None:
+        """For close() (and settle(): ``reason`` settling_while_kafka_down): Kafka said all
+        brokers are down (librdkafka says it once per outage,
         often before the first event) and acknowledged nothing since, while records sit in
         librdkafka, where they would wait for the stall detector (``_stall_s``, 5 s and more).
         Kafka gets ``_DOWN_GRACE_S`` to answer anything: a broker that is back answers within
@@ -105,7 +108,7 @@ class InstanceReplacement:
         grace = min(_DOWN_GRACE_S, self.config.close_timeout_s if timeout_s is None else timeout_s)
         self._wait(grace, lambda: self._last_report_at != since or self._direct_outstanding() == 0)
         if self._kafka_down and self._last_report_at == since and self._direct_outstanding():
-            self._want_journal = "closing_while_kafka_down"
+            self._want_journal = reason
 
     def _check_stall(self) -> None:
         """Records waiting and no delivery report for ``_stall_s``: librdkafka is stuck."""

@@ -172,10 +172,8 @@ class Replay:
             return
         # The oldest goes as soon as it is counted (the others are counted between its batches).
         while self._journals and self._journals[0].recovered and self._journals[0].pending == 0:
+            # A journal this producer made frees its share of journal_max_bytes (Sender._append_counted).
             self._journals.pop(0).close()
-            if not self._journals and self._own is not None:
-                # One made during a reclaim shared the cap with the one just sent (Sender._aside_journal).
-                self._own.max_bytes = self.config.journal_max_bytes
         if self._journals and not self._journals[0].recovered:
             return
         journal = self._journals[0] if self._journals else self._own

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -136,6 +137,9 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._progress = threading.Condition()
         self._own: Journal | None = None
         self._aside: Journal | None = None     # the spill queue's during a reclaim's wait (_persist_aside)
+        # The journals this producer made (its own, the aside one, and its former own ones
+        # waiting in _journals): together within journal_max_bytes (_append_counted).
+        self._made_here: weakref.WeakSet[Journal] = weakref.WeakSet()
         self._left_journaled = 0            # pending records in journals closed at shutdown
         self._close_deadline = 0.0          # close()'s: how long the last turn may wait for _lock
         self._lockless = False              # the last turn goes on without _lock (_quiesce_emits)
@@ -280,6 +284,7 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         if self._own is None:
             self._own = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
                                        segment_bytes=self._segment_bytes(), destination=self._destination())
+            self._made_here.add(self._own)
             log.info("event=journal_created path=%s", self._own.path)
         return self._own
 
@@ -328,7 +333,10 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         # the rest are dropped, journal_full; those between, journal_write_failed.
         written, fitted = 0, len(batch)
         try:
-            written = fitted = journal().append(batch)
+            target = journal()
+            # One budget for every journal this producer made, checked at each append.
+            target.max_bytes = max(0, self.config.journal_max_bytes - self._made_here_bytes(target))
+            written = fitted = target.append(batch)
         except AppendFailed as err:
             written, fitted = err.written, err.fitted
             self._error("journal_write_failed", err.cause)
@@ -344,6 +352,13 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
                     self._count_drop(reason, lost)
                     log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
                               reason, lost, self.config.journal_path, self.config.journal_max_bytes)
+
+    def _made_here_bytes(self, besides: Journal) -> int:
+        """Bytes on disk of the journals this producer made that it still holds (its own, the
+        aside one, its former own ones in ``_journals``), ``besides`` excepted; not those a dead
+        process left. Sender thread only (it alone changes these)."""
+        return sum(j.size_bytes for j in (*self._journals, self._own, self._aside)
+                   if j is not None and j is not besides and j in self._made_here)
 
     def _persist_aside(self) -> None:
         """During a reclaim's wait for librdkafka's answers (up to ``RECLAIM_TIMEOUT_S`` per
@@ -369,18 +384,25 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
     def _aside_journal(self) -> Journal:
         if self._aside is None:
             # Made after the current journal (made now if need be): a next process that takes
-            # them over, oldest first, keeps their order too. Their cap is shared.
-            own = self._journal()
-            self._aside = Journal.create(self.config.journal_path,
-                                         max_bytes=max(0, self.config.journal_max_bytes - own.size_bytes),
+            # them over, oldest first, keeps their order too. Their cap is shared, checked at
+            # each append (_append_counted).
+            self._journal()
+            self._aside = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
                                          segment_bytes=self._segment_bytes(), destination=self._destination())
+            self._made_here.add(self._aside)
             log.info("event=journal_created path=%s reason=reclaim_wait", self._aside.path)
         return self._aside
 
     def _end_aside(self) -> None:
         """The reclaim is over: what librdkafka gave back goes to the current journal, which
         is then sent before the one the spill queue went to meanwhile (:meth:`_persist_aside`),
-        which becomes the producer's own journal."""
+        which becomes the producer's own journal.
+
+        Both journals share one ``journal_max_bytes`` with the producer's other journals
+        (:meth:`_append_counted`): the records given back are appended with what the aside
+        journal left of it. Those that do not fit are dropped (``journal_full``, counted and
+        logged), although older than the aside journal's: records on disk are never evicted for
+        older ones, as everywhere else a full journal drops what comes to it."""
         aside = self._aside
         if aside is None:
             return

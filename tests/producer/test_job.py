@@ -442,3 +442,56 @@ def test_a_decorated_async_generator_run_spans_its_iteration():
     assert _by_run(rec)[2:] == [("stream", "START"), ("stream", "FAIL"), ("stream", "START"), ("stream", "ABORT")]
     for event in rec.events:
         validator().validate(event)
+
+
+def test_a_generatorexit_thrown_into_a_decorated_generator_reaches_its_body_as_undecorated():
+    """throw(GeneratorExit) is not close(): a body that catches it and yields goes on (and
+    ends as it ends); ABORT when the GeneratorExit propagates out of the body."""
+    rec = _Recorder()
+
+    def body():
+        while True:
+            try:
+                yield 1
+            except GeneratorExit:
+                yield "caught"
+                return
+
+    plain, decorated = body(), lineage_job("ge", producer=rec)(body)()
+    assert (next(plain), next(decorated)) == (1, 1)
+    assert plain.throw(GeneratorExit) == decorated.throw(GeneratorExit) == "caught"
+    assert _by_run(rec) == [("ge", "START")]
+    with pytest.raises(StopIteration):
+        next(decorated)                      # the body went on, then ended normally
+    assert _by_run(rec) == [("ge", "START"), ("ge", "COMPLETE")]
+
+    @lineage_job("ge2", producer=rec)
+    def uncaught():
+        yield 1
+        yield 2
+
+    propagated = uncaught()
+    next(propagated)
+    with pytest.raises(GeneratorExit):
+        propagated.throw(GeneratorExit)
+    assert _by_run(rec)[2:] == [("ge2", "START"), ("ge2", "ABORT")] and current_run() is None
+
+
+def test_a_decorated_generators_arguments_are_bound_at_the_call():
+    rec = _Recorder()
+
+    @lineage_job("bound", producer=rec)
+    def gen(a):
+        yield a
+
+    @lineage_job("abound", producer=rec)
+    async def agen(a):
+        yield a
+
+    with pytest.raises(TypeError):
+        gen()
+    with pytest.raises(TypeError):
+        agen()
+    it = gen(1)
+    assert rec.events == []                  # START at the first item asked for, as before
+    assert list(it) == [1] and _by_run(rec) == [("bound", "START"), ("bound", "COMPLETE")]

@@ -18,7 +18,7 @@ from openlineage.client.uuid import generate_new_uuid
 from producer import LineageProducer, events, readers
 from producer.errors import ConfigError
 from producer.openlineage_transport import TRANSPORT_TYPE, LineageRelayConfig, LineageRelayTransport
-from tests.producer.support import ROOT, decode
+from tests.producer.support import ROOT, decode, open_paths_under
 from tests.support.kafka import read_topic
 from tests.support.spec import validator
 
@@ -233,3 +233,52 @@ def test_events_the_official_client_can_send_are_not_dropped(kafka, tmp_cwd, cle
     assert keys["run"]["facets"]["stats"]["histogram"] == {"1": 3, "2.5": 4}
     for doc in (big, keys):
         validator().validate(doc)
+
+
+def _padded(i: int, pad: int = 3000) -> dict:
+    return {"eventType": "START", "eventTime": events.utc_now_iso(), "producer": events.PRODUCER_URI,
+            "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+            "run": {"runId": "01890000-0000-7000-8000-%012d" % i}, "job": {"namespace": "ns", "name": f"job{i}"},
+            "pad": "x" * pad}
+
+
+def _journal_bytes(root) -> int:
+    return sum(f.stat().st_size for d in root.iterdir() for f in d.glob("*.seg"))
+
+
+def test_flushing_emits_during_an_outage_keep_one_journal_within_journal_max_bytes(broker, tmp_path):
+    """Each flushing emit journals what Kafka has not acknowledged without closing the
+    producer: one producer, one journal, capped by journalMaxBytes (not one journal, each with
+    the whole cap, and one more LOCK descriptor, per emit); what does not fit is counted."""
+    topic, journal = "ol-outage", tmp_path / "journal"
+    transport = LineageRelayTransport(LineageRelayConfig.from_dict({
+        "topic": topic, "journalDir": str(journal), "closeTimeoutS": 2, "journalMaxBytes": 65536,
+        "config": {"bootstrap.servers": broker.bootstrap_servers}}))
+    for i in range(40):
+        transport.emit(_padded(i))
+    assert len(list(journal.iterdir())) == 1
+    assert _journal_bytes(journal) <= 65536
+    assert len(open_paths_under([journal])) <= 3      # its LOCK, its segment (not a LOCK per emit)
+    producer = transport.producer
+    assert producer.settle(0) == 0 and not producer._closed
+    s = producer.stats
+    assert s.emitted == 40 and s.mode == "journal"
+    assert s.journaled + s.dropped.get("journal_full", 0) == 40 and s.dropped.get("journal_full", 0) > 0
+    broker.start()
+    broker.create_topic(topic, 1)
+    assert producer.flush(30) == 0
+    assert producer.stats.replayed == s.journaled
+    assert transport.close(5)
+
+
+def test_flushing_emits_keep_every_drop_in_the_producers_stats(broker, tmp_path):
+    """The drops counted before a flushing emit journaled (Kafka down) stay in stats."""
+    transport = LineageRelayTransport(LineageRelayConfig.from_dict({
+        "topic": "ol-stats", "journalDir": str(tmp_path / "journal"), "closeTimeoutS": 2,
+        "config": {"bootstrap.servers": broker.bootstrap_servers, "message.max.bytes": "10000"}}))
+    transport.emit(_padded(0, pad=20000))      # too_large: dropped, counted
+    transport.emit(_padded(1))                 # Kafka down: journaled
+    transport.emit(_padded(2))
+    s = transport.producer.stats
+    assert (s.emitted, s.journaled, s.dropped) == (3, 2, {"too_large": 1})
+    transport.close(1)

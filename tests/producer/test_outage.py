@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from producer import LineageProducer, replacement, sender
+from producer import LineageProducer, events, replacement, sender
 from relay.embedded.broker import EmbeddedBroker
 from tests.producer.support import (
     FAST_RECONNECT,
@@ -433,3 +433,47 @@ def test_emit_waits_for_no_answer_of_a_frozen_broker_while_the_sender_waits_for_
     finally:
         p.close(1)
     assert_all_arrived_in_order(read_to_end(broker.bootstrap_servers, "frozen"), range(n))
+
+
+def _padded_event(i: int) -> dict:
+    event = seq_event(i)
+    event["run"]["facets"]["pad"] = events.custom_facet({"p": "x" * 800}, schema_url="https://example.com/p.json")
+    return event
+
+
+def test_the_journal_a_reclaim_puts_aside_shares_journal_max_bytes_with_the_current_one(broker, tmp_path, caplog):
+    """During a reclaim's wait the spill queue goes to a journal of its own; the records
+    librdkafka gives back then go to the current journal. Together (and with every other
+    journal the producer made) they stay within journal_max_bytes, checked at each append:
+    the records that do not fit are dropped as journal_full, counted."""
+    broker.start()
+    broker.create_topic("frozen-cap", 1)
+    caplog.set_level(logging.INFO, "producer.kafka")
+    root, cap = tmp_path / "j", 65536
+    p = LineageProducer(bootstrap_servers=broker.bootstrap_servers, topic="frozen-cap", journal_dir=root,
+                        properties=FAST_RECONNECT, queue_max_events=100, close_timeout_s=1, journal_max_bytes=cap)
+    logged = lambda text: any(text in r.getMessage() for r in caplog.records)  # noqa: E731
+    try:
+        p.emit(_padded_event(0))
+        assert p.flush(15) == 0
+        os.kill(broker._proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
+            for i in range(1, 51):            # into librdkafka, never answered
+                p.emit(_padded_event(i))
+            wait_for(lambda: logged("reason=stalled"), 40, "the stall")
+            for i in range(51, 111):          # during the reclaim's wait for answers: aside
+                p.emit(_padded_event(i))
+            wait_for(lambda: logged("event=producer_rebuilt"), 40, "the rebuild")
+            wait_for(lambda: p._not_journaled() == 0, 20, "everything journaled or dropped")
+            assert logged("reason=reclaim_wait"), "the spill queue went aside"
+            on_disk = sum(f.stat().st_size for d in root.iterdir() for f in d.glob("*.seg"))
+            s = p.stats
+            assert on_disk <= cap, (on_disk, s)
+            assert s.dropped.get("journal_full", 0) > 0 and set(s.dropped) == {"journal_full"}
+            assert s.journaled + s.dropped["journal_full"] == 110
+        finally:
+            os.kill(broker._proc.pid, signal.SIGCONT)
+        assert p.flush(40) == 0, p.stats
+    finally:
+        p.close(1)
