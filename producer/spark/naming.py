@@ -143,8 +143,11 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     raw = _SUB_PROTOCOL.sub(r"\1://", raw, count=1)
     # The authority by hand, not urlsplit's netloc: MySQL's (host=h,port=p,password=x) and
     # address=(host=h)(password=x) forms hold "/", "@", "[" and "#" that urlsplit misreads.
+    key_value = False
     if "://" in raw:
-        authority, path = _split_authority(raw.partition("://")[2])
+        rest = raw.partition("://")[2]
+        key_value = _KEY_VALUE_START.search(rest) is not None
+        authority, path = _split_authority(rest, grouped=key_value)
     else:   # jdbc:derby:memory:db, jdbc:sqlite:/x.db: no server, a path
         try:
             authority, path = "", urlsplit(raw).path
@@ -154,19 +157,26 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     default_port = DEFAULT_PORTS.get(namespace_scheme)
     if namespace_scheme == "teradata":   # jdbc:teradata://host/DATABASE=db,DBS_PORT=1025
         default_port = _jdbc_properties(path).get("dbs_port") or default_port
-    return f"{namespace_scheme}://{_servers(authority, default_port)}", \
+    return f"{namespace_scheme}://{_servers(authority, default_port, grouped=key_value)}", \
         ".".join(x for x in (_jdbc_database(path), name) if x)
 
 
-def _split_authority(rest: str) -> tuple[str, str]:
+#: MySQL's key-value host forms, at the start of the authority or after user info:
+#: ``(host=..``, ``[(host=..),..]``, ``address=(..``. Only they group with parentheses.
+_KEY_VALUE_START = re.compile(r"(?:^|@)\s*(?:\(|\[\s*\(|address=\()", re.IGNORECASE)
+
+
+def _split_authority(rest: str, *, grouped: bool) -> tuple[str, str]:
     """``rest`` (what follows ``scheme://``) as (authority, path): the authority ends at the
-    first ``/``, ``?`` or ``#`` outside parentheses and brackets; the path at ``?``/``#``."""
+    first ``/``, ``?`` or ``#`` (``grouped``, MySQL's key-value forms: outside parentheses
+    and brackets, which hold those characters; else a ``(`` is just a character, as in a
+    password); the path at ``?``/``#``."""
     depth = 0
     end = len(rest)
     for i, ch in enumerate(rest):
-        if ch in "([":
+        if grouped and ch in "([":
             depth += 1
-        elif ch in ")]":
+        elif grouped and ch in ")]":
             depth = max(depth - 1, 0)
         elif depth == 0 and ch in "/?#":
             end = i
@@ -211,14 +221,21 @@ def _key_value_server(entry: str) -> str | None:
     return f"{host}:{port}" if port.isdigit() else host
 
 
-def _servers(netloc: str, default_port: int | str | None) -> str:
+def _servers(netloc: str, default_port: int | str | None, *, grouped: bool = False) -> str:
     """``host:port`` of each server a JDBC URL names (failover lists: ``h1:5432,h2``), with
     ``default_port`` where one has none; user info dropped, hosts lower-cased, IPv6
-    addresses kept in brackets. MySQL's key-value host forms give their host and port
-    alone; anything after a ``;`` (``db1;user=u;password=p`` of AS400, ...) and any part
-    holding ``=`` are properties, never a server."""
-    # Properties first (a password after ";" may hold "@"), then user info (user:pw@).
-    netloc = _top_level_split(_top_level_split(netloc, ";")[0], "@")[-1].strip()
+    addresses kept in brackets. MySQL's key-value host forms (``grouped``) give their host
+    and port alone; anything after a ``;`` (``db1;user=u;password=p`` of AS400, ...) and
+    any part holding ``=`` are properties, never a server."""
+    def split(text: str, sep: str) -> list[str]:
+        return _top_level_split(text, sep) if grouped else text.split(sep)
+
+    # User info first when what precedes the last "@" holds no "=" (user:pa;ss@host: a
+    # password may hold ";"); else properties first (db1;password=p@x: one may hold "@").
+    at = split(netloc, "@")
+    if len(at) > 1 and "=" not in "@".join(at[:-1]):
+        netloc = at[-1]
+    netloc = split(split(netloc, ";")[0], "@")[-1].strip()
     if netloc.startswith("[") and netloc.endswith("]") and "(" in netloc:   # [(host=a),(host=b)]
         netloc = netloc[1:-1]
     servers = []
@@ -241,17 +258,12 @@ def _servers(netloc: str, default_port: int | str | None) -> str:
     return ",".join(servers)
 
 
-#: Names of credentials that no dataset namespace holds: a namespace with one of them as a
-#: word (or with any ``=``) was built from a URL form not understood, and is not emitted.
-_SECRET_KEY_WORDS = frozenset({"password", "passwd", "pwd", "secret", "token", "credential", "credentials",
-                               "apikey", "accesskey", "secretkey", "sessiontoken", "sastoken", "accountkey"})
-
-
 def unsafe_namespace(namespace: str) -> str | None:
     """Why ``namespace`` must not be emitted (the last safeguard against a credential leaking
-    through a URL form the naming rules misread), or None. The reason never quotes it.
-    Its server part is what is checked (``scheme://<authority>``): a path after it
-    (``file:/wh/secret``, ``hdfs://nn:8020/wh``, a warehouse) names a directory, not a login."""
+    through a URL form the naming rules misread: a ``key=value`` property in its server
+    part), or None. The reason never quotes it. Its server part is what is checked
+    (``scheme://<authority>``): a path after it (``file:/wh/x=1``) names a directory. Words
+    alone are no sign: hosts and buckets are named ``token-service-db``, ``acme-secret-scans``."""
     scheme, sep, rest = namespace.partition("://")
     if sep:
         namespace = rest.split("/", 1)[0]
@@ -259,10 +271,6 @@ def unsafe_namespace(namespace: str) -> str | None:
         return None
     if "=" in namespace:
         return "a key=value property"
-    words = {w.lower() for w in re.split(r"[^A-Za-z0-9]+", namespace)}
-    found = sorted(words & _SECRET_KEY_WORDS)
-    if found:
-        return f"the credential key name {found[0]!r}"
     return None
 
 

@@ -400,7 +400,10 @@ class StreamingLineage:
             try:
                 leaves = static_leaves(self._plan_json(run))
                 static = _static_relations(self._gateway(), run.query, leaves)
-                run.static = [(capture.dataset_refs(rel, self._lineage.settings), schema) for rel, schema in static]
+                dropped: list[dict] = []
+                run.static = [(capture.dataset_refs(rel, self._lineage.settings, dropped), schema)
+                              for rel, schema in static]
+                unread.extend(e["errorMessage"] for e in dropped if "errorMessage" in e)
             except Exception as err:  # noqa: BLE001
                 unread.append(f"could not read the data at rest the query reads: {_text(err)}")
         if inputs and not run.input_schemas_looked_up and run.query is not None:

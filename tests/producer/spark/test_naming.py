@@ -226,6 +226,17 @@ _KEY_VALUE_URLS = [
 ]
 
 
+@pytest.mark.parametrize("url", ["jdbc:mysql://app:4821;xK9@db.corp:3306/sales",
+                                 "jdbc:mysql://app:pa(ss@db.corp:3306/sales",
+                                 "jdbc:mysql://app:pa[ss@db.corp:3306/sales",
+                                 "jdbc:mysql://app:p)a]s;s@db.corp:3306/sales"])
+def test_a_password_in_user_info_holding_a_semicolon_or_a_parenthesis_names_the_server(url):
+    """The key-value fix cut at ";" before removing user info (``app:4821;xK9@db`` was named
+    ``mysql://app:4821``: the user and the start of the password) and grouped "(" of a
+    password (``mysql://`` and no database)."""
+    assert from_jdbc(url, "orders") == ("mysql://db.corp:3306", "sales.orders")
+
+
 @pytest.mark.parametrize("url, namespace, name", _KEY_VALUE_URLS)
 def test_key_value_host_forms_give_the_host_and_port_alone(url, namespace, name):
     got = from_jdbc(url, "t")
@@ -242,9 +253,13 @@ def test_a_namespace_that_could_hold_a_credential_is_never_emitted(monkeypatch):
     from producer.spark.relations import Relation
 
     assert naming.unsafe_namespace("as400://db1;user=etl;password=S3cretPw") is not None
-    assert naming.unsafe_namespace("x://db1:1;pwd") is not None
-    for fine in ("mysql://db1:3306", "file", "file:/wh/secret=1", "hdfs://nn:8020/token", "hive://ms:9083"):
-        assert naming.unsafe_namespace(fine) is None
+    assert naming.unsafe_namespace("x://db1:1;pwd=x") is not None
+    for fine in ("mysql://db1:3306", "file", "file:/wh/secret=1", "hdfs://nn:8020/token", "hive://ms:9083",
+                 # Words are no sign: real hosts, buckets and catalogs are named so.
+                 "postgres://token-service-db.internal:5432", "mysql://auth-secret.db.corp:3306",
+                 "s3://acme-secret-scans", "gs://customer-credentials-audit", "hdfs://secret-nn:8020",
+                 "abfss://token@acct.dfs.core.windows.net", "spark-catalog://secret"):
+        assert naming.unsafe_namespace(fine) is None, fine
     monkeypatch.setattr(naming, "jdbc_datasets",
                         lambda url, table: ([("weird://db1;password=S3cretPw", "t"), ("weird://db2", "t")], None))
     errors: list[dict] = []
