@@ -152,7 +152,7 @@ def test_huge_events_arrive_shrunk_or_dead_lettered_with_bounded_memory(kafka, t
             tree = relay_tree(relay.proc.pid)
             baselines = [p.memory_info().rss for p in tree]
             baseline = sum(baselines)
-            peaks = []
+            peaks, settled = [], []   # high-water marks; the resident set once each half is delivered
             # The unshrinkable run, then the shrinkable ones in two halves.
             produce(kafka.bootstrap_servers, topic, runs_of(bad_start_t, bad_complete_t, [bad_run]),
                     config=BIG_PRODUCER)
@@ -162,6 +162,7 @@ def test_huge_events_arrive_shrunk_or_dead_lettered_with_bounded_memory(kafka, t
                 expected += 2 * len(run_ids)
                 assert collector.wait_for(lambda c: c.count >= expected, 180), (collector.count, expected)
                 peaks.append(sum(peak_rss(p) for p in tree) - baseline)
+                settled.append(sum(p.memory_info().rss for p in tree) - baseline)
             per_process = [(peak_rss(p) - b) // MiB for p, b in zip(tree, baselines)]
             dead = read_topic(kafka.bootstrap_servers, dlq, expected=1, timeout_s=60)
         finally:
@@ -204,8 +205,12 @@ def test_huge_events_arrive_shrunk_or_dead_lettered_with_bounded_memory(kafka, t
     burst = 2 * HALF * event
     print(f"relay + decode worker peak RSS over baseline: after {HALF} events {peaks[0] / MiB:.0f} MiB, "
           f"after {2 * HALF} {peaks[1] / MiB:.0f} MiB (relay, worker: {per_process} MiB); "
-          f"bound {bound / MiB:.0f} MiB, burst {burst / MiB:.0f} MiB")
+          f"bound {bound / MiB:.0f} MiB, burst {burst / MiB:.0f} MiB; resident once delivered "
+          f"{settled[0] / MiB:.0f} and {settled[1] / MiB:.0f} MiB")
     assert bound < burst * 0.8, "the bound must be well under what holding the whole burst takes"
     assert peaks[1] < bound, f"the relay grew {peaks[1] / MiB:.0f} MiB, over its {bound / MiB:.0f} MiB bound"
-    # A relay that kept part of each event would grow by ~HALF x that in the second half.
-    assert peaks[1] - peaks[0] < 3 * event, f"memory still grew in the second half: {peaks} bytes"
+    # A relay that kept part of each event would hold ~HALF x that more once the second half
+    # is delivered. The resident set then, not the high-water mark: a peak is the moment the
+    # most events were in flight together, which scheduling decides (CI 66: 405 then 467 MiB
+    # peaks on a loaded machine; runs alone here 426 then 468, and 447 then 447).
+    assert settled[1] - settled[0] < 3 * event, f"memory still grew in the second half: {settled} bytes"
