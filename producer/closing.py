@@ -143,7 +143,13 @@ class Closing:
         that many would be lost by such an exit (they are still sent or journaled if the
         process lives or exits normally). Never raises for Kafka's sake, never closes. In a
         signal handler that interrupted the producer (:mod:`producer.deferred_close`) it
-        waits only for what librdkafka holds, as flush() does."""
+        waits only for what librdkafka holds, as flush() does.
+
+        Not guaranteed: that it returns before the bound while other threads keep emitting.
+        It waits until nothing is outstanding at the moment it looks, as librdkafka's own
+        flush does, so under a sustained stream of other threads' events it may wait out
+        ``timeout_s`` and count theirs. Events dropped with a named reason (``journal_full``,
+        ``closed``, ...) are counted in ``stats.dropped``, not in the result."""
         budget = self.config.close_timeout_s if timeout_s is None else max(0.0, timeout_s)
         deadline = time.monotonic() + budget
         if self._reentered(get_ident()) is not None:

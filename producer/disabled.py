@@ -44,6 +44,9 @@ class DisabledProducer(LineageProducer):
     def flush(self, timeout_s: float | None = None) -> int:
         return 0
 
+    def settle(self, timeout_s: float | None = None) -> int:
+        return 0
+
     def close(self, timeout_s: float | None = None) -> None:
         pass
 

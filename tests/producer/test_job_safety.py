@@ -198,6 +198,19 @@ def test_a_disabled_producer_has_a_usable_config(no_config, monkeypatch):
     assert DisabledProducer().config.close_timeout_s == 10.0
 
 
+def test_a_disabled_producer_answers_every_public_method(no_config, monkeypatch):
+    """settle() (what the openlineage-python transport calls after each emit) raised
+    AttributeError on a DisabledProducer: every emit logged flush_after_emit_failed."""
+    from producer.kafka import LineageProducer
+
+    monkeypatch.setenv("OPENLINEAGE_DISABLED", "true")
+    disabled = LineageProducer(bootstrap_servers="127.0.0.1:1")
+    disabled.emit({"eventType": "START"})
+    assert disabled.settle(1) == 0 and disabled.flush(1) == 0 and disabled.pending == 0
+    disabled.close(1)
+    assert disabled.stats.emitted == 1
+
+
 def test_a_subclass_of_lineage_producer_honours_openlineage_disabled(no_config, monkeypatch, tmp_path):
     from producer.disabled import DisabledProducer
     from producer.kafka import LineageProducer
