@@ -433,13 +433,10 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
                 try:
                     item = gen.throw(thrown) if thrown is not None else gen.send(value)
                 except StopIteration as stop:
-                    job._finish(None, abort=isinstance(thrown, GeneratorExit))
+                    _end_of_body(job, thrown, None)
                     return stop.value
                 except BaseException as exc:
-                    if isinstance(exc, GeneratorExit) and isinstance(thrown, GeneratorExit):
-                        job._finish(None, abort=True)
-                    else:
-                        job._finish(exc)
+                    _end_of_body(job, thrown, exc)
                     raise
             try:
                 value, thrown = (yield item), None
@@ -459,13 +456,10 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
                 try:
                     item = await (agen.athrow(thrown) if thrown is not None else agen.asend(value))
                 except StopAsyncIteration:
-                    job._finish(None, abort=isinstance(thrown, GeneratorExit))
+                    _end_of_body(job, thrown, None)
                     return
                 except BaseException as exc:
-                    if isinstance(exc, GeneratorExit) and isinstance(thrown, GeneratorExit):
-                        job._finish(None, abort=True)
-                    else:
-                        job._finish(exc)
+                    _end_of_body(job, thrown, exc)
                     raise
             try:
                 value, thrown = (yield item), None
@@ -553,3 +547,15 @@ def _exit_succeeds(status: object) -> bool:
 def current_run() -> JobRun | None:
     """The innermost active ``lineage_job`` run in this thread/task, if any."""
     return _current.get()
+
+
+def _end_of_body(job: Any, thrown: BaseException | None, exc: BaseException | None) -> None:
+    """The run's end when a step of a decorated generator's body ended it: it returned
+    (``exc`` None): COMPLETE, or ABORT when it returned straight from a GeneratorExit thrown
+    in; that GeneratorExit came back out: ABORT; any other exception: FAIL."""
+    if exc is None:
+        job._finish(None, abort=isinstance(thrown, GeneratorExit))
+    elif isinstance(exc, GeneratorExit) and isinstance(thrown, GeneratorExit):
+        job._finish(None, abort=True)
+    else:
+        job._finish(exc)

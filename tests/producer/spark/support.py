@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -47,3 +50,24 @@ def application_start(spark: Any) -> tuple[Any, dict]:
         return lineage, start
     finally:
         disable_lineage(spark)
+
+
+@contextmanager
+def streaming_capture(spark: Any, **options: Any) -> Iterator[tuple[Recorder, Any]]:
+    """Capture on ``spark`` (namespace and application ``st``) into a Recorder; off on leaving."""
+    from producer.spark import disable_lineage, enable_lineage
+
+    recorder = Recorder()
+    lineage = enable_lineage(spark, producer=recorder, namespace="st", app_name="st", **options)
+    try:
+        yield recorder, lineage
+    finally:
+        disable_lineage(spark)
+
+
+def json_files(directory: Path, count: int) -> Path:
+    """``count`` one-row JSON files (``id``, ``v``) in a new ``directory``: a stream's source."""
+    directory.mkdir(parents=True)
+    for i in range(count):
+        (directory / f"part-{i}.json").write_text(f'{{"id": {i}, "v": "x{i}"}}\n')
+    return directory

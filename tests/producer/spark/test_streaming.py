@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from producer.spark import disable_lineage, enable_lineage
 from producer.spark.streaming_names import datasets, job_name
-from tests.producer.spark.support import Recorder
+from tests.producer.spark.support import Recorder, json_files, streaming_capture
 from tests.support.relay import eventually
 from tests.support.spec import validator
 
@@ -19,19 +19,12 @@ SCHEMA = "id BIGINT, v STRING"
 
 @pytest.fixture
 def captured(spark):
-    recorder = Recorder()
-    lineage = enable_lineage(spark, producer=recorder, namespace="st", app_name="st")
-    try:
-        yield recorder, lineage
-    finally:
-        disable_lineage(spark)
+    with streaming_capture(spark) as got:
+        yield got
 
 
 def _json_files(directory, count=2):
-    directory.mkdir(parents=True)
-    for i in range(count):
-        (directory / f"part-{i}.json").write_text(f'{{"id": {i}, "v": "x{i}"}}\n')
-    return directory
+    return json_files(directory, count)
 
 
 def _run_events(recorder: Recorder, run_id: str, last: str) -> list[dict]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.spark import disable_lineage, enable_lineage
-from tests.producer.spark.support import Recorder
+from tests.producer.spark.support import json_files, streaming_capture
 from tests.support.relay import eventually
 from tests.support.spec import validator
 
@@ -15,19 +14,12 @@ SCHEMA = "id BIGINT, v STRING"
 
 @pytest.fixture
 def read_only(spark):
-    recorder = Recorder()
-    lineage = enable_lineage(spark, producer=recorder, namespace="st", app_name="st", read_only_actions=True)
-    try:
-        yield recorder, lineage
-    finally:
-        disable_lineage(spark)
+    with streaming_capture(spark, read_only_actions=True) as got:
+        yield got
 
 
 def _landing(directory, files=3):
-    directory.mkdir(parents=True)
-    for i in range(files):
-        (directory / f"part-{i}.json").write_text(f'{{"id": {i}, "v": "x{i}"}}\n')
-    return directory
+    return json_files(directory, files)
 
 
 def _names(datasets):
@@ -90,12 +82,8 @@ def test_the_writes_of_a_foreach_batch_function_are_still_reported_with_read_onl
 
 @pytest.fixture
 def captured(spark):
-    recorder = Recorder()
-    lineage = enable_lineage(spark, producer=recorder, namespace="st", app_name="st")
-    try:
-        yield recorder, lineage
-    finally:
-        disable_lineage(spark)
+    with streaming_capture(spark) as got:
+        yield got
 
 
 @pytest.mark.spark
