@@ -86,6 +86,10 @@ _RECOVERY_SLICE = (2000, 1 << 20)
 #: producer's own events and polls librdkafka. Longer only while the job's threads hold the GIL.
 _SCAN_TURN_S = 0.05
 _BACKOFF_S = (0.2, 5.0)
+#: How long the sender's thread may wait on a metadata request asking whether Kafka is back,
+#: once per ``journal_adopt_interval_s``, only while it is reported down and nothing of this
+#: producer's is in flight (no delivery report will ever say so then).
+_PROBE_TIMEOUT_S = 0.5
 
 
 class Replay:
@@ -111,6 +115,7 @@ class Replay:
     _kafka_client_back: Callable[[], bool]
     _direct_outstanding: Callable[[], int]
     _reset_stall: Callable[[], None]
+    _kafka_up: Callable[[], None]
     _error: Callable[..., None]
     _drop: Callable[..., None]
     _poll: Callable[[float], None]
@@ -129,6 +134,7 @@ class Replay:
         self._adopted_had = 0      # the adopted journal's records when its recovery scan ended
         self._adopted_sent = 0     # events delivered from journals adopted while running
         self._next_look_at = time.monotonic() + self.config.journal_adopt_interval_s
+        self._next_probe_at = self._next_look_at
         self._adoption_failed = False   # the journal directory could not be listed (logged once)
 
     def _destination(self) -> Destination:
@@ -229,6 +235,9 @@ class Replay:
                 self._next_look_at = now
             journal = None
         if journal is None:
+            if now >= self._next_probe_at and self._idle_while_down():
+                self._next_probe_at = now + self.config.journal_adopt_interval_s
+                self._probe_kafka()
             if now >= self._next_look_at and self._may_adopt():
                 self._next_look_at = now + self.config.journal_adopt_interval_s
                 self._adopted = self._adopt_next()   # its recovery scan from the next turn on
@@ -283,6 +292,21 @@ class Replay:
         if journal.pending:
             log.info("journal=%s event=adopted pending=%d", journal.path, journal.pending)
         return True
+
+    def _idle_while_down(self) -> bool:
+        """Kafka is reported down and nothing of this producer's is in flight or journaled:
+        no delivery report will come to say it is back (a process whose forked children do
+        the emitting never sends anything itself), so adoption would wait for ever."""
+        return self._kafka_down and self._can_send and not self._spilling and self._direct_outstanding() == 0
+
+    def _probe_kafka(self) -> None:
+        """One metadata request for the topic, bounded by :data:`_PROBE_TIMEOUT_S`: answered,
+        Kafka is taken as back (as an acknowledgement would say)."""
+        try:
+            self._producer.list_topics(self._topic, timeout=_PROBE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - still down (timed out, transport error): the next interval
+            return
+        self._kafka_up()
 
     def _may_adopt(self) -> bool:
         """Kafka takes records, this producer's own backlog is sent, and its queue

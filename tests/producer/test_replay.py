@@ -204,6 +204,26 @@ def test_no_adoption_while_kafka_is_reported_down_even_with_nothing_to_send(brok
         p.close()
 
 
+def test_a_producer_that_sends_nothing_itself_adopts_once_kafka_is_back(broker, tmp_path):
+    """A process whose forked children do the emitting (Airflow) never sends anything
+    itself: after an outage no delivery report ever said Kafka was back, so it never adopted
+    the journals its children left. A metadata request once an interval, while it is idle
+    and Kafka reported down, does."""
+    topic = "idle-parent"
+    p = _producer(broker.bootstrap_servers, topic, tmp_path, interval=0.5)
+    try:
+        wait_for(lambda: p._kafka_down, 30, "librdkafka reporting all brokers down")
+        [orphan] = journals_left_by_killed_process(tmp_path, (topic, broker.bootstrap_servers, 0, 10))
+        broker.start()
+        broker.create_topic(topic, 1)
+        wait_for(lambda: p.stats.adopted == 10, 60, "the orphan sent with nothing emitted by this producer")
+        assert not orphan.exists() or open_paths_under([orphan]) == []
+        assert p.stats.emitted == 0
+    finally:
+        p.close()
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=10), range(10))
+
+
 def test_adoption_never_pushes_the_producers_own_events_into_journal_mode(kafka, tmp_path, caplog):
     """A small librdkafka queue and a steady emitter: the adopted journal's batches leave room
     for the producer's own events, which go straight to Kafka (no journal mode, nothing
