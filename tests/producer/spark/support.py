@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -71,3 +71,28 @@ def json_files(directory: Path, count: int) -> Path:
     for i in range(count):
         (directory / f"part-{i}.json").write_text(f'{{"id": {i}, "v": "x{i}"}}\n')
     return directory
+
+
+def validated_capture(spark: Any, action: Callable[[], Any], **options: Any) -> Recorder:
+    """``action()`` run with capture on into a Recorder (``enable_lineage(**options)``), the
+    listener bus drained before capture goes off; every event checked against the spec."""
+    from producer.spark import disable_lineage, enable_lineage
+    from tests.support.spec import validator
+
+    recorder = Recorder()
+    enable_lineage(spark, producer=recorder, **options)
+    try:
+        action()
+        drain(spark)
+    finally:
+        disable_lineage(spark)
+    checker = validator()
+    for event in recorder.events:
+        checker.validate(event)
+    return recorder
+
+
+def completes_by_output(recorder: Recorder) -> dict[str, dict]:
+    """Each COMPLETE event with an output, by the last path segment of its first output's name."""
+    return {event["outputs"][0]["name"].rsplit("/", 1)[-1]: event for event in recorder.events
+            if event["eventType"] == "COMPLETE" and event["outputs"]}

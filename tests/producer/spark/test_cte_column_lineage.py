@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.spark import disable_lineage, enable_lineage
-from tests.producer.spark.support import Recorder, drain
-from tests.support.spec import validator
+from tests.producer.spark.support import completes_by_output, validated_capture
 
 pytestmark = pytest.mark.spark
 
@@ -58,23 +56,15 @@ def completes(spark, tmp_path_factory):
     # Target columns named unlike the query's: an insert matches them by position.
     for table in ("t_insert_into", "t_with_insert"):
         spark.sql(f"CREATE TABLE {DB}.{table} (tid INT, score DOUBLE) USING parquet")
-    recorder = Recorder()
-    enable_lineage(spark, producer=recorder, namespace=APP, app_name=APP)
-    try:
+    def write_all():
         for name, query in FILE_WRITES.items():
             spark.sql(query).write.mode("overwrite").parquet(str(out_dir / name))
         for statement in TABLE_WRITES.values():
             spark.sql(statement)
         spark.sql(f"{CTE}SELECT k AS tid, v + 1 AS score FROM a").write.mode("overwrite") \
             .saveAsTable(f"{DB}.t_save_as_table")
-        drain(spark)
-    finally:
-        disable_lineage(spark)
-    checker = validator()
-    for event in recorder.events:
-        checker.validate(event)
-    return {event["outputs"][0]["name"].rsplit("/", 1)[-1]: event for event in recorder.events
-            if event["eventType"] == "COMPLETE" and event["outputs"]}
+
+    return completes_by_output(validated_capture(spark, write_all, namespace=APP, app_name=APP))
 
 
 def _schema_names(event: dict) -> list[str]:

@@ -10,11 +10,10 @@ import os
 
 import pytest
 
-from producer.spark import disable_lineage, enable_lineage, jvm, scans
+from producer.spark import jvm, scans
 from producer.spark.input_stats import COUNTED, counts_its_run, input_statistics
 from producer.spark.scans import Scan, parse_scans
-from tests.producer.spark.support import Recorder, drain
-from tests.support.spec import validator
+from tests.producer.spark.support import Recorder, validated_capture
 
 APP = "input_stats_app"
 
@@ -29,17 +28,7 @@ def _stats(directory) -> dict:
 
 
 def _run(spark, action, read_only_actions: bool = False) -> Recorder:
-    recorder = Recorder()
-    enable_lineage(spark, producer=recorder, app_name=APP, read_only_actions=read_only_actions)
-    try:
-        action()
-        drain(spark)
-    finally:
-        disable_lineage(spark)
-    checker = validator()
-    for event in recorder.events:
-        checker.validate(event)
-    return recorder
+    return validated_capture(spark, action, app_name=APP, read_only_actions=read_only_actions)
 
 
 def _inputs(recorder: Recorder, kind: str) -> dict[str, dict]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.spark import disable_lineage, enable_lineage
-from tests.producer.spark.support import Recorder, drain
-from tests.support.spec import validator
+from tests.producer.spark.support import completes_by_output, validated_capture
 
 pytestmark = pytest.mark.spark
 
@@ -39,22 +37,11 @@ def completes(spark):
     }
     for table in statements:
         spark.sql(f"DROP TABLE IF EXISTS {DB}.{table}")
-    recorder = Recorder()
-    enable_lineage(spark, producer=recorder, namespace=APP, app_name=APP)
-    try:
+    def create_all():
         for table, query in statements.items():
             spark.sql(f"CREATE TABLE {DB}.{table} USING parquet AS {query}")
-        drain(spark)
-    finally:
-        disable_lineage(spark)
-    checker = validator()
-    for event in recorder.events:
-        checker.validate(event)
-    out = {}
-    for event in recorder.events:
-        if event["eventType"] == "COMPLETE" and event["outputs"]:
-            out[event["outputs"][0]["name"].rsplit("/", 1)[-1]] = event
-    return out
+
+    return completes_by_output(validated_capture(spark, create_all, namespace=APP, app_name=APP))
 
 
 def _inputs(event: dict) -> set[str]:
@@ -196,19 +183,11 @@ def set_ops(spark, tmp_path_factory):
         "melt": lambda: a().select("id", "v", F.col("id").alias("k")).melt("id", ["v", "k"], "var", "val"),
         "count": lambda: a().groupBy("name").agg(F.count("id").alias("c"), F.sum("v").alias("s")),
     }
-    recorder = Recorder()
-    enable_lineage(spark, producer=recorder, namespace=APP, app_name=APP)
-    try:
+    def write_all():
         for name, df in writes.items():
             df().write.mode("overwrite").parquet(str(base / name))
-        drain(spark)
-    finally:
-        disable_lineage(spark)
-    checker = validator()
-    for event in recorder.events:
-        checker.validate(event)
-    return {event["outputs"][0]["name"].rsplit("/", 1)[-1]: event for event in recorder.events
-            if event["eventType"] == "COMPLETE" and event["outputs"]}
+
+    return completes_by_output(validated_capture(spark, write_all, namespace=APP, app_name=APP))
 
 
 @pytest.mark.parametrize("out, columns, filtered_by", [
