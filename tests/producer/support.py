@@ -94,8 +94,7 @@ def journal_left_by_killed_producer(journal_dir: Path, bootstrap: str, topic: st
                                     start: int = 0) -> None:
     """The journal a producer process left when it was killed (SIGKILL) while ``bootstrap``
     was unreachable: events ``start`` .. ``start + count - 1``, all journaled."""
-    # ok: the child only waits to be killed
-    child = start_producer_child(journal_dir, bootstrap, topic, count, "time.sleep(60)", start)
+    child = start_producer_child(journal_dir, bootstrap, topic, count, "time.sleep(60)", start)  # ok: killed
     try:
         assert child.stdout.readline().split() == ["journaled", str(count)]
     finally:

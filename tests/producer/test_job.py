@@ -419,7 +419,7 @@ def test_a_decorated_async_generator_run_spans_its_iteration():
     @lineage_job("stream", producer=rec)
     async def stream(fail=False):
         for i in range(3):
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)   # ok: a suspension point inside the body, not a wait
             assert current_run().job_name == "stream"
             yield i
         if fail:

@@ -162,7 +162,7 @@ def test_signals_at_random_points_of_an_emit_loop(kafka, tmp_path, action):
     rng = random.Random(7)
     for _ in range(25):   # ok: spacing between signals, not a synchronisation
         child.send_signal(signal.SIGUSR1)
-        time.sleep(rng.uniform(0.005, 0.03))
+        time.sleep(rng.uniform(0.005, 0.03))   # ok: spacing between signals, not a synchronisation
     child.send_signal(signal.SIGTERM)
     started = time.monotonic()
     code, printed, log = _finish(child, 30)

@@ -52,7 +52,7 @@ def test_sigterm_during_start_up_exits_at_once(command, tmp_path):
     try:
         deadline = time.monotonic() + 30
         while proc.poll() is None and not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.001)
+            time.sleep(0.001)   # ok: poll interval of a wait with a deadline
         assert proc.poll() is None, f"exited {proc.returncode} without ever handling SIGTERM: {proc.stderr.read()!r}"
         assert _catches_sigterm(proc.pid), "no SIGTERM handler 30 s after start"
         proc.send_signal(signal.SIGTERM)
