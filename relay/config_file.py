@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from producer.readers import yaml_problem
 from relay.errors import ConfigError
 
 Loc = tuple[str | int, ...]
@@ -168,7 +169,9 @@ def read_yaml(path: str | Path, content: bytes | None = None) -> dict[str, Any]:
         raise ConfigError(f"{p} is not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
                           "fix: save it as UTF-8") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{p} is not valid YAML: {err}") from err
+        # Not PyYAML's message: it quotes the offending line, which may hold a secret.
+        raise ConfigError(f"{p} is not valid YAML: {yaml_problem(err)}; fix: correct the YAML there "
+                          "(quote a value holding ': ', ' #', '&' or '*')") from None
     if _cyclic(raw, set()):
         raise ConfigError(f"{p}: a YAML alias refers to itself (&name ... *name inside it); "
                           "fix: write the value out instead of the alias")

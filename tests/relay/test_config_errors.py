@@ -211,3 +211,15 @@ def test_a_utf8_file_with_a_byte_order_mark_is_read(tmp_path):
     from relay.config_file import read_yaml
 
     assert read_yaml(path) == {"kafka": {"bootstrap_servers": "127.0.0.1:9092"}}
+
+
+def test_a_yaml_syntax_error_names_the_place_without_quoting_the_line(tmp_path, capsys):
+    # A secret substituted before parsing (`--config <(envsubst < relay.yaml)`) may break the
+    # YAML; PyYAML's own message quotes the offending line, secret and all.
+    path = tmp_path / "relay.yaml"
+    path.write_text("kafka:\n  bootstrap_servers: 127.0.0.1:9092\n  properties:\n"
+                    "    sasl.password: Tr0ub4dor: &3-TOPSECRET\n")
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid YAML" in err and "line 4" in err
+    assert "TOPSECRET" not in err and "Tr0ub4dor" not in err and "Traceback" not in err
