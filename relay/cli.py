@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from relay import event_loop
@@ -228,6 +229,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _stop_on_sigterm_as_on_interrupt() -> Any:
+    """An operator command (replay, dlq) stopped by ``docker stop`` or Kubernetes ends as
+    Ctrl-C ends it: releasing its redrive lease, saying what it did. Without a handler
+    SIGTERM would kill it with the lease held (the next redrive waits out the takeover), and
+    as a container's PID 1 it would be ignored until SIGKILL. A SIGTERM ignored by whoever
+    started the process stays ignored. Returns the handler replaced (None if none was)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lineage-relay", description=__doc__)
     parser.add_argument("--version", action=_Version, nargs=0, help="print versions (relay, librdkafka, ...) and exit")
@@ -245,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "run":  # the start-up stop of relay/entrypoint.py is for the relay's start
         release_early_stop()
     if getattr(args, "ops_handler", None) is not None:
-        return args.ops_handler(args)
+        previous = _stop_on_sigterm_as_on_interrupt()
+        try:
+            return args.ops_handler(args)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     try:
         if args.command == "check-config":

@@ -320,3 +320,26 @@ def test_a_lock_topic_that_cannot_keep_the_lock_is_refused_naming_the_fix(kafka,
         assert "(1 partition, cleanup.policy=delete, retention.ms=-1, retention.bytes=-1)" in err, err
         assert a.count == 0 and setup.position() < 0
         assert read_to_end(kafka.bootstrap_servers, f"{setup.dlq}.redrive-lock") == [], "it wrote to the topic"
+
+
+def test_a_redrive_stopped_with_sigterm_releases_the_lock_at_once(kafka, tmp_path, capsys):
+    """``docker stop`` / ``kubectl delete`` of a redrive (SIGTERM; as PID 1 a signal without a
+    handler would even be ignored): it stops as an interrupt does, releasing its lease, so
+    the next redrive starts at once instead of waiting out the takeover time; it commits
+    no position past what it did not re-drive."""
+    with GatedCollector() as gated, RecordingCollector() as second_collector:
+        setup = Setup(kafka, tmp_path, gated.url, second_collector.url)
+        first = holding_first(setup, gated, LeaseTiming(), tmp_path)
+        try:
+            first.proc.send_signal(signal.SIGTERM)
+            code = first.wait(60)
+        finally:
+            first.close()
+        assert code == 130, first.output()
+        assert "interrupted" in first.output(), first.output()
+        assert [r["op"] for r in setup.lock_records()][-1] == "release", setup.lock_records()
+        code, out, err, _ = redrive_in_process(capsys, setup.second)
+        assert code == 0, out + err
+        assert "waiting" not in err, err
+        assert sent_once(second_collector, setup.stream)
+        assert setup.position() == setup.count
