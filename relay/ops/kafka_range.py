@@ -235,6 +235,11 @@ def resolve(consumer: Consumer, topic: str, *, from_offsets: dict[int, int] | No
         except KafkaException as err:
             raise OpsError(f"cannot look up offsets by time in {topic}: {kafka_error_text(err)}; "
                            f"{UNREACHABLE_HINT}") from err
+        for tp in found:   # answered per partition: -1 with an error is no answer, not "no record"
+            if tp.error is not None:
+                raise OpsError(f"cannot look up offsets by time in {topic}/{tp.partition}: "
+                               f"{tp.error.str()}; run the command again (a "
+                               "partition whose leader is moving answers once it has moved)")
         # -1: no record at or after the time; the partition contributes nothing.
         starts = {tp.partition: (tp.offset if tp.offset >= 0 else marks[tp.partition][1]) for tp in found}
     ranges = []

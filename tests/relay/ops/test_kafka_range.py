@@ -61,3 +61,38 @@ def test_librdkafkas_own_timeout_is_no_answer_and_a_refusal_names_the_fix(monkey
         create_ops_topic(config.kafka, "t.lock", {}, what="redrive lock topic", how="1 partition", timeout_s=2.0)
     assert str(caught.value).startswith(expected)
     assert ("CREATE" in str(caught.value)) == (code != KafkaError._TIMED_OUT)
+
+
+def test_a_partition_whose_time_lookup_failed_is_an_error_not_an_empty_range(kafka):
+    """``offsets_for_times`` answers per partition: one answered with an error (leader
+    moving, not authorised) comes back with offset -1, which reads as "no record at or
+    after the time". Taken so, that partition would be skipped and the command say all
+    done: it fails naming the partition instead."""
+    from relay.ops.kafka_range import resolve
+
+    topic = kafka.new_topic("t", partitions=2)
+    produce(kafka.bootstrap_servers, topic, [(b"k%d" % i, b"v%d" % i) for i in range(6)])
+    config = relay_config(kafka.bootstrap_servers, topic, {"a": "http://127.0.0.1:9"}, group=kafka.new_group(),
+                          dlq="unused")
+    consumer = open_consumer(config.kafka, kafka.new_group())
+
+    class Answer:
+        def __init__(self, tp, error):
+            self.topic, self.partition, self.offset, self.error = tp.topic, tp.partition, -1, error
+
+    class OneFailing:
+        def __getattr__(self, name):
+            return getattr(consumer, name)
+
+        def offsets_for_times(self, tps, timeout=None):
+            found = consumer.offsets_for_times(tps, timeout=timeout)
+            return [Answer(tp, KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)) if tp.partition == 1 else tp
+                    for tp in found]
+
+    try:
+        assert resolve(consumer, topic, from_ms=0)[1].size > 0   # the lookup itself finds records there
+        with pytest.raises(OpsError) as caught:
+            resolve(OneFailing(), topic, from_ms=0)
+    finally:
+        consumer.close()
+    assert f"{topic}/1" in str(caught.value) and "by time" in str(caught.value), caught.value
