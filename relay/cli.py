@@ -69,7 +69,7 @@ def config_from_args(args: argparse.Namespace, warnings: list[str] | None = None
     if args.bootstrap_servers:
         kafka["bootstrap_servers"] = args.bootstrap_servers
     if args.topic:
-        kafka["topics"] = args.topic
+        kafka["topics"] = [t.strip() for value in args.topic for t in value.split(",")]  # as in the file
     if args.group_id:
         kafka["group_id"] = args.group_id
     if args.dlq_topic:
@@ -113,7 +113,7 @@ def config_from_args(args: argparse.Namespace, warnings: list[str] | None = None
 def _add_relay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (flags override it)")
     p.add_argument("--bootstrap-servers", help="Kafka bootstrap servers, HOST:PORT[,HOST:PORT]")
-    p.add_argument("--topic", action="append", help="topic to consume (repeatable; default openlineage)")
+    p.add_argument("--topic", action="append", help="topic to consume (repeatable, or a,b; default openlineage)")
     p.add_argument("--group-id", help="consumer group (default lineage-relay)")
     p.add_argument("--collector", action="append", metavar="NAME=URL", help="collector base URL (repeatable)")
     p.add_argument("--collector-mode", action="append", metavar="NAME=MODE",

@@ -197,6 +197,18 @@ def test_cli_flags_build_the_same_config_without_a_file():
     assert cfg.kafka.topics == ("openlineage",) and cfg.http.port == 9108
 
 
+def test_a_topic_flag_may_list_several_topics_separated_by_commas_as_the_file_may():
+    import argparse
+
+    from relay.cli import _add_relay_flags
+
+    p = argparse.ArgumentParser()
+    _add_relay_flags(p)
+    args = p.parse_args(["--bootstrap-servers", "127.0.0.1:9092", "--topic", "a, b", "--topic", "c",
+                         "--collector", "m=http://127.0.0.1:5000"])
+    assert config_from_args(args).kafka.topics == ("a", "b", "c")
+
+
 def test_console_script_reports_bad_flag_and_exits_nonzero():
     out = subprocess.run([sys.executable, "-m", "relay", "run", "--bootstrap-servers", "x",
                           "--collector", "marquez"], capture_output=True, text=True)
