@@ -102,17 +102,20 @@ def _dataset_refs(rel: Relation | None, settings: CaptureSettings, errors: list[
     if rel.v2_name:
         # A DataSourceV2 table: by location when it has one (named by a symlink), else by
         # its catalog and identifier.
-        table_ns = _catalog_namespace(rel.v2_catalog, settings)
         if rel.location:
-            ns, name = naming.from_path(naming.redact_uri(rel.location))
-            return [DatasetRef(ns, name, (table_ns, rel.v2_name))]
-        return [DatasetRef(table_ns, rel.v2_name)]
+            location = naming.redact_uri(rel.location)
+            ns, name = naming.from_path(location)
+            return [DatasetRef(ns, name, (_catalog_namespace(rel.v2_catalog, settings, location), rel.v2_name))]
+        return [DatasetRef(_catalog_namespace(rel.v2_catalog, settings), rel.v2_name)]
     if rel.table:
-        symlink = (naming.table_symlink_namespace(settings.metastore_uris, settings.warehouse), rel.table)
         location = rel.location or (rel.paths[0] if rel.paths else None)
         if location is None:
-            return [DatasetRef(symlink[0], rel.table)]
-        ns, name = naming.from_path(naming.redact_uri(location))
+            return [DatasetRef(naming.table_symlink_namespace(settings.metastore_uris, settings.warehouse), rel.table)]
+        location = naming.redact_uri(location)
+        ns, name = naming.from_path(location)
+        # Named by the directory holding it (<warehouse>/mydb.db, an external table's parent
+        # directory), as the official integration, or by the metastore.
+        symlink = (naming.table_symlink_namespace(settings.metastore_uris, settings.warehouse, location), rel.table)
         return [DatasetRef(ns, name, symlink)]
     refs: list[DatasetRef] = []
     for path in rel.paths:
@@ -122,12 +125,13 @@ def _dataset_refs(rel: Relation | None, settings: CaptureSettings, errors: list[
     return refs
 
 
-def _catalog_namespace(catalog: str | None, settings: CaptureSettings) -> str:
-    """Where a catalog's table names live: Spark's session catalog is the metastore or
-    warehouse (as for V1 tables); another catalog is ``spark-catalog://<its name>``
-    (its name is only unique within the Spark configuration that defines it)."""
+def _catalog_namespace(catalog: str | None, settings: CaptureSettings, location: str | None = None) -> str:
+    """Where a catalog's table names live: Spark's session catalog is the metastore or the
+    directory holding the table's ``location`` (the warehouse without one), as for V1
+    tables; another catalog is ``spark-catalog://<its name>`` (its name is only unique
+    within the Spark configuration that defines it)."""
     if catalog in (None, "spark_catalog"):
-        return naming.table_symlink_namespace(settings.metastore_uris, settings.warehouse)
+        return naming.table_symlink_namespace(settings.metastore_uris, settings.warehouse, location)
     return f"spark-catalog://{catalog}"
 
 
@@ -292,7 +296,8 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
             found_all.append(found)
         leaf_sets.append(tuple(dict.fromkeys(found_all)))
         if rel is not None and rel.jdbc_url and naming.is_jdbc_query(rel.jdbc_table or ""):
-            # A JDBC `query` read: its columns are the query's result (aliases, expressions:
+            # A JDBC `query` read (or a `dbtable` FROM clause: `a o JOIN b c ON ...`, read as
+            # SELECT * FROM it): its columns are the query's result (aliases, expressions:
             # `a * 2 AS dbl`), not columns of the tables it reads, and that result is no
             # dataset. Crediting its names to a table would invent columns (`orders.dbl`) and
             # a wrong schema for the table: no column lineage from it and no schema facet.

@@ -3,8 +3,10 @@
 * ``file:/data/x`` -> (``file``, ``/data/x``)
 * ``s3a://bucket/key`` (s3, s3n too) -> (``s3://bucket``, ``key``)
 * ``gs://bucket/key`` -> (``gs://bucket``, ``key``)
-* ``hdfs://nn:8020/p`` -> (``hdfs://nn:8020``, ``/p``)
-* ``abfss://container@account.dfs.core.windows.net/p`` -> (that authority, ``p``)
+* ``hdfs://nn:8020/p`` -> (``hdfs://nn:8020``, ``/p``); hosts, buckets and nameservices as
+  written (``hdfs://MyCluster``: an HA nameservice ID is case-sensitive), the scheme lower-cased
+* ``abfss://container@account.dfs.core.windows.net/p`` -> (that authority, ``p``); ``abfs://``
+  is named ``abfss://`` and ``wasb://`` ``wasbs://`` (the same stores; the spec's schemes)
 * ``wasbs://``, ``dbfs:/`` likewise by authority
 * JDBC ``jdbc:postgresql://host:5432/db`` + table ``schema.t`` -> (``postgres://host:5432``, ``db.schema.t``);
   mysql, sqlserver, db2, ... by their naming-spec scheme; Oracle ``jdbc:oracle:thin:u/p@//db:1521/ORCL``
@@ -12,13 +14,20 @@
   ``{serviceName|sid}.{schema}.{table}``. A URL without a port gets the database's default
   port where the official integration adds one (:data:`DEFAULT_PORTS`: ``postgres://host:5432``),
   so both name one server alike; others (SQL Server, Redshift, ...) keep the host alone.
+  A SQL Server named instance (``host\\INST1``, ``instanceName=INST1``) ->
+  ``sqlserver://host[:port]/INST1``; Trino ``jdbc:trino://h:8080/hive/sales`` + ``orders`` ->
+  ``hive.sales.orders`` (catalog.schema.table). Hosts as written, as ``URI.getHost()``.
   User, password and other ``key=value`` URL properties are never part of either.
+* JDBC ``dbtable`` that is a FROM clause (``APP.ORDERS o JOIN APP.CUSTOMERS c ON ...``: it
+  holds whitespace outside quotes): read as the query ``SELECT * FROM <dbtable>`` it is.
 * JDBC ``query`` option (Spark passes ``(<query>) SPARK_GEN_SUBQ_<n>``): one dataset per table
   a simple query reads (:func:`jdbc_query_tables`); a query too involved to read safely is
   no dataset at all (:func:`jdbc_datasets` says why), never a made-up ``<db>.query`` that
   would link unrelated jobs.
 * catalog tables: physical location first (as the official Spark integration does), with a
-  ``symlinks`` facet naming the table (``hive://metastore:9083`` or the warehouse, ``db.table``).
+  ``symlinks`` facet naming the table ``db.table`` in ``hive://metastore:9083`` or, for Spark's
+  built-in catalog, in the directory holding the table (``file:/wh/db.db``; the warehouse
+  when the table's location is unknown).
 
 Partition directories (``/year=2026/month=01``) collapse to the table root; user info in a
 URI (``s3a://AKIA...:secret@bucket``) and credential query parameters are removed.
@@ -59,6 +68,19 @@ def strip_partitions(path: str) -> str:
     return "/".join(parts) or "/"
 
 
+def _hostname(parts) -> str | None:
+    """``parts.hostname`` (of :func:`urllib.parse.urlsplit`) as written: urlsplit lower-cases
+    it, but a name is not always case-insensitive (an HDFS HA nameservice ID is not), and the
+    official integration keeps it as written (``URI.getHost()``). User info and port dropped,
+    an IPv6 address without its brackets, as ``hostname``."""
+    host = parts.hostname
+    if not host:
+        return host
+    netloc = parts.netloc.rpartition("@")[2]
+    written = netloc[1:netloc.find("]")] if netloc.startswith("[") else netloc.partition(":")[0]
+    return written if written.lower() == host else host
+
+
 def _netloc(host: str | None, port: int | None) -> str:
     if not host:
         return ""
@@ -71,6 +93,10 @@ FILE_SYSTEM_SCHEMES = frozenset({
     "file", "hdfs", "viewfs", "webhdfs", "swebhdfs", "har", "s3", "s3a", "s3n", "gs", "abfs", "abfss", "wasb", "wasbs",
     "adl", "dbfs", "oss", "cos", "cosn", "obs", "ofs", "o3fs", "alluxio", "jfs", "lakefs", "maprfs"})
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+
+
+#: Azure's schemes without TLS and the ones with it, that name the same store.
+_AZURE_TLS = {"abfs": "abfss", "wasb": "wasbs"}
 
 
 def _uri_scheme(uri: str) -> str:
@@ -96,7 +122,7 @@ def from_path(uri: str) -> tuple[str, str]:
     elif file_system and uri.endswith("?") and not parts.query:
         raw_path = f"{raw_path}?"
     path = strip_partitions(raw_path or "/")
-    host = parts.hostname
+    host = _hostname(parts)   # as written: hdfs://MyCluster (an HA nameservice ID), s3://MyBucket
     if scheme == "file":
         return "file", path
     if scheme in ("s3", "s3a", "s3n"):
@@ -105,8 +131,10 @@ def from_path(uri: str) -> tuple[str, str]:
         return f"gs://{host}", path.lstrip("/")
     if scheme in ("abfs", "abfss", "wasb", "wasbs"):
         # container@account.host: the user part names the container, not a credential.
+        # abfs:// and wasb:// are the same stores as abfss:// and wasbs:// (without TLS): one
+        # name for both, the spec's (the official integration rewrites abfs to abfss too).
         authority = parts.netloc.rsplit(":", 1)[0] if parts.port else parts.netloc
-        return f"{scheme}://{authority}", path.lstrip("/")
+        return f"{_AZURE_TLS.get(scheme, scheme)}://{authority}", path.lstrip("/")
     if scheme == "dbfs":
         return "dbfs", path
     return f"{scheme}://{_netloc(host, parts.port)}", path
@@ -123,23 +151,15 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     scheme = re.match(r"[\w-]*", raw).group(0).lower()   # mysql of mysql:loadbalance, mysql+srv; informix-sqli
     name = table.strip()
     if is_jdbc_query(name):
-        tables = jdbc_query_tables(name)
+        tables = jdbc_query_tables(_as_query(name))
         # One table read: that table. Otherwise no name can be right; callers that can
         # emit several datasets or none use jdbc_datasets instead.
         name = tables[0] if tables is not None and len(tables) == 1 else "query"
     if scheme == "oracle":
         netloc, database = _oracle(raw)
         return f"oracle://{_with_port(netloc, DEFAULT_PORTS['oracle'])}", ".".join(x for x in (database, name) if x)
-    if scheme == "sqlserver":  # jdbc:sqlserver://host:1433;databaseName=db
-        host_part = raw.split("//", 1)[-1]
-        hostport, _, props = host_part.partition(";")
-        properties = _jdbc_properties(props)
-        database = properties.get("databasename") or properties.get("database", "")
-        hostport = hostport.split("@")[-1] or properties.get("servername", "")
-        port = properties.get("portnumber")
-        if port and ":" not in hostport.rpartition("]")[2]:
-            hostport = f"{hostport}:{port}"
-        return f"sqlserver://{hostport}", ".".join(x for x in (database, name) if x)
+    if scheme == "sqlserver":  # jdbc:sqlserver://host[\\instance][:1433];databaseName=db
+        return _sqlserver(raw), ".".join(x for x in (_sqlserver_database(raw), name) if x)
     raw = _SUB_PROTOCOL.sub(r"\1://", raw, count=1)
     # The authority by hand, not urlsplit's netloc: MySQL's (host=h,port=p,password=x) and
     # address=(host=h)(password=x) forms hold "/", "@", "[" and "#" that urlsplit misreads.
@@ -157,8 +177,40 @@ def from_jdbc(url: str, table: str) -> tuple[str, str]:
     default_port = DEFAULT_PORTS.get(namespace_scheme)
     if namespace_scheme == "teradata":   # jdbc:teradata://host/DATABASE=db,DBS_PORT=1025
         default_port = _jdbc_properties(path).get("dbs_port") or default_port
+    database = _jdbc_database(path)
+    if namespace_scheme == "trino":   # jdbc:trino://host:8080/catalog/schema: catalog.schema.table
+        database = ".".join(x for x in database.split("/") if x)
     return f"{namespace_scheme}://{_servers(authority, default_port, grouped=key_value)}", \
-        ".".join(x for x in (_jdbc_database(path), name) if x)
+        ".".join(x for x in (database, name) if x)
+
+
+def _sqlserver_parts(raw: str) -> tuple[str, dict[str, str]]:
+    """The server part (``host[\\instance][:port]``, user info dropped) and the properties
+    (keys lower-cased) of ``sqlserver://server;k=v;...``."""
+    hostport, _, props = raw.split("//", 1)[-1].partition(";")
+    properties = _jdbc_properties(props)
+    return hostport.split("@")[-1] or properties.get("servername", ""), properties
+
+
+def _sqlserver_database(raw: str) -> str:
+    properties = _sqlserver_parts(raw)[1]
+    return properties.get("databasename") or properties.get("database", "")
+
+
+def _sqlserver(raw: str) -> str:
+    """The namespace of a SQL Server URL: ``sqlserver://host[:port]``, and ``/instance`` for
+    a named instance (``host\\INST1`` or ``instanceName=INST1``), as the official
+    integration's SqlServerJdbcExtractor: ``sqlserver://host:1444/INST1``. A port only
+    when the URL gives one (in the server part or as ``portNumber=``)."""
+    hostport, properties = _sqlserver_parts(raw)
+    port = properties.get("portnumber")
+    host = hostport
+    if ":" in hostport.rpartition("]")[2]:   # host:port ([::1] is an address, not a port)
+        host, _, port = hostport.rpartition(":")
+    host, _, instance = host.partition("\\")
+    instance = instance or properties.get("instancename", "")
+    server = f"{host}:{port}" if port else host
+    return f"sqlserver://{server}/{instance}" if instance else f"sqlserver://{server}"
 
 
 #: MySQL's key-value host forms, at the start of the authority or after user info:
@@ -223,7 +275,8 @@ def _key_value_server(entry: str) -> str | None:
 
 def _servers(netloc: str, default_port: int | str | None, *, grouped: bool = False) -> str:
     """``host:port`` of each server a JDBC URL names (failover lists: ``h1:5432,h2``), with
-    ``default_port`` where one has none; user info dropped, hosts lower-cased, IPv6
+    ``default_port`` where one has none; user info dropped, hosts as written (as the official
+    integration's ``URI.getHost()``: ``DB.Example.COM`` stays so), IPv6
     addresses kept in brackets. MySQL's key-value host forms (``grouped``) give their host
     and port alone; anything after a ``;`` (``db1;user=u;password=p`` of AS400, ...) and
     any part holding ``=`` are properties, never a server."""
@@ -247,10 +300,10 @@ def _servers(netloc: str, default_port: int | str | None, *, grouped: bool = Fal
             continue
         try:
             parts = urlsplit(f"//{server}")
-            host, port = parts.hostname, parts.port
+            host, port = _hostname(parts), parts.port
         except ValueError:   # a port that is not a number: keep the host alone
             try:
-                host, port = urlsplit(f"//{server.rpartition(':')[0]}").hostname, None
+                host, port = _hostname(urlsplit(f"//{server.rpartition(':')[0]}")), None
             except ValueError:   # not a host at all ("[x"): no server
                 continue
         if host:
@@ -282,9 +335,27 @@ def _with_port(host: str, port: int | str | None) -> str:
 
 
 def is_jdbc_query(table_or_query: str) -> bool:
-    """Whether a JDBC relation's ``dbtable``/``query`` text is a query, not a table name."""
+    """Whether a JDBC relation's ``dbtable``/``query`` text is a query, not a table name: a
+    query, or a FROM clause (:func:`_is_from_clause`), which Spark reads as
+    ``SELECT * FROM <dbtable>``."""
     text = table_or_query.strip()
-    return text.startswith("(") or re.match(r"(?i)(select|with)\b", text) is not None
+    return text.startswith("(") or re.match(r"(?i)(select|with)\b", text) is not None or _is_from_clause(text)
+
+
+def _is_from_clause(text: str) -> bool:
+    """Whether a ``dbtable`` is a FROM clause (``APP.ORDERS o``, ``a JOIN b ON ...``), not a
+    table name: it holds whitespace outside quotes (``"My Table"``, ``[My Table]`` and
+    `` `My Table` `` are names), as the official integration's JdbcSparkUtils reads it."""
+    return any(t.isspace() for t in _SQL_TOKEN.findall(text.strip()))
+
+
+def _as_query(text: str) -> str:
+    """The query a ``dbtable``/``query`` text stands for: a FROM clause is what Spark
+    selects from (``SELECT * FROM <dbtable>``), anything else as it is."""
+    text = text.strip()
+    if text.startswith("(") or re.match(r"(?i)(select|with)\b", text) is not None:
+        return text
+    return f"SELECT * FROM {text}" if _is_from_clause(text) else text
 
 
 def jdbc_datasets(url: str, table_or_query: str) -> tuple[list[tuple[str, str]], str | None]:
@@ -293,7 +364,7 @@ def jdbc_datasets(url: str, table_or_query: str) -> tuple[list[tuple[str, str]],
     per table it names, any other query none."""
     if not is_jdbc_query(table_or_query):
         return [from_jdbc(url, table_or_query)], None
-    tables = jdbc_query_tables(table_or_query)
+    tables = jdbc_query_tables(_as_query(table_or_query))
     if tables is None:
         return [], ("JDBC query too complex to name its tables (only SELECT ... FROM/JOIN tables "
                     "without subqueries, CTEs, set operations or comments); no input dataset emitted")
@@ -453,20 +524,32 @@ def redact_uri(uri: str) -> str:
     return f"{rebuilt}?{query}" if query else rebuilt
 
 
-def table_symlink_namespace(metastore_uris: str | None, warehouse: str | None) -> str:
+def table_symlink_namespace(metastore_uris: str | None, warehouse: str | None, location: str | None = None) -> str:
     """The namespace of a catalog table's name: the metastore (``hive://host:port``) or,
-    for Spark's built-in catalog, the warehouse location."""
+    for Spark's built-in catalog, the directory that holds the table's ``location`` (as the
+    official integration's PathUtils: ``file:/wh/mydb.db`` for ``mydb.t1``, the parent of an
+    external table's LOCATION or of a table in a database created WITH LOCATION), or the
+    warehouse location when the table's is unknown."""
     if metastore_uris:
         first = metastore_uris.split(",")[0].strip()
         parts = urlsplit(first)
-        return f"hive://{_netloc(parts.hostname, parts.port)}"
+        return f"hive://{_netloc(_hostname(parts), parts.port)}"
+    if location:
+        ns, name = from_path(location)
+        parent = name.rstrip("/").rpartition("/")[0]
+        return _directory_namespace(ns, parent or ("/" if name.startswith("/") else ""))
     if warehouse:
-        ns, name = from_path(warehouse)
-        if ns == "file":
-            return f"file:{name}"
-        # hdfs://nn:8020 + /user/hive/warehouse; s3://bucket + warehouse (no leading slash)
-        return (ns + name if name.startswith("/") else f"{ns}/{name}").rstrip("/")
+        return _directory_namespace(*from_path(warehouse))
     return "spark_catalog"
+
+
+def _directory_namespace(ns: str, name: str) -> str:
+    """A directory (a :func:`from_path` pair) as one namespace: ``file:/tmp/wh``,
+    ``hdfs://nn:8020/user/hive/warehouse``, ``s3://bucket/warehouse`` (no double slash)."""
+    if ns == "file":
+        return f"file:{name}"
+    # hdfs://nn:8020 + /user/hive/warehouse; s3://bucket + warehouse (no leading slash)
+    return (ns + name if name.startswith("/") else f"{ns}/{name}").rstrip("/")
 
 
 # --- a SQL statement's text, for the sql job facet ---------------------------------------

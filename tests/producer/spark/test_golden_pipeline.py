@@ -149,7 +149,7 @@ def test_facets_schema_datasource_lifecycle_statistics_symlinks(golden, spark):
     daily = _terminal(golden, DAILY)["outputs"][0]["facets"]
     assert daily["lifecycleStateChange"]["lifecycleStateChange"] == "CREATE"
     assert daily["symlinks"]["identifiers"] == [
-        {"namespace": f"file:{golden['warehouse']}", "name": "gold.daily_revenue", "type": "TABLE"}]
+        {"namespace": f"file:{golden['warehouse']}/gold.db", "name": "gold.daily_revenue", "type": "TABLE"}]
     assert [(f["name"], f["type"]) for f in daily["schema"]["fields"]] == [
         ("order_date", "date"), ("country", "string"), ("total_revenue", "double"), ("orders", "long")]
 
