@@ -445,6 +445,34 @@ def drop_blank_env_properties(section: Mapping[str, Any], environ: Mapping[str, 
     return out
 
 
+def numbers_as_written(section: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """``section`` (as openlineage-python read it, with ``yaml.safe_load``) with each number that
+    openlineage.yml's transport section holds at the same key (or property) replaced by that
+    number as written there (:class:`YamlInt`): ``sasl.password: 012345`` is then ``012345``,
+    not 5349, through the plugin too."""
+    try:
+        cwd = Path.cwd()
+    except OSError:   # a working directory removed under the job: no ./openlineage.yml
+        cwd = Path("/nonexistent")
+    path = find_yaml(environ, cwd, Path.home())
+    doc = _yaml_doc(path) if path is not None else None
+    written = doc.get("transport") if isinstance(doc, dict) else None
+    if not isinstance(written, dict):
+        return dict(section)
+
+    def same(value: Any, mine: Any) -> bool:
+        return isinstance(mine, (YamlInt, YamlFloat)) and type(value) in (int, float) and value == mine
+
+    out = dict(section)
+    for key, value in section.items():
+        if same(value, written.get(key)):
+            out[key] = written[key]
+        elif isinstance(value, Mapping) and isinstance(written.get(key), Mapping):
+            out[key] = {name: written[key][name] if same(item, written[key].get(name)) else item
+                        for name, item in value.items()}
+    return out
+
+
 def _without_blanks(section: dict[str, Any], where: str) -> dict[str, Any]:
     """``section`` with the blank ``properties``/``config`` values of a JSON environment variable left out."""
     out = dict(section)

@@ -144,6 +144,22 @@ def test_a_blank_env_property_is_not_set_through_the_client(tmp_cwd, clean_env, 
     assert "tls_hostname_verification_off" not in caplog.text
 
 
+def test_numbers_in_openlineage_yml_are_read_as_written_through_the_client(tmp_cwd, clean_env):
+    """The client reads openlineage.yml with yaml.safe_load (YAML 1.1): 012345 was sent as 5349."""
+    (tmp_cwd / "openlineage.yml").write_text(
+        f"transport:\n  type: {TRANSPORT_TYPE}\n  topicName: 0123\n  journalDir: {tmp_cwd / 'j'}\n"
+        f"  queueMaxEvents: 1_000\n  properties:\n    bootstrap.servers: 127.0.0.1:9\n"
+        f"    sasl.username: 12:30\n    sasl.password: 012345\n    client.id: 1.10\n    linger.ms: 5\n")
+    transport = OpenLineageClient().transport
+    try:
+        config = transport.producer.config
+        assert (config.topic, config.queue_max_events) == ("0123", 1000)
+        assert config.properties == {"sasl.username": "12:30", "sasl.password": "012345", "client.id": "1.10",
+                                     "linger.ms": "5"}
+    finally:
+        transport.close(0)
+
+
 def test_a_null_env_property_is_refused_through_the_client(tmp_cwd, clean_env, monkeypatch):
     """The client parses OPENLINEAGE__TRANSPORT__PROPERTIES__SASL_PASSWORD=null as JSON null: the
     password was the text "None"."""
