@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from producer.errors import ConfigError
 from producer.java_properties import JAVA_ONLY_PROPERTIES as JAVA_ONLY_PROPERTIES  # re-exported
 from producer.java_properties import to_librdkafka
-from producer.sources import collect
+from producer.sources import collect, property_value_problem
 
 log = logging.getLogger("producer.config")
 
@@ -140,6 +140,9 @@ class ProducerConfig(BaseModel):
             props = dict(data["properties"])
             from_props = props.pop("bootstrap.servers", None)
             if from_props is not None:
+                problem = property_value_problem("bootstrap.servers", from_props)
+                if problem:
+                    raise ValueError(problem)
                 explicit = data.get("bootstrap_servers")
                 if explicit and explicit != str(from_props):
                     raise ValueError(
@@ -186,6 +189,13 @@ class ProducerConfig(BaseModel):
         if not isinstance(v, dict):
             return v
         out: dict[str, str] = {}
+        for key, value in v.items():
+            # Never str() a container (a nested mapping's text would carry its password past the
+            # masking in repr) nor None (it would be the text "None"); never quote the value.
+            problem = property_value_problem(str(key), value)
+            if problem:
+                raise ValueError(problem)
+        # A number read from openlineage.yml str()s as written (producer.readers.YamlInt).
         given = {str(key): str(value).lower() if isinstance(value, bool) else str(value) for key, value in v.items()}
         for key, value in to_librdkafka(given, KAFKA_DEFAULTS["compression.type"]).items():
             if key in _OWNED:
@@ -202,6 +212,12 @@ class ProducerConfig(BaseModel):
                 )
             out[key] = value
         return out
+
+    @field_validator("journal_dir", mode="before")
+    @classmethod
+    def _journal_dir(cls, v: Any) -> Any:
+        # ~ as in $LINEAGE_RELAY_JOURNAL_DIR and the default: never a directory named "~".
+        return Path(v).expanduser() if isinstance(v, (str, os.PathLike)) else v
 
     @field_validator("parent_run_id", "root_parent_run_id")
     @classmethod

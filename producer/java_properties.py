@@ -81,7 +81,13 @@ def to_librdkafka(props: Mapping[str, str], default_codec: str) -> dict[str, str
         else:
             dropped.append(java)   # another codec's level, or out of librdkafka's range: no effect
     if props.get("ssl.endpoint.identification.algorithm") == "":
-        out["ssl.endpoint.identification.algorithm"] = "none"   # Java's "" turns the check off
+        # Java's "" turns the check off. Only a value written on purpose gets here (openlineage.yml,
+        # explicit arguments: a blank environment variable is not set), and never silently.
+        out["ssl.endpoint.identification.algorithm"] = "none"
+        log.warning("event=tls_hostname_verification_off key=ssl.endpoint.identification.algorithm reason=an "
+                    "empty value (the Kafka Java client's way to turn it off) is read as none: the broker's "
+                    "certificate is not checked against its host name fix=remove it to keep the check (https), "
+                    "or write none to turn it off without this warning")
     dropped += _truststore(props, out) + _keystore(props, out)
     if "sasl.jaas.config" in props:
         for name, secret in _from_jaas(props["sasl.jaas.config"]).items():

@@ -63,7 +63,7 @@ from typing import Any
 from producer.config import ProducerConfig, build_config
 from producer.errors import ConfigError, MissingDependency
 from producer.kafka import LineageProducer
-from producer.readers import env_foreign_keys
+from producer.readers import drop_blank_env_properties, env_foreign_keys, numbers_as_written
 from producer.sources import local_server_id_as_message_key, transport_layer
 
 try:
@@ -107,6 +107,11 @@ class LineageRelayConfig(Config):
                 flush = _flag(value, f"transport.{key}")
             else:
                 rest[key] = value
+        # A blank OPENLINEAGE__TRANSPORT__PROPERTIES__* value (a template that rendered nothing) is
+        # not set, as load_config reads it: openlineage-python hands it over as "".
+        rest = drop_blank_env_properties(rest, os.environ)
+        # openlineage-python read openlineage.yml with yaml.safe_load: 012345 became 5349. As written instead.
+        rest = numbers_as_written(rest, os.environ)
         foreign = env_foreign_keys(os.environ)
         layer = transport_layer(rest, "transport", skippable=lambda key: key.lower() in foreign)
         local_server_id_as_message_key(layer)   # as every other source's transport section

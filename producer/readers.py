@@ -82,9 +82,56 @@ def find_yaml(environ: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
     return None
 
 
+class YamlInt(int):
+    """An int read from openlineage.yml that keeps the text it was written as: ``str()`` is that
+    text (``0123``, ``1_000``, ``12:30``), so where text is expected (a librdkafka property, the
+    topic, a namespace) it is read as written, as the Java integration (Jackson) reads it, not as
+    YAML 1.1's number (``0123`` is octal 83); where a number is expected it is that number."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> YamlInt:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (int(self), self.text))
+
+
+class YamlFloat(float):
+    """A float read from openlineage.yml that keeps the text it was written as (``1.10``), as
+    :class:`YamlInt`."""
+
+    text: str
+
+    def __new__(cls, value: float, text: str) -> YamlFloat:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (float(self), self.text))
+
+
 class _Loader(yaml.SafeLoader):
     """``yaml.safe_load``, but a value that cannot be built (``since: 2024-02-30``: a date
-    that does not exist) is a YAML error with its position, like any other mistake in the file."""
+    that does not exist) is a YAML error with its position, like any other mistake in the file,
+    and a number keeps the text it was written as (:class:`YamlInt`, :class:`YamlFloat`)."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        value = super().construct_yaml_int(node)
+        return YamlInt(value, node.value) if node.style is None else value
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> Any:
+        value = super().construct_yaml_float(node)
+        return YamlFloat(value, node.value) if node.style is None else value
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         try:
@@ -94,6 +141,10 @@ class _Loader(yaml.SafeLoader):
         except Exception as err:  # noqa: BLE001 - any value the loader cannot build
             raise yaml.constructor.ConstructorError(
                 None, None, f"cannot build this value ({type(err).__name__})", node.start_mark) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
 
 
 def _where(mark: Any) -> str:
@@ -344,6 +395,84 @@ def _blank_property(var: str) -> None:
              "set fix=unset it, or give the value (an empty one only in openlineage.yml)", var)
 
 
+def env_blank_properties(environ: Mapping[str, str]) -> dict[str, str]:
+    """The librdkafka properties the ``OPENLINEAGE__TRANSPORT*`` variables give a blank value, as
+    openlineage-python hands them to a transport (``ssl_endpoint_identification_algorithm`` for
+    ``..._PROPERTIES__SSL_ENDPOINT_IDENTIFICATION_ALGORITHM``; a key of a JSON object as written),
+    each with the variable that blanks it: the plugin reads them as not set, as :func:`env_source` does."""
+    out: dict[str, str] = {}
+    for var, raw in environ.items():
+        if not var.startswith(_ENV_SECTION):
+            continue
+        parts = var[len(_ENV_SECTION):].lower().split("__")[1:]   # "" for OPENLINEAGE__TRANSPORT itself
+        if len(parts) == 2 and parts[0] in ("properties", "config"):
+            if not raw.strip():
+                out[parts[1]] = var
+            continue
+        if parts and (len(parts) != 1 or parts[0] not in ("properties", "config")):
+            continue
+        value = _env_value(raw)
+        if not isinstance(value, dict):
+            continue
+        sections = [value] if parts else [v for k, v in value.items()
+                                          if str(k).replace("_", "").lower() in ("properties", "config")]
+        for section in sections:
+            if isinstance(section, dict):
+                out.update({str(k): var for k, v in section.items() if isinstance(v, str) and not v.strip()})
+    return out
+
+
+def drop_blank_env_properties(section: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """``section`` (as openlineage-python merged it from openlineage.yml, ``config=`` and the
+    ``OPENLINEAGE__TRANSPORT*`` variables) without the blank property values those variables
+    brought (:func:`env_blank_properties`), each logged once as :func:`env_source` logs it. A blank
+    value written in openlineage.yml under the same name as a blank variable is left out too (not
+    set is the safe reading: an empty ``ssl.endpoint.identification.algorithm`` turns TLS hostname
+    verification off)."""
+    blanks = env_blank_properties(environ)
+    out = dict(section)
+    if not blanks:
+        return out
+    for key, value in section.items():
+        if str(key).replace("_", "").lower() in ("properties", "config") and isinstance(value, Mapping):
+            kept = {}
+            for name, item in value.items():
+                if isinstance(item, str) and not item.strip() and str(name) in blanks:
+                    _blank_property(blanks[str(name)])
+                else:
+                    kept[name] = item
+            out[key] = kept
+    return out
+
+
+def numbers_as_written(section: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """``section`` (as openlineage-python read it, with ``yaml.safe_load``) with each number that
+    openlineage.yml's transport section holds at the same key (or property) replaced by that
+    number as written there (:class:`YamlInt`): ``sasl.password: 012345`` is then ``012345``,
+    not 5349, through the plugin too."""
+    try:
+        cwd = Path.cwd()
+    except OSError:   # a working directory removed under the job: no ./openlineage.yml
+        cwd = Path("/nonexistent")
+    path = find_yaml(environ, cwd, Path.home())
+    doc = _yaml_doc(path) if path is not None else None
+    written = doc.get("transport") if isinstance(doc, dict) else None
+    if not isinstance(written, dict):
+        return dict(section)
+
+    def same(value: Any, mine: Any) -> bool:
+        return isinstance(mine, (YamlInt, YamlFloat)) and type(value) in (int, float) and value == mine
+
+    out = dict(section)
+    for key, value in section.items():
+        if same(value, written.get(key)):
+            out[key] = written[key]
+        elif isinstance(value, Mapping) and isinstance(written.get(key), Mapping):
+            out[key] = {name: written[key][name] if same(item, written[key].get(name)) else item
+                        for name, item in value.items()}
+    return out
+
+
 def _without_blanks(section: dict[str, Any], where: str) -> dict[str, Any]:
     """``section`` with the blank ``properties``/``config`` values of a JSON environment variable left out."""
     out = dict(section)
@@ -370,18 +499,25 @@ def _names_ours(section: Mapping[str, Any]) -> bool:
 def spark_source(conf: Mapping[str, str]) -> Source | None:
     prefix = _SPARK + "transport."
     section: dict[str, Any] = {}
+    by_config: dict[str, Any] = {}   # transport.config.<name>: the same as properties.<name>, which wins
     for key, value in conf.items():
         if not str(value).strip():
             continue   # as the official ArgumentParser: a blank value is not set
         if key.startswith(prefix + "properties."):
             section.setdefault("properties", {})[key[len(prefix + "properties."):]] = value
+        elif key.startswith(prefix + "config."):
+            by_config[key[len(prefix + "config."):]] = value
         elif key.startswith(prefix):
             section[key[len(prefix):]] = value
+    if by_config and isinstance(section.get("properties", {}), dict):
+        section["properties"] = {**by_config, **section.get("properties", {})}
     if not section:
         return None
+    props_origin = prefix + ("properties.*" if any(k.startswith(prefix + "properties.") for k in conf)
+                             else "config.*")
 
     def origin(key: str) -> str:
-        return prefix + ("properties.*" if key == "properties" else key)
+        return props_origin if key == "properties" else prefix + key
     return Source(_SPARK + "transport", section, origin)
 
 

@@ -5,7 +5,8 @@ Precedence, highest first (a key set higher wins; ``properties`` merge key by ke
 
 1. explicit arguments (``LineageProducer(**overrides)``, ``load_config(overrides)``);
 2. Spark conf: ``spark.openlineage.transport.{type,topicName,messageKey,properties.<librdkafka
-   key>,encoding,journalDir,journalMaxBytes,journalAdoptIntervalS,queueMaxEvents}``,
+   key>,encoding,journalDir,journalMaxBytes,journalAdoptIntervalS,queueMaxEvents}``
+   (``config.<librdkafka key>`` too: ``properties.`` wins for the same key),
    ``spark.openlineage.namespace``,
    ``spark.openlineage.{parentJobNamespace,parentJobName,parentRunId,rootParentJobNamespace,
    rootParentJobName,rootParentRunId}`` (the official Spark integration lets Spark conf win
@@ -69,7 +70,16 @@ higher source's wins, whichever name it writes (within one source the librdkafka
 blank ``OPENLINEAGE__TRANSPORT__PROPERTIES__*`` value (or one in ``OPENLINEAGE__TRANSPORT``'s
 ``properties``) is not set: a template rendering an unset value must not turn anything off (an
 empty ``ssl.endpoint.identification.algorithm`` disables TLS hostname verification; give it in
-openlineage.yml to mean it).
+openlineage.yml to mean it, and it is logged ``tls_hostname_verification_off``), through
+:func:`load_config` and the openlineage-python plugin alike.
+
+A property value is text, a number or true/false: a YAML null (``sasl.password:``) or ``null``
+in a variable openlineage-python parses, and a nested mapping or a list, are refused with
+:class:`ConfigError` naming ``transport.properties.<key>`` (never the value; see
+:func:`property_value_problem`). openlineage.yml's numbers are read as written where text is
+expected (a librdkafka property, ``topicName``, ``messageKey``, ``namespace``: ``012345`` stays
+``012345``, not YAML 1.1's octal 5349), as the Java integration reads them
+(:class:`producer.readers.YamlInt`); ``journalDir`` expands ``~``.
 """
 
 from __future__ import annotations
@@ -144,10 +154,15 @@ class _Layer:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{origin}: must be a mapping of librdkafka properties, "
                                   f"e.g. {{bootstrap.servers: 'kafka:9092'}}")
+            for key, item in value.items():
+                problem = property_value_problem(str(key), item, _property_origin(origin, str(key)))
+                if problem:
+                    raise ConfigError(problem)
             props = _dotted(value)
             # Normalised per layer so a higher layer's bootstrap servers win either way.
             if "bootstrap.servers" in props:
-                self.set("bootstrap_servers", props.pop("bootstrap.servers"), f"{origin}.bootstrap.servers")
+                self.set("bootstrap_servers", props.pop("bootstrap.servers"),
+                         _property_origin(origin, "bootstrap.servers"))
             self.values.setdefault("properties", {}).update(props)
             self.ranks.update(dict.fromkeys(props, 0))
         else:
@@ -172,6 +187,32 @@ class _Layer:
         if props:
             for key in shadowed(props, self.ranks, _DEFAULT_CODEC):
                 del props[key]
+
+
+def property_value_problem(key: str, value: Any, where: str | None = None) -> str | None:
+    """Why librdkafka property ``key`` (set at ``where``, default ``key``) cannot take ``value``,
+    with the fix, or None when it can (text,
+    a number or true/false). A YAML null (``sasl.password:``, a template that rendered nothing;
+    ``null`` in an environment variable openlineage-python parses as JSON) is refused, not read as
+    unset: left unset, a password fails only at the first connection, and a TLS or SASL setting
+    falls back to a default the file meant to change. A mapping or list is refused too (its text
+    would be no librdkafka value, and would carry a nested password past the masking in ``repr``).
+    The message never quotes the value."""
+    if isinstance(value, (str, int, float)):   # bool is an int
+        return None
+    where = where or key
+    if value is None:
+        return f"{where}: no value (null) fix: give a value, or remove it"
+    if isinstance(value, Mapping):   # its keys are not named either: a key may be a secret written as one
+        return (f"{where}: a nested mapping, not a librdkafka property value fix: use dotted keys "
+                f"({key}.<name>: <value>), e.g. sasl.password: ...")
+    return (f"{where}: a {type(value).__name__}, not a librdkafka property value fix: write it as one value "
+            f"(a librdkafka list is comma-separated: a,b)")
+
+
+def _property_origin(origin: str, key: str) -> str:
+    # "env OPENLINEAGE__TRANSPORT__PROPERTIES__*" / "spark.openlineage.transport.properties.*": the key for the "*".
+    return origin[:-1] + key if origin.endswith("*") else f"{origin}.{key}"
 
 
 def _dotted(props: Mapping[Any, Any]) -> dict[str, Any]:

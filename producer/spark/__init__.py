@@ -178,6 +178,8 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     app_job_name = job_names.application_name(conf, app_name or merged.text("appName", "overriddenAppName"))
     job_tags, run_tags, owners = merged.tags("job.tags"), merged.tags("run.tags"), merged.owners()
     configured_namespace = merged.find("namespace")
+    # As text (openlineage.yml's namespace: 2024 is "2024"); a mapping or list raises, naming the key.
+    configured_text = merged.text("namespace") if configured_namespace is not None else None
     built = None
     if producer is None and running is not None and not producer_overrides:
         producer = _unfiltered(running.sender)   # capture switched back on: the same producer
@@ -208,11 +210,10 @@ def enable_lineage(spark: Any, *, producer: Any = None, namespace: str | None = 
     cfg = getattr(producer, "config", None)
     cfg_namespace = getattr(cfg, "namespace", None) \
         if getattr(cfg, "namespace_source", "explicit") == "explicit" else None
-    spark_namespace = configured_namespace.value if configured_namespace and configured_namespace.kind == "spark" \
-        else None
+    spark_namespace = configured_text if configured_namespace and configured_namespace.kind == "spark" else None
     settings = CaptureSettings(
         namespace=namespace or spark_namespace or cfg_namespace
-        or (configured_namespace.value if configured_namespace else None) or "default",
+        or configured_text or "default",
         app_job_name=app_job_name,
         spark_version=spark.version,
         column_lineage=col_lineage,

@@ -72,7 +72,8 @@ class SparkSettings:
         if isinstance(found.value, (Mapping, list, tuple)):
             raise ConfigError(f"{found.origin}: expected text, got a {_kind(found.value)} fix: write it as one "
                               f"value ({name}: my_value)")
-        return str(found.value)
+        # true/false as the Java client writes them; a number as written (producer.readers.YamlInt).
+        return str(found.value).lower() if isinstance(found.value, bool) else str(found.value)
 
     def flag(self, name: str, default: bool) -> bool:
         found = self.find(name)
@@ -91,7 +92,9 @@ class SparkSettings:
         if found is None:
             return default
         count = None
-        if not isinstance(found.value, (bool, float)):
+        if isinstance(found.value, int) and not isinstance(found.value, bool):
+            count = int(found.value)   # openlineage.yml's number (str() would be its text: 0x10, 1_000)
+        elif not isinstance(found.value, (bool, float)):
             try:
                 count = int(str(found.value).strip())
             except ValueError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 from pathlib import Path
 
@@ -171,6 +172,24 @@ def test_secrets_never_print():
                                                              "ssl.key.password": "pw", "linger.ms": 5})
     assert "hunter2" not in repr(cfg) and "pw'" not in repr(cfg) and "'5'" in repr(cfg)
     assert cfg.kafka_properties()["sasl.password"] == "hunter2"
+
+
+@pytest.mark.parametrize("props, message", [
+    ({"sasl.password": None}, r"properties(: |\.)sasl\.password: no value \(null\) fix: give a value, or remove it"),
+    ({"sasl": {"username": "svc", "password": "hunter2"}},
+     r"properties(: |\.)sasl: a nested mapping, not a librdkafka property value fix: use dotted keys"),
+    ({"sasl.password": ["hunter2"]}, r"properties(: |\.)sasl\.password: a list"),
+    ({"bootstrap.servers": {"k": "hunter2"}}, r"(config: |properties\.)bootstrap\.servers: a nested mapping"),
+])
+def test_a_property_that_is_no_value_is_refused_never_printed(props, message):
+    """None was sent as the text "None"; a nested mapping as the text of a dict, which repr() printed
+    with the password in it."""
+    for build in (lambda: build_config({"bootstrap_servers": "k:1", "properties": props}),
+                  lambda: load_config({"bootstrap_servers": "k:1", "properties": props}, environ={})):
+        with pytest.raises(ConfigError) as err:
+            build()
+        assert re.search(message, str(err.value)), str(err.value)
+        assert "hunter2" not in "".join(traceback.format_exception(err.value))
 
 
 def test_kafka_defaults_keep_order_and_allow_tuning():

@@ -430,3 +430,171 @@ def test_without_spark_conf_the_parent_fields_are_not_read(tmp_path):
            "OPENLINEAGE__PARENT_RUN_ID": RUN_ID, "OPENLINEAGE_PARENT_ID": f"other/outer.task/{OUTER_ID}"}
     cfg = _load(tmp_path, {"bootstrap_servers": "k:1"}, environ=env)
     assert cfg.parent == ("other", "outer.task", OUTER_ID) and cfg.parent_source == "env"
+
+
+# --- property values that are no text, and numbers in openlineage.yml (settings review 6) ---
+
+@pytest.mark.parametrize("yml_value, env_json", [("", None), ("~", None), (None, {"sasl.password": None})])
+def test_a_null_property_is_refused_naming_it(tmp_path, yml_value, env_json):
+    """``sasl.password:`` (a template that rendered nothing) was sent as the password "None"."""
+    if env_json is None:
+        yml = ("transport:\n  type: kafka\n  properties:\n    bootstrap.servers: k:9092\n"
+               f"    sasl.username: svc\n    sasl.password: {yml_value}\n")
+        environ, where = {}, "openlineage.yml: transport.properties.sasl.password"
+    else:
+        yml = None
+        environ = {"OPENLINEAGE__TRANSPORT": json.dumps({"type": "kafka", "properties": {
+            "bootstrap.servers": "k:9092", **env_json}})}
+        where = "OPENLINEAGE__TRANSPORT.properties.sasl.password"
+    with pytest.raises(ConfigError, match=f"{where}: no value \\(null\\) fix: give a value, or remove it"):
+        _load(tmp_path, environ=environ, yml=yml)
+
+
+@pytest.mark.parametrize("nested, where, fix", [
+    ("    sasl:\n      mechanism: PLAIN\n      password: hunter2\n", "transport.properties.sasl: a nested mapping",
+     "use dotted keys (sasl.<name>: <value>), e.g. sasl.password: ..."),
+    ("    sasl.password: [hunter2]\n", "transport.properties.sasl.password: a list", "comma-separated"),
+    ("    bootstrap.servers:\n      hunter2: 1\n", "transport.properties.bootstrap.servers: a nested mapping",
+     "dotted keys"),
+])
+def test_a_nested_property_is_refused_naming_it_never_its_value(tmp_path, nested, where, fix):
+    """A nested mapping's str() reached librdkafka, and repr() printed the password in it."""
+    yml = "transport:\n  type: kafka\n  properties:\n    security.protocol: SASL_SSL\n" + nested
+    if "bootstrap" not in nested:
+        yml += "    bootstrap.servers: k:9092\n"
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, yml=yml)
+    assert where in str(err.value) and fix in str(err.value)
+    assert "hunter2" not in str(err.value)
+
+
+def test_yaml_numbers_are_read_as_written_where_text_is_expected(tmp_path):
+    """PyYAML reads YAML 1.1: 012345 is octal 5349, 1_000 is 1000, 12:30 is 750, 1.10 is 1.1. The
+    Java integration keeps the text; numbers where numbers are expected still work."""
+    yml = ("transport:\n  type: kafka\n  topicName: 0123\n  messageKey: 1_000\n  journalMaxBytes: 0x100000\n"
+           "  closeTimeoutS: 2.50\n  queueMaxEvents: 1_000\n"
+           "  properties:\n    bootstrap.servers: k:9092\n    sasl.username: 12:30\n    sasl.password: 012345\n"
+           "    client.id: 1.10\n    linger.ms: 5\n    enable.ssl.certificate.verification: true\n"
+           "namespace: 0042\n")
+    cfg = _load(tmp_path, yml=yml)
+    assert (cfg.topic, cfg.message_key) == ("0123", "1_000")
+    assert cfg.properties == {"sasl.username": "12:30", "sasl.password": "012345", "client.id": "1.10",
+                              "linger.ms": "5", "enable.ssl.certificate.verification": "true"}
+    assert (cfg.journal_max_bytes, cfg.close_timeout_s, cfg.queue_max_events) == (1048576, 2.5, 1000)
+    assert type(cfg.journal_max_bytes) is int and type(cfg.close_timeout_s) is float
+    assert _load(tmp_path, spark_conf={}, yml=yml).namespace == "0042"
+
+
+def test_a_yaml_byte_size_with_underscores_is_refused_not_read_by_librdkafka_as_1(tmp_path):
+    yml = "transport:\n  type: kafka\n  properties:\n    bootstrap.servers: k:9092\n    message.max.bytes: 1_000_000\n"
+    with pytest.raises(ConfigError, match="message.max.bytes must be a whole number of bytes"):
+        _load(tmp_path, yml=yml)
+
+
+def test_journal_dir_expands_the_home_directory(tmp_path, monkeypatch):
+    """``journalDir: ~/spool`` was a directory named "~" under the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "h"))
+    yml = "transport:\n  type: kafka\n  journalDir: ~/spool\n  properties:\n    bootstrap.servers: k:9092\n"
+    assert _load(tmp_path, yml=yml).journal_path == tmp_path / "h" / "spool"
+    explicit = _load(tmp_path, {"bootstrap_servers": "k:9092", "journal_dir": "~/other"})
+    assert explicit.journal_path == tmp_path / "h" / "other"
+
+
+def test_spark_conf_transport_config_means_properties(tmp_path):
+    """``config`` and ``properties`` both mean librdkafka properties, in Spark conf too."""
+    conf = {"spark.openlineage.transport.type": "kafka",
+            "spark.openlineage.transport.config.bootstrap.servers": "spark:9092",
+            "spark.openlineage.transport.config.linger.ms": "7",
+            "spark.openlineage.transport.config.client.id": "lower",
+            "spark.openlineage.transport.properties.client.id": "wins"}
+    cfg = _load(tmp_path, spark_conf=conf)
+    assert cfg.bootstrap_servers == "spark:9092"
+    assert cfg.properties == {"linger.ms": "7", "client.id": "wins"}
+    with pytest.raises(ConfigError, match=r"spark\.openlineage\.transport\.config\.bootstrap\.servers: must be"):
+        _load(tmp_path, spark_conf={"spark.openlineage.transport.type": "kafka",
+                                    "spark.openlineage.transport.config.bootstrap.servers": "nocolon"})
+
+
+def test_an_empty_endpoint_algorithm_in_openlineage_yml_is_honoured_with_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "producer.config")
+    yml = ("transport:\n  type: kafka\n  properties:\n    bootstrap.servers: 127.0.0.1:9\n"
+           "    ssl.endpoint.identification.algorithm: ''\n")
+    assert _load(tmp_path, yml=yml).properties == {"ssl.endpoint.identification.algorithm": "none"}
+    assert _lines(caplog, "tls_hostname_verification_off")
+
+
+# --- the Spark capture's namespace from openlineage.yml and OPENLINEAGE__* (no JVM) ---------
+
+class _FakeConf:
+    def __init__(self, conf):
+        self._conf = conf
+
+    def getAll(self):  # noqa: N802 - PySpark's name
+        return list(self._conf.items())
+
+    def get(self, key, default=None):
+        return self._conf.get(key, default)
+
+
+class _FakeSession:
+    """Enough of a SparkSession for enable_lineage to read its settings (SparkLineage is faked)."""
+
+    version = "3.5.0"
+
+    def __init__(self, conf):
+        self._jsparkSession = object()
+        self.conf = _FakeConf(conf)
+        self.sparkContext = type("SC", (), {"getConf": lambda _self: self.conf})()
+
+
+class _Recorder:
+    def emit(self, event):
+        pass
+
+
+def _capture_settings(monkeypatch, tmp_path, environ, yml=None):
+    import producer.spark as spark_mod
+
+    captured = {}
+
+    class FakeLineage:
+        def __init__(self, spark, sender, settings, **kw):
+            captured["settings"] = settings
+            self.ended, self.capturing, self.spark = False, True, spark
+
+        def start(self):
+            pass
+
+    for var in [v for v in os.environ if v.startswith("OPENLINEAGE")]:
+        monkeypatch.delenv(var)
+    for var, value in environ.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    if yml is not None:
+        (tmp_path / "openlineage.yml").write_text(yml)
+    monkeypatch.setattr(spark_mod, "SparkLineage", FakeLineage)
+    monkeypatch.setattr(spark_mod, "_ACTIVE", {})
+    spark_mod.enable_lineage(_FakeSession({"spark.app.name": "app"}), producer=_Recorder())
+    return captured["settings"]
+
+
+@pytest.mark.parametrize("yml, environ, expected", [
+    ("namespace: 2024\n", {}, "2024"),
+    ("namespace: 0042\n", {}, "0042"),   # as written (YAML 1.1 would read octal 34)
+    (None, {"OPENLINEAGE__NAMESPACE": "2024"}, "2024"),
+    ("namespace: true\n", {}, "true"),
+])
+def test_the_spark_capture_reads_the_namespace_as_text(monkeypatch, tmp_path, yml, environ, expected):
+    """openlineage.yml's ``namespace: 2024`` reached the events as the number 2024."""
+    settings = _capture_settings(monkeypatch, tmp_path, environ, yml)
+    assert settings.namespace == expected and type(settings.namespace) is str
+
+
+@pytest.mark.parametrize("yml, environ, where", [
+    (None, {"OPENLINEAGE__NAMESPACE": '["a"]'}, "env OPENLINEAGE__NAMESPACE: expected text, got a list"),
+    ("namespace:\n  a: b\n", {}, "openlineage.yml: namespace: expected text"),
+])
+def test_the_spark_capture_refuses_a_namespace_that_is_no_text(monkeypatch, tmp_path, yml, environ, where):
+    with pytest.raises(ConfigError, match=where):
+        _capture_settings(monkeypatch, tmp_path, environ, yml)

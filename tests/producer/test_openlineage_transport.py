@@ -117,6 +117,59 @@ def test_client_configured_by_environment_variables_alone(kafka, tmp_cwd, clean_
     assert [decode(r.value)["job"]["name"] for r in records] == ["env.job", "env.job"]
 
 
+@pytest.mark.parametrize("blank", [
+    {"OPENLINEAGE__TRANSPORT__PROPERTIES__SSL_ENDPOINT_IDENTIFICATION_ALGORITHM": ""},
+    {"OPENLINEAGE__TRANSPORT__CONFIG__SSL_ENDPOINT_IDENTIFICATION_ALGORITHM": " "},
+    # The client lets this JSON replace the single PROPERTIES__* variables.
+    {"OPENLINEAGE__TRANSPORT__PROPERTIES": json.dumps({
+        "bootstrap.servers": "127.0.0.1:9", "security.protocol": "SSL", "ssl.endpoint.identification.algorithm": ""})},
+])
+def test_a_blank_env_property_is_not_set_through_the_client(tmp_cwd, clean_env, monkeypatch, caplog, blank):
+    """A template that rendered nothing turned TLS hostname verification off through the client
+    (it hands the blank over as ""), although load_config reads the same variables as not set."""
+    monkeypatch.setattr(readers, "_logged", set())
+    caplog.set_level(logging.INFO, "producer.config")
+    env = {"OPENLINEAGE__TRANSPORT__TYPE": TRANSPORT_TYPE, "OPENLINEAGE__TRANSPORT__JOURNAL_DIR": str(tmp_cwd / "j"),
+           "OPENLINEAGE__TRANSPORT__PROPERTIES__BOOTSTRAP_SERVERS": "127.0.0.1:9",
+           "OPENLINEAGE__TRANSPORT__PROPERTIES__SECURITY_PROTOCOL": "SSL", **blank}
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    transport = OpenLineageClient().transport
+    try:
+        assert "ssl.endpoint.identification.algorithm" not in transport.producer.config.properties
+        assert transport.producer.config.properties == {"security.protocol": "SSL"}
+    finally:
+        transport.close(0)
+    assert "event=transport_setting_ignored key=OPENLINEAGE__TRANSPORT__" in caplog.text
+    assert "tls_hostname_verification_off" not in caplog.text
+
+
+def test_numbers_in_openlineage_yml_are_read_as_written_through_the_client(tmp_cwd, clean_env):
+    """The client reads openlineage.yml with yaml.safe_load (YAML 1.1): 012345 was sent as 5349."""
+    (tmp_cwd / "openlineage.yml").write_text(
+        f"transport:\n  type: {TRANSPORT_TYPE}\n  topicName: 0123\n  journalDir: {tmp_cwd / 'j'}\n"
+        f"  queueMaxEvents: 1_000\n  properties:\n    bootstrap.servers: 127.0.0.1:9\n"
+        f"    sasl.username: 12:30\n    sasl.password: 012345\n    client.id: 1.10\n    linger.ms: 5\n")
+    transport = OpenLineageClient().transport
+    try:
+        config = transport.producer.config
+        assert (config.topic, config.queue_max_events) == ("0123", 1000)
+        assert config.properties == {"sasl.username": "12:30", "sasl.password": "012345", "client.id": "1.10",
+                                     "linger.ms": "5"}
+    finally:
+        transport.close(0)
+
+
+def test_a_null_env_property_is_refused_through_the_client(tmp_cwd, clean_env, monkeypatch):
+    """The client parses OPENLINEAGE__TRANSPORT__PROPERTIES__SASL_PASSWORD=null as JSON null: the
+    password was the text "None"."""
+    for key, value in {"TYPE": TRANSPORT_TYPE, "PROPERTIES__BOOTSTRAP_SERVERS": "127.0.0.1:9",
+                       "PROPERTIES__SASL_PASSWORD": "null"}.items():
+        monkeypatch.setenv(f"OPENLINEAGE__TRANSPORT__{key}", value)
+    with pytest.raises(ConfigError, match=r"transport\.properties\.sasl_password: no value \(null\)"):
+        OpenLineageClient()
+
+
 # What Airflow's OpenLineage listener does: fork, build the client in the child, emit there,
 # and end the child with os._exit(0), which runs no exit handler (no producer close).
 _AIRFLOW_CHILD = textwrap.dedent("""
