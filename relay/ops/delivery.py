@@ -1,7 +1,8 @@
 """Deliver a finite set of events to one collector, in run order, as the relay would.
 
-:func:`plan` is pure: it turns events into *chains* (one per run, in the per-run order
-rule; one per event without a run) and names what it left out. :class:`BatchDelivery`
+:func:`plan` and :func:`plan_for` (:mod:`relay.ops.run_plan`, re-exported here) are pure:
+they turn events into *chains* (one per run, by the relay's sequencer or the collector's
+delivery mode; one per event without a run) and name what they left out. :class:`BatchDelivery`
 sends chains through the collector the relay would build for it (its kind, same retries,
 same credentials, batches where it has ``batch``) after the collector's ``rewrite``: the
 events of a chain one at a time, up to the collector's ``concurrency`` chains at once.
@@ -11,76 +12,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import orjson
 
 from relay.config import CollectorConfig
 from relay.events import LineageEvent
 from relay.metrics import RelayMetrics
+from relay.ops.run_plan import AFTER_TERMINAL, Plan, plan, plan_for  # noqa: F401 - re-exported
 from relay.sinks.base import DeliveryStopped
 from relay.sinks.kinds import build_collector
 from relay.stages.rewrite import Rewriter
-
-#: Dropped by :func:`plan`: a later terminal event of a run that already has one.
-AFTER_TERMINAL = "after_terminal"
-
-_START, _MIDDLE, _TERMINAL = 0, 1, 2
-
-
-def _rank(event: LineageEvent) -> int:
-    if event.event_type == "START":
-        return _START
-    return _TERMINAL if event.is_terminal else _MIDDLE
-
-
-def _position(event: LineageEvent) -> tuple[str, int, int]:
-    src = event.source
-    return (src.topic, src.partition, src.offset) if src is not None else ("", -1, -1)
-
-
-@dataclass
-class Plan:
-    chains: list[list[LineageEvent]]
-    #: Events left out, with the reason (``after_terminal``).
-    dropped: list[tuple[LineageEvent, str]] = field(default_factory=list)
-
-    @property
-    def events(self) -> int:
-        return sum(len(chain) for chain in self.chains)
-
-
-def plan(events: Iterable[LineageEvent], *, ordered: bool = True) -> Plan:
-    """Group ``events`` into chains.
-
-    With ``ordered`` (the relay's ``pipeline.ordering.enabled``), each run's chain is
-    START first, then RUNNING/OTHER by ``eventTime``, then its earliest terminal event;
-    later terminal events are dropped (``after_terminal``), as the relay drops them.
-    Ties keep source order. Without ``ordered`` a run's chain keeps source order.
-    Chains are listed by their first event's source position; events without a run each
-    make their own chain. Dedupe is the caller's business.
-    """
-    runs: dict[str, list[LineageEvent]] = {}
-    chains: list[list[LineageEvent]] = []
-    for event in sorted(events, key=_position):
-        if event.run_id is None:
-            chains.append([event])
-            continue
-        chain = runs.get(event.run_id)
-        if chain is None:
-            chain = runs[event.run_id] = []
-            chains.append(chain)
-        chain.append(event)
-    dropped: list[tuple[LineageEvent, str]] = []
-    if ordered:
-        for chain in runs.values():
-            chain.sort(key=lambda e: (_rank(e), e.event_time, _position(e)))
-            terminals = [i for i, e in enumerate(chain) if _rank(e) == _TERMINAL]
-            for i in reversed(terminals[1:]):
-                dropped.append((chain.pop(i), AFTER_TERMINAL))
-    dropped.reverse()
-    return Plan(chains, dropped)
 
 
 @dataclass(frozen=True)

@@ -377,15 +377,23 @@ class CollectorRedrive:
 
 
 def _chains(batch: list[LineageEvent], ordered: bool) -> list[list[LineageEvent]]:
-    """Run order, but no event dropped: an operator chose each of these records. A terminal
-    the relay would drop (one after the run's first) goes at the end of its run's chain,
-    never in a chain of its own, which another worker would send alongside the run's START."""
+    """Run order, but no event dropped: an operator chose each of these records. What the
+    relay's sequencer would drop after a run's terminal still goes in its run's chain,
+    never in a chain of its own, which another worker would send alongside the run's START:
+    a later terminal at the end, another event (RUNNING...) before the terminal.
+
+    Not through the collector's delivery mode: a consolidating collector's dead letters are
+    what the relay built for it (its START, merged terminal, merged RUNNING); merged again,
+    a terminal whose START was delivered would get a second, synthesized one."""
     result = plan(batch, ordered=ordered)
     by_run = {chain[0].run_id: chain for chain in result.chains if chain and chain[0].run_id is not None}
     for event, _reason in result.dropped:
         chain = by_run.get(event.run_id)
         if chain is None:
-            result.chains.append([event])
-        else:
+            chain = by_run[event.run_id] = [event]
+            result.chains.append(chain)
+        elif event.is_terminal or not chain[-1].is_terminal:
             chain.append(event)
+        else:
+            chain.insert(next(i for i, e in enumerate(chain) if e.is_terminal), event)
     return result.chains

@@ -3,8 +3,11 @@
 For back-filling a collector added later, or one that lost data. What the collector gets
 is what the relay would have sent it for that range: records decoded by the relay's
 decoder, the collector's ``route`` and ``rewrite`` applied, duplicates (same content)
-sent once, each run in run order (START first, terminal last), through the relay's
-HTTP collector with its retries.
+sent once, each run through the relay's own per-run stage for the collector's ``mode``
+(:mod:`relay.ops.run_plan`): ``passthrough``, the relay's sequencer (START first, the
+run's first terminal in topic order once its START is out, what it drops dropped);
+``consolidated``, START plus one merged terminal per run; ``coalesce``, RUNNINGs merged;
+through the relay's HTTP collector with its retries.
 
 Guarantees and limits:
 
@@ -14,7 +17,12 @@ Guarantees and limits:
   given offsets/time, whichever comes first; reading always terminates.
 * The whole range is held in memory to order each run, so it is bounded by
   ``--max-events`` (default 1,000,000): a larger range is refused, not truncated.
-* A range boundary can cut a run: its events in the range are still sent in run order.
+* The range is offered to that stage as one backlog read at once: time windows
+  (``terminal_grace_s``, ``settle_s``, ``coalesce_window_s``) take in the whole range.
+* A range boundary can cut a run: its events in the range are still sent in run order
+  (``consolidated``/``coalesce``: a run cut by its start gets the START its
+  ``missing_start`` policy gives it; one cut by the range's end, what it held, as when
+  the relay expires an open run).
 * Records the relay cannot decode are skipped and counted (the relay dead-lettered them;
   see ``dlq redrive``). Nothing is written to the dead-letter topic by a replay.
 * Exit status: 0 when every event was delivered, 1 when some failed (listed), 2 when the
@@ -36,7 +44,7 @@ from relay.errors import ConfigError
 from relay.events import LineageEvent, Rejection, SourceRef
 from relay.logs import setup_logging
 from relay.ops import OpsError, kafka_error_text
-from relay.ops.delivery import BatchDelivery, Failure, collector_config, plan
+from relay.ops.delivery import BatchDelivery, Failure, collector_config, plan_for
 from relay.ops.kafka_range import PartitionRange, open_consumer, parse_offsets, parse_time, read, resolve
 from relay.ops.progress import ProgressBar
 from relay.stages.decode import decode_record
@@ -64,6 +72,7 @@ class ReplaySummary:
     collector: str
     ranges: list[PartitionRange]
     dry_run: bool = False
+    mode: str = "passthrough"
     read: int = 0
     invalid: int = 0
     routed_away: int = 0
@@ -90,14 +99,23 @@ class ReplaySummary:
                 ("failed", self.failed)]
         lines = [f"replay {self.topic} -> {self.collector}{' (dry run)' if self.dry_run else ''}",
                  f"  offsets scanned    {spans or '(none)'}"]
+        if self.mode != "passthrough":  # delivered counts what was sent: merged events, not read ones
+            lines.append(f"  {'mode':<18} {self.mode}")
         lines += [f"  {name:<18} {value}" for name, value in rows]
         if self.retries:
             lines.append(f"  {'retries':<18} {self.retries}")
         for failure in self.failures[:_FAILURES_SHOWN]:
-            lines.append(f"  FAILED {failure.event.source}: {failure.reason}: {failure.detail[:300]}")
+            lines.append(f"  FAILED {_where(failure.event)}: {failure.reason}: {failure.detail[:300]}")
         if self.failed > _FAILURES_SHOWN:
             lines.append(f"  ... and {self.failed - _FAILURES_SHOWN} more failures")
         return "\n".join(lines)
+
+
+def _where(event: LineageEvent) -> str:
+    """The record an event came from; a built one (merged terminal...) by its run."""
+    if event.source is not None:
+        return str(event.source)
+    return f"{event.event_type} of run {event.run_id} (built by mode)"
 
 
 def request_from_args(args: argparse.Namespace, config: RelayConfig) -> ReplayRequest:
@@ -135,6 +153,8 @@ def collect(config: RelayConfig, request: ReplayRequest, summary: ReplaySummary,
     """Read the range; return the events to deliver (decoded, routed, deduplicated)."""
     router = Router(request.collector.route, request.collector.event_kinds)
     seen: set[bytes] = set()
+    # The consolidating modes merge documents: they are kept (held in memory with the range).
+    keep_doc = request.collector.mode != "passthrough"
     kept: list[LineageEvent] = []
     total = sum(r.size for r in summary.ranges)
     time_bounded = request.from_ms is not None or request.to_ms is not None
@@ -160,7 +180,8 @@ def collect(config: RelayConfig, request: ReplayRequest, summary: ReplaySummary,
                 summary.duplicates += 1
                 continue
             seen.add(event.digest)
-            event.doc = None  # the parsed tree is not needed any more; keep memory down
+            if not keep_doc:
+                event.doc = None  # the parsed tree is not needed any more; keep memory down
             kept.append(event)
     return kept
 
@@ -172,11 +193,14 @@ def replay(config: RelayConfig, request: ReplayRequest, *, stream: TextIO | None
     try:
         ranges = resolve(consumer, request.topic, from_offsets=request.from_offsets, from_ms=request.from_ms,
                          to_offsets=request.to_offsets, to_ms=request.to_ms)
-        summary = ReplaySummary(request.topic, request.collector.name, ranges, dry_run=request.dry_run)
+        summary = ReplaySummary(request.topic, request.collector.name, ranges, dry_run=request.dry_run,
+                                mode=request.collector.mode)
         events = collect(config, request, summary, consumer, stream)
     finally:
         consumer.close()
-    ordered = plan(events, ordered=config.pipeline.ordering.enabled)
+    ordering = config.pipeline.ordering
+    ordered = plan_for(events, request.collector, ordered=ordering.enabled, ordering=ordering)
+    del events  # a consolidating mode holds what it merged, not every event
     summary.after_terminal = len(ordered.dropped)
     delivery = BatchDelivery(request.collector, dry_run=request.dry_run)
     label = "replay: checking" if request.dry_run else "replay: delivering"
@@ -221,8 +245,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay", help="re-forward a range of the topic to one collector (back-fill)",
         description="Re-forward a range of the topic to ONE collector of the configuration, as the relay "
-                    "would have: decoded, routed, rewritten, deduplicated and in run order. Reads with "
-                    "assign(); the relay's consumer group is not touched.")
+                    "would have: decoded, routed, rewritten, deduplicated, in run order and by the "
+                    "collector's delivery mode (consolidated: START and one merged terminal per run; "
+                    "coalesce: RUNNINGs merged). Reads with assign(); the relay's consumer group is "
+                    "not touched.")
     p.add_argument("--config", required=True, help="the relay's YAML config file")
     p.add_argument("--collector", required=True, metavar="NAME", help="the collector to back-fill")
     start = p.add_mutually_exclusive_group(required=True)
@@ -236,7 +262,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     end.add_argument("--to-time", metavar="ISO8601", help="up to, not including, the first record at or after this")
     end.add_argument("--to-end", action="store_true", help="up to the end of each partition when the command starts")
     p.add_argument("--topic", help="topic to read (default: the configured topic)")
-    p.add_argument("--dry-run", action="store_true", help="read, route, dedupe and order, but POST nothing")
+    p.add_argument("--dry-run", action="store_true", help="read, route, dedupe, order and merge, but POST nothing")
     p.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
                    help=f"refuse a range with more records than this (default {DEFAULT_MAX_EVENTS:,})")
     p.add_argument("--max-attempts", type=int, metavar="N",
