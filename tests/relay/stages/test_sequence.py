@@ -699,14 +699,42 @@ def test_prime_counts_a_run_without_its_start_as_started_only_when_holds_are_for
     assert bool(decisions) is started and seq.held_count == (0 if started else 1)
 
 
-def test_prime_leaves_a_held_run_alone():
+@pytest.mark.parametrize("policy", ["forward", "dead_letter"])
+def test_a_start_the_look_back_reads_releases_a_run_held_here(policy):
+    """Cooperative-sticky assignment keeps the holds of partitions already owned: a
+    COMPLETE held here (from partition 1) waited hold_timeout_s for a START that the
+    look-back of newly assigned partition 0 proves delivered, and was dead-lettered (or
+    sent late). It now goes out at the next expire, as learn_earlier releases a hold."""
+    seq = sequencer(on_hold_timeout=policy)
+    running, complete = event(1, "RUNNING", 3, partition=1), event(1, "COMPLETE", 9, partition=1)
+    assert seq.offer(complete, 0.0) == [] and seq.offer(running, 0.0) == []
+    seq.prime(event(1, "START", partition=0), 1.0)
+    assert forwarded(seq.expire(2.0)) == [running, complete]
+    assert seq.held_count == 0 and seq.expire(61.0) == []
+    late = event(1, "RUNNING", 10, partition=1)
+    assert seq.offer(late, 62.0) == [Drop(late, AFTER_TERMINAL)]
+
+
+def test_a_held_run_the_look_back_shows_ended_has_its_held_events_dropped():
+    """The look-back read the run's START and terminal (partition 0): what is held of it
+    here came after its terminal."""
+    seq = sequencer(on_hold_timeout="dead_letter")
+    late = event(1, "RUNNING", 12, partition=1)
+    assert seq.offer(late, 0.0) == []
+    seq.prime(event(1, "COMPLETE", 9, partition=0), 1.0)  # with dead_letter, ended only once its START is read
+    assert seq.expire(2.0) == [] and seq.held_count == 1
+    seq.prime(event(1, "START", partition=0), 1.0)
+    assert seq.expire(2.0) == [Drop(late, AFTER_TERMINAL)] and seq.held_count == 0
+
+
+def test_a_held_run_primed_then_started_live_is_decided_once():
     seq = sequencer()
     held = event(1, "COMPLETE", 5)
     assert seq.offer(held, 0.0) == []
-    seq.prime(event(1, "START"), 0.0)  # (cannot happen: a held event is above the commit)
-    assert seq.held_count == 1
-    start = event(1, "START", tag="live")
-    assert forwarded(seq.offer(start, 1.0))[0] is start
+    seq.prime(event(1, "START"), 0.0)
+    start = event(1, "START", tag="live")  # offered before the next expire
+    assert forwarded(seq.offer(start, 1.0)) == [start, held]
+    assert seq.expire(2.0) == [] and seq.held_count == 0
 
 
 @pytest.mark.parametrize("policy", ["forward", "dead_letter"])
