@@ -789,3 +789,48 @@ def test_learning_about_a_run_not_held_changes_nothing():
     assert forwarded(seq.offer(event(2, "START"), 0.0))
     assert seq.learn_earlier(run_id(2), finished=True, now=0.0) == []
     assert forwarded(seq.offer(event(2, "RUNNING", 1), 0.0))  # open, as it was
+
+
+# --- records `dlq redrive --to-topic` wrote back (redriven) -------------------------------
+
+
+@pytest.mark.parametrize("policy", ["forward", "dead_letter"])
+@pytest.mark.parametrize("event_type", ["COMPLETE", "RUNNING"])
+def test_a_redriven_record_of_a_forgotten_run_is_forwarded_not_held_for_its_start(policy, event_type):
+    """Its START was forwarded long before (the record was dead-lettered after it): held for
+    it, the record was dead-lettered again as hold_timeout (or sent hold_timeout_s late)."""
+    seq = sequencer(on_hold_timeout=policy)
+    redriven = event(1, event_type, 5)
+    assert seq.redriven(redriven, 0.0) == []
+    assert forwarded(seq.offer(redriven, 0.0)) == [redriven]
+    assert seq.held_count == 0 and seq.expire(100.0) == []
+
+
+def test_a_redriven_terminal_is_not_dropped_by_a_run_search_finding_its_original():
+    """The run search (learn_earlier) finds the run's START and the original COMPLETE the
+    redriven record copies (finished): the copy was held, and then dropped as after_terminal."""
+    seq = sequencer(on_hold_timeout="dead_letter")
+    seq.prime(event(1, "COMPLETE", 5), 0.0)  # the original, read back by the look-back
+    redriven = event(1, "COMPLETE", 5)
+    assert seq.redriven(redriven, 1.0) == []
+    assert forwarded(seq.offer(redriven, 1.0)) == [redriven]
+    assert seq.learn_earlier(run_id(1), finished=True, now=2.0) == []
+
+
+def test_a_redriven_terminal_releases_its_held_run_ahead_of_it():
+    seq = sequencer(on_hold_timeout="dead_letter")
+    running = event(1, "RUNNING", 3)
+    assert seq.offer(running, 0.0) == []
+    redriven = event(1, "COMPLETE", 5)
+    assert forwarded(seq.redriven(redriven, 1.0)) == [running]
+    assert forwarded(seq.offer(redriven, 1.0)) == [redriven] and seq.held_count == 0
+
+
+def test_a_redriven_terminal_of_a_known_finished_run_opens_it_again_and_a_start_begins_it_again():
+    seq = sequencer()
+    start, complete = event(1, "START"), event(1, "COMPLETE", 5)
+    assert forwarded(seq.offer(start, 0.0)) and forwarded(seq.offer(complete, 0.0))
+    assert seq.redriven(complete, 1.0) == []
+    assert forwarded(seq.offer(complete, 1.0)) == [complete]
+    assert seq.redriven(start, 2.0) == []  # its run begins again: what follows waits for it
+    assert forwarded(seq.offer(start, 2.0)) == [start]
