@@ -279,8 +279,8 @@ class CollectorLane(PartitionTakeBack):
         again). Consolidated/coalesce collectors take it by their run state."""
         if self._deduper is not None:
             self._deduper.forget(event.digest)
-        if self._sequencer is not None and (event.is_terminal or event.event_type == "START"):
-            self._sequencer.rollback([event])
+        if self._sequencer is not None:  # and a run it forgot counts as started: see RunSequencer.redriven
+            self._apply(self._sequencer.redriven(event, now))
         self.offer(event, now)
 
     def expire(self, now: float) -> None:

@@ -21,12 +21,13 @@ import pickle
 import queue
 import sys
 import threading
+import traceback
 from typing import IO
 
 from relay.memory import release_after, tune_malloc
 from relay.stages.decode import decode_fields
 from relay.stages.decode_pipe import Inbox, compact, read_values, write_frame
-from relay.stages.decode_worker import _NICE
+from relay.stages.decode_worker import _NICE, DIED_DECODING
 
 #: The child's GIL switch interval: its input thread waits at most this long for the GIL
 #: after each read (the default 5 ms, per read of a 1 MiB pipe, starved the decoder).
@@ -68,7 +69,12 @@ def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
         values, index = item
         # No answer holds a value (a JSON body that is the value is sent as None): the views
         # into the inbox are gone before it is given back for another batch.
-        answers = [compact(decode_fields(v, max_bytes=max_bytes), v) for v in values]
+        try:
+            answers = [compact(decode_fields(v, max_bytes=max_bytes), v) for v in values]
+        except BaseException:  # noqa: BLE001 - a parse that ran out of memory...: the record's doing
+            sys.stderr.write(traceback.format_exc())
+            sys.stderr.flush()
+            os._exit(DIED_DECODING)  # the parent sends the chunk's values again alone
         largest = max((len(v) for v in values if v), default=0)
         del values, item
         free.put(index)

@@ -19,8 +19,14 @@ Contract of :meth:`DecodeWorker.submit` (and :meth:`DecodeWorker.decode`, which 
   bound that) makes its values go again one by one, each to a fresh child; a value that
   kills a child on its own is answered with a :data:`DECODER_CRASHED` rejection (a dead
   letter), never decoded in this process, where it would take the relay down with it, at
-  every restart. After :data:`_MAX_FAILURES` children in a row that died before any answer
-  (a broken environment), decoding stays in this process.
+  every restart. After :data:`_MAX_FAILURES` children in a row that failed before any answer
+  and not by a record's doing (a broken environment: a child that exits on its own before
+  answering, one that cannot import the relay, or one that answers garbage), decoding stays
+  in this process, and such a child's chunks go again whole. A death by a signal (the
+  out-of-memory killer, a crash in a parse) or by an error escaping a parse
+  (:data:`DIED_DECODING`) is a record's doing, however fresh the child: killing records
+  that each come in a poll of their own, each to a fresh child, never make the relay
+  decode in this process, where the next one would be parsed.
 * Answers come on a pipe of their own, not the child's stdout: whatever else writes there
   (a ``sitecustomize``, an agent) goes to this process's stderr instead of into the answers.
 * Pipelined: ``submit`` writes the batch to the child and returns; a reader thread answers
@@ -67,9 +73,12 @@ from relay.stages.decode_pipe import (
 
 log = logging.getLogger("relay.decode_worker")
 
-#: Children in a row that died or answered garbage before any answer, after which decoding
-#: stays in this process.
+#: Children in a row that failed before any answer, not by a record's doing (see
+#: ``_child_failed``), after which decoding stays in this process.
 _MAX_FAILURES = 3
+#: The exit status of a child that an error escaping a parse (MemoryError...) ended: the
+#: record's doing, as a death by a signal is, not a broken environment's.
+DIED_DECODING = 70
 #: The child's scheduling priority, below the relay's: delivery is the latency-critical
 #: path, and decoding runs ahead of it (a backlog of up to ``max_pending`` events), so it
 #: can take the spare CPU rather than preempt the event loop (measured: +6-8% throughput
@@ -290,17 +299,23 @@ class DecodeWorker:
             child.pending.clear()
             closing = self._closed
             expected = closing and not orphans
-            # A child that never answered says the environment is broken, unless it died on
-            # a value sent alone: that is the value's doing (see the module docstring).
-            if not expected and not child.answered and not (died and orphans and orphans[0][3]):
-                self._failures += 1
-            failures = self._failures
         if not expected:
             child.kill(grace_s=_EXIT_GRACE_S if died else 0.0)
         child.reap()
         if expected:
             return
         exit_code = child.proc.returncode
+        # A child that died by a signal (the out-of-memory killer, a crash in a parse) or of
+        # an error escaping a parse died of what it was decoding, fresh or not: its chunk's
+        # values go again alone. One that never answered and failed otherwise (exited on its
+        # own, as one that cannot start does, or answered garbage) says the environment is
+        # broken, unless it died on a value sent alone; its chunks go again whole.
+        by_record = died and (child.answered or (exit_code is not None and (exit_code < 0 or
+                                                                             exit_code == DIED_DECODING)))
+        with self._lock:
+            if not child.answered and not by_record and not (died and orphans and orphans[0][3]):
+                self._failures += 1
+            failures = self._failures
         log_event(log, logging.WARNING, "decode_worker_failed", error=error, exit_code=exit_code,
                   failures=failures, in_process=failures >= _MAX_FAILURES, batches=len(orphans))
         for n, (values, batch, index, alone) in enumerate(orphans):
@@ -309,7 +324,7 @@ class DecodeWorker:
                 batch.part_done(index, [Rejection(DECODER_CRASHED, _crash_detail(values[0], exit_code))])
             elif closing:  # no new child now: decoded here
                 batch.part_done(index, self._decode_here(values))
-            elif n == 0 and died:  # what it was decoding: each value again, alone
+            elif n == 0 and by_record:  # what it was decoding: each value again, alone
                 part = DecodeBatch(len(values), partial(answer_part, batch, index))
                 for i, value in enumerate(values):
                     self._submit_chunk([value], part, i, alone=True)

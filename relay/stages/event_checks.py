@@ -6,7 +6,11 @@ from Avro) to :func:`check_event`, which returns what the relay needs of it or r
 
 * It checks what the relay itself relies on (event kind, base fields, run and job
   identity, ``eventType``, ``eventTime``, container types), not the whole OpenLineage
-  JSON schema: facet contents are the collectors' business. An optional field that is
+  JSON schema: facet contents are the collectors' business. Namespaces and names (of
+  ``job``, ``dataset``, each input and output) are strings, empty or not, as the spec has
+  them (no ``minLength``): refusing an empty one would dead-letter spec-valid events, and
+  would make an event with a valid ``dataset`` and a ``job`` of empty names a DatasetEvent
+  where the spec's ``oneOf`` refuses it (it is both kinds). An optional field that is
   present must have the schema's type (``null`` is not an absent field). Container types
   include each facets object the spec defines (``run.facets``, ``job.facets``,
   ``dataset.facets``, an input's ``facets``/``inputFacets``, an output's
@@ -125,8 +129,10 @@ def check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
     elif "dataset" in doc and ("job" not in doc or run is not _MISSING or _dataset_or_job(doc, body) == "dataset"):
         kind = "dataset"
         dataset = _require_object(doc["dataset"], "dataset")
-        _text(dataset, "namespace", "dataset.namespace")
-        _text(dataset, "name", "dataset.name")
+        # Strings, empty or not: the spec sets no minLength (as for inputs and outputs).
+        if type(dataset.get("namespace")) is not str or type(dataset.get("name")) is not str:
+            _string(dataset, "namespace", "dataset.namespace")
+            _string(dataset, "name", "dataset.name")
         for facet in (_optional(dataset, "facets", "dataset.facets", dict) or _NO_FACETS).values():
             if type(facet) is not dict:
                 _facet_values(dataset["facets"], "dataset.facets")
@@ -140,12 +146,13 @@ def check_event(doc: dict[str, Any], body: bytes) -> tuple[Any, ...]:
             "event needs `run` (RunEvent), `dataset` (DatasetEvent) or `job` (JobEvent)",
         )
     if job is not None:
+        # Strings, empty or not: the spec sets no minLength (as for inputs and outputs).
         job_namespace = job.get("namespace")
-        if type(job_namespace) is not str or not job_namespace:
-            _text(job, "namespace", "job.namespace")
+        if type(job_namespace) is not str:
+            _string(job, "namespace", "job.namespace")
         job_name = job.get("name")
-        if type(job_name) is not str or not job_name:
-            _text(job, "name", "job.name")
+        if type(job_name) is not str:
+            _string(job, "name", "job.name")
         job_facets = job.get("facets", _MISSING)
         if job_facets is not _MISSING:
             if type(job_facets) is not dict:

@@ -121,6 +121,9 @@ class RunSequencer(SequenceTakeBack):
         # prime() only, with on_hold_timeout="dead_letter": terminals of runs not known to
         # have started, in case their START follows (bounded like _runs).
         self._primed_early: OrderedDict[str, float] = OrderedDict()
+        # prime() only: runs held here that the look-back proved begun (and finished, when
+        # True), released by the next expire() as learn_earlier() does.
+        self._primed_holds: dict[str, bool] = {}
 
     @property
     def held_count(self) -> int:
@@ -202,6 +205,10 @@ class RunSequencer(SequenceTakeBack):
         """Release runs whose hold began more than ``hold_timeout_s`` ago, by the
         ``on_hold_timeout`` policy, and forget runs finished over ``finished_ttl_s`` ago."""
         decisions: list[Decision] = []
+        if self._primed_holds:
+            primed, self._primed_holds = self._primed_holds, {}
+            for run_id, finished in primed.items():
+                decisions += self.learn_earlier(run_id, finished=finished, now=now)
         grace = self._grace
         graced = len(grace)
         while grace:
@@ -240,12 +247,24 @@ class RunSequencer(SequenceTakeBack):
         learnt from forwarding it, without deciding anything: a START marks its run
         started, a terminal marks it finished. Another event of an unknown run marks it
         started only with ``on_hold_timeout="forward"`` (with ``"dead_letter"``, a run
-        without its START was dead-lettered, not started)."""
+        without its START was dead-lettered, not started). A run held here (its later
+        events came from a partition already assigned, whose holds an incremental
+        assignment keeps) learns the same, and its hold is released by the next
+        :meth:`expire` as :meth:`learn_earlier` releases one: its held events follow, or are
+        dropped as ``after_terminal`` when the run had finished."""
         run_id = event.run_id
-        if run_id is None or run_id in self._holds or run_id in self._grace:
+        if run_id is None or run_id in self._grace:
+            return
+        terminal = event.event_type in TERMINAL_TYPES
+        if run_id in self._holds:
+            if event.event_type == "START" or self._on_hold_timeout == "forward":
+                self._primed_holds[run_id] = self._primed_holds.get(run_id, False) or terminal
+            elif terminal:  # "dead_letter": the START may follow (learn_earlier reads this)
+                self._primed_early[run_id] = now
+                if len(self._primed_early) > self._max_tracked_runs:
+                    self._primed_early.popitem(last=False)
             return
         state = self._runs.get(run_id, _UNKNOWN)
-        terminal = event.event_type in TERMINAL_TYPES
         if state is _UNKNOWN:
             if event.event_type == "START":
                 self._start(run_id)

@@ -16,6 +16,17 @@ Guarantees:
   then not dropped as ``after_terminal`` because of them (which would commit its offset
   while it reached nothing).
 * Runs the given events do not touch are left as they are.
+* :meth:`SequenceTakeBack.redriven` readies the sequencer for a record ``dlq redrive
+  --to-topic`` wrote back, before it is offered: the operator wants it delivered. A START
+  begins its run again and a terminal opens its run again (as :meth:`rollback`); any other
+  record of a run the sequencer does not know (forgotten ``finished_ttl_s`` after its
+  terminal, or by a restart) finds its run started, and so does a terminal of such a run:
+  its START was forwarded long before (it was dead-lettered after the sequencer let it go,
+  or the operator sends it without its START all the same). It is then never held for that
+  START (to be dead-lettered again as ``hold_timeout``, or sent ``hold_timeout_s`` late),
+  nor dropped as ``after_terminal`` because a search further back found its run's START and
+  the original it copies. A run held here is released as :meth:`learn_earlier` releases
+  one, its held events ahead of the record.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import TYPE_CHECKING, Callable
 from relay.events import LineageEvent
 
 if TYPE_CHECKING:
+    from relay.stages.decisions import Decision
     from relay.stages.sequence import RunHold
 
 
@@ -38,8 +50,33 @@ class SequenceTakeBack:
     _runs: OrderedDict[str, float | None]
     _finished: OrderedDict[str, float]
     _terminal_grace_s: float
+    _primed_early: OrderedDict[str, float]
 
     def _hold_again(self, run_id: str, terminal: LineageEvent, since: float) -> None: ...
+    def _start(self, run_id: str) -> None: ...
+    def learn_earlier(self, run_id: str, *, finished: bool, now: float) -> list[Decision]: ...
+
+    def redriven(self, event: LineageEvent, now: float) -> list[Decision]:
+        """Ready the sequencer for ``event``, a record ``dlq redrive --to-topic`` wrote back,
+        before it is offered (see the module docstring); returns the decisions that became
+        due (a hold released ahead of it)."""
+        run_id = event.run_id
+        if run_id is None:
+            return []
+        if event.event_type == "START":
+            self.rollback([event])
+            return []
+        if event.is_terminal:
+            self.rollback([event])
+        if run_id in self._runs:
+            return []
+        # Its run began before (the record was forwarded, or the operator sends it as is):
+        # a terminal the look-back read of it is the original this record copies.
+        self._primed_early.pop(run_id, None)
+        if run_id in self._holds:
+            return self.learn_earlier(run_id, finished=False, now=now)
+        self._start(run_id)
+        return []
 
     def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Remove held events matching ``predicate`` without deciding them and return

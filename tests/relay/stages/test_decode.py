@@ -253,7 +253,8 @@ REJECTIONS = [
     ("runId-number", edit(run_doc(), "run.runId", 12345), "wrong_type", "a number"),
     ("missing-job", edit(run_doc(), "job"), "missing_field", "`job`"),
     ("job-list", run_doc(job=["spark-prod", "etl"]), "wrong_type", "`job`"),
-    ("empty-job-name", edit(run_doc(), "job.name", ""), "invalid_value", "`job.name`"),
+    # An empty job.name is valid (the spec has no minLength; test_decode_spec_edges): a null one is not.
+    ("null-job-name", edit(run_doc(), "job.name", None), "wrong_type", "`job.name`"),
     ("job-namespace-number", edit(run_doc(), "job.namespace", 1), "wrong_type",
      "`job.namespace`"),
     ("eventType-STARTED", run_doc(eventType="STARTED"), "invalid_value", "STARTED"),

@@ -36,6 +36,9 @@ KINDS = [
     ("job-and-a-dataset-without-name", {**BASE, "job": JOB, "dataset": {"namespace": "n"}}, "job"),
     ("both-but-inputs-no-array", {**BASE, "dataset": DATASET, "job": JOB, "inputs": "x"}, "dataset"),
     ("both-valid", {**BASE, "dataset": DATASET, "job": JOB}, None),
+    # Empty names are names (the spec has no minLength): a job of empty names is still a job.
+    ("both-valid-job-of-empty-names", {**BASE, "dataset": DATASET, "job": {"namespace": "", "name": ""}}, None),
+    ("both-valid-dataset-of-empty-names", {**BASE, "dataset": {"namespace": "", "name": ""}, "job": JOB}, None),
     ("neither-valid", {**BASE, "dataset": "x", "job": "y"}, None),
     ("both-but-no-eventTime", {k: v for k, v in {**BASE, "dataset": DATASET, "job": JOB}.items()
                                if k != "eventTime"}, None),
@@ -52,6 +55,39 @@ def test_an_event_with_dataset_and_job_is_the_kind_the_spec_matches(doc, kind):
         assert type(got) is LineageEvent, got
         assert got.kind == kind
         assert (got.job_name is None) == (kind == "dataset")
+
+
+# --- empty namespaces and names ----------------------------------------------------------------------
+
+# The spec's Job and Dataset require `namespace` and `name` as strings, with no minLength.
+EMPTY_NAMES = [
+    ("run-empty-job-name", {**BASE, "eventType": "START", "run": {"runId": RUN_ID},
+                            "job": {"namespace": "airflow", "name": ""}}, "run"),
+    ("run-empty-job-namespace", {**BASE, "eventType": "START", "run": {"runId": RUN_ID},
+                                 "job": {"namespace": "", "name": "t"}}, "run"),
+    ("job-event-empty-namespace", {**BASE, "job": {"namespace": "", "name": "t"}}, "job"),
+    ("job-event-empty-both", {**BASE, "job": {"namespace": "", "name": ""}}, "job"),
+    ("dataset-event-empty-name", {**BASE, "dataset": {"namespace": "s3://b", "name": ""}}, "dataset"),
+    ("dataset-event-empty-both", {**BASE, "dataset": {"namespace": "", "name": ""}}, "dataset"),
+]
+
+
+@pytest.mark.parametrize("doc, kind", [c[1:] for c in EMPTY_NAMES], ids=[c[0] for c in EMPTY_NAMES])
+def test_empty_namespaces_and_names_are_accepted_as_the_spec_accepts_them(doc, kind):
+    assert validator().errors(doc) == []
+    got = decode(doc)
+    assert type(got) is LineageEvent, got
+    assert got.kind == kind
+    if kind != "dataset":
+        assert (got.job_namespace, got.job_name) == (doc["job"]["namespace"], doc["job"]["name"])
+
+
+def test_a_job_or_dataset_name_that_is_no_string_is_still_refused():
+    for doc, words in (({**BASE, "job": {"namespace": "", "name": None}}, "`job.name` must be a string, got null"),
+                       ({**BASE, "dataset": {"namespace": 1, "name": ""}}, "`dataset.namespace` must be a string")):
+        got = decode(doc)
+        assert type(got) is Rejection and got.reason == "wrong_type", got
+        assert words in got.detail
 
 
 def test_an_event_that_is_neither_says_why_as_both():

@@ -421,3 +421,53 @@ def test_an_event_holding_an_integer_beyond_64_bits_is_marked_across_the_pipe():
     assert [e.big_int for e in (decode_record(v, max_bytes=MAX) for v in (plain, big, looks_big))] == \
         [False, True, False]
     assert decode_record(big, max_bytes=MAX).doc["run"]["n"] == 2**64
+
+
+_RAISING_SITE = _KILLER_SITE.replace("os.kill(os.getpid(), signal.SIGKILL)", "raise MemoryError")
+_CANNOT_START_SITE = "import os\nos._exit(1)  # as a child that cannot import the relay\n"
+
+
+@pytest.mark.parametrize("site", [_KILLER_SITE, _RAISING_SITE], ids=["killed-by-a-signal", "memory-error"])
+def test_killing_records_each_in_a_batch_of_its_own_never_get_decoded_in_the_relay(tmp_path, monkeypatch, site):
+    """Records that kill the child, each in a poll batch of its own (light traffic, or a
+    producer retrying a huge record across polls): each first died in a fresh child, on a
+    chunk, which counted as a broken environment; after three, decoding fell back into the
+    relay for good, and the next such record was parsed in the relay itself."""
+    (tmp_path / "sitecustomize.py").write_text(site)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    good = [v for v in values() if v is not None and 0 < len(v) <= MAX][0]
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        assert type(worker.decode([good], timeout_s=30)[0]) is LineageEvent
+        got = []
+        for i in range(5):
+            killer = orjson.dumps({**orjson.loads(good), "note": f"KILLER {i}"})
+            got.append((getattr(worker.decode([killer], timeout_s=60)[0], "reason", None), worker.in_process))
+        after = worker.decode([good], timeout_s=30)[0]
+    finally:
+        worker.close()
+    assert got == [("decoder_crashed", False)] * 5
+    assert same(after, decode_record(good, max_bytes=MAX))
+
+
+def test_a_child_that_cannot_start_makes_the_relay_decode_itself_and_dead_letters_nothing(tmp_path, monkeypatch,
+                                                                                           caplog):
+    """A broken environment (the child exits at once, every time): after _MAX_FAILURES
+    children, the batches are decoded in this process, none of their records dead-lettered
+    as decoder_crashed (the children's deaths were not the records' doing)."""
+    (tmp_path / "sitecustomize.py").write_text(_CANNOT_START_SITE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    batch = [v for v in values() if v is None or len(v) <= MAX]
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        first = worker.decode(batch, timeout_s=60)
+        in_process = worker.in_process
+        second = worker.decode(batch, timeout_s=60)
+    finally:
+        worker.close()
+    assert in_process
+    for got in (first, second):
+        assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(got, batch)] == [True] * len(batch)
+    assert "decoder_crashed" not in caplog.text

@@ -699,14 +699,42 @@ def test_prime_counts_a_run_without_its_start_as_started_only_when_holds_are_for
     assert bool(decisions) is started and seq.held_count == (0 if started else 1)
 
 
-def test_prime_leaves_a_held_run_alone():
+@pytest.mark.parametrize("policy", ["forward", "dead_letter"])
+def test_a_start_the_look_back_reads_releases_a_run_held_here(policy):
+    """Cooperative-sticky assignment keeps the holds of partitions already owned: a
+    COMPLETE held here (from partition 1) waited hold_timeout_s for a START that the
+    look-back of newly assigned partition 0 proves delivered, and was dead-lettered (or
+    sent late). It now goes out at the next expire, as learn_earlier releases a hold."""
+    seq = sequencer(on_hold_timeout=policy)
+    running, complete = event(1, "RUNNING", 3, partition=1), event(1, "COMPLETE", 9, partition=1)
+    assert seq.offer(complete, 0.0) == [] and seq.offer(running, 0.0) == []
+    seq.prime(event(1, "START", partition=0), 1.0)
+    assert forwarded(seq.expire(2.0)) == [running, complete]
+    assert seq.held_count == 0 and seq.expire(61.0) == []
+    late = event(1, "RUNNING", 10, partition=1)
+    assert seq.offer(late, 62.0) == [Drop(late, AFTER_TERMINAL)]
+
+
+def test_a_held_run_the_look_back_shows_ended_has_its_held_events_dropped():
+    """The look-back read the run's START and terminal (partition 0): what is held of it
+    here came after its terminal."""
+    seq = sequencer(on_hold_timeout="dead_letter")
+    late = event(1, "RUNNING", 12, partition=1)
+    assert seq.offer(late, 0.0) == []
+    seq.prime(event(1, "COMPLETE", 9, partition=0), 1.0)  # with dead_letter, ended only once its START is read
+    assert seq.expire(2.0) == [] and seq.held_count == 1
+    seq.prime(event(1, "START", partition=0), 1.0)
+    assert seq.expire(2.0) == [Drop(late, AFTER_TERMINAL)] and seq.held_count == 0
+
+
+def test_a_held_run_primed_then_started_live_is_decided_once():
     seq = sequencer()
     held = event(1, "COMPLETE", 5)
     assert seq.offer(held, 0.0) == []
-    seq.prime(event(1, "START"), 0.0)  # (cannot happen: a held event is above the commit)
-    assert seq.held_count == 1
-    start = event(1, "START", tag="live")
-    assert forwarded(seq.offer(start, 1.0))[0] is start
+    seq.prime(event(1, "START"), 0.0)
+    start = event(1, "START", tag="live")  # offered before the next expire
+    assert forwarded(seq.offer(start, 1.0)) == [start, held]
+    assert seq.expire(2.0) == [] and seq.held_count == 0
 
 
 @pytest.mark.parametrize("policy", ["forward", "dead_letter"])
@@ -761,3 +789,48 @@ def test_learning_about_a_run_not_held_changes_nothing():
     assert forwarded(seq.offer(event(2, "START"), 0.0))
     assert seq.learn_earlier(run_id(2), finished=True, now=0.0) == []
     assert forwarded(seq.offer(event(2, "RUNNING", 1), 0.0))  # open, as it was
+
+
+# --- records `dlq redrive --to-topic` wrote back (redriven) -------------------------------
+
+
+@pytest.mark.parametrize("policy", ["forward", "dead_letter"])
+@pytest.mark.parametrize("event_type", ["COMPLETE", "RUNNING"])
+def test_a_redriven_record_of_a_forgotten_run_is_forwarded_not_held_for_its_start(policy, event_type):
+    """Its START was forwarded long before (the record was dead-lettered after it): held for
+    it, the record was dead-lettered again as hold_timeout (or sent hold_timeout_s late)."""
+    seq = sequencer(on_hold_timeout=policy)
+    redriven = event(1, event_type, 5)
+    assert seq.redriven(redriven, 0.0) == []
+    assert forwarded(seq.offer(redriven, 0.0)) == [redriven]
+    assert seq.held_count == 0 and seq.expire(100.0) == []
+
+
+def test_a_redriven_terminal_is_not_dropped_by_a_run_search_finding_its_original():
+    """The run search (learn_earlier) finds the run's START and the original COMPLETE the
+    redriven record copies (finished): the copy was held, and then dropped as after_terminal."""
+    seq = sequencer(on_hold_timeout="dead_letter")
+    seq.prime(event(1, "COMPLETE", 5), 0.0)  # the original, read back by the look-back
+    redriven = event(1, "COMPLETE", 5)
+    assert seq.redriven(redriven, 1.0) == []
+    assert forwarded(seq.offer(redriven, 1.0)) == [redriven]
+    assert seq.learn_earlier(run_id(1), finished=True, now=2.0) == []
+
+
+def test_a_redriven_terminal_releases_its_held_run_ahead_of_it():
+    seq = sequencer(on_hold_timeout="dead_letter")
+    running = event(1, "RUNNING", 3)
+    assert seq.offer(running, 0.0) == []
+    redriven = event(1, "COMPLETE", 5)
+    assert forwarded(seq.redriven(redriven, 1.0)) == [running]
+    assert forwarded(seq.offer(redriven, 1.0)) == [redriven] and seq.held_count == 0
+
+
+def test_a_redriven_terminal_of_a_known_finished_run_opens_it_again_and_a_start_begins_it_again():
+    seq = sequencer()
+    start, complete = event(1, "START"), event(1, "COMPLETE", 5)
+    assert forwarded(seq.offer(start, 0.0)) and forwarded(seq.offer(complete, 0.0))
+    assert seq.redriven(complete, 1.0) == []
+    assert forwarded(seq.offer(complete, 1.0)) == [complete]
+    assert seq.redriven(start, 2.0) == []  # its run begins again: what follows waits for it
+    assert forwarded(seq.offer(start, 2.0)) == [start]
