@@ -342,10 +342,10 @@ class CollectorLane(PartitionTakeBack):
 
     def _settled(self, event: LineageEvent) -> None:
         """``event`` reached the collector or the dead-letter topic."""
+        if self.table is not None and event.run_id is not None and self.table.delivered(event):
+            return  # its ticket settles with its run's next record (see RunStateTable.delivered)
         if event.ticket is not None:  # None: built from a held run
             event.ticket.release()
-        if self.table is not None and event.run_id is not None:
-            self.table.delivered(event)
 
     def _prepare(self, event: LineageEvent) -> bytes | None:
         """The body to send for ``event``, rewritten for this collector (the dispatcher's

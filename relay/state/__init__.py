@@ -58,12 +58,10 @@ Not guaranteed
     "too_large"}``) is written again without the run's merged facets, and if still too large,
     with its outbox left out as well (:mod:`relay.state.table`): the events read from the
     run's partition are marked (digest, offset) and their offsets not committed before they
-    are delivered, so the new owner sends their copies read again, in their places; those
-    the run built (a consolidated terminal, a merged RUNNING) are kept without their facets.
-    A restore then builds the run's events without the facets merged before that record.
-    A mark whose event is not read again (a record older than a delivery: a commit whose
-    state writes timed out) holds the run's later output until a later event of the run is
-    read from its partition. One too large even so is kept in memory only; a restart goes back
+    are delivered and a later record of the run (without the marks) is acknowledged, so the
+    new owner sends their copies read again, in their places; those the run built (a
+    consolidated terminal, a merged RUNNING) are kept without their facets. A restore then
+    builds the run's events without the facets merged before that record. One too large even so is kept in memory only; a restart goes back
     to the run's last record written. Adding input partitions needs the same number added
     to the state topic.
 

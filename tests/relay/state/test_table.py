@@ -126,10 +126,9 @@ class Lane:
 
     def deliver_all(self) -> list[str]:
         sent = [e.event_type for e, _ in self.submitted]
-        for event, _ in self.submitted:
-            if event.ticket is not None:
+        for event, _ in self.submitted:  # as CollectorLane._settled
+            if not self.table.delivered(event) and event.ticket is not None:
                 event.ticket.release()
-            self.table.delivered(event)
         self.submitted.clear()
         return sent
 
@@ -536,3 +535,51 @@ async def test_a_write_acknowledged_after_its_runs_partition_was_revoked_hands_i
         assert lane.pending == 0  # handed over, not sent from here
     finally:
         await lane.close()
+
+
+def _marked_start_delivered() -> tuple[Lane, LineageEvent, LineageEvent]:
+    """A run whose record is refused as too large twice: the record written marks its START
+    (outbox left out), which is then sent and delivered."""
+    start, complete = spark(1, running=0)
+    lane = Lane(settle_s=1.0)
+    lane.offer(start, 0.0)
+    lane.offer(complete, 0.1)  # captured: the settle window is open
+    for refused in (True, True, False):
+        for write in lane.table.take_writes(include_deliveries=True):
+            if refused:
+                lane.table.written(write, False, too_large=True)
+            else:
+                lane.changelog[write.key] = write.value
+                lane.table.written(write, True)
+    assert isinstance(orjson.loads(lane.changelog[lane.table.key(run_id(1))])["outbox"][0], list)  # a mark
+    assert complete.ticket.released == 1
+    assert lane.deliver_all() == ["START"]
+    return lane, start, complete
+
+
+def test_a_marked_event_delivered_settles_only_once_a_record_without_its_mark_is_written():
+    """The record on the topic marks the delivered START: its offset is committed only once
+    a later record of the run (without the mark) is acknowledged. It used to settle on
+    delivery; the commit's write failing (answered, not timed out), the commit passed the
+    mark, and after a crash the restored outbox waited at it for ever (the consolidated
+    COMPLETE never sent, the run kept in memory)."""
+    lane, start, _ = _marked_start_delivered()
+    assert start.ticket.released == 0
+    lane.write(ok=False)  # the commit's write fails: its offset is not committed
+    assert start.ticket.released == 0
+    # kill -9: the START is read again from the committed offset and takes the mark's place.
+    fresh = restored(lane, 100.0, settle_s=1.0)
+    copy = decode_record(start.body, max_bytes=1 << 22, source=start.source)
+    copy.ticket = Ticket()
+    fresh.offer(copy, 100.0)
+    sent = []
+    for now in range(101, 105):
+        fresh.tick(float(now))
+        fresh.write()
+        sent += fresh.deliver_all()
+    assert sent == ["START", "COMPLETE"] and copy.ticket.released == 1
+    assert fresh.table.runs == 0
+    # Without the failure: the next acknowledged record settles it.
+    lane.write()
+    assert start.ticket.released == 1
+    assert "outbox" not in orjson.loads(lane.changelog[lane.table.key(run_id(1))])
