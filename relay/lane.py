@@ -9,7 +9,8 @@ The per-run stage depends on the collector's ``mode``: ``passthrough`` orders ea
 :class:`RunConsolidator` instead (it puts the START first and nothing after the terminal
 itself), whose state a :class:`RunStateTable` makes durable (:mod:`relay.state`): what it
 forwards is sent once the state holding it is written, and a run's dedupe memory is its
-state's ``seen`` digests.
+state's ``seen`` digests; an OTHER of a finished run (forwarded in coalesce mode) goes through
+the pipeline's deduper instead, as a passthrough collector's events do: that state is gone.
 
 Every event offered to a lane takes one obligation on its offset ticket, released when
 the lane is done with it: delivered, dead-lettered, captured in durable run state, or
@@ -136,6 +137,12 @@ class CollectorLane(PartitionTakeBack):
                 event.ticket.acquire()  # settled once delivered, as any forwarded event's
                 return
             if self.table.is_duplicate(event):
+                self._metrics.deduplicated.inc()
+                return
+            if self._deduper is not None and event.event_type == "OTHER" and self._consolidator.finished(event.run_id) \
+                    and self._deduper.check_and_remember(event.digest, now, event.source):
+                # Forwarded after its run's terminal (coalesce): the run's digests went with
+                # its state, so a copy of it is caught as a passthrough collector's would be.
                 self._metrics.deduplicated.inc()
                 return
             event.ticket.acquire()

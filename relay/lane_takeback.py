@@ -47,6 +47,7 @@ class PartitionTakeBack:
             forgotten, abandoned = self.table.revoke({p for _, p in partitions})
             for event in abandoned:
                 self._dispatcher.forget_gate(event)
+            self._forget(abandoned)  # an OTHER after its run's terminal went through the deduper
         self._moved_runs = forgotten
         owned_by_revoked = self._moved(partitions)
         dropped = self._dispatcher.remove_where(owned_by_revoked)

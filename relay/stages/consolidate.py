@@ -136,6 +136,12 @@ class RunConsolidator:
         """Run ids remembered as recently finished (or expired)."""
         return len(self._known.closed)
 
+    def finished(self, run_id: str) -> bool:
+        """Whether ``run_id`` is remembered as finished (its terminal went out): an event of
+        it is dropped, or (an OTHER in coalesce mode) forwarded as itself."""
+        recent = self._known.closed.get(run_id)
+        return recent is not None and recent[1] == FINISHED
+
     @property
     def state_bytes(self) -> int:
         """Approximate JSON size of all open runs' state (walks every run: for metrics)."""

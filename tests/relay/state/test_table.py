@@ -583,3 +583,41 @@ def test_a_marked_event_delivered_settles_only_once_a_record_without_its_mark_is
     lane.write()
     assert start.ticket.released == 1
     assert "outbox" not in orjson.loads(lane.changelog[lane.table.key(run_id(1))])
+
+
+def _event(doc: dict) -> LineageEvent:
+    event = decode_record(orjson.dumps(doc), max_bytes=1 << 22, source=SourceRef("ol", 0, next(_offsets)))
+    event.ticket = Ticket()
+    return event
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "coalesce"])
+async def test_a_copy_of_an_other_after_its_runs_terminal_is_delivered_once(mode):
+    """A producer's retry of an OTHER that follows its run's terminal, read once the run's
+    final record was written (its slot and ``seen`` digests gone): the pipeline's deduper
+    catches it, as a passthrough collector's. A coalesce collector used to deliver it twice."""
+    start, complete = spark(1, running=0)
+    other = orjson.loads(complete.body)
+    other["eventType"] = "OTHER"
+    other["eventTime"] = "2024-05-01T03:00:00.000Z"
+    collector = RefusingCollector(set())
+    lane = CollectorLane(collector, CollectorConfig(name="c", url="http://127.0.0.1:9", mode=mode),
+                         pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"),
+                         dead_letters=SlowDeadLetters())
+    await lane.start()
+    try:
+        for now, event in enumerate([start, complete, _event(other), _event(other)]):
+            lane.offer(event, float(now))
+            for _ in range(3):  # written, delivered, written again (the last: final)
+                if lane.table is not None:
+                    for write in lane.table.take_writes(include_deliveries=True):
+                        lane.table.written(write, ok=True)
+                await lane.drain(5)
+            if lane.table is not None and now == 1:
+                assert lane.table.runs == 0  # the finished run's slot is gone
+        got = []
+        while not collector.got.empty():
+            got.append(orjson.loads(collector.got.get_nowait())["eventType"])
+        assert got == ["START", "COMPLETE", "OTHER"]
+    finally:
+        await lane.close()
