@@ -52,7 +52,14 @@ import orjson
 from relay.events import LineageEvent
 from relay.stages.consolidate import RunConsolidator
 from relay.stages.json_bytes import dumps, loads
-from relay.stages.run_state import built_event, doc_without_facets, read_closed_state, state_without_facets
+from relay.stages.run_state import (
+    Drop,
+    Forward,
+    built_event,
+    doc_without_facets,
+    read_closed_state,
+    state_without_facets,
+)
 
 RECORD_VERSION = 1
 _DIGEST_BYTES = 16
@@ -187,6 +194,11 @@ class RunStateTable:
         self._departing: dict[str, _Departure] = {}  # revoked runs, until departed()
         self._marked: set[str] = set()  # runs whose outbox holds marks (see refill)
         self._seq = 0
+
+    @property
+    def mode(self) -> str:
+        """The collector's delivery mode (passthrough: a table of runs saved in a former mode)."""
+        return self._consolidator.mode
 
     @property
     def runs(self) -> int:
@@ -508,9 +520,14 @@ class RunStateTable:
         for run_id in [r for r, d in self._departing.items() if d.slot.partition in partitions]:
             del self._departing[run_id]
 
-    def restore(self, run_id: str, partition: int, value: bytes, now: float) -> None:
+    def restore(self, run_id: str, partition: int, value: bytes, now: float) -> bool:
         """Take back a run from its changelog record; its outbox is sent again.
-        Raises ValueError for a record this version cannot read."""
+
+        An open run's state saved in another mode (the collector's mode changed since, to
+        passthrough too) is taken over (:meth:`RunConsolidator.take_over`): its outbox is
+        sent, then what the state held, flushed; the run goes on in the new mode, and its
+        record is written again in that mode (a tombstone in passthrough). Returns whether it
+        was. Raises ValueError for a record this version cannot read."""
         try:
             record = loads(value)  # its events' integers beyond 64 bits exact, not floats
         except orjson.JSONDecodeError as err:
@@ -518,23 +535,45 @@ class RunStateTable:
         if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:
             raise ValueError(f"run state for {run_id} is not a version {RECORD_VERSION} record")
         state = record.get("state")
-        if state is not None:
-            self._consolidator.restore(run_id, state, now)
-        self._departing.pop(run_id, None)
         outbox = [built_event(entry, now) if isinstance(entry, dict) else _read_mark(run_id, entry)
                   for entry in record.get("outbox") or ()]
+        is_open = state is not None and read_closed_state(run_id, state) is None
+        taken_over = False
+        if state is not None:
+            consolidator = self._consolidator
+            if consolidator.reads(state):
+                consolidator.restore(run_id, state, now)
+            else:
+                taken_over, is_open = is_open, False
+                for action in consolidator.take_over(run_id, state, now):
+                    if type(action) is Forward:
+                        outbox.append(action.event)  # built: no ticket
+                    elif type(action) is Drop:
+                        action.event.ticket.release()  # SETTLED: nothing to release
+        self._departing.pop(run_id, None)
         if any(type(e) is _Mark for e in outbox):
             self._marked.add(run_id)
         else:
             self._marked.discard(run_id)
-        if outbox or (state is not None and read_closed_state(run_id, state) is None):
+        if outbox or is_open or taken_over:
             slot = self._slots[run_id] = _Slot(partition, bytes.fromhex(record.get("seen") or ""))
             slot.outbox, slot.unsent = outbox or (), list(outbox) or ()
             self._closed.pop(run_id, None)
-            if outbox:
+            if outbox or taken_over:
                 self._dirty[run_id] = None  # re-sent after the next write, by the same rules
         elif state is not None:
             self._closed[run_id] = partition
+        return taken_over
+
+    @property
+    def holds_output(self) -> bool:
+        """Whether any run (here, or revoked and kept aside) has state or output."""
+        return bool(self._slots or self._departing)
+
+    @property
+    def has_marks(self) -> bool:
+        """Whether a restored outbox waits at a mark (see :meth:`refill`)."""
+        return bool(self._marked)
 
 
 def _outbox_entry(event: LineageEvent | _Mark, left_out: int | None) -> Any:
