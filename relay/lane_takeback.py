@@ -50,7 +50,7 @@ class PartitionTakeBack:
                 self._dispatcher.forget_gate(event)
             self._forget(abandoned)  # an OTHER after its run's terminal went through the deduper
         former = self.former
-        if former is not None and former.holds_output:
+        if former is not None:
             # Runs of a former mode (passthrough lanes): only their own output is taken back,
             # not the live events of those runs (the sequencer's, which are not in any state).
             _, abandoned = former.revoke({p for _, p in partitions})
