@@ -131,8 +131,8 @@ class Relay:
                 create=k.create_state_topic, producer_properties=k.producer_properties,
                 consumer_properties=k.consumer_properties, replication_factor=k.topic_replication_factor,
                 on_producer_replaced=self.metrics.producers_replaced.labels(producer="run_state").inc)
-            self.state = RunStateStore(changelog, [lane.table for lane in self.lanes if lane.table is not None],
-                                       self.metrics)
+            self.state = RunStateStore(changelog, [lane.state_table for lane in self.lanes
+                                                   if lane.state_table is not None], self.metrics)
         learners = [lane for lane in self.lanes if lane.learns_from_lookback]
         self.lookback: Lookback | None = None
         if learners and config.pipeline.lookback.max_records:

@@ -9,7 +9,8 @@ The per-run stage depends on the collector's ``mode``: ``passthrough`` orders ea
 :class:`RunConsolidator` instead (it puts the START first and nothing after the terminal
 itself), whose state a :class:`RunStateTable` makes durable (:mod:`relay.state`): what it
 forwards is sent once the state holding it is written, and a run's dedupe memory is its
-state's ``seen`` digests.
+state's ``seen`` digests; an OTHER of a finished run (forwarded in coalesce mode) goes through
+the pipeline's deduper instead, as a passthrough collector's events do: that state is gone.
 
 Every event offered to a lane takes one obligation on its offset ticket, released when
 the lane is done with it: delivered, dead-lettered, captured in durable run state, or
@@ -79,6 +80,9 @@ class CollectorLane(PartitionTakeBack):
                                                 deliver_soon=getattr(collector, "deliver_soon", None),
                                                 failed=relay_error)
         self._sequencer = self._consolidator = self.table = None
+        #: A passthrough collector's runs saved while it had another mode (restored by the
+        #: run-state store, when the relay keeps one): their output is sent, then forgotten.
+        self.former: RunStateTable | None = None
         #: Runs whose state the last revoke gave up (see _moved).
         self._moved_runs: set[str] = set()
         #: Events on their way to the dead-letter topic (by id), until it has them.
@@ -92,7 +96,9 @@ class CollectorLane(PartitionTakeBack):
                 max_finished_runs=k.max_finished_runs, finished_ttl_s=k.finished_ttl_s)
             self.table = RunStateTable(self.name, self._consolidator, self._dispatcher.submit)
             self._synthesized = 0
-        elif o.enabled:
+        else:
+            self.former = RunStateTable(self.name, RunConsolidator(mode="passthrough"), self._dispatcher.submit)
+        if config.mode == "passthrough" and o.enabled:
             self._sequencer = RunSequencer(
                 hold_timeout_s=o.hold_timeout_s, on_hold_timeout=o.on_hold_timeout,
                 max_held_events=o.max_held_events, max_tracked_runs=o.max_tracked_runs,
@@ -120,6 +126,12 @@ class CollectorLane(PartitionTakeBack):
         return held
 
     @property
+    def state_table(self) -> RunStateTable | None:
+        """The table the run-state store writes and restores: the run state of a
+        consolidated/coalesce collector, or a passthrough one's runs of a former mode."""
+        return self.table if self.table is not None else self.former
+
+    @property
     def open_runs(self) -> int:
         return self._consolidator.open_runs if self._consolidator else 0
 
@@ -138,8 +150,18 @@ class CollectorLane(PartitionTakeBack):
             if self.table.is_duplicate(event):
                 self._metrics.deduplicated.inc()
                 return
+            if self._deduper is not None and event.event_type == "OTHER" and self._consolidator.finished(event.run_id) \
+                    and self._deduper.check_and_remember(event.digest, now, event.source):
+                # Forwarded after its run's terminal (coalesce): the run's digests went with
+                # its state, so a copy of it is caught as a passthrough collector's would be.
+                self._metrics.deduplicated.inc()
+                return
             event.ticket.acquire()
             self._apply_run_actions(self._consolidator.offer(event, now))
+            return
+        former = self.former
+        if former is not None and former.has_marks and event.run_id is not None and former.refill(event):
+            event.ticket.acquire()  # left out of a record saved in a former mode: sent in its place
             return
         if self._deduper is not None and self._deduper.check_and_remember(event.digest, now, event.source):
             self._metrics.deduplicated.inc()
@@ -328,9 +350,10 @@ class CollectorLane(PartitionTakeBack):
                 self._dead_letter(event, decision.reason, decision.detail)
 
     def _dead_letter(self, event: LineageEvent, reason: str, detail: str) -> None:
-        if self.table is not None and event.run_id is not None:
+        table = self.state_table
+        if table is not None and event.run_id is not None:
             # The dispatcher lets runs waiting for it go right after this: so must the table.
-            self.table.leaving(event)
+            table.leaving(event)
         dead_lettering = self._dead_lettering
         dead_lettering[id(event)] = event
 
@@ -342,10 +365,11 @@ class CollectorLane(PartitionTakeBack):
 
     def _settled(self, event: LineageEvent) -> None:
         """``event`` reached the collector or the dead-letter topic."""
+        table = self.table if self.table is not None else self.former
+        if table is not None and event.run_id is not None and table.holds_output and table.delivered(event):
+            return  # its ticket settles with its run's next record (see RunStateTable.delivered)
         if event.ticket is not None:  # None: built from a held run
             event.ticket.release()
-        if self.table is not None and event.run_id is not None:
-            self.table.delivered(event)
 
     def _prepare(self, event: LineageEvent) -> bytes | None:
         """The body to send for ``event``, rewritten for this collector (the dispatcher's

@@ -29,6 +29,7 @@ class PartitionTakeBack:
     state it uses as declared here)."""
 
     table: RunStateTable | None
+    former: RunStateTable | None
     _dispatcher: RunOrderedDispatcher
     _sequencer: RunSequencer | None
     _run_router: RunRouter | None
@@ -47,6 +48,17 @@ class PartitionTakeBack:
             forgotten, abandoned = self.table.revoke({p for _, p in partitions})
             for event in abandoned:
                 self._dispatcher.forget_gate(event)
+            self._forget(abandoned)  # an OTHER after its run's terminal went through the deduper
+        former = self.former
+        if former is not None:
+            # Runs of a former mode (passthrough lanes): only their own output is taken back,
+            # not the live events of those runs (the sequencer's, which are not in any state).
+            _, abandoned = former.revoke({p for _, p in partitions})
+            taken = {id(event) for event in abandoned}
+            for event in abandoned:
+                self._dispatcher.forget_gate(event)
+            if taken:
+                self._dispatcher.remove_where(lambda event: id(event) in taken)
         self._moved_runs = forgotten
         owned_by_revoked = self._moved(partitions)
         dropped = self._dispatcher.remove_where(owned_by_revoked)

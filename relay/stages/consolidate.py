@@ -44,7 +44,9 @@ In both holding modes:
 
 Persistence: :meth:`~RunConsolidator.to_state` covers open runs and closed ones still
 remembered (so a restored consolidator still drops a finished run's late events); see
-:mod:`relay.stages.run_state` for the saved forms.
+:mod:`relay.stages.run_state` for the saved forms. An open run's state saved in another mode
+(the collector's mode changed since) is taken over (:meth:`~RunConsolidator.take_over`): it is
+flushed as an expiry flushes a run (``mode_changed``), and the run goes on in this mode.
 
 Not guaranteed: order across runs beyond parent-first; durability (persist ``to_state``
 before settling released tickets). A RunEvent without ``eventType`` counts as OTHER.
@@ -86,6 +88,7 @@ MissingStartPolicy = Literal["synthesize", "forward"]
 AFTER_TERMINAL = "after_terminal"
 RUN_TTL = "run_ttl"
 MAX_OPEN_RUNS = "max_open_runs"
+MODE_CHANGED = "mode_changed"
 # Event types that never reach a collector after their run's terminal (OTHER may).
 _NOT_AFTER_TERMINAL = frozenset({"START", "RUNNING", *TERMINAL_TYPES})
 
@@ -135,6 +138,12 @@ class RunConsolidator:
     def finished_runs(self) -> int:
         """Run ids remembered as recently finished (or expired)."""
         return len(self._known.closed)
+
+    def finished(self, run_id: str) -> bool:
+        """Whether ``run_id`` is remembered as finished (its terminal went out): an event of
+        it is dropped, or (an OTHER in coalesce mode) forwarded as itself."""
+        recent = self._known.closed.get(run_id)
+        return recent is not None and recent[1] == FINISHED
 
     @property
     def state_bytes(self) -> int:
@@ -283,6 +292,41 @@ class RunConsolidator:
         self._gate.rejoin(run)
         for deadline in run.deadlines(self._timeout_s, self._hold_s):
             self._known.push(deadline, run_id)
+
+    def reads(self, state: Any) -> bool:
+        """Whether :meth:`restore` takes ``state`` as it is: a closed run's, or an open run's
+        saved in this mode; else it is :meth:`take_over`'s (saved in another mode)."""
+        if self.mode == "passthrough":
+            return False
+        if not isinstance(state, dict) or "closed" in state:
+            return True  # restore reads it, or says why it cannot
+        return (state.get("merged") is not None) == (self.mode == "consolidated")
+
+    def take_over(self, run_id: str, state: dict[str, Any], now: float) -> list[Action]:
+        """A run's state saved while the collector had another mode (:meth:`reads` is False):
+        what it holds is flushed as :meth:`tick` flushes an expired run (``mode_changed``):
+        its START if none went out (the held one, else synthesized unless the policy is
+        ``forward``); consolidated: the consolidated terminal if one was seen, else the merged
+        view as one RUNNING if anything was folded in since the START; coalesce: the held
+        events by eventTime and the pending merged RUNNING. The run is then remembered as
+        finished, or as expired open (its later events go on in this mode without another
+        START); passthrough remembers nothing. A closed run's state is restored as it is
+        (nothing in passthrough). Raises ValueError for a state no mode can read."""
+        if read_closed_state(run_id, state) is not None:
+            if self.mode != "passthrough":
+                self.restore(run_id, state, now)
+            return []
+        saved: Mode = "consolidated" if isinstance(state, dict) and state.get("merged") is not None else "coalesce"
+        former = RunConsolidator(mode=saved, on_missing_start="synthesize" if self._gate.synthesize else "forward")
+        former.restore(run_id, state, now)
+        out = former._expire(former._known.open[run_id], now, MODE_CHANGED,
+                             f"state saved in {saved} mode, the collector's mode is now {self.mode}")
+        self.runs_expired += 1
+        outcome = former._known.closed[run_id][1]
+        self.forget(run_id)
+        if self.mode != "passthrough":
+            self._known.remember_closed(run_id, outcome, now)
+        return out
 
     def forget(self, run_id: str) -> dict[str, Any] | None:
         """Drop an open or remembered closed run without emitting anything (e.g. its

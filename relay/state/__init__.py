@@ -46,6 +46,17 @@ Rebalancing
     partition's runs are forgotten. On a lost partition (session timeout) nothing is
     written: another member may already own it.
 
+Mode changes
+    A record of an open run saved in another mode than its collector's now (consolidated and
+    coalesce either way, or either to passthrough) is taken over when it is restored
+    (``run_state_mode_changed`` logged, per collector and partition): its outbox is sent, then
+    what its state held, flushed as an expired run's (its START if none went out; the
+    consolidated terminal if one was seen, else the merged view as a RUNNING; the held events
+    and the merged RUNNING), and the run goes on in the new mode (no second START; finished
+    after a terminal). Its record is written again in the new mode; a passthrough
+    collector's (:attr:`~relay.lane.CollectorLane.former`) is tombstoned once its output is
+    delivered.
+
 Not guaranteed
     Runs whose events arrive on several input partitions are owned by the first one's
     partition only. When that partition is revoked, the run's events read from another
@@ -58,14 +69,18 @@ Not guaranteed
     "too_large"}``) is written again without the run's merged facets, and if still too large,
     with its outbox left out as well (:mod:`relay.state.table`): the events read from the
     run's partition are marked (digest, offset) and their offsets not committed before they
-    are delivered, so the new owner sends their copies read again, in their places; those
-    the run built (a consolidated terminal, a merged RUNNING) are kept without their facets.
-    A restore then builds the run's events without the facets merged before that record.
-    A mark whose event is not read again (a record older than a delivery: a commit whose
-    state writes timed out) holds the run's later output until a later event of the run is
-    read from its partition. One too large even so is kept in memory only; a restart goes back
-    to the run's last record written. Adding input partitions needs the same number added
-    to the state topic.
+    are delivered and a later record of the run (without the marks) is acknowledged, so the
+    new owner sends their copies read again, in their places; those the run built (a
+    consolidated terminal, a merged RUNNING) are kept without their facets. A restore then
+    builds the run's events without the facets merged before that record. One too large
+    even so is kept in memory only; a restart goes back to the run's last record written.
+    Adding input partitions needs the same number added to the state topic.
+
+    The state topic is read only while some collector is consolidated/coalesce: with the
+    last of them switched to passthrough, the output its open runs had still to send stays
+    on the topic, unsent. A passthrough collector's ordering does not learn that a run's
+    START went out from such a record: the run's later events wait for it up to
+    ``ordering.hold_timeout_s``.
 
     No fencing: a replica that lost a partition without knowing it yet (cut off from the
     group coordinator while still reaching the partition leaders, or frozen for longer than

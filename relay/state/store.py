@@ -1,5 +1,6 @@
-"""The relay's run-state store: every stateful collector's :class:`RunStateTable` written to,
-and restored from, one :class:`RunStateChangelog`. See :mod:`relay.state` for the design."""
+"""The relay's run-state store: every collector's :class:`RunStateTable` written to, and
+restored from, one :class:`RunStateChangelog` (a passthrough collector's holds only runs saved
+while it had another mode, until their output is delivered). See :mod:`relay.state`."""
 
 from __future__ import annotations
 
@@ -107,15 +108,17 @@ class RunStateStore:
         for partition in partitions:
             records = await self.changelog.read_partition(partition)
             restored: Counter[str] = Counter()
+            taken_over: Counter[str] = Counter()
             unknown = unreadable = 0
             for key, value in records.items():
                 collector, _, run_id = key.decode("utf-8", "replace").partition("/")
                 table = self._tables.get(collector)
                 if table is None or not run_id:
-                    unknown += 1  # a collector no longer configured (or not stateful any more)
+                    unknown += 1  # a collector no longer configured
                     continue
                 try:
-                    table.restore(run_id, partition, value, now)
+                    if table.restore(run_id, partition, value, now):
+                        taken_over[collector] += 1
                 except Exception as err:  # noqa: BLE001 - one record must not stop the relay at every start
                     unreadable += 1
                     log_event(log, logging.WARNING, "run_state_unreadable", key=key.decode("utf-8", "replace"),
@@ -124,6 +127,10 @@ class RunStateStore:
                 restored[collector] += 1
             for collector, count in restored.items():
                 self._metrics.runs_restored.labels(collector=collector).inc(count)
+            for collector, count in taken_over.items():
+                # Open runs saved in the collector's former mode: flushed, then on in its mode now.
+                log_event(log, logging.WARNING, "run_state_mode_changed", collector=collector, partition=partition,
+                          runs=count, mode=self._tables[collector].mode)
             log_event(log, logging.INFO, "run_state_restored", partition=partition, runs=sum(restored.values()),
                       unknown_collector=unknown, unreadable=unreadable)
 

@@ -31,9 +31,10 @@ Contract (see :mod:`relay.state` for the design):
   again reduced: the run's records leave out its merged facets, and if that is still too
   large, the events of its outbox read from the input topic (sent as themselves) too, and
   the facets of those it built. A left-out event is marked in its place (its digest and
-  source offset); its ticket is settled only once it is delivered (or dead-lettered), as
-  any forwarded event's, so its offset is not committed before: after a crash its copy read
-  again takes the mark's place in the restored outbox (:meth:`refill`) and is sent in
+  source offset); its ticket is settled only once it is delivered (or dead-lettered) and a
+  record of its run made after that (without the mark) is acknowledged, so its offset is
+  not committed while the topic's record may still hold the mark: after a crash its copy
+  read again takes the mark's place in the restored outbox (:meth:`refill`) and is sent in
   order; a mark of which a later event of the run and partition is read again was delivered
   (its offset committed), and is dropped. One refused even so is kept in memory only (settled as
   if written). No record ever lists as unsent an event that a later record showed delivered.
@@ -51,7 +52,14 @@ import orjson
 from relay.events import LineageEvent
 from relay.stages.consolidate import RunConsolidator
 from relay.stages.json_bytes import dumps, loads
-from relay.stages.run_state import built_event, doc_without_facets, read_closed_state, state_without_facets
+from relay.stages.run_state import (
+    Drop,
+    Forward,
+    built_event,
+    doc_without_facets,
+    read_closed_state,
+    state_without_facets,
+)
 
 RECORD_VERSION = 1
 _DIGEST_BYTES = 16
@@ -102,6 +110,16 @@ def _by_seq(write: StateWrite) -> int:
     return write.seq
 
 
+def _keep_marked_ticket(slot: _Slot, event: LineageEvent) -> bool:
+    """Whether delivered ``event`` is one a record of ``slot``'s run marks: its ticket then
+    waits for the run's next acknowledged write (see :meth:`RunStateTable.delivered`)."""
+    if not slot.marked or not any(e is event for e in slot.marked):
+        return False
+    slot.marked = [e for e in slot.marked if e is not event] or ()
+    slot.waiters = [*slot.waiters, event.ticket]
+    return True
+
+
 def _remember(slot: _Slot, digest: bytes) -> None:
     seen = slot.seen + digest
     slot.seen = seen if len(seen) <= SEEN_MAX * _DIGEST_BYTES else seen[-SEEN_MAX * _DIGEST_BYTES:]
@@ -111,7 +129,7 @@ class _Slot:
     """What the table keeps per run beside the consolidator's own state. The queues are
     ``()`` while empty (most runs, most of the time: a list per run adds up)."""
 
-    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing", "carried", "reduced")
+    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing", "carried", "reduced", "marked")
 
     def __init__(self, partition: int, seen: bytes = b"") -> None:
         self.partition = partition
@@ -124,6 +142,9 @@ class _Slot:
         # settle and go out, first, when it is acknowledged (see written()).
         self.carried: list[StateWrite] | tuple = ()
         self.reduced = WHOLE  # what its records leave out, since one was refused as too large
+        # Outbox events a record written (or being written) marks instead of holding: the
+        # topic's record may still show them unsent; see delivered().
+        self.marked: list[LineageEvent] | tuple = ()
 
 
 class _Mark:
@@ -173,6 +194,11 @@ class RunStateTable:
         self._departing: dict[str, _Departure] = {}  # revoked runs, until departed()
         self._marked: set[str] = set()  # runs whose outbox holds marks (see refill)
         self._seq = 0
+
+    @property
+    def mode(self) -> str:
+        """The collector's delivery mode (passthrough: a table of runs saved in a former mode)."""
+        return self._consolidator.mode
 
     @property
     def runs(self) -> int:
@@ -231,6 +257,7 @@ class RunStateTable:
         if event not in slot.outbox:
             return False
         _remember(slot, event.digest)
+        slot.marked = [*slot.marked, event]  # the restored record marks it still
         return True
 
     def captured(self, event: LineageEvent) -> None:
@@ -265,18 +292,27 @@ class RunStateTable:
         if slot is not None and event in slot.outbox:
             self._leaving[id(event)] = event
 
-    def delivered(self, event: LineageEvent) -> None:
-        """``event`` reached the collector, or the dead-letter topic: out of the outbox."""
+    def delivered(self, event: LineageEvent) -> bool:
+        """``event`` reached the collector, or the dead-letter topic: out of the outbox.
+
+        True when the table keeps its ticket (the caller must not release it): a record of
+        its run marks it (written, or being written, with the outbox left out), and a
+        restore of that record would wait at the mark for the event read again; its offset
+        is therefore committed only once a later record of the run, made after the
+        delivery (without the mark), is acknowledged: the ticket goes with that write."""
         self._leaving.pop(id(event), None)
         slot = self._slots.get(event.run_id)
         if slot is not None and event in slot.outbox:
             slot.outbox = [e for e in slot.outbox if e is not event] or ()
             (self._dirty if slot.unsent else self._delivered)[event.run_id] = None
-        elif self._departing:
+            return _keep_marked_ticket(slot, event)
+        if self._departing:
             departure = self._departing.get(event.run_id)
             if departure is not None and event in departure.slot.outbox:  # delivered while its run leaves
                 departure.slot.outbox = [e for e in departure.slot.outbox if e is not event] or ()
                 departure.changed = True
+                return _keep_marked_ticket(departure.slot, event)
+        return False
 
     def _send(self, event: LineageEvent) -> None:
         after = None
@@ -346,6 +382,11 @@ class RunStateTable:
                 left_out = slot.partition if reduced == OUTBOX_LEFT_OUT else None
                 record["outbox"] = [_outbox_entry(event, left_out) for event in outbox]
             value = orjson.dumps(record)
+        if outbox and slot.reduced == OUTBOX_LEFT_OUT:
+            partition, marked = slot.partition, slot.marked
+            slot.marked = [*marked, *(e for e in outbox if type(e) is not _Mark and e.ticket is not None
+                                      and e.source is not None and e.source.partition == partition
+                                      and not any(m is e for m in marked))] or ()
         self._seq += 1
         write = StateWrite(slot.partition, self.key(run_id), value, run_id, slot, slot.waiters, to_send, final,
                            self._seq, reduced=slot.reduced)
@@ -479,9 +520,14 @@ class RunStateTable:
         for run_id in [r for r, d in self._departing.items() if d.slot.partition in partitions]:
             del self._departing[run_id]
 
-    def restore(self, run_id: str, partition: int, value: bytes, now: float) -> None:
+    def restore(self, run_id: str, partition: int, value: bytes, now: float) -> bool:
         """Take back a run from its changelog record; its outbox is sent again.
-        Raises ValueError for a record this version cannot read."""
+
+        An open run's state saved in another mode (the collector's mode changed since, to
+        passthrough too) is taken over (:meth:`RunConsolidator.take_over`): its outbox is
+        sent, then what the state held, flushed; the run goes on in the new mode, and its
+        record is written again in that mode (a tombstone in passthrough). Returns whether it
+        was. Raises ValueError for a record this version cannot read."""
         try:
             record = loads(value)  # its events' integers beyond 64 bits exact, not floats
         except orjson.JSONDecodeError as err:
@@ -489,23 +535,45 @@ class RunStateTable:
         if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:
             raise ValueError(f"run state for {run_id} is not a version {RECORD_VERSION} record")
         state = record.get("state")
-        if state is not None:
-            self._consolidator.restore(run_id, state, now)
-        self._departing.pop(run_id, None)
         outbox = [built_event(entry, now) if isinstance(entry, dict) else _read_mark(run_id, entry)
                   for entry in record.get("outbox") or ()]
+        is_open = state is not None and read_closed_state(run_id, state) is None
+        taken_over = False
+        if state is not None:
+            consolidator = self._consolidator
+            if consolidator.reads(state):
+                consolidator.restore(run_id, state, now)
+            else:
+                taken_over, is_open = is_open, False
+                for action in consolidator.take_over(run_id, state, now):
+                    if type(action) is Forward:
+                        outbox.append(action.event)  # built: no ticket
+                    elif type(action) is Drop:
+                        action.event.ticket.release()  # SETTLED: nothing to release
+        self._departing.pop(run_id, None)
         if any(type(e) is _Mark for e in outbox):
             self._marked.add(run_id)
         else:
             self._marked.discard(run_id)
-        if outbox or (state is not None and read_closed_state(run_id, state) is None):
+        if outbox or is_open or taken_over:
             slot = self._slots[run_id] = _Slot(partition, bytes.fromhex(record.get("seen") or ""))
             slot.outbox, slot.unsent = outbox or (), list(outbox) or ()
             self._closed.pop(run_id, None)
-            if outbox:
+            if outbox or taken_over:
                 self._dirty[run_id] = None  # re-sent after the next write, by the same rules
         elif state is not None:
             self._closed[run_id] = partition
+        return taken_over
+
+    @property
+    def holds_output(self) -> bool:
+        """Whether any run (here, or revoked and kept aside) has state or output."""
+        return bool(self._slots or self._departing)
+
+    @property
+    def has_marks(self) -> bool:
+        """Whether a restored outbox waits at a mark (see :meth:`refill`)."""
+        return bool(self._marked)
 
 
 def _outbox_entry(event: LineageEvent | _Mark, left_out: int | None) -> Any:

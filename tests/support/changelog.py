@@ -15,6 +15,7 @@ class CompactedTopic:
 
     def __init__(self, max_record_bytes: int | None = None) -> None:
         self.records: dict[bytes, bytes | None] = {}
+        self.partition_of: dict[bytes, int] = {}
         self.writes = 0
         self.unacked = 0
         self._max = max_record_bytes
@@ -30,6 +31,7 @@ class CompactedTopic:
         def answer() -> None:
             if status == OK:
                 self.records[key] = value
+                self.partition_of[key] = partition
             self.unacked -= 1
             if not self.unacked:
                 self._idle.set()
@@ -42,3 +44,8 @@ class CompactedTopic:
             return True
         except asyncio.TimeoutError:
             return False
+
+    async def read_partition(self, partition: int) -> dict[bytes, bytes]:
+        """The partition's records, tombstones left out (as compaction leaves them, read back)."""
+        return {key: value for key, value in self.records.items()
+                if value is not None and self.partition_of.get(key, 0) == partition}

@@ -20,7 +20,9 @@ from relay.sinks.base import Undeliverable
 from relay.sinks.config import CollectorConfig
 from relay.stages.consolidate import RunConsolidator
 from relay.stages.decode import decode_record
+from relay.state.store import RunStateStore
 from relay.state.table import RunStateTable
+from tests.support.changelog import CompactedTopic
 
 T0 = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
 _offsets = iter(range(1 << 30))
@@ -126,10 +128,9 @@ class Lane:
 
     def deliver_all(self) -> list[str]:
         sent = [e.event_type for e, _ in self.submitted]
-        for event, _ in self.submitted:
-            if event.ticket is not None:
+        for event, _ in self.submitted:  # as CollectorLane._settled
+            if not self.table.delivered(event) and event.ticket is not None:
                 event.ticket.release()
-            self.table.delivered(event)
         self.submitted.clear()
         return sent
 
@@ -536,3 +537,181 @@ async def test_a_write_acknowledged_after_its_runs_partition_was_revoked_hands_i
         assert lane.pending == 0  # handed over, not sent from here
     finally:
         await lane.close()
+
+
+def _marked_start_delivered() -> tuple[Lane, LineageEvent, LineageEvent]:
+    """A run whose record is refused as too large twice: the record written marks its START
+    (outbox left out), which is then sent and delivered."""
+    start, complete = spark(1, running=0)
+    lane = Lane(settle_s=1.0)
+    lane.offer(start, 0.0)
+    lane.offer(complete, 0.1)  # captured: the settle window is open
+    for refused in (True, True, False):
+        for write in lane.table.take_writes(include_deliveries=True):
+            if refused:
+                lane.table.written(write, False, too_large=True)
+            else:
+                lane.changelog[write.key] = write.value
+                lane.table.written(write, True)
+    assert isinstance(orjson.loads(lane.changelog[lane.table.key(run_id(1))])["outbox"][0], list)  # a mark
+    assert complete.ticket.released == 1
+    assert lane.deliver_all() == ["START"]
+    return lane, start, complete
+
+
+def test_a_marked_event_delivered_settles_only_once_a_record_without_its_mark_is_written():
+    """The record on the topic marks the delivered START: its offset is committed only once
+    a later record of the run (without the mark) is acknowledged. It used to settle on
+    delivery; the commit's write failing (answered, not timed out), the commit passed the
+    mark, and after a crash the restored outbox waited at it for ever (the consolidated
+    COMPLETE never sent, the run kept in memory)."""
+    lane, start, _ = _marked_start_delivered()
+    assert start.ticket.released == 0
+    lane.write(ok=False)  # the commit's write fails: its offset is not committed
+    assert start.ticket.released == 0
+    # kill -9: the START is read again from the committed offset and takes the mark's place.
+    fresh = restored(lane, 100.0, settle_s=1.0)
+    copy = decode_record(start.body, max_bytes=1 << 22, source=start.source)
+    copy.ticket = Ticket()
+    fresh.offer(copy, 100.0)
+    sent = []
+    for now in range(101, 105):
+        fresh.tick(float(now))
+        fresh.write()
+        sent += fresh.deliver_all()
+    assert sent == ["START", "COMPLETE"] and copy.ticket.released == 1
+    assert fresh.table.runs == 0
+    # Without the failure: the next acknowledged record settles it.
+    lane.write()
+    assert start.ticket.released == 1
+    assert "outbox" not in orjson.loads(lane.changelog[lane.table.key(run_id(1))])
+
+
+def _event(doc: dict) -> LineageEvent:
+    event = decode_record(orjson.dumps(doc), max_bytes=1 << 22, source=SourceRef("ol", 0, next(_offsets)))
+    event.ticket = Ticket()
+    return event
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "coalesce"])
+async def test_a_copy_of_an_other_after_its_runs_terminal_is_delivered_once(mode):
+    """A producer's retry of an OTHER that follows its run's terminal, read once the run's
+    final record was written (its slot and ``seen`` digests gone): the pipeline's deduper
+    catches it, as a passthrough collector's. A coalesce collector used to deliver it twice."""
+    start, complete = spark(1, running=0)
+    other = orjson.loads(complete.body)
+    other["eventType"] = "OTHER"
+    other["eventTime"] = "2024-05-01T03:00:00.000Z"
+    collector = RefusingCollector(set())
+    lane = CollectorLane(collector, CollectorConfig(name="c", url="http://127.0.0.1:9", mode=mode),
+                         pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"),
+                         dead_letters=SlowDeadLetters())
+    await lane.start()
+    try:
+        for now, event in enumerate([start, complete, _event(other), _event(other)]):
+            lane.offer(event, float(now))
+            for _ in range(3):  # written, delivered, written again (the last: final)
+                if lane.table is not None:
+                    for write in lane.table.take_writes(include_deliveries=True):
+                        lane.table.written(write, ok=True)
+                await lane.drain(5)
+            if lane.table is not None and now == 1:
+                assert lane.table.runs == 0  # the finished run's slot is gone
+        got = []
+        while not collector.got.empty():
+            got.append(orjson.loads(collector.got.get_nowait())["eventType"])
+        assert got == ["START", "COMPLETE", "OTHER"]
+    finally:
+        await lane.close()
+
+
+def _open_consolidated_run() -> tuple[Lane, list[LineageEvent]]:
+    """A consolidated run whose START is written (in its record's outbox) but not delivered,
+    and whose RUNNING (a progress facet) is captured, its offset committable: the relay is
+    then killed, and its collector's mode changed."""
+    start, running, complete = events = spark(1)
+    doc = orjson.loads(running.body)
+    doc["run"]["facets"]["progress"] = {"_producer": "https://example.com", "_schemaURL":
+                                        "https://example.com/P.json#/$defs/P", "percent": 50}
+    events[1] = running = decode_record(orjson.dumps(doc), max_bytes=1 << 22, source=running.source)
+    running.ticket = Ticket()
+    lane = Lane("consolidated")
+    lane.offer(start, 0.0)
+    lane.offer(running, 0.5)
+    lane.write()
+    assert [e.event_type for e, _ in lane.submitted] == ["START"] and running.ticket.released == 1
+    return lane, events
+
+
+def test_a_run_saved_in_consolidated_mode_is_flushed_then_goes_on_in_coalesce_mode():
+    """The collector's mode changed to coalesce: its open run's record was refused whole
+    (run_state_unreadable), its undelivered START never sent and the facets captured from
+    the RUNNING lost. The outbox goes out, then the merged view (the RUNNING it stands for);
+    the run then goes on in coalesce mode, without a second START."""
+    lane, (start, _, complete) = _open_consolidated_run()
+    fresh = Lane("coalesce")
+    fresh.table.restore(run_id(1), 0, lane.changelog[lane.table.key(run_id(1))], now=100.0)
+    fresh.write()
+    sent = [e for e, _ in fresh.submitted]
+    assert [e.event_type for e in sent] == ["START", "RUNNING"]
+    assert orjson.loads(sent[0].body) == orjson.loads(start.body)
+    assert sent[1].doc["run"]["facets"]["progress"]["percent"] == 50
+    fresh.deliver_all()
+    fresh.write()
+    assert orjson.loads(fresh.changelog[fresh.table.key(run_id(1))])["state"]["closed"] == "emitted"
+    late = decode_record(complete.body, max_bytes=1 << 22, source=complete.source)
+    late.ticket = Ticket()
+    fresh.offer(late, 101.0)
+    fresh.write()
+    assert fresh.deliver_all() == ["COMPLETE"]
+
+
+def test_a_run_saved_in_coalesce_mode_is_flushed_then_goes_on_in_consolidated_mode():
+    start, running, complete = spark(1)
+    lane = Lane("coalesce")
+    lane.offer(start, 0.0)
+    lane.offer(running, 0.5)  # merged, held for coalesce_window_s
+    lane.write()
+    assert lane.deliver_all() == ["START"]
+    lane.write()
+    fresh = Lane("consolidated", settle_s=1.0)
+    assert fresh.table.restore(run_id(1), 0, lane.changelog[lane.table.key(run_id(1))], now=100.0)
+    fresh.write()
+    assert fresh.deliver_all() == ["RUNNING"]  # the merged RUNNING it held
+    late = decode_record(complete.body, max_bytes=1 << 22, source=complete.source)
+    late.ticket = Ticket()
+    fresh.offer(late, 102.0)
+    fresh.tick(104.0)
+    fresh.write()
+    assert fresh.deliver_all() == ["COMPLETE"]  # consolidated now, without a second START
+
+
+async def test_a_run_saved_before_its_collector_became_passthrough_is_flushed_and_forgotten(caplog):
+    """Switched to passthrough: the run's record was skipped as of an unknown collector. The
+    passthrough lane's table of former runs sends its outbox and the merged view, then
+    tombstones the record."""
+    lane, _ = _open_consolidated_run()
+    topic = CompactedTopic()
+    topic.records.update(lane.changelog)
+    collector = RefusingCollector(set())
+    passthrough = CollectorLane(collector, CollectorConfig(name="c", url="http://127.0.0.1:9", mode="passthrough"),
+                                pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"),
+                                dead_letters=SlowDeadLetters())
+    store = RunStateStore(topic, [passthrough.state_table], RelayMetrics())
+    await passthrough.start()
+    try:
+        await store.restore([0], 100.0)
+        for _ in range(3):
+            await store.settle(5)
+            await passthrough.drain(5)
+        got = []
+        while not collector.got.empty():
+            got.append(orjson.loads(collector.got.get_nowait()))
+        assert [d["eventType"] for d in got] == ["START", "RUNNING"]
+        assert got[1]["run"]["facets"]["progress"]["percent"] == 50
+        assert topic.records[lane.table.key(run_id(1))] is None  # tombstoned
+        assert passthrough.state_table.runs == 0
+        assert any(r.getMessage() == "run_state_mode_changed" for r in caplog.records)
+        assert not any(r.getMessage() == "run_state_unreadable" for r in caplog.records)
+    finally:
+        await passthrough.close()
