@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from yarl import URL
 
 from relay.sinks.retry import CollectorRecord
+
+if TYPE_CHECKING:
+    from relay.sinks.auth import AnswerScrubber
 
 #: How much of an answer's body a detail quotes.
 SNIPPET = 300
@@ -35,8 +39,13 @@ class Retriable(Exception):
         self.request = request
 
 
-def no_answer(err: BaseException) -> Retriable:
-    return Retriable(f"{type(err).__name__}: {err}", None, None)
+def no_answer(err: BaseException, scrubber: AnswerScrubber) -> Retriable:
+    """No (readable) answer: ``err`` as a detail, scrubbed as quotes of answers are. A
+    malformed answer is one: aiohttp's parser error quotes its raw bytes (``Invalid header
+    token: b'X Echo: Bearer <token>'``), and a gateway echoing the request puts the
+    credentials there; the detail goes into delivery_retry lines and dead letters. Scrubbed
+    as cut short: aiohttp may quote only the start of a line."""
+    return Retriable(scrubber.text(f"{type(err).__name__}: {err}", cut=True), None, None)
 
 
 @dataclass(slots=True)
