@@ -334,6 +334,38 @@ def test_a_name_holding_a_secret_word_goes_unless_a_list_of_ones_own_says_otherw
     assert custom["dataset"]["namespace"] == "https://api.example.com/v1?tokenizer=bert&mypass=y"
 
 
+def test_credentials_in_producer_and_schema_urls_are_stripped_too() -> None:
+    """The event's producer and schemaURL and every facet's _producer and _schemaURL are
+    never masked (mask_keys), but they are strings of the event like any other: a URL there
+    loses its credentials, and stays a URI (the spec's format for them)."""
+    doc = run_events()[0]
+    doc["producer"] = "https://ci:S3cret1@git.example.com/OpenLineage/x"
+    doc["schemaURL"] = doc["schemaURL"] + "?token=S3cret0"
+    doc["run"]["facets"]["custom"] = {"_producer": "https://ghp_S3cret2@github.com/x",
+                                      "_schemaURL": "https://h.example.com/s.json?token=S3cret3#/$defs/Custom",
+                                      "v": "postgres://u:S3cret4@db/x"}
+    doc["inputs"][0]["facets"]["dataSource"]["_producer"] = "https://u:S3cret5@git.example.com/y"
+    before = copy.deepcopy(doc)
+    for r in (rewriter(redact_credentials=True), rewriter(redact_credentials=True, mask_keys=["_*"])):
+        out = apply_ok(r, doc)
+        assert "S3cret" not in orjson.dumps(out).decode()
+        assert out["producer"] == "https://git.example.com/OpenLineage/x"
+        assert out["schemaURL"] == before["schemaURL"].removesuffix("?token=S3cret0")
+        assert out["run"]["facets"]["custom"]["_producer"] == "https://github.com/x"
+        assert out["run"]["facets"]["custom"]["_schemaURL"] == "https://h.example.com/s.json#/$defs/Custom"
+        assert out["inputs"][0]["facets"]["dataSource"]["_producer"] == "https://git.example.com/y"
+    assert doc == before
+    dataset = dataset_event("postgres://db:5432", "sales.orders", event_time=START)
+    dataset["producer"] = "https://ghp_S3cret6@github.com/x"
+    assert apply_ok(rewriter(redact_credentials=True), dataset)["producer"] == "https://github.com/x"
+
+
+def test_an_event_without_credentials_is_forwarded_byte_for_byte_with_redaction_on() -> None:
+    doc = run_events()[0]
+    original = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    assert rewriter(redact_credentials=True).apply(doc, original=original).body is original
+
+
 # -- dropping and masking ------------------------------------------------------------
 
 
