@@ -29,14 +29,15 @@ and ``schemaURL`` (a facet's ``_producer`` and ``_schemaURL`` too, which ``mask_
 never masks: a producer's URL may hold a token):
 
 * ``scheme://user:password@host`` loses ``user:password@``, whatever follows the host (user
-  and password may hold ``@``, ``/`` and ``'``; see :mod:`relay.stages.redact`), and Oracle's
+  and password may hold ``@``, ``/``, ``'`` and ``://``; see :mod:`relay.stages.redact`), and Oracle's
   ``jdbc:oracle:thin:user/password@host`` loses ``user/password``. Userinfo without a
   password is kept (the naming conventions use it for Azure:
   ``abfss://container@account.dfs...``), except over http(s), where
   ``https://<token>@github.com`` is a credential.
 * Query, fragment or ``;`` parameters named in ``secret_query_params`` (case-insensitive
   globs: by default any name holding password, pwd, secret, token, signature...) are
-  removed, e.g. ``?sv=...&sig=...`` (Azure SAS: its short names only beside a ``sig``),
+  removed (a value runs past a ``'`` unless it can close a quoted URL), e.g.
+  ``?sv=...&sig=...`` (Azure SAS: its short names only beside a ``sig``),
   ``X-Amz-Signature``, JDBC ``password=`` (braced values too), ``#access_token=``; only the
   query or fragment a parameter was removed from is tidied up.
 * Not caught: secrets in dict keys, URL-encoded separators, credentials without a URI shape.

@@ -166,6 +166,10 @@ URIS_WITH_SECRETS = [
     # A password holding "'" (RFC 3986 allows it raw in userinfo; generated passwords hold it).
     ("postgres://app:ab'S3cret@db:5432/sales", "postgres://db:5432/sales", ["ab'S3cret", "S3cret"]),
     ("jdbc:mysql://app:S3cret'x@db/x", "jdbc:mysql://db/x", ["S3cret"]),
+    # ... and a secret parameter's value: it was cut there, the rest of it sent on.
+    ("jdbc:postgresql://db/x?password=ab'S3cret&ssl=true", "jdbc:postgresql://db/x?ssl=true", ["S3cret"]),
+    # A password holding "://": it was taken for the start of another URL, and kept whole.
+    ("postgres://etl:S3c://R3t@db:5432/sales", "postgres://db:5432/sales", ["S3c", "R3t"]),
     # Parameters whose names hold a secret word (Trino, pgjdbc, BigQuery, Snowflake, MySQL, Azure).
     ("jdbc:trino://trino:443/hive?user=u&accessToken=S3cret", "jdbc:trino://trino:443/hive?user=u", ["S3cret"]),
     ("jdbc:postgresql://db/x?user=u&sslpassword=S3cret", "jdbc:postgresql://db/x?user=u", ["S3cret"]),
@@ -297,6 +301,20 @@ def test_strings_without_credentials_are_kept(text: str) -> None:
     ("postgres://u:S3cret@db:{port}/x", "postgres://db:{port}/x"),
     ("postgres://u:S3cret@db\u200b/x", "postgres://db\u200b/x"),
     ("1postgres://u:S3cret@db/x", "1postgres://db/x"),
+    # A secret parameter's value runs past a quote, except one that can close a quoted URL.
+    ("https://h/p?password=ab'S3cret&x=1", "https://h/p?x=1"),
+    ("https://h/p?password=ab''S3cret", "https://h/p"),
+    ("SELECT * FROM t WHERE url='https://h/p?password=S3cret' AND id=1",
+     "SELECT * FROM t WHERE url='https://h/p' AND id=1"),
+    ("IN ('https://h/p?token=S3cret','https://h/q?a=1&token=it''s')", "IN ('https://h/p','https://h/q?a=1')"),
+    ("f('https://h/p?token=S3cret')", "f('https://h/p')"),
+    # Another URL after "://" past the userinfo's ':' is the password's only with an '@' after
+    # it; one after a host and port (a list of URLs) is not.
+    ("http://h:8080,postgres://u:S3cret@db/x", "http://h:8080,postgres://db/x"),
+    ("kafka://b1:9092,b2:9092,postgres://u:S3cret@db/x", "kafka://b1:9092,b2:9092,postgres://db/x"),
+    ("http://a.example,postgres://u:S3cret@db/x", "http://a.example,postgres://db/x"),
+    ("postgres://u:S3c://R3t@db/x and mysql://v:S3c2@db2/y", "postgres://db/x and mysql://db2/y"),
+    ("http://u:S3c://R3t@h/x,postgres://v:S3c2@db/y", "http://h/x,postgres://db/y"),
     # A quoted URL ends at its closing quote, a password's quote (doubled, as SQL escapes it) aside.
     ("error: 'postgres://app:ab'S3cret@db:5432/sales'", "error: 'postgres://db:5432/sales'"),
     ("VALUES ('postgres://app:ab''S3cret@db', 'x')", "VALUES ('postgres://db', 'x')"),
