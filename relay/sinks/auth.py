@@ -224,9 +224,22 @@ def _cut_short(text: str, form: str) -> str:
 
 def _forms(secret: str) -> list[str]:
     """How ``secret`` can appear in an answer: as is, inside a JSON string, and so with
-    ``/`` escaped as ``\\/`` (PHP's json_encode, some Java and .NET encoders)."""
+    ``/`` escaped as ``\\/`` (PHP's json_encode, some Java and .NET encoders); and as
+    aiohttp quotes the raw bytes of a malformed answer (a Python bytes literal, its ``'``
+    escaped or not), and that again inside the repr of the error's message. For a token of
+    plain characters these are all the same string."""
     escaped = json.dumps(secret, ensure_ascii=False)[1:-1]
-    return list(dict.fromkeys((secret, escaped, escaped.replace("/", "\\/"))))
+    literal = _bytes_literal(secret)
+    literals = (literal, literal.replace("'", "\\'"))
+    in_repr = [form.replace("\\", "\\\\") for form in literals]
+    return list(dict.fromkeys((secret, escaped, escaped.replace("/", "\\/"), *literals,
+                               *in_repr, *(form.replace("'", "\\'") for form in in_repr))))
+
+
+def _bytes_literal(secret: str) -> str:
+    """``secret``'s UTF-8 bytes as inside ``repr(bytes)``, leaving ``'`` as is."""
+    named = {0x5C: "\\\\", 0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+    return "".join(named.get(b) or (chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}") for b in secret.encode())
 
 
 def session_headers(config: CollectorConfig, tokens: TokenSource, user_agent: str) -> dict[str, str]:

@@ -330,8 +330,8 @@ class BatchCollector:
             try:
                 reply = await self.single.exchange(self._url, self._envelope([item.body for item in batch]),
                                                    MAX_REPLY_BYTES)
-            except Retriable as err:
-                outcome = EventOutcome("retry", f"batch: {err.detail}")
+            except Retriable as err:  # its detail scrubbed (again: cheap, and what no answer quotes is raw)
+                outcome = EventOutcome("retry", f"batch: {self.single.scrubber.text(err.detail, cut=True)}")
                 reading = BatchReading([outcome] * len(batch), "retry")
             else:
                 wait_s, request = reply.wait_s, reply.request
@@ -352,9 +352,12 @@ class BatchCollector:
             # A bug, not the collector's answer: retrying the batch would raise again, for
             # ever with unlimited attempts (no verdict, commits held). Each event goes alone,
             # where such a failure is its own dead letter (relay_error) at worst.
-            log_event(log, logging.ERROR, "batch_send_error", collector=self.name, error=repr(err)[:300])
-            reading = BatchReading([EventOutcome("single", f"batch: {type(err).__name__}: {err}")] * len(batch),
-                                   "refused")
+            # Scrubbed: an exception's text may quote the answer (or the request) it failed on.
+            scrub = self.single.scrubber.text
+            log_event(log, logging.ERROR, "batch_send_error", collector=self.name,
+                      error=scrub(repr(err), cut=True)[:300])
+            reading = BatchReading([EventOutcome("single", scrub(f"batch: {type(err).__name__}: {err}", cut=True))]
+                                   * len(batch), "refused")
         finally:
             self._slots.release()
         self._note_reading(reading, len(batch), request, ticket)

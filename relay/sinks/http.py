@@ -252,7 +252,7 @@ class HttpCollector(EventRetries):
                 tally.failed += 1
             return reply
         except NO_ANSWER as err:
-            raise no_answer(err) from err
+            raise no_answer(err, self.scrubber) from err
         except asyncio.CancelledError:
             if deadlines.expired(task):
                 raise self._timed_out() from None
@@ -367,7 +367,7 @@ class HttpCollector(EventRetries):
                 finally:
                     resp.release()
             except NO_ANSWER as err:
-                raise no_answer(err) from err
+                raise no_answer(err, self.scrubber) from err
             except asyncio.CancelledError:
                 if deadlines.expired(task):
                     raise self._timed_out() from None

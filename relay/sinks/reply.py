@@ -5,12 +5,17 @@ without holding more of it than wanted; :class:`ReplyTally`, what came back so f
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from yarl import URL
 
 from relay.sinks.retry import CollectorRecord
+
+if TYPE_CHECKING:
+    from relay.sinks.auth import AnswerScrubber
 
 #: How much of an answer's body a detail quotes.
 SNIPPET = 300
@@ -35,8 +40,13 @@ class Retriable(Exception):
         self.request = request
 
 
-def no_answer(err: BaseException) -> Retriable:
-    return Retriable(f"{type(err).__name__}: {err}", None, None)
+def no_answer(err: BaseException, scrubber: AnswerScrubber) -> Retriable:
+    """No (readable) answer: ``err`` as a detail, scrubbed as quotes of answers are. A
+    malformed answer is one: aiohttp's parser error quotes its raw bytes (``Invalid header
+    token: b'X Echo: Bearer <token>'``), and a gateway echoing the request puts the
+    credentials there; the detail goes into delivery_retry lines and dead letters. Scrubbed
+    as cut short: aiohttp may quote only the start of a line."""
+    return Retriable(scrubber.text(f"{type(err).__name__}: {err}", cut=True), None, None)
 
 
 @dataclass(slots=True)
@@ -87,14 +97,23 @@ async def read_body(resp: aiohttp.ClientResponse, limit: int, keep: int) -> byte
 
 
 def redirect_detail(resp: aiohttp.ClientResponse) -> str:
+    """Where a redirect points, for a dead letter's detail and a log line: without what may
+    carry a secret, its userinfo, query, fragment (``#access_token=...``, an OAuth implicit
+    grant) and path parameters (``;jsessionid=...``)."""
     location = resp.headers.get("Location", "")
     try:  # usually relative (a trailing slash added): resolved against where the event went
-        target = resp.url.join(URL(location)).with_user(None).with_password(None).with_query(None) \
-            if location else None
-    except ValueError:  # not a URL: as given, without anything after '?' or '@'
-        target = location.split("?", 1)[0].rsplit("@", 1)[-1][:200]
+        target = _bare(resp.url.join(URL(location))) if location else None
+    except ValueError:  # not a URL: as given, from its last '@' on, up to its first '?', '#' or ';'
+        target = re.split(r"[?#;]", location.rsplit("@", 1)[-1], maxsplit=1)[0][:200]
     return (f"redirected to {target or '(no Location)'}: the relay does not follow redirects (the event would "
             f"be lost, or sent elsewhere with its credentials); set the collector's url to where it points.")
+
+
+def _bare(url: URL) -> URL:
+    """``url`` without userinfo, query, fragment, or anything from a ``;`` in its path on."""
+    url = url.with_user(None).with_password(None).with_query(None).with_fragment(None)
+    path = url.raw_path
+    return url.with_path(path.split(";", 1)[0], encoded=True) if ";" in path else url
 
 
 async def read_reply(resp: aiohttp.ClientResponse, keep: int | None) -> Reply:

@@ -35,6 +35,13 @@ _SAS_SIG = re.compile(r"[?&;#]sig=", re.IGNORECASE)
 #: A parameter name, and how long one may be (a longer one is not looked at: bounded work).
 _NAME_CHAR = r"[\w.\-]"
 _NAME_MAX = 128
+#: A parameter's value: up to ``&``, ``;``, ``#`` or what ends a URL (see _URL_END), and a
+#: ``'`` only where it can close a quoted URL: before those, ``,``, ``)``, ``]``, ``}`` or
+#: the text's end (``WHERE u = 'https://h/p?password=x'``). Elsewhere it is the value's
+#: (``password=ab'cd``, a doubled ``''``): a secret cut short at it was sent on. So a value
+#: that ends with ``'`` keeps that last quote in the text, and one quoted URL followed by
+#: another character (``'...?token=x'||'y'``) loses what follows up to the next separator.
+_VALUE = r"""(?:[^&;#\s"'<>]|'(?![&;#\s"<>,)\]}]|$))*"""
 
 # Userinfo in scheme://userinfo@host (see _strip_userinfo). A scheme starts where a run of
 # letters starts (after a digit too: "1postgres://"). A URL ends at whitespace, '"' or <>
@@ -54,6 +61,10 @@ _HOSTS = re.compile(rf"{_HOST_PART}(?:,{_HOST_PART}){{0,31}}(?=[/?#;]|$)")
 _HOSTS_IN_TEXT = re.compile(rf"{_HOST_PART}(?:,{_HOST_PART}){{0,31}}(?=[.,:;!?)\]}}]+$)")
 # What follows the ':' of host:port when a path, query or fragment comes next.
 _PORT_THEN_MORE = re.compile(r"[0-9]{1,5}[/?#]")
+# What follows the ':' of host:port in a list of URLs or hosts, up to the next URL's "://"
+# (kafka://b1:9092,b2:9092,postgres://...).
+_PORT_THEN_URL = re.compile(r"[0-9]{1,5}(?:,[A-Za-z0-9._~%\-]{1,253}(?::[0-9]{1,5})?){0,31}"
+                            r",[A-Za-z][A-Za-z0-9+.\-]{0,31}")
 #: Schemes whose password-less userinfo is taken for a token (https://<token>@github.com/...).
 _USER_IS_TOKEN = frozenset({"http", "https", "git+https", "git+http", "ws", "wss"})
 # Oracle's JDBC URLs put credentials as user/password@ with no "//" before them
@@ -126,7 +137,8 @@ def _param_pattern(names: list[str]) -> re.Pattern[str] | None:
         alternatives.insert(0, f"{anywhere}?(?=[{first}])(?:{'|'.join(re.escape(w) for w in words)}){anywhere}+")
     # The lookahead first: only a name (of bounded length) followed by '=' is looked into.
     return re.compile(rf"(?P<sep>[?&;#])(?={_NAME_CHAR}{{1,{_NAME_MAX}}}+=)(?:{'|'.join(alternatives)})="
-                      r"(?:\{[^}]{0,256}\}|[^&;#\s\"'<>]*)", re.IGNORECASE)
+                      rf"(?:\{{[^}}]{{0,256}}\}}|{_VALUE})", re.IGNORECASE)
+
 
 
 def _glob(name: str) -> str:
@@ -150,7 +162,8 @@ def _strip_userinfo(text: str) -> str:
     """``text`` without the credentials in its URLs' userinfo (``text`` itself if none).
 
     ``user:password@`` always goes, whatever follows the host. The password may hold ``/``,
-    ``@``, ``'`` (AWS secret keys and generated passwords do), and so may the user (Azure's
+    ``@``, ``'``, even ``://`` (AWS secret keys and generated passwords do; see
+    _before_next_url), and so may the user (Azure's
     ``user@server``): the userinfo ends at the first ``@`` followed by a host list and the
     end of the authority; failing that, at the first followed by a host and punctuation
     that ends the URL; failing that, at the last ``@`` that can end userinfo (whatever
@@ -167,9 +180,9 @@ def _strip_userinfo(text: str) -> str:
         if start <= done:
             continue
         limit = min(len(text), start + _URL_MAX)
-        following = text.find("://", start, limit)  # no userinfo holds one
+        following = text.find("://", start, limit)
         if following >= 0:
-            limit = following
+            limit = _before_next_url(text, start, following, limit)
         scheme = m.group()[:-3].lower()
         quoted = _QUOTED_URL_END.get(text[m.start() - 1] if m.start() else "")
         if quoted is None:
@@ -187,6 +200,24 @@ def _strip_userinfo(text: str) -> str:
         return text
     out.append(text[done:])
     return "".join(out)
+
+
+def _before_next_url(text: str, start: int, following: int, limit: int) -> int:
+    """Where the URL whose authority begins at ``start`` ends at the latest, given the next
+    ``://`` in the text, at ``following``: there, where it begins another URL
+    (``http://a.com,postgres://u:p@db``); past it, up to the next ``://`` after the first
+    ``@`` beyond it, where it is in a password (``postgres://u:SEC://RET@db``: a ``:`` of
+    ``user:`` comes before it, and an ``@`` after it). Such a password taken for another URL
+    was left whole in the text. Bounded: one more ``://`` and one ``@`` looked for."""
+    colon = text.find(":", start, following)
+    if colon < 0 or any(c in text[start:colon] for c in "/[]{}?#") or _PORT_THEN_MORE.match(text, colon + 1, limit) \
+            or _PORT_THEN_URL.fullmatch(text, colon + 1, following):
+        return following  # no user:password before it (see _is_userinfo), or host:port,<next URL>
+    at = text.find("@", following + 3, limit)
+    if at < 0:
+        return following  # no userinfo past it
+    after = text.find("://", at + 1, limit)
+    return after if after >= 0 else limit
 
 
 def _url(text: str, start: int, limit: int, end: re.Pattern[str]) -> str:

@@ -24,17 +24,20 @@ Contract of :meth:`Rewriter.apply`:
   dropped is rejected with :data:`TOO_LARGE_FOR_COLLECTOR` and a detail naming the sizes.
 
 Redaction (``redact_credentials``) works on substrings of every string in the event's job,
-datasets and facets (JDBC URLs inside an error message included):
+datasets and facets (JDBC URLs inside an error message included), and in its ``producer``
+and ``schemaURL`` (a facet's ``_producer`` and ``_schemaURL`` too, which ``mask_keys``
+never masks: a producer's URL may hold a token):
 
 * ``scheme://user:password@host`` loses ``user:password@``, whatever follows the host (user
-  and password may hold ``@``, ``/`` and ``'``; see :mod:`relay.stages.redact`), and Oracle's
+  and password may hold ``@``, ``/``, ``'`` and ``://``; see :mod:`relay.stages.redact`), and Oracle's
   ``jdbc:oracle:thin:user/password@host`` loses ``user/password``. Userinfo without a
   password is kept (the naming conventions use it for Azure:
   ``abfss://container@account.dfs...``), except over http(s), where
   ``https://<token>@github.com`` is a credential.
 * Query, fragment or ``;`` parameters named in ``secret_query_params`` (case-insensitive
   globs: by default any name holding password, pwd, secret, token, signature...) are
-  removed, e.g. ``?sv=...&sig=...`` (Azure SAS: its short names only beside a ``sig``),
+  removed (a value runs past a ``'`` unless it can close a quoted URL), e.g.
+  ``?sv=...&sig=...`` (Azure SAS: its short names only beside a ``sig``),
   ``X-Amz-Signature``, JDBC ``password=`` (braced values too), ``#access_token=``; only the
   query or fragment a parameter was removed from is tidied up.
 * Not caught: secrets in dict keys, URL-encoded separators, credentials without a URI shape.
@@ -60,6 +63,8 @@ from relay.stages.route import compile_glob
 TOO_LARGE_FOR_COLLECTOR = "too_large_for_collector"
 #: What a masked value becomes.
 MASK = "***"
+#: A facet's own fields of the spec: never masked (``mask_keys``), but their URLs lose their
+#: credentials with ``redact_credentials`` like any string.
 _ENVELOPE = frozenset({"_producer", "_schemaURL", "_deleted"})
 
 
@@ -137,6 +142,12 @@ class Rewriter:
 
     def _rewrite(self, doc: dict[str, Any]) -> dict[str, Any]:
         changes: dict[str, Any] = {}
+        if self._redactor is not None:
+            # URIs by the spec, and a producer's may hold a token (https://<token>@github.com/...).
+            for key in ("producer", "schemaURL"):
+                value = doc.get(key)
+                if isinstance(value, str) and (new := self._redactor.text(value)) is not value:
+                    changes[key] = new
         run = doc.get("run")
         if isinstance(run, dict):
             facets = self._facets(run.get("facets"))
@@ -219,8 +230,13 @@ class Rewriter:
             masked_pair = isinstance(name, str) and "value" in value and mask(name)
             for key, item in value.items():
                 if key in _ENVELOPE:
-                    continue
-                if mask is not None and (mask(key) or (masked_pair and key == "value")):
+                    # Never masked (the spec's own fields), but a URL there loses its credentials.
+                    if self._redactor is None or not isinstance(item, str):
+                        continue
+                    new = self._redactor.text(item)
+                    if new is item:
+                        continue
+                elif mask is not None and (mask(key) or (masked_pair and key == "value")):
                     if item == MASK:
                         continue
                     new = MASK
@@ -248,7 +264,9 @@ class Rewriter:
             node, members, _copy, _place, is_dict, masked_pair = frame
             for place, item in members:
                 if is_dict:
-                    if place in _ENVELOPE:
+                    if place in _ENVELOPE:  # never masked; its URL redacted (see _scrub_nested)
+                        if redactor is not None and isinstance(item, str) and (new := redactor.text(item)) is not item:
+                            _put(frame, place, new)
                         continue
                     if mask is not None and (mask(place) or (masked_pair and place == "value")):
                         if item != MASK:

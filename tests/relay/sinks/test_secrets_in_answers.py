@@ -6,6 +6,7 @@ Against a real aiohttp server on loopback that echoes what it got."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -119,3 +120,44 @@ async def test_an_answer_cut_short_inside_the_token_leaks_no_part_of_it():
     assert failure is not None and failure.status == 400
     assert failure.detail.endswith("Bearer ***"), failure.detail[-40:]
     assert TOKEN[:12] not in failure.detail
+
+
+async def malformed_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A gateway answering malformed HTTP (a header name with a space) that echoes the
+    credentials it got: aiohttp's parser refuses the answer with an error quoting the raw
+    line, which comes to the relay as no answer."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if not (chunk := await reader.read(65536)):
+            break
+        data += chunk
+    head = dict(line.split(b": ", 1) for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:])
+    writer.write(b"HTTP/1.1 401 Unauthorized\r\nX Echo: " + head.get(b"Authorization", b"") + b" key="
+                 + head.get(b"X-Api-Key", b"") + b"\r\nContent-Length: 0\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+# A plain token, and one whose quote and backslash aiohttp's quote escapes (twice).
+@pytest.mark.parametrize("token", [TOKEN, "malformed'tok\\en-7a6b"])
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+async def test_a_malformed_answer_echoing_the_credentials_is_scrubbed(caplog, token, batch):
+    """The detail of no answer (a parser error quoting the answer's bytes) goes into
+    delivery_retry and batch_not_all_delivered lines and the retries_exhausted dead letter."""
+    caplog.set_level(logging.DEBUG)
+    server = await asyncio.start_server(malformed_echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    cfg = CollectorConfig(name="c", url=f"http://127.0.0.1:{port}", token=token, headers={"X-Api-Key": API_KEY},
+                          retry={"max_attempts": 2, "initial_backoff_s": 0.01, "max_backoff_s": 0.01},
+                          batch={"linger_ms": 1} if batch else None)
+    kind = BatchCollector if batch else HttpCollector
+    try:
+        failure = await asyncio.wait_for(deliver_once(kind(cfg, RelayMetrics().for_collector("c")), BODY), 10)
+    finally:
+        server.close()
+    assert failure is not None and failure.reason == "retries_exhausted", failure
+    assert "Bearer *** key=***" in failure.detail, failure.detail  # the parser's quote, scrubbed
+    logged = log_text(caplog)
+    assert ("batch_not_all_delivered" if batch else "delivery_retry") in logged and "X Echo" in logged
+    for secret in (token, token[:9], token[-7:], API_KEY):  # nor a part of it, escaped or not
+        assert secret not in failure.detail and secret not in logged, secret

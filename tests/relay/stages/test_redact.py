@@ -26,6 +26,11 @@ HOSTILE = {
     "Oracle URLs": "jdbc:oracle:thin:a/b@" * (MB // 21),
     "Oracle password of '@'s": "jdbc:oracle:thin:a/" + "b@" * (MB // 2),
     "colons and '@'": "a://" + ":@" * (MB // 2),
+    "passwords holding '://'": "a://u:p://@" * (MB // 11),
+    "a password holding '://' in every URL, one '@' at the end": "a://u:p" * (MB // 7) + "@db",
+    "host:port lists of URLs": "a://h:1,b://u:p" * (MB // 15) + "@db",
+    "quotes in a secret value": "?password=" + "a'" * (MB // 2),
+    "secret values ending in quotes": "?password=a'" * (MB // 12),
 }
 
 

@@ -166,6 +166,10 @@ URIS_WITH_SECRETS = [
     # A password holding "'" (RFC 3986 allows it raw in userinfo; generated passwords hold it).
     ("postgres://app:ab'S3cret@db:5432/sales", "postgres://db:5432/sales", ["ab'S3cret", "S3cret"]),
     ("jdbc:mysql://app:S3cret'x@db/x", "jdbc:mysql://db/x", ["S3cret"]),
+    # ... and a secret parameter's value: it was cut there, the rest of it sent on.
+    ("jdbc:postgresql://db/x?password=ab'S3cret&ssl=true", "jdbc:postgresql://db/x?ssl=true", ["S3cret"]),
+    # A password holding "://": it was taken for the start of another URL, and kept whole.
+    ("postgres://etl:S3c://R3t@db:5432/sales", "postgres://db:5432/sales", ["S3c", "R3t"]),
     # Parameters whose names hold a secret word (Trino, pgjdbc, BigQuery, Snowflake, MySQL, Azure).
     ("jdbc:trino://trino:443/hive?user=u&accessToken=S3cret", "jdbc:trino://trino:443/hive?user=u", ["S3cret"]),
     ("jdbc:postgresql://db/x?user=u&sslpassword=S3cret", "jdbc:postgresql://db/x?user=u", ["S3cret"]),
@@ -297,6 +301,20 @@ def test_strings_without_credentials_are_kept(text: str) -> None:
     ("postgres://u:S3cret@db:{port}/x", "postgres://db:{port}/x"),
     ("postgres://u:S3cret@db\u200b/x", "postgres://db\u200b/x"),
     ("1postgres://u:S3cret@db/x", "1postgres://db/x"),
+    # A secret parameter's value runs past a quote, except one that can close a quoted URL.
+    ("https://h/p?password=ab'S3cret&x=1", "https://h/p?x=1"),
+    ("https://h/p?password=ab''S3cret", "https://h/p"),
+    ("SELECT * FROM t WHERE url='https://h/p?password=S3cret' AND id=1",
+     "SELECT * FROM t WHERE url='https://h/p' AND id=1"),
+    ("IN ('https://h/p?token=S3cret','https://h/q?a=1&token=it''s')", "IN ('https://h/p','https://h/q?a=1')"),
+    ("f('https://h/p?token=S3cret')", "f('https://h/p')"),
+    # Another URL after "://" past the userinfo's ':' is the password's only with an '@' after
+    # it; one after a host and port (a list of URLs) is not.
+    ("http://h:8080,postgres://u:S3cret@db/x", "http://h:8080,postgres://db/x"),
+    ("kafka://b1:9092,b2:9092,postgres://u:S3cret@db/x", "kafka://b1:9092,b2:9092,postgres://db/x"),
+    ("http://a.example,postgres://u:S3cret@db/x", "http://a.example,postgres://db/x"),
+    ("postgres://u:S3c://R3t@db/x and mysql://v:S3c2@db2/y", "postgres://db/x and mysql://db2/y"),
+    ("http://u:S3c://R3t@h/x,postgres://v:S3c2@db/y", "http://h/x,postgres://db/y"),
     # A quoted URL ends at its closing quote, a password's quote (doubled, as SQL escapes it) aside.
     ("error: 'postgres://app:ab'S3cret@db:5432/sales'", "error: 'postgres://db:5432/sales'"),
     ("VALUES ('postgres://app:ab''S3cret@db', 'x')", "VALUES ('postgres://db', 'x')"),
@@ -332,6 +350,38 @@ def test_a_name_holding_a_secret_word_goes_unless_a_list_of_ones_own_says_otherw
     assert default["dataset"]["namespace"] == "https://api.example.com/v1?passphrase=x&mypass=y"
     custom = orjson.loads(rewriter(redact_credentials=True, secret_query_params=["*_token", "pass*"]).apply(doc).body)
     assert custom["dataset"]["namespace"] == "https://api.example.com/v1?tokenizer=bert&mypass=y"
+
+
+def test_credentials_in_producer_and_schema_urls_are_stripped_too() -> None:
+    """The event's producer and schemaURL and every facet's _producer and _schemaURL are
+    never masked (mask_keys), but they are strings of the event like any other: a URL there
+    loses its credentials, and stays a URI (the spec's format for them)."""
+    doc = run_events()[0]
+    doc["producer"] = "https://ci:S3cret1@git.example.com/OpenLineage/x"
+    doc["schemaURL"] = doc["schemaURL"] + "?token=S3cret0"
+    doc["run"]["facets"]["custom"] = {"_producer": "https://ghp_S3cret2@github.com/x",
+                                      "_schemaURL": "https://h.example.com/s.json?token=S3cret3#/$defs/Custom",
+                                      "v": "postgres://u:S3cret4@db/x"}
+    doc["inputs"][0]["facets"]["dataSource"]["_producer"] = "https://u:S3cret5@git.example.com/y"
+    before = copy.deepcopy(doc)
+    for r in (rewriter(redact_credentials=True), rewriter(redact_credentials=True, mask_keys=["_*"])):
+        out = apply_ok(r, doc)
+        assert "S3cret" not in orjson.dumps(out).decode()
+        assert out["producer"] == "https://git.example.com/OpenLineage/x"
+        assert out["schemaURL"] == before["schemaURL"].removesuffix("?token=S3cret0")
+        assert out["run"]["facets"]["custom"]["_producer"] == "https://github.com/x"
+        assert out["run"]["facets"]["custom"]["_schemaURL"] == "https://h.example.com/s.json#/$defs/Custom"
+        assert out["inputs"][0]["facets"]["dataSource"]["_producer"] == "https://git.example.com/y"
+    assert doc == before
+    dataset = dataset_event("postgres://db:5432", "sales.orders", event_time=START)
+    dataset["producer"] = "https://ghp_S3cret6@github.com/x"
+    assert apply_ok(rewriter(redact_credentials=True), dataset)["producer"] == "https://github.com/x"
+
+
+def test_an_event_without_credentials_is_forwarded_byte_for_byte_with_redaction_on() -> None:
+    doc = run_events()[0]
+    original = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+    assert rewriter(redact_credentials=True).apply(doc, original=original).body is original
 
 
 # -- dropping and masking ------------------------------------------------------------
