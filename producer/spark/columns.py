@@ -3,20 +3,23 @@
 Every attribute in a Spark plan has an ``exprId``; an ``Alias`` mints a new one. Walking the
 plan bottom-up we record, for every exprId, which input-dataset columns it derives from and
 how: DIRECT (IDENTITY, TRANSFORMATION, AGGREGATION) or INDIRECT (CONDITIONAL, WINDOW for a
-single column; FILTER, JOIN, GROUP_BY, SORT for the whole dataset). Transformations compose
-by their strength (IDENTITY < TRANSFORMATION < AGGREGATION), and masking (a hash of the
-value) sticks once applied.
+single column; FILTER, JOIN, GROUP_BY, SORT for the whole dataset). One expression's
+references and how transformations compose (one entry per distinct type, subtype and
+masking, as the official integration) are :mod:`producer.spark.column_exprs`'.
 
 Subquery plans (IN, EXISTS, scalar subqueries) are separate trees held by an expression's
 ``plan`` field: their leaves are inputs too, numbered after the main plan's in the order of
 :func:`leaf_groups`, and their output columns feed the expression that holds them (so an
-``IN (SELECT ...)`` in a WHERE is a FILTER dependency). A common table expression's
-references (``CTERelationRef``) carry the columns of their definition (same ``cteId``).
+``IN (SELECT ...)`` in a WHERE is a FILTER dependency). What decides a subquery's own rows
+filters the output where it sits in a filter or join, and only its column where it sits in
+the SELECT list. A common table expression's references (``CTERelationRef``) carry the
+columns of their definition (same ``cteId``).
 
 Contract: pure Python over :mod:`producer.spark.plan` trees. Node classes it does not know
-pass their children's columns through unchanged (or, when they list their own ``output``,
-expose those: see ``_Tracer._passed_through``), so an unknown operator can make the answer
-less precise (e.g. a missing INDIRECT), never wrong about which columns feed which.
+pass their children's columns through unchanged; when they list their own ``output``, a
+column the children do not have gets no lineage (see ``_Tracer._passed_through``), so an
+unknown operator can make the answer less complete, never wrong about which columns feed
+which.
 """
 
 from __future__ import annotations
@@ -25,20 +28,25 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from producer.spark.column_exprs import (
+    MASKING_FUNCTIONS,
+    RANK,
+    RANKING_FUNCTIONS,
+    Lineage,
+    Ref,
+    SourceField,
+    derive,
+    expression_refs,
+)
 from producer.spark.plan import Node, parse_plan
 
-SourceField = tuple[int, str]                 # (input dataset index, column name)
-#: (source, "DIRECT"|"INDIRECT", subtype) -> masking
-Lineage = dict[tuple[SourceField, str, str], bool]
+__all__ = ["MASKING_FUNCTIONS", "RANKING_FUNCTIONS", "ColumnLineageResult", "Lineage", "SourceField", "facet_fields",
+           "leaf_groups", "plan_leaves", "subquery_plans", "trace"]
 
-_RANK = {"IDENTITY": 0, "TRANSFORMATION": 1, "AGGREGATION": 2}
-#: Functions whose result does not reveal the values they read (as the official
-#: ExpressionTraverser's list, Count included: a count carries no value of its column).
-MASKING_FUNCTIONS = frozenset({"Sha1", "Sha2", "Md5", "Crc32", "Murmur3Hash", "XxHash64", "HiveHash", "Mask", "Count"})
-#: Window functions computed from the window's ordering alone: their arguments are the
-#: ORDER BY columns, an INDIRECT (WINDOW) dependency rather than a value they carry.
-RANKING_FUNCTIONS = frozenset({"Rank", "DenseRank", "PercentRank", "RowNumber", "NTile", "CumeDist"})
 _LEFT_ONLY_JOINS = ("LeftSemi", "LeftAnti", "ExistenceJoin")
+#: Operators that compute columns from expressions: a subquery in one of them decides a
+#: column's value, not which rows are kept (see ``_Tracer._subqueries_of``).
+_VALUE_NODES = ("Project", "Aggregate", "Window", "Generate", "Expand")
 
 
 @dataclass
@@ -97,71 +105,18 @@ def plan_leaves(query: Node) -> list[Node]:
                              for leaf in parse_plan(raw).leaves()]
 
 
-def _refs(expr: Node, subqueries: Mapping[int, list[int | None]] | None = None) -> list[tuple[int, str, str, bool]]:
-    """Attribute references inside one expression: (exprId, type, subtype, masking).
-    A subquery expression refers to its plan's output columns (``subqueries``: output ids
-    by ``id()`` of the plan's JSON); its own children (the correlated outer columns) are
-    left to the subquery's filter, which names them through ``OuterReference``."""
-    top = expr.children[0] if expr.cls == "Alias" and expr.children else expr
-    if top.cls == "AttributeReference":
-        return [(top.expr_id, "DIRECT", "IDENTITY", False)] if top.expr_id is not None else []
-    out: list[tuple[int, str, str, bool]] = []
-    # (node, aggregated, indirect subtype or None, masking)
-    stack: list[tuple[Node, bool, str | None, bool]] = [(top, False, None, False)]
-    while stack:
-        node, agg, indirect, mask = stack.pop()
-        if node.cls == "AttributeReference":
-            if node.expr_id is not None:
-                if indirect:
-                    out.append((node.expr_id, "INDIRECT", indirect, mask))
-                else:
-                    out.append((node.expr_id, "DIRECT", "AGGREGATION" if agg else "TRANSFORMATION", mask))
-            continue
-        plan = node.fields.get("plan")
-        if isinstance(plan, list):
-            for out_id in (subqueries or {}).get(id(plan), []):
-                if out_id is not None:
-                    out.append((out_id, "INDIRECT", indirect, mask) if indirect else
-                               (out_id, "DIRECT", "AGGREGATION" if agg else "TRANSFORMATION", mask))
-            continue
-        if node.cls == "OuterReference":
-            stack.extend((e, agg, indirect, mask) for e in node.exprs("e"))
-            continue
-        agg = agg or node.cls == "AggregateExpression"
-        mask = mask or node.cls in MASKING_FUNCTIONS
-        kids = node.children
-        if node.cls == "CaseWhen":
-            has_else = node.fields.get("elseValue") not in (None, [])
-            pairs = (len(kids) - (1 if has_else else 0)) // 2
-            for i, child in enumerate(kids):
-                is_condition = i < 2 * pairs and i % 2 == 0
-                stack.append((child, agg, "CONDITIONAL" if is_condition else indirect, mask))
-        elif node.cls == "If" and kids:
-            stack.append((kids[0], agg, "CONDITIONAL", mask))
-            stack.extend((c, agg, indirect, mask) for c in kids[1:])
-        elif node.cls == "WindowSpecDefinition" or node.cls in RANKING_FUNCTIONS:
-            stack.extend((c, agg, "WINDOW", mask) for c in kids)
-        else:
-            stack.extend((c, agg, indirect, mask) for c in kids)
-    return out
-
-
-def _derive(refs: list[tuple[int, str, str, bool]], attrs: dict[int, Lineage]) -> Lineage:
-    new: Lineage = {}
-    for ref_id, kind, sub, mask in refs:
-        for (src, t, st), m in attrs.get(ref_id, {}).items():
-            if t == "DIRECT" and kind == "DIRECT":
-                key = (src, "DIRECT", st if _RANK[st] >= _RANK[sub] else sub)
-            elif t == "DIRECT":
-                key = (src, "INDIRECT", sub)
-            else:
-                key = (src, "INDIRECT", st)  # an indirect dependency is inherited as is
-            new[key] = new.get(key, False) or m or mask
-    return new
-
-
 def _output_ids(exprs: list[Node]) -> list[int | None]:
     return [e.expr_id for e in exprs]
+
+
+def _is_union(plan: Node) -> bool:
+    """``plan`` is a ``Union`` once Spark's optimizer drops the aliases, views and projections
+    of bare columns above it (they would push into its branches)."""
+    while plan.cls in ("SubqueryAlias", "View", "Project") and len(plan.children) == 1:
+        if plan.cls == "Project" and any(e.cls != "AttributeReference" for e in plan.exprs("projectList")):
+            return False
+        plan = plan.children[0]
+    return plan.cls == "Union"
 
 
 def trace(query: Node, leaf_dataset: Callable[[int, Node], int | Iterable[int] | None]) -> ColumnLineageResult:
@@ -187,6 +142,7 @@ class _Tracer:
         self.result = ColumnLineageResult()
         self.ctes: dict[Any, list[int | None]] = {}        # cteId -> its definition's output ids
         self.sub_outputs: dict[int, list[int | None]] = {}  # id(subquery JSON) -> output ids
+        self.next_synthetic = -1   # ids (negative: never Spark's) of what a subquery's own rows depend on
         raw_subs = subquery_plans(n.fields for n in query.walk())
         self.sub_plans = {id(raw): parse_plan(raw) for raw in raw_subs}
         leaves = query.leaves() + [leaf for raw in raw_subs for leaf in self.sub_plans[id(raw)].leaves()]
@@ -200,32 +156,47 @@ class _Tracer:
         # One entry per output column, even one without an exprId: facet_fields names the
         # columns by position.
         for pos, out_id in enumerate(self.outputs.get(id(self.query), [])):
-            self.result.columns.append((names.get(out_id) or f"col{pos}", self.attrs.get(out_id, {})))
+            self.result.columns.append((names.get(out_id) or f"col{pos}", self.attrs.get(out_id, set())))
         return self.result
 
-    def _refs(self, expr: Node) -> list[tuple[int, str, str, bool]]:
-        return _refs(expr, self.sub_outputs)
+    def _refs(self, expr: Node) -> list[Ref]:
+        return expression_refs(expr, self.sub_outputs)
 
     def _derive_all(self, exprs: list[Node]) -> None:
         for e in exprs:
             if e.expr_id is not None:
-                self.attrs[e.expr_id] = _derive(self._refs(e), self.attrs)
+                self.attrs[e.expr_id] = derive(self._refs(e), self.attrs)
 
     def _indirect(self, exprs: list[Node], subtype: str) -> None:
         for expr in exprs:
             for ref_id, _kind, _sub, _mask in self._refs(expr):
-                for (src, _t, _st) in self.attrs.get(ref_id, {}):
+                for src, _t, _st, _m in self.attrs.get(ref_id, ()):
                     self.result.dataset.add((src, subtype))
 
     def _subqueries_of(self, node: Node) -> None:
         """Trace the subquery plans this node's expressions hold (after its children, so a
-        correlated subquery finds the outer columns it refers to)."""
+        correlated subquery finds the outer columns it refers to). What decides a subquery's
+        own rows (its WHERE, correlation, joins, grouping) filters this node's rows when the
+        node filters or joins (a whole-dataset dependency); in a computed column (a scalar
+        subquery or an EXISTS in the SELECT list) it decides that column's value only, so
+        it is an INDIRECT dependency of that column, with its own subtype."""
         for raw in _direct_subqueries([node.fields]):
             if id(raw) in self.sub_outputs or id(raw) not in self.sub_plans:
                 continue
             plan = self.sub_plans[id(raw)]
-            self._trace_plan(plan)
-            self.sub_outputs[id(raw)] = self.outputs.get(id(plan), [])
+            outer, self.result.dataset = self.result.dataset, set()
+            try:
+                self._trace_plan(plan)
+            finally:
+                own, self.result.dataset = self.result.dataset, outer
+            out_ids = list(self.outputs.get(id(plan), []))
+            if node.cls in _VALUE_NODES and own:
+                synthetic, self.next_synthetic = self.next_synthetic, self.next_synthetic - 1
+                self.attrs[synthetic] = {(src, "INDIRECT", subtype, False) for src, subtype in own}
+                out_ids.append(synthetic)
+            else:
+                self.result.dataset |= own
+            self.sub_outputs[id(raw)] = out_ids
 
     def _trace_plan(self, plan: Node) -> list[Node]:
         """Post-order over ``plan`` without recursion; returns its nodes (pre-order)."""
@@ -276,6 +247,8 @@ class _Tracer:
                 outputs[id(node)] = outputs.get(id(kids[0]), [])
             elif cls == "Expand":
                 self._expand(node, child_out)
+            elif cls in ("Distinct", "Deduplicate"):
+                self._distinct(node, child_out)
             elif cls == "WithCTE":  # children: the definitions, then the query
                 outputs[id(node)] = outputs.get(id(kids[-1]), [])
             else:
@@ -287,24 +260,32 @@ class _Tracer:
     def _dataset_dependency(self, ids: list[int | None], subtype: str) -> None:
         """Every source of the columns ``ids`` as a whole-dataset INDIRECT dependency."""
         for ref_id in ids:
-            for (src, _t, _st) in self.attrs.get(ref_id, {}) if ref_id is not None else ():
+            for src, _t, _st, _m in self.attrs.get(ref_id, ()) if ref_id is not None else ():
                 self.result.dataset.add((src, subtype))
+
+    def _distinct(self, node: Node, child_out: list[int | None]) -> None:
+        """SQL ``DISTINCT`` (``Distinct``), ``distinct()`` / ``dropDuplicates(keys)``
+        (``Deduplicate``): rows are grouped by their keys (all columns for a DISTINCT), a
+        GROUP_BY of the whole dataset, as the official integration sees them (Spark's
+        optimizer makes them an ``Aggregate``). Not over a ``UNION`` on every column: that is
+        SQL's ``UNION`` (distinct), as the official integration leaves it."""
+        keys = _output_ids(node.exprs("keys")) if node.cls == "Deduplicate" else child_out
+        if not (_is_union(node.children[0]) and set(child_out) <= set(keys)):
+            self._dataset_dependency(keys, "GROUP_BY")
+        self.outputs[id(node)] = child_out
 
     def _passed_through(self, node: Node, child_out: list[int | None]) -> list[int | None]:
         """An operator not known here: its children's columns, unchanged. When it lists its
-        own ``output`` attributes those are its columns: one the children have keeps its
-        lineage; with as many as the children's, each new one takes the lineage of the
-        child column at its position (a rename); otherwise a new one has none, as which
-        child columns feed it is not known."""
+        own ``output`` attributes those are its columns: one the children have (same exprId)
+        keeps its lineage; a new one has none, whatever its position: the operator computes
+        it opaquely (a script ``TRANSFORM`` may swap columns, ``mapInPandas`` returns
+        anything), as the official integration gives it none."""
         own = _output_ids(node.exprs("output"))
         if not own:
             return child_out
-        same_count = len(own) == len(child_out)
-        for pos, out_id in enumerate(own):
-            if out_id is None or out_id in self.attrs:
-                continue
-            source = child_out[pos] if same_count else None
-            self.attrs[out_id] = dict(self.attrs.get(source, {})) if source is not None else {}
+        for out_id in own:
+            if out_id is not None:
+                self.attrs.setdefault(out_id, set())
         return own
 
     def _expand(self, node: Node, child_out: list[int | None]) -> None:
@@ -324,9 +305,9 @@ class _Tracer:
                 continue
             refs = [r for row in rows if pos < len(row) and row[pos] is not None for r in self._refs(row[pos])]
             if rows:
-                self.attrs[out_id] = _derive(refs, self.attrs)
+                self.attrs[out_id] = derive(refs, self.attrs)
             elif out_id not in self.attrs:
-                self.attrs[out_id] = {}
+                self.attrs[out_id] = set()
         self.outputs[id(node)] = _output_ids(own) if own else child_out
 
     def _leaf(self, node: Node) -> None:
@@ -341,27 +322,27 @@ class _Tracer:
                     continue
                 source = defined[pos] if defined is not None and pos < len(defined) else None
                 if source is not None:
-                    self.attrs[e.expr_id] = dict(self.attrs.get(source, {}))
+                    self.attrs[e.expr_id] = set(self.attrs.get(source, ()))
                 else:
-                    self.attrs.setdefault(e.expr_id, {})
+                    self.attrs.setdefault(e.expr_id, set())
             return
         index = self.leaf_index.get(id(node))
         found = self.leaf_dataset(index, node) if index is not None else None
         datasets = () if found is None else (found,) if isinstance(found, int) else tuple(found)
         for e in exprs:
             if e.expr_id is not None:
-                self.attrs[e.expr_id] = ({} if e.name is None
-                                         else {((ds, e.name), "DIRECT", "IDENTITY"): False for ds in datasets})
+                self.attrs[e.expr_id] = (set() if e.name is None
+                                         else {((ds, e.name), "DIRECT", "IDENTITY", False) for ds in datasets})
 
     def _generate(self, node: Node) -> None:
         """``explode(arr)`` and the like: every generated column derives from the generator's
         arguments; the child's columns pass through, less those Spark marked unrequired."""
         refs = [r for g in node.exprs("generator") for r in self._refs(g)]
-        lineage = _derive(refs, self.attrs)
+        lineage = derive(refs, self.attrs)
         generated = node.exprs("generatorOutput")
         for e in generated:
             if e.expr_id is not None:
-                self.attrs[e.expr_id] = dict(lineage)
+                self.attrs[e.expr_id] = set(lineage)
         unrequired = set(node.fields.get("unrequiredChildIndex") or [])
         child_ids = self.outputs.get(id(node.children[0]), [])
         self.outputs[id(node)] = [i for p, i in enumerate(child_ids) if p not in unrequired] + _output_ids(generated)
@@ -372,14 +353,19 @@ class _Tracer:
         for pos, out_id in enumerate(first):
             if out_id is None:
                 continue
-            merged: Lineage = dict(self.attrs.get(out_id, {}))
+            merged: Lineage = set(self.attrs.get(out_id, ()))
             for other in kids[1:]:
                 other_ids = self.outputs.get(id(other), [])
                 if pos < len(other_ids) and other_ids[pos] is not None:
-                    for key, m in self.attrs.get(other_ids[pos], {}).items():
-                        merged[key] = merged.get(key, False) or m
+                    merged |= self.attrs.get(other_ids[pos], set())   # every branch's, masked or not
             self.attrs[out_id] = merged
         self.outputs[id(node)] = first
+
+
+def _order(kind: tuple[str, str, bool]) -> tuple:
+    """DIRECT before INDIRECT, DIRECT by strength, INDIRECT by subtype; unmasked first."""
+    t, st, m = kind
+    return (t != "DIRECT", RANK.get(st, 0) if t == "DIRECT" else 0, st, m)
 
 
 def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
@@ -407,28 +393,18 @@ def facet_fields(result: ColumnLineageResult, datasets: list[tuple[str, str]],
             name = column_names[pos]
         elif keep is not None and name not in keep:
             continue
-        direct: dict[SourceField, tuple[str, bool]] = {}
-        indirect: dict[tuple[SourceField, str], bool] = {}
-        for (src, t, st), m in lineage.items():
-            if t == "DIRECT":
-                prev = direct.get(src)
-                if prev is None or _RANK[st] > _RANK[prev[0]]:
-                    direct[src] = (st, m or (prev[1] if prev else False))
-                else:
-                    direct[src] = (prev[0], prev[1] or m)
-            else:
-                indirect[(src, st)] = indirect.get((src, st), False) or m
-        if not dataset_lineage and (direct or indirect):   # as the official: not into a field with no inputs
+        # one transformation per distinct (type, subtype, masking) of each source column, as
+        # the official integration: a column read both raw and hashed is both
+        by_src: dict[SourceField, set[tuple[str, str, bool]]] = {}
+        for src, t, st, m in lineage:
+            by_src.setdefault(src, set()).add((t, st, m))
+        if not dataset_lineage and lineage:   # as the official: not into a field with no inputs
             for src, st in result.dataset:
-                indirect.setdefault((src, st), False)
-        by_src: dict[SourceField, list[dict]] = {}
-        for src, (st, m) in direct.items():
-            by_src.setdefault(src, []).append({"type": "DIRECT", "subtype": st, "masking": m})
-        for (src, st), m in sorted(indirect.items()):
-            by_src.setdefault(src, []).append({"type": "INDIRECT", "subtype": st, "masking": m})
+                by_src.setdefault(src, set()).add(("INDIRECT", st, False))
         input_fields = []
-        for (ds, col), transformations in sorted(by_src.items()):
+        for (ds, col), kinds in sorted(by_src.items()):
             ns, ds_name = datasets[ds]
+            transformations = [{"type": t, "subtype": st, "masking": m} for t, st, m in sorted(kinds, key=_order)]
             input_fields.append({"namespace": ns, "name": ds_name, "field": col, "transformations": transformations})
         if input_fields:
             fields[name] = {"inputFields": input_fields}

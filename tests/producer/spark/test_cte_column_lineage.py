@@ -153,8 +153,8 @@ def test_names_that_do_not_cover_every_traced_column_are_not_applied_by_position
     schema has (``a`` is no column of the written dataset: no field)."""
     from producer.spark.columns import ColumnLineageResult, facet_fields
 
-    result = ColumnLineageResult(columns=[("a", {((0, "x"), "DIRECT", "IDENTITY"): False}),
-                                          ("b", {((0, "y"), "DIRECT", "TRANSFORMATION"): False})])
+    result = ColumnLineageResult(columns=[("a", {((0, "x"), "DIRECT", "IDENTITY", False)}),
+                                          ("b", {((0, "y"), "DIRECT", "TRANSFORMATION", False)})])
     fields, _ = facet_fields(result, [("file", "/in")], ["b"])
     assert {col: spec["inputFields"][0]["field"] for col, spec in fields.items()} == {"b": "y"}
     fields, _ = facet_fields(result, [("file", "/in")], ["p", "q"])

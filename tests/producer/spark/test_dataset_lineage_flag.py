@@ -15,10 +15,10 @@ DATASETS = [("file", "/lake/orders"), ("file", "/lake/customers")]
 def _result() -> ColumnLineageResult:
     """orders JOIN customers ON customer_id WHERE status = ..., writing (order_id, name, n)."""
     return ColumnLineageResult(
-        columns=[("order_id", {((0, "id"), "DIRECT", "IDENTITY"): False}),
-                 ("name", {((1, "name"), "DIRECT", "IDENTITY"): False,
-                           ((0, "status"), "INDIRECT", "CONDITIONAL"): False}),
-                 ("n", {})],
+        columns=[("order_id", {((0, "id"), "DIRECT", "IDENTITY", False)}),
+                 ("name", {((1, "name"), "DIRECT", "IDENTITY", False),
+                           ((0, "status"), "INDIRECT", "CONDITIONAL", False)}),
+                 ("n", set())],
         dataset={((0, "customer_id"), "JOIN"), ((1, "customer_id"), "JOIN"), ((0, "status"), "FILTER")})
 
 

@@ -272,10 +272,10 @@ def test_an_unknown_node_with_its_own_output_exposes_it_and_no_field_leaves_the_
     ])
     result = columns.trace(plan, lambda i, leaf: 0)
     assert [name for name, _ in result.columns] == ["z"]
-    assert result.columns[0][1] == {}
+    assert result.columns[0][1] == set()
     traced = columns.ColumnLineageResult(columns=[
-        ("id", {((0, "id"), "DIRECT", "IDENTITY"): False}), ("name", {((0, "name"), "DIRECT", "IDENTITY"): False}),
-        ("id", {((1, "id"), "DIRECT", "IDENTITY"): False}), ("extra", {((1, "x"), "DIRECT", "IDENTITY"): False})])
+        ("id", {((0, "id"), "DIRECT", "IDENTITY", False)}), ("name", {((0, "name"), "DIRECT", "IDENTITY", False)}),
+        ("id", {((1, "id"), "DIRECT", "IDENTITY", False)}), ("extra", {((1, "x"), "DIRECT", "IDENTITY", False)})])
     fields, _ = columns.facet_fields(traced, [("file", "/a"), ("file", "/b")], ["id", "name"])
     assert set(fields) == {"name"}   # "id" traced twice: which one is not known
 
