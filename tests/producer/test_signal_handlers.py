@@ -23,7 +23,7 @@ from tests.support.kafka import end_offsets, read_topic
 pytestmark = pytest.mark.kafka
 
 _CHILD = textwrap.dedent("""
-    import logging, signal, sys, threading, time
+    import itertools, logging, signal, sys, threading, time
     sys.path.insert(0, {root!r})
     from producer import LineageProducer
     from tests.producer.support import FAST_RECONNECT, seq_event
@@ -61,6 +61,9 @@ _CHILD = textwrap.dedent("""
     ev = seq_event(0)
     seq = ev["run"]["facets"]["seq"]
     accepted, extra, flushes = 0, [], []
+    # The numbers of the handlers' events, one taken per event (next() is one call: a handler
+    # interrupting another, as one may anywhere, never gets the same one).
+    ids = itertools.count(10_000_000)
 
     def on_usr1(signum, frame):
         {action}
@@ -77,6 +80,7 @@ _CHILD = textwrap.dedent("""
     finally:
         print("accepted", accepted, "closed", p.stats.dropped.get("closed", 0), "extra", *extra, flush=True)
         print("flushes", *(f"{{t:.3f}}/{{n}}" for t, n in flushes), flush=True)
+        print("stats", repr(p.stats).replace(" ", ""), flush=True)
 """)
 
 _LOOP = """\
@@ -89,7 +93,10 @@ while True:
         p.stats"""
 
 _ACTIONS = {
-    "emit": "p.emit(seq_event(10_000_000 + len(extra))); extra.append(10_000_000 + len(extra))",
+    # Its number taken once: one counted from len(extra) twice (for the event, then for the
+    # record) was wrong when a second signal's handler ran in between (inside this one's emit()):
+    # both events had one number, and the next one was expected.
+    "emit": "n = next(ids); p.emit(seq_event(n)); extra.append(n)",
     "stats": "assert p.stats.emitted >= accepted",
     "flush": "t = time.monotonic(); n = p.flush(5); flushes.append((time.monotonic() - t, n))",
     "close": "p.close()",
@@ -173,7 +180,46 @@ def test_signals_at_random_points_of_an_emit_loop(kafka, tmp_path, action):
         assert float(took) < 3 and int(left) >= 0, printed["flushes"]
     assert log.count("event=close_deferred") <= 1
     missing = _accepted(printed) - _seqs_sent(kafka.bootstrap_servers, topic, tmp_path)
-    assert not missing, sorted(missing)[:20]
+    assert not missing, _missing_report(missing, printed, log)
+
+
+def test_a_signal_inside_a_handlers_emit_counts_each_event_once(kafka, tmp_path):
+    # The random-point test's handler, interrupted by a second SIGUSR1 inside its own emit()
+    # (encoding its event), as signals close together find it under load; the first handler
+    # interrupted event 499's emit() holding the lock. Each handler's event is sent, the outer
+    # one's first; the handler used to take its event's number from len(extra) twice, so the
+    # inner one sent the outer one's number again and the next number was expected, never sent.
+    topic = kafka.new_topic("sig-nested-emit")
+    body = textwrap.dedent("""\
+        encode, nested = p._encode, []
+
+        def interrupting_encode(event):
+            if event["run"]["facets"]["seq"]["i"] >= 10_000_000 and not nested:
+                nested.append(event["run"]["facets"]["seq"]["i"])
+                signal.raise_signal(signal.SIGUSR1)
+            return encode(event)
+
+        p._encode = interrupting_encode
+        """) + _INTERRUPTED_AT_500.format(sig="SIGUSR1") + "\np.close()"
+    child = _run_child(tmp_path, kafka.bootstrap_servers, topic, body, _RANDOM_ACTIONS["emit"])
+    code, printed, log = _finish(child, 30)
+    assert code == 0, log[-3000:]
+    assert printed["accepted"][4:] == ["10000001", "10000000"], printed   # the inner handler's returned first
+    order = _seqs_in_order(kafka.bootstrap_servers, topic, tmp_path)
+    missing = _accepted(printed) - set(order)
+    assert not missing, _missing_report(missing, printed, log)
+    assert sorted(order) == [*range(1000), 10_000_000, 10_000_001], "lost or sent twice"
+    assert order[499:503] == [499, 10_000_000, 10_000_001, 500]
+
+
+def _missing_report(missing: set[int], printed: dict[str, list[str]], log: str) -> str:
+    """What a failure shows: the events missing, what the child printed (its final stats among
+    it) and its log's drops, journal mode changes and errors, then the log's tail."""
+    notable = [line for line in log.splitlines()
+               if any(word in line for word in ("event=dropped", "event=journal_mode", "event=direct_mode",
+                                                "event=producer_rebuilt", "event=close", "ERROR"))]
+    return "\n".join([f"missing {sorted(missing)[:20]}", *(f"{k} {' '.join(v)[:2000]}" for k, v in printed.items()),
+                      *notable[-40:], "--- log tail ---", log[-3000:]])
 
 
 _INTERRUPTED_AT_500 = """\
@@ -290,9 +336,9 @@ p.close()"""
 #: The handler emits an event of the same run (one message key).
 _EMIT_SAME_RUN = """\
 e = copy.deepcopy(ev)
-e["run"]["facets"]["seq"]["i"] = 10_000_000 + len(extra)
+e["run"]["facets"]["seq"]["i"] = n = next(ids)
 p.emit(e)
-extra.append(10_000_000 + len(extra))"""
+extra.append(n)"""
 
 
 def test_emit_in_a_handler_that_interrupted_emit_inside_the_lock_goes_after_its_event(kafka, tmp_path):
