@@ -123,7 +123,17 @@ class HeldEmits:
 
     def _after_lock(self, held_dropped: dict[str, int]) -> None:
         """After an emit's ``_lock``: what must not be logged holding it (the held records
-        dropped, by reason)."""
+        dropped, by reason). First the records a signal handler held back once the lock's
+        last :meth:`_place_held` was over (its emit() ran before the lock was released): they
+        are placed now, before this call returns -- left in the held-back queue, they would
+        go after the next emit()'s event, or to the journal while in direct mode."""
+        while self._held_back and not self._lock._is_owned():  # type: ignore[attr-defined]
+            if self._forked:
+                start_in_forked_child(self)
+            with self._lock:
+                more = self._place_held(None)
+            for reason, n in more.items():
+                held_dropped[reason] = held_dropped.get(reason, 0) + n
         if self._journal_note is not None:
             self._tell_journal_mode()
         for reason, n in held_dropped.items():
@@ -172,7 +182,7 @@ class HeldEmits:
         try:
             if call.record is None and self._encoded(call) is None:
                 return
-            holder = self._holder(call) if call.outer is not None else None
+            holder = self._holder(call)
             if holder is None and self._forked:   # cut short before its producer started in this child
                 start_in_forked_child(self)
             with self._lock:

@@ -245,9 +245,11 @@ class LineageProducer(HeldEmits, KafkaClient, Closing, Sender):
             # Before _lock: once close() began, emit() calls do not compete with its sender for it.
             call.settled = True
             dropped: str | None = "closed"
-        elif call.outer is not None and (holder := self._holder(call)) is not None:
+        elif (holder := self._holder(call)) is not None:
             # A signal handler's emit() inside one of this thread's that has not placed its
-            # event yet, or holds _lock: it goes right after that one's (_holder).
+            # event yet, or while this thread holds _lock (an emit() holding it, or placing
+            # the records held for one that already returned: _release_held): it goes right
+            # after that one's (_holder).
             return self._hold(call, holder)
         else:
             if self._forked:

@@ -123,6 +123,92 @@ def test_a_handlers_emit_goes_after_the_emit_it_interrupted_before_its_lock(kafk
     assert _seqs_in_order(kafka.bootstrap_servers, topic) == [0, 1, *handlers, 2]
 
 
+def test_a_handlers_emit_after_the_held_records_are_placed_is_not_left_behind(kafka, tmp_path, on_sigusr1):
+    # The handler runs once event 1's emit() has placed its record and those held for it,
+    # still holding the lock: the handler's record waits in the held-back queue, and was left
+    # there when that emit() returned -- placed after event 2 (out of emit order), or, if the
+    # sender's turn came first, journaled while in direct mode, sent only at the next journal
+    # mode or by the next process (flush() waited its whole timeout for it).
+    topic = kafka.new_topic("handler-after-held")
+    p = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path,
+                        properties=FAST_RECONNECT, message_key="one-run")   # one key: one order
+    place_held, calls = p._place_held, []
+
+    def interrupting_place_held(held):
+        dropped = place_held(held)
+        calls.append(held)
+        if len(calls) == 2:   # event 1's, inside its emit()'s lock
+            signal.raise_signal(signal.SIGUSR1)
+        return dropped
+
+    on_sigusr1(lambda *_: p.emit(seq_event(100)))
+    p._place_held = interrupting_place_held
+    try:
+        p.emit(seq_event(0))
+        p.emit(seq_event(1))
+        left_behind = len(p._held_back)
+        p.emit(seq_event(2))
+        assert p.flush(20) == 0
+    finally:
+        p.close()
+    assert left_behind == 0
+    assert _seqs_in_order(kafka.bootstrap_servers, topic) == [0, 1, 100, 2]
+
+
+class _SignalBeforeProduce:
+    """librdkafka's producer raising SIGUSR1 right before it takes the record of event ``seq``."""
+
+    def __init__(self, real, seq: int) -> None:
+        self.real, self.seq, self.raised = real, seq, False
+
+    def produce(self, *args) -> None:
+        if not self.raised and decode(args[1])["run"]["facets"]["seq"]["i"] == self.seq:
+            self.raised = True
+            signal.raise_signal(signal.SIGUSR1)
+        self.real.produce(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def __len__(self) -> int:
+        return len(self.real)
+
+
+def test_a_handlers_emit_while_the_records_held_for_a_returned_emit_are_placed_goes_after_them(
+        kafka, tmp_path, on_sigusr1):
+    # Event 1 cannot be encoded, and a handler emitted event 100 while it was being encoded:
+    # held for it, placed as its emit() returns (event 1 dropped), holding the lock, outside
+    # any emit() call. A second handler's emit() there (event 101) took the re-entrant lock
+    # and went ahead of event 100; it waits in the held-back queue now, placed right after.
+    topic = kafka.new_topic("handler-in-release")
+    p = LineageProducer(bootstrap_servers=kafka.bootstrap_servers, topic=topic, journal_dir=tmp_path,
+                        properties=FAST_RECONNECT, message_key="one-run")   # one key: one order
+    encode, handled = p._encode, []
+
+    def failing_encode(event: dict) -> bytes:
+        if event["run"]["facets"]["seq"]["i"] == 1:
+            signal.raise_signal(signal.SIGUSR1)
+            raise ValueError("cannot encode it")
+        return encode(event)
+
+    def handler(*_) -> None:
+        n = 100 + len(handled)
+        handled.append(n)
+        p.emit(seq_event(n))
+
+    on_sigusr1(handler)
+    p._encode = failing_encode
+    p._producer = _SignalBeforeProduce(p._producer, 100)
+    try:
+        for i in range(3):
+            p.emit(seq_event(i))
+        assert p.flush(20) == 0
+    finally:
+        p.close()
+    assert handled == [100, 101] and p.stats.dropped == {"unencodable": 1}
+    assert _seqs_in_order(kafka.bootstrap_servers, topic) == [0, 100, 101, 2]
+
+
 def _seqs_in_order(bootstrap: str, topic: str) -> list[int]:
     total = sum(end_offsets(bootstrap, topic).values())
     records = read_topic(bootstrap, topic, expected=total, timeout_s=30)
