@@ -22,8 +22,9 @@ Guarantees:
   given up, logged; what they would have committed is read again). A failure of the main
   loop stops it the same way;
 - rebalance: partitions given up in a rebalance have their queued and held events taken
-  back, their deliveries under way waited for (up to ``drain_timeout_s``, 30 s at most)
-  and then stopped, and what was delivered committed, before the new owner reads them;
+  back, their deliveries under way waited for (up to ``drain_timeout_s``, 30 s at most,
+  and within max.poll.interval.ms) and then stopped, and what was delivered committed,
+  before the new owner reads them;
   lost partitions (another member may own them already) are given up at once
   (:mod:`relay.rebalance`);
 - run state (consolidated/coalesce collectors) is written to its changelog before the
@@ -133,6 +134,7 @@ class Relay:
                 on_producer_replaced=self.metrics.producers_replaced.labels(producer="run_state").inc)
             self.state = RunStateStore(changelog, [lane.state_table for lane in self.lanes
                                                    if lane.state_table is not None], self.metrics)
+        self._stop = asyncio.Event()
         learners = [lane for lane in self.lanes if lane.learns_from_lookback]
         self.lookback: Lookback | None = None
         if learners and config.pipeline.lookback.max_records:
@@ -141,7 +143,7 @@ class Relay:
                     lane.prime(event, now)
                 self.metrics.lookback_events.inc()
             self.lookback = Lookback(k, config.pipeline.lookback, max_bytes=config.pipeline.max_event_bytes,
-                                     prime=prime)
+                                     prime=prime, stopping=self._stop.is_set)
         self.run_search: RunSearch | None = None
         if self.lookback is not None and config.pipeline.ordering.enabled and config.pipeline.lookback.search_records:
             found = self.metrics.lookback_runs_found
@@ -150,13 +152,13 @@ class Relay:
                 max_bytes=config.pipeline.max_event_bytes, floors=self.lookback.floors, lanes=self.lanes,
                 on_found=lambda lane, finished: found.labels(collector=lane,
                                                              result="finished" if finished else "open").inc())
-        self._stop = asyncio.Event()
         #: When the relay must have returned (monotonic; set with the stop).
         self._exit_by = float("inf")
-        handover = PartitionHandover(
+        self._handover = handover = PartitionHandover(
             self.lanes, self.tracker, state=self.state, lookback=self.lookback, drain_timeout_s=config.drain_timeout_s,
             state_settle_s=_STATE_SETTLE_S, stop=self._stop, time_left=lambda: self._left(self._exit_by),
-            reset_at_assignment=lambda: self.source.reset_at_assignment)
+            reset_at_assignment=lambda: self.source.reset_at_assignment,
+            handover_left=lambda: self.source.handover_left())
         resets = self.metrics.offset_resets
         #: Whether the cluster has answered yet (/readyz's ``broker_unreachable``).
         self.broker = BrokerContact(k.bootstrap_servers)
@@ -166,7 +168,7 @@ class Relay:
                                   on_offset_reset=lambda topic, _p: resets.labels(topic=topic).inc(),
                                   open_reader=lambda: open_consumer(k, k.group_id,
                                                                     client_id="lineage-relay-offset-check"),
-                                  broker=self.broker)
+                                  broker=self.broker, stopping=self._stop.is_set)
         self.backpressure = Backpressure(
             self.source, self.lanes, self.tracker, self.metrics, max_pending_bytes=config.pipeline.max_pending_bytes,
             state_unacked=(lambda: self.state.changelog.unacked) if self.state is not None else (lambda: 0),
@@ -263,12 +265,12 @@ class Relay:
                 self.heartbeat = now
                 if records:
                     self.metrics.consumed.inc(len(records))
-                    revoked = self.source.revoked_since(generation)
+                    revoked = self._not_handled(generation)
                     for start in range(0, len(records), _HANDLE_SLICE):
                         if start:
                             await asyncio.sleep(0)
                             # A rebalance may have run meanwhile.
-                            revoked = self.source.revoked_since(generation)
+                            revoked = self._not_handled(generation)
                         for message, result in zip(records[start:start + _HANDLE_SLICE],
                                                    decoded[start:start + _HANDLE_SLICE]):
                             if revoked and (message.topic(), message.partition()) in revoked:
@@ -298,6 +300,14 @@ class Relay:
         finally:
             # Fetched but not handled, hence never tracked: read again after a restart.
             await asyncio.gather(batch, return_exceptions=True)
+
+    def _not_handled(self, generation: int) -> set:
+        """Partitions whose records polled at ``generation`` are skipped: revoked or lost
+        since (their new owner reads them), or assigned while a stop cut their run-state
+        restore or look-back short (read again after the restart)."""
+        skipped = self.source.revoked_since(generation)
+        abandoned = self._handover.abandoned
+        return skipped | abandoned if abandoned else skipped
 
     def _handle(self, message, result: LineageEvent | Rejection, now: float) -> None:
         topic, partition, offset = message.topic(), message.partition(), message.offset()

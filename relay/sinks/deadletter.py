@@ -36,8 +36,10 @@ _DETAIL_MAX = 2000
 _RESEND_DELAY_S = 1.0
 #: Size refusals of a dead letter before it is written without its value.
 _SIZE_REFUSALS = 2
-#: The broker's refusals for size, and librdkafka's own (-181, over message.max.bytes).
-_TOO_LARGE = BATCH_TOO_LARGE | {-181}
+#: The refusals for size: the broker's (a delivery report), and librdkafka's own for a
+#: record over message.max.bytes (produce() raises MSG_SIZE_TOO_LARGE too). Nothing else:
+#: another failure (a TLS error, a timeout) leaves the dead letter whole, retried as it is.
+_TOO_LARGE = BATCH_TOO_LARGE
 
 
 class DeadLetterWriter:

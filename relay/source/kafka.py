@@ -36,6 +36,9 @@ log = logging.getLogger("relay.source")
 CLOSE_TIMEOUT_S = 30.0
 #: Seconds a check of the subscribed topics' metadata may take (see :meth:`KafkaSource.check_topics`).
 TOPIC_CHECK_TIMEOUT_S = 5.0
+#: What a rebalance handler leaves of max.poll.interval.ms (a fifth of it at most) for what
+#: the callback does after it: the commit of a revocation, the answer crossing threads.
+HANDOVER_MARGIN_S = 3.0
 #: How librdkafka reports a subscribed topic the cluster does not hold (a consumer error).
 MISSING_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 
@@ -69,17 +72,19 @@ class KafkaSource:
     A newly assigned partition whose committed offset it no longer holds starts where
     ``auto.offset.reset`` says, logged ``offset_reset`` and passed to ``on_offset_reset``
     (:mod:`relay.source.offset_check`; a committed offset beyond the partition's end is
-    confirmed with ``open_reader()``, an assign-only consumer). All of librdkafka's log
-    lines become log events (:mod:`relay.kafka_log`).
+    confirmed with ``open_reader()``, an assign-only consumer; the check ends once
+    ``stopping()``). All of librdkafka's log lines become log events (:mod:`relay.kafka_log`).
     """
 
     def __init__(self, *, bootstrap_servers: str, group_id: str, topics: tuple[str, ...],
                  properties: dict[str, str], on_assign: RebalanceHandler, on_revoke: RebalanceHandler,
                  on_lost: RebalanceHandler | None = None, on_offset_reset: OffsetReset | None = None,
-                 open_reader: Callable[[], Consumer] | None = None, broker: BrokerContact | None = None) -> None:
+                 open_reader: Callable[[], Consumer] | None = None, broker: BrokerContact | None = None,
+                 stopping: Callable[[], bool] | None = None) -> None:
         self.broker = broker or BrokerContact(bootstrap_servers)
         conf = consumer_config(bootstrap_servers, group_id, properties)
-        self._offset_check = OffsetCheck(str(conf["auto.offset.reset"]).lower(), on_offset_reset, open_reader)
+        self._offset_check = OffsetCheck(str(conf["auto.offset.reset"]).lower(), on_offset_reset, open_reader,
+                                         stopping=stopping)
         #: Partitions of the latest assignment that start elsewhere than their committed
         #: offset (nothing before their start was delivered: there is nothing to read back).
         self.reset_at_assignment: frozenset[Partition] = frozenset()
@@ -156,6 +161,16 @@ class KafkaSource:
         finally:
             self.rebalancing_since = None
 
+    def handover_left(self) -> float:
+        """Seconds the rebalance handler running now may still take: what is left of
+        max.poll.interval.ms since it began, less :data:`HANDOVER_MARGIN_S` for the rest of
+        the callback (infinite when none runs). On the loop, from the handler."""
+        since = self.rebalancing_since
+        if since is None:
+            return float("inf")
+        margin = min(HANDOVER_MARGIN_S, self.handover_timeout_s / 5)
+        return max(0.0, since + self.handover_timeout_s - margin - time.monotonic())
+
     def _assigned(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]
         checked = self._checked(consumer, tps)
@@ -186,7 +201,7 @@ class KafkaSource:
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         parts = [(tp.topic, tp.partition) for tp in tps]
         self._mark_revoked(parts)
-        offsets = self._hand_over(self._on_revoke, parts)
+        offsets = self._given_up(self._on_revoke, parts)
         try:
             self._commit_now(offsets, consumer)
         except KafkaException:
@@ -200,11 +215,22 @@ class KafkaSource:
         # Lost, not revoked: another member may already own them, so commit nothing.
         parts = [(tp.topic, tp.partition) for tp in tps]
         self._mark_revoked(parts)
-        self._hand_over(self._on_lost, parts)
+        self._given_up(self._on_lost, parts)
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)
         log_event(log, logging.WARNING, "partitions_lost", partitions=format_partitions(parts))
+
+    def _given_up(self, handler: RebalanceHandler, parts: list[Partition]) -> dict[Partition, int]:
+        """Hand revoked or lost ``parts`` over to ``handler``. Should it fail (or outlast
+        max.poll.interval.ms), they are no longer assigned all the same: no later commit
+        (the shutdown's) includes them, since another member reads them from the last
+        commit, and may have committed further already (moving its offset back: duplicates)."""
+        try:
+            return self._hand_over(handler, parts)
+        except BaseException:
+            self.assignment.difference_update(parts)
+            raise
 
     def _mark_revoked(self, parts: list[Partition]) -> None:
         self.generation += 1

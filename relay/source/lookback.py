@@ -60,11 +60,13 @@ class Lookback:
     offsets of newly assigned partitions; see the module docstring."""
 
     def __init__(self, kafka: KafkaConfig, config: LookbackConfig, *, max_bytes: int,
-                 prime: Callable[[LineageEvent, float], None]) -> None:
+                 prime: Callable[[LineageEvent, float], None], stopping: Callable[[], bool] | None = None) -> None:
         self._kafka = kafka
         self._config = config
         self._max_bytes = max_bytes
         self._prime = prime
+        #: True once the relay is asked to stop: a read back under way ends (on its thread).
+        self._stopping = stopping
         # One thread: a consumer is used from the thread that made it.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lookback")
         #: Partitions read back from above their start: (their start, where the read began).
@@ -83,8 +85,9 @@ class Lookback:
         loop = asyncio.get_running_loop()
         began = time.monotonic()
         reader = _Reader(self._kafka, partitions, self._config.max_records, self._max_bytes,
-                         began + self._config.timeout_s)
+                         began + self._config.timeout_s, stop=self._stopping)
         primed = 0
+        given_up = False
         try:
             while True:
                 chunk = await loop.run_in_executor(self._executor, reader.next_chunk)
@@ -99,8 +102,14 @@ class Lookback:
                       error=str(err)[:300],
                       hint="runs begun before the committed offset are held until hold_timeout_s")
             return primed
+        except asyncio.CancelledError:
+            given_up = True  # a stop: not waited for (see below)
+            raise
         finally:
-            await loop.run_in_executor(self._executor, reader.close)
+            closing = loop.run_in_executor(self._executor, reader.close)
+            if not given_up:
+                await closing
+            # else: closed on its thread once its step ends (soon: it sees the stop), unwaited.
         self.floors.update((p, floor) for p, floor in reader.floors.items() if p not in reader.unfinished)
         if reader.unfinished:
             log_event(log, logging.WARNING, "lookback_incomplete", partitions=format_partitions(sorted(reader.unfinished)),
@@ -118,8 +127,9 @@ class _Reader:
     """Runs on the lookback thread only."""
 
     def __init__(self, kafka: KafkaConfig, partitions: list[Partition], max_records: int, max_bytes: int,
-                 deadline: float) -> None:
+                 deadline: float, stop: Callable[[], bool] | None = None) -> None:
         self._kafka = kafka
+        self._stop = stop
         self._partitions = partitions
         self._max_records = max_records
         self._max_bytes = max_bytes
@@ -160,9 +170,11 @@ class _Reader:
         """The next events read back (about ``_CHUNK_BYTES`` of records, decoded), or None
         when done (or out of time: see ``unfinished``)."""
         if self._reading is None:
+            if self._stop is not None and self._stop():
+                return None
             ranges = self._open()
             assert self._consumer is not None
-            self._reading = read_topics(self._consumer, ranges, self._deadline, self.unfinished)
+            self._reading = read_topics(self._consumer, ranges, self._deadline, self.unfinished, stop=self._stop)
         events: list[LineageEvent] = []
         size = 0
         while size < _CHUNK_BYTES:

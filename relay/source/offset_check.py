@@ -16,7 +16,9 @@ Kafka-compatible brokers answer an empty fetch: the relay would wait there for e
 
 Bounded by :data:`OFFSET_CHECK_TIMEOUT_S`: partitions not reached by then are logged
 (``offset_check_incomplete``) and start at their committed offset, as do those a failed
-check did not decide (logged ``offset_check_failed``). It runs on the consumer's thread, in the assignment callback.
+check did not decide (logged ``offset_check_failed``), and all once the relay is asked to
+stop (none of their records is handled then; a broker request under way is waited for).
+It runs on the consumer's thread, in the assignment callback.
 Resets librdkafka makes later (retention overtaking a lagging relay) come through its log
 line (:mod:`relay.kafka_log`).
 """
@@ -64,17 +66,20 @@ class OffsetCheck:
     module docstring."""
 
     def __init__(self, policy: str, on_offset_reset: OffsetReset | None,
-                 open_reader: Callable[[], Consumer] | None) -> None:
+                 open_reader: Callable[[], Consumer] | None, stopping: Callable[[], bool] | None = None) -> None:
         self._reset_policy = policy
         self._on_offset_reset = on_offset_reset
         self._open_reader = open_reader
+        #: True once the relay is asked to stop: no check then (none of the partitions'
+        #: records is handled), and one under way ends at its next step.
+        self._stopping = stopping or (lambda: False)
 
     def checked(self, consumer: Consumer,
                 tps: list[TopicPartition]) -> tuple[list[TopicPartition], frozenset[Partition]]:
         """``tps``, or a copy where a partition that no longer holds its committed offset
         starts where ``auto.offset.reset`` says; and the partitions so reset."""
         policy = self._reset_policy
-        if not tps or (policy not in _RESET_TO_START and policy not in _RESET_TO_END):
+        if not tps or (policy not in _RESET_TO_START and policy not in _RESET_TO_END) or self._stopping():
             return tps, frozenset()
         deadline = time.monotonic() + OFFSET_CHECK_TIMEOUT_S
         out = list(tps)
@@ -86,6 +91,8 @@ class OffsetCheck:
             for i, tp in enumerate(committed):
                 if tp.error is not None or tp.offset < 0:
                     continue
+                if self._stopping():  # not handled anyway: the relay exits within its time
+                    break
                 if time.monotonic() > deadline:  # many partitions, a slow broker: bounded all the same
                     log_event(log, logging.WARNING, "offset_check_incomplete", timeout_s=OFFSET_CHECK_TIMEOUT_S,
                               unchecked=format_partitions([(t.topic, t.partition) for t in committed[i:]
@@ -99,7 +106,7 @@ class OffsetCheck:
                     out[i] = self._reset(tp, low, high, cause)
                 elif cause == "beyond_end" and self._open_reader is not None:
                     beyond.setdefault(tp.topic, {})[tp.partition] = (i, tp.offset, low)
-            if beyond:
+            if beyond and not self._stopping():
                 assert self._open_reader is not None
                 reader = self._open_reader()
                 try:

@@ -171,3 +171,107 @@ async def test_an_event_its_reduced_record_leaves_out_is_sent_by_the_new_owner(m
     fresh.offer(read_again([start])[0], 101.0)
     fresh.write()
     assert fresh.deliver_all() == ["START"]
+
+
+async def test_the_wait_for_deliveries_ends_within_the_handlers_time(caplog):
+    """max.poll.interval.ms (15 s) below drain_timeout_s (20 s): the wait was 20 s, the
+    consumer gave the handler up after 15 s, before it stopped the deliveries and gave the
+    partition up, and the relay stopped (relay_failed). Now the wait ends within what the
+    handler has left, the deliveries are stopped and the partition handed over."""
+    relay = Relay()
+    relay.handover = PartitionHandover([relay.lane], relay.tracker, state=relay.store, lookback=None,
+                                       drain_timeout_s=20, state_settle_s=10, stop=asyncio.Event(),
+                                       time_left=lambda: float("inf"), reset_at_assignment=lambda: (),
+                                       handover_left=lambda: 2.0)
+    await relay.lane.start()
+    try:
+        await _under_way(relay, "START")  # the collector has not answered
+        with caplog.at_level(logging.INFO, logger="relay.app"):
+            await asyncio.wait_for(relay.handover.revoked([PART]), 10)  # was 20 s
+        [waited] = [r for r in caplog.records if r.getMessage() == "revoke_waiting_for_deliveries"]
+        assert waited.fields["timeout_s"] <= 2.0
+        assert any(r.getMessage() == "revoke_deliveries_aborted" for r in caplog.records)
+        assert relay.tracker.revoked == [[PART]] and relay.lane.sending({PART}) == 0
+    finally:
+        relay.collector.gate.set()
+        await relay.lane.close()
+
+
+async def test_a_revocation_given_up_gives_the_partition_up_as_if_lost(caplog):
+    """The consumer gives a handler up past max.poll.interval.ms (the handler cancelled):
+    the partition moves to another member all the same. Its deliveries went on (the drain
+    delivered them while the other member owned it) and the tracker kept it (committed at
+    shutdown). Now they are stopped and the partition forgotten, its runs unwritten."""
+    relay = Relay()
+    await relay.lane.start()
+    try:
+        await _under_way(relay, "START")
+        writes = relay.topic.writes
+        with caplog.at_level(logging.INFO, logger="relay.app"):
+            revoking = asyncio.ensure_future(relay.handover.revoked([PART]))
+            await until(lambda: any(r.getMessage() == "revoke_waiting_for_deliveries" for r in caplog.records),
+                        "the revocation waiting for the delivery")
+            revoking.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await revoking
+        assert any(r.getMessage() == "revoke_deliveries_aborted" for r in caplog.records)
+        assert relay.tracker.revoked == [[PART]] and relay.lane.sending({PART}) == 0
+        relay.collector.gate.set()
+        await relay.store.settle(5)
+        assert relay.topic.writes == writes  # nothing of it written after it was given up
+    finally:
+        relay.collector.gate.set()
+        await relay.lane.close()
+
+
+class SlowLookback:
+    """A look-back reading from a slow partition leader: it takes ``read_s``."""
+
+    def __init__(self, read_s: float) -> None:
+        self.read_s = read_s
+        self.reading = asyncio.Event()
+        self.forgotten: list[list] = []
+
+    async def prime(self, partitions: list) -> int:
+        self.reading.set()
+        await asyncio.sleep(self.read_s)  # ok: the slow read itself, not a wait for a condition
+        return 0
+
+    def forget(self, partitions: list) -> None:
+        self.forgotten.append(list(partitions))
+
+
+@pytest.mark.parametrize("stopped", ["before", "during"])
+async def test_a_stop_ends_an_assignments_lookback_and_its_partitions_are_not_handled(stopped):
+    """The look-back (or a run-state restore) ran to its end whatever the stop: the relay
+    waits on the poll whose callback runs it, and returned 20 s after a stop it had to
+    answer within drain_timeout_s + 5 s. Now the stop ends it; the partitions are
+    abandoned (none of their records handled, hence none committed), what was restored
+    of them forgotten."""
+    relay = Relay()
+    stop = asyncio.Event()
+    lookback = SlowLookback(read_s=60)
+    relay.handover = PartitionHandover([relay.lane], relay.tracker, state=relay.store, lookback=lookback,
+                                       drain_timeout_s=3, state_settle_s=10, stop=stop,
+                                       time_left=lambda: float("inf"), reset_at_assignment=lambda: ())
+    if stopped == "before":
+        stop.set()
+    assigning = asyncio.ensure_future(relay.handover.assigned([PART]))
+    if stopped == "during":
+        await asyncio.wait_for(lookback.reading.wait(), 10)
+        stop.set()
+    assert await asyncio.wait_for(assigning, 10) == {}
+    assert relay.handover.abandoned == {PART} and lookback.forgotten == [[PART]]
+    # Revoked on the way out (leaving the group): no longer abandoned, nothing to commit.
+    await relay.handover.revoked([PART])
+    assert relay.handover.abandoned == set() and relay.tracker.revoked == [[PART]]
+
+
+async def test_an_assignment_without_a_stop_is_handled():
+    relay = Relay()
+    lookback = SlowLookback(read_s=0)
+    relay.handover = PartitionHandover([relay.lane], relay.tracker, state=relay.store, lookback=lookback,
+                                       drain_timeout_s=3, state_settle_s=10, stop=asyncio.Event(),
+                                       time_left=lambda: float("inf"), reset_at_assignment=lambda: ())
+    assert await asyncio.wait_for(relay.handover.assigned([PART]), 10) == {}
+    assert lookback.reading.is_set() and relay.handover.abandoned == set() and lookback.forgotten == []

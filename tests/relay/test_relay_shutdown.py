@@ -5,16 +5,20 @@ error of its own included."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 
 import pytest
+from confluent_kafka import OFFSET_INVALID
 
 from relay.app import CLOSE_MARGIN_S
 from relay.embedded.broker import EmbeddedBroker
 from relay.embedded.collector import RecordingCollector
 from relay.embedded.sample import sample_stream
-from tests.support.kafka import produce
+from relay.source.lookback import Lookback
+from tests.support.kafka import committed_offsets, produce
 from tests.support.relay import RelayThread, eventually, relay_config
 
 pytestmark = pytest.mark.kafka
@@ -22,6 +26,8 @@ pytestmark = pytest.mark.kafka
 DRAIN_S = 4.0
 #: Thread hand-overs on the way out: every step of the relay's own is bounded by the deadline.
 SLACK_S = 1.5
+#: A look-back reading from a slow partition leader (within lookback.timeout_s).
+LOOKBACK_S = 20.0
 
 
 def stop_within(relay: RelayThread, timeout_s: float) -> float:
@@ -113,3 +119,33 @@ def test_a_relay_failing_is_not_ready_and_leaves_the_group_without_waiting_again
                 relay.stop(timeout_s=60)
         assert ended, "leaving the group waited for the deliveries again"
         assert not logged(caplog, "revoke_waiting_for_deliveries")
+
+
+def test_a_stop_during_an_assignments_lookback_returns_within_drain_timeout(kafka, monkeypatch, caplog):
+    """The look-back (or a run-state restore) runs in the assignment callback, inside the
+    poll the loop waits on; it did not look at the stop: with a look-back taking 20 s
+    (a slow partition leader, within lookback.timeout_s) the relay returned 20.6 s after a
+    stop it had to answer within drain_timeout_s + 5 s. Now the stop ends it, and none of
+    the partition's records is handled or committed (they are read again after the restart)."""
+    topic, dlq, group = kafka.new_topic("assign-stop"), kafka.new_topic("dlq"), kafka.new_group()
+    produce(kafka.bootstrap_servers, topic, sample_stream(3, seed=1))
+    reading = threading.Event()
+
+    async def slow_prime(self, partitions):  # noqa: ANN001, ANN202 - Lookback.prime
+        reading.set()
+        await asyncio.sleep(LOOKBACK_S)  # ok: the slow read itself, not a wait for a condition
+        return 0
+    monkeypatch.setattr(Lookback, "prime", slow_prime)
+    with RecordingCollector() as collector:
+        relay = RelayThread(relay_config(kafka.bootstrap_servers, topic, {"c": collector.url}, group=group, dlq=dlq,
+                                         pipeline={"lookback": {"timeout_s": 50}}, drain_timeout_s=DRAIN_S)).start()
+        try:
+            assert reading.wait(30), "the assignment's look-back began"
+            with caplog.at_level(logging.INFO, logger="relay"):
+                took = stop_within(relay, LOOKBACK_S)
+            assert took < DRAIN_S + CLOSE_MARGIN_S + SLACK_S, f"returned {took:.1f} s after the stop"
+        finally:
+            relay.stop(timeout_s=60)
+        assert logged(caplog, "assignment_abandoned")
+        assert collector.count == 0
+        assert committed_offsets(kafka.bootstrap_servers, topic, group, 1) == {0: OFFSET_INVALID}
