@@ -322,16 +322,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         event_loop.run(serve(config) if worker is None else serve(config, worker), config.event_loop)
     except (ConfigError, StateError) as err:  # found at start-up: a token or TLS file that cannot
-        print(f"lineage-relay: {err}", file=sys.stderr)  # be read, an input topic to create first
-        return 2
+        return _failed("config_error", err, 2)  # be read, an input topic to create first, a port taken
     except SourceError as err:  # the consumer failed for good (after the drain and last commit)
-        log_event(log, logging.ERROR, "relay_failed", error=str(err))
-        print(f"lineage-relay: {err}", file=sys.stderr)
-        return 1
+        return _failed("relay_failed", err, 1)
     except Exception as err:  # noqa: BLE001 - a bug: one JSON line (traceback inside), not a raw traceback
-        log.error("relay_failed", exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}"}})
+        log.error("relay_failed", exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}",
+                                                                  "exit_code": 1}})
         return 1
     return 0
+
+
+def _failed(event: str, err: Exception, exit_code: int) -> int:
+    """``run`` ends on ``err``, after logging was set up: one JSON log line (``error``, several
+    problems included, and ``exit_code``), not a plain-text line amid the JSON ones (before
+    logging is set up, a flag or the file refused, the plain line is all there is)."""
+    log_event(log, logging.ERROR, event, error=str(err), exit_code=exit_code)
+    return exit_code
 
 
 def _supervise(config: RelayConfig, argv: list[str], count: int) -> int:
@@ -343,11 +349,11 @@ def _supervise(config: RelayConfig, argv: list[str], count: int) -> int:
     try:
         check_files(config)
         return event_loop.run(supervise(config, argv, count), config.event_loop)
-    except ConfigError as err:
-        print(f"lineage-relay: {err}", file=sys.stderr)
-        return 2
+    except ConfigError as err:  # a file a worker would read, the endpoint's port taken
+        return _failed("config_error", err, 2)
     except Exception as err:  # noqa: BLE001 - a bug: one JSON line (traceback inside), not a raw traceback
-        log.error("supervisor_failed", exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}"}})
+        log.error("supervisor_failed", exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}",
+                                                                       "exit_code": 1}})
         return 1
 
 

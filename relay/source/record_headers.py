@@ -10,6 +10,7 @@ delivered at least once rather than lost or dead-lettered.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Iterable
 
@@ -17,6 +18,11 @@ from relay.events import REDRIVEN_FROM, REDRIVEN_HAVE, SourceRef
 from relay.logs import log_event
 
 log = logging.getLogger("relay.source")
+
+#: Of a ``redriven_have`` logged, the names shown (the first, sorted) and the characters
+#: shown of each: the header is the producer's, of any size (a log line must stay one).
+_NAMES_LOGGED = 10
+_NAME_CHARS_LOGGED = 64
 
 
 def collectors_named(values: Iterable[bytes | None]) -> tuple[frozenset[str], bool]:
@@ -41,7 +47,8 @@ def redriven_have(message, source: SourceRef) -> frozenset[str] | None:
     """None for a record ``dlq redrive --to-topic`` did not write back (no ``redriven_from``
     header), else the collectors its ``redriven_have`` names (the relay leaves them out).
     Headers that cannot be read at all (e.g. a name that is not UTF-8) are ignored: the
-    record is an ordinary one. Each problem is logged once per record; never raises."""
+    record is an ordinary one. Each problem is logged once per record, on a line of bounded
+    size (the count of names and the first few, cut); never raises."""
     try:
         headers = message.headers()
     except Exception as err:  # noqa: BLE001 - any record must be handled, whatever wrote it
@@ -52,7 +59,10 @@ def redriven_have(message, source: SourceRef) -> frozenset[str] | None:
         return None
     have, unreadable = collectors_named(v for name, v in headers if name == REDRIVEN_HAVE)
     if unreadable:
-        log_event(log, logging.WARNING, "redriven_have_unreadable", source=str(source), have=sorted(have),
+        shown = [name if len(name) <= _NAME_CHARS_LOGGED else name[:_NAME_CHARS_LOGGED] + "..."
+                 for name in heapq.nsmallest(_NAMES_LOGGED, have)]
+        log_event(log, logging.WARNING, "redriven_have_unreadable", source=str(source), have=shown,
+                  have_count=len(have),
                   hint="names in header redriven_have that are not UTF-8 are ignored: the record goes to "
                        "those collectors too")
     return have

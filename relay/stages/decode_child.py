@@ -16,18 +16,21 @@ if __name__ == "__main__":  # first, before the imports below: a stop may come a
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
+import logging
 import os
 import pickle
 import queue
 import sys
 import threading
-import traceback
 from typing import IO
 
+from relay.logs import inherit_log_context, setup_logging
 from relay.memory import release_after, tune_malloc
 from relay.stages.decode import decode_fields
 from relay.stages.decode_pipe import Inbox, compact, read_values, write_frame
 from relay.stages.decode_worker import _NICE, DIED_DECODING
+
+log = logging.getLogger("relay.decode_child")
 
 #: The child's GIL switch interval: its input thread waits at most this long for the GIL
 #: after each read (the default 5 ms, per read of a 1 MiB pipe, starved the decoder).
@@ -71,9 +74,8 @@ def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
         # into the inbox are gone before it is given back for another batch.
         try:
             answers = [compact(decode_fields(v, max_bytes=max_bytes), v) for v in values]
-        except BaseException:  # noqa: BLE001 - a parse that ran out of memory...: the record's doing
-            sys.stderr.write(traceback.format_exc())
-            sys.stderr.flush()
+        except BaseException as err:  # noqa: BLE001 - a parse that ran out of memory...: the record's doing
+            _log_failure("decode_child_failed", err, exit_code=DIED_DECODING, values=len(values))
             os._exit(DIED_DECODING)  # the parent sends the chunk's values again alone
         largest = max((len(v) for v in values if v), default=0)
         del values, item
@@ -82,8 +84,24 @@ def serve(max_bytes: int, inp: IO[bytes], out: IO[bytes]) -> None:
         release_after(largest)
 
 
+def _log_failure(event: str, err: BaseException, **fields: object) -> None:
+    """One JSON line on the relay's stderr (see the module docstring); never raises: out of
+    memory, the line may not get written, the exit status still says what happened."""
+    try:
+        log.error(event, exc_info=err, extra={"fields": {"error": f"{type(err).__name__}: {err}",
+                                                         "pid": os.getpid(), **fields}})
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+    except BaseException:  # noqa: BLE001, S110 - nothing more to say: the exit status says it
+        pass
+
+
 if __name__ == "__main__":
     import gc
+
+    inherit_log_context()  # before anything is logged: the relay's worker index...
+    setup_logging("warning")
+    logging.raiseExceptions = False  # a line that cannot be written is lost, not printed as a traceback
 
     # Parsed events are acyclic and freed by reference counting (see relay.process.tune_gc).
     gc.set_threshold(20_000, 20, 20)
@@ -96,4 +114,8 @@ if __name__ == "__main__":
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except OSError:  # not allowed here (a seccomp profile): stay at _NICE
             pass
-    serve(int(sys.argv[1]), sys.stdin.buffer, os.fdopen(int(sys.argv[3]), "wb"))
+    try:
+        serve(int(sys.argv[1]), sys.stdin.buffer, os.fdopen(int(sys.argv[3]), "wb"))
+    except BaseException as err:  # noqa: BLE001 - reading its input failed...: one JSON line, not a traceback
+        _log_failure("decode_child_failed", err, exit_code=1)
+        os._exit(1)  # as an uncaught error exits: not a record's doing

@@ -59,7 +59,7 @@ from functools import partial
 from pathlib import Path
 
 from relay.events import LineageEvent, Rejection
-from relay.logs import log_event
+from relay.logs import context_env, log_event
 from relay.stages.decode import DECODER_CRASHED, decode_record
 from relay.stages.decode_inflight import DecodeBatch, DecodeChild, answer_part
 from relay.stages.decode_pipe import (
@@ -226,7 +226,7 @@ class DecodeWorker:
         return results
 
     def _spawn(self) -> DecodeChild:
-        env = package_env()
+        env = {**package_env(), **context_env()}  # its log lines are this process's: the same context
         answers_r, answers_w = os.pipe()
         try:
             proc = subprocess.Popen(

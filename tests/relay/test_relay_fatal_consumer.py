@@ -10,6 +10,8 @@ consumed message whose code is _FATAL (and whose fatal() is False)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from relay.embedded.broker import FAST_GROUP_PROPERTIES
@@ -64,8 +66,10 @@ def test_the_cli_exits_1_with_relay_failed_logged(tmp_path):
         finally:
             relay.close()
         log = (tmp_path / "relay.log").read_text()
-        failed = [line for line in log.splitlines() if '"relay_failed"' in line]
-        assert len(failed) == 1 and "group.instance.id" in failed[0], log[-3000:]
+        lines = [json.loads(line) for line in log.splitlines()]  # every line JSON: it was printed again as text
+        failed = [line for line in lines if line["event"] == "relay_failed"]
+        assert len(failed) == 1 and "group.instance.id" in failed[0]["error"], log[-3000:]
+        assert failed[0]["exit_code"] == 1
 
 
 def committed(broker, partitions: int) -> int:  # noqa: ANN001

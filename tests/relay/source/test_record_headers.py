@@ -1,6 +1,7 @@
 import logging
 
 from relay.events import SourceRef
+from relay.logs import JsonFormatter
 from relay.source.record_headers import collectors_named, redriven_have
 
 AT = SourceRef("ol", 0, 7)
@@ -48,3 +49,26 @@ def test_headers_that_cannot_be_read_are_ignored_and_logged(caplog):
         assert redriven_have(record, AT) is None
     [line] = caplog.records
     assert line.message == "record_headers_unreadable" and line.fields["source"] == "ol/0/7"
+
+
+def test_a_huge_unreadable_redriven_have_is_logged_on_a_bounded_line(caplog):
+    """The header is the producer's, of any size: a 2 MB one made a 2.75 MB log line (a
+    container runtime splits lines at 16 KiB). The line has the count and the first few
+    names, each cut."""
+    names = b",".join(b"c%07d" % i for i in range(250_000)) + b"," + b"x" * 5000 + b",\xff"
+    record = Record([("redriven_from", b"dlq/0/0"), ("redriven_have", names)])
+    with caplog.at_level(logging.WARNING):
+        have = redriven_have(record, AT)
+    assert len(have) == 250_001  # what the relay leaves out is every readable name, whatever is logged
+    [line] = caplog.records
+    assert line.fields["have_count"] == 250_001
+    assert line.fields["have"] == [f"c{i:07d}" for i in range(10)]
+    assert len(JsonFormatter().format(line)) < 2000
+
+
+def test_a_long_name_is_cut_in_the_line(caplog):
+    record = Record([("redriven_from", b"dlq/0/0"), ("redriven_have", b"a" * 5000 + b",\xff")])
+    with caplog.at_level(logging.WARNING):
+        assert redriven_have(record, AT) == frozenset({"a" * 5000})
+    [line] = caplog.records
+    assert line.fields["have"] == ["a" * 64 + "..."] and line.fields["have_count"] == 1

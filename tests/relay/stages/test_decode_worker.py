@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from producer.codec import avro
+from relay import logs
 from relay.embedded.sample import spark_run
 from relay.events import LineageEvent, Rejection
 from relay.stages import decode_pipe, decode_worker
@@ -471,3 +472,32 @@ def test_a_child_that_cannot_start_makes_the_relay_decode_itself_and_dead_letter
     for got in (first, second):
         assert [same(g, decode_record(v, max_bytes=MAX)) for g, v in zip(got, batch)] == [True] * len(batch)
     assert "decoder_crashed" not in caplog.text
+
+
+def test_a_parse_that_fails_in_the_child_is_one_json_line_with_the_relays_context(tmp_path, monkeypatch, capfd):
+    """The child's stderr is the relay's: a parse that raised (MemoryError) printed its raw
+    traceback there, ~30 lines of text amid the JSON log lines, every time a record killed a
+    child. Now one line in the relay's format, the worker index of the relay's lines on it."""
+    (tmp_path / "sitecustomize.py").write_text(_RAISING_SITE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH")))))
+    monkeypatch.setattr(logs, "_context", {})
+    logs.set_log_context(worker=5)
+    good = [v for v in values() if v is not None and 0 < len(v) <= MAX][0]
+    killer = orjson.dumps({**orjson.loads(good), "note": "KILLER"})
+    capfd.readouterr()
+    worker = DecodeWorker(max_bytes=MAX)
+    worker.start()
+    try:
+        got = worker.decode([good, killer], timeout_s=60)
+    finally:
+        worker.close()
+    assert type(got[0]) is LineageEvent and got[1].reason == "decoder_crashed"
+    err = capfd.readouterr().err
+    lines = [orjson.loads(line) for line in err.splitlines()]  # every line is JSON
+    failed = [line for line in lines if line["event"] == "decode_child_failed"]
+    assert len(failed) == 2, err  # the chunk's child, then the child that had the killer alone
+    for line in failed:
+        assert line["level"] == "error" and line["logger"] == "relay.decode_child" and line["worker"] == 5
+        assert line["error"] == "MemoryError: " and line["exit_code"] == decode_worker.DIED_DECODING
+        assert "Traceback" in line["exception"] and line["exception"].rstrip().endswith("MemoryError")
+    assert [line["values"] for line in failed] == [2, 1]
