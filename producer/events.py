@@ -8,7 +8,10 @@ Contract:
 * Builders check what is cheap and what users get wrong (event type, run id shape,
   timezone-less times, unknown standard facet names) and raise ``ValueError``; they do
   not validate facet contents against the facet schemas. Run ids are emitted in canonical
-  UUID form (``str(uuid.UUID(v))``), however they were written.
+  UUID form (``str(uuid.UUID(v))``), however they were written (a ``uuid.UUID`` too).
+* openlineage-python facet and dataset objects (``SchemaDatasetFacet``, ``InputDataset``...)
+  may be given wherever a facet or dataset dict goes: they are converted with its
+  ``Serde.to_dict`` (:func:`producer.event_values.plain`), a failure raising ``ValueError``.
 * ``new_run_id()`` returns a UUIDv7 (RFC 9562): ids sort by creation time, and ids made
   by one process are strictly increasing even within one millisecond.
 * Times are UTC RFC 3339 with microseconds and a ``Z`` suffix:
@@ -26,6 +29,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
+from producer.event_values import plain
 from producer.facet_urls import FACET_SCHEMA_URLS
 
 log = logging.getLogger("producer.config")
@@ -46,6 +50,16 @@ _last_ms = 0
 _last_seq = 0  # 12-bit rand_a used as a sub-millisecond counter (RFC 9562, method 3)
 
 
+def _new_uuid_lock() -> None:
+    # A fork while another thread holds the lock would leave the child's new_run_id() waiting
+    # for ever on a thread the child does not have.
+    global _uuid_lock
+    _uuid_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_uuid_lock)
+
+
 def new_run_id() -> str:
     """A new UUIDv7 as a canonical lower-case string (time-ordered, unique)."""
     global _last_ms, _last_seq
@@ -64,9 +78,12 @@ def new_run_id() -> str:
     return str(uuid.UUID(int=value))
 
 
-def check_run_id(run_id: str, what: str = "run_id") -> str:
+def check_run_id(run_id: str | uuid.UUID, what: str = "run_id") -> str:
     """``run_id`` in canonical form (lower-case, hyphenated): ``{...}``, ``urn:uuid:...`` and
-    bare hex name the same run, and a consumer joining runs by id compares strings."""
+    bare hex name the same run, and a consumer joining runs by id compares strings. A
+    ``uuid.UUID`` is accepted too."""
+    if isinstance(run_id, uuid.UUID):
+        return str(run_id)
     try:
         return str(uuid.UUID(run_id))
     except (ValueError, TypeError, AttributeError):
@@ -208,14 +225,16 @@ def env_parent_id(var: str, environ: Mapping[str, str] | None = None) -> tuple[s
 
 def dataset(namespace: str, name: str, facets: dict | None = None, *,
             input_facets: dict | None = None, output_facets: dict | None = None) -> dict:
-    """A dataset for ``inputs``/``outputs`` (or ``dataset_event``); empty facet maps are omitted."""
+    """A dataset for ``inputs``/``outputs`` (or ``dataset_event``); empty facet maps are omitted.
+    openlineage-python facet objects among the facets are converted to dicts (a failure raises
+    ValueError)."""
     out: dict = {"namespace": namespace, "name": name}
     if facets:
-        out["facets"] = facets
+        out["facets"] = plain(facets, "dataset facets")
     if input_facets:
-        out["inputFacets"] = input_facets
+        out["inputFacets"] = plain(input_facets, "dataset input_facets")
     if output_facets:
-        out["outputFacets"] = output_facets
+        out["outputFacets"] = plain(output_facets, "dataset output_facets")
     return out
 
 
@@ -229,10 +248,10 @@ def run_event(event_type: str, *, run_id: str, job_namespace: str, job_name: str
     return {
         "eventType": event_type,
         "eventTime": event_time_iso(event_time),
-        "run": {"runId": _check_run_id(run_id), "facets": dict(run_facets or {})},
-        "job": {"namespace": job_namespace, "name": job_name, "facets": dict(job_facets or {})},
-        "inputs": list(inputs),
-        "outputs": list(outputs),
+        "run": {"runId": _check_run_id(run_id), "facets": dict(plain(run_facets or {}, "run_facets"))},
+        "job": {"namespace": job_namespace, "name": job_name, "facets": dict(plain(job_facets or {}, "job_facets"))},
+        "inputs": list(plain(list(inputs), "inputs")),
+        "outputs": list(plain(list(outputs), "outputs")),
         "producer": producer,
         "schemaURL": RUN_EVENT_SCHEMA_URL,
     }
@@ -241,6 +260,7 @@ def run_event(event_type: str, *, run_id: str, job_namespace: str, job_name: str
 def dataset_event(dataset: dict, *, event_time: str | datetime | None = None,
                   producer: str = PRODUCER_URI) -> dict:
     """A ``DatasetEvent`` (static metadata about one dataset, no run or job)."""
+    dataset = plain(dataset, "dataset")
     if not isinstance(dataset, dict) or "namespace" not in dataset or "name" not in dataset:
         raise ValueError("dataset_event needs a dataset dict with namespace and name; build it with dataset()")
     return {
@@ -257,9 +277,9 @@ def job_event(*, job_namespace: str, job_name: str, event_time: str | datetime |
     """A ``JobEvent`` (static metadata about a job, no run)."""
     return {
         "eventTime": event_time_iso(event_time),
-        "job": {"namespace": job_namespace, "name": job_name, "facets": dict(job_facets or {})},
-        "inputs": list(inputs),
-        "outputs": list(outputs),
+        "job": {"namespace": job_namespace, "name": job_name, "facets": dict(plain(job_facets or {}, "job_facets"))},
+        "inputs": list(plain(list(inputs), "inputs")),
+        "outputs": list(plain(list(outputs), "outputs")),
         "producer": producer,
         "schemaURL": JOB_EVENT_SCHEMA_URL,
     }

@@ -8,7 +8,8 @@
     with lineage_job("nightly.load_orders", inputs=[dataset("s3://raw", "orders")]) as run:
         ...                                   # START was emitted on entry
         run.add_output(dataset("postgres://db:5432", "public.orders"))
-    # COMPLETE on normal exit; FAIL (errorMessage facet with the stack trace) if it raised
+    # COMPLETE on normal exit; FAIL (errorMessage facet with the stack trace) if it raised;
+    # ABORT if it was stopped (cancelled, closed, Ctrl-C)
 
     @lineage_job(job_type="JOB", namespace="etl")    # job name: <module>.<qualname>
     def refresh(): ...
@@ -16,7 +17,11 @@
 Contract:
 
 * Entering emits START, leaving emits COMPLETE, or FAIL when an exception escapes (the
-  exception is re-raised, never swallowed). Both events carry the same run id (a UUIDv7),
+  exception is re-raised, never swallowed), or ABORT (no ``errorMessage``) when what escapes
+  stops the run rather than fails it: ``asyncio.CancelledError`` (a cancelled task, a
+  ``wait_for``/``asyncio.timeout`` expiring), ``GeneratorExit`` (a generator closed early
+  inside its ``with``) and ``KeyboardInterrupt`` (Ctrl-C; see :mod:`producer.job_outcome`).
+  Both events carry the same run id (a UUIDv7),
   the job facets, and the inputs/outputs known at that moment; COMPLETE/FAIL also carry
   those added with :meth:`JobRun.add_input` / :meth:`JobRun.add_output`. A ``SystemExit``
   whose status is 0 or None (``sys.exit()``, ``sys.exit(0)``) is a success: COMPLETE.
@@ -28,17 +33,26 @@ Contract:
   it early (``break``, ``close()``, garbage collection); the run is current only inside it.
   Its arguments are bound at the call, as undecorated (a missing one raises TypeError there);
   what the consumer throws in, GeneratorExit included, reaches the body as undecorated: ABORT
-  only when a GeneratorExit ends it (the body may catch one and yield on).
+  only when a GeneratorExit ends it (the body may catch one and yield on). A callable object
+  is classified by its ``__call__``. A function that is not itself ``async def`` but returns
+  a coroutine (an ``async def`` under a plain ``functools.wraps`` decorator) has its run
+  opened (START) at the call and kept open until the coroutine is awaited to its end, and
+  ABORT if it never is (at garbage collection); likewise for a returned asyncio future (until
+  done) and for a generator function under such a decorator (the iteration); see
+  :mod:`producer.job_spans`.
 * The FAIL event's ``errorMessage`` facet is bounded (:data:`MAX_ERROR_MESSAGE_CHARS`, and
   :data:`MAX_STACK_TRACE_CHARS` of the stack trace's tail), so a huge exception message does
   not make the event too large to send; an exception whose ``str()`` raises still gets one.
-* The parent run is, in order: the ``parent=`` argument; the enclosing ``lineage_job``
+* The parent run is, in order: the ``parent=`` argument, or the ParentRunFacet given as
+  ``run_facets["parent"]`` (its job and run id the parent, its root the root; runs nested in
+  this one name that root as theirs; giving both raises ValueError); the enclosing ``lineage_job``
   in the same thread or task (nested runs form a tree, with the outermost as root); the
   producer's configured parent (explicit config, else ``spark.openlineage.parent*`` when
   it was built from Spark conf, else ``OPENLINEAGE_PARENT_ID`` as it was then); the
   ``OPENLINEAGE_PARENT_ID`` / ``OPENLINEAGE_ROOT_PARENT_ID`` environment variables
   (``<namespace>/<job name>/<run id>``, as Airflow's ``lineage_parent_id`` macro renders).
-  The root always comes with its parent, from the same place.
+  The root always comes with its parent, from the same place (``root_parent=`` without
+  ``parent=`` raises ValueError).
 * The namespace is ``namespace=``, else the producer's ``namespace`` config
   (``spark.openlineage.namespace`` / ``$OPENLINEAGE_NAMESPACE``), else ``"default"``.
 * Lineage never raises into the job. Without a ``producer=``, one process-wide producer
@@ -49,35 +63,41 @@ Contract:
   ``OPENLINEAGE_DISABLED=true`` it is a :class:`producer.disabled.DisabledProducer`, which
   sends nothing. A malformed ``OPENLINEAGE_PARENT_ID`` is logged and ignored; an event
   that cannot be built or emitted is logged and skipped. Mistakes in ``lineage_job``'s own arguments (a bad
-  ``parent=``/``root_parent=`` string or tuple, a ``run_id=`` that is not a UUID) still raise, where
-  it is constructed.
+  ``parent=``/``root_parent=`` string or tuple, a ``run_id=`` that is not a UUID, a facet or
+  dataset JSON cannot carry) still raise, where it is constructed (:mod:`producer.job_args`).
+* openlineage-python facet and dataset objects may be given in ``run_facets=``,
+  ``job_facets=``, ``inputs=``/``outputs=`` and :meth:`JobRun.add_input`/``add_output``: they
+  are converted with its ``Serde.to_dict`` (one ``add_*`` cannot send is logged and left out).
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
 import logging
 import os
-import struct
 import threading
-import traceback
+import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
 from producer import events
 from producer.errors import ConfigError
-from producer.events import env_parent_id, parse_parent_id
+from producer.event_values import check_encodable, plain
+from producer.events import env_parent_id
+from producer.job_args import Parent, _job_type_facet, _json_arg, _nominal_time_facet, _parent_arg, _parent_from_facet
+from producer.job_outcome import MAX_ERROR_MESSAGE_CHARS, MAX_STACK_TRACE_CHARS, error_facet, terminal_event_type
+from producer.job_spans import _current, call_in_run, drive_async_gen, drive_gen, kind
 from producer.kafka import LineageProducer
+
+__all__ = ["MAX_ERROR_MESSAGE_CHARS", "MAX_STACK_TRACE_CHARS", "JobRun", "NoLineage", "current_run",
+           "default_producer", "lineage_job"]
 
 log = logging.getLogger("producer.job")
 
 F = TypeVar("F", bound=Callable[..., Any])
-Parent = tuple[str, str, str]
 
-_current: contextvars.ContextVar[JobRun | None] = contextvars.ContextVar("lineage_job_run", default=None)
 _default_lock = threading.Lock()
 _default: LineageProducer | NoLineage | None = None
 
@@ -152,11 +172,21 @@ class JobRun:
         self._token: contextvars.Token | None = None
 
     def add_input(self, ds: dict) -> None:
-        """Record an input dataset (build it with :func:`producer.events.dataset`)."""
-        self.inputs.append(ds)
+        """Record an input dataset (build it with :func:`producer.events.dataset`, or an
+        openlineage-python ``InputDataset``). One that cannot be sent is logged and left out."""
+        self._add(self.inputs, ds, "add_input")
 
     def add_output(self, ds: dict) -> None:
-        self.outputs.append(ds)
+        self._add(self.outputs, ds, "add_output")
+
+    def _add(self, datasets: list[dict], ds: Any, what: str) -> None:
+        try:
+            ds = plain(ds, what)
+            check_encodable(ds, what)
+        except ValueError as err:   # lineage must never break the job: this dataset is lost, logged
+            log.error("event=lineage_dataset_dropped job=%s detail=%s", self.job_name, err)
+            return
+        datasets.append(ds)
 
     @property
     def as_parent(self) -> Parent:
@@ -171,79 +201,6 @@ class JobRun:
         )
 
 
-def _job_type_facet(job_type: str | dict) -> dict:
-    fields = ({"processingType": "BATCH", "integration": "PYTHON", "jobType": job_type}
-              if isinstance(job_type, str) else dict(job_type))
-    return events.facet("JobTypeJobFacet", fields)
-
-
-def _nominal_time_facet(nominal: datetime | float | tuple) -> dict:
-    start, end = nominal if isinstance(nominal, tuple) else (nominal, None)
-    fields = {"nominalStartTime": events.iso(start)}
-    if end is not None:
-        fields["nominalEndTime"] = events.iso(end)
-    return events.facet("NominalTimeRunFacet", fields)
-
-
-#: Bounds of the FAIL event's ErrorMessageRunFacet, in characters (a character may take up to
-#: 6 bytes in JSON): a huge exception message (a whole payload in a ValueError) must not make
-#: the FAIL event too large for Kafka (``message.max.bytes``, 1 MB by default) and lose it.
-MAX_ERROR_MESSAGE_CHARS = 4_096
-MAX_STACK_TRACE_CHARS = 32_768
-
-
-def _safe_str(exc: BaseException) -> str:
-    """``str(exc)``, or what ``traceback`` prints when that raises (a broken ``__str__``)."""
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - lineage must never break the job
-        return "<exception str() failed>"
-
-
-def _head(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... [{len(text) - limit} more characters]"
-
-
-def _stack_trace(exc: BaseException) -> str:
-    """The formatted traceback, each part (a frame, an exception's message) at most
-    :data:`MAX_ERROR_MESSAGE_CHARS`, and at most :data:`MAX_STACK_TRACE_CHARS` in all: its
-    tail, where the innermost frames and the exception are."""
-    try:
-        parts = traceback.format_exception(exc)
-    except Exception:  # noqa: BLE001 - a traceback that cannot be formatted costs the stack only
-        return ""
-    text = "".join(_head(part, MAX_ERROR_MESSAGE_CHARS) for part in parts)
-    if len(text) <= MAX_STACK_TRACE_CHARS:
-        return text
-    marker = f"[... {len(text) - MAX_STACK_TRACE_CHARS} characters of the stack trace left out]\n"
-    return marker + text[len(text) - MAX_STACK_TRACE_CHARS:]
-
-
-def _error_facet(exc: BaseException) -> dict:
-    return events.facet("ErrorMessageRunFacet", {
-        "message": _head(f"{type(exc).__name__}: {_safe_str(exc)}", MAX_ERROR_MESSAGE_CHARS),
-        "programmingLanguage": "python",
-        "stackTrace": _stack_trace(exc),
-    })
-
-
-def _parent_arg(value: Parent | str | None, what: str) -> Parent | None:
-    """A ``parent=`` / ``root_parent=`` argument as ``(namespace, name, run_id)``, the run id in
-    canonical form; raises ValueError (construction-time misuse) when it is not one."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return parse_parent_id(value)
-    if isinstance(value, (tuple, list)) and len(value) == 3:
-        namespace, name, run_id = value
-        if isinstance(namespace, str) and namespace and isinstance(name, str) and name:
-            return namespace, name, events.check_run_id(run_id, f"{what} run id")
-    raise ValueError(f"{what} must be (namespace, job name, run id) or \"<namespace>/<job name>/<run id>\", "
-                     f"got {value!r}")
-
-
 class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`, `@lineage_job(...)`
     """Context manager and decorator that emits START and COMPLETE/FAIL for one run.
 
@@ -252,8 +209,11 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
     ``root_parent`` (``(namespace, name, run_id)`` or ``"ns/name/run_id"``),
     ``nominal_time`` (a datetime or epoch seconds, or a ``(start, end)`` pair),
     ``job_type`` (e.g. ``"JOB"``, or the JobTypeJobFacet fields), ``run_facets`` and
-    ``job_facets`` (more facets, standard or custom), ``run_id`` (default: a new UUIDv7).
-    A ``parent=``/``root_parent=`` or ``run_id=`` that is not one raises ValueError here.
+    ``job_facets`` (more facets, standard or custom, dicts or openlineage-python objects; a
+    ``run_facets["parent"]`` names the parent and root instead of ``parent=``/``root_parent=``),
+    ``run_id`` (default: a new UUIDv7; a string or ``uuid.UUID``). A ``parent=``/``root_parent=``
+    or ``run_id=`` that is not one, ``root_parent=`` without ``parent=``, the parent given twice,
+    or a facet or dataset JSON cannot carry raises ValueError here.
 
     ``@lineage_job`` without parentheses is ``@lineage_job()``. A decorated generator (or
     async generator) function's run spans its iteration: START when the first item is asked
@@ -277,16 +237,25 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
                  root_parent: Parent | str | None = None,
                  nominal_time: datetime | float | tuple | None = None,
                  job_type: str | dict | None = None, run_facets: dict | None = None,
-                 job_facets: dict | None = None, run_id: str | None = None) -> None:
+                 job_facets: dict | None = None, run_id: str | uuid.UUID | None = None) -> None:
         self._name = name
         self._namespace = namespace
         self._producer = producer
-        self._inputs = list(inputs)
-        self._outputs = list(outputs)
+        self._inputs = list(_json_arg(list(inputs), "inputs"))
+        self._outputs = list(_json_arg(list(outputs), "outputs"))
         self._parent = _parent_arg(parent, "parent")
         self._root = _parent_arg(root_parent, "root_parent")
-        self._run_facets = dict(run_facets or {})
-        self._job_facets = dict(job_facets or {})
+        self._run_facets = dict(_json_arg(dict(run_facets or {}), "run_facets"))
+        self._job_facets = dict(_json_arg(dict(job_facets or {}), "job_facets"))
+        if self._run_facets.get("parent") is not None:
+            # The parent facet given is what the events carry: the run's parent and root (what
+            # runs nested in it name as theirs) come from it, before the enclosing run or the
+            # configured/environment parent. Given both ways, neither may silently win.
+            if self._parent is not None or self._root is not None:
+                raise ValueError("give the parent run once: parent=/root_parent= or run_facets['parent'], not both")
+            self._parent, self._root = _parent_from_facet(self._run_facets["parent"])
+        elif self._root is not None and self._parent is None:
+            raise ValueError("root_parent= needs parent= too (the root is the top of the parent run's chain)")
         if nominal_time is not None:
             self._run_facets.setdefault("nominalTime", _nominal_time_facet(nominal_time))
         if job_type is not None:
@@ -335,14 +304,8 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
                           "nothing emitted", self._name)
                 return
             producer = self._producer or default_producer()
-            if abort:
-                _emit(producer, run, "ABORT")
-            elif exc is None or (isinstance(exc, SystemExit) and _exit_succeeds(exc.code)):
-                # sys.exit(0) / sys.exit() (click and other CLIs end a successful command so) is
-                # a success for the process and its scheduler, as the Spark capture reads it too.
-                _emit(producer, run, "COMPLETE")
-            else:
-                _emit(producer, run, "FAIL", exc)
+            event_type = "ABORT" if abort else terminal_event_type(exc)
+            _emit(producer, run, event_type, exc if event_type == "FAIL" else None)
         except Exception as err:  # noqa: BLE001 - lineage must never break the job
             log.error("event=lineage_job_exit_failed job=%s detail=%r", self._name, err)
 
@@ -368,7 +331,7 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         if run is current:
             try:
                 _current.reset(run._token)
-            except (ValueError, RuntimeError):  # the token belongs to another context
+            except (ValueError, RuntimeError, TypeError):  # another context's token, or none (detached)
                 _current.set(run._outer)
         # Never leave an ended run current (an outer one ended while this one was open).
         restored = _current.get()
@@ -415,74 +378,25 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
         clone._inputs, clone._outputs = list(self._inputs), list(self._outputs)
         return clone
 
-    def _drive_gen(self, gen: Any, name: str) -> Any:
-        """A decorated generator: the run spans ``gen``'s iteration (START at the first step,
-        COMPLETE at exhaustion, FAIL on an exception, ABORT when it ends on a GeneratorExit).
-        Everything the consumer sends or throws is forwarded, GeneratorExit included: a body
-        that catches a thrown GeneratorExit and yields goes on, as it would undecorated (and
-        ``close()`` then raises RuntimeError, as it would undecorated); ABORT only when the
-        GeneratorExit propagates out of the body or the body returns straight from it (as
-        at a ``break``); a body that yields on ends as it ends later."""
-        job, view = self._for_call(name), _BodyView()
-        with view:
-            job.__enter__()
-        value: Any = None
-        thrown: BaseException | None = None
-        while True:
-            with view:
-                try:
-                    item = gen.throw(thrown) if thrown is not None else gen.send(value)
-                except StopIteration as stop:
-                    _end_of_body(job, thrown, None)
-                    return stop.value
-                except BaseException as exc:
-                    _end_of_body(job, thrown, exc)
-                    raise
-            try:
-                value, thrown = (yield item), None
-            except BaseException as exc:
-                value, thrown = None, exc
-
-    async def _drive_async_gen(self, agen: Any, name: str) -> Any:
-        """:meth:`_drive_gen` for a decorated async generator (``asend``/``athrow``; ``aclose()``
-        is a GeneratorExit thrown in)."""
-        job, view = self._for_call(name), _BodyView()
-        with view:
-            job.__enter__()
-        value: Any = None
-        thrown: BaseException | None = None
-        while True:
-            with view:
-                try:
-                    item = await (agen.athrow(thrown) if thrown is not None else agen.asend(value))
-                except StopAsyncIteration:
-                    _end_of_body(job, thrown, None)
-                    return
-                except BaseException as exc:
-                    _end_of_body(job, thrown, exc)
-                    raise
-            try:
-                value, thrown = (yield item), None
-            except BaseException as exc:
-                value, thrown = None, exc
-
     def __call__(self, func: F) -> F:
-        name = f"{func.__module__}.{func.__qualname__}"
-        if inspect.isasyncgenfunction(func):
+        qualname = getattr(func, "__qualname__", None) or type(func).__qualname__   # a callable object's class
+        name = f"{getattr(func, '__module__', None) or type(func).__module__}.{qualname}"
+        made = kind(func)   # see producer.job_spans
+        if made == "asyncgen":
             @functools.wraps(func)
             def run_async_gen(*args: Any, **kwargs: Any) -> Any:
                 # The generator object made now: arguments are bound (a TypeError raised) at
                 # the call, as for the undecorated function; the run starts at the first step.
-                return self._drive_async_gen(func(*args, **kwargs), name)
+                return drive_async_gen(self._for_call(name), func(*args, **kwargs))
             return run_async_gen  # type: ignore[return-value]
 
-        if inspect.isgeneratorfunction(func):
+        if made == "gen":
             @functools.wraps(func)
             def run_gen(*args: Any, **kwargs: Any) -> Any:
-                return self._drive_gen(func(*args, **kwargs), name)   # bound now, as run_async_gen
+                return drive_gen(self._for_call(name), func(*args, **kwargs))   # bound now, as run_async_gen
             return run_gen  # type: ignore[return-value]
 
-        if inspect.iscoroutinefunction(func):
+        if made == "async":
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 with self._for_call(name):
@@ -491,71 +405,21 @@ class lineage_job:  # noqa: N801 - used like a function: `with lineage_job(...)`
 
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
-            with self._for_call(name):
-                return func(*args, **kwargs)
+            # It may return a coroutine (an async def under another decorator): the run then
+            # spans its await (producer.job_spans.call_in_run).
+            return call_in_run(self._for_call(name), func, args, kwargs)
         return run  # type: ignore[return-value]
-
-
-class _BodyView:
-    """The current run as a decorated generator's body sees it, swapped in while the body
-    runs and out while it is paused: the consuming code never sees the generator's run (or
-    one the body left open across a ``yield``) as its own current run."""
-
-    def __init__(self) -> None:
-        self._body: JobRun | None = None
-        self._saved: list[JobRun | None] = []
-        self._started = False
-
-    def __enter__(self) -> None:
-        self._saved.append(_current.get())
-        if self._started:
-            _current.set(self._body)
-        self._started = True   # first step: the body starts from the consumer's current run
-
-    def __exit__(self, *exc: object) -> None:
-        self._body = _current.get()
-        _current.set(self._saved.pop())
 
 
 def _emit(producer: Any, run: JobRun, event_type: str, exc: BaseException | None = None) -> None:
     # Building the event can fail (a bad run_id= argument): the job goes on, the event is lost, logged.
     try:
-        extra = {"errorMessage": _error_facet(exc)} if exc is not None else None
+        extra = {"errorMessage": error_facet(exc)} if exc is not None else None
         producer.emit(run.event(event_type, extra))
     except Exception as err:  # noqa: BLE001 - lineage must never break the job
         log.error("event=lineage_event_failed job=%s event_type=%s detail=%s", run.job_name, event_type, err)
 
 
-#: CPython exits with ``(int)PyLong_AsLong(code)``: a C long, then the OS keeps the low byte
-#: (POSIX) or 32 bits (Windows) of the status; an int out of a long's range exits with -1.
-_LONG_BITS = 8 * struct.calcsize("l")
-_STATUS_MASK = 0xFFFFFFFF if os.name == "nt" else 0xFF
-
-
-def _exit_succeeds(status: object) -> bool:
-    """Whether ``SystemExit(status)`` ends the process with exit status 0, as CPython decides:
-    None, or an int (bool included) whose status bits are 0 (0, False, 256 on POSIX).
-    Anything else (a message, 0.0, "0") is printed and exits with 1."""
-    if status is None:
-        return True
-    if not isinstance(status, int):
-        return False
-    value = int.__index__(status)   # the int's own value, as C reads it (a subclass's __eq__ aside)
-    return -(1 << (_LONG_BITS - 1)) <= value < (1 << (_LONG_BITS - 1)) and value & _STATUS_MASK == 0
-
-
 def current_run() -> JobRun | None:
     """The innermost active ``lineage_job`` run in this thread/task, if any."""
     return _current.get()
-
-
-def _end_of_body(job: Any, thrown: BaseException | None, exc: BaseException | None) -> None:
-    """The run's end when a step of a decorated generator's body ended it: it returned
-    (``exc`` None): COMPLETE, or ABORT when it returned straight from a GeneratorExit thrown
-    in; that GeneratorExit came back out: ABORT; any other exception: FAIL."""
-    if exc is None:
-        job._finish(None, abort=isinstance(thrown, GeneratorExit))
-    elif isinstance(exc, GeneratorExit) and isinstance(thrown, GeneratorExit):
-        job._finish(None, abort=True)
-    else:
-        job._finish(exc)
