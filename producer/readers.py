@@ -82,16 +82,18 @@ def find_yaml(environ: Mapping[str, str], cwd: Path, home: Path) -> Path | None:
     return None
 
 
-class YamlInt(int):
-    """An int read from openlineage.yml that keeps the text it was written as: ``str()`` is that
-    text (``0123``, ``1_000``, ``12:30``), so where text is expected (a librdkafka property, the
-    topic, a namespace) it is read as written, as the Java integration (Jackson) reads it, not as
-    YAML 1.1's number (``0123`` is octal 83); where a number is expected it is that number."""
+class _AsWritten:
+    """A number read from openlineage.yml that keeps the text it was written as: ``str()`` is that
+    text (``0123``, ``1_000``, ``12:30``, ``1.10``), so where text is expected (a librdkafka
+    property, the topic, a namespace) it is read as written, as the Java integration (Jackson)
+    reads it, not as YAML 1.1's number (``0123`` is octal 83); where a number is expected it is
+    that number."""
 
     text: str
+    _number: type
 
-    def __new__(cls, value: int, text: str) -> YamlInt:
-        obj = super().__new__(cls, value)
+    def __new__(cls, value: Any, text: str) -> Any:
+        obj = super().__new__(cls, value)  # type: ignore[call-arg]
         obj.text = text
         return obj
 
@@ -99,25 +101,19 @@ class YamlInt(int):
         return self.text
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (int(self), self.text))
+        return (type(self), (self._number(self), self.text))
 
 
-class YamlFloat(float):
-    """A float read from openlineage.yml that keeps the text it was written as (``1.10``), as
-    :class:`YamlInt`."""
+class YamlInt(_AsWritten, int):
+    """An int as written (:class:`_AsWritten`)."""
 
-    text: str
+    _number = int
 
-    def __new__(cls, value: float, text: str) -> YamlFloat:
-        obj = super().__new__(cls, value)
-        obj.text = text
-        return obj
 
-    def __str__(self) -> str:
-        return self.text
+class YamlFloat(_AsWritten, float):
+    """A float as written (:class:`_AsWritten`)."""
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (float(self), self.text))
+    _number = float
 
 
 class _Loader(yaml.SafeLoader):
