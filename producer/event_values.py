@@ -2,7 +2,8 @@
 
 An event is a ``dict`` (what :mod:`producer.events` builds), an openlineage-python event
 object (``RunEvent``, ``DatasetEvent``, ``JobEvent``: converted with its ``Serde.to_dict``, as
-the official transports do), or the text of a JSON object (``str`` or UTF-8 ``bytes``).
+the official transports do), or the text of a JSON object (``str`` or UTF-8 ``bytes``; an
+integer beyond 64 bits in it is kept, as in a dict: :func:`producer.codec.json_text.loads`).
 Anything else (``None``, a number, a list, text that is not a JSON object) is not an event:
 :func:`as_event` raises :class:`NotAnEvent`, and ``emit`` drops it with reason
 ``not_an_event`` before it reaches the journal or Kafka (the relay would only dead-letter it).
@@ -18,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+
+from producer.codec.json_text import loads
 
 _ACCEPTED = "a dict, an openlineage-python event object, or the text of a JSON object"
 
@@ -35,7 +38,7 @@ def as_event(value: Any) -> dict:
         return dict(value)
     if isinstance(value, (str, bytes, bytearray, memoryview)):
         try:
-            doc = orjson.loads(value)
+            doc = loads(value)  # an integer beyond 64 bits stays that integer (orjson: a float)
         except orjson.JSONDecodeError:
             raise NotAnEvent(f"{type(value).__name__} that is not JSON text; an event is {_ACCEPTED}") from None
         if not isinstance(doc, dict):

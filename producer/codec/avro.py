@@ -8,7 +8,9 @@ Contract:
 
 * ``decode(encode(e)) == e`` for every JSON object ``e`` (any event, valid or not):
   values keep their JSON types (int stays int, float stays float, null stays null,
-  absent stays absent). Key order is not kept (JSON objects are unordered).
+  absent stays absent), and an integer beyond 64 bits is read back as that integer
+  (:func:`producer.codec.json_text.loads`; orjson alone reads the nearest float). Key
+  order is not kept (JSON objects are unordered).
 * The core event is typed: ``eventType`` is an enum; ``eventTime``, ``producer``,
   ``schemaURL``, the run id and job/dataset namespace and name are strings; inputs and
   outputs are arrays of ``Dataset`` records. Facets are a ``map<string>`` from facet name
@@ -21,7 +23,10 @@ Contract:
   every record, so speed won.
 * :func:`decode` raises :class:`AvroDecodeError` (a ``ValueError``) saying what is wrong:
   not single-object encoded, unknown schema fingerprint (a newer writer schema), or a
-  truncated, corrupt or over-long body.
+  truncated, corrupt or over-long body; and its subclass :class:`UnsupportedJsonText`
+  when a facet's or an ``extra``'s JSON text is JSON orjson refuses (a number beyond a
+  64-bit float, such as an integer of 310 digits, or a lone UTF-16 surrogate escape: see
+  :mod:`producer.codec.json_text`), as the relay refuses the same event sent as JSON.
 * The schema is parsed once at import; a decode is one fastavro read and one pass over
   the facets.
 
@@ -37,7 +42,9 @@ from typing import Any
 
 import orjson
 
-from producer.codec import json_dumps
+from producer.codec import json_dumps, json_text
+from producer.codec.json_text import has_big_int, unsupported
+from producer.codec.json_text import loads as _exact_loads
 
 try:
     import fastavro
@@ -106,6 +113,12 @@ SCHEMA: dict[str, Any] = {
 
 class AvroDecodeError(ValueError):
     """The bytes are not an event this reader can decode; the message says why."""
+
+
+class UnsupportedJsonText(AvroDecodeError, json_text.UnsupportedJson):
+    """A facet's or an ``extra``'s JSON text holds JSON orjson refuses (RFC 8259 allows it,
+    I-JSON forbids it): a number beyond a 64-bit float, or a lone UTF-16 surrogate escape.
+    ``where`` names the field (``run.facets.stats``), ``message`` is orjson's."""
 
 
 # --- fingerprint -------------------------------------------------------------------
@@ -256,35 +269,102 @@ def is_single_object(data: bytes) -> bool:
     return data[:2] == MAGIC
 
 
-def _unfacets(value: dict[str, str]) -> dict[str, Any]:
-    return {name: orjson.loads(text) for name, text in value.items()}
+def peek_event_type(data: bytes) -> Any:
+    """The ``eventType`` of a record of this writer schema, read from the bytes of its
+    first four fields without decoding the rest (~1 us): one of :data:`EVENT_TYPES`, or
+    None when the typed field is null (no ``eventType``, or one that is not an
+    EVENT_TYPES string, kept in ``extra``). For a reader that only wants some types
+    (relay.source.run_search). Raises :class:`AvroDecodeError` when the bytes are not such
+    a record's beginning (another fingerprint, truncated): decode it to know more."""
+    data = bytes(data[:4096]) if not isinstance(data, bytes) else data
+    if data[:_HEADER_LEN] != _HEADER:
+        raise AvroDecodeError("not a single-object record of this writer schema")
+    try:
+        pos = _HEADER_LEN
+        for _ in range(3):  # eventTime, producer, schemaURL: union of null and string
+            branch, pos = _long(data, pos)
+            if branch == 1:
+                size, pos = _long(data, pos)
+                if size < 0:
+                    raise ValueError("negative string length")
+                pos += size
+            elif branch != 0:
+                raise ValueError(f"union branch {branch}")
+        branch, pos = _long(data, pos)
+        if branch == 0:
+            return None
+        index, pos = _long(data, pos)
+        if branch != 1 or not 0 <= index < len(EVENT_TYPES):
+            raise ValueError("bad eventType")
+        return EVENT_TYPES[index]
+    except (IndexError, ValueError) as err:
+        raise AvroDecodeError(f"corrupt Avro body ({err})") from None
 
 
-def _unpart(rec: dict) -> dict:
+def _long(data: bytes, pos: int) -> tuple[int, int]:
+    """An Avro ``long`` (zig-zag varint) at ``pos``, and the position after it."""
+    byte = data[pos]
+    value, shift = byte & 0x7F, 7
+    pos += 1
+    while byte & 0x80:
+        if shift > 63:
+            raise ValueError("varint over 10 bytes")
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        pos += 1
+    return (value >> 1) ^ -(value & 1), pos
+
+
+def _unfacets(value: dict[str, str], loads: Any, where: str) -> dict[str, Any]:
+    try:
+        return {name: loads(text) for name, text in value.items()}
+    except orjson.JSONDecodeError:
+        # Which one, and was it JSON orjson refuses? Only on failure.
+        for name, text in value.items():
+            _read(text, loads, f"{where}.{name}")
+        raise
+
+
+def _read(text: str, loads: Any, where: str) -> Any:
+    """``loads(text)``; UnsupportedJsonText when orjson refused JSON RFC 8259 allows."""
+    try:
+        return loads(text)
+    except orjson.JSONDecodeError as err:
+        if unsupported(text, err):
+            raise UnsupportedJsonText(where, str(err)) from None
+        raise
+
+
+def _unpart(rec: dict, loads: Any, where: str) -> dict:
     out: dict[str, Any] = {}
     for key, value in rec.items():
         if value is None or key == "extra":
             continue
-        out[key] = _unfacets(value) if key in _FACET_FIELDS else value
+        out[key] = _unfacets(value, loads, f"{where}.{key}") if key in _FACET_FIELDS else value
     if rec["extra"] is not None:
-        out.update(orjson.loads(rec["extra"]))
+        out.update(_read(rec["extra"], loads, f"{where}.extra"))
     return out
 
 
-def from_record(rec: dict) -> dict:
-    """Rebuild the event from a decoded Avro datum. Pure; exposed for tests."""
+def from_record(rec: dict, *, big_ints: bool = True) -> dict:
+    """Rebuild the event from a decoded Avro datum. Pure; exposed for tests.
+
+    ``big_ints`` False reads the JSON texts with plain ``orjson.loads``: for a record
+    known to hold no integer beyond 64 bits (:func:`decode` scans its bytes once)."""
+    loads = _exact_loads if big_ints else orjson.loads
     out: dict[str, Any] = {}
     for key, value in rec.items():
         if value is None or key == "extra":
             continue
         if key in ("run", "job", "dataset"):
-            out[key] = _unpart(value)
+            out[key] = _unpart(value, loads, key)
         elif key in ("inputs", "outputs"):
-            out[key] = [_unpart(d) for d in value]
+            out[key] = [_unpart(d, loads, f"{key}[{i}]") for i, d in enumerate(value)]
         else:
             out[key] = value
     if rec["extra"] is not None:
-        out.update(orjson.loads(rec["extra"]))
+        out.update(_read(rec["extra"], loads, "extra"))
     return out
 
 
@@ -310,7 +390,10 @@ def decode(data: bytes) -> dict:
     buf = io.BytesIO(data)
     buf.seek(_HEADER_LEN)
     try:
-        event = from_record(fastavro.schemaless_reader(buf, schema))
+        # One scan of the record's bytes: a facet's JSON text is in them verbatim (UTF-8).
+        event = from_record(fastavro.schemaless_reader(buf, schema), big_ints=has_big_int(data))
+    except UnsupportedJsonText:
+        raise
     except (EOFError, StopIteration, IndexError, UnicodeDecodeError, ValueError, TypeError, KeyError,
             MemoryError, OverflowError) as err:
         raise AvroDecodeError(f"corrupt Avro body ({type(err).__name__}: {err})") from err

@@ -10,6 +10,8 @@ Contract of :func:`decode_record`:
   ``producer.codec.avro`` and re-encoded as JSON for ``body``, which is at most
   :func:`avro_body_bound` bytes (the decode worker's pipe relies on it): a record whose
   JSON would be longer is refused as :data:`TOO_LARGE` (none of the writer schema's can be).
+  An integer beyond 64 bits in either is kept exactly (``doc``, digest), and the event
+  marked ``big_int`` (:mod:`relay.stages.event_checks`).
 * ``digest`` is the XXH3-128 of the canonical JSON (sorted keys, no whitespace), so key
   order and formatting do not make two copies of one event look different (why XXH3:
   :mod:`relay.stages.event_checks`).
@@ -19,7 +21,8 @@ Contract of :func:`decode_record`:
   not, a lone UTF-16 surrogate escape (``"\\ud800"``) or a number beyond a 64-bit float
   (``1e400``), is refused as :data:`UNSUPPORTED_JSON`, not forwarded: every stage that
   rebuilds an event reads its body again with orjson, and such a value has no faithful
-  form there (no character; Infinity). The dead letter keeps the bytes.
+  form there (no character; Infinity). The dead letter keeps the bytes. So is an Avro
+  record whose facet or ``extra`` JSON text holds one (the same event as JSON would be).
 * An event may nest up to :data:`MAX_DEPTH` levels (objects and arrays within one another,
   the event itself being level 1); a deeper one is refused as :data:`TOO_DEEP`.
 
@@ -29,12 +32,12 @@ the only regular expressions are compiled once at import.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 import orjson
 
+from producer.codec.json_text import OUT_OF_RANGE, UnsupportedJson, has_big_int, unsupported
 from relay.events import LineageEvent, Rejection, SourceRef
 from relay.stages.event_checks import (
     INVALID_VALUE,
@@ -132,8 +135,9 @@ def decode_fields(value: bytes | memoryview | None, *, max_bytes: int) -> Reject
         decoded = _decode_avro(value, max_bytes)
         if isinstance(decoded, Rejection):
             return decoded
-        doc, body = decoded
+        doc, body, big_int = decoded
     else:
+        big_int = False
         try:
             doc = orjson.loads(value)
         except orjson.JSONDecodeError as err:
@@ -144,9 +148,12 @@ def decode_fields(value: bytes | memoryview | None, *, max_bytes: int) -> Reject
             NOT_OBJECT, f"record is {_type_name(doc)}; an OpenLineage event is a JSON object"
         )
     try:
-        return check_event(doc, body)
+        found = check_event(doc, body)
     except InvalidEvent as err:
         return Rejection(err.reason, err.detail)
+    if big_int and not found[-1]:  # an Avro record's integer beyond 64 bits, kept by the codec
+        found = (*found[:-1], True)
+    return found
 
 
 #: The inverse of the normalisation in :func:`decode_fields` (``event_time_text``).
@@ -168,40 +175,26 @@ def _parse_failure(value: bytes | memoryview, err: orjson.JSONDecodeError) -> Re
         return Rejection(TOO_DEEP, f"record value is nested more than 1024 levels deep (objects and arrays "
                                    f"within one another), over the limit of {MAX_DEPTH} levels ({err})")
     message = str(err)
-    if message.startswith(_NOT_CARRIED) and _is_json(text):
-        if message.startswith(_OUT_OF_RANGE):
-            what = ("a number beyond the range of a 64-bit float (read as Infinity, which JSON cannot write "
-                    "again; send such a value as a string)")
-        else:
-            what = ("a lone UTF-16 surrogate escape, such as \\ud800 (no character: PostgreSQL, Marquez's store, "
-                    "refuses it; Python's os.fsdecode makes them of file names that are not UTF-8)")
-        return Rejection(UNSUPPORTED_JSON, f"record value is JSON but holds {what}; RFC 8259 lets a parser refuse "
-                                           f"either, I-JSON (RFC 7493) forbids both ({message})")
+    if unsupported(text, err):
+        return _unsupported("record value is JSON but holds", message)
     return Rejection(INVALID_JSON, f"record value is not valid JSON: {message}")
 
 
-# orjson's refusals of text RFC 8259's grammar allows: a lone surrogate escape, a number
-# beyond a double (1e400, an integer of 310 digits).
-_OUT_OF_RANGE = "number is infinity when parsed as double"
-_NOT_CARRIED = ("no low surrogate in string", "invalid high surrogate in string", "invalid low surrogate in string",
-                _OUT_OF_RANGE)
+def _unsupported(what_holds: str, message: str) -> Rejection:
+    """UNSUPPORTED_JSON for orjson's refusal ``message`` of JSON text RFC 8259 allows
+    (:data:`producer.codec.json_text.NOT_CARRIED`): in a JSON record, or in the JSON text
+    of a facet or ``extra`` of an Avro record."""
+    if message.startswith(OUT_OF_RANGE):
+        what = ("a number beyond the range of a 64-bit float (read as Infinity, which JSON cannot write "
+                "again; send such a value as a string)")
+    else:
+        what = ("a lone UTF-16 surrogate escape, such as \\ud800 (no character: PostgreSQL, Marquez's store, "
+                "refuses it; Python's os.fsdecode makes them of file names that are not UTF-8)")
+    return Rejection(UNSUPPORTED_JSON, f"{what_holds} {what}; RFC 8259 lets a parser refuse "
+                                       f"either, I-JSON (RFC 7493) forbids both ({message})")
 
 
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _is_json(text: str) -> bool:
-    """Whether ``text`` is JSON by RFC 8259's grammar (the stdlib's parser reads lone
-    surrogates and numbers of any size; its NaN and Infinity are refused). Only on failure."""
-    try:
-        json.loads(text, parse_int=len, parse_float=len, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def _decode_avro(value: bytes | memoryview, max_bytes: int) -> tuple[Any, bytes] | Rejection:
+def _decode_avro(value: bytes | memoryview, max_bytes: int) -> tuple[Any, bytes, bool] | Rejection:
     # Imported lazily: JSON-only deployments never load the Avro codec or fastavro.
     try:
         from producer.codec import avro as avro_codec
@@ -212,14 +205,23 @@ def _decode_avro(value: bytes | memoryview, max_bytes: int) -> tuple[Any, bytes]
         )
     try:
         doc = avro_codec.decode(value)
+    except UnsupportedJson as err:  # as the same event sent as JSON is refused
+        return _unsupported(f"Avro record holds, in the JSON text of {err.where},", err.message)
     except Exception as err:  # noqa: BLE001 - any codec failure is a property of the record
         return Rejection(UNDECODABLE, f"Avro record could not be decoded: {err}")
+    big_int = False
     try:
-        body = dumps(doc, max_depth=MAX_DEPTH)
-    except TooDeep as err:
-        return too_deep_rejection(err)
-    except orjson.JSONEncodeError as err:
-        return Rejection(UNDECODABLE, f"Avro record holds a value JSON cannot carry: {err}")
+        body = orjson.dumps(doc)
+    except orjson.JSONEncodeError:
+        # Nested over the 254 levels orjson writes, or an integer beyond 64 bits, which the
+        # codec keeps exactly: then marked big_int, as decode marks such a JSON record.
+        try:
+            body = dumps(doc, max_depth=MAX_DEPTH)
+        except TooDeep as err:
+            return too_deep_rejection(err)
+        except orjson.JSONEncodeError as err:
+            return Rejection(UNDECODABLE, f"Avro record holds a value JSON cannot carry: {err}")
+        big_int = has_big_int(body)
     if len(body) > max_bytes:   # what collectors are sent, and held, is the JSON
         return Rejection(TOO_LARGE, f"Avro record of {len(value)} bytes is {len(body)} bytes as JSON, over the "
                                     f"limit of {max_bytes} bytes (max_bytes)")
@@ -228,5 +230,5 @@ def _decode_avro(value: bytes | memoryview, max_bytes: int) -> tuple[Any, bytes]
         return Rejection(TOO_LARGE, f"Avro record of {len(value)} bytes is {len(body)} bytes as JSON, over the "
                                     f"{bound} bytes allowed for it ({AVRO_JSON_GROWTH}x its size + "
                                     f"{AVRO_JSON_SLACK})")
-    return doc, body
+    return doc, body, big_int
 

@@ -22,21 +22,25 @@ Contract of :func:`dumps` (and :func:`dumps_deep`):
   a string, a type it cannot write) are raised as orjson raises them; a value that
   contains itself raises ``JSONEncodeError``.
 
-Reading, :func:`loads` is ``orjson.loads`` except that it keeps an integer beyond 64 bits
-(orjson reads one as the nearest float): what reads back JSON the relay wrote, or rebuilds
-an event from its original bytes, uses it. Finding one costs a scan of the bytes, so the
-per-event path does not: it tells a parsed tree that may have lost one by the canonical
-bytes orjson wrote of it (:func:`may_hold_big_int`), and only then looks at the bytes.
+Reading, :func:`loads` (from :mod:`producer.codec.json_text`) is ``orjson.loads`` except
+that it keeps an integer beyond 64 bits (orjson reads one as the nearest float): what reads
+back JSON the relay wrote, or rebuilds an event from its original bytes, uses it. Finding
+one costs a scan of the bytes, so the per-event path does not: it tells a parsed tree that
+may have lost one by the canonical bytes orjson wrote of it (:func:`may_hold_big_int`), and
+only then looks at the bytes.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
+
+# Reading keeps integers beyond 64 bits: shared with the producer's codec, which must not import
+# the relay (re-exported here for the relay's modules).
+from producer.codec.json_text import exact, has_big_int, loads  # noqa: F401
 
 #: The deepest value ``orjson.dumps`` writes: one 255 containers deep raises.
 ORJSON_WRITE_DEPTH = 254
@@ -44,10 +48,6 @@ _CONTAINERS = (dict, list, tuple)
 _END: Any = object()
 # The integers orjson reads and writes as integers.
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
-# Digits to "0", every other byte to " ": an integer beyond 64 bits has at least 19 digits.
-_DIGITS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
-_LONG_RUN = b"0" * 19
-_LONG_NUMBER = re.compile(rb"-?[0-9]{19,}")
 # After a digit and "e+": the exponent of a float of magnitude 9.2e18 or more (18 or more).
 _BIG_EXPONENT = re.compile(rb"0*(?:1[89]|[2-9][0-9]|[1-9][0-9]{2})")
 
@@ -124,41 +124,6 @@ def dumps_deep(value: Any, option: int = 0, *, max_depth: int | None = None,
             break
         else:
             return bytes(out)
-
-
-def loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """``orjson.loads(data)`` (its errors too), except that an integer beyond 64 bits is
-    read as that integer, not the nearest float; see :func:`exact`."""
-    doc = orjson.loads(data)
-    found = exact(data)
-    return doc if found is None else found
-
-
-def exact(original: bytes | bytearray | memoryview | str) -> Any:
-    """``original`` (JSON orjson reads) read again keeping its integers beyond 64 bits, or
-    None when it holds none. Not kept, the nearest float (None), when the stdlib's parser
-    cannot read it: nested deeper than Python's recursion limit (~1000 levels; decode
-    accepts 1000), or an integer of more than ``sys.get_int_max_str_digits()`` (4300) digits."""
-    if not has_big_int(original):
-        return None
-    try:
-        return json.loads(original if not isinstance(original, memoryview) else bytes(original))
-    except (RecursionError, ValueError):
-        return None
-
-
-def has_big_int(data: bytes | bytearray | memoryview | str) -> bool:
-    """Whether ``data`` may hold an integer literal beyond 64 bits: true for one, and for
-    a long run of digits that is none (in a string, a float's fraction), never false for
-    one. A scan of the bytes (~1.5 us for 3.5 KB): for the paths that rebuild an event."""
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    if _LONG_RUN not in raw.translate(_DIGITS):
-        return False
-    for match in _LONG_NUMBER.finditer(raw):
-        digits = match.group()
-        if len(digits) > 21 or not _INT_MIN <= int(digits) <= _INT_MAX:
-            return True
-    return False
 
 
 def may_hold_big_int(written: bytes) -> bool:

@@ -73,6 +73,21 @@ def test_an_openlineage_python_event_object_is_an_event():
         as_event(RunState.START)
 
 
+def test_an_event_given_as_json_text_keeps_its_integers_beyond_64_bits():
+    text = ('{"eventType":"START","eventTime":"2024-01-01T00:00:00Z","producer":"https://p","schemaURL":"https://s",'
+            '"run":{"runId":"3f5e83fa-3480-44ff-99c5-ff943904e5e8","facets":{"stats":{"_producer":"https://p",'
+            '"_schemaURL":"https://s","rows":1180591620717411303425,"small":-9223372036854775809,"f":1.5}}},'
+            '"job":{"namespace":"n","name":"j"}}')
+    for value in (text, text.encode(), bytearray(text.encode()), memoryview(text.encode())):
+        stats = as_event(value)["run"]["facets"]["stats"]
+        assert stats == {"_producer": "https://p", "_schemaURL": "https://s", "rows": 1180591620717411303425,
+                         "small": -9223372036854775809, "f": 1.5}
+        assert type(stats["rows"]) is int and type(stats["small"]) is int
+    assert as_event('{"n": 18446744073709551615}') == {"n": 18446744073709551615}
+    with pytest.raises(NotAnEvent, match="not JSON text"):
+        as_event('{"n": 1180591620717411303425')
+
+
 def _job_event(name: str) -> dict:
     return events.run_event("START", run_id=events.new_run_id(), job_namespace="ns", job_name=name)
 

@@ -38,6 +38,58 @@ def test_the_filter_reads_the_event_type_however_the_json_is_spaced(event_type, 
     assert _may_start_or_end(raw if isinstance(raw, bytes) else raw.encode()) is (event_type in WANTED)
 
 
+@pytest.mark.parametrize("event_type", ["START", "RUNNING", "COMPLETE", "FAIL", "ABORT", "OTHER", None, "start"])
+def test_the_filter_reads_an_avro_records_event_type(event_type):
+    """Avro writes eventType as an enum index, not text: every Avro START and terminal was
+    skipped, so a run begun before the look-back on an Avro topic was never found."""
+    from producer.codec import avro
+
+    doc = {"eventTime": "2024-01-01T00:00:00Z", "producer": "https://p", "schemaURL": "https://s",
+           "run": {"runId": "3f5e83fa-3480-44ff-99c5-ff943904e5e8", "facets": {"f": {"eventType": "START"}}},
+           "job": {"namespace": "n", "name": "j"}}
+    if event_type is not None:
+        doc["eventType"] = event_type
+    data = avro.encode(doc)
+    assert _may_start_or_end(data) is (event_type in WANTED)
+    assert _may_start_or_end(memoryview(data)) is (event_type in WANTED)
+    # Another writer schema's record, or a corrupt one: decode judges it.
+    assert _may_start_or_end(data[:2] + bytes(8) + data[10:])
+    assert _may_start_or_end(data[:11])
+
+
+def test_a_search_finds_the_runs_of_avro_records(monkeypatch):
+    from producer.codec import avro, encode_json
+
+    run = "3f5e83fa-3480-44ff-99c5-ff943904e5e8"
+
+    def ev(event_type: str, run_id: str = run) -> dict:
+        return {"eventType": event_type, "eventTime": "2024-01-01T00:00:00Z", "producer": "https://p",
+                "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+                "run": {"runId": run_id}, "job": {"namespace": "n", "name": "j"}}
+
+    class Msg:
+        def __init__(self, value: bytes) -> None:
+            self._value = value
+
+        def value(self) -> bytes:
+            return self._value
+
+        def topic(self) -> str:
+            return "openlineage"
+
+        def partition(self) -> int:
+            return 0
+
+    other = "0b5e83fa-3480-44ff-99c5-ff943904e5e9"
+    for encode in (avro.encode, encode_json):
+        msgs = [Msg(encode(e)) for e in (ev("START"), ev("RUNNING"), ev("COMPLETE"), ev("START", other))]
+        monkeypatch.setattr(run_search, "read_topics", lambda *a, msgs=msgs, **k: (m for m in msgs))
+        reader = run_search._Reader(None, {("openlineage", 0): (0, 10)}, 100, 1 << 20, deadline=1e18,
+                                    live=lambda p, f: True, routes=[lambda e: True])
+        reader._read(None, {})
+        assert reader.found == {("openlineage", 0): {run: 3, other: 1}}, encode
+
+
 def test_a_nested_event_type_key_does_not_hide_the_event_s_own():
     assert _may_start_or_end(b'{"run": {"facets": {"f": {"eventType": "x"}}}, "eventType": "START"}')
     assert not _may_start_or_end(b'{"eventType": null, "note": "START"}')
