@@ -156,8 +156,25 @@ async def test_a_malformed_answer_echoing_the_credentials_is_scrubbed(caplog, to
     finally:
         server.close()
     assert failure is not None and failure.reason == "retries_exhausted", failure
-    assert "Bearer *** key=***" in failure.detail, failure.detail  # the parser's quote, scrubbed
     logged = log_text(caplog)
-    assert ("batch_not_all_delivered" if batch else "delivery_retry") in logged and "X Echo" in logged
+    assert ("batch_not_all_delivered" if batch else "delivery_retry") in logged
+    if "X Echo" in failure.detail:   # this aiohttp's parser quotes the answer (older ones say nothing)
+        assert "Bearer *** key=***" in failure.detail, failure.detail  # the quote, scrubbed
     for secret in (token, token[:9], token[-7:], API_KEY):  # nor a part of it, escaped or not
         assert secret not in failure.detail and secret not in logged, secret
+
+
+@pytest.mark.parametrize("token", [TOKEN, "malformed'tok\\en-7a6b"])
+def test_a_no_answer_detail_quoting_the_credentials_is_scrubbed(token):
+    """Whatever aiohttp version parses the answer: an error quoting the raw line, as recent
+    parsers do (a bytes literal, escaped once more in the message), is scrubbed."""
+    from relay.sinks.reply import no_answer
+
+    cfg = CollectorConfig(name="c", url="http://127.0.0.1:9", token=token, headers={"X-Api-Key": API_KEY})
+    scrubber = HttpCollector(cfg, RelayMetrics().for_collector("c")).scrubber
+    raw = b"X Echo: Bearer " + token.encode() + b" key=" + API_KEY.encode()
+    for err in (ValueError(f"Invalid header token: {raw!r}"), ValueError(repr(f"Invalid header token: {raw!r}"))):
+        detail = no_answer(err, scrubber).detail
+        assert "***" in detail, detail
+        for secret in (token, token[:9], token[-7:], API_KEY):
+            assert secret not in detail, (secret, detail)
