@@ -270,9 +270,12 @@ def analyse(snap: ActionSnapshot, settings: CaptureSettings) -> ActionLineage:
             query = parse_plan(snap.query_nodes)
         except (ValueError, orjson.JSONDecodeError) as err:
             errors.append({"errorMessage": f"plan JSON unreadable: {err}"})
-    elif snap.plan_bytes:
-        errors.append({"errorMessage": f"plan of {snap.plan_bytes} bytes is above the analysis limit; "
+    elif snap.plan_error is not None:
+        errors.append({"errorMessage": f"plan JSON could not be built: {snap.plan_error}; "
                                        "column lineage and schemas skipped"})
+    elif snap.plan_bytes:
+        errors.append({"errorMessage": f"plan of {snap.plan_bytes} bytes (or, estimated before its JSON is built, "
+                                       "its cost) is above the analysis limit; column lineage and schemas skipped"})
 
     # Inputs: one entry per distinct dataset; leaf -> dataset index for column lineage.
     # Leaves of subquery plans too, in the order the JVM side resolved them (their schemas).

@@ -9,12 +9,14 @@ building in :mod:`producer.spark.capture` is testable without Spark.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import orjson
+from py4j.protocol import Py4JJavaError
 
 from producer.spark import input_stats
 from producer.spark.java_objects import per_gateway, untracked
@@ -31,6 +33,8 @@ from producer.spark.relations import (
     v2_created,
 )
 from producer.spark.scans import Scan, read_scans
+
+log = logging.getLogger("producer.spark")
 
 #: Analysed-plan roots that write data, by how their target is found.
 FILE_WRITES = {"InsertIntoHadoopFsRelationCommand"}
@@ -105,6 +109,7 @@ class ActionSnapshot:
     output_suffix: str | None = None  # a save()'s job-name suffix (see producer.spark.job_names)
     sql_text: str | None = None  # the SQL statement the written query was parsed from (spark.sql)
     scans: list[Scan] | None = None  # the executed plan's leaves and their metrics (a finished action's)
+    plan_error: str | None = None  # why the plan's JSON could not be built (then no column lineage)
 
     @cached_property
     def query_nodes(self) -> list[dict[str, Any]] | None:
@@ -135,23 +140,119 @@ def _json_tools(gateway: Any) -> tuple[Any, Any]:
 _JSON_TOOLS: dict[int, tuple[Any, tuple[Any, Any]]] = {}
 
 
+#: The plan's size, estimated in the driver JVM before its JSON is built: a walk of the plan's
+#: nodes and expressions (and of subquery plans) in Java, compiled once per gateway with the
+#: Janino compiler Spark ships for its own code generation (no jar to install). It charges each
+#: node about what it adds to ``toJSON``'s text at least (its class, child count, an attribute's
+#: name and type, a literal's value, an ``InSet``'s elements: about 0.6 of the real length), plus
+#: what Spark's JSON writer spends finding a node's children in its fields (``children.indexOf``
+#: per child: k*(k-1)/2 comparisons for k children, ~15 ns each against ~40 ns per character
+#: written, so charged half a character each), which makes ``isin`` over 20,000 values take
+#: seconds though its text is 5 MB. The walk stops as soon as the total passes the limit, so it
+#: costs in proportion to the limit at most (a few ms), and a plan above it is never turned into
+#: JSON at all.
+_ESTIMATOR_SOURCE = """
+public static long estimate(Object root, long limit) {
+    java.util.ArrayDeque todo = new java.util.ArrayDeque();
+    todo.push(root);
+    long total = 0;
+    while (!todo.isEmpty()) {
+        Object o = todo.pop();
+        if (!(o instanceof org.apache.spark.sql.catalyst.trees.TreeNode)) continue;
+        org.apache.spark.sql.catalyst.trees.TreeNode node = (org.apache.spark.sql.catalyst.trees.TreeNode) o;
+        total += 48 + node.nodeName().length();
+        long k = 0;
+        scala.collection.Iterator it = node.children().iterator();
+        while (it.hasNext()) { todo.push(it.next()); k++; }
+        total += k * (k - 1) / 4;
+        if (o instanceof org.apache.spark.sql.catalyst.plans.QueryPlan) {
+            it = ((org.apache.spark.sql.catalyst.plans.QueryPlan) o).expressions().iterator();
+            while (it.hasNext()) todo.push(it.next());
+        }
+        if (o instanceof org.apache.spark.sql.catalyst.expressions.AttributeReference) {
+            total += 120 + ((org.apache.spark.sql.catalyst.expressions.AttributeReference) o).name().length();
+        } else if (o instanceof org.apache.spark.sql.catalyst.expressions.Literal) {
+            Object v = ((org.apache.spark.sql.catalyst.expressions.Literal) o).value();
+            total += 24 + (v instanceof org.apache.spark.unsafe.types.UTF8String
+                    ? ((org.apache.spark.unsafe.types.UTF8String) v).numBytes() : 4);
+        } else if (o instanceof org.apache.spark.sql.catalyst.expressions.InSet) {
+            total += 4L * ((org.apache.spark.sql.catalyst.expressions.InSet) o).hset().size();
+        } else if (o instanceof org.apache.spark.sql.catalyst.expressions.SubqueryExpression) {
+            todo.push(((org.apache.spark.sql.catalyst.expressions.SubqueryExpression) o).plan());
+        }
+        if (total > limit) return total;
+    }
+    return total;
+}
+"""
+_ESTIMATOR: dict[int, tuple[Any, Any]] = {}
+
+
+def _estimator(gateway: Any, plan: Any) -> Any:
+    """An instance of the compiled estimator class, once per gateway; None when it cannot be
+    compiled (another Spark's classes): then the JSON is built unestimated, as before."""
+    def build(gateway: Any) -> Any:
+        try:
+            with untracked():  # kept across actions
+                evaluator = gateway.jvm.org.codehaus.janino.ClassBodyEvaluator()
+                evaluator.setParentClassLoader(plan.getClass().getClassLoader())
+                evaluator.cook(_ESTIMATOR_SOURCE)
+                cls = evaluator.getClazz()
+                return cls.getDeclaredConstructor(gateway.new_array(gateway.jvm.java.lang.Class, 0)).newInstance(
+                    gateway.new_array(gateway.jvm.java.lang.Object, 0))
+        except Exception as err:  # noqa: BLE001 - no estimate: the JSON's own length decides
+            log.warning("lineage: cannot estimate plan sizes (%s); plans are serialised before their size is known",
+                        err)
+            return None
+
+    return per_gateway(_ESTIMATOR, gateway, build)
+
+
+def estimate_plan_chars(gateway: Any, plan: Any, max_chars: int) -> int | None:
+    """A lower bound of ``plan.toJSON()``'s cost in characters (see :data:`_ESTIMATOR_SOURCE`),
+    counted no further than just past ``max_chars``: one py4j call (after the estimator's
+    compilation, once per gateway); None when it cannot be estimated."""
+    estimator = _estimator(gateway, plan)
+    if estimator is None:
+        return None
+    try:
+        return int(estimator.estimate(plan, max_chars))
+    except Py4JJavaError:
+        raise
+    except Exception:  # noqa: BLE001 - not the estimator's class (py4j-level): unestimated
+        return None
+
+
 def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]:
     """``plan.toJSON()`` (the same text) and its length; None when it exceeds ``max_chars``
-    (then it is never sent over py4j)."""
+    (then it is never sent over py4j). A plan whose estimate (:func:`estimate_plan_chars`)
+    is already above ``max_chars`` is not turned into JSON at all: its estimate is returned
+    as its length. A failure of Spark's JSON writer (an ``OutOfMemoryError``, say) raises,
+    never retried: only when json4s' tools cannot be looked up is ``toJSON`` called instead."""
+    estimate = estimate_plan_chars(gateway, plan, max_chars)
+    if estimate is not None and estimate > max_chars:
+        return None, estimate
     try:
         mapper, string_writer = _json_tools(gateway)
-        writer = string_writer()
-        mapper.writeValue(writer, plan.jsonValue())
-        text = writer.getBuffer()
-        length = text.length()
     except Exception:  # noqa: BLE001 - another json4s: the plain call, stall and all
         whole = plan.toJSON()
         return (whole if len(whole) <= max_chars else None), len(whole)
+    writer = string_writer()
+    mapper.writeValue(writer, plan.jsonValue())
+    text = writer.getBuffer()
+    length = text.length()
     if length > max_chars:
         return None, length
     if length <= _PIECE_CHARS or length > _PIECED_UP_TO:
         return text.toString(), length
     return "".join(text.substring(i, min(length, i + _PIECE_CHARS)) for i in range(0, length, _PIECE_CHARS)), length
+
+
+def _first_line(err: Exception) -> str:
+    """An error's type and its message's first line (a Py4JJavaError's message holds the
+    whole Java stack)."""
+    text = str(getattr(err, "java_exception", None) or err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _leaf_infos(snap: ActionSnapshot) -> list[list[LeafInfo]] | None:
@@ -354,7 +455,12 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
         snap.output.location = _table_location(session, analyzed.table() if command ==
                                                 "CreateDataSourceTableAsSelectCommand" else analyzed.tableDesc())
 
-    snap.query_json, snap.plan_bytes = plan_json(gateway, query, max_plan_bytes)
+    try:
+        snap.query_json, snap.plan_bytes = plan_json(gateway, query, max_plan_bytes)
+    except Exception as err:  # noqa: BLE001 - no JSON (an OutOfMemoryError, say): datasets still read
+        snap.plan_error = _first_line(err)
+        log.warning("lineage: no column lineage for action %r, its plan's JSON could not be built: %s",
+                    func, snap.plan_error)
     try:
         snap.sql_text = _sql_text(query)
     except Exception:  # noqa: BLE001 - an older Spark's Origin has no sqlText: no sql facet

@@ -104,6 +104,71 @@ def test_an_analysis_crash_is_reported_not_raised(spark, tmp_path, monkeypatch, 
     assert "injected analysis crash" in runs[0]["run"]["facets"]["extractionError"]["errors"][0]["errorMessage"]
 
 
+def _source(spark, tmp_path) -> str:
+    source = str(tmp_path / "source")
+    spark.createDataFrame(ROWS, "id INT, key STRING, amount DOUBLE").write.mode("overwrite").parquet(source)
+    drain(spark)
+    return source
+
+
+def _isin_write(spark, tmp_path, source: str, values: int) -> None:
+    """``source`` read, filtered by ``isin`` over ``values`` literals, written to files."""
+    from pyspark.sql import functions as F
+
+    out = str(tmp_path / "out")
+    spark.read.parquet(source).where(F.col("id").isin(list(range(values)))).write.mode("overwrite").parquet(out)
+    drain(spark)
+
+
+def test_a_plan_estimated_above_the_limit_is_never_serialised_and_keeps_its_datasets(
+        spark, tmp_path, monkeypatch, captured):
+    """The plan's size is estimated in the JVM before its JSON is built: an ``isin`` over
+    2,000 values (its JSON half a megabyte, built in quadratic time) above a small
+    maxPlanBytes is skipped without the JSON ever being built, and the write still has its
+    input and output (only column lineage and schemas are skipped, as documented)."""
+    recorder, lineage = captured
+    source = _source(spark, tmp_path)
+    lineage.max_plan_bytes = 50_000
+    built = []
+
+    def no_json_tools(gateway):
+        built.append(gateway)
+        raise AssertionError("the JSON of a plan estimated above the limit must not be built")
+    monkeypatch.setattr(jvm, "_json_tools", no_json_tools)
+    _isin_write(spark, tmp_path, source, 2000)
+
+    assert built == []
+    (run,) = [r for r in _terminal_runs(recorder) if r["outputs"] and r["outputs"][0]["name"].endswith("/out")]
+    assert run["eventType"] == "COMPLETE"
+    assert [i["name"] for i in run["inputs"]] == [source.rstrip("/")]
+    assert run["outputs"][0]["name"].endswith("/out")
+    assert "columnLineage" not in run["outputs"][0]["facets"]
+    message = run["run"]["facets"]["extractionError"]["errors"][0]["errorMessage"]
+    assert "above the analysis limit" in message and "column lineage and schemas skipped" in message
+    for event in recorder.events:
+        validator().validate(event)
+
+
+def test_a_plan_whose_json_fails_keeps_its_datasets_and_reports_the_error(spark, tmp_path, monkeypatch, captured):
+    """Spark's JSON writer failing (an OutOfMemoryError in the driver, say) costs column
+    lineage only: the write is still reported with its input and output, the error named."""
+    def out_of_memory(*_args, **_kwargs):
+        raise RuntimeError("injected java.lang.OutOfMemoryError: Java heap space")
+    source = _source(spark, tmp_path)
+    monkeypatch.setattr(jvm, "plan_json", out_of_memory)
+    _isin_write(spark, tmp_path, source, 3)
+
+    recorder, lineage = captured
+    (run,) = [r for r in _terminal_runs(recorder) if r["outputs"] and r["outputs"][0]["name"].endswith("/out")]
+    assert run["eventType"] == "COMPLETE"
+    assert [i["name"] for i in run["inputs"]] == [source.rstrip("/")]
+    assert run["outputs"][0]["name"].endswith("/out")
+    message = run["run"]["facets"]["extractionError"]["errors"][0]["errorMessage"]
+    assert "plan JSON could not be built" in message and "OutOfMemoryError" in message
+    for event in recorder.events:
+        validator().validate(event)
+
+
 def test_a_sender_that_raises_never_reaches_the_job(spark, tmp_path):
     class Exploding:
         config = None
