@@ -123,16 +123,22 @@ class PartitionHandover:
     async def revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
         if not partitions:
             return {}
+        released: list[bool] = []
         try:
-            return await self._revoke(partitions)
+            return await self._revoke(partitions, released)
         except BaseException:
             # Failed, or cancelled (outlasted max.poll.interval.ms): the group hands them to
-            # another member all the same. Given up as if lost: no retry of ours lands after
-            # the new owner's events, nothing of them is written or committed any more.
-            self._give_up(partitions, "revoke_deliveries_aborted")
+            # another member all the same. Given up as if lost: their queued and held events
+            # taken back and their runs forgotten (if that was not done yet), no retry of ours
+            # lands after the new owner's events, nothing of them is written or committed any more.
+            try:
+                if not released:
+                    self._release(partitions)
+            finally:
+                self._give_up(partitions, "revoke_deliveries_aborted")
             raise
 
-    async def _revoke(self, partitions: list[Partition]) -> dict[Partition, int]:
+    async def _revoke(self, partitions: list[Partition], released: list[bool]) -> dict[Partition, int]:
         # All of it within the handler's time (max.poll.interval.ms, less a margin): past
         # it, the consumer gives the handler up and the relay stops. The state's settles get
         # a quarter of that each at most; the wait for deliveries what is left between them.
@@ -144,6 +150,7 @@ class PartitionHandover:
             # Written and acknowledged before the final commit and before the new owner reads it.
             await self._settle(self._state.settle, settle_reserve)
         self._release(partitions)
+        released.append(True)
         # The new owner reads these partitions once this returns, and delivers their runs
         # again from the last commit. A delivery of ours still under way (a retry against a
         # failing collector) could land after the new owner's later events of the same run:

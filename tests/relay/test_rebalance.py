@@ -275,3 +275,63 @@ async def test_an_assignment_without_a_stop_is_handled():
                                        time_left=lambda: float("inf"), reset_at_assignment=lambda: ())
     assert await asyncio.wait_for(relay.handover.assigned([PART]), 10) == {}
     assert lookback.reading.is_set() and relay.handover.abandoned == set() and lookback.forgotten == []
+
+
+class HeldTopic:
+    """A changelog whose broker does not answer (writes kept) until :meth:`release`."""
+
+    def __init__(self, inner: CompactedTopic) -> None:
+        self.inner, self.hold, self.queued = inner, True, []
+
+    def write(self, partition, key, value, on_done) -> None:
+        if self.hold:
+            self.queued.append((partition, key, value, on_done))
+        else:
+            self.inner.write(partition, key, value, on_done)
+
+    def release(self) -> None:
+        self.hold = False
+        for queued in self.queued:
+            self.inner.write(*queued)
+        self.queued = []
+
+    @property
+    def unacked(self) -> int:
+        return self.inner.unacked + len(self.queued)
+
+    async def wait_acked(self, timeout_s: float) -> bool:
+        if self.queued:
+            await asyncio.sleep(timeout_s)  # ok: no answer within the timeout
+            return False
+        return await self.inner.wait_acked(timeout_s)
+
+    async def read_partition(self, partition):
+        return await self.inner.read_partition(partition)
+
+
+async def test_a_revocation_given_up_in_its_first_settle_forgets_the_partitions_runs():
+    """Cancelled (or failing) before its events were taken back (in the first state settle,
+    the broker slow), a revocation gave the partition up without the lanes' revoke: its run
+    state stayed, and a later settle wrote its record and delivered its START for a
+    partition another member owns. Now it is given up as a lost one is."""
+    relay = Relay()
+    topic = HeldTopic(relay.topic)
+    relay.store.changelog = topic
+    await relay.lane.start()
+    try:
+        start, _running, _complete = spark(1, partition=0)
+        relay.lane.offer(start, 0.0)  # captured: sent once its run's state is written
+        revoking = asyncio.ensure_future(relay.handover.revoked([PART]))
+        await asyncio.sleep(0.2)  # ok: the revocation is in its first settle (no broker answer)
+        revoking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await revoking
+        assert relay.tracker.revoked == [[PART]]
+        assert relay.lane.table.runs == 0
+        topic.release()  # the broker answers the write made before
+        await relay.store.settle(5)  # the shutdown's settle
+        await relay.lane.drain(5)
+        assert relay.collector.got == []
+    finally:
+        await relay.lane.close()
+
