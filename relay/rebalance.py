@@ -112,10 +112,13 @@ class PartitionHandover:
         records is handled (they are read again after the restart), so nothing of them is
         committed; what was restored or read back of them is forgotten."""
         self.abandoned.update(partitions)
-        if self._lookback is not None:
-            self._lookback.forget(partitions)
+        # What restore() put in the lanes' run state (and its outboxes) is taken back and
+        # forgotten unwritten, as a lost partition's: the shutdown's settle neither writes
+        # those records again nor sends their output.
+        self._take_back(partitions)
         if self._state is not None:
             self._state.forget_revoked([p for _, p in partitions])
+        self._abort(set(partitions), "abandoned_deliveries_aborted")
         log_event(log, logging.INFO, "assignment_abandoned", partitions=format_partitions(partitions),
                   hint="stopping: their records are read again after the restart")
         return {}
@@ -210,8 +213,13 @@ class PartitionHandover:
     def _release(self, partitions: list[Partition]) -> None:
         """Take back the queued and held events of ``partitions`` (read again later)."""
         self.abandoned.difference_update(partitions)
-        if self._lookback is not None:
-            self._lookback.forget(partitions)
-        dropped = sum(lane.revoke(set(partitions)) for lane in self._lanes)
+        dropped = self._take_back(partitions)
         if dropped:
             log_event(log, logging.INFO, "revoked_events_released", events=dropped)
+
+    def _take_back(self, partitions: list[Partition]) -> int:
+        """The lanes' revoke of ``partitions`` (and the look-back's forget); returns how many
+        events were taken back."""
+        if self._lookback is not None:
+            self._lookback.forget(partitions)
+        return sum(lane.revoke(set(partitions)) for lane in self._lanes)

@@ -335,3 +335,31 @@ async def test_a_revocation_given_up_in_its_first_settle_forgets_the_partitions_
     finally:
         await relay.lane.close()
 
+
+async def test_an_abandoned_assignment_forgets_its_restored_runs():
+    """A stop during the look-back abandons the assignment: what restore() put in the run
+    state table is forgotten, not written again nor sent by the shutdown's settle."""
+    from tests.relay.state.test_table import _open_consolidated_run
+
+    saved, _ = _open_consolidated_run()
+    relay = Relay()
+    relay.topic.records.update(saved.changelog)
+    stop = asyncio.Event()
+    lookback = SlowLookback(read_s=60)
+    relay.handover = PartitionHandover([relay.lane], relay.tracker, state=relay.store, lookback=lookback,
+                                       drain_timeout_s=3, state_settle_s=10, stop=stop,
+                                       time_left=lambda: float("inf"), reset_at_assignment=lambda: ())
+    await relay.lane.start()
+    try:
+        assigning = asyncio.ensure_future(relay.handover.assigned([PART]))
+        await asyncio.wait_for(lookback.reading.wait(), 10)
+        stop.set()
+        await asyncio.wait_for(assigning, 10)
+        assert relay.handover.abandoned == {PART} and lookback.forgotten == [[PART]]
+        assert relay.lane.table.runs == 0
+        writes = relay.topic.writes
+        await relay.store.settle(5)  # the shutdown's settle
+        await relay.lane.drain(2)
+        assert relay.topic.writes == writes and relay.collector.got == []
+    finally:
+        await relay.lane.close()
