@@ -85,6 +85,7 @@ class CollectorLane(PartitionTakeBack):
         self.former: RunStateTable | None = None
         #: Runs whose state the last revoke gave up (see _moved).
         self._moved_runs: set[str] = set()
+        self._moved_former: set[str] = set()  # and a former mode's (see _moved)
         #: Events on their way to the dead-letter topic (by id), until it has them.
         self._dead_lettering: dict[int, LineageEvent] = {}
         if config.mode != "passthrough":

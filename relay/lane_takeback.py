@@ -35,6 +35,7 @@ class PartitionTakeBack:
     _run_router: RunRouter | None
     _deduper: Deduper | None
     _moved_runs: set[str]
+    _moved_former: set[str]
     _dead_lettering: dict[int, LineageEvent]
 
     def revoke(self, partitions: set[Partition]) -> int:
@@ -44,6 +45,7 @@ class PartitionTakeBack:
         written yet, so that a re-read here is neither taken for a duplicate nor dropped as
         after the run's terminal."""
         forgotten: set[str] = set()
+        former_gone: set[str] = set()
         if self.table is not None:
             forgotten, abandoned = self.table.revoke({p for _, p in partitions})
             for event in abandoned:
@@ -53,13 +55,16 @@ class PartitionTakeBack:
         if former is not None:
             # Runs of a former mode (passthrough lanes): only their own output is taken back,
             # not the live events of those runs (the sequencer's, which are not in any state).
-            _, abandoned = former.revoke({p for _, p in partitions})
+            # Their built events (no source) still under way are theirs too: waited for by
+            # sending() and stopped by abort(), as a current-mode run's (see _moved).
+            former_gone, abandoned = former.revoke({p for _, p in partitions})
             taken = {id(event) for event in abandoned}
             for event in abandoned:
                 self._dispatcher.forget_gate(event)
             if taken:
                 self._dispatcher.remove_where(lambda event: id(event) in taken)
         self._moved_runs = forgotten
+        self._moved_former = former_gone
         owned_by_revoked = self._moved(partitions)
         dropped = self._dispatcher.remove_where(owned_by_revoked)
         if self._sequencer is not None:
@@ -103,12 +108,17 @@ class PartitionTakeBack:
 
     def _moved(self, partitions: set[Partition]) -> Callable[[LineageEvent], bool]:
         """Whether an event belongs to ``partitions``, or to a run whose state the last
-        :meth:`revoke` gave up (consolidated events built from run state have no source)."""
+        :meth:`revoke` gave up (consolidated events built from run state have no source), or
+        built (no source) from a former mode's run state the last :meth:`revoke` gave up (a
+        passthrough lane's live events of such a run are in no state: they stay)."""
         moved_runs = self._moved_runs
+        moved_former = self._moved_former
 
         def moved(event: LineageEvent) -> bool:
             src = event.source
-            return (src is not None and (src.topic, src.partition) in partitions) or event.run_id in moved_runs
+            if src is None:
+                return event.run_id in moved_runs or event.run_id in moved_former
+            return (src.topic, src.partition) in partitions or event.run_id in moved_runs
         return moved
 
     def _forget(self, events: list[LineageEvent]) -> None:

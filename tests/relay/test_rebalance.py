@@ -363,3 +363,53 @@ async def test_an_abandoned_assignment_forgets_its_restored_runs():
         assert relay.topic.writes == writes and relay.collector.got == []
     finally:
         await relay.lane.close()
+
+
+async def test_a_former_modes_output_under_way_is_waited_for_and_not_sent_again_by_the_new_owner():
+    """A passthrough lane's run saved in a former mode (consolidated): its outbox START is
+    under way when the partition is revoked. The revocation threw the former runs' ids
+    away: the START was neither waited for nor aborted, and it landed after the record was
+    handed over unwritten: the new owner sent it again."""
+    from tests.relay.state.test_table import _open_consolidated_run
+
+    def passthrough_lane(collector: GatedCollector) -> CollectorLane:
+        return CollectorLane(collector, CollectorConfig(name="c", url="http://127.0.0.1:9", mode="passthrough"),
+                             pipeline=PipelineConfig(), metrics=RelayMetrics().for_collector("c"), dead_letters=None)
+
+    saved, _ = _open_consolidated_run()  # its record: START in the outbox, a RUNNING captured
+    topic = CompactedTopic()
+    topic.records.update(saved.changelog)
+    collector = GatedCollector()
+    lane = passthrough_lane(collector)
+    store = RunStateStore(topic, [lane.state_table], RelayMetrics())
+    handover = PartitionHandover([lane], Tracker(), state=store, lookback=None, drain_timeout_s=5,
+                                 state_settle_s=5, stop=asyncio.Event(), time_left=lambda: float("inf"),
+                                 reset_at_assignment=lambda: ())
+    await lane.start()
+    try:
+        collector.gate.clear()
+        await store.restore([0], 100.0)
+        await store.settle(5)
+        await until(lambda: lane.pending >= 1, "the former START under way")
+        revoking = asyncio.ensure_future(handover.revoked([PART]))
+        await until(lambda: lane.sending({PART}) >= 1, "the revocation waiting for the former START")
+        collector.gate.set()  # our START lands while the revocation waits for it
+        await asyncio.wait_for(revoking, 10)
+        await lane.drain(2)
+        ours = list(collector.got)
+    finally:
+        collector.gate.set()
+        await lane.close()
+    collector2 = GatedCollector()  # the new owner, same configuration
+    lane2 = passthrough_lane(collector2)
+    store2 = RunStateStore(topic, [lane2.state_table], RelayMetrics())
+    await lane2.start()
+    try:
+        await store2.restore([0], 200.0)
+        for _ in range(2):
+            await store2.settle(5)
+            await lane2.drain(2)
+        theirs = list(collector2.got)
+    finally:
+        await lane2.close()
+    assert ours.count("START") + theirs.count("START") == 1, (ours, theirs)
