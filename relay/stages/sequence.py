@@ -249,15 +249,21 @@ class RunSequencer(SequenceTakeBack):
         started only with ``on_hold_timeout="forward"`` (with ``"dead_letter"``, a run
         without its START was dead-lettered, not started). A run held here (its later
         events came from a partition already assigned, whose holds an incremental
-        assignment keeps) learns the same, and its hold is released by the next
-        :meth:`expire` as :meth:`learn_earlier` releases one: its held events follow, or are
-        dropped as ``after_terminal`` when the run had finished."""
+        assignment keeps) learns only from a START (or, with ``"forward"``, a terminal), and
+        its hold is then released by the next :meth:`expire` as :meth:`learn_earlier`
+        releases one: its held events follow, or are dropped as ``after_terminal`` when the
+        run had finished. Another event of a held run leaves the hold waiting for its START
+        (or ``hold_timeout_s``)."""
         run_id = event.run_id
         if run_id is None or run_id in self._grace:
             return
         terminal = event.event_type in TERMINAL_TYPES
         if run_id in self._holds:
-            if event.event_type == "START" or self._on_hold_timeout == "forward":
+            # Released only by its START or (with "forward") its terminal: another event read
+            # back proves neither that the START went out (with "forward" it may have gone
+            # out at a hold timeout, the START still to come) nor that the run ended; the
+            # hold waits for the START as before (or for hold_timeout_s).
+            if event.event_type == "START" or (terminal and self._on_hold_timeout == "forward"):
                 self._primed_holds[run_id] = self._primed_holds.get(run_id, False) or terminal
             elif terminal:  # "dead_letter": the START may follow (learn_earlier reads this)
                 self._primed_early[run_id] = now

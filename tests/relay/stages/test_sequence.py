@@ -715,6 +715,20 @@ def test_a_start_the_look_back_reads_releases_a_run_held_here(policy):
     assert seq.offer(late, 62.0) == [Drop(late, AFTER_TERMINAL)]
 
 
+@pytest.mark.parametrize("policy", ["forward", "dead_letter"])
+def test_a_running_the_look_back_reads_does_not_release_a_run_held_here(policy):
+    """A RUNNING read back (sent at a hold timeout, say) proves neither the START delivered
+    nor the run ended: with "forward", the next expire sent the held COMPLETE, and the
+    START arriving a moment later was dropped as after_terminal. The hold now waits for it."""
+    seq = sequencer(on_hold_timeout=policy, hold_timeout_s=30.0)
+    complete = event(1, "COMPLETE", 10, partition=0)
+    assert seq.offer(complete, 0.0) == []
+    seq.prime(event(1, "RUNNING", 5, partition=1), 1.0)
+    assert seq.expire(1.5) == [] and seq.held_count == 1
+    start = event(1, "START", 0, partition=2)
+    assert forwarded(seq.offer(start, 2.0)) == [start, complete]
+
+
 def test_a_held_run_the_look_back_shows_ended_has_its_held_events_dropped():
     """The look-back read the run's START and terminal (partition 0): what is held of it
     here came after its terminal."""
