@@ -25,8 +25,10 @@ Guarantees:
   or the operator sends it without its START all the same). It is then never held for that
   START (to be dead-lettered again as ``hold_timeout``, or sent ``hold_timeout_s`` late),
   nor dropped as ``after_terminal`` because a search further back found its run's START and
-  the original it copies. A run held here is released as :meth:`learn_earlier` releases
-  one, its held events ahead of the record.
+  the original it copies. A run held here is released ahead of the record: its held
+  non-terminals are forwarded, its earliest held terminal waits out ``terminal_grace_s``
+  (until the next ``expire`` at least) behind the record, and a START arriving meanwhile
+  is forwarded.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ from relay.events import LineageEvent
 if TYPE_CHECKING:
     from relay.stages.decisions import Decision
     from relay.stages.sequence import RunHold
+
+
+#: A grace that ends at the next expire (a terminal parked behind the record offered next).
+_UNTIL_NEXT_EXPIRE = 1e-9
 
 
 class SequenceTakeBack:
@@ -55,6 +61,8 @@ class SequenceTakeBack:
     def _hold_again(self, run_id: str, terminal: LineageEvent, since: float) -> None: ...
     def _start(self, run_id: str) -> None: ...
     def learn_earlier(self, run_id: str, *, finished: bool, now: float) -> list[Decision]: ...
+    def _release_in_order(self, run_id: str, events: list[LineageEvent], now: float,
+                          grace_s: float = 0.0) -> list[Decision]: ...
 
     def redriven(self, event: LineageEvent, now: float) -> list[Decision]:
         """Ready the sequencer for ``event``, a record ``dlq redrive --to-topic`` wrote back,
@@ -73,10 +81,16 @@ class SequenceTakeBack:
         # Its run began before (the record was forwarded, or the operator sends it as is):
         # a terminal the look-back read of it is the original this record copies.
         self._primed_early.pop(run_id, None)
-        if run_id in self._holds:
-            return self.learn_earlier(run_id, finished=False, now=now)
+        hold = self._holds.pop(run_id, None)
         self._start(run_id)
-        return []
+        if hold is None:
+            return []
+        # Held here: its held non-terminals go ahead of the record (offered next), its
+        # earliest held terminal waits out terminal_grace_s (until the next expire at least)
+        # behind it. Released at once, the terminal ended the run, and the record (and a
+        # START still to come, if it had not gone out) was dropped as after_terminal.
+        self._held_count -= len(hold.events)
+        return self._release_in_order(run_id, hold.events, now, max(self._terminal_grace_s, _UNTIL_NEXT_EXPIRE))
 
     def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
         """Remove held events matching ``predicate`` without deciding them and return

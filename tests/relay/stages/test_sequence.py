@@ -848,3 +848,30 @@ def test_a_redriven_terminal_of_a_known_finished_run_opens_it_again_and_a_start_
     assert forwarded(seq.offer(complete, 1.0)) == [complete]
     assert seq.redriven(start, 2.0) == []  # its run begins again: what follows waits for it
     assert forwarded(seq.offer(start, 2.0)) == [start]
+
+
+@pytest.mark.parametrize("policy", ["forward", "dead_letter"])
+def test_a_redriven_record_of_a_held_run_goes_ahead_of_its_held_terminal(policy):
+    """redriven() released a held run as learn_earlier does: the held COMPLETE went out and
+    ended the run, and the redriven RUNNING offered next was dropped as after_terminal. Now
+    the held terminal waits (terminal_grace_s, the next expire at least) behind it."""
+    seq = sequencer(on_hold_timeout=policy)
+    complete = event(1, "COMPLETE", 10)
+    assert seq.offer(complete, 0.0) == []
+    redriven = event(1, "RUNNING", 5, tag="redriven")
+    assert seq.redriven(redriven, 1.0) == []
+    assert forwarded(seq.offer(redriven, 1.0)) == [redriven]
+    assert forwarded(seq.expire(1.5)) == [complete] and seq.held_count == 0
+
+
+def test_a_late_start_of_a_held_run_a_redriven_record_released_is_delivered_before_its_terminal():
+    """The START had not gone out (still late): it comes within terminal_grace_s and is
+    forwarded ahead of the held COMPLETE, not dropped as after_terminal."""
+    seq = sequencer(on_hold_timeout="dead_letter", terminal_grace_s=2.0)
+    complete = event(1, "COMPLETE", 10)
+    assert seq.offer(complete, 0.0) == []
+    redriven = event(1, "RUNNING", 5, tag="redriven")
+    out = seq.redriven(redriven, 1.0) + seq.offer(redriven, 1.0)
+    start = event(1, "START", 0)
+    out += seq.offer(start, 2.0) + seq.expire(3.5)
+    assert forwarded(out) == [redriven, start, complete]
