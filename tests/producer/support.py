@@ -24,6 +24,30 @@ FAST_RECONNECT = {"reconnect.backoff.ms": "20", "reconnect.backoff.max.ms": "200
 JOBS = ("extract", "transform", "load")
 
 
+class JobRecorder:
+    """A sender for ``lineage_job`` (anything with ``emit`` will do) that keeps its events."""
+
+    config = None
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def emit(self, event: dict) -> None:
+        self.events.append(event)
+
+    def by_job(self, name: str) -> list[dict]:
+        return [e for e in self.events if e["job"]["name"] == name]
+
+    def seen(self) -> list[tuple[str, str]]:
+        return [(e["job"]["name"], e["eventType"]) for e in self.events]
+
+    def validate(self) -> None:
+        from tests.support.spec import validator
+
+        for event in self.events:
+            validator().validate(event)
+
+
 def seq_event(i: int, run_id: str | None = None) -> dict:
     """Event number ``i``; three jobs, so three message keys, interleaved."""
     return events.run_event(

@@ -12,22 +12,10 @@ import pytest
 from producer import events
 from producer.job import lineage_job
 from producer.keys import message_key
+from tests.producer.support import JobRecorder as Recorder
 from tests.support.spec import validator
 
 RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
-
-
-class Recorder:
-    config = None
-
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-
-    def emit(self, event: dict) -> None:
-        self.events.append(event)
-
-    def by_job(self, name: str) -> list[dict]:
-        return [e for e in self.events if e["job"]["name"] == name]
 
 
 @pytest.fixture(autouse=True)
@@ -175,7 +163,7 @@ def test_a_fork_while_a_run_id_is_being_made_does_not_block_the_childs_run_ids()
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             break
-        time.sleep(0.05)
+        time.sleep(0.05)  # ok: polling the child's exit, at most 100 times (5 s)
     else:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
