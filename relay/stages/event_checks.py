@@ -58,7 +58,7 @@ TOO_DEEP = "too_deep"
 
 #: The deepest nesting accepted, the event object being level 1. The relay reads events
 #: again with orjson, which reads 1024 levels, and nests them up to 4 levels deeper in its
-#: run state (relay.state.table) and 1 in a batch body: those must read back. It is also
+#: run state (relay.state.records) and 1 in a batch body: those must read back. It is also
 #: Jackson's default limit (StreamReadConstraints), which Java collectors such as Marquez
 #: apply. Deeper than 254 levels, orjson cannot write an event: see relay.stages.json_bytes.
 MAX_DEPTH = 1000

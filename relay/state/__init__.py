@@ -13,7 +13,7 @@ Layout
     of a run first seen on input partition ``p`` lives in state partition ``p``, so whoever
     owns input partition ``p`` owns its state. Key ``<collector>/<run_id>``; value JSON
     ``{"v": 1, "state": <RunConsolidator.to_state>, "seen": <hex digests>, "outbox": [...]}``
-    (:mod:`relay.state.table`); a tombstone once the run is forgotten.
+    (:mod:`relay.state.records`); a tombstone once the run is forgotten.
 
 Write-ahead, then send
     An event a collector must receive for a held run (the START, a built terminal, a merged
@@ -67,7 +67,7 @@ Not guaranteed
     A record larger than the producer's ``message.max.bytes`` (100 MB unless set) or the
     state topic's ``max.message.bytes`` (counted as ``run_state_writes_total{result=
     "too_large"}``) is written again without the run's merged facets, and if still too large,
-    with its outbox left out as well (:mod:`relay.state.table`): the events read from the
+    with its outbox left out as well (:mod:`relay.state.records`): the events read from the
     run's partition are marked (digest, offset) and their offsets not committed before they
     are delivered and a later record of the run (without the marks) is acknowledged, so the
     new owner sends their copies read again, in their places; those the run built (a

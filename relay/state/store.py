@@ -13,7 +13,9 @@ from functools import partial
 from relay.logs import log_event
 from relay.metrics import RelayMetrics
 from relay.state.changelog import OK, TOO_LARGE, RunStateChangelog
-from relay.state.table import WHOLE, RunStateTable, StateWrite
+from relay.state.records import WHOLE
+from relay.state.slots import StateWrite
+from relay.state.table import RunStateTable
 
 log = logging.getLogger("relay.state")
 

@@ -28,16 +28,17 @@ Contract (see :mod:`relay.state` for the design):
   waits for its deliveries) is written once more by :meth:`take_departing_writes`, so that
   the new owner does not send it again.
 * A record the broker refuses as too large (:meth:`written` with ``too_large``) is made
-  again reduced: the run's records leave out its merged facets, and if that is still too
-  large, the events of its outbox read from the input topic (sent as themselves) too, and
-  the facets of those it built. A left-out event is marked in its place (its digest and
-  source offset); its ticket is settled only once it is delivered (or dead-lettered) and a
-  record of its run made after that (without the mark) is acknowledged, so its offset is
-  not committed while the topic's record may still hold the mark: after a crash its copy
-  read again takes the mark's place in the restored outbox (:meth:`refill`) and is sent in
-  order; a mark of which a later event of the run and partition is read again was delivered
-  (its offset committed), and is dropped. One refused even so is kept in memory only (settled as
-  if written). No record ever lists as unsent an event that a later record showed delivered.
+  again reduced, its outbox's events read from the input topic left out last, each marked
+  in its place (see :mod:`relay.state.records` for the record format). A marked event's
+  ticket is settled only once it is delivered (or dead-lettered) and a record of its run
+  made after that (without the mark) is acknowledged, so its offset is not committed while
+  the topic's record may still hold the mark: after a crash its copy read again takes the
+  mark's place in the restored outbox (:meth:`refill`); a mark of which a later event of the
+  run and partition is read again was delivered (its offset committed), and is dropped. One
+  refused even so is kept in memory only (settled as if written). No record ever lists as
+  unsent an event that a later record showed delivered.
+
+What the table keeps per run, and the writes it hands out: :mod:`relay.state.slots`.
 """
 
 from __future__ import annotations
@@ -47,130 +48,23 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import orjson
-
 from relay.events import LineageEvent
 from relay.stages.consolidate import RunConsolidator
-from relay.stages.json_bytes import dumps, loads
-from relay.stages.run_state import (
-    Drop,
-    Forward,
-    built_event,
-    doc_without_facets,
-    read_closed_state,
-    state_without_facets,
+from relay.stages.run_state import Drop, Forward, read_closed_state
+from relay.state.records import FACETS_LEFT_OUT, OUTBOX_LEFT_OUT, OutboxMark, decode_record, encode_record
+from relay.state.slots import (
+    Departure,
+    RunSlot,
+    StateWrite,
+    by_seq,
+    fill_marks,
+    hand_over,
+    has_seen,
+    keep_marked_ticket,
+    mark_left_out,
+    remember,
+    settle_written,
 )
-
-RECORD_VERSION = 1
-_DIGEST_BYTES = 16
-#: How much of a run its records leave out (see :meth:`RunStateTable.written`).
-WHOLE, FACETS_LEFT_OUT, OUTBOX_LEFT_OUT = 0, 1, 2
-
-
-class StateWrite:
-    """One changelog record to produce; ``value`` None is a tombstone."""
-
-    __slots__ = ("partition", "key", "value", "run_id", "slot", "tickets", "to_send", "final", "seq", "epoch",
-                 "reduced")
-
-    def __init__(self, partition: int, key: bytes, value: bytes | None, run_id: str, slot: _Slot | None,
-                 tickets: list, to_send: list[LineageEvent], final: bool, seq: int = 0, epoch: int = 0,
-                 reduced: int = WHOLE) -> None:
-        self.partition, self.key, self.value, self.run_id = partition, key, value, run_id
-        self.slot, self.tickets, self.to_send, self.final = slot, tickets, to_send, final
-        self.seq = seq  # the table's count of writes made before it: their order
-        self.epoch = epoch  # a forgotten run's tombstone: its partition's revocations when made
-        self.reduced = reduced  # what the record leaves out of the run
-
-    @property
-    def reducible(self) -> bool:
-        """Whether a smaller record of the run can be made, should the broker refuse this one
-        as too large."""
-        return self.slot is not None and self.reduced < OUTBOX_LEFT_OUT
-
-
-#: Digests a run remembers for dedupe: the latest this many events' (a run that streams for
-#: days would otherwise grow its state, re-written whole with each change, without bound,
-#: and reach the broker's record size limit). Duplicates come close together.
-SEEN_MAX = 256
-
-
-def _hand_over(left_out: int | None, event: LineageEvent | _Mark) -> None:
-    """Settle ``event``, which a revoked run's record holds (its new owner sends it); not
-    one the record marks (read from the run's partition ``left_out``, its outbox left out):
-    that partition's commits stop below it, and its new owner reads it again."""
-    if type(event) is _Mark or event.ticket is None:
-        return
-    src = event.source
-    if left_out is None or src is None or src.partition != left_out:
-        event.ticket.release()
-
-
-def _by_seq(write: StateWrite) -> int:
-    return write.seq
-
-
-def _keep_marked_ticket(slot: _Slot, event: LineageEvent) -> bool:
-    """Whether delivered ``event`` is one a record of ``slot``'s run marks: its ticket then
-    waits for the run's next acknowledged write (see :meth:`RunStateTable.delivered`)."""
-    if not slot.marked or not any(e is event for e in slot.marked):
-        return False
-    slot.marked = [e for e in slot.marked if e is not event] or ()
-    slot.waiters = [*slot.waiters, event.ticket]
-    return True
-
-
-def _remember(slot: _Slot, digest: bytes) -> None:
-    seen = slot.seen + digest
-    slot.seen = seen if len(seen) <= SEEN_MAX * _DIGEST_BYTES else seen[-SEEN_MAX * _DIGEST_BYTES:]
-
-
-class _Slot:
-    """What the table keeps per run beside the consolidator's own state. The queues are
-    ``()`` while empty (most runs, most of the time: a list per run adds up)."""
-
-    __slots__ = ("partition", "seen", "outbox", "unsent", "waiters", "writing", "carried", "reduced", "marked")
-
-    def __init__(self, partition: int, seen: bytes = b"") -> None:
-        self.partition = partition
-        self.seen = seen  # digests of events accepted into the run, concatenated
-        self.outbox: list[LineageEvent] | tuple = ()  # forwarded, not yet delivered: written with the state
-        self.unsent: list[LineageEvent] | tuple = ()  # in the outbox, no acknowledged write holds them yet
-        self.waiters: list | tuple = ()  # tickets of captured events, for the next acknowledged write
-        self.writing: list[int] | tuple = ()  # ``seq`` of the writes in flight
-        # Failed writes whose tickets and events a later write in flight also holds: they
-        # settle and go out, first, when it is acknowledged (see written()).
-        self.carried: list[StateWrite] | tuple = ()
-        self.reduced = WHOLE  # what its records leave out, since one was refused as too large
-        # Outbox events a record written (or being written) marks instead of holding: the
-        # topic's record may still show them unsent; see delivered().
-        self.marked: list[LineageEvent] | tuple = ()
-
-
-class _Mark:
-    """In a restored outbox, the place of an event its record left out (read from the input
-    topic, sent as itself): its copy read again takes it (see :meth:`RunStateTable.refill`).
-    Never sent; the outbox waits at it."""
-
-    __slots__ = ("digest", "topic", "partition", "offset")
-    event_type = None
-    is_terminal = False
-
-    def __init__(self, digest: bytes, topic: str, partition: int, offset: int) -> None:
-        self.digest, self.topic, self.partition, self.offset = digest, topic, partition, offset
-
-    def to_json(self) -> list:
-        return [self.digest.hex(), self.topic, self.partition, self.offset]
-
-
-class _Departure:
-    """A revoked run with output under way or changes not written: its state when it was
-    revoked, its slot (whose outbox deliveries still empty), whether to write it again."""
-
-    __slots__ = ("slot", "state", "changed")
-
-    def __init__(self, slot: _Slot, state: dict[str, Any] | None, changed: bool) -> None:
-        self.slot, self.state, self.changed = slot, state, changed
 
 
 class RunStateTable:
@@ -181,7 +75,7 @@ class RunStateTable:
         self._consolidator = consolidator
         self._submit = submit
         self._prefix = f"{collector}/".encode()
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, RunSlot] = {}
         self._dirty: dict[str, None] = {}  # an ordered set
         self._delivered: dict[str, None] = {}  # dirty only by deliveries nothing waits for
         # Closed runs written with their outcome, slot gone; tombstoned once the
@@ -191,7 +85,7 @@ class RunStateTable:
         # so that its id is not reused while it is here.
         self._leaving: dict[int, LineageEvent] = {}
         self._revoked: dict[int, int] = {}  # partition -> how many times it was revoked
-        self._departing: dict[str, _Departure] = {}  # revoked runs, until departed()
+        self._departing: dict[str, Departure] = {}  # revoked runs, until departed()
         self._marked: set[str] = set()  # runs whose outbox holds marks (see refill)
         self._seq = 0
 
@@ -213,15 +107,7 @@ class RunStateTable:
     def is_duplicate(self, event: LineageEvent) -> bool:
         """Whether the run already accepted an event with this content."""
         slot = self._slots.get(event.run_id)
-        if slot is None:
-            return False
-        seen, digest = slot.seen, event.digest
-        at = seen.find(digest)
-        while at != -1:
-            if at % _DIGEST_BYTES == 0:
-                return True
-            at = seen.find(digest, at + 1)
-        return False
+        return slot is not None and has_seen(slot, event.digest)
 
     def refill(self, event: LineageEvent) -> bool:
         """Whether ``event`` is the copy, read again, of an event its run's restored record
@@ -240,30 +126,21 @@ class RunStateTable:
         if slot is None:
             self._marked.discard(run_id)
             return False
-        swap: dict[int, LineageEvent | None] = {}
-        for item in slot.outbox:
-            if type(item) is _Mark and item.topic == src.topic and item.partition == src.partition:
-                if item.offset == src.offset and item.digest == event.digest:
-                    swap[id(item)] = event
-                elif item.offset < src.offset:
-                    swap[id(item)] = None
-        if not swap:
+        if not fill_marks(slot, event):
             return False
-        slot.outbox = [e for e in (swap.get(id(e), e) for e in slot.outbox) if e is not None] or ()
-        slot.unsent = [e for e in (swap.get(id(e), e) for e in slot.unsent) if e is not None] or ()
-        if not any(type(e) is _Mark for e in slot.outbox):
+        if not any(type(e) is OutboxMark for e in slot.outbox):
             self._marked.discard(run_id)
         self._dirty[run_id] = None
         if event not in slot.outbox:
             return False
-        _remember(slot, event.digest)
+        remember(slot, event.digest)
         slot.marked = [*slot.marked, event]  # the restored record marks it still
         return True
 
     def captured(self, event: LineageEvent) -> None:
         """``event`` (with its ticket) is now part of its run's state."""
         slot = self._slot(event)
-        _remember(slot, event.digest)
+        remember(slot, event.digest)
         slot.waiters = [*slot.waiters, event.ticket]
         self._dirty[event.run_id] = None
 
@@ -274,7 +151,7 @@ class RunStateTable:
             self._send(event)
             return
         if event.ticket is not None:
-            _remember(slot, event.digest)
+            remember(slot, event.digest)
         slot.outbox = [*slot.outbox, event]
         slot.unsent = [*slot.unsent, event]
         self._dirty[event.run_id] = None
@@ -305,13 +182,13 @@ class RunStateTable:
         if slot is not None and event in slot.outbox:
             slot.outbox = [e for e in slot.outbox if e is not event] or ()
             (self._dirty if slot.unsent else self._delivered)[event.run_id] = None
-            return _keep_marked_ticket(slot, event)
+            return keep_marked_ticket(slot, event)
         if self._departing:
             departure = self._departing.get(event.run_id)
             if departure is not None and event in departure.slot.outbox:  # delivered while its run leaves
                 departure.slot.outbox = [e for e in departure.slot.outbox if e is not event] or ()
                 departure.changed = True
-                return _keep_marked_ticket(departure.slot, event)
+                return keep_marked_ticket(departure.slot, event)
         return False
 
     def _send(self, event: LineageEvent) -> None:
@@ -321,13 +198,13 @@ class RunStateTable:
             if parent is not None:
                 leaving = self._leaving
                 after = next((e for e in parent.outbox if e.event_type == "START" and id(e) not in leaving
-                              and type(e) is not _Mark), None)
+                              and type(e) is not OutboxMark), None)
         self._submit(event, after)
 
-    def _slot(self, event: LineageEvent) -> _Slot | None:
+    def _slot(self, event: LineageEvent) -> RunSlot | None:
         slot = self._slots.get(event.run_id)
         if slot is None and event.source is not None:
-            slot = self._slots[event.run_id] = _Slot(event.source.partition)
+            slot = self._slots[event.run_id] = RunSlot(event.source.partition)
         return slot
 
     # -- writing ---------------------------------------------------------------------------
@@ -349,7 +226,7 @@ class RunStateTable:
             outbox = slot.outbox
             unsent = slot.unsent
             ready = next((i for i, event in enumerate(unsent)
-                          if type(event) is _Mark or event.is_terminal and event is not outbox[0]), len(unsent))
+                          if type(event) is OutboxMark or event.is_terminal and event is not outbox[0]), len(unsent))
             writes.append(self._write(run_id, slot, state, unsent[:ready], closed and not outbox))
             slot.unsent = unsent[ready:] or ()
         self._dirty.clear()
@@ -366,27 +243,12 @@ class RunStateTable:
             del closed_runs[run_id]
         return writes
 
-    def _write(self, run_id: str, slot: _Slot, state: dict[str, Any] | None, to_send: list[LineageEvent],
+    def _write(self, run_id: str, slot: RunSlot, state: dict[str, Any] | None, to_send: list[LineageEvent],
                final: bool) -> StateWrite:
         """The record of ``run_id`` in ``state``, with ``slot``'s waiting tickets (taken)."""
-        outbox = slot.outbox
-        if state is None and not outbox:
-            value = None
-        else:
-            reduced = slot.reduced
-            record: dict[str, Any] = {"v": RECORD_VERSION,
-                                      "state": state_without_facets(state) if reduced else state}
-            if state is not None and "closed" not in state:
-                record["seen"] = slot.seen.hex()
-            if outbox:
-                left_out = slot.partition if reduced == OUTBOX_LEFT_OUT else None
-                record["outbox"] = [_outbox_entry(event, left_out) for event in outbox]
-            value = orjson.dumps(record)
-        if outbox and slot.reduced == OUTBOX_LEFT_OUT:
-            partition, marked = slot.partition, slot.marked
-            slot.marked = [*marked, *(e for e in outbox if type(e) is not _Mark and e.ticket is not None
-                                      and e.source is not None and e.source.partition == partition
-                                      and not any(m is e for m in marked))] or ()
+        value = encode_record(state, slot.seen, slot.outbox, slot.reduced, slot.partition)
+        if slot.outbox and slot.reduced == OUTBOX_LEFT_OUT:
+            mark_left_out(slot)
         self._seq += 1
         write = StateWrite(slot.partition, self.key(run_id), value, run_id, slot, slot.waiters, to_send, final,
                            self._seq, reduced=slot.reduced)
@@ -405,13 +267,12 @@ class RunStateTable:
         in order.
 
         ``too_large``: the broker refused it for its size. It is made again, and the run's
-        records from then on leave out its merged facets (a restore builds its events
-        without the facets merged before); if that is refused too, the next one leaves out
-        the outbox as well (see :func:`_outbox_entry`: marks, and built events without
-        their facets; then the run's record is whole again but for its facets). One
-        refused even so is settled as if written: kept in memory only. Never settled while
-        refused: the record on the topic (an older one) could list as unsent an event
-        delivered since, which a restore would send again (a START after the terminal)."""
+        records from then on leave out its merged facets; if that is refused too, the next
+        one leaves out the outbox as well (see :mod:`relay.state.records`), then the run's
+        record is whole again but for its facets. One refused even so is settled as if
+        written: kept in memory only. Never settled while refused: the record on the topic
+        (an older one) could list as unsent an event delivered since, which a restore would
+        send again (a START after the terminal)."""
         slot = write.slot
         if too_large:
             ok = not write.reducible
@@ -430,7 +291,7 @@ class RunStateTable:
             # waited for) by the revocation's next take_departing_writes.
             departure = None if current else self._departing.get(write.run_id)
             if current or (departure is not None and departure.slot is slot):
-                carried = sorted([*slot.carried, write], key=_by_seq)
+                carried = sorted([*slot.carried, write], key=by_seq)
                 if any(seq > write.seq for seq in slot.writing):
                     slot.carried = carried
                     return
@@ -447,19 +308,8 @@ class RunStateTable:
         # events are handed over (settled here: one read from a partition still assigned
         # here would otherwise hold its commits for good).
         send = self._send if current else partial(
-            _hand_over, slot.partition if write.reduced == OUTBOX_LEFT_OUT else None)
-        if slot.carried:
-            held = [w for w in slot.carried if w.seq < write.seq]
-            slot.carried = [w for w in slot.carried if w.seq > write.seq] or ()
-            for earlier in held:
-                for ticket in earlier.tickets:
-                    ticket.release()
-                for event in earlier.to_send:
-                    send(event)
-        for ticket in write.tickets:
-            ticket.release()
-        for event in write.to_send:
-            send(event)
+            hand_over, slot.partition if write.reduced == OUTBOX_LEFT_OUT else None)
+        settle_written(slot, write, send)
         if not current:
             return
         if write.reduced == OUTBOX_LEFT_OUT:
@@ -494,11 +344,11 @@ class RunStateTable:
             state = self._consolidator.forget(run_id)
             self._marked.discard(run_id)
             if slot is not None:
-                abandoned += [event for event in slot.outbox if type(event) is not _Mark]
+                abandoned += [event for event in slot.outbox if type(event) is not OutboxMark]
                 for event in slot.outbox:
                     self._leaving.pop(id(event), None)
                 if slot.outbox or dirty:
-                    self._departing[run_id] = _Departure(slot, state, dirty)
+                    self._departing[run_id] = Departure(slot, state, dirty)
             self._closed.pop(run_id, None)
         return gone, abandoned
 
@@ -528,15 +378,7 @@ class RunStateTable:
         sent, then what the state held, flushed; the run goes on in the new mode, and its
         record is written again in that mode (a tombstone in passthrough). Returns whether it
         was. Raises ValueError for a record this version cannot read."""
-        try:
-            record = loads(value)  # its events' integers beyond 64 bits exact, not floats
-        except orjson.JSONDecodeError as err:
-            raise ValueError(f"run state for {run_id} is not JSON: {err}") from err
-        if not isinstance(record, dict) or record.get("v") != RECORD_VERSION:
-            raise ValueError(f"run state for {run_id} is not a version {RECORD_VERSION} record")
-        state = record.get("state")
-        outbox = [built_event(entry, now) if isinstance(entry, dict) else _read_mark(run_id, entry)
-                  for entry in record.get("outbox") or ()]
+        state, outbox, seen = decode_record(run_id, value, now)
         is_open = state is not None and read_closed_state(run_id, state) is None
         taken_over = False
         if state is not None:
@@ -551,12 +393,12 @@ class RunStateTable:
                     elif type(action) is Drop:
                         action.event.ticket.release()  # SETTLED: nothing to release
         self._departing.pop(run_id, None)
-        if any(type(e) is _Mark for e in outbox):
+        if any(type(e) is OutboxMark for e in outbox):
             self._marked.add(run_id)
         else:
             self._marked.discard(run_id)
         if outbox or is_open or taken_over:
-            slot = self._slots[run_id] = _Slot(partition, bytes.fromhex(record.get("seen") or ""))
+            slot = self._slots[run_id] = RunSlot(partition, bytes.fromhex(seen or ""))
             slot.outbox, slot.unsent = outbox or (), list(outbox) or ()
             self._closed.pop(run_id, None)
             if outbox or taken_over:
@@ -574,29 +416,3 @@ class RunStateTable:
     def has_marks(self) -> bool:
         """Whether a restored outbox waits at a mark (see :meth:`refill`)."""
         return bool(self._marked)
-
-
-def _outbox_entry(event: LineageEvent | _Mark, left_out: int | None) -> Any:
-    """How a record holds an outbox event: whole, unless the outbox is left out (its run's
-    partition ``left_out``): then an event read from that partition is a mark (its copy is
-    read again after a crash, its offset not committed before it is delivered), one the run
-    built is kept without its facets. One read from another partition is kept whole: that
-    partition may stay here, and a revocation settles it (its new owner sends it)."""
-    if type(event) is _Mark:
-        return event.to_json()
-    if left_out is None:
-        return orjson.Fragment(event.body)
-    src = event.source
-    if src is None or event.ticket is None:
-        return orjson.Fragment(dumps(doc_without_facets(loads(event.body))))
-    if src.partition != left_out:
-        return orjson.Fragment(event.body)
-    return [event.digest.hex(), src.topic, src.partition, src.offset]
-
-
-def _read_mark(run_id: str, entry: Any) -> _Mark:
-    try:
-        digest, topic, partition, offset = entry
-        return _Mark(bytes.fromhex(digest), topic, int(partition), int(offset))
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"malformed outbox entry in run state for {run_id}: {entry!r}") from err

@@ -349,7 +349,7 @@ def test_a_long_run_remembers_the_digests_of_its_latest_events_only():
     """A run that streams RUNNINGs for days: its dedupe memory, written whole with each
     change of its state, stays bounded (the latest SEEN_MAX events'), and a duplicate of a
     recent event is still caught."""
-    from relay.state.table import SEEN_MAX
+    from relay.state.slots import SEEN_MAX
 
     events = spark(7, running=SEEN_MAX + 50)
     lane = Lane(mode="coalesce")
