@@ -224,6 +224,12 @@ class Relay:
         return self._stop.is_set()
 
     @property
+    def exit_by(self) -> float:
+        """When :meth:`run` must have returned (monotonic): ``drain_timeout_s`` +
+        :data:`CLOSE_MARGIN_S` after the stop was asked for; infinite before."""
+        return self._exit_by
+
+    @property
     def ready(self) -> bool:
         """Consuming its share: started, joined its group (its share may be empty: an idle
         replica is ready), every subscribed topic seen in the cluster, not stopping."""

@@ -1,4 +1,5 @@
-"""The operations endpoint: ``/healthz`` (the event loop is turning), ``/readyz``
+"""The operations endpoint: ``/healthz`` (the event loop is turning, or the relay is
+stopping within its time), ``/readyz``
 (consuming its share: see :attr:`relay.app.Relay.ready`) and ``/metrics`` (Prometheus text
 format). The probes read what the relay knows already: they send nothing to the broker."""
 
@@ -24,6 +25,10 @@ STUCK_AFTER_S = 60.0
 def build_app(relay: Relay) -> web.Application:
     async def healthz(_req: web.Request) -> web.Response:
         now = time.monotonic()
+        if relay.stopping and now <= relay.exit_by:
+            # The shutdown's drain does not poll, for up to drain_timeout_s: a relay on its way
+            # out is not restarted (its deliveries abandoned) before it must have returned.
+            return web.json_response({"status": "stopping"})
         stalled = now - relay.heartbeat
         if relay.started and stalled > STUCK_AFTER_S:
             # A rebalance handler (restoring run state, the look-back, a revocation's wait)

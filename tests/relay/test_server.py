@@ -10,12 +10,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from relay.server import STUCK_AFTER_S, build_app
 
 
-def relay(*, polled_s_ago: float, rebalancing_s: float | None = None) -> SimpleNamespace:
+def relay(*, polled_s_ago: float, rebalancing_s: float | None = None,
+          exit_in_s: float | None = None) -> SimpleNamespace:
+    """A relay last polling ``polled_s_ago``; ``exit_in_s``: stopping, to have returned by then."""
     now = time.monotonic()
     source = SimpleNamespace(paused=False, assignment=set(), handover_timeout_s=300.0,
                              rebalancing_since=None if rebalancing_s is None else now - rebalancing_s)
-    return SimpleNamespace(started=True, stopping=False, heartbeat=now - polled_s_ago, source=source,
-                           broker=SimpleNamespace(unreachable=False))
+    return SimpleNamespace(started=True, stopping=exit_in_s is not None, heartbeat=now - polled_s_ago,
+                           source=source, broker=SimpleNamespace(unreachable=False),
+                           exit_by=float("inf") if exit_in_s is None else now + exit_in_s)
 
 
 async def healthz(state: SimpleNamespace) -> tuple[int, dict]:
@@ -34,6 +37,16 @@ async def test_a_relay_inside_a_long_rebalance_handler_is_not_reported_stuck():
     status, body = await healthz(relay(polled_s_ago=200, rebalancing_s=190))
     assert status == 200 and body["status"] == "rebalancing"
     assert (await healthz(relay(polled_s_ago=400, rebalancing_s=300 + STUCK_AFTER_S + 5)))[0] == 503
+
+
+async def test_a_relay_draining_on_its_way_out_is_not_reported_stuck():
+    """The shutdown drains deliveries for up to drain_timeout_s, and the loop no longer
+    polls: /healthz said "stuck" after 60 s, and the liveness probe killed a relay about to
+    exit on its own (its deliveries abandoned). Past the time it must have returned by, it
+    is stuck."""
+    status, body = await healthz(relay(polled_s_ago=STUCK_AFTER_S + 30, exit_in_s=10))
+    assert (status, body) == (200, {"status": "stopping"})
+    assert (await healthz(relay(polled_s_ago=STUCK_AFTER_S + 30, exit_in_s=-1)))[0] == 503
 
 
 async def readyz(state: SimpleNamespace) -> tuple[int, dict]:
