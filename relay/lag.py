@@ -1,9 +1,9 @@
 """Consumer lag per assigned partition, in records and in seconds.
 
 :func:`measure_lag` sets ``lineage_relay_consumer_lag`` (records behind the partition's
-end, not consumed yet) and ``lineage_relay_consumer_lag_seconds`` (the age of the oldest
-record not done with) for every assigned partition, and removes both series of a
-partition measured no more; see its docstring for what the age means.
+end, not consumed yet) and ``lineage_relay_consumer_lag_seconds`` (how old the oldest
+record not done with is, at most) for every assigned partition, and removes both series of
+a partition measured no more; see its docstring for what the age means.
 """
 
 from __future__ import annotations
@@ -18,16 +18,24 @@ from relay.source.offsets import OffsetTracker
 
 
 async def measure_lag(source: KafkaSource, tracker: OffsetTracker, metrics: RelayMetrics) -> None:
-    """Per assigned partition: the records behind its end (not consumed yet), and the age
-    of its oldest record not done with: the oldest consumed and not settled (delivered
-    everywhere, dead-lettered or dropped), where the next commit stops; else, while
-    records wait to be consumed, the last one consumed (those waiting are newer: an
-    upper bound); else 0. That age is what counts against the topic's retention: a
-    record older than it is lost if the relay has to read it again. Not set for a
-    partition nothing was consumed from yet. A partition measured no more (given to
-    another replica by a rebalance, or its position unknown since it was assigned again)
-    loses both series: its last values would otherwise stay for ever, firing alerts and
-    counted twice in sums over the replicas."""
+    """Per assigned partition: the records behind its end (not consumed yet; for one
+    assigned while paused, nothing fetched since, counted from where it starts), and how
+    old its oldest record not done with is, at most:
+
+    * some consumed are not settled (delivered everywhere, dead-lettered or dropped): the
+      age of the oldest of them, where the next commit stops (exact);
+    * all consumed are settled and records wait to be consumed: the time since the later
+      of the last record consumed and the last measurement that found the partition caught
+      up (those waiting are newer than both: an upper bound, give or take the few seconds
+      the end offsets take to be known);
+    * none waits: 0.
+
+    That age is what counts against the topic's retention: a record older than it is lost
+    if the relay has to read it again. Not set while records wait on a partition nothing
+    was consumed from since it was assigned, and which was not measured caught up since.
+    A partition measured no more (given to another replica by a rebalance) loses both
+    series: its last values would otherwise stay for ever, firing alerts and counted twice
+    in sums over the replicas."""
     now_ms = time.time() * 1000
     lag_records, lag_seconds = metrics.lag, metrics.lag_seconds
     lags = await source.lag()
@@ -38,8 +46,15 @@ async def measure_lag(source: KafkaSource, tracker: OffsetTracker, metrics: Rela
     for part, lag in lags.items():
         labels = {"topic": part[0], "partition": str(part[1])}
         lag_records.labels(**labels).set(lag)
+        if not lag:
+            tracker.caught_up(part, now_ms)
         oldest_ms, last_ms = tracker.record_ms(part)
-        ms = oldest_ms or (last_ms if lag else None)
+        if oldest_ms is not None:
+            ms: float | None = oldest_ms
+        elif lag:
+            ms = max((t for t in (last_ms, tracker.caught_up_ms(part)) if t is not None), default=None)
+        else:
+            ms = None
         if ms is not None:
             lag_seconds.labels(**labels).set(max(0.0, (now_ms - ms) / 1000))
         elif not lag:

@@ -88,6 +88,8 @@ class KafkaSource:
         #: Partitions of the latest assignment that start elsewhere than their committed
         #: offset (nothing before their start was delivered: there is nothing to read back).
         self.reset_at_assignment: frozenset[Partition] = frozenset()
+        #: Where each assigned partition starts, as the offset check found (see :meth:`lag`).
+        self._starts: dict[Partition, int] = {}
         self._conf = with_log(conf, KafkaLog(on_offset_reset))
         # What asks the broker for the end offsets (:meth:`lag`): the consumer's connection.
         self._admin_conf = with_log({"client.id": "lineage-relay-lag", **connection_properties(properties),
@@ -195,7 +197,11 @@ class KafkaSource:
         :attr:`reset_at_assignment`. A check that fails is logged, and the partitions it
         did not decide start at their committed offset."""
         self.reset_at_assignment = frozenset()
-        checked, self.reset_at_assignment = self._offset_check.checked(consumer, tps)
+        starts: dict[Partition, int] = {}
+        checked, self.reset_at_assignment = self._offset_check.checked(consumer, tps, starts)
+        for tp in tps:
+            self._starts.pop((tp.topic, tp.partition), None)
+        self._starts.update(starts)
         return checked
 
     def _revoked(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
@@ -209,6 +215,7 @@ class KafkaSource:
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)
+        self._forget_starts(parts)
         log_event(log, logging.INFO, "partitions_revoked", partitions=format_partitions(parts), committed=len(offsets))
 
     def _lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
@@ -219,6 +226,7 @@ class KafkaSource:
         if self._cooperative:
             consumer.incremental_unassign(tps)
         self.assignment.difference_update(parts)
+        self._forget_starts(parts)
         log_event(log, logging.WARNING, "partitions_lost", partitions=format_partitions(parts))
 
     def _given_up(self, handler: RebalanceHandler, parts: list[Partition]) -> dict[Partition, int]:
@@ -231,6 +239,10 @@ class KafkaSource:
         except BaseException:
             self.assignment.difference_update(parts)
             raise
+
+    def _forget_starts(self, parts: list[Partition]) -> None:
+        for part in parts:
+            self._starts.pop(part, None)
 
     def _mark_revoked(self, parts: list[Partition]) -> None:
         self.generation += 1
@@ -364,7 +376,11 @@ class KafkaSource:
                   partitions=len(self.assignment))
 
     async def lag(self) -> dict[Partition, int]:
-        """Per assigned partition whose position is known: its end offset minus the position.
+        """Per assigned partition: its end offset minus its position; for one the consumer has
+        not fetched from since it was assigned (assigned while paused: its position is
+        unknown), minus where it starts, as the offset check found at the assignment. Left
+        out: a partition of neither (its check did not decide it; ``auto.offset.reset``
+        ``error``), or whose end offset is not known yet.
 
         The end offset is the later of librdkafka's cached one (from fetch responses: none
         come for a paused partition, nor while the broker is unreachable) and the broker's
@@ -383,6 +399,7 @@ class KafkaSource:
             if not parts:
                 return {}
             stated = end_offsets.known() if end_offsets is not None else {}
+            starts = self._starts
             out = {}
             for tp in consumer.position([TopicPartition(t, p) for t, p in parts]):
                 part = (tp.topic, tp.partition)
@@ -391,8 +408,9 @@ class KafkaSource:
                 except KafkaException:
                     high = -1
                 high = max(high, stated.get(part, -1))
-                if high >= 0 and tp.offset >= 0:
-                    out[part] = max(0, high - tp.offset)
+                at = tp.offset if tp.offset >= 0 else starts.get(part, -1)
+                if high >= 0 and at >= 0:
+                    out[part] = max(0, high - at)
             return out
         return await self._call(compute)
 

@@ -74,13 +74,18 @@ class OffsetCheck:
         #: records is handled), and one under way ends at its next step.
         self._stopping = stopping or (lambda: False)
 
-    def checked(self, consumer: Consumer,
-                tps: list[TopicPartition]) -> tuple[list[TopicPartition], frozenset[Partition]]:
+    def checked(self, consumer: Consumer, tps: list[TopicPartition],
+                starts: dict[Partition, int] | None = None) -> tuple[list[TopicPartition], frozenset[Partition]]:
         """``tps``, or a copy where a partition that no longer holds its committed offset
-        starts where ``auto.offset.reset`` says; and the partitions so reset."""
+        starts where ``auto.offset.reset`` says; and the partitions so reset. ``starts``
+        gets the offset each partition checked starts from: its committed offset, the one
+        it was reset to, or for one with nothing committed its start or end now (where
+        ``auto.offset.reset`` sends it: librdkafka takes the end at its first fetch). A
+        partition not checked (see the module docstring) is left out of it."""
         policy = self._reset_policy
         if not tps or (policy not in _RESET_TO_START and policy not in _RESET_TO_END) or self._stopping():
             return tps, frozenset()
+        starts = {} if starts is None else starts
         deadline = time.monotonic() + OFFSET_CHECK_TIMEOUT_S
         out = list(tps)
         #: Committed beyond the end the broker's ListOffsets answers: some Kafka-compatible
@@ -89,7 +94,7 @@ class OffsetCheck:
         try:
             committed = consumer.committed(tps, timeout=OFFSET_CHECK_TIMEOUT_S)
             for i, tp in enumerate(committed):
-                if tp.error is not None or tp.offset < 0:
+                if tp.error is not None:
                     continue
                 if self._stopping():  # not handled anyway: the relay exits within its time
                     break
@@ -101,9 +106,15 @@ class OffsetCheck:
                     break
                 low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
                                                            timeout=max(0.1, deadline - time.monotonic()))
+                part = (tp.topic, tp.partition)
+                if tp.offset < 0:  # nothing committed: only where it starts, for the lag of a paused one
+                    starts[part] = low if policy in _RESET_TO_START else high
+                    continue
+                starts[part] = tp.offset
                 cause = out_of_range(tp.offset, low, high)
                 if cause == "before_start":
                     out[i] = self._reset(tp, low, high, cause)
+                    starts[part] = out[i].offset
                 elif cause == "beyond_end" and self._open_reader is not None:
                     beyond.setdefault(tp.topic, {})[tp.partition] = (i, tp.offset, low)
             if beyond and not self._stopping():
@@ -115,6 +126,7 @@ class OffsetCheck:
                         for p, (i, at, low) in parts.items():
                             if at > ends[p][1]:
                                 out[i] = self._reset(TopicPartition(topic, p, at), low, ends[p][1], "beyond_end")
+                                starts[(topic, p)] = out[i].offset
                 finally:
                     reader.close()
         except (KafkaException, OpsError) as err:

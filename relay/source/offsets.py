@@ -88,6 +88,8 @@ class OffsetTracker:
     def __init__(self) -> None:
         self._logs: dict[Hashable, _PartitionLog] = {}
         self._pending = _Pending()
+        #: When each partition was last seen caught up (ms; see :meth:`caught_up`).
+        self._caught_up_ms: dict[Partition, float] = {}
 
     @property
     def pending_bytes(self) -> int:
@@ -141,6 +143,7 @@ class OffsetTracker:
         releasing them later is harmless."""
         final = {}
         for partition in partitions:
+            self._caught_up_ms.pop(partition, None)
             log = self._logs.pop(partition, None)
             if log is None:
                 continue
@@ -161,6 +164,15 @@ class OffsetTracker:
             return None, None
         oldest = log.tickets[0].ms if log.tickets else 0
         return (oldest if oldest > 0 else None), (log.last_ms if log.last_ms > 0 else None)
+
+    def caught_up(self, partition: Partition, at_ms: float) -> None:
+        """``partition`` was seen caught up at ``at_ms`` (ms since the epoch): every record
+        up to its end consumed. Forgotten when it is revoked."""
+        self._caught_up_ms[partition] = at_ms
+
+    def caught_up_ms(self, partition: Partition) -> float | None:
+        """When ``partition`` was last seen caught up since it was assigned (ms), or None."""
+        return self._caught_up_ms.get(partition)
 
     def outstanding(self) -> int:
         """Tickets held: records not settled, and settled ones behind an unsettled one."""

@@ -68,13 +68,19 @@ def test_a_committed_offset_before_the_start_starts_at_the_start_and_says_what_w
     assert {k: record.fields[k] for k in ("partition", "from_offset", "to_offset", "cause", "records_lost")} == \
         {"partition": 0, "from_offset": 5, "to_offset": 20, "cause": "before_start", "records_lost": 15}
     assert "retention.ms" in record.fields["hint"]
-    assert answers.asked == [0, 1]  # nothing committed: nothing to check
+    # Nothing committed: nothing to check, but where it starts is asked (the lag of a
+    # partition assigned while paused is counted from there).
+    assert answers.asked == [0, 1, 2]
+    assert src._starts == {("events", 0): 20, ("events", 1): 40, ("events", 2): 0}
 
 
 def test_auto_offset_reset_latest_starts_at_the_end_and_error_is_left_to_librdkafka():
     resets: list = []
     answers = Answers(committed={0: 5}, marks={0: (20, 50)})
     assert [tp.offset for tp in source(resets, **{"auto.offset.reset": "latest"})._checked(answers, tps(0))] == [50]
+    latest = source(resets, **{"auto.offset.reset": "latest"})
+    latest._checked(Answers(committed={0: INVALID}, marks={0: (20, 50)}), tps(0))
+    assert latest._starts == {("events", 0): 50}  # nothing committed: librdkafka starts at the end
     given = tps(0)
     assert source(resets, **{"auto.offset.reset": "error"})._checked(answers, given) is given
     assert resets == [("events", 0)]
