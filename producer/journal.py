@@ -1,7 +1,9 @@
 """The on-disk journal: where events wait while Kafka cannot take them.
 
-Layout: ``<journal_dir>/<id>/`` per producer process, ``<id>`` =
-``<UTC yyyymmddTHHMMSSffffff>-<pid>-<random>`` so names sort by creation time. Inside:
+Layout: ``<journal_dir>/<id>/`` per journal, ``<id>`` =
+``<UTC yyyymmddTHHMMSSffffff>-<pid>-<token>`` so names sort by creation time; the journals
+one producer makes (its own, and one a reclaim's wait puts aside) share ``<pid>-<token>``
+(:class:`~producer.journal_dir.JournalNames`), and adopters take them in order. Inside:
 ``LOCK`` (``flock``-ed for the owner's lifetime), segment files ``00000001.seg``, ... and
 ``CURSOR`` (``"<segment> <offset>"``: everything before it has been delivered).
 
@@ -66,15 +68,21 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import shutil
 import struct
 import zlib
-from datetime import datetime, timezone
 from pathlib import Path
 
 from producer.errors import JournalError
-from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, release_lock, write_synced
+from producer.journal_dir import (
+    DESTINATION,
+    LOCK,
+    Destination,
+    JournalNames,
+    fsync_dir,
+    release_lock,
+    write_synced,
+)
 from producer.journal_resync import HEADER as _HEADER
 from producer.journal_scan import SegmentReader, segment_name
 
@@ -153,14 +161,14 @@ class Journal:
 
     @classmethod
     def create(cls, root: Path, *, max_bytes: int, segment_bytes: int,
-               destination: Destination | None = None) -> Journal:
+               destination: Destination | None = None, names: JournalNames | None = None) -> Journal:
         """A new, empty journal under ``root``, locked by this process (``destination``:
-        recorded for adopters; None only in tools and tests)."""
+        recorded for adopters; None only in tools and tests). ``names``: its writer's (the
+        journals a producer makes, taken over in order by adopters); None: a writer of its own."""
         fd = tmp = None
         try:
             root.mkdir(parents=True, exist_ok=True)
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-            name = f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
+            name = (names or JournalNames()).next()
             # Made under a hidden name, its LOCK appearing locked first: see the module docstring.
             tmp = root / f".{name}"
             tmp.mkdir()

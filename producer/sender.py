@@ -53,6 +53,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from producer.deferred_close import LOCK_SLICE_S, DeferredClosing
 from producer.delivery_reports import DeliveryReports
 from producer.journal import AppendFailed, Journal, Record
+from producer.journal_dir import JournalNames
 from producer.librdkafka_log import LibrdkafkaLog
 from producer.replacement import InstanceReplacement
 from producer.replay import Replay
@@ -136,6 +137,8 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._stop = threading.Event()
         self._progress = threading.Condition()
         self._own: Journal | None = None
+        # The names of the journals this producer makes: one writer's, which adopters take in order.
+        self._journal_names = JournalNames()
         self._aside: Journal | None = None     # the spill queue's during a reclaim's wait (_persist_aside)
         # The journals this producer made (its own, the aside one, and its former own ones
         # waiting in _journals): together within journal_max_bytes (_append_counted).
@@ -283,7 +286,8 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
     def _journal(self) -> Journal:
         if self._own is None:
             self._own = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                       segment_bytes=self._segment_bytes(), destination=self._destination())
+                                       segment_bytes=self._segment_bytes(), destination=self._destination(),
+                                       names=self._journal_names)
             self._made_here.add(self._own)
             log.info("event=journal_created path=%s", self._own.path)
         return self._own
@@ -383,12 +387,15 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
 
     def _aside_journal(self) -> Journal:
         if self._aside is None:
-            # Made after the current journal (made now if need be): a next process that takes
-            # them over, oldest first, keeps their order too. Their cap is shared, checked at
+            # Made after the current journal (made now if need be), with the same writer in its
+            # name: the processes that take them over keep their order too, one writer's
+            # journals being taken in the order it made them, the next only once the one
+            # before is sent or released (producer.orphans). Their cap is shared, checked at
             # each append (_append_counted).
             self._journal()
             self._aside = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                         segment_bytes=self._segment_bytes(), destination=self._destination())
+                                         segment_bytes=self._segment_bytes(), destination=self._destination(),
+                                         names=self._journal_names)
             self._made_here.add(self._aside)
             log.info("event=journal_created path=%s reason=reclaim_wait", self._aside.path)
         return self._aside

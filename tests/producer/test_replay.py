@@ -33,7 +33,7 @@ from tests.producer.support import (
     seqs_by_key,
     wait_for,
 )
-from tests.support.kafka import read_topic
+from tests.support.kafka import process_state, read_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -532,3 +532,54 @@ def test_a_record_the_broker_rejects_is_counted_once_and_not_sent_again_with_its
     assert p._settle_replay()
     assert p.stats.dropped == {"rejected_by_broker": 1} and p.stats.replayed == 1 and journal.pending == 0, p.stats
     journal.close()
+
+
+def test_one_writers_journals_go_in_order_though_two_producers_adopt_them(broker, tmp_path, caplog):
+    """A producer makes a second journal during a reclaim's wait (its spill queue goes
+    aside) and dies with both pending (here: closed while the broker is frozen). Another
+    process is sending the older one when a producer starts on the directory: that producer
+    must not send the newer one meanwhile, nor take it before the older one is all sent,
+    or a run's later events reach Kafka before its earlier ones."""
+    topic = "one-writer"
+    broker.start()
+    broker.create_topic(topic, 1)
+    caplog.set_level(logging.INFO, "producer.kafka")
+    logged = lambda text: any(text in r.getMessage() for r in caplog.records)  # noqa: E731
+    root = tmp_path / "j"
+    dead = _producer(broker.bootstrap_servers, topic, root, queue_max_events=100, close_timeout_s=1)
+    try:
+        dead.emit(seq_event(0))
+        assert dead.flush(15) == 0
+        os.kill(broker._proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
+            for i in range(1, 51):            # into librdkafka, never answered: given back later
+                dead.emit(seq_event(i))
+            wait_for(lambda: logged("reason=stalled"), 40, "the stall")
+            for i in range(51, 111):          # during the reclaim's wait for answers: aside
+                dead.emit(seq_event(i))
+            wait_for(lambda: logged("event=producer_rebuilt"), 40, "the rebuild")
+            wait_for(lambda: dead._not_journaled() == 0, 20, "everything journaled")
+            assert logged("reason=reclaim_wait"), "the spill queue went aside"
+            dead.close(1)
+        finally:
+            os.kill(broker._proc.pid, signal.SIGCONT)
+        assert dead.stats.journaled == 110 and dead.stats.dropped == {}, dead.stats
+        older, newer = sorted(p for p in root.iterdir() if list(p.glob("*.seg")))
+        # Another process is sending the older journal.
+        elsewhere = adopt_next(root, max_bytes=1 << 30, segment_bytes=1 << 20,
+                               destination=Destination(topic, broker.bootstrap_servers))
+        assert elsewhere is not None and elsewhere.path == older
+        p = _producer(broker.bootstrap_servers, topic, root, interval=0.2)
+        try:
+            assert p.flush(30) == 0
+            assert adopt_orphans(root, max_bytes=1 << 30, segment_bytes=1 << 20,
+                                 destination=Destination(topic, broker.bootstrap_servers)) == []
+            assert newer.exists() and list(newer.glob("*.seg")), "the newer journal went before the older one"
+            elsewhere.close()   # released unsent (that process ended): the running producer takes both
+            wait_for(lambda: not list(root.rglob("*.seg")), 60, "both journals sent")
+        finally:
+            p.close()
+    finally:
+        dead.close(0)
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=111), range(111))
