@@ -422,20 +422,35 @@ class Journal:
         self._read_count = 0
 
     def commit(self, pos: tuple[int, int], count: int) -> None:
-        """Mark everything before ``pos`` (``count`` records) delivered, durably."""
+        """Mark everything before ``pos`` (``count`` records) delivered, durably.
+
+        Raises OSError when ``CURSOR`` cannot be written (a full disk, an I/O error): the
+        records are delivered all the same -- ``pending``, and :meth:`rewind`, go on from
+        ``pos`` -- and only the ``CURSOR`` on disk stays behind, with their segments, until
+        the next commit writes a later position; a crash before then sends them again
+        (at-least-once). Fully delivered, the journal is emptied as after any commit."""
         tmp = self.path / (_CURSOR + ".tmp")
-        write_synced(tmp, f"{pos[0]} {pos[1]}\n")
-        os.replace(tmp, self.path / _CURSOR)
+        try:
+            write_synced(tmp, f"{pos[0]} {pos[1]}\n")
+            os.replace(tmp, self.path / _CURSOR)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            self._delivered_before(pos, count, durable=False)
+            raise
+        self._delivered_before(pos, count, durable=True)
+
+    def _delivered_before(self, pos: tuple[int, int], count: int, durable: bool) -> None:
         self._cursor = pos
         self.pending = max(0, self.pending - count)
         self._read_count = max(0, self._read_count - count)
-        for seg in [n for n in self._sizes if n < pos[0]]:
-            self._reader.close(seg)
-            (self.path / segment_name(seg)).unlink(missing_ok=True)
-            del self._sizes[seg]
-        self._reader.forget_before(pos[0])
         if self.pending == 0 and pos[0] == self._write_seg:
-            self._reset()
+            self._reset()   # nothing left: no segment, no CURSOR (a stale one included)
+        elif durable:   # else the CURSOR on disk still points into them
+            for seg in [n for n in self._sizes if n < pos[0]]:
+                self._reader.close(seg)
+                (self.path / segment_name(seg)).unlink(missing_ok=True)
+                del self._sizes[seg]
+            self._reader.forget_before(pos[0])
 
     def _reset(self) -> None:
         # Fully delivered: start a fresh segment so the files do not grow forever.

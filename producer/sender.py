@@ -101,7 +101,7 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._closed = False
         self._emitted = self._delivered = self._journaled = self._replayed = 0
         self._delivery_failures = self._errors = 0
-        self._journal_write_failures = 0   # appends that failed (logged rate-limited: _journal_write_failed)
+        self._repeats: dict[str, int] = {}   # errors that repeat while their cause lasts (_repeated_error)
         self._dropped: dict[str, int] = {}
         # Direct records in librdkafka = sent - done. Single writer each (emit() under
         # _lock; this thread), so no lock. len(producer) also counts queued error events.
@@ -344,9 +344,9 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             written = fitted = target.append(batch)
         except AppendFailed as err:
             written, fitted = err.written, err.fitted
-            self._journal_write_failed(err.cause)
+            self._repeated_error("journal_write_failed", err.cause)
         except Exception as err:  # noqa: BLE001 - whatever it is, the batch is counted (a journal not made, ...)
-            self._journal_write_failed(err)
+            self._repeated_error("journal_write_failed", err)
         finally:
             # Even on an exception that gets past the above: every record of the batch is
             # counted, journaled or dropped, and none stays in transit (flush() would wait for it).
@@ -360,15 +360,16 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
                                   "journal_max_bytes=%d", reason, self._topic, count, lost,
                                   self.config.journal_path, self.config.journal_max_bytes)
 
-    def _journal_write_failed(self, err: BaseException) -> None:
-        """Count an append that failed as an error; log it as drops are logged (the first ten,
-        then every thousandth: a full disk fails every batch, many a second)."""
+    def _repeated_error(self, what: str, detail: object, **fields: object) -> None:
+        """Count an error that repeats while its cause lasts (a full disk fails every journal
+        append, every commit: many a second) and log it as drops are logged: the first ten of
+        ``what``, then every thousandth (``repeats``: how many so far)."""
         with self._count_lock:
             self._errors += 1
-            self._journal_write_failures += 1
-            failures = self._journal_write_failures
-        if _should_log(failures):
-            log.error("event=journal_write_failed topic=%s detail=%s failures=%d", self._topic, err, failures)
+            repeats = self._repeats[what] = self._repeats.get(what, 0) + 1
+        if _should_log(repeats):
+            extra = "".join(f" {k}={v}" for k, v in fields.items())
+            log.error("event=%s topic=%s detail=%s repeats=%d%s", what, self._topic, detail, repeats, extra)
 
     def _made_here_bytes(self, besides: Journal) -> int:
         """Bytes on disk of the journals this producer made that it still holds (its own, the

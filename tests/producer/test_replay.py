@@ -583,3 +583,53 @@ def test_one_writers_journals_go_in_order_though_two_producers_adopt_them(broker
     finally:
         dead.close(0)
     assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=111), range(111))
+
+
+def _sender_turn(step):  # noqa: ANN001, ANN202
+    """A step as the sender thread runs it: an exception is logged (sender_failed), the thread goes on."""
+    try:
+        return step()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any_more(tmp_path, monkeypatch, caplog):
+    """The disk is full when a delivered batch's position is committed (CURSOR cannot be
+    written). Its records are delivered all the same: counted once, no longer pending (flush()
+    and close() must not wait for them), and a later batch that fails is sent again from
+    there, not from the stale cursor (which would send them, and count them, twice). Only a
+    crash before the next commit would send them again (at-least-once)."""
+    real_write_synced = journal_module.write_synced
+
+    def cursor_disk_full_once(path, text):  # noqa: ANN001, ANN202
+        if path.name == "CURSOR.tmp" and not failed:
+            failed.append(path)
+            raise OSError(28, "No space left on device")
+        return real_write_synced(path, text)
+    failed: list[Path] = []
+    monkeypatch.setattr(journal_module, "write_synced", cursor_disk_full_once)
+    caplog.set_level(logging.ERROR, "producer.kafka")
+    p = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path / "own", close_timeout_s=0)
+    p.close()   # its sender thread is done: the replay is driven from here, answers made up
+    p._producer = kafka = _RecordingKafka()
+    journal = Journal.create(tmp_path / "left", max_bytes=1 << 20, segment_bytes=1 << 20)
+    journal.append([(b"k", b"a"), (b"k", b"b"), (b"k", b"c"), (b"k", b"d")])
+
+    def send_and_answer(error: KafkaError | None = None) -> list[bytes]:
+        kafka.sent.clear()
+        p._retry_at = 0.0
+        p._send_batch(journal, 2, 1 << 20)
+        for on_delivery, message in kafka.sent:
+            on_delivery(error, message)
+        _sender_turn(p._settle_replay)
+        return [message.value() for _, message in kafka.sent]
+
+    assert send_and_answer() == [b"a", b"b"] and failed, "the commit did not fail"
+    assert p.stats.replayed == 2 and journal.pending == 2, (p.stats, journal)
+    assert send_and_answer(KafkaError(KafkaError._MSG_TIMED_OUT)) == [b"c", b"d"]
+    assert p.stats.replayed == 2 and journal.pending == 2, (p.stats, journal)
+    assert send_and_answer() == [b"c", b"d"], "sent again from the stale cursor"
+    assert p.stats.replayed == 4 and journal.pending == 0, (p.stats, journal)
+    assert any("event=journal_commit_failed" in r.getMessage() for r in caplog.records)
+    journal.close()
+    assert not journal.path.exists(), "all delivered: removed"
