@@ -1,7 +1,9 @@
 """The on-disk journal: where events wait while Kafka cannot take them.
 
-Layout: ``<journal_dir>/<id>/`` per producer process, ``<id>`` =
-``<UTC yyyymmddTHHMMSSffffff>-<pid>-<random>`` so names sort by creation time. Inside:
+Layout: ``<journal_dir>/<id>/`` per journal, ``<id>`` =
+``<UTC yyyymmddTHHMMSSffffff>-<pid>-<token>`` so names sort by creation time; the journals
+one producer makes (its own, and one a reclaim's wait puts aside) share ``<pid>-<token>``
+(:class:`~producer.journal_dir.JournalNames`), and adopters take them in order. Inside:
 ``LOCK`` (``flock``-ed for the owner's lifetime), segment files ``00000001.seg``, ... and
 ``CURSOR`` (``"<segment> <offset>"``: everything before it has been delivered).
 
@@ -66,15 +68,21 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import shutil
 import struct
 import zlib
-from datetime import datetime, timezone
 from pathlib import Path
 
 from producer.errors import JournalError
-from producer.journal_dir import DESTINATION, LOCK, Destination, fsync_dir, release_lock, write_synced
+from producer.journal_dir import (
+    DESTINATION,
+    LOCK,
+    Destination,
+    JournalNames,
+    fsync_dir,
+    release_lock,
+    write_synced,
+)
 from producer.journal_resync import HEADER as _HEADER
 from producer.journal_scan import SegmentReader, segment_name
 
@@ -153,14 +161,14 @@ class Journal:
 
     @classmethod
     def create(cls, root: Path, *, max_bytes: int, segment_bytes: int,
-               destination: Destination | None = None) -> Journal:
+               destination: Destination | None = None, names: JournalNames | None = None) -> Journal:
         """A new, empty journal under ``root``, locked by this process (``destination``:
-        recorded for adopters; None only in tools and tests)."""
+        recorded for adopters; None only in tools and tests). ``names``: its writer's (the
+        journals a producer makes, taken over in order by adopters); None: a writer of its own."""
         fd = tmp = None
         try:
             root.mkdir(parents=True, exist_ok=True)
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-            name = f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
+            name = (names or JournalNames()).next()
             # Made under a hidden name, its LOCK appearing locked first: see the module docstring.
             tmp = root / f".{name}"
             tmp.mkdir()
@@ -414,20 +422,35 @@ class Journal:
         self._read_count = 0
 
     def commit(self, pos: tuple[int, int], count: int) -> None:
-        """Mark everything before ``pos`` (``count`` records) delivered, durably."""
+        """Mark everything before ``pos`` (``count`` records) delivered, durably.
+
+        Raises OSError when ``CURSOR`` cannot be written (a full disk, an I/O error): the
+        records are delivered all the same -- ``pending``, and :meth:`rewind`, go on from
+        ``pos`` -- and only the ``CURSOR`` on disk stays behind, with their segments, until
+        the next commit writes a later position; a crash before then sends them again
+        (at-least-once). Fully delivered, the journal is emptied as after any commit."""
         tmp = self.path / (_CURSOR + ".tmp")
-        write_synced(tmp, f"{pos[0]} {pos[1]}\n")
-        os.replace(tmp, self.path / _CURSOR)
+        try:
+            write_synced(tmp, f"{pos[0]} {pos[1]}\n")
+            os.replace(tmp, self.path / _CURSOR)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            self._delivered_before(pos, count, durable=False)
+            raise
+        self._delivered_before(pos, count, durable=True)
+
+    def _delivered_before(self, pos: tuple[int, int], count: int, durable: bool) -> None:
         self._cursor = pos
         self.pending = max(0, self.pending - count)
         self._read_count = max(0, self._read_count - count)
-        for seg in [n for n in self._sizes if n < pos[0]]:
-            self._reader.close(seg)
-            (self.path / segment_name(seg)).unlink(missing_ok=True)
-            del self._sizes[seg]
-        self._reader.forget_before(pos[0])
         if self.pending == 0 and pos[0] == self._write_seg:
-            self._reset()
+            self._reset()   # nothing left: no segment, no CURSOR (a stale one included)
+        elif durable:   # else the CURSOR on disk still points into them
+            for seg in [n for n in self._sizes if n < pos[0]]:
+                self._reader.close(seg)
+                (self.path / segment_name(seg)).unlink(missing_ok=True)
+                del self._sizes[seg]
+            self._reader.forget_before(pos[0])
 
     def _reset(self) -> None:
         # Fully delivered: start a fresh segment so the files do not grow forever.

@@ -5,6 +5,9 @@
   never touched.
 * ``DESTINATION``: where a journal's records go (:class:`Destination`), read back with
   :func:`read_destination`; absent in journals written before it existed.
+* Names: ``<stamp>-<pid>-<token>`` (:class:`JournalNames`); the journals one producer makes
+  share ``<pid>-<token>``, their writer (:func:`writer_of`), so that adopters take them in
+  order (:mod:`producer.orphans`).
 * :func:`check_journal_dir`: the directory can be made and written, checked at start-up.
 * :func:`write_synced` and :func:`fsync_dir`: a file, and a directory's entries, on disk
   before the caller goes on.
@@ -15,13 +18,42 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from producer.errors import ConfigError
 
 LOCK = "LOCK"
 DESTINATION = "DESTINATION"
+
+
+class JournalNames:
+    """The names of the journals one writer (a producer) makes: ``<stamp>-<pid>-<token>``,
+    ``<stamp>`` the UTC time (``yyyymmddTHHMMSSffffff``), so that names sort by creation
+    time, and ``<token>`` drawn once: every journal of the writer has the same
+    ``<pid>-<token>`` (:func:`writer_of`). Each stamp is later than the writer's previous
+    one (by a microsecond if the clock has not moved on, or stepped back): its journals'
+    names sort in the order it made them, and never collide. One thread at a time."""
+
+    def __init__(self) -> None:
+        self._token = secrets.token_hex(3)
+        self._last: datetime | None = None
+
+    def next(self) -> str:
+        stamp = datetime.now(timezone.utc)
+        if self._last is not None and stamp <= self._last:
+            stamp = self._last + timedelta(microseconds=1)
+        self._last = stamp
+        return f"{stamp.strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}-{self._token}"
+
+
+def writer_of(name: str) -> str:
+    """The writer of the journal named ``name`` (``<pid>-<token>``, hidden or not). A journal
+    named before writers shared a token (each journal drew its own) is a writer of its own."""
+    _, sep, writer = name.lstrip(".").partition("-")
+    return writer if sep and writer else name
 
 
 def fsync_dir(path: Path) -> None:

@@ -11,6 +11,15 @@ caller (a running producer, one at a time, the scan in slices of its sender's tu
 
 Which journals are taken:
 
+* One writer's journals (a producer's: the same ``<pid>-<token>`` in their names,
+  :func:`producer.journal_dir.writer_of`) in the order it made them, never two at once by
+  different processes: one whose ``LOCK`` is held (its writer lives, or another adopter is
+  sending it, or it was just removed) holds back every later journal of its writer, which
+  is looked at again at the next look. So a run's events reach Kafka in emit order though
+  several producers adopt: an adopter takes a writer's next journal only once the earlier
+  one is all sent (removed) or released (left for the next adopter, which takes it first).
+  One the caller could not open or read is given up (below) and holds nothing back: its
+  writer's later journals must not wait for ever, and are sent before it if it is ever read.
 * Only those written for the caller's :class:`~producer.journal_dir.Destination` (its topic,
   and a bootstrap server in common), read from the journal's ``DESTINATION`` file before
   any lock is taken. A journal without that file (written before it existed) is taken by
@@ -34,11 +43,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from producer.errors import JournalError
 from producer.journal import Journal
-from producer.journal_dir import Destination, lock_existing, read_destination, release_lock
+from producer.journal_dir import Destination, lock_existing, read_destination, release_lock, writer_of
 
 log = logging.getLogger("producer.journal")
 
@@ -57,12 +67,7 @@ def adopt_orphans(root: Path, *, max_bytes: int, segment_bytes: int,
     :meth:`Journal.recover_some` on each until it is complete before reading it, and a
     journal released before that stays on disk, whole. Raises OSError when ``root`` cannot
     be listed."""
-    adopted = []
-    for path in _candidates(root, destination):
-        journal = _take(path, max_bytes, segment_bytes, recover=recover)
-        if journal is not None:
-            adopted.append(journal)
-    return adopted
+    return list(_adoptable(root, destination, max_bytes, segment_bytes, recover))
 
 
 def adopt_next(root: Path, *, max_bytes: int, segment_bytes: int, destination: Destination) -> Journal | None:
@@ -70,11 +75,7 @@ def adopt_next(root: Path, *, max_bytes: int, segment_bytes: int, destination: D
     recovery scan is not run: the caller runs :meth:`Journal.recover_some` until it is
     complete, then sends the journal's records or, none, closes it (which removes it).
     Holds at most one journal at any moment. Raises OSError when ``root`` cannot be listed."""
-    for path in _candidates(root, destination):
-        journal = _take(path, max_bytes, segment_bytes, recover=False)
-        if journal is not None:
-            return journal
-    return None
+    return next(_adoptable(root, destination, max_bytes, segment_bytes, recover=False), None)
 
 
 def give_up(journal: Journal, err: Exception) -> None:
@@ -123,14 +124,32 @@ def _skip(path: Path, written_for: Destination, destination: Destination) -> Non
                 destination.bootstrap_servers, written_for.topic, written_for.bootstrap_servers)
 
 
-def _take(path: Path, max_bytes: int, segment_bytes: int, recover: bool = True) -> Journal | None:
-    try:
-        fd = lock_existing(path)
-    except OSError as err:
-        _fail(path, err)
-        return None
-    if fd is None:
-        return None
+def _adoptable(root: Path, destination: Destination | None, max_bytes: int, segment_bytes: int,
+               recover: bool) -> Iterator[Journal]:
+    """The orphans under ``root`` taken over, oldest first, one at a time as the caller asks
+    (it stops asking: the rest stay untouched); a journal whose LOCK is held holds back its
+    writer's later ones."""
+    held: set[str] = set()
+    for path in _candidates(root, destination):
+        writer = writer_of(path.name)
+        if writer in held:
+            continue
+        try:
+            fd = lock_existing(path)
+        except OSError as err:
+            _fail(path, err)
+            continue
+        if fd is None:
+            held.add(writer)
+            continue
+        journal = _take(path, fd, max_bytes, segment_bytes, recover=recover)
+        if journal is not None:
+            yield journal
+
+
+def _take(path: Path, fd: int, max_bytes: int, segment_bytes: int, recover: bool) -> Journal | None:
+    """Open the journal at ``path`` whose ``LOCK`` ``fd`` holds: None if it was being made
+    (its maker died: removed), empty (removed), or cannot be opened (given up)."""
     if path.name.startswith("."):
         shutil.rmtree(path, ignore_errors=True)
         release_lock(fd)

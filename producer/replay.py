@@ -117,6 +117,7 @@ class Replay:
     _reset_stall: Callable[[], None]
     _kafka_up: Callable[[], None]
     _error: Callable[..., None]
+    _repeated_error: Callable[..., None]
     _drop: Callable[..., None]
     _poll: Callable[[float], None]
     _on_replay_delivery: Callable[[int, Any, Any], None]
@@ -156,13 +157,17 @@ class Replay:
             self._backoff = min(self._backoff * 2, _BACKOFF_S[1])
             return False
         # Counted before the commit drops them from ``pending``: a flush() that returns sees them.
+        # The commit drops them whether or not it reaches the disk, so they are counted once.
         sent = count - self._replay_rejected
         if journal is self._adopted:
             self._adopted_sent += sent
         else:
             self._replayed += sent
             self._delivered += sent
-        journal.commit(pos, count)
+        try:
+            journal.commit(pos, count)
+        except OSError as err:   # delivered all the same; a crash before the next commit resends them
+            self._repeated_error("journal_commit_failed", err, journal=journal.path)
         self._replay_dropped = None
         self._backoff = _BACKOFF_S[0]
         self._reset_stall()

@@ -53,6 +53,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from producer.deferred_close import LOCK_SLICE_S, DeferredClosing
 from producer.delivery_reports import DeliveryReports
 from producer.journal import AppendFailed, Journal, Record
+from producer.journal_dir import JournalNames
 from producer.librdkafka_log import LibrdkafkaLog
 from producer.replacement import InstanceReplacement
 from producer.replay import Replay
@@ -100,6 +101,7 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._closed = False
         self._emitted = self._delivered = self._journaled = self._replayed = 0
         self._delivery_failures = self._errors = 0
+        self._repeats: dict[str, int] = {}   # errors that repeat while their cause lasts (_repeated_error)
         self._dropped: dict[str, int] = {}
         # Direct records in librdkafka = sent - done. Single writer each (emit() under
         # _lock; this thread), so no lock. len(producer) also counts queued error events.
@@ -136,6 +138,8 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._stop = threading.Event()
         self._progress = threading.Condition()
         self._own: Journal | None = None
+        # The names of the journals this producer makes: one writer's, which adopters take in order.
+        self._journal_names = JournalNames()
         self._aside: Journal | None = None     # the spill queue's during a reclaim's wait (_persist_aside)
         # The journals this producer made (its own, the aside one, and its former own ones
         # waiting in _journals): together within journal_max_bytes (_append_counted).
@@ -283,7 +287,8 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
     def _journal(self) -> Journal:
         if self._own is None:
             self._own = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                       segment_bytes=self._segment_bytes(), destination=self._destination())
+                                       segment_bytes=self._segment_bytes(), destination=self._destination(),
+                                       names=self._journal_names)
             self._made_here.add(self._own)
             log.info("event=journal_created path=%s", self._own.path)
         return self._own
@@ -339,9 +344,9 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             written = fitted = target.append(batch)
         except AppendFailed as err:
             written, fitted = err.written, err.fitted
-            self._error("journal_write_failed", err.cause)
+            self._repeated_error("journal_write_failed", err.cause)
         except Exception as err:  # noqa: BLE001 - whatever it is, the batch is counted (a journal not made, ...)
-            self._error("journal_write_failed", err)
+            self._repeated_error("journal_write_failed", err)
         finally:
             # Even on an exception that gets past the above: every record of the batch is
             # counted, journaled or dropped, and none stays in transit (flush() would wait for it).
@@ -349,9 +354,22 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             self._in_transit = 0
             for reason, lost in (("journal_write_failed", fitted - written), ("journal_full", len(batch) - fitted)):
                 if lost > 0:
-                    self._count_drop(reason, lost)
-                    log.error("event=dropped reason=%s count=%d journal=%s journal_max_bytes=%d",
-                              reason, lost, self.config.journal_path, self.config.journal_max_bytes)
+                    count = self._count_drop(reason, lost)
+                    if _should_log(count, lost):   # as _drop: a full disk fails every batch
+                        log.error("event=dropped reason=%s topic=%s count=%d dropped_now=%d journal=%s "
+                                  "journal_max_bytes=%d", reason, self._topic, count, lost,
+                                  self.config.journal_path, self.config.journal_max_bytes)
+
+    def _repeated_error(self, what: str, detail: object, **fields: object) -> None:
+        """Count an error that repeats while its cause lasts (a full disk fails every journal
+        append, every commit: many a second) and log it as drops are logged: the first ten of
+        ``what``, then every thousandth (``repeats``: how many so far)."""
+        with self._count_lock:
+            self._errors += 1
+            repeats = self._repeats[what] = self._repeats.get(what, 0) + 1
+        if _should_log(repeats):
+            extra = "".join(f" {k}={v}" for k, v in fields.items())
+            log.error("event=%s topic=%s detail=%s repeats=%d%s", what, self._topic, detail, repeats, extra)
 
     def _made_here_bytes(self, besides: Journal) -> int:
         """Bytes on disk of the journals this producer made that it still holds (its own, the
@@ -383,12 +401,15 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
 
     def _aside_journal(self) -> Journal:
         if self._aside is None:
-            # Made after the current journal (made now if need be): a next process that takes
-            # them over, oldest first, keeps their order too. Their cap is shared, checked at
+            # Made after the current journal (made now if need be), with the same writer in its
+            # name: the processes that take them over keep their order too, one writer's
+            # journals being taken in the order it made them, the next only once the one
+            # before is sent or released (producer.orphans). Their cap is shared, checked at
             # each append (_append_counted).
             self._journal()
             self._aside = Journal.create(self.config.journal_path, max_bytes=self.config.journal_max_bytes,
-                                         segment_bytes=self._segment_bytes(), destination=self._destination())
+                                         segment_bytes=self._segment_bytes(), destination=self._destination(),
+                                         names=self._journal_names)
             self._made_here.add(self._aside)
             log.info("event=journal_created path=%s reason=reclaim_wait", self._aside.path)
         return self._aside

@@ -165,3 +165,36 @@ def test_an_append_failing_part_way_counts_journaled_what_is_on_disk_and_dropped
     finally:
         for journal in left:
             journal.close()
+
+
+def test_a_journal_that_cannot_be_written_logs_its_failures_rate_limited_and_counts_them_all(
+        tmp_path, monkeypatch, caplog):
+    """The disk fills while Kafka is down: every batch the journal is handed then fails. Each
+    is counted (journal_write_failed, exactly), but logged as drops are, the first ten and
+    then every thousandth: a job emitting steadily must not flood the log with ERROR lines."""
+    real_write_all, written = journal_module._write_all, []
+
+    def full_after_one(fd, data):  # noqa: ANN001, ANN202
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(data)
+        return real_write_all(fd, data)
+    monkeypatch.setattr(journal_module, "_write_all", full_after_one)
+    caplog.set_level(logging.ERROR, "producer.kafka")
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=1)
+    dropped = lambda: producer.stats.dropped.get("journal_write_failed", 0)  # noqa: E731
+    try:
+        producer.emit(_job_event("first"))   # journaled: the producer stays in journal mode
+        wait_for(lambda: producer.stats.journaled == 1, 20, "the first event journaled")
+        for i in range(30):   # one batch each: the next event once the last one is counted
+            producer.emit(_job_event(f"job{i}"))
+            wait_for(lambda: dropped() == i + 1, 10, f"drop {i + 1}")
+        assert producer.pending == 1, producer.stats
+    finally:
+        producer.close(0)
+    lines = [r.getMessage() for r in caplog.records]
+    failures = [m for m in lines if m.startswith("event=journal_write_failed")]
+    drops = [m for m in lines if m.startswith("event=dropped reason=journal_write_failed")]
+    assert len(failures) == 10 and len(drops) == 10, (len(failures), len(drops))
+    assert "count=10 dropped_now=1" in drops[-1], drops[-1]
+    assert producer.stats.dropped == {"journal_write_failed": 30}

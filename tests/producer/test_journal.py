@@ -10,6 +10,7 @@ import struct
 
 import pytest
 
+from producer import journal as journal_module
 from producer.journal import Journal, encode_record
 from producer.orphans import adopt_orphans
 
@@ -61,6 +62,38 @@ def test_an_orphaned_journal_resumes_at_its_last_commit(tmp_path):
     [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096)
     assert adopted.pending == 12
     assert adopted.read()[0] == _records(20)[8:]
+
+
+def test_a_commit_that_cannot_write_its_cursor_still_moves_pending_and_a_crash_then_resends(
+        tmp_path, monkeypatch):
+    """CURSOR.tmp cannot be written (a full disk): the commit raises, but what it marks
+    delivered is no longer pending and rewind() goes back to it, not before it; on disk the
+    records and the old cursor stay, so a process dying before the next commit leaves them to
+    be sent again (at-least-once), never lost. The next commit writes past them."""
+    journal = _new(tmp_path, segment_bytes=256)
+    journal.append(_records(20))
+    batch, pos = journal.read(max_records=12)
+    assert pos[0] > 1, "the batch ends past the first segment"
+    real = journal_module.write_synced
+
+    def disk_full(path, text):  # noqa: ANN001, ANN202
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(journal_module, "write_synced", disk_full)
+    with pytest.raises(OSError):
+        journal.commit(pos, 12)
+    assert journal.pending == 8 and journal.read_position == pos
+    journal.read(max_records=3)
+    journal.rewind()
+    assert journal.read()[0] == _records(20)[12:]
+    assert (journal.path / "00000001.seg").exists() and not (journal.path / "CURSOR.tmp").exists()
+    _orphaned(journal)
+    [adopted] = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=256)
+    assert adopted.pending == 20, "a crash before the next commit: sent again, not lost"
+    monkeypatch.setattr(journal_module, "write_synced", real)
+    batch, pos = adopted.read(max_records=15)
+    adopted.commit(pos, 15)
+    assert adopted.pending == 5 and not (adopted.path / "00000001.seg").exists()
+    adopted.close()
 
 
 def test_a_torn_last_record_is_cut_off(tmp_path):

@@ -5,27 +5,35 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from datetime import datetime, timezone
 
 import pytest
 
 from producer import journal as journal_module
+from producer import journal_dir
 from producer.errors import JournalError
 from producer.journal import Journal
-from producer.journal_dir import Destination, lock_existing
+from producer.journal_dir import Destination, JournalNames, lock_existing, writer_of
 from producer.orphans import adopt_next, adopt_orphans, give_up
 from tests.producer.support import open_paths_under
 
 HERE = Destination("lineage", "127.0.0.1:9092,127.0.0.1:9093")
 
 
-def _orphan(root, destination: Destination | None, n: int = 3) -> Journal:
+def _orphan(root, destination: Destination | None, n: int = 3, names: JournalNames | None = None) -> Journal:
     """A journal whose owner died (the kernel drops its flock with its fds)."""
-    journal = Journal.create(root, max_bytes=1 << 20, segment_bytes=4096, destination=destination)
+    journal = Journal.create(root, max_bytes=1 << 20, segment_bytes=4096, destination=destination, names=names)
     journal.append([(b"k", f"v{i}".encode()) for i in range(n)])
+    _die(journal)
+    return journal
+
+
+def _die(journal: Journal) -> None:
+    """The process holding ``journal`` dies: its descriptors close, its flock goes with them."""
+    journal._reader.close()
     if journal._writer is not None:   # none without a record
         os.close(journal._writer)
     os.close(journal._lock_fd)
-    return journal
 
 
 def _adopt_next(root):
@@ -231,3 +239,77 @@ def test_a_journal_let_go_is_free_at_once_though_a_fork_child_still_has_its_lock
             os.close(adopters_child)
     finally:
         os.close(childs_copy)
+
+
+def test_one_writers_journals_are_taken_in_order_never_a_later_one_while_an_earlier_one_is_held(tmp_path):
+    """A producer's journals (its own, one a reclaim's wait put aside) share a writer: while
+    one is held (another adopter is sending it), nobody takes the later ones; an adopter that
+    dies holding some leaves them to the next one, which takes them from the first on."""
+    names = JournalNames()
+    first, second, third = (_orphan(tmp_path, HERE, n=2, names=names) for _ in range(3))
+    other_writer = _orphan(tmp_path, HERE, n=1)
+    assert first.path.name < second.path.name < third.path.name
+    assert writer_of(first.path.name) == writer_of(third.path.name) != writer_of(other_writer.path.name)
+    sending = _adopt_next(tmp_path)
+    assert sending is not None and sending.path == first.path
+    # Another producer: at its start, and while it runs. Another writer's journal is not held back.
+    taken = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE, recover=False)
+    assert [j.path for j in taken] == [other_writer.path]
+    assert _adopt_next(tmp_path) is None
+    for journal, n in ((sending, 2), (taken[0], 1)):
+        journal.recover_some()
+        journal.commit(journal.read()[1], n)
+        journal.close()   # all sent: removed (the next one of its writer may go)
+    assert not first.path.exists()
+    both = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE, recover=False)
+    assert [j.path for j in both] == [second.path, third.path]
+    for journal in both:
+        _die(journal)   # the adopter dies before sending them
+    again = _adopt_next(tmp_path)
+    assert again is not None and again.path == second.path
+    assert _adopt_next(tmp_path) is None, "the third taken while the second is being sent"
+    again.close()   # released unsent (its adopter closed): the next adopter takes it first
+    assert [j.path for j in adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)] == [
+        second.path, third.path]
+
+
+def test_a_live_writers_journals_are_left_alone_and_a_given_up_one_holds_nothing_back(tmp_path):
+    names = JournalNames()
+    live = [Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE, names=names)
+            for _ in range(2)]
+    try:
+        for journal in live:
+            journal.append([(b"k", b"v")])
+        assert adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE) == []
+    finally:
+        for journal in live:
+            journal.close()   # let go, each holding a record: now the writer's orphans
+    dead = JournalNames()
+    broken = _orphan(tmp_path, HERE, names=dead)
+    (broken.path / "00000002.seg").mkdir()   # a segment that is not a file: cannot be opened
+    after = _orphan(tmp_path, HERE, names=dead)
+    taken = adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE)
+    try:
+        assert [j.path for j in taken] == [live[0].path, live[1].path, after.path], \
+            "a journal given up held back its writer's next one"
+    finally:
+        for journal in taken:
+            journal.close()
+
+
+def test_journal_names_sort_in_the_order_a_writer_made_them_though_the_clock_steps_back(monkeypatch):
+    names = JournalNames()
+    made = [names.next() for _ in range(50)]   # many within one microsecond
+    assert made == sorted(made) and len(set(made)) == 50
+    assert len({writer_of(name) for name in made}) == 1
+    assert writer_of(f".{made[0]}") == writer_of(made[0])
+
+    class SteppedBack(datetime):   # the clock set back (NTP)
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2001, 1, 1, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(journal_dir, "datetime", SteppedBack)
+    assert names.next() > made[-1]
+    # Journals named before writers shared a token: each a writer of its own.
+    assert writer_of("20250101T000000000000-1-abcdef") != writer_of("20250101T000000000001-1-abcdf0")

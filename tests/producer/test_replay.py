@@ -33,7 +33,7 @@ from tests.producer.support import (
     seqs_by_key,
     wait_for,
 )
-from tests.support.kafka import read_topic
+from tests.support.kafka import process_state, read_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -532,3 +532,104 @@ def test_a_record_the_broker_rejects_is_counted_once_and_not_sent_again_with_its
     assert p._settle_replay()
     assert p.stats.dropped == {"rejected_by_broker": 1} and p.stats.replayed == 1 and journal.pending == 0, p.stats
     journal.close()
+
+
+def test_one_writers_journals_go_in_order_though_two_producers_adopt_them(broker, tmp_path, caplog):
+    """A producer makes a second journal during a reclaim's wait (its spill queue goes
+    aside) and dies with both pending (here: closed while the broker is frozen). Another
+    process is sending the older one when a producer starts on the directory: that producer
+    must not send the newer one meanwhile, nor take it before the older one is all sent,
+    or a run's later events reach Kafka before its earlier ones."""
+    topic = "one-writer"
+    broker.start()
+    broker.create_topic(topic, 1)
+    caplog.set_level(logging.INFO, "producer.kafka")
+    logged = lambda text: any(text in r.getMessage() for r in caplog.records)  # noqa: E731
+    root = tmp_path / "j"
+    dead = _producer(broker.bootstrap_servers, topic, root, queue_max_events=100, close_timeout_s=1)
+    try:
+        dead.emit(seq_event(0))
+        assert dead.flush(15) == 0
+        os.kill(broker._proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
+            for i in range(1, 51):            # into librdkafka, never answered: given back later
+                dead.emit(seq_event(i))
+            wait_for(lambda: logged("reason=stalled"), 40, "the stall")
+            for i in range(51, 111):          # during the reclaim's wait for answers: aside
+                dead.emit(seq_event(i))
+            wait_for(lambda: logged("event=producer_rebuilt"), 40, "the rebuild")
+            wait_for(lambda: dead._not_journaled() == 0, 20, "everything journaled")
+            assert logged("reason=reclaim_wait"), "the spill queue went aside"
+            dead.close(1)
+        finally:
+            os.kill(broker._proc.pid, signal.SIGCONT)
+        assert dead.stats.journaled == 110 and dead.stats.dropped == {}, dead.stats
+        older, newer = sorted(p for p in root.iterdir() if list(p.glob("*.seg")))
+        # Another process is sending the older journal.
+        elsewhere = adopt_next(root, max_bytes=1 << 30, segment_bytes=1 << 20,
+                               destination=Destination(topic, broker.bootstrap_servers))
+        assert elsewhere is not None and elsewhere.path == older
+        p = _producer(broker.bootstrap_servers, topic, root, interval=0.2)
+        try:
+            assert p.flush(30) == 0
+            assert adopt_orphans(root, max_bytes=1 << 30, segment_bytes=1 << 20,
+                                 destination=Destination(topic, broker.bootstrap_servers)) == []
+            assert newer.exists() and list(newer.glob("*.seg")), "the newer journal went before the older one"
+            elsewhere.close()   # released unsent (that process ended): the running producer takes both
+            wait_for(lambda: not list(root.rglob("*.seg")), 60, "both journals sent")
+        finally:
+            p.close()
+    finally:
+        dead.close(0)
+    assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=111), range(111))
+
+
+def _sender_turn(step):  # noqa: ANN001, ANN202
+    """A step as the sender thread runs it: an exception is logged (sender_failed), the thread goes on."""
+    try:
+        return step()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any_more(tmp_path, monkeypatch, caplog):
+    """The disk is full when a delivered batch's position is committed (CURSOR cannot be
+    written). Its records are delivered all the same: counted once, no longer pending (flush()
+    and close() must not wait for them), and a later batch that fails is sent again from
+    there, not from the stale cursor (which would send them, and count them, twice). Only a
+    crash before the next commit would send them again (at-least-once)."""
+    real_write_synced = journal_module.write_synced
+
+    def cursor_disk_full_once(path, text):  # noqa: ANN001, ANN202
+        if path.name == "CURSOR.tmp" and not failed:
+            failed.append(path)
+            raise OSError(28, "No space left on device")
+        return real_write_synced(path, text)
+    failed: list[Path] = []
+    monkeypatch.setattr(journal_module, "write_synced", cursor_disk_full_once)
+    caplog.set_level(logging.ERROR, "producer.kafka")
+    p = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path / "own", close_timeout_s=0)
+    p.close()   # its sender thread is done: the replay is driven from here, answers made up
+    p._producer = kafka = _RecordingKafka()
+    journal = Journal.create(tmp_path / "left", max_bytes=1 << 20, segment_bytes=1 << 20)
+    journal.append([(b"k", b"a"), (b"k", b"b"), (b"k", b"c"), (b"k", b"d")])
+
+    def send_and_answer(error: KafkaError | None = None) -> list[bytes]:
+        kafka.sent.clear()
+        p._retry_at = 0.0
+        p._send_batch(journal, 2, 1 << 20)
+        for on_delivery, message in kafka.sent:
+            on_delivery(error, message)
+        _sender_turn(p._settle_replay)
+        return [message.value() for _, message in kafka.sent]
+
+    assert send_and_answer() == [b"a", b"b"] and failed, "the commit did not fail"
+    assert p.stats.replayed == 2 and journal.pending == 2, (p.stats, journal)
+    assert send_and_answer(KafkaError(KafkaError._MSG_TIMED_OUT)) == [b"c", b"d"]
+    assert p.stats.replayed == 2 and journal.pending == 2, (p.stats, journal)
+    assert send_and_answer() == [b"c", b"d"], "sent again from the stale cursor"
+    assert p.stats.replayed == 4 and journal.pending == 0, (p.stats, journal)
+    assert any("event=journal_commit_failed" in r.getMessage() for r in caplog.records)
+    journal.close()
+    assert not journal.path.exists(), "all delivered: removed"
