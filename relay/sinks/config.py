@@ -215,6 +215,12 @@ class CollectorConfig(Frozen):
                         f"route.{which}.{i}.event_types: only RunEvents have an eventType, and this collector "
                         f"takes no RunEvents (event_kinds: {', '.join(self.event_kinds)}), so this rule never "
                         "matches; fix: add run to event_kinds, or remove event_types")
+                for key in ("job_namespace", "job_name"):
+                    if getattr(rule, key) is not None and not kinds & {"run", "job"}:
+                        raise ValueError(
+                            f"route.{which}.{i}.{key}: only RunEvents and JobEvents have a job, and this "
+                            f"collector takes neither (event_kinds: {', '.join(self.event_kinds)}), so this rule "
+                            f"never matches; fix: add run or job to event_kinds, or remove {key}")
         return self
 
     @field_validator("token")

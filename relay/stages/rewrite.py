@@ -20,6 +20,12 @@ Contract of :meth:`Rewriter.apply`:
 * A facet is only ever removed whole, and ``inputs``/``outputs`` are never touched by the
   size limit, so the output stays valid against the OpenLineage spec if the input was
   (masking a typed field of a *standard* facet, e.g. a number, is the one way to break it).
+* ``mask_keys`` masks values, never structure: under a matching key a string or a number
+  becomes ``"***"``, an object or a list keeps its shape with each string and number inside
+  masked (a ``"secrets": {...}`` object of a custom facet loses every value), a boolean or
+  null is kept. The keys of the standard facets' maps keyed by column names
+  (``columnLineage.fields``, ``dataQualityMetrics.columnMetrics``, ``lineage.fields``) are
+  names, not settings: never matched (a column ``password_hash`` keeps its lineage).
 * An event still over ``max_event_bytes`` after every facet ``shrink_order`` allows is
   dropped is rejected with :data:`TOO_LARGE_FOR_COLLECTOR` and a detail naming the sizes.
 
@@ -66,6 +72,14 @@ MASK = "***"
 #: A facet's own fields of the spec: never masked (``mask_keys``), but their URLs lose their
 #: credentials with ``redact_credentials`` like any string.
 _ENVELOPE = frozenset({"_producer", "_schemaURL", "_deleted"})
+#: Standard facets holding objects keyed by column (field) names, and that key: a column's
+#: name is no setting's, so ``mask_keys`` never matches it; what is inside is scrubbed as
+#: anywhere (the spec wants an object there: masked whole, the event would be refused).
+_KEYED_BY_NAME = {"columnLineage": "fields", "dataQualityMetrics": "columnMetrics", "lineage": "fields"}
+#: How :meth:`Rewriter._scrub` treats a value: redact its strings and mask the values of the
+#: keys ``mask_keys`` matches; mask every string and number in it (it is under such a key);
+#: or, for an object keyed by column names, scrub each member without matching its key.
+_SCRUB, _MASK_ALL, _BY_NAME = 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,84 +215,104 @@ class Rewriter:
             if self._drop is not None and self._drop(name):
                 changed = True
                 continue
-            new = self._scrub(facet) if self._scrub_on else facet
+            new = self._scrub(facet, _KEYED_BY_NAME.get(name)) if self._scrub_on else facet
             if name == "parent" and self._ns_map:
                 new = map_paths(new, (("job",), ("root", "job")), self._map_job)
             elif name == "columnLineage" and self._map_datasets:
                 new = self._map_column_lineage(new)
+            elif name == "symlinks" and self._map_datasets:
+                new = map_paths(new, (), self._map_dataset, list_key="identifiers")
             changed = changed or new is not facet
             out[name] = new
         return out if changed else facets
 
-    def _scrub(self, value: Any) -> Any:
+    def _scrub(self, value: Any, names: str | None = None) -> Any:
         """Redact strings and mask keys at any depth; returns ``value`` itself if unchanged.
-        Recursion (~12% faster) unless the value is nested deeper than Python's recursion
-        limit allows, which decode accepts (relay.stages.event_checks.MAX_DEPTH): then a loop.
-        Neither changes ``value`` in place, so a recursion cut short leaves nothing behind."""
+        ``names``: the key whose object, anywhere in ``value``, is keyed by column names
+        (:data:`_KEYED_BY_NAME`). Recursion (~12% faster) unless the value is nested deeper
+        than Python's recursion limit allows, which decode accepts
+        (relay.stages.event_checks.MAX_DEPTH): then a loop. Neither changes ``value`` in
+        place, so a recursion cut short leaves nothing behind."""
         try:
-            return self._scrub_nested(value)
+            return self._scrub_nested(value, names)
         except RecursionError:
-            return self._scrub_deep(value)
+            return self._scrub_deep(value, names)
 
-    def _scrub_nested(self, value: Any) -> Any:
-        if isinstance(value, str):
+    def _scrub_nested(self, value: Any, names: str | None = None, how: int = _SCRUB) -> Any:
+        if how == _MASK_ALL:
+            if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                return value if value == MASK else MASK
+        elif isinstance(value, str):
             return self._redactor.text(value) if self._redactor is not None else value
         if isinstance(value, dict):
             out = None
-            mask = self._mask
-            name = value.get("name") if mask is not None else None
-            masked_pair = isinstance(name, str) and "value" in value and mask(name)
+            masked_pair = how == _SCRUB and self._masked_pair(value)
             for key, item in value.items():
-                if key in _ENVELOPE:
+                if key in _ENVELOPE and how != _BY_NAME:
                     # Never masked (the spec's own fields), but a URL there loses its credentials.
                     if self._redactor is None or not isinstance(item, str):
                         continue
                     new = self._redactor.text(item)
-                    if new is item:
-                        continue
-                elif mask is not None and (mask(key) or (masked_pair and key == "value")):
-                    if item == MASK:
-                        continue
-                    new = MASK
                 else:
-                    new = self._scrub_nested(item)
-                    if new is item:
-                        continue
+                    new = self._scrub_nested(item, names, self._inner(how, key, item, masked_pair, names))
+                if new is item:
+                    continue
                 if out is None:
                     out = dict(value)
                 out[key] = new
             return value if out is None else out
         if isinstance(value, list):
-            new_list = [self._scrub_nested(item) for item in value]
+            inner = _MASK_ALL if how == _MASK_ALL else _SCRUB
+            new_list = [self._scrub_nested(item, names, inner) for item in value]
             return new_list if any(n is not o for n, o in zip(new_list, value)) else value
         return value
 
-    def _scrub_deep(self, value: Any) -> Any:
+    def _inner(self, how: int, key: str, item: Any, masked_pair: bool, names: str | None) -> int:
+        """How a member of an object scrubbed ``how`` is scrubbed (see :data:`_SCRUB`)."""
+        if how == _MASK_ALL:
+            return _MASK_ALL
+        if how == _BY_NAME:
+            return _SCRUB  # the key is a column's name, not a setting's: never masked
+        mask = self._mask
+        if mask is not None and (mask(key) or (masked_pair and key == "value")):
+            return _MASK_ALL
+        return _BY_NAME if key == names and isinstance(item, dict) else _SCRUB
+
+    def _masked_pair(self, obj: dict[str, Any]) -> bool:
+        """Whether ``obj`` is a ``{"name": <masked key>, "value": ...}`` pair."""
+        mask = self._mask
+        if mask is None or "value" not in obj:
+            return False
+        name = obj.get("name")
+        return isinstance(name, str) and mask(name)
+
+    def _scrub_deep(self, value: Any, names: str | None = None) -> Any:
         """:meth:`_scrub` as a loop, for values nested too deep to recurse over."""
-        redactor, mask = self._redactor, self._mask
+        redactor = self._redactor
         if not isinstance(value, (dict, list)):
             return redactor.text(value) if redactor is not None and isinstance(value, str) else value
-        frames = [self._frame(value, None)]
+        frames = [self._frame(value, None, _SCRUB)]
         while True:
             frame = frames[-1]
-            node, members, _copy, _place, is_dict, masked_pair = frame
+            node, members, _copy, _place, is_dict, masked_pair, how = frame
             for place, item in members:
-                if is_dict:
-                    if place in _ENVELOPE:  # never masked; its URL redacted (see _scrub_nested)
-                        if redactor is not None and isinstance(item, str) and (new := redactor.text(item)) is not item:
-                            _put(frame, place, new)
-                        continue
-                    if mask is not None and (mask(place) or (masked_pair and place == "value")):
-                        if item != MASK:
-                            _put(frame, place, MASK)
-                        continue
-                if isinstance(item, str):
+                if is_dict and place in _ENVELOPE and how != _BY_NAME:  # never masked (see _scrub_nested)
+                    if redactor is not None and isinstance(item, str) and (new := redactor.text(item)) is not item:
+                        _put(frame, place, new)
+                    continue
+                inner = self._inner(how, place, item, masked_pair, names) if is_dict else \
+                    (_MASK_ALL if how == _MASK_ALL else _SCRUB)
+                if isinstance(item, (dict, list)):
+                    frames.append(self._frame(item, place, inner))
+                    break
+                if inner == _MASK_ALL:
+                    if (isinstance(item, str) or (isinstance(item, (int, float)) and not isinstance(item, bool))) \
+                            and item != MASK:
+                        _put(frame, place, MASK)
+                elif isinstance(item, str):
                     new = redactor.text(item) if redactor is not None else item
                     if new is not item:
                         _put(frame, place, new)
-                elif isinstance(item, (dict, list)):
-                    frames.append(self._frame(item, place))
-                    break
             else:  # every member done
                 frames.pop()
                 result = node if frame[2] is None else frame[2]
@@ -287,16 +321,15 @@ class Rewriter:
                 if result is not node:
                     _put(frames[-1], frame[3], result)
 
-    def _frame(self, container: dict[str, Any] | list[Any], place: Any) -> list[Any]:
+    def _frame(self, container: dict[str, Any] | list[Any], place: Any, how: int) -> list[Any]:
         """What :meth:`_scrub` keeps of a container it is in: [the container, its members
         left, its copy once a member changed, its place in the container above, whether it
-        is an object, whether it is a masked ``{"name": ..., "value": ...}`` pair]."""
+        is an object, whether it is a masked ``{"name": ..., "value": ...}`` pair, how it is
+        scrubbed]."""
         if isinstance(container, dict):
-            mask = self._mask
-            name = container.get("name") if mask is not None else None
-            masked_pair = isinstance(name, str) and "value" in container and mask(name)
-            return [container, iter(container.items()), None, place, True, masked_pair]
-        return [container, enumerate(container), None, place, False, False]
+            masked_pair = how == _SCRUB and self._masked_pair(container)
+            return [container, iter(container.items()), None, place, True, masked_pair, how]
+        return [container, enumerate(container), None, place, False, False, how]
 
     def _map_job(self, namespace: str) -> str:
         for matches, target in self._ns_map:

@@ -14,17 +14,28 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from relay.frozen import Frozen
 from relay.stages.redact import DEFAULT_SECRET_QUERY_PARAMS
+from relay.stages.route import glob_problem
 
 #: Facets the size limit keeps unless ``shrink_order`` names them exactly: lineage and identity.
 ESSENTIAL_FACETS = frozenset({"schema", "columnLineage", "parent", "dataSource", "jobType", "processing_engine"})
 
 
 class NamespaceMapping(Frozen):
-    """``from`` (an exact namespace or an fnmatch glob, case-sensitive) becomes ``to``."""
+    """``from`` (an exact namespace or an fnmatch glob, case-sensitive) becomes ``to``. An
+    exact namespace always matches itself, ``[`` and all (an IPv6 host); in a glob, write
+    ``[[]`` for a literal ``[`` (see :func:`relay.stages.route.glob_problem`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
     from_: str = Field(alias="from", min_length=1)
     to: str = Field(min_length=1)
+
+    @field_validator("from_")
+    @classmethod
+    def _glob(cls, v: str) -> str:
+        problem = glob_problem(v)
+        if problem is not None:
+            raise ValueError(problem)
+        return v
 
 
 class RewriteConfig(Frozen):
@@ -32,15 +43,18 @@ class RewriteConfig(Frozen):
 
     #: Ordered; the first matching entry wins. Applies to job namespaces (also in ``parent``).
     namespace_map: tuple[NamespaceMapping, ...] = ()
-    #: Also map dataset namespaces (inputs, outputs, DatasetEvent, ``columnLineage`` sources).
+    #: Also map dataset namespaces (inputs, outputs, DatasetEvent, ``columnLineage`` sources,
+    #: ``symlinks`` identifiers).
     map_dataset_namespaces: bool = False
     redact_credentials: bool = False
     #: Replaces the default list; names are case-insensitive.
     secret_query_params: tuple[str, ...] = DEFAULT_SECRET_QUERY_PARAMS
     #: Facet names (globs) removed from run, job, dataset, input and output facets.
     drop_facets: tuple[str, ...] = ()
-    #: Keys (case-insensitive globs) whose values become "***" anywhere inside facets;
-    #: also ``{"name": <key>, "value": ...}`` pairs (the environmentVariables facet shape).
+    #: Keys (case-insensitive globs) whose values become "***" anywhere inside facets (an
+    #: object's or a list's: each string and number inside); also ``{"name": <key>, "value":
+    #: ...}`` pairs (the environmentVariables facet shape). Never a column's name (the keys of
+    #: ``columnLineage.fields``, ``dataQualityMetrics.columnMetrics``, ``lineage.fields``).
     mask_keys: tuple[str, ...] = ()
     max_event_bytes: int | None = Field(None, ge=1024)
     #: Facet-name globs tried in order; within an entry the largest facets go first.

@@ -9,7 +9,9 @@ A rule matches when every field it gives matches (an absent field matches anythi
 
 * ``job_namespace`` / ``job_name``: a glob (:mod:`fnmatch` syntax, case-sensitive, ``*``
   also crosses ``/`` and ``.``) on the event's job. A DatasetEvent has no job, so a rule
-  naming a job field never matches one.
+  naming a job field never matches one (with ``kinds`` leaving out run and job it is
+  refused). A pattern always matches its own text, ``[`` included (an IPv6 host in a
+  namespace); in a glob, ``[[]`` is a literal ``[``.
 * ``dataset_namespace``: a glob on the namespaces of the input and output datasets. For a
   DatasetEvent (its dataset) or a JobEvent it is judged on the event itself. For a RunEvent
   it is a property of the run: it matches once the run has named a matching dataset in any
@@ -77,6 +79,9 @@ class RouteRule(Frozen):
     def _pattern(cls, v: str | None) -> str | None:
         if v is not None and not v:
             raise ValueError("must be a non-empty glob pattern such as 'spark-*' (or leave the key out)")
+        problem = glob_problem(v) if v is not None else None
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("event_types", mode="before")
@@ -112,6 +117,13 @@ class RouteRule(Frozen):
             raise ValueError(
                 f"event_types: only RunEvents have an eventType, and kinds names only {', '.join(self.kinds)}, "
                 "so this rule never matches; fix: add run to kinds, or remove event_types (or kinds)")
+        if self.kinds is not None and not {"run", "job"} & set(self.kinds):
+            for key in ("job_namespace", "job_name"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"{key}: only RunEvents and JobEvents have a job, and kinds names only "
+                        f"{', '.join(self.kinds)}, so this rule never matches; fix: add run (or job) to kinds, "
+                        f"or remove {key} (or kinds)")
         return self
 
 
@@ -124,13 +136,39 @@ class RouteConfig(Frozen):
 
 def compile_glob(pattern: str) -> Callable[[str], bool]:
     """A case-sensitive fnmatch predicate, compiled once. A pattern without ``*?[`` is an
-    exact comparison; ``*`` alone matches everything."""
+    exact comparison; ``*`` alone matches everything. A pattern always matches its own text:
+    ``[`` is common in namespaces (an IPv6 host, ``postgres://[fd00::1]:5432``), where
+    fnmatch reads a character class and the exact namespace would never match itself (see
+    :func:`glob_problem` for globs around one)."""
     if pattern == "*":
         return lambda _value: True
     if _GLOB_MAGIC.isdisjoint(pattern):
         return pattern.__eq__
     match = re.compile(fnmatch.translate(pattern)).match
+    if "[" in pattern:
+        return lambda value: value == pattern or match(value) is not None
     return lambda value: match(value) is not None
+
+
+#: An fnmatch character class: ``[``, an optional ``!``, a first ``]`` taken as a member,
+#: up to the closing ``]``.
+_CLASS = re.compile(r"\[!?\]?[^\]]*\]")
+
+
+def glob_problem(pattern: str) -> str | None:
+    """Why ``pattern`` (a namespace glob) cannot mean what it says, or None: a glob (with
+    ``*`` or ``?``) whose character class holds ``:`` is an IPv6 host written as text
+    (``postgres://[fd00::1]:*``), which fnmatch reads as one character (f, d, 0, : or 1), so
+    it matches nothing the user meant, silently. An exact pattern is fine: it matches its
+    own text (:func:`compile_glob`); so is ``[[]``, a literal ``[``."""
+    if "*" not in pattern and "?" not in pattern:
+        return None
+    for found in _CLASS.finditer(pattern):
+        text = found.group()
+        if ":" in text:
+            return (f"{text} is read as a character class (one character of {text[1:-1]}), not as the text "
+                    f"{text}; write [[] for a literal [ (such as {'[[]' + text[1:]})")
+    return None
 
 
 class _CompiledRule:

@@ -28,8 +28,11 @@ the rule's other fields (``event_types``...) still apply to each event.
 
 Memory is bounded: at most ``max_held_events`` held events and ``max_tracked_runs`` runs
 remembered (least recently touched forgotten first; a forgotten run's held events are
-dropped); a run is forgotten ``finished_ttl_s`` after its hold ended. Only runs that named
-a dataset some rule wants, or that hold events, are remembered. Pure and synchronous like
+dropped); a run is forgotten ``finished_ttl_s`` after its terminal event. A run whose hold
+ended otherwise (timeout, overflow) may still be running, and is routed by what it named
+(from then on): it is remembered like any open run, until its terminal or until
+``max_tracked_runs`` pushes it out. Only runs that named a dataset some rule wants, or
+that hold events, are remembered. Pure and synchronous like
 :class:`~relay.stages.sequence.RunSequencer`: ``now`` is passed in and decisions returned.
 """
 
@@ -80,7 +83,7 @@ class RunRouter:
         #: Runs holding events, by when their hold began (oldest first).
         self._holds: OrderedDict[str, _Run] = OrderedDict()
         self._held_count = 0
-        #: Runs whose hold ended, in that order, for the finished_ttl_s sweep.
+        #: Runs that ended (their terminal event), in that order, for the finished_ttl_s sweep.
         self._ended: OrderedDict[str, float] = OrderedDict()
 
     @property
@@ -119,7 +122,8 @@ class RunRouter:
         if event.is_terminal:
             if verdict is UNDECIDED:
                 verdict = NOT_ROUTED
-            self._end(run_id, run, now, due)
+            self._end(run_id, run, due)
+            self._finished(run_id, now)
         elif verdict is UNDECIDED:
             if run.ended:
                 verdict = NOT_ROUTED
@@ -130,7 +134,7 @@ class RunRouter:
 
     def expire(self, now: float) -> list[Decision]:
         """End the holds older than ``hold_timeout_s`` (their events dropped as
-        ``not_routed``), forget runs whose hold ended over ``finished_ttl_s`` ago, and
+        ``not_routed``), forget runs whose terminal came over ``finished_ttl_s`` ago, and
         runs beyond ``max_tracked_runs`` (see :meth:`prime`)."""
         due: list[Decision] = []
         holds = self._holds
@@ -138,16 +142,14 @@ class RunRouter:
             run_id, run = next(iter(holds.items()))
             if now - run.since <= self._hold_timeout_s:
                 break
-            self._end(run_id, run, now, due)
+            self._end(run_id, run, due)
         ended, runs = self._ended, self._runs
         while ended:
             run_id, at = next(iter(ended.items()))
             if now - at <= self._finished_ttl_s:
                 break
             del ended[run_id]
-            run = runs.get(run_id)
-            if run is not None and run.ended:
-                del runs[run_id]
+            runs.pop(run_id, None)
         self._bound(due)
         return due
 
@@ -172,9 +174,9 @@ class RunRouter:
         # A run holding events here learns from offer, which judges them again.
         if run is not None and not run.held:
             run.touched = touched
-            if event.is_terminal and not run.ended:
+            if event.is_terminal:
                 run.ended = True
-                self._ended[run_id] = now
+                self._finished(run_id, now)
         return verdict is None or was_held
 
     def discard(self, predicate: Callable[[LineageEvent], bool]) -> list[LineageEvent]:
@@ -214,7 +216,7 @@ class RunRouter:
         self._held_count += 1
         while self._held_count > self._max_held_events:
             oldest_id, oldest = next(iter(self._holds.items()))
-            self._end(oldest_id, oldest, now, due)
+            self._end(oldest_id, oldest, due)
 
     def _judge_held(self, run_id: str, run: _Run) -> list[Decision]:
         """The run named more: its held events routed or excluded by that, in order."""
@@ -235,12 +237,17 @@ class RunRouter:
             del self._holds[run_id]
         return decisions
 
-    def _end(self, run_id: str, run: _Run, now: float, due: list[Decision]) -> None:
+    def _end(self, run_id: str, run: _Run, due: list[Decision]) -> None:
         """The run's hold ends: what it holds is not routed, and it holds nothing again."""
         if run.held:
             self._drop_held(run_id, run, due)
-        if not run.ended:
-            run.ended = True
+        run.ended = True
+
+    def _finished(self, run_id: str, now: float) -> None:
+        """The run's terminal came: it is forgotten ``finished_ttl_s`` after the first one.
+        Not at a hold's timeout or overflow: the run may still be running, routed by what it
+        named (a run forgotten then would be held again, its terminal dropped)."""
+        if run_id not in self._ended:
             self._ended[run_id] = now
 
     def _drop_held(self, run_id: str, run: _Run, due: list[Decision]) -> None:

@@ -759,6 +759,11 @@ def test_an_http_server_that_cannot_listen_names_http_host_or_http_port():
      r"default of type datahub\).*fix: add those kinds to event_kinds, or remove the rule"),
     (_collector(event_kinds=["dataset", "job"], route={"include": [{"event_types": ["COMPLETE"]}]}),
      r"route\.include\.0\.event_types: only RunEvents have an eventType.*fix: add run to event_kinds"),
+    (_collector(route={"include": [{"kinds": ["dataset"], "job_name": "*"}]}),
+     r"collectors\.m\.route\.include\.0: .*job_name: only RunEvents and JobEvents have a job.*fix: add run"),
+    (_collector(event_kinds=["dataset"], route={"exclude": [{"job_namespace": "tmp-*"}]}),
+     r"route\.exclude\.0\.job_namespace: only RunEvents and JobEvents have a job.*fix: add run or job to "
+     r"event_kinds"),
     (_collector(tls={"ca_bundle": "/etc/ssl/ca.pem"}),
      r"collectors\.m: .*tls: only used with an https:// url.*fix: use the collector's https:// url, or remove tls"),
     (_collector(tls={"verify": False}), r"tls: only used with an https:// url"),
@@ -786,6 +791,7 @@ def test_the_settings_each_mode_reads_and_defaults_written_out_are_accepted():
     assert build_config(_collector(tls={"ca_bundle": None, "client_cert": None, "client_key": None, "verify": True}))
     assert build_config(_collector(route={"include": [{"kinds": ["run", "dataset"], "event_types": ["COMPLETE"]}]}))
     assert build_config(_collector(type="datahub", route={"include": [{"kinds": ["run", "dataset"]}]}))
+    assert build_config(_collector(route={"include": [{"kinds": ["job", "dataset"], "job_name": "*.daily"}]}))
     cfg = build_config({**_collector(), "pipeline": {"decode_worker": False, "decode_processes": 1}})
     assert not cfg.pipeline.decode_worker
 

@@ -123,6 +123,33 @@ def test_dataset_namespaces_are_mapped_everywhere_they_are_referenced() -> None:
     assert ds["dataset"]["namespace"] == "s3://wh"
 
 
+def test_symlinks_are_mapped_with_the_datasets_they_name() -> None:
+    """A symlink names another identity of the dataset (the Hive table of a path): mapped
+    like every other dataset reference, or it would point at a namespace the collector
+    never sees."""
+    doc = run_events()[-1]
+    doc["inputs"][0]["facets"]["symlinks"] = {
+        "_producer": PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-0-1/SymlinksDatasetFacet.json#/$defs/SymlinksDatasetFacet",
+        "identifiers": [{"namespace": "hive://acme-metastore:9083", "name": "raw.users", "type": "TABLE"},
+                        {"namespace": "glue://eu-west-1", "name": "raw.users", "type": "TABLE"}]}
+    mapping = [{"from": "hive://acme-*", "to": "hive://metastore"}]
+    out = apply_ok(rewriter(namespace_map=mapping, map_dataset_namespaces=True), doc)
+    identifiers = out["inputs"][0]["facets"]["symlinks"]["identifiers"]
+    assert [i["namespace"] for i in identifiers] == ["hive://metastore", "glue://eu-west-1"]
+    assert [i["name"] for i in identifiers] == ["raw.users", "raw.users"]
+    # Dataset references are left alone unless asked.
+    assert apply_ok(rewriter(namespace_map=mapping), doc)["inputs"][0]["facets"]["symlinks"] == \
+        doc["inputs"][0]["facets"]["symlinks"]
+
+
+def test_an_exact_namespace_holding_brackets_matches_itself() -> None:
+    """An IPv6 host (postgres://[fd00::1]:5432, per the naming spec) is no character class."""
+    doc = dataset_event("postgres://[fd00::1]:5432", "public.t", event_time=START)
+    r = rewriter(namespace_map=[{"from": "postgres://[fd00::1]:5432", "to": "pg"}], map_dataset_namespaces=True)
+    assert apply_ok(r, doc)["dataset"]["namespace"] == "pg"
+
+
 # -- credentials ---------------------------------------------------------------------
 
 URIS_WITH_SECRETS = [
@@ -424,7 +451,7 @@ def test_mask_keys_anywhere_in_facets_case_insensitively() -> None:
     got = out["run"]["facets"]["spark_properties"]["properties"]
     assert got["spark.hadoop.fs.s3a.secret.key"] == MASK
     assert got["SPARK.HADOOP.FS.S3A.ACCESS.KEY"] == MASK
-    assert got["spark.jdbc.options"] == {"client_secret": MASK, "user": "etl"}
+    assert got["spark.jdbc.options"] == {"client_secret": {"v": MASK}, "user": "etl"}  # each value inside
     assert got["spark.master"] == properties["spark.master"]
     assert out["run"]["facets"]["environmentVariables"]["environmentVariables"] == [
         {"name": "AWS_SECRET_ACCESS_KEY", "value": MASK}, {"name": "HOME", "value": "/h"}
@@ -603,6 +630,7 @@ def test_documented_yaml_example_is_valid() -> None:
         ({"shrink_order": ["x"]}, "max_event_bytes"),
         ({"secret_query_params": ["x"]}, "redact_credentials"),
         ({"map_dataset_namespaces": True}, "namespace_map"),
+        ({"namespace_map": [{"from": "postgres://[fd00::1]:*", "to": "pg"}]}, "write [[] for a literal ["),
         ({"mask_keys": [""]}, "mask_keys"),
     ],
 )
@@ -644,20 +672,59 @@ def test_an_event_as_deep_as_decode_accepts_is_rewritten() -> None:
 def test_the_loop_for_deep_values_scrubs_exactly_as_the_recursion_does() -> None:
     """Shallow facets take the recursion, deep ones the loop: the same event must come out
     the same whichever took it (and unchanged parts stay the very same objects)."""
-    r = rewriter(redact_credentials=True, mask_keys=["password", "*secret*"])
+    r = rewriter(redact_credentials=True, mask_keys=["password", "*secret*", "fields"])
     rng = random.Random(7)
-    leaves = ["postgres://etl:hunter2@db:5432/x", "plain", "https://tok@h/p?sig=abc", 3, None, True]
+    leaves = ["postgres://etl:hunter2@db:5432/x", "plain", "https://tok@h/p?sig=abc", 3, None, True, MASK, 2.5]
 
     def tree(depth: int) -> object:
         if depth == 0 or rng.random() < 0.2:
             return rng.choice(leaves)
         if rng.random() < 0.5:
             return [tree(depth - 1) for _ in range(rng.randint(0, 3))]
-        keys = ["password", "name", "value", "url", "client_secret", "_producer", "note"]
+        keys = ["password", "name", "value", "url", "client_secret", "_producer", "note", "fields"]
         return {rng.choice(keys): tree(depth - 1) for _ in range(rng.randint(0, 4))}
 
-    for _ in range(300):
+    for i in range(600):
         facet = tree(6)
-        nested, deep = r._scrub_nested(facet), r._scrub_deep(facet)
+        names = "fields" if i % 2 else None  # the key of a map keyed by column names, as in columnLineage
+        nested, deep = r._scrub_nested(facet, names), r._scrub_deep(facet, names)
         assert nested == deep
         assert (nested is facet) == (deep is facet)
+
+
+def test_mask_keys_mask_values_never_column_names_and_keep_the_event_valid() -> None:
+    """Maps keyed by column names (columnLineage.fields, dataQualityMetrics.columnMetrics,
+    lineage.fields) hold lineage, not secrets: a column named like a mask pattern keeps its
+    entry, and the event stays valid per the spec (a collector refuses it otherwise). A
+    matching key whose value is an object or a list has each value inside it masked."""
+    doc = run_events(columns=3)[-1]
+    output = doc["outputs"][0]
+    source = {"namespace": "s3://acme-lake-raw", "name": "raw/users", "field": "password"}
+    output["facets"]["columnLineage"]["fields"].update({
+        "password_hash": {"inputFields": [source]},
+        "customer_key": {"inputFields": [{**source, "field": "id"}]},
+    })
+    output["facets"]["lineage"] = {
+        "_producer": PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-0-0/LineageFacet.json#/$defs/LineageDatasetFacet",
+        "fields": {"secret_question": {"inputs": [{"namespace": "s3://acme-lake-raw", "name": "raw/users",
+                                                   "type": "DATASET", "field": "secret_q"}]}},
+    }
+    doc["inputs"][0]["inputFacets"] = {"dataQualityMetrics": {
+        "_producer": PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-0-2/DataQualityMetricsInputDatasetFacet.json"
+                      "#/$defs/DataQualityMetricsInputDatasetFacet",
+        "rowCount": 10, "columnMetrics": {"password": {"nullCount": 0, "distinctCount": 9}}}}
+    doc["run"]["facets"]["vault"] = custom_facet(
+        secrets={"db": {"password": "hunter2", "port": 5432, "tls": True, "note": None}},
+        api_secret=["tok-1", {"k": "tok-2"}], user="etl")
+    validator().validate(doc)
+    for masks in (["*secret*", "*password*"], ["*key*"]):  # README's example; a mask for API keys
+        out = apply_ok(rewriter(mask_keys=masks), doc)  # valid per the spec
+        assert out["outputs"][0]["facets"]["columnLineage"] == output["facets"]["columnLineage"]
+        assert out["outputs"][0]["facets"]["lineage"] == output["facets"]["lineage"]
+        assert out["inputs"][0]["inputFacets"] == doc["inputs"][0]["inputFacets"]
+    vault = apply_ok(rewriter(mask_keys=["*secret*"]), doc)["run"]["facets"]["vault"]
+    # Every value inside, at any depth; a boolean or null holds nothing to hide and is kept.
+    assert vault["secrets"] == {"db": {"password": MASK, "port": MASK, "tls": True, "note": None}}
+    assert vault["api_secret"] == [MASK, {"k": MASK}] and vault["user"] == "etl"

@@ -59,6 +59,18 @@ def test_exact_pattern_and_job_name_glob() -> None:
     assert r.accepts(run_events("spark-prod-2", "billing_daily.insert.payments")["START"]) == NOT_ROUTED
 
 
+def test_an_exact_pattern_holding_brackets_matches_itself() -> None:
+    """An IPv6 host in a namespace (postgres://[fd00::1]:5432, per the naming spec) is text,
+    not a character class; a glob still reads [[] as a literal [."""
+    ipv6 = "postgres://[fd00::1]:5432"
+    event = decoded(dataset_event(ipv6, "public.t", event_time=START))
+    assert router(include=[{"dataset_namespace": ipv6}]).accepts(event) is None
+    assert router(include=[{"dataset_namespace": "postgres://[[]fd00::1]:*"}]).accepts(event) is None
+    assert router(include=[{"dataset_namespace": "postgres://[fd00::2]:5432"}]).accepts(event) == NOT_ROUTED
+    assert router(include=[{"kinds": ["run"], "job_namespace": "spark-[pd]*"}]).accepts(
+        run_events("spark-prod")["START"]) is None  # a class is still a class
+
+
 def test_dataset_namespace_matches_any_input_or_output() -> None:
     events = run_events()
     raw = router(include=[{"dataset_namespace": "s3://acme-lake-*"}])
@@ -158,6 +170,11 @@ def test_body_is_not_parsed_unless_a_dataset_rule_needs_it() -> None:
         ({"include": [{"job_name": ""}]}, "non-empty"),
         ({"exclude": [{"kinds": ["table"]}]}, "kinds"),
         ({"includes": []}, "includes"),
+        # Only RunEvents and JobEvents have a job.
+        ({"include": [{"kinds": ["dataset"], "job_name": "*"}]}, "job_name: only RunEvents and JobEvents"),
+        ({"exclude": [{"kinds": "dataset", "job_namespace": "spark-*"}]}, "job_namespace: only RunEvents"),
+        # A glob around an IPv6 host: [fd00::1] would be one character of f, d, 0, :, 1.
+        ({"include": [{"dataset_namespace": "postgres://[fd00::1]:*"}]}, "write [[] for a literal ["),
     ],
 )
 def test_bad_config_is_rejected_naming_the_key(config: dict, where: str) -> None:

@@ -222,3 +222,27 @@ def test_router_judges_by_what_the_run_named():
     assert router.may_route(start) and router.may_route(complete)
     assert not router.may_route(event("COMPLETE", "a", outputs=("s3://lake",)))
     assert not Router(RouteConfig.model_validate({"include": [{"job_namespace": "spark-*"}]})).by_run
+
+
+def test_a_run_routed_after_its_hold_timed_out_is_remembered_until_finished_ttl_s_after_its_terminal():
+    """Routed "from then on" (README): not forgotten finished_ttl_s after its hold ended
+    while it still runs, which held its later events again and dropped its terminal."""
+    r = run_router(include=[{"dataset_namespace": "s3://warehouse*"}], hold_timeout_s=60, finished_ttl_s=3600)
+    assert r.offer(event("START", "a"), 0.0)[0] == HELD
+    assert decided(r.expire(61.0)) == [("Drop", "START", NOT_ROUTED)]
+    assert r.offer(event("RUNNING", "a", outputs=("s3://warehouse",), second=1), 120.0) == (None, [])
+    assert r.expire(3700.0) == [] and r.tracked_runs == 1
+    assert r.offer(event("RUNNING", "a", second=2), 3710.0) == (None, [])
+    assert r.offer(event("COMPLETE", "a", second=3), 3720.0) == (None, [])
+    r.expire(3720.0 + 3600)
+    assert r.tracked_runs == 1
+    r.expire(3720.0 + 3601)
+    assert r.tracked_runs == 0
+    # A run whose hold timed out and that never ends is forgotten by max_tracked_runs alone.
+    bounded = run_router(include=[{"dataset_namespace": "s3://warehouse*"}], hold_timeout_s=10, max_tracked_runs=1,
+                         finished_ttl_s=5)
+    bounded.offer(event("START", "b"), 0.0)
+    bounded.expire(100.0)
+    assert bounded.tracked_runs == 1
+    bounded.offer(event("START", "c"), 101.0)
+    assert bounded.tracked_runs == 1 and bounded.offer(event("RUNNING", "b", second=1), 102.0)[0] == HELD
