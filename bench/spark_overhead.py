@@ -84,6 +84,12 @@ def main() -> int:
     parser.add_argument("--control", action="store_true",
                         help="capture off in both modes: the figures are then this machine's noise alone")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="spark-overhead-") as tmp:
+        return measure(args, Path(tmp))
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
+    """The rounds of :func:`main`, their files (inputs, broker log, journal) in ``work``."""
     capture_on = not args.control
 
     from pyspark.sql import SparkSession
@@ -102,7 +108,6 @@ def main() -> int:
             callbacks += 1
     SparkLineage.on_action = timed
 
-    work = Path(tempfile.mkdtemp(prefix="spark-overhead-"))
     spark = (SparkSession.builder.master("local[2]").appName("overhead").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.driver.host", "127.0.0.1").getOrCreate())

@@ -277,12 +277,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from relay.embedded.broker import BrokerUnavailable
             from relay.embedded.demo import run_demo
+            from relay.embedded.output_lock import DemoBusy
 
             try:
                 return run_demo(runs=args.runs, spark=not args.no_spark)
-            except BrokerUnavailable as err:  # a part the demo needs is not installed
-                print(f"lineage-relay demo: {err}", file=sys.stderr)
+            except (BrokerUnavailable, DemoBusy) as err:  # a part the demo needs is not installed, or
+                print(f"lineage-relay demo: {err}", file=sys.stderr)  # another demo uses demo-output/
                 return 2
+            except TimeoutError as err:  # its message: "demo: timed out waiting for ..."
+                print(f"lineage-relay {err}", file=sys.stderr)
+                return 1
             except (FileExistsError, NotADirectoryError) as err:   # ./demo-output is a file
                 print(f"lineage-relay demo: cannot use {err.filename} as the output directory ({err.strerror}); "
                       "fix: move it away, or run the demo from another directory", file=sys.stderr)

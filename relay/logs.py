@@ -82,6 +82,27 @@ class JsonFormatter(logging.Formatter):
         return _dumps(bounded(out))
 
 
+class TextFormatter(logging.Formatter):
+    """The same events for a person at a terminal (the demo): one line, ``level event
+    key=value ...``; a value that is not a plain word is written as JSON. Fields are cut
+    as in :class:`JsonFormatter`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = bounded({**_context, **(getattr(record, "fields", None) or {})})
+        words = [record.levelname.lower(), record.getMessage()]
+        words += [f"{key}={_word(value)}" for key, value in fields.items()]
+        line = " ".join(words)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
+        return value
+    return _dumps({"v": value})[5:-1]
+
+
 def _dumps(out: dict[str, Any]) -> str:
     try:
         return orjson.dumps(out, default=str).decode()

@@ -108,12 +108,24 @@ def run_pipeline(spark: Any, paths: dict[str, str]) -> dict[str, Any]:
     return {"revenue": revenue, "failure": failure}
 
 
-def run_demo_pipeline(*, bootstrap_servers: str, topic: str, workdir: Path) -> int:
+def demo_producer(*, bootstrap_servers: str, topic: str, workdir: Path, **options: Any) -> Any:
+    """The demo's :class:`~producer.kafka.LineageProducer`, its journal in ``workdir``: what
+    a throwaway broker never took stays with the demo's files (and goes with the next
+    demo's ``prepare``), not in the user's cache, where every later producer would find it."""
+    from producer.kafka import LineageProducer
+
+    return LineageProducer(bootstrap_servers=bootstrap_servers, topic=topic,
+                           journal_dir=str(Path(workdir) / "journal"), **options)
+
+
+def run_demo_pipeline(*, bootstrap_servers: str, topic: str, workdir: Path,
+                      sent: list[dict[str, Any]] | None = None) -> int:
     """Start a local Spark session with lineage to ``topic``, run the pipeline, stop Spark
-    (the application's COMPLETE), flush; returns the number of events emitted."""
+    (the application's COMPLETE), flush; returns the number of events emitted (each one is
+    also appended to ``sent``, when given)."""
+    import orjson
     from pyspark.sql import SparkSession
 
-    from producer.kafka import LineageProducer
     from producer.spark import enable_lineage
 
     paths = prepare(Path(workdir))
@@ -124,7 +136,7 @@ def run_demo_pipeline(*, bootstrap_servers: str, topic: str, workdir: Path) -> i
              .getOrCreate())
     # FATAL: the pipeline's deliberately failing action would otherwise print Spark's stack trace.
     spark.sparkContext.setLogLevel("FATAL")
-    producer = LineageProducer(bootstrap_servers=bootstrap_servers, topic=topic)
+    producer = demo_producer(bootstrap_servers=bootstrap_servers, topic=topic, workdir=Path(workdir))
     emitted = 0
 
     class Counting:
@@ -133,6 +145,8 @@ def run_demo_pipeline(*, bootstrap_servers: str, topic: str, workdir: Path) -> i
         def emit(self, event: dict) -> None:
             nonlocal emitted
             emitted += 1
+            if sent is not None:  # a copy: as emitted, whatever happens to the dict later
+                sent.append(orjson.loads(orjson.dumps(event)))
             producer.emit(event)
 
     try:

@@ -1,11 +1,12 @@
-"""``lineage-relay demo`` where a part it needs is not installed: one line naming the part
-and the install command, exit 2, no traceback."""
+"""``lineage-relay demo`` where it cannot run: a part it needs is not installed, another demo
+uses the directory, or it timed out. One line saying so (and the fix), no traceback."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 
 
 def demo(tmp_path, *args: str, prelude: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -28,3 +29,42 @@ def test_without_the_broker_binary_the_demo_says_so_in_one_line(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip() == f"lineage-relay demo: no executable Tansu broker at {missing}"
+
+
+def test_a_second_demo_in_the_same_directory_refuses_at_once_and_leaves_the_first_alone(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "PYTHONUNBUFFERED": "1"}
+    code = "import sys; from relay.cli import main; sys.exit(main(['demo', '--no-spark', '--runs', '30']))"
+    first = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = []
+        while not any(line.startswith("relay     :") for line in lines):  # the first demo is under way
+            line = first.stdout.readline()
+            assert line, f"the first demo ended early: {lines} {first.stderr.read()}"
+            lines.append(line)
+        started = time.monotonic()
+        second = demo(tmp_path, "--no-spark", "--runs", "3")
+        assert time.monotonic() - started < 20, "refused at once, not after a run"
+        assert second.returncode == 2, second
+        assert "Traceback" not in second.stderr
+        output = (tmp_path / "demo-output").resolve()
+        assert second.stderr.strip() == (f"lineage-relay demo: another demo (pid {first.pid}) is running in {output}; "
+                                         "wait for it to end, or run the demo from another directory")
+        assert second.stdout == ""
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, (out, err)
+    assert "check: every one of the" in out
+
+
+def test_a_demo_that_times_out_says_so_in_one_line(tmp_path):
+    result = demo(tmp_path, "--no-spark", prelude=(
+        "import relay.embedded.demo as d; "
+        "d.run_demo = lambda **kw: (_ for _ in ()).throw(TimeoutError("
+        "'demo: timed out waiting for the relay to settle every event')); "))
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == "lineage-relay demo: timed out waiting for the relay to settle every event"

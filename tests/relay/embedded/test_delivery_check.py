@@ -1,0 +1,36 @@
+"""The demo's check of what the collector received against what was sent (plain data)."""
+
+from __future__ import annotations
+
+from relay.embedded.delivery_check import check_delivery
+
+
+def ev(run: str, event_type: str, at: int) -> dict:
+    return {"eventType": event_type, "eventTime": f"2026-01-01T00:00:{at:02d}Z", "run": {"runId": run},
+            "job": {"namespace": "ns", "name": "job"}}
+
+
+RUN = [ev("r1", "START", 1), ev("r1", "RUNNING", 2), ev("r1", "COMPLETE", 3)]
+
+
+def test_everything_received_once_is_ok_and_exact_duplicates_sent_count_once():
+    report = check_delivery(RUN + [RUN[1]], RUN)
+    assert report.ok and report.unique_sent == 3 and report.missing == 0 and report.problems() == []
+
+
+def test_a_missing_event_is_a_problem_unless_the_relay_named_a_reason():
+    report = check_delivery(RUN, RUN[:1] + RUN[2:])
+    assert not report.ok and report.problems() == [
+        "1 of 3 unique events sent never reached the collector (1 missing, 0 of them accounted for as dropped or "
+        "dead-lettered)"]
+    assert check_delivery(RUN, RUN[:1] + RUN[2:], not_forwarded=1).ok
+
+
+def test_a_run_must_arrive_start_first_with_exactly_one_terminal():
+    late_start = check_delivery(RUN, [RUN[2], RUN[0], RUN[1]])
+    assert late_start.start_not_first == ("r1",) and not late_start.ok
+    twice = check_delivery(RUN, RUN + [RUN[2]])
+    assert twice.terminal_count_wrong == (("r1", 2),)
+    assert twice.problems() == ["1 runs without exactly one terminal event: run …r1 (2 arrived)"]
+    never = check_delivery(RUN, [])
+    assert never.start_not_first == ("r1",) and never.terminal_count_wrong == (("r1", 0),)
