@@ -9,7 +9,8 @@ Guarantees:
   about a dozen py4j calls, when capture starts); the conf values read are exactly those the
   official facet reports (deploy mode, driver host, YARN proxy and history server, reverse
   proxy), nothing else.
-* An action's job costs three py4j calls (:class:`JobReader`): its ``queryId``, then one
+* An action's job costs three py4j calls (:class:`JobReader`; one when its ``queryId`` was
+  read with the rest of the action, see ``producer.spark.batched_reads``): its ``queryId``, then one
   JSON text of the newest SQL executions (with the ids of the jobs each ran) and Spark jobs
   in Spark's status store (small: heavy fields such as plan descriptions are never
   serialised). Two more only when the action's first job is not among those newest jobs (an
@@ -120,13 +121,13 @@ class JobReader:
         self._store: Any = None
         self._job_class: Any = None
 
-    def read(self, qe: Any) -> tuple[str, str] | None:
-        """The action's ``queryId`` and ``[[executions...], [jobs...]]``, the jobs holding the
-        action's first job whenever the store has recorded it (:func:`first_job_id`); None
-        when not readable."""
+    def read(self, qe: Any, query_id: str | None = None) -> tuple[str, str] | None:
+        """The action's ``queryId`` (read from ``qe`` unless given) and ``[[executions...],
+        [jobs...]]``, the jobs holding the action's first job whenever the store has recorded
+        it (:func:`first_job_id`); None when not readable."""
         try:
             with self._lock:
-                query_id = str(qe.queryId().toString())
+                query_id = query_id or str(qe.queryId().toString())
                 text = self._serialised(rebuild=False)
                 if text.startswith("[[],") or text.endswith(",[]]"):
                     text = self._serialised(rebuild=True)

@@ -68,6 +68,28 @@ def untracked() -> Iterator[None]:
         _tracking.ids = ids
 
 
+def compiled(gateway: Any, source: str, loader: Any = None) -> Any:
+    """An instance of a class whose body is ``source`` (Java), compiled in the driver JVM with
+    the Janino compiler Spark ships (no jar to install), its parent class loader ``loader``
+    when given; kept by py4j across actions. Raises when it cannot be compiled."""
+    with untracked():
+        evaluator = gateway.jvm.org.codehaus.janino.ClassBodyEvaluator()
+        if loader is not None:
+            evaluator.setParentClassLoader(loader)
+        evaluator.cook(source)
+        cls = evaluator.getClazz()
+        return cls.getDeclaredConstructor(gateway.new_array(gateway.jvm.java.lang.Class, 0)).newInstance(
+            gateway.new_array(gateway.jvm.java.lang.Object, 0))
+
+
+_REMOVER_SOURCE = """
+public void removeAll(java.util.Set keys, String ids) {
+    String[] each = ids.split(",");
+    for (int i = 0; i < each.length; i++) keys.remove(each[i]);
+}
+"""
+
+
 class _Bindings:
     """py4j's object table on the JVM's side and what removes many ids in one call."""
 
@@ -76,12 +98,19 @@ class _Bindings:
             self.keys = gateway.java_gateway_server.getGateway().getBindings().keySet()
             self.tokenizer = gateway.jvm.java.util.StringTokenizer
             self.as_list = gateway.jvm.java.util.Collections.list
+            try:  # one call per release; else three (a tokenizer and a list made each time)
+                self.remover: Any = compiled(gateway, _REMOVER_SOURCE)
+            except Exception:  # noqa: BLE001 - no Janino here: the tokenizer
+                self.remover = None
         self.leftover: list[str] = []  # the last release's own tokenizer and list
 
     def release(self, ids: list[str]) -> None:
         ids = self.leftover + ids
         self.leftover = []
         if not ids:
+            return
+        if self.remover is not None:
+            self.remover.removeAll(self.keys, ",".join(ids))
             return
         _tracking.ids = self.leftover  # the tokenizer and list made by this release go next time
         try:

@@ -18,10 +18,11 @@ from typing import Any
 import orjson
 from py4j.protocol import Py4JJavaError
 
-from producer.spark import input_stats
+from producer.spark import batched_reads, input_stats, scans
 from producer.spark.java_objects import per_gateway, untracked
 from producer.spark.job_names import trim_path
 from producer.spark.relations import (
+    _QUALIFIED,
     RELATION_KINDS,
     SEP,
     LeafInfo,
@@ -32,7 +33,7 @@ from producer.spark.relations import (
     relation_of,
     v2_created,
 )
-from producer.spark.scans import Scan, read_scans
+from producer.spark.scans import Scan, read_scans, scan_reader
 
 log = logging.getLogger("producer.spark")
 
@@ -110,6 +111,7 @@ class ActionSnapshot:
     sql_text: str | None = None  # the SQL statement the written query was parsed from (spark.sql)
     scans: list[Scan] | None = None  # the executed plan's leaves and their metrics (a finished action's)
     plan_error: str | None = None  # why the plan's JSON could not be built (then no column lineage)
+    query_id: str | None = None  # the QueryExecution's queryId (its Spark job's key), when read with the rest
 
     @cached_property
     def query_nodes(self) -> list[dict[str, Any]] | None:
@@ -228,7 +230,13 @@ def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]
     (then it is never sent over py4j). A plan whose estimate (:func:`estimate_plan_chars`)
     is already above ``max_chars`` is not turned into JSON at all: its estimate is returned
     as its length. A failure of Spark's JSON writer (an ``OutOfMemoryError``, say) raises,
-    never retried: only when json4s' tools cannot be looked up is ``toJSON`` called instead."""
+    never retried: only when json4s' tools cannot be looked up is ``toJSON`` called instead.
+    With the batched reads (:mod:`producer.spark.batched_reads`): all of it in one py4j call,
+    the text deflated on the way."""
+    helper = batched_reads.helper(gateway, plan)
+    if helper is not None:
+        answer = helper.planJson(plan, max_chars, _PIECE_CHARS, _PIECED_UP_TO)
+        return batched_reads.plan_answer(batched_reads.read_text(answer))
     estimate = estimate_plan_chars(gateway, plan, max_chars)
     if estimate is not None and estimate > max_chars:
         return None, estimate
@@ -272,11 +280,17 @@ def _leaf_infos(snap: ActionSnapshot) -> list[list[LeafInfo]] | None:
         return None
 
 
-def _input_leaves(gateway: Any, snap: ActionSnapshot, query: Any) -> list[Relation | None]:
+def _input_leaves(gateway: Any, snap: ActionSnapshot, query: Any, helper: Any = None) -> list[Relation | None]:
     """Every leaf of ``query`` and of its subquery plans (a table read only inside
     ``IN (SELECT ...)``, ``EXISTS`` or a scalar subquery is an input too), in the order of
-    :func:`_leaf_infos`. Without subqueries (known from the JSON), two calls as before."""
+    :func:`_leaf_infos`. Without subqueries (known from the JSON), two calls as before; with
+    the batched reads (``helper``), one, plus the plain reads of a leaf it does not describe."""
     groups = _leaf_infos(snap)
+    if helper is not None and groups is not None and len(groups) == 1:
+        text = batched_reads.read_text(helper.leaves(query, SEP, batched_reads.PIECE_CHARS))
+        summaries = batched_reads.fields(text)
+        if len(summaries) == len(groups[0]):
+            return _described_leaves(gateway, query, groups[0], summaries)
     plans = [query]
     if groups is None or len(groups) > 1:
         subqueries = query.subqueriesAll()
@@ -290,6 +304,34 @@ def _input_leaves(gateway: Any, snap: ActionSnapshot, query: Any) -> list[Relati
     # A leaf that cannot be data at rest (known from the JSON) is not even fetched.
     return [relation_of(gateway, seq.apply(i), info) if info is None or info.kind in RELATION_KINDS else None
             for seq, group in zip(seqs, infos) for i, info in enumerate(group)]
+
+
+def _described_leaves(gateway: Any, query: Any, infos: list[LeafInfo], summaries: list) -> list[Relation | None]:
+    """The leaves of ``query`` (no subqueries) from the helper's ``leaves`` answer: a file read
+    with one qualified root and no catalog table as it describes it (what
+    ``relations.relation_of`` would read); any other leaf that can be data at rest asked."""
+    seq = None
+    out: list[Relation | None] = []
+    for i, (info, summary) in enumerate(zip(infos, summaries)):
+        if info.kind not in RELATION_KINDS:
+            out.append(None)
+            continue
+        rel = _described_file_read(info, summary)
+        if rel is None:
+            seq = seq if seq is not None else query.collectLeaves()
+            rel = relation_of(gateway, seq.apply(i), info)
+        out.append(rel)
+    return out
+
+
+def _described_file_read(info: LeafInfo, summary: Any) -> Relation | None:
+    if info.kind != "LogicalRelation" or info.has_table or not isinstance(summary, str) or not summary.startswith("H"):
+        return None
+    file_format, _, joined = summary[1:].partition("\u001e")
+    paths = joined.split(SEP) if joined else []
+    if len(paths) > 1 or not all(_QUALIFIED.match(path) for path in paths):
+        return None  # several roots (directories), or one to qualify: asked
+    return Relation(paths=paths, fmt=file_format.lower())
 
 
 def _unaliased(plan: Any) -> Any:
@@ -336,7 +378,6 @@ def _table_location(session: Any, table: Any) -> str | None:
 
 
 def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputBytes", "numFiles")) -> dict[str, int]:
-    out: dict[str, int] = {}
     # Adaptive query execution wraps the write (DataWritingCommandExec) in its final plan
     # and a result query stage.
     for _ in range(4):
@@ -350,11 +391,18 @@ def _metrics(plan: Any, names: tuple[str, ...] = ("numOutputRows", "numOutputByt
     metrics = plan.metrics()
     # All of them in one call, as "name -> SQLMetric(id: 1, name: Some(...), value: 42)"
     # (four round trips per metric otherwise); another format: one by one.
-    for entry in metrics.mkString(SEP).split(SEP):
+    return _parsed_metrics(str(metrics.mkString(SEP)), names) or _metrics_one_by_one(metrics, names)
+
+
+def _parsed_metrics(joined: str, names: tuple[str, ...] = ("numOutputRows", "numOutputBytes", "numFiles")
+                    ) -> dict[str, int]:
+    """The ``names`` metrics of a plan's ``metrics.mkString(SEP)``."""
+    out: dict[str, int] = {}
+    for entry in joined.split(SEP):
         match = _METRIC.fullmatch(entry)
         if match is not None and match.group(1) in names:
             out[match.group(1)] = int(match.group(2))
-    return out or _metrics_one_by_one(metrics, names)
+    return out
 
 
 def _metrics_one_by_one(metrics: Any, names: tuple[str, ...]) -> dict[str, int]:
@@ -394,14 +442,24 @@ def _sql_text(plan: Any) -> str | None:
 
 
 def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: int,
-             error: Any = None, command: str | None = None) -> ActionSnapshot:
+             error: Any = None, command: str | None = None, analyzed: Any = None) -> ActionSnapshot:
     """Everything lineage needs from one finished (or failed) action (``command``: its
-    :func:`command_of`, when already known)."""
-    analyzed = qe.analyzed()
+    :func:`command_of`, and ``analyzed``: its analysed plan, when already known). With the
+    batched reads (:mod:`producer.spark.batched_reads`) the same, in about a dozen py4j calls."""
+    analyzed = analyzed if analyzed is not None else qe.analyzed()
     command = command or str(analyzed.nodeName())
-    snap = ActionSnapshot(func=func, command=command, started_ms=_started_ms(qe))
+    helper = batched_reads.helper(gateway, analyzed)
+    snap = ActionSnapshot(func=func, command=command, started_ms=None if helper is not None else _started_ms(qe))
     query = analyzed
-    if command in FILE_WRITES:
+    if command in FILE_WRITES and helper is not None:
+        has_table, path, file_format, mode = batched_reads.fields(batched_reads.read_text(
+            helper.fileWrite(analyzed, batched_reads.PIECE_CHARS)))
+        snap.output = catalog_table(analyzed.catalogTable().get()) if has_table == "1" else Relation()
+        snap.output.paths = [path]
+        snap.output.fmt = snap.output.fmt or str(file_format).lower()
+        snap.mode = mode
+        query = analyzed.query()
+    elif command in FILE_WRITES:
         table = opt(analyzed.catalogTable())
         snap.output = catalog_table(table) if table is not None else Relation()
         snap.output.paths = [analyzed.outputPath().toString()]
@@ -461,6 +519,10 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
         snap.plan_error = _first_line(err)
         log.warning("lineage: no column lineage for action %r, its plan's JSON could not be built: %s",
                     func, snap.plan_error)
+    if helper is not None:
+        snap.leaves = _input_leaves(gateway, snap, query, helper)
+        _read_facts(gateway, helper, snap, qe, query, error)
+        return snap
     try:
         snap.sql_text = _sql_text(query)
     except Exception:  # noqa: BLE001 - an older Spark's Origin has no sqlText: no sql facet
@@ -490,3 +552,37 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
         snap.error = str(error.getMessage() or error.toString())
         snap.stack = gateway.jvm.org.apache.spark.util.Utils.exceptionString(error)
     return snap
+
+
+def _read_facts(gateway: Any, helper: Any, snap: ActionSnapshot, qe: Any, query: Any, error: Any) -> None:
+    """What the plain reads at the end of :func:`snapshot` fill in, from one py4j call (the
+    helper's ``facts``); each fact that fails there is treated as its plain read's failure."""
+    scans_wanted = (error is None and input_stats.counts_its_run(snap.func, snap.command in WRITE_COMMANDS)
+                    and any(leaf is not None for leaf in snap.leaves))
+    reader = scan_reader(gateway) if scans_wanted else None
+    answer = helper.facts(qe, query, snap.output is not None, error is None, reader, SEP, batched_reads.PIECE_CHARS)
+    query_id, phases, sql_text, schema, node_name, metrics, scanned = batched_reads.fields(
+        batched_reads.read_text(answer))
+    snap.query_id = query_id if isinstance(query_id, str) else None
+    if isinstance(phases, str):
+        match = _ANALYSIS_PHASE.search(phases)
+        snap.started_ms = int(match.group(1)) if match is not None else _started_ms(qe)
+    if isinstance(sql_text, str):
+        snap.sql_text = sql_text[5:-1] if sql_text.startswith("Some(") and sql_text.endswith(")") else None
+    if snap.output is not None:
+        # Asked again when it failed there, so that it raises as the plain read does.
+        snap.output_schema_json = schema if isinstance(schema, str) else query.schema().json()
+    if isinstance(node_name, str):
+        snap.node_name = node_name
+    if error is None:
+        parsed = _parsed_metrics(metrics) if isinstance(metrics, str) else {}
+        if not parsed and isinstance(metrics, str):
+            try:  # another format: asked one by one, as the plain read does
+                parsed = _metrics(qe.executedPlan())
+            except Exception:  # noqa: BLE001 - metrics are a nicety
+                parsed = {}
+        snap.metrics = parsed
+        snap.scans = scans.parse_scans(scanned) if isinstance(scanned, str) else None
+    else:
+        snap.error = str(error.getMessage() or error.toString())
+        snap.stack = gateway.jvm.org.apache.spark.util.Utils.exceptionString(error)

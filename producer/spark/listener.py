@@ -213,11 +213,12 @@ class SparkLineage:
         the application's details, on the application's START and each action's)."""
         return {"spark_applicationDetails": self._app_details} if self._app_details else {}
 
-    def _action_job(self, gateway: Any, qe: Any) -> dict:
-        """The ``spark_jobDetails`` facet of the action ``qe`` (nothing when not known)."""
+    def _action_job(self, gateway: Any, qe: Any, query_id: str | None = None) -> dict:
+        """The ``spark_jobDetails`` facet of the action ``qe`` (nothing when not known);
+        ``query_id``: its ``queryId``, when already read."""
         if self._jobs is None:
             self._jobs = details.JobReader(gateway, self.spark._jsparkSession)
-        read = self._jobs.read(qe)
+        read = self._jobs.read(qe, query_id)
         job = details.job_of(*read) if read is not None else None
         return {"spark_jobDetails": details.job_facet(job)} if job is not None else {}
 
@@ -257,16 +258,18 @@ class SparkLineage:
             # one py4j call tells it before anything else is read.
             if self.read_only_actions and jvm.is_micro_batch(gateway, qe):
                 return
-            # Decide before paying for a snapshot (~50 py4j calls): an action that writes
+            # Decide before paying for a snapshot (~8 py4j calls, ~60 without batched reads): an action that writes
             # nothing is read only when it will be reported.
-            command = jvm.command_of(qe)
+            analyzed = qe.analyzed()
+            command = str(analyzed.nodeName())  # jvm.command_of, its analysed plan kept for the snapshot
             if command in jvm.MICRO_BATCH_WRITES:
                 return
             if command not in jvm.WRITE_COMMANDS and not self.read_only_actions:
                 return
-            snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe, command=command,
+            snap = jvm.snapshot(gateway, self.spark._jsparkSession, func, qe, command=command, analyzed=analyzed,
                                 max_plan_bytes=self.max_plan_bytes, error=error)
-            job = self._action_job(gateway, qe) if snap.output is not None or self.read_only_actions else {}
+            job = (self._action_job(gateway, qe, snap.query_id) if snap.output is not None or self.read_only_actions
+                   else {})
         except Exception as err:  # noqa: BLE001 - capture must never break the job
             self.capture_errors += 1
             log.warning("lineage: could not read action %r: %s", func, err)

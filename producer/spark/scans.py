@@ -60,10 +60,16 @@ class Scan:
 def read_scans(gateway: Any, executed: Any) -> list[Scan] | None:
     """The leaves of ``executed`` (a finished action's executed plan) with their metrics, in
     one py4j call; None when the reader cannot be built here or the answer is unreadable."""
-    reader = per_gateway(_READERS, gateway, lambda _: _ReaderSlot()).get(gateway)
+    reader = scan_reader(gateway)
     if reader is None:
         return None
     return parse_scans(str(reader.apply(executed)))
+
+
+def scan_reader(gateway: Any) -> Any:
+    """The ``scala.Function1`` that :func:`read_scans` applies (its answer: :func:`parse_scans`),
+    for a caller that applies it in the JVM; None when it cannot be built here (yet)."""
+    return per_gateway(_READERS, gateway, lambda _: _ReaderSlot()).get(gateway)
 
 
 def parse_scans(text: str) -> list[Scan] | None:

@@ -108,10 +108,12 @@ def test_a_failed_action_and_an_input_read_only_in_a_subquery_carry_no_statistic
 
 
 @pytest.mark.spark
-def test_reading_what_the_scans_read_costs_one_py4j_call_per_action_and_none_without_an_input(
+def test_reading_what_the_scans_read_costs_no_py4j_call_of_its_own_and_is_not_asked_without_an_input(
         spark, tmp_path, py4j_calls, monkeypatch):
+    """The scan reader is built once; its answer comes with the action's other facts, in the
+    batched reads' one call (producer.spark.batched_reads)."""
     costs: list[int] = []
-    original = jvm.read_scans
+    original = jvm.scan_reader
 
     def counted(*args):
         before = len(py4j_calls)
@@ -119,7 +121,7 @@ def test_reading_what_the_scans_read_costs_one_py4j_call_per_action_and_none_wit
             return original(*args)
         finally:
             costs.append(len(py4j_calls) - before)
-    monkeypatch.setattr(jvm, "read_scans", counted)
+    monkeypatch.setattr(jvm, "scan_reader", counted)
     src = tmp_path / "src"
     spark.range(5).write.parquet(str(src))
 
@@ -128,7 +130,7 @@ def test_reading_what_the_scans_read_costs_one_py4j_call_per_action_and_none_wit
             spark.read.parquet(str(src)).write.parquet(str(tmp_path / f"read{i}"))
         spark.range(3).write.parquet(str(tmp_path / "no_input"))
     recorder = _run(spark, actions)
-    assert costs[1:] == [1, 1], f"the first builds the reader, kept: {costs}"
+    assert costs[1:] == [0, 0], f"the first builds the reader, kept: {costs}"
     assert len(costs) == 3, "an action that reads no data at rest does not ask"
     completes = [e for e in recorder.events if e["eventType"] == "COMPLETE" and e["job"]["name"] != APP]
     assert ["inputFacets" in d for e in completes for d in e["inputs"]] == [True, True, True]
