@@ -1,13 +1,13 @@
 """What one action's snapshot reads from the driver JVM, in a few py4j calls instead of ~60.
 
 Each py4j round trip costs 0.1-0.3 ms on Spark's listener thread (more when the job keeps
-both cores busy), and the plain reads of :func:`producer.spark.jvm.snapshot` took one per
+both cores busy), and the plain reads (:mod:`producer.spark.plain_reads`) took one per
 method: a write's target, the plan's start time, SQL text, schema, executed node name and
 metrics, each input leaf's paths. A small Java class (:data:`HELPER_SOURCE`), compiled once per
 gateway with the Janino compiler Spark ships for its own code generation (no jar to install),
 reads them inside the JVM and answers with one text per call. The texts are exactly what the
-plain reads would have returned (``toString``, ``mkString``, ``json``), so the parsing in
-:mod:`producer.spark.jvm` is the same for both routes.
+plain reads would have returned (``toString``, ``mkString``, ``json``), so the parsing
+(:mod:`producer.spark.jvm` and the modules it reads with) is the same for both routes.
 
 Guarantees:
 
@@ -17,7 +17,7 @@ Guarantees:
   exception for the whole answer: the caller decides what the plain read would have done
   (most fall back to nothing, a schema's failure is asked again so that it raises as before).
 * An answer longer than :data:`PIECE_CHARS` comes back as a Java ``StringBuilder`` read in
-  pieces (a py4j answer over 8 KiB stalls ~40 ms, see ``producer.spark.jvm._PIECE_CHARS``); a
+  pieces (a py4j answer over 8 KiB stalls ~40 ms, see ``producer.spark.plan_reads._PIECE_CHARS``); a
   plan's JSON is deflated first (15 KB of JSON is ~2 KB deflated: one answer instead of five).
 """
 
@@ -33,13 +33,13 @@ from producer.spark.java_objects import compiled, per_gateway
 
 log = logging.getLogger("producer.spark")
 
-#: py4j answers above ~8 KiB stall (see ``producer.spark.jvm._PIECE_CHARS``).
+#: py4j answers above ~8 KiB stall (see ``producer.spark.plan_reads._PIECE_CHARS``).
 PIECE_CHARS = 4000
 #: A plan's JSON above this many characters is sent as is, in one answer (deflating it would
 #: cost more than the one stall).
 PACKED_UP_TO = 400_000
 
-#: The plan-size estimate (see ``producer.spark.jvm._ESTIMATOR_SOURCE``, which it is) and the
+#: The plan-size estimate (see ``producer.spark.plan_reads.ESTIMATOR_SOURCE``, which it is) and the
 #: batched reads. Field encoding: ``<n>:<text>`` (``n`` in code points, as Python counts),
 #: ``!<n>:<error>`` for a read that failed, ``-`` for one not asked.
 HELPER_SOURCE = r"""
@@ -217,11 +217,11 @@ _HELPERS: dict[int, tuple[Any, Any]] = {}
 def helper(gateway: Any, plan: Any) -> Any:
     """The compiled helper of ``gateway`` (its class loaded beside ``plan``'s class), compiled
     on first use; None when it cannot be compiled here."""
-    from producer.spark.jvm import _ESTIMATOR_SOURCE
+    from producer.spark.plan_reads import ESTIMATOR_SOURCE  # here: plan_reads imports this module
 
     def build(gateway: Any) -> Any:
         try:
-            return compiled(gateway, _ESTIMATOR_SOURCE + HELPER_SOURCE, plan.getClass().getClassLoader())
+            return compiled(gateway, ESTIMATOR_SOURCE + HELPER_SOURCE, plan.getClass().getClassLoader())
         except Exception as err:  # noqa: BLE001 - another Spark or Scala: the plain reads
             log.warning("lineage: cannot compile the batched reads (%s); actions are read call by call", err)
             return None
@@ -261,7 +261,7 @@ def fields(text: str) -> list[str | Failed | None]:
 
 
 def plan_answer(text: str) -> tuple[str | None, int]:
-    """:meth:`planJson`'s answer as ``producer.spark.jvm.plan_json`` returns it."""
+    """:meth:`planJson`'s answer as ``producer.spark.plan_reads.plan_json`` returns it."""
     if text.startswith("!"):
         return None, int(text[1:])
     length, _, body = text[1:].partition(":")

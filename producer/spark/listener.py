@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from producer import events
-from producer.spark import capture, details, jvm
+from producer.spark import capture, details, jvm, plain_reads
 from producer.spark.capture import CaptureSettings
 from producer.spark.driver_exit import DriverExit
 from producer.spark.execution_listener import QueryExecutionListener, register_listener, unregister_listener
@@ -367,7 +367,7 @@ class SparkLineage:
         analyzed = qe.analyzed()
         if analyzed.getClass().getSimpleName() not in jvm.FILE_WRITES:
             return
-        metrics = jvm._metrics(qe.executedPlan())
+        metrics = plain_reads.plan_metrics(qe.executedPlan())
         if len(self._nested_writes) > 16:
             self._nested_writes.clear()
         self._nested_writes[_path_key(analyzed.outputPath().toString())] = metrics

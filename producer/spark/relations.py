@@ -83,7 +83,7 @@ def _qualified_roots(gateway: Any, relation: Any, paths: list[str], *, v2: bool 
     ``/data/t`` -> on the default file system. No py4j call when every path names its file
     system; else those of :func:`qualified` per path, in the relation's session (its
     ``sparkSession``: a ``HadoopFsRelation``'s or a V2 file table's) and with its options."""
-    if gateway is None or all(_QUALIFIED.match(path) for path in paths):
+    if gateway is None or all(QUALIFIED_PATH.match(path) for path in paths):
         return paths
     try:
         session = relation.sparkSession()
@@ -202,7 +202,7 @@ def v2_created(created: Any) -> Relation:
 
 
 #: ``scheme://`` (s3a://bucket, hdfs://nn:8020) or ``file:``: already names its file system.
-_QUALIFIED = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://|file:", re.IGNORECASE)
+QUALIFIED_PATH = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://|file:", re.IGNORECASE)
 _HADOOP_PATH: dict[int, tuple[Any, Any]] = {}
 
 
@@ -214,7 +214,7 @@ def qualified(gateway: Any, session: Any, path: str, options: Any) -> str:
     itself; the source receives the option as the user typed it. A path that names its file
     system is returned as is (no file-system client is made for it), and so is one that
     cannot be resolved."""
-    if _QUALIFIED.match(path):
+    if QUALIFIED_PATH.match(path):
         return path
     try:
         hadoop_path = per_gateway(_HADOOP_PATH, gateway, _path_class)(path)

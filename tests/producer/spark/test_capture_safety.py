@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from producer.spark import capture, columns, disable_lineage, enable_lineage, java_objects, jvm
+from producer.spark import capture, columns, disable_lineage, enable_lineage, java_objects, jvm, plan_reads
 from tests.producer.spark.support import Recorder, drain
 from tests.support.relay import eventually
 from tests.support.spec import validator
@@ -134,7 +134,7 @@ def test_a_plan_estimated_above_the_limit_is_never_serialised_and_keeps_its_data
     def no_json_tools(gateway):
         built.append(gateway)
         raise AssertionError("the JSON of a plan estimated above the limit must not be built")
-    monkeypatch.setattr(jvm, "_json_tools", no_json_tools)
+    monkeypatch.setattr(plan_reads, "_json_tools", no_json_tools)
     _isin_write(spark, tmp_path, source, 2000)
 
     assert built == []
@@ -155,7 +155,7 @@ def test_a_plan_whose_json_fails_keeps_its_datasets_and_reports_the_error(spark,
     def out_of_memory(*_args, **_kwargs):
         raise RuntimeError("injected java.lang.OutOfMemoryError: Java heap space")
     source = _source(spark, tmp_path)
-    monkeypatch.setattr(jvm, "plan_json", out_of_memory)
+    monkeypatch.setattr(plan_reads, "plan_json", out_of_memory)
     _isin_write(spark, tmp_path, source, 3)
 
     recorder, lineage = captured

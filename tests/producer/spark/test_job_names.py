@@ -124,9 +124,9 @@ class _ScalaOptions:
     ("DefaultSource", None, {"url": "x", "format": "y"}, None),
 ])
 def test_a_save_suffix_is_the_first_table_option_as_the_official_visitor_finds_it(source, path, options, expected):
-    from producer.spark.jvm import _save_suffix
+    from producer.spark.plain_reads import save_suffix
 
-    assert _save_suffix(source, path, _ScalaOptions(options), None) == expected
+    assert save_suffix(source, path, _ScalaOptions(options), None) == expected
 
 
 def test_a_v2_identifiers_quoting_is_not_part_of_its_suffix():

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 
-from producer.spark import details, disable_lineage, enable_lineage, jvm
+from producer.spark import details, disable_lineage, enable_lineage, plain_reads
 from tests.producer.spark.support import Recorder, drain
 from tests.support.spec import validator
 
@@ -146,7 +146,7 @@ def test_the_details_of_an_action_cost_one_py4j_call(spark, tmp_path, py4j_calls
                 costs[name].append(len(py4j_calls) - before)
         return wrapper
     monkeypatch.setattr(details.JobReader, "read", counted("job", details.JobReader.read))
-    monkeypatch.setattr(jvm, "_sql_text", counted("sql", jvm._sql_text))
+    monkeypatch.setattr(plain_reads, "sql_text", counted("sql", plain_reads.sql_text))
     recorder = Recorder()
     enable_lineage(spark, producer=recorder, app_name=APP)
     try:
