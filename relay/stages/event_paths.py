@@ -1,7 +1,8 @@
 """Paths into a parsed OpenLineage event document, for :class:`~relay.stages.rewrite.Rewriter`.
 
 Where the spec puts facets (:func:`facet_sites`), and edits at paths: a namespace mapped
-(:func:`map_paths`), facets removed (:func:`without_facets`). Copy-on-write: the parsed event
+(:func:`map_paths`; in the ``lineage`` facet, :func:`map_lineage`), facets removed
+(:func:`without_facets`). Copy-on-write: the parsed event
 is shared by every collector, so its input is never mutated; an edit copies only the
 containers on its path and shares everything else with the input.
 """
@@ -35,6 +36,64 @@ def map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[st
         if new_inner is not inner:
             obj = {**obj, path[0]: new_inner}
     return obj
+
+
+def map_lineage(facet: Any, map_job: Callable[[str], str], map_dataset: Callable[[str], str]) -> Any:
+    """The ``lineage`` facet (LineageDatasetFacet of a dataset, LineageJobFacet of a job)
+    with the namespace of each dataset and job it names mapped, by that reference's
+    ``type`` (``DATASET``: ``map_dataset``, ``JOB``: ``map_job``; any other, or none: kept):
+    its ``inputs[]`` and ``fields.*.inputs[]``, and its ``entries[]`` with theirs.
+    Copy-on-write."""
+    if not isinstance(facet, dict):
+        return facet
+    facet = _lineage_sources(facet, map_job, map_dataset)
+    entries = facet.get("entries")
+    if isinstance(entries, list):
+        new_entries = [_lineage_sources(_lineage_ref(entry, map_job, map_dataset), map_job, map_dataset)
+                       if isinstance(entry, dict) else entry for entry in entries]
+        if any(n is not o for n, o in zip(new_entries, entries)):
+            facet = {**facet, "entries": new_entries}
+    return facet
+
+
+def _lineage_sources(node: dict[str, Any], map_job: Callable[[str], str],
+                     map_dataset: Callable[[str], str]) -> dict[str, Any]:
+    """``node`` (a lineage facet or entry) with its ``inputs[]`` and ``fields.*.inputs[]`` mapped."""
+    changes: dict[str, Any] = {}
+    inputs = _lineage_refs(node.get("inputs"), map_job, map_dataset)
+    if inputs is not node.get("inputs"):
+        changes["inputs"] = inputs
+    fields = node.get("fields")
+    if isinstance(fields, dict):
+        new_fields = {}
+        for name, spec in fields.items():
+            if isinstance(spec, dict):
+                refs = _lineage_refs(spec.get("inputs"), map_job, map_dataset)
+                if refs is not spec.get("inputs"):
+                    spec = {**spec, "inputs": refs}
+            new_fields[name] = spec
+        if any(new_fields[name] is not spec for name, spec in fields.items()):
+            changes["fields"] = new_fields
+    return {**node, **changes} if changes else node
+
+
+def _lineage_refs(refs: Any, map_job: Callable[[str], str], map_dataset: Callable[[str], str]) -> Any:
+    if not isinstance(refs, list):
+        return refs
+    new_refs = [_lineage_ref(ref, map_job, map_dataset) for ref in refs]
+    return new_refs if any(n is not o for n, o in zip(new_refs, refs)) else refs
+
+
+def _lineage_ref(ref: Any, map_job: Callable[[str], str], map_dataset: Callable[[str], str]) -> Any:
+    if not isinstance(ref, dict):
+        return ref
+    kind = ref.get("type")
+    map_ns = map_dataset if kind == "DATASET" else map_job if kind == "JOB" else None
+    namespace = ref.get("namespace")
+    if map_ns is None or not isinstance(namespace, str):
+        return ref
+    new = map_ns(namespace)
+    return ref if new == namespace else {**ref, "namespace": new}
 
 
 def facet_sites(doc: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:

@@ -59,7 +59,7 @@ from typing import Any
 
 import orjson
 
-from relay.stages.event_paths import facet_sites, map_paths, without_facets
+from relay.stages.event_paths import facet_sites, map_lineage, map_paths, without_facets
 from relay.stages.json_bytes import dumps, exact, may_hold_big_int
 from relay.stages.redact import Redactor
 from relay.stages.rewrite_config import ESSENTIAL_FACETS, RewriteConfig
@@ -222,6 +222,10 @@ class Rewriter:
                 new = self._map_column_lineage(new)
             elif name == "symlinks" and self._map_datasets:
                 new = map_paths(new, (), self._map_dataset, list_key="identifiers")
+            elif name == "lineage" and self._ns_map:
+                # The jobs it names are mapped as the event's job is; its datasets only with
+                # map_dataset_namespaces (_map_dataset).
+                new = map_lineage(new, self._map_job, self._map_dataset)
             changed = changed or new is not facet
             out[name] = new
         return out if changed else facets

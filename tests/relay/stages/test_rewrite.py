@@ -143,6 +143,48 @@ def test_symlinks_are_mapped_with_the_datasets_they_name() -> None:
         doc["inputs"][0]["facets"]["symlinks"]
 
 
+LINEAGE_SCHEMA = "https://openlineage.io/spec/facets/1-0-0/LineageFacet.json#/$defs/"
+
+
+def test_the_lineage_facet_is_mapped_with_the_datasets_and_jobs_it_names() -> None:
+    """The ``lineage`` facet (LineageDatasetFacet on a dataset, LineageJobFacet on a job)
+    names source and target datasets and jobs: mapped like every other reference (datasets
+    with map_dataset_namespaces, jobs as the event's job), or they would dangle."""
+    doc = run_events()[-1]
+
+    def ref(namespace: str, kind: str = "DATASET", **more: object) -> dict:
+        return {"namespace": namespace, "name": "t", "type": kind, **more}
+
+    doc["outputs"][0]["facets"]["lineage"] = {
+        "_producer": PRODUCER_URI, "_schemaURL": LINEAGE_SCHEMA + "LineageDatasetFacet",
+        "inputs": [ref("hive://acme-metastore:9083"), ref("spark-prod", "JOB")],
+        "fields": {"id": {"inputs": [ref("hive://acme-metastore:9083", field="id"), {"type": "JOB"}]}}}
+    doc["job"].setdefault("facets", {})["lineage"] = {
+        "_producer": PRODUCER_URI, "_schemaURL": LINEAGE_SCHEMA + "LineageJobFacet",
+        "entries": [
+            {**ref("hive://acme-metastore:9083"), "inputs": [ref("spark-prod", "JOB")],
+             "fields": {"total": {"inputs": [ref("glue://eu-west-1", field="x")]}}},
+            {**ref("spark-prod", "JOB"), "inputs": [ref("hive://acme-metastore:9083")]},
+            {"type": "JOB", "inputs": [ref("hive://acme-metastore:9083")]}]}
+    mapping = [{"from": "hive://acme-*", "to": "hive://metastore"}, {"from": "spark-prod", "to": "default/spark"}]
+    out = apply_ok(rewriter(namespace_map=mapping, map_dataset_namespaces=True), doc)
+    on_dataset = out["outputs"][0]["facets"]["lineage"]
+    assert [i["namespace"] for i in on_dataset["inputs"]] == ["hive://metastore", "default/spark"]
+    assert on_dataset["fields"]["id"]["inputs"] == [ref("hive://metastore", field="id"), {"type": "JOB"}]
+    entries = out["job"]["facets"]["lineage"]["entries"]
+    assert [e.get("namespace") for e in entries] == ["hive://metastore", "default/spark", None]
+    assert [[i["namespace"] for i in e["inputs"]] for e in entries] == \
+        [["default/spark"], ["hive://metastore"], ["hive://metastore"]]
+    assert entries[0]["fields"]["total"]["inputs"][0]["namespace"] == "glue://eu-west-1"  # no rule for it
+    # Without map_dataset_namespaces, only the jobs it names are mapped (as the event's job is).
+    jobs_only = apply_ok(rewriter(namespace_map=mapping), doc)
+    assert [i["namespace"] for i in jobs_only["outputs"][0]["facets"]["lineage"]["inputs"]] == \
+        ["hive://acme-metastore:9083", "default/spark"]
+    assert [e.get("namespace") for e in jobs_only["job"]["facets"]["lineage"]["entries"]] == \
+        ["hive://acme-metastore:9083", "default/spark", None]
+    assert doc["outputs"][0]["facets"]["lineage"]["inputs"][0]["namespace"] == "hive://acme-metastore:9083"
+
+
 def test_an_exact_namespace_holding_brackets_matches_itself() -> None:
     """An IPv6 host (postgres://[fd00::1]:5432, per the naming spec) is no character class."""
     doc = dataset_event("postgres://[fd00::1]:5432", "public.t", event_time=START)
