@@ -4,7 +4,8 @@ A :class:`Rewriter` is built once per collector from its :class:`RewriteConfig`
 (:mod:`relay.stages.rewrite_config`); :meth:`Rewriter.apply` turns the shared parsed event
 into the bytes that collector receives, or a rejection. It is pure and synchronous (no
 I/O, no clock). The copy-on-write walks over the event's facet paths are in
-:mod:`relay.stages.event_paths`.
+:mod:`relay.stages.event_paths`, those over a facet's values (redaction, ``mask_keys``)
+in :mod:`relay.stages.scrub`.
 
 Contract of :meth:`Rewriter.apply`:
 
@@ -64,22 +65,10 @@ from relay.stages.json_bytes import dumps, exact, may_hold_big_int
 from relay.stages.redact import Redactor
 from relay.stages.rewrite_config import ESSENTIAL_FACETS, RewriteConfig
 from relay.stages.route import compile_glob
+from relay.stages.scrub import Scrubber
 
 #: Rejection reason: the event cannot be made to fit this collector's ``max_event_bytes``.
 TOO_LARGE_FOR_COLLECTOR = "too_large_for_collector"
-#: What a masked value becomes.
-MASK = "***"
-#: A facet's own fields of the spec: never masked (``mask_keys``), but their URLs lose their
-#: credentials with ``redact_credentials`` like any string.
-_ENVELOPE = frozenset({"_producer", "_schemaURL", "_deleted"})
-#: Standard facets holding objects keyed by column (field) names, and that key: a column's
-#: name is no setting's, so ``mask_keys`` never matches it; what is inside is scrubbed as
-#: anywhere (the spec wants an object there: masked whole, the event would be refused).
-_KEYED_BY_NAME = {"columnLineage": "fields", "dataQualityMetrics": "columnMetrics", "lineage": "fields"}
-#: How :meth:`Rewriter._scrub` treats a value: redact its strings and mask the values of the
-#: keys ``mask_keys`` matches; mask every string and number in it (it is under such a key);
-#: or, for an object keyed by column names, scrub each member without matching its key.
-_SCRUB, _MASK_ALL, _BY_NAME = 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +85,7 @@ class RewriteResult:
 class Rewriter:
     """Applies one collector's :class:`RewriteConfig`; see the module docstring."""
 
-    __slots__ = ("_ns_map", "_map_datasets", "_redact", "_redactor", "_drop", "_mask", "_scrub_on",
+    __slots__ = ("_ns_map", "_map_datasets", "_redact", "_redactor", "_drop", "_mask", "_scrubber",
                  "_touch_facets", "_max", "_shrink_order")
 
     def __init__(self, config: RewriteConfig) -> None:
@@ -106,8 +95,9 @@ class Rewriter:
         self._redactor = Redactor(config.secret_query_params) if config.redact_credentials else None
         self._drop = _any_glob(config.drop_facets, re.NOFLAG)
         self._mask = _any_glob(config.mask_keys, re.IGNORECASE)
-        self._scrub_on = self._redact or self._mask is not None
-        self._touch_facets = self._scrub_on or self._drop is not None or bool(self._ns_map)
+        #: Scrubs facets (redaction, mask_keys); None when neither is on.
+        self._scrubber = Scrubber(self._redactor, self._mask) if self._redact or self._mask is not None else None
+        self._touch_facets = self._scrubber is not None or self._drop is not None or bool(self._ns_map)
         self._max = config.max_event_bytes
         self._shrink_order = tuple(_shrink_entry(entry) for entry in config.shrink_order)
 
@@ -152,7 +142,7 @@ class Rewriter:
         del body  # the fitted encoding replaces it; never hold two
         return self._fit(doc)
 
-    # -- redaction, dropping, masking, mapping (copy-on-write) --
+    # -- redaction, dropping, masking (relay.stages.scrub), mapping (copy-on-write) --
 
     def _rewrite(self, doc: dict[str, Any]) -> dict[str, Any]:
         changes: dict[str, Any] = {}
@@ -215,7 +205,7 @@ class Rewriter:
             if self._drop is not None and self._drop(name):
                 changed = True
                 continue
-            new = self._scrub(facet, _KEYED_BY_NAME.get(name)) if self._scrub_on else facet
+            new = self._scrubber.facet(name, facet) if self._scrubber is not None else facet
             if name == "parent" and self._ns_map:
                 new = map_paths(new, (("job",), ("root", "job")), self._map_job)
             elif name == "columnLineage" and self._map_datasets:
@@ -229,111 +219,6 @@ class Rewriter:
             changed = changed or new is not facet
             out[name] = new
         return out if changed else facets
-
-    def _scrub(self, value: Any, names: str | None = None) -> Any:
-        """Redact strings and mask keys at any depth; returns ``value`` itself if unchanged.
-        ``names``: the key whose object, anywhere in ``value``, is keyed by column names
-        (:data:`_KEYED_BY_NAME`). Recursion (~12% faster) unless the value is nested deeper
-        than Python's recursion limit allows, which decode accepts
-        (relay.stages.event_checks.MAX_DEPTH): then a loop. Neither changes ``value`` in
-        place, so a recursion cut short leaves nothing behind."""
-        try:
-            return self._scrub_nested(value, names)
-        except RecursionError:
-            return self._scrub_deep(value, names)
-
-    def _scrub_nested(self, value: Any, names: str | None = None, how: int = _SCRUB) -> Any:
-        if how == _MASK_ALL:
-            if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-                return value if value == MASK else MASK
-        elif isinstance(value, str):
-            return self._redactor.text(value) if self._redactor is not None else value
-        if isinstance(value, dict):
-            out = None
-            masked_pair = how == _SCRUB and self._masked_pair(value)
-            for key, item in value.items():
-                if key in _ENVELOPE and how != _BY_NAME:
-                    # Never masked (the spec's own fields), but a URL there loses its credentials.
-                    if self._redactor is None or not isinstance(item, str):
-                        continue
-                    new = self._redactor.text(item)
-                else:
-                    new = self._scrub_nested(item, names, self._inner(how, key, item, masked_pair, names))
-                if new is item:
-                    continue
-                if out is None:
-                    out = dict(value)
-                out[key] = new
-            return value if out is None else out
-        if isinstance(value, list):
-            inner = _MASK_ALL if how == _MASK_ALL else _SCRUB
-            new_list = [self._scrub_nested(item, names, inner) for item in value]
-            return new_list if any(n is not o for n, o in zip(new_list, value)) else value
-        return value
-
-    def _inner(self, how: int, key: str, item: Any, masked_pair: bool, names: str | None) -> int:
-        """How a member of an object scrubbed ``how`` is scrubbed (see :data:`_SCRUB`)."""
-        if how == _MASK_ALL:
-            return _MASK_ALL
-        if how == _BY_NAME:
-            return _SCRUB  # the key is a column's name, not a setting's: never masked
-        mask = self._mask
-        if mask is not None and (mask(key) or (masked_pair and key == "value")):
-            return _MASK_ALL
-        return _BY_NAME if key == names and isinstance(item, dict) else _SCRUB
-
-    def _masked_pair(self, obj: dict[str, Any]) -> bool:
-        """Whether ``obj`` is a ``{"name": <masked key>, "value": ...}`` pair."""
-        mask = self._mask
-        if mask is None or "value" not in obj:
-            return False
-        name = obj.get("name")
-        return isinstance(name, str) and mask(name)
-
-    def _scrub_deep(self, value: Any, names: str | None = None) -> Any:
-        """:meth:`_scrub` as a loop, for values nested too deep to recurse over."""
-        redactor = self._redactor
-        if not isinstance(value, (dict, list)):
-            return redactor.text(value) if redactor is not None and isinstance(value, str) else value
-        frames = [self._frame(value, None, _SCRUB)]
-        while True:
-            frame = frames[-1]
-            node, members, _copy, _place, is_dict, masked_pair, how = frame
-            for place, item in members:
-                if is_dict and place in _ENVELOPE and how != _BY_NAME:  # never masked (see _scrub_nested)
-                    if redactor is not None and isinstance(item, str) and (new := redactor.text(item)) is not item:
-                        _put(frame, place, new)
-                    continue
-                inner = self._inner(how, place, item, masked_pair, names) if is_dict else \
-                    (_MASK_ALL if how == _MASK_ALL else _SCRUB)
-                if isinstance(item, (dict, list)):
-                    frames.append(self._frame(item, place, inner))
-                    break
-                if inner == _MASK_ALL:
-                    if (isinstance(item, str) or (isinstance(item, (int, float)) and not isinstance(item, bool))) \
-                            and item != MASK:
-                        _put(frame, place, MASK)
-                elif isinstance(item, str):
-                    new = redactor.text(item) if redactor is not None else item
-                    if new is not item:
-                        _put(frame, place, new)
-            else:  # every member done
-                frames.pop()
-                result = node if frame[2] is None else frame[2]
-                if not frames:
-                    return result
-                if result is not node:
-                    _put(frames[-1], frame[3], result)
-
-    def _frame(self, container: dict[str, Any] | list[Any], place: Any, how: int) -> list[Any]:
-        """What :meth:`_scrub` keeps of a container it is in: [the container, its members
-        left, its copy once a member changed, its place in the container above, whether it
-        is an object, whether it is a masked ``{"name": ..., "value": ...}`` pair, how it is
-        scrubbed]."""
-        if isinstance(container, dict):
-            masked_pair = how == _SCRUB and self._masked_pair(container)
-            return [container, iter(container.items()), None, place, True, masked_pair, how]
-        return [container, enumerate(container), None, place, False, False, how]
 
     def _map_job(self, namespace: str) -> str:
         for matches, target in self._ns_map:
@@ -419,13 +304,6 @@ class Rewriter:
         detail = (f"event is {start} bytes, over this collector's max_event_bytes of {self._max}; "
                   f"still {end} bytes after dropping {len(names)} facet(s) ({shown})")
         return RewriteResult(None, [], (TOO_LARGE_FOR_COLLECTOR, detail))
-
-
-def _put(frame: list[Any], place: Any, new: Any) -> None:
-    """Set a member of a :meth:`Rewriter._frame`'s container: in its copy, made at the first change."""
-    if frame[2] is None:
-        frame[2] = dict(frame[0]) if frame[4] else list(frame[0])
-    frame[2][place] = new
 
 
 def _any_glob(patterns: tuple[str, ...], flags: re.RegexFlag) -> Callable[[str], bool] | None:

@@ -17,8 +17,9 @@ from relay.stages import rewrite
 from relay.stages.decode import decode_record
 from relay.stages.event_checks import MAX_DEPTH
 from relay.stages.json_bytes import dumps
-from relay.stages.rewrite import MASK, TOO_LARGE_FOR_COLLECTOR, Rewriter
+from relay.stages.rewrite import TOO_LARGE_FOR_COLLECTOR, Rewriter
 from relay.stages.rewrite_config import RewriteConfig
+from relay.stages.scrub import MASK
 from tests.support.spec import validator
 
 START = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
@@ -729,7 +730,7 @@ def test_the_loop_for_deep_values_scrubs_exactly_as_the_recursion_does() -> None
     for i in range(600):
         facet = tree(6)
         names = "fields" if i % 2 else None  # the key of a map keyed by column names, as in columnLineage
-        nested, deep = r._scrub_nested(facet, names), r._scrub_deep(facet, names)
+        nested, deep = r._scrubber._scrub_nested(facet, names), r._scrubber._scrub_deep(facet, names)
         assert nested == deep
         assert (nested is facet) == (deep is facet)
 
