@@ -55,6 +55,20 @@ def test_failures_that_cannot_be_placed_send_the_rest_alone():
     assert reading.result == "unattributed" and "counts 3 failed, the list names 1" in reading.note
 
 
+def test_an_index_one_past_the_last_event_places_no_failure():
+    reading = read_batch_reply(200, b'{"failed_events":[{"index":2,"retriable":true}]}', 2, classify)
+    assert [o.outcome for o in reading.outcomes] == ["single", "single"]
+    assert reading.result == "unattributed"
+
+
+def test_an_event_listed_twice_counts_as_one_failure_against_the_summary():
+    reply = {"summary": {"failed": 2}, "failed_events": [{"index": 0}, {"index": 0}]}
+    reading = read_batch_reply(200, orjson.dumps(reply), 3, classify)
+    # The second failure is not named: no other event is known to be delivered.
+    assert [o.outcome for o in reading.outcomes] == ["reject", "single", "single"]
+    assert reading.result == "unattributed"
+
+
 def test_whole_batch_statuses():
     assert outcomes(503, b"busy", 2) == ["retry", "retry"]
     assert outcomes(429, b"", 1) == ["retry"]

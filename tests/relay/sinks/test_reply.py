@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from yarl import URL
 
-from relay.sinks.reply import redirect_detail
+from relay.sinks.reply import ReplyTally, redirect_detail
 
 SENT_TO = URL("https://collector.example.com/api/v1/lineage")
 
@@ -33,3 +33,11 @@ def test_a_redirect_detail_names_where_it_points_without_what_may_be_secret(loca
     text = detail(location)
     assert text.startswith(f"redirected to {where}: "), text
     assert "SECRET" not in text, text
+
+
+def test_an_acceptance_arriving_late_does_not_take_the_last_accepted_request_back():
+    tally = ReplyTally()
+    tally.accept(5)
+    tally.accept(3)  # sent earlier, answered later
+    record = tally.record(6)
+    assert (record.last_accepted, record.accepted) == (5, 2)

@@ -106,3 +106,40 @@ def test_a_collector_failing_a_share_of_everything_fails_no_event_in_particular(
 
 def test_poison_after_none_never_gives_up():
     assert poisoned(Collector(), [("event", 500), ("ok", 3)] * 20, poison_after=None) == [False] * 20
+
+
+def test_only_2xx_is_success():
+    assert classify(299) is Verdict.SUCCESS
+    for status in (300, 301, 304, 307, 308, 399):  # a redirect is not followed: the event was not taken
+        assert classify(status) is Verdict.REJECT
+
+
+def test_an_http_date_in_minus_zero_zone_is_read_as_utc():
+    now = datetime(2024, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    assert retry_after("Mon, 01 Jan 2024 12:00:30 -0000", now) == 30.0
+
+
+def test_the_event_is_given_up_at_exactly_poison_after_strikes():
+    steps = [("event", 500), ("ok", 10), ("event", 500)]
+    assert poisoned(Collector(), steps, poison_after=2) == [False, True]
+    assert poisoned(Collector(), steps[:1], poison_after=1) == [True]
+
+
+def test_the_events_own_500s_before_a_strike_do_not_excuse_others_500s_after_it():
+    # Records as count_failure gets them: CollectorRecord(request, last_accepted, accepted, failed).
+    seen, _ = count_failure(EventFailures(), 500, CollectorRecord(1, 0, 0, 1), 3)  # strike 1
+    seen, _ = count_failure(seen, 500, CollectorRecord(2, 0, 0, 2), 3)  # nothing accepted since: own 500
+    seen, _ = count_failure(seen, 500, CollectorRecord(13, 12, 10, 3), 3)  # 10 accepted: strike 2
+    assert (seen.strikes, seen.own_failed) == (2, 0)
+    # 10 more accepted, but 2 other requests answered 500: more than 0.1 per accepted request.
+    seen, failed_event = count_failure(seen, 500, CollectorRecord(26, 23, 20, 6), 3)
+    assert seen.strikes == 2 and not failed_event
+
+
+def test_an_acceptance_of_the_strikes_own_request_number_is_no_proof():
+    # Only a request sent after the strike's request, accepted, shows the collector up since.
+    seen, _ = count_failure(EventFailures(), 500, CollectorRecord(5, 4, 4, 1), 2)
+    seen, failed_event = count_failure(seen, 500, CollectorRecord(6, 5, 5, 2), 2)
+    assert seen.strikes == 1 and not failed_event
+    seen, failed_event = count_failure(seen, 500, CollectorRecord(8, 7, 6, 3), 2)
+    assert seen.strikes == 2 and failed_event

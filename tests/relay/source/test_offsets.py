@@ -112,3 +112,13 @@ def test_offsets_are_still_owned_until_their_partition_is_revoked_even_when_it_c
     tracker.track(P, 0)  # assigned back, read again from the commit
     assert not still_own(P)
     assert not still_own(("t", 2))  # never computed: nothing to vouch for
+
+
+def test_a_partition_assigned_back_is_not_caught_up_until_measured_again():
+    tracker = OffsetTracker()
+    tracker.track(P, 0)
+    tracker.caught_up(P, 1000.0)
+    assert tracker.caught_up_ms(P) == 1000.0
+    tracker.revoke([P])
+    tracker.track(P, 0)  # assigned back
+    assert tracker.caught_up_ms(P) is None

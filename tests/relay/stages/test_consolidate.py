@@ -171,6 +171,19 @@ def test_events_of_a_finished_run_are_dropped_and_do_not_reopen_it():
     assert c.tick(1000.0) == [] and c.types() == ["START", "COMPLETE"]
 
 
+@pytest.mark.parametrize("mode", ["consolidated", "coalesce"])
+def test_an_other_after_the_terminal_is_dropped_in_consolidated_mode_and_forwarded_in_coalesce(mode):
+    start, _, complete = spark(1, running=1)
+    c = Collector(consolidator(mode, settle_s=1.0))
+    c.offer(start, 0.0)
+    c.offer(complete, 1.0)
+    c.tick(2.0)
+    assert c.c.finished(run_id(1))
+    other = at(complete, 5.0, "OTHER")
+    expected = [Drop(other, "after_terminal")] if mode == "consolidated" else [Forward(other)]
+    assert c.offer(other, 5.0) == expected
+
+
 def test_a_terminal_that_overtakes_its_start_still_goes_after_it():
     start, running, complete = spark(1, running=1)
     c = Collector(consolidator())
@@ -278,6 +291,19 @@ def test_coalesce_merges_a_start_after_the_runs_start_into_the_running(decided):
     c.offer(complete, 33.0)
     assert c.types() == ["START", "RUNNING", "COMPLETE"]
     assert c.sent[1].doc["run"]["facets"]["lateStart"]["n"] == 1  # its facets still went on
+
+
+def test_coalesce_a_second_start_held_before_the_start_decision_goes_into_the_running_not_out_as_a_start():
+    start = spark(1, running=0, parent=parent_of(9))[0]  # its parent never appears
+    again = with_facets(at(start, 1.0), retried={"attempt": 2})
+    c = Collector(consolidator("coalesce", parent_hold_s=5.0, coalesce_window_s=10.0))
+    assert c.offer(start, 0.0) == [Release(start)]
+    assert c.offer(again, 1.0) == [Release(again)]
+    c.tick(5.0)
+    assert c.types() == ["START"] and c.sent[0].doc == start.doc
+    c.tick(15.0)
+    assert c.types() == ["START", "RUNNING"]
+    assert c.sent[1].doc["run"]["facets"]["retried"]["attempt"] == 2
 
 
 # --- missing START ----------------------------------------------------------------------
@@ -391,6 +417,27 @@ def test_an_idle_run_expires_after_run_ttl_s_with_a_start_first():
     assert isinstance(actions[0], Expired) and actions[0].reason == RUN_TTL
     assert c.types() == ["START", "RUNNING"] and c.c.runs_expired == 1
     assert c.sent[0].doc["run"]["facets"][SYNTHESIZED_START_FACET]["reason"] == RUN_TTL
+
+
+@pytest.mark.parametrize("mode", ["consolidated", "coalesce"])
+def test_a_run_that_said_nothing_since_its_start_expires_without_an_empty_running(mode):
+    start = spark(1)[0]
+    c = Collector(consolidator(mode, run_ttl_s=20.0))
+    assert c.offer(start, 0.0) == [Forward(start)]
+    actions = c.tick(20.0)
+    assert [type(a) for a in actions] == [Expired] and actions[0].reason == RUN_TTL
+    assert c.types() == ["START"]
+
+
+@pytest.mark.parametrize("mode", ["consolidated", "coalesce"])
+def test_an_expiring_run_sends_its_real_start_held_for_its_parent_under_the_forward_policy(mode):
+    start = spark(1, running=0, parent=parent_of(9))[0]  # its parent never appears
+    c = Collector(consolidator(mode, on_missing_start="forward", parent_hold_s=100.0, run_ttl_s=10.0))
+    assert c.offer(start, 0.0) == [Release(start)]
+    actions = c.tick(10.0)
+    assert isinstance(actions[0], Expired) and actions[0].reason == RUN_TTL
+    assert c.types() == ["START"] and c.sent[0].doc == start.doc
+    assert c.c.starts_synthesized == 0
 
 
 def test_memory_stays_flat_over_many_finished_runs():

@@ -222,6 +222,16 @@ def test_digest_changes_with_content():
     assert len({a, b, c}) == 3
 
 
+def test_events_differing_only_in_an_integer_beyond_64_bits_have_different_digests():
+    stats = {"_producer": "https://example.com/p", "_schemaURL": "https://example.com/s.json", "rows": "ROWS"}
+    raw = orjson.dumps(edit(run_doc(), "job.facets", {"stats": stats}))
+    # 2**128 - 1 and 2**128 - 2: orjson reads both as the same float, the digest must not.
+    one, other = (raw.replace(b'"ROWS"', rows) for rows in (b"340282366920938463463374607431768211455",
+                                                          b"340282366920938463463374607431768211454"))
+    assert orjson.loads(one) == orjson.loads(other)
+    assert decoded(one).digest != decoded(other).digest
+
+
 # --- rejections -----------------------------------------------------------------------
 
 _VALID = orjson.dumps(run_doc())
@@ -248,6 +258,7 @@ REJECTIONS = [
      "not-a-uuid"),
     ("runId-no-dashes", edit(run_doc(), "run.runId", RUN_ID.replace("-", "")),
      "invalid_value", "`run.runId`"),
+    ("runId-trailing-junk", edit(run_doc(), "run.runId", RUN_ID + "-extra"), "invalid_value", "`run.runId`"),
     ("runId-braced", edit(run_doc(), "run.runId", "{" + RUN_ID + "}"), "invalid_value",
      "UUID"),
     ("runId-number", edit(run_doc(), "run.runId", 12345), "wrong_type", "a number"),

@@ -164,3 +164,30 @@ def test_read_back_digests_expire_and_leave_with_their_entry():
     assert len(dedupe) == 2 and len(dedupe._where) == 2
     assert dedupe.check_and_remember(a, 13.0, at("ol", 5)) is False  # evicts b, with its scope
     assert len(dedupe) == 2 and set(dedupe._where) == {c}
+
+
+def test_a_digest_read_back_after_its_ttl_lapsed_still_dedupes_its_partition():
+    dedupe = Deduper(ttl_s=100, max_entries=10)
+    digest = event(1).digest
+    assert dedupe.check_and_remember(digest, 0.0, at("ol", 0)) is False
+    dedupe.remember_settled(digest, 150.0, "ol", 0)  # its first sighting expired, not purged yet
+    assert dedupe.check_and_remember(digest, 151.0, at("ol", 0)) is True
+    assert dedupe.check_and_remember(digest, 151.0, at("ol", 1)) is False  # another partition's copy
+
+
+def test_a_digest_remembered_again_is_the_youngest_when_the_deduper_is_full():
+    a, b, c = (event(n).digest for n in (1, 2, 3))
+    # Read back for one partition, then forwarded from another: an ordinary digest, seen now.
+    dedupe = Deduper(ttl_s=100, max_entries=2)
+    dedupe.remember_settled(a, 0.0, "ol", 0)
+    dedupe.check_and_remember(b, 1.0, at("ol", 0))
+    assert dedupe.check_and_remember(a, 2.0, at("ol", 1)) is False
+    dedupe.check_and_remember(c, 3.0, at("ol", 0))  # full: evicts b, the oldest
+    assert dedupe.check_and_remember(a, 4.0, at("ol", 1)) is True
+    # Expired, then read back: remembered as read back now.
+    dedupe = Deduper(ttl_s=100, max_entries=2)
+    dedupe.check_and_remember(a, 0.0, at("ol", 0))
+    dedupe.check_and_remember(b, 50.0, at("ol", 0))
+    dedupe.remember_settled(a, 120.0, "ol", 0)
+    dedupe.check_and_remember(c, 121.0, at("ol", 0))  # full: evicts b, the oldest
+    assert dedupe.check_and_remember(a, 122.0, at("ol", 0)) is True

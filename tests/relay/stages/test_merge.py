@@ -168,6 +168,13 @@ def test_the_terminal_with_the_latest_event_time_is_the_base():
         "FAIL", "2024-05-01T02:00:09Z", "https://example.com/second")
 
 
+def test_terminals_with_equal_event_times_let_the_later_arrival_be_the_base():
+    complete = run_event("COMPLETE", 8, producer="https://example.com/first")
+    fail = run_event("FAIL", 8, producer="https://example.com/second")
+    assert merge_events([complete, fail]).consolidated_event()["eventType"] == "FAIL"
+    assert merge_events([fail, complete]).consolidated_event()["eventType"] == "COMPLETE"
+
+
 def test_consolidating_without_a_terminal_is_an_error():
     with pytest.raises(ValueError, match="no COMPLETE/FAIL/ABORT"):
         merge_events([run_event("START", 0)]).consolidated_event()

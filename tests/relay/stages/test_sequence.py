@@ -200,6 +200,21 @@ def test_timeout_releases_only_the_runs_that_waited_long_enough():
     assert [d.event for d in seq.expire(51.0)] == [young]
 
 
+def test_reasons_are_the_documented_dead_letter_header_and_metric_label_values():
+    # The README lists these literals: dlq list/redrive --reason and dashboards match on them.
+    timed_out = sequencer(hold_timeout_s=10, on_hold_timeout="dead_letter")
+    timed_out.offer(event(1, "COMPLETE", 1), 0.0)
+    assert [d.reason for d in timed_out.expire(11.0)] == ["hold_timeout"]
+    overflowed = sequencer(max_held_events=1, on_hold_timeout="dead_letter")
+    overflowed.offer(event(1, "RUNNING", 1), 0.0)
+    assert [d.reason for d in overflowed.offer(event(2, "RUNNING", 1), 1.0)] == ["hold_overflow"]
+    finished = sequencer()
+    finished.offer(event(1, "START", 0), 0.0)
+    finished.offer(event(1, "COMPLETE", 2), 1.0)
+    late = event(1, "RUNNING", 1)
+    assert finished.offer(late, 2.0) == [Drop(late, "after_terminal")]
+
+
 # --- bounds ---------------------------------------------------------------------------
 
 
