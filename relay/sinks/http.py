@@ -356,9 +356,7 @@ class HttpCollector(EventRetries):
                         # closed and the event still delivered.
                         if not resp.content.is_eof():
                             await read_body(resp, DRAIN_LIMIT, 0)
-                        tally.accepted += 1
-                        if request > tally.last_accepted:
-                            tally.last_accepted = request
+                        tally.accept(request)
                         return None
                     reply = await self._reply(resp, None)
                     reply.request = request
