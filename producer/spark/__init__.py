@@ -67,6 +67,7 @@ from producer import events
 from producer.spark import job_names
 from producer.spark.capture import CaptureSettings
 from producer.spark.listener import SparkLineage
+from producer.spark.session_listeners import session_key as _session_key
 from producer.spark.settings import SparkSettings
 
 __all__ = ["enable_lineage", "disable_lineage", "SparkLineage", "CaptureSettings", "SparkSettings"]
@@ -272,16 +273,6 @@ def disable_lineage(spark: Any) -> None:
 
 def _unfiltered(sender: Any) -> Any:
     return sender._sender if isinstance(sender, _FacetFilter) else sender
-
-
-def _session_key(spark: Any) -> int:
-    """The JVM session's identity: PySpark can wrap one session in several Python objects,
-    each with its own py4j handle (``SparkSession.getActiveSession()`` on another thread makes
-    a new one), and capture must stay one per session (two would report every run twice)."""
-    try:
-        return int(spark.sparkContext._jvm.System.identityHashCode(spark._jsparkSession))
-    except Exception:  # noqa: BLE001 - a session without a JVM view: its handle's identity
-        return id(getattr(spark, "_jsparkSession", None))
 
 
 def _same_session(spark: Any, jsession: Any) -> bool:

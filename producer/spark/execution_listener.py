@@ -10,9 +10,12 @@ Guarantees:
   analysed (nothing to report). The Java objects a callback receives, and those the
   capture makes on its thread, are released together when it returns, in one py4j call
   (:func:`producer.spark.java_objects.released_together`).
-* After :meth:`QueryExecutionListener.detach` it does nothing, whether or not it could be
-  unregistered. :func:`unregister_listener` removes exactly the Java proxy that
-  :func:`register_listener` registered, and lets py4j forget the Python object.
+* Without an owner (before :meth:`QueryExecutionListener.attach`, after
+  :meth:`~QueryExecutionListener.detach`) a callback returns at once, whether or not the listener
+  is registered: a streaming query's clone of the session keeps calling the listener it copied.
+  The object stays in py4j's pool for the session's life (:mod:`producer.spark.session_listeners`).
+* :func:`unregister_listener` removes exactly the Java proxy that :func:`java_proxy` made and
+  :func:`register_listener` registered.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ def _listener_method(manager: Any, name: str) -> Any:
     raise LookupError(f"ExecutionListenerManager.{name}(QueryExecutionListener) not found")
 
 
-def register_listener(gateway: Any, manager: Any, listener: QueryExecutionListener) -> Any:
-    """Register ``listener``; returns a Java array holding its one Java proxy.
+def java_proxy(gateway: Any, listener: Any) -> Any:
+    """A Java array holding ``listener``'s one Java proxy, for :func:`register_listener` and
+    :func:`unregister_listener`.
 
     py4j makes a new Java proxy each time a Python object is passed to Java, so
     ``manager.unregister(listener)`` would look for a proxy that was never registered and
@@ -73,27 +77,32 @@ def register_listener(gateway: Any, manager: Any, listener: QueryExecutionListen
     with that array as their arguments, so it never comes back to Python."""
     proxies = gateway.jvm.java.util.ArrayList()
     proxies.add(listener)  # the one Java proxy
-    holder = proxies.toArray()
-    _listener_method(manager, "register").invoke(manager, holder)
-    return holder
+    return proxies.toArray()
 
 
-def unregister_listener(gateway: Any, manager: Any, listener: QueryExecutionListener, holder: Any) -> None:
-    if holder is not None:
-        _listener_method(manager, "unregister").invoke(manager, holder)
-    # py4j's pool keeps every Python object ever passed to Java; let this one go.
-    pool = gateway.gateway_property.pool
-    with pool.lock:
-        for key in [k for k, v in pool.dict.items() if v is listener]:
-            del pool.dict[key]
+def register_listener(manager: Any, proxy: Any) -> None:
+    """Register the listener ``proxy`` (from :func:`java_proxy`) holds."""
+    _listener_method(manager, "register").invoke(manager, proxy)
+
+
+def unregister_listener(manager: Any, proxy: Any) -> None:
+    """Unregister it. py4j's pool keeps the Python object: Java may still call it."""
+    _listener_method(manager, "unregister").invoke(manager, proxy)
 
 
 class QueryExecutionListener:
     """``org.apache.spark.sql.util.QueryExecutionListener`` implemented in Python via py4j."""
 
-    def __init__(self, owner: SparkLineage, gateway: Any) -> None:
+    def __init__(self, owner: SparkLineage | None, gateway: Any) -> None:
         self._owner: SparkLineage | None = owner
         self._gateway = gateway
+
+    @property
+    def owner(self) -> SparkLineage | None:
+        return self._owner
+
+    def attach(self, owner: SparkLineage) -> None:
+        self._owner = owner
 
     def detach(self) -> None:
         self._owner = None

@@ -8,7 +8,9 @@ Guarantees:
 * Spark calls the listener on its listener-bus thread, after the action: the job's own
   thread never waits for lineage work. Emission is :meth:`LineageProducer.emit` (queue only).
 * Event order per run: START before COMPLETE/FAIL, and every action's events before the
-  application's COMPLETE (``SparkContext.stop`` drains the listener bus before we emit it).
+  application's COMPLETE (``SparkContext.stop`` drains the listener bus before we emit it, and
+  so does :meth:`SparkLineage.end`, up to 10 s). An action whose callback finishes after that
+  (or after capture stopped) is dropped: one debug line, counted in ``late_actions``.
 * One application run per session, START once and COMPLETE/FAIL once (at
   ``SparkContext.stop`` or exit), whether capture is on at that moment or not: switching
   capture off (:meth:`SparkLineage.stop_capture`) and on again (:meth:`SparkLineage.resume`)
@@ -32,10 +34,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from producer import events
-from producer.spark import capture, details, jvm, plain_reads
+from producer.spark import capture, details, jvm, plain_reads, session_listeners
 from producer.spark.capture import CaptureSettings
 from producer.spark.driver_exit import DriverExit
-from producer.spark.execution_listener import QueryExecutionListener, register_listener, unregister_listener
 from producer.spark.streaming import StreamingLineage
 
 log = logging.getLogger("producer.spark")
@@ -62,11 +63,12 @@ class SparkLineage:
         self.app_run_id = events.new_run_id()
         self.actions_captured = 0
         self.capture_errors = 0
-        self._lock = threading.Lock()
-        self._ended = False
+        self.late_actions = 0   # finished once the application's end was emitted, or capture stopped
+        self._lock = threading.Lock()  # _ended, _closed, _listeners, and the emission of an action's events
+        self._ended = False    # end() began: it drains the bus, then closes
+        self._closed = False   # the application's terminal is being emitted: no action's event after it
         self._nested_writes: dict[str, dict[str, int]] = {}
-        self._listener: QueryExecutionListener | None = None
-        self._jlistener: Any = None
+        self._listeners: session_listeners.SessionListeners | None = None   # None: capture is off
         self._streaming: StreamingLineage | None = None
         self._driver_exit = DriverExit()
         self._orig_stop = None
@@ -81,7 +83,7 @@ class SparkLineage:
     @property
     def capturing(self) -> bool:
         """Whether the listeners are registered (False after :meth:`stop_capture`)."""
-        return self._listener is not None
+        return self._listeners is not None
 
     @property
     def identity(self) -> tuple:
@@ -132,22 +134,24 @@ class SparkLineage:
 
         gateway = self.spark.sparkContext._gateway
         ensure_callback_server_started(gateway)
-        self._listener = QueryExecutionListener(self, gateway)
-        self._jlistener = register_listener(gateway, self.spark._jsparkSession.listenerManager(), self._listener)
-        self._streaming = StreamingLineage.attach(self, gateway)
+        listeners = session_listeners.of_session(self.spark)
+        with self._lock:
+            self._listeners = listeners
+        listeners.attach_actions(self, self.spark._jsparkSession)
+        self._streaming = StreamingLineage.attach(self, listeners)
 
     def stop_capture(self) -> None:
-        """Unregister the listeners; open streaming runs end in ABORT. The application run
-        stays open: :meth:`resume` continues it, and it still ends at stop or exit."""
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.detach()  # a no-op from now on, even if it could not be unregistered
+        """Unregister the listeners (their py4j objects stay, idle, for the session's life: see
+        :mod:`producer.spark.session_listeners`); open streaming runs end in ABORT. The
+        application run stays open: :meth:`resume` continues it, and it still ends at stop or exit."""
+        with self._lock:
+            listeners, self._listeners = self._listeners, None
+        if listeners is not None:
             try:
-                unregister_listener(self.spark.sparkContext._gateway, self.spark._jsparkSession.listenerManager(),
-                                    listener, self._jlistener)
-            except Exception as err:  # noqa: BLE001 - the session may be stopped already
-                log.debug("lineage: could not unregister the listener: %s", err)
-            self._jlistener = None
+                jsession = self.spark._jsparkSession
+            except Exception:  # noqa: BLE001 - detached all the same
+                jsession = None
+            listeners.detach_actions(self, jsession)
         streaming, self._streaming = self._streaming, None
         if streaming is not None:
             streaming.detach()
@@ -175,6 +179,8 @@ class SparkLineage:
             self.drain()
             if self._streaming is not None:
                 self._streaming.abort_open()
+            with self._lock:   # an action's events are emitted under it: none after the terminal
+                self._closed = True
             if error is None:
                 self._emit_app("COMPLETE")
             else:
@@ -274,7 +280,7 @@ class SparkLineage:
             self.capture_errors += 1
             log.warning("lineage: could not read action %r: %s", func, err)
             if command in jvm.WRITE_COMMANDS or (command is None and func in _WRITE_FUNCS):
-                self._emit_unreadable(func, f"could not read the action: {err!r}", ended, duration_ns, error)
+                self._emit_unreadable(qe, func, f"could not read the action: {err!r}", ended, duration_ns, error)
             return
         if snap.output is None and not self.read_only_actions:
             return
@@ -288,7 +294,7 @@ class SparkLineage:
         except Exception as err:  # noqa: BLE001
             self.capture_errors += 1
             log.warning("lineage: could not analyse action %r: %s", func, err)
-            self._emit_unreadable(func, f"could not analyse the action: {err!r}", ended, duration_ns, error)
+            self._emit_unreadable(qe, func, f"could not analyse the action: {err!r}", ended, duration_ns, error)
             return
         started = (snap.started_ms / 1000.0 if snap.started_ms else
                    ended - (duration_ns or 0) / 1e9)
@@ -304,19 +310,38 @@ class SparkLineage:
         job_facets = {**capture.job_facets(self.settings, "SQL_JOB"), **lineage.job_facets}
         common = dict(run_id=run_id, job_namespace=self.settings.namespace, job_name=lineage.job_name,
                       job_facets=job_facets)
-        self.sender.emit(events.run_event("START", event_time=events.iso(min(started, ended)),
-                                          run_facets={**run_facets, **self._start_facets()},
-                                          inputs=[_without_stats(i) for i in lineage.inputs],
-                                          outputs=[_without_stats(o) for o in lineage.outputs], **common))
         end_facets = dict(run_facets)
         if error is not None:
             end_facets.update(capture.error_facet(snap.error or "action failed", snap.stack))
-        self.sender.emit(events.run_event("FAIL" if error is not None else "COMPLETE",
-                                          event_time=events.iso(ended), run_facets=end_facets,
-                                          inputs=lineage.inputs, outputs=lineage.outputs, **common))
+        if not self._emit_action(func, [
+                events.run_event("START", event_time=events.iso(min(started, ended)),
+                                 run_facets={**run_facets, **self._start_facets()},
+                                 inputs=[_without_stats(i) for i in lineage.inputs],
+                                 outputs=[_without_stats(o) for o in lineage.outputs], **common),
+                events.run_event("FAIL" if error is not None else "COMPLETE", event_time=events.iso(ended),
+                                 run_facets=end_facets, inputs=lineage.inputs, outputs=lineage.outputs, **common)]):
+            return
         self.actions_captured += 1
-        if stream is not None and error is None and lineage.outputs and self._streaming is not None:
-            self._streaming.add_batch_outputs(stream[1], lineage.outputs)
+        streaming = self._streaming
+        if stream is not None and error is None and lineage.outputs and streaming is not None:
+            streaming.add_batch_outputs(stream[1], lineage.outputs)
+
+    def _emit_action(self, func: str, run_events: list[dict]) -> bool:
+        """Emit an action's events (emission only queues), unless the application's terminal
+        is being emitted or capture stopped since its callback began: then they are dropped
+        (one debug line, counted in ``late_actions``), so that none comes after the terminal."""
+        with self._lock:
+            if self._closed or self._listeners is None:
+                self.late_actions += 1
+                late = True
+            else:
+                late = False
+                for event in run_events:
+                    self.sender.emit(event)
+        if late:
+            log.debug("lineage: action %r finished after %s; not reported", func,
+                      "the application's end" if self._closed else "capture stopped")
+        return not late
 
     def _stream_of(self, qe: Any) -> tuple[str, str, list[dict]] | None:
         """(job name, runId, inputs known so far) of the foreachBatch streaming run whose function
@@ -335,20 +360,25 @@ class SparkLineage:
         root = self.root or self.parent or (self.settings.namespace, self.settings.app_job_name, self.app_run_id)
         return {"parent": events.parent_facet(self.settings.namespace, job_name, run_id, root=root)}
 
-    def _emit_unreadable(self, func: str, message: str, ended: float, duration_ns: int | None, error: Any) -> None:
+    def _emit_unreadable(self, qe: Any, func: str, message: str, ended: float, duration_ns: int | None,
+                         error: Any) -> None:
         """A write we could not read still becomes a run, named after the action, carrying
-        an ``extractionError`` facet, so the gap is visible in the collector."""
+        an ``extractionError`` facet, so the gap is visible in the collector; its parent is the
+        application run, or the streaming run whose foreachBatch function made it."""
         try:
+            trace = traceback.format_exc(limit=5)
+            stream = self._stream_of(qe)
+            parent = self._child_parent() if stream is None else self._stream_parent(*stream[:2])
             run_id = events.new_run_id()
-            run_facets = {**self._child_parent(), **capture.engine_facets(self.settings),
+            run_facets = {**parent, **capture.engine_facets(self.settings),
                           "extractionError": events.facet("ExtractionErrorRunFacet", {
                               "totalTasks": 1, "failedTasks": 1,
-                              "errors": [{"errorMessage": message, "stackTrace": traceback.format_exc(limit=5)}]})}
+                              "errors": [{"errorMessage": message, "stackTrace": trace}]})}
             common = dict(run_id=run_id, job_namespace=self.settings.namespace,
                           job_name=f"{self.settings.app_job_name}.{capture.snake(func)}",
                           job_facets=capture.job_facets(self.settings, "SQL_JOB"))
-            self.sender.emit(events.run_event("START", event_time=events.iso(ended - (duration_ns or 0) / 1e9),
-                                              run_facets={**run_facets, **self._start_facets()}, **common))
+            start = events.run_event("START", event_time=events.iso(ended - (duration_ns or 0) / 1e9),
+                                     run_facets={**run_facets, **self._start_facets()}, **common)
             end_facets = dict(run_facets)
             if error is not None:
                 try:
@@ -356,8 +386,9 @@ class SparkLineage:
                 except Exception:  # noqa: BLE001 - the Java object may be unusable
                     detail = "action failed"
                 end_facets.update(capture.error_facet(detail, None))
-            self.sender.emit(events.run_event("FAIL" if error is not None else "COMPLETE",
-                                              event_time=events.iso(ended), run_facets=end_facets, **common))
+            self._emit_action(func, [start, events.run_event("FAIL" if error is not None else "COMPLETE",
+                                                             event_time=events.iso(ended), run_facets=end_facets,
+                                                             **common)])
         except Exception:  # noqa: BLE001
             log.exception("lineage: could not report a capture error")
 

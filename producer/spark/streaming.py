@@ -120,7 +120,6 @@ import orjson
 from producer import events
 from producer.spark import capture
 from producer.spark.capture import DatasetRef
-from producer.spark.streaming_listener import _QueryListener
 from producer.spark.streaming_names import (
     KAFKA_SINKS,
     KAFKA_SOURCES,
@@ -185,45 +184,36 @@ class StreamingLineage:
         self._lock = threading.Lock()  # _runs, _closed, _aborting, a run's datasets and counts, and every emit
         self._aborts_done = threading.Condition(self._lock)
         self._aborting: list[int] = []   # the threads in abort_open between taking runs and emitting their ABORTs
-        self._listener: _QueryListener | None = None
-        self._jwrapper: Any = None
+        self._listeners: Any = None   # the session's SessionListeners, while attached
         # foreachBatch session -> (job, run, inputs, when) of runs ended within ENDED_GRACE_S
         self._ended_batch_runs: dict[int, tuple[str, str, list[dict], float]] = {}
 
     @classmethod
-    def attach(cls, lineage: SparkLineage, gateway: Any) -> StreamingLineage | None:
-        """Register on the session's StreamingQueryManager; None (one log line) when that
-        cannot be done (Spark before 3.4, a session without streams): batch capture goes on."""
+    def attach(cls, lineage: SparkLineage, listeners: Any) -> StreamingLineage | None:
+        """Own the session's streaming listener (``listeners``: its
+        :class:`~producer.spark.session_listeners.SessionListeners`), registered on its
+        StreamingQueryManager; None (one log line) when that cannot be done (Spark before 3.4, a
+        session without streams): batch capture goes on."""
         streaming = cls(lineage)
         try:
-            streaming._listener = _QueryListener(streaming)
-            wrapper = gateway.jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
-            streaming._jwrapper = wrapper(streaming._listener)
-            lineage.spark._jsparkSession.streams().addListener(streaming._jwrapper)
+            listeners.attach_streams(streaming, lineage.spark._jsparkSession)
         except Exception as err:  # noqa: BLE001 - streaming capture is optional
             log.warning("lineage: streaming queries will not be captured (%s: %s)", type(err).__name__, err)
-            streaming.detach(gateway)
             return None
+        streaming._listeners = listeners
         return streaming
 
-    def detach(self, gateway: Any = None) -> None:
-        """ABORT the runs still open (capture stops while their queries run), then unregister."""
+    def detach(self) -> None:
+        """ABORT the runs still open (capture stops while their queries run), then let the
+        session's streaming listener go (unregistered, idle; the object stays for the session)."""
         self.abort_open()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.owner = None
-        jwrapper, self._jwrapper = self._jwrapper, None
-        try:
-            if jwrapper is not None:
-                self._lineage.spark._jsparkSession.streams().removeListener(jwrapper)
-        except Exception as err:  # noqa: BLE001 - the session may be stopped already
-            log.debug("lineage: could not remove the streaming listener: %s", err)
-        gateway = gateway or getattr(getattr(self._lineage.spark, "sparkContext", None), "_gateway", None)
-        pool = getattr(getattr(gateway, "gateway_property", None), "pool", None)
-        if pool is not None and listener is not None:
-            with pool.lock:  # py4j's pool keeps every Python object passed to Java
-                for key in [k for k, v in pool.dict.items() if v is listener]:
-                    del pool.dict[key]
+        listeners, self._listeners = self._listeners, None
+        if listeners is not None:
+            try:
+                jsession = self._lineage.spark._jsparkSession
+            except Exception:  # noqa: BLE001 - detached all the same
+                jsession = None
+            listeners.detach_streams(self, jsession)
 
     def abort_open(self) -> None:
         """ABORT every run still open (the application ends, or capture stops, while its queries

@@ -1,6 +1,7 @@
 """The py4j callback object Spark calls on a streaming query's start, progress, idleness and
-end (:class:`_QueryListener`), registered on the session's ``StreamingQueryManager`` by
-:meth:`producer.spark.streaming.StreamingLineage.attach`.
+end (:class:`_QueryListener`): one per session, kept for its life and registered on its
+``StreamingQueryManager`` by :mod:`producer.spark.session_listeners` for each
+:class:`~producer.spark.streaming.StreamingLineage` that owns it in turn.
 
 Each callback hands the Java event, as it is, to the :class:`~producer.spark.streaming.StreamingLineage`
 that owns it; an ``Exception`` the owner raises is one log line (with its traceback), never

@@ -110,14 +110,15 @@ def test_actions_run_while_capture_was_off_are_not_reported_once_it_is_on_again(
     on, used to be reported (CI saw 12 events where 10 were due)."""
     from pyspark.java_gateway import ensure_callback_server_started
 
-    from producer.spark.execution_listener import register_listener, unregister_listener
+    from producer.spark.execution_listener import java_proxy, register_listener, unregister_listener
 
     recorder = Recorder()
     gateway = spark.sparkContext._gateway
     ensure_callback_server_started(gateway)
     manager = spark._jsparkSession.listenerManager()
     blocker = _BlockingListener()
-    holder = register_listener(gateway, manager, blocker)
+    holder = java_proxy(gateway, blocker)
+    register_listener(manager, holder)
     try:
         enable_lineage(spark, producer=recorder, namespace="ar", app_name="ar")
         disable_lineage(spark)
@@ -132,7 +133,7 @@ def test_actions_run_while_capture_was_off_are_not_reported_once_it_is_on_again(
     finally:
         blocker.release.set()
         disable_lineage(spark)
-        unregister_listener(gateway, manager, blocker, holder)
+        unregister_listener(manager, holder)
     outputs = {o["name"] for e in recorder.events for o in e.get("outputs", [])}
     assert str(tmp_path / "on_again") in outputs, outputs
     assert not {str(tmp_path / "held"), str(tmp_path / "while_off")} & outputs, "a write made with capture off"
@@ -145,7 +146,7 @@ def test_disabling_removes_the_listener_when_the_job_registered_a_py4j_listener_
     enable/disable cycle, each still called on every action) and logged py4j errors."""
     from pyspark.java_gateway import ensure_callback_server_started
 
-    from producer.spark.execution_listener import register_listener, unregister_listener
+    from producer.spark.execution_listener import java_proxy, register_listener, unregister_listener
 
     gateway = spark.sparkContext._gateway
     ensure_callback_server_started(gateway)
@@ -153,7 +154,8 @@ def test_disabling_removes_the_listener_when_the_job_registered_a_py4j_listener_
     before = len(manager.listListeners())
     theirs = _BlockingListener()
     theirs.holding.set()   # never blocks
-    holder = register_listener(gateway, manager, theirs)
+    holder = java_proxy(gateway, theirs)
+    register_listener(manager, holder)
     try:
         for _ in range(3):
             enable_lineage(spark, producer=Recorder(), namespace="ar", app_name="ar")
@@ -161,9 +163,45 @@ def test_disabling_removes_the_listener_when_the_job_registered_a_py4j_listener_
             disable_lineage(spark)
             assert len(manager.listListeners()) == before + 1, "ours is still registered"
     finally:
-        unregister_listener(gateway, manager, theirs, holder)
+        unregister_listener(manager, holder)
     assert len(manager.listListeners()) == before
     assert not [r for r in caplog.records if r.name.startswith("py4j") and r.levelno >= logging.ERROR]
+
+
+def test_an_action_whose_callback_finishes_after_the_application_ended_is_not_emitted_after_it(
+        spark, tmp_path, monkeypatch):
+    """The application's end drains the listener bus (up to a timeout), then emits its COMPLETE:
+    a callback still reading its action then (a slow driver, a bus not drained in time) used to
+    emit the action's run after the application's COMPLETE. It is dropped, and counted."""
+    from producer.spark import capture
+    from producer.spark.listener import SparkLineage
+    from tests.support.relay import eventually
+
+    recorder = Recorder()
+    lineage = enable_lineage(spark, producer=recorder, namespace="ar", app_name="ar_late")
+    late = str(tmp_path / "late")
+    in_callback = threading.Event()
+    analyse = capture.analyse
+
+    def app_completed():
+        return any(e["job"]["name"] == "ar_late" and e["eventType"] == "COMPLETE" for e in recorder.events)
+
+    def slow_analyse(snap, settings):
+        output = snap.output
+        if output is not None and any(str(p).endswith("/late") for p in [output.location, *output.paths]):
+            in_callback.set()
+            assert eventually(app_completed, 30)   # the application ends meanwhile
+        return analyse(snap, settings)
+
+    monkeypatch.setattr(capture, "analyse", slow_analyse)
+    monkeypatch.setattr(lineage, "drain", lambda timeout_ms=0: SparkLineage.drain(lineage, 200))
+    spark.range(1).write.mode("overwrite").parquet(late)
+    assert in_callback.wait(60), "the write's callback never came"
+    lineage.end()
+    drain(spark)   # the late callback has returned
+    assert [(e["eventType"], e["job"]["name"]) for e in recorder.events][-1] == ("COMPLETE", "ar_late")
+    assert not [e for e in recorder.events if any(o["name"] == late for o in e["outputs"])]
+    assert lineage.late_actions == 1
 
 
 def test_another_application_name_ends_the_paused_run_and_starts_a_new_one(spark):

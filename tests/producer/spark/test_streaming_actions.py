@@ -133,3 +133,41 @@ def test_a_foreach_batch_write_is_a_child_of_its_streaming_run_which_names_what_
     assert app_write and all(e["run"]["facets"]["parent"]["run"]["runId"] == lineage.app_run_id for e in app_write)
     for event in recorder.events:
         validator().validate(event)
+
+
+@pytest.mark.spark
+def test_a_foreach_batch_write_that_cannot_be_read_is_still_a_child_of_its_streaming_run(
+        spark, tmp_path, captured, monkeypatch):
+    """A write that cannot be read becomes a run with an ``extractionError``; one a foreachBatch
+    function made has its streaming run as parent, as when it can be read."""
+    from producer.spark import jvm
+
+    recorder, lineage = captured
+    source = tmp_path / "landing"
+    source.mkdir()
+    (source / "a.json").write_text('{"id": 1, "v": "x"}\n')
+    sink = str(tmp_path / "lake" / "fb")
+
+    def unreadable(*_args, **_kwargs):
+        raise RuntimeError("cannot read this action")
+
+    def load(df, batch_id):
+        df.write.mode("append").parquet(sink)
+
+    monkeypatch.setattr(jvm, "snapshot", unreadable)
+    query = (spark.readStream.schema(SCHEMA).json(str(source)).writeStream.foreachBatch(load)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        query.processAllAvailable()
+        lineage.drain()
+    finally:
+        query.stop()
+    lineage.drain()
+    unread = [e for e in recorder.events if "extractionError" in e["run"]["facets"]
+              and e["run"]["runId"] != str(query.runId)]
+    assert [e["eventType"] for e in unread] == ["START", "COMPLETE"], [e["job"]["name"] for e in recorder.events]
+    for event in unread:
+        parent = event["run"]["facets"]["parent"]
+        assert parent["run"]["runId"] == str(query.runId)
+        assert parent["job"] == {"namespace": "st", "name": "st.streaming.foreach_batch_sink"}
+        assert parent["root"]["run"]["runId"] == lineage.app_run_id

@@ -16,7 +16,8 @@ import pytest
 
 from producer.spark.capture import CaptureSettings, DatasetRef
 from producer.spark.listener import SparkLineage
-from producer.spark.streaming import StreamingLineage, _kafka_sink, _QueryListener, _text
+from producer.spark.streaming import StreamingLineage, _kafka_sink, _text
+from producer.spark.streaming_listener import _QueryListener
 from producer.spark.streaming_names import datasets, offset_topics
 from tests.producer.spark.support import Recorder
 from tests.support.spec import validator

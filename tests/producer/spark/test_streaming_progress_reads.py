@@ -16,7 +16,8 @@ import orjson
 
 from producer.spark.capture import CaptureSettings
 from producer.spark.listener import SparkLineage
-from producer.spark.streaming import PROGRESS_READ_INTERVAL_S, StreamingLineage, _QueryListener
+from producer.spark.streaming import PROGRESS_READ_INTERVAL_S, StreamingLineage
+from producer.spark.streaming_listener import _QueryListener
 from tests.producer.spark.support import Recorder
 
 IDLE, BUSY = "00000000-0000-4000-8000-00000000001d", "00000000-0000-4000-8000-00000000000b"

@@ -10,7 +10,8 @@ import orjson
 
 from producer.spark.capture import CaptureSettings
 from producer.spark.listener import SparkLineage
-from producer.spark.streaming import PROGRESS_READ_INTERVAL_S, StreamingLineage, _QueryListener
+from producer.spark.streaming import PROGRESS_READ_INTERVAL_S, StreamingLineage
+from producer.spark.streaming_listener import _QueryListener
 from producer.spark.streaming_stats import RECENT_PROGRESS, RowCounts, read_new_progress, source_schemas
 from tests.producer.spark.support import Recorder
 from tests.support.spec import validator
