@@ -48,10 +48,12 @@ def _prepare(spark, workdir: Path) -> dict[str, str]:
     orders = workdir / "orders.csv"
     lines = ["order_id,customer_id,amount,status,ts"]
     for i in range(2000):
-        lines.append(f"{i},{i % 50},{(i * 37) % 500 / 3:.2f},{'ok' if i % 7 else 'cancelled'},2026-11-{1 + i % 28:02d} 10:00:00")
+        status = "ok" if i % 7 else "cancelled"
+        lines.append(f"{i},{i % 50},{(i * 37) % 500 / 3:.2f},{status},2026-11-{1 + i % 28:02d} 10:00:00")
     orders.write_text("\n".join(lines) + "\n")
     customers = workdir / "customers.csv"
-    customers.write_text("customer_id,country\n" + "\n".join(f"{i},{['DE', 'FR', 'NL'][i % 3]}" for i in range(50)) + "\n")
+    rows = (f"{i},{['DE', 'FR', 'NL'][i % 3]}" for i in range(50))
+    customers.write_text("customer_id,country\n" + "\n".join(rows) + "\n")
     return {"orders": str(orders), "customers": str(customers), "out": str(workdir / "out")}
 
 
@@ -158,8 +160,8 @@ def measure(args: argparse.Namespace, work: Path) -> int:
         "control": args.control,
     }
     print(f"capture off: median {off:.3f} s; on: median {on:.3f} s; overhead {result['overhead_pct']} % "
-          f"(+/- {result['overhead_spread_pct']}; {result['per_action_ms']} ms per action; {result['capture_ms_per_action']} ms inside the listener "
-          f"callback per action, off the job's thread)")
+          f"(+/- {result['overhead_spread_pct']}; {result['per_action_ms']} ms per action; "
+          f"{result['capture_ms_per_action']} ms inside the listener callback per action, off the job's thread)")
     print(json.dumps(result))
     return 0
 
