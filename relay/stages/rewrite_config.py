@@ -22,8 +22,9 @@ ESSENTIAL_FACETS = frozenset({"schema", "columnLineage", "parent", "dataSource",
 
 class NamespaceMapping(Frozen):
     """``from`` (an exact namespace or an fnmatch glob, case-sensitive) becomes ``to``. An
-    exact namespace always matches itself, ``[`` and all (an IPv6 host); in a glob, write
-    ``[[]`` for a literal ``[`` (see :func:`relay.stages.route.glob_problem`)."""
+    exact namespace with an IPv6 host in brackets is text; in a glob, write ``[[]`` for a
+    literal ``[``; any other ``[...]`` is a character class (see
+    :func:`relay.stages.route.compile_glob`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
     from_: str = Field(alias="from", min_length=1)
