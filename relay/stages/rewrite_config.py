@@ -45,7 +45,9 @@ class RewriteConfig(Frozen):
     #: Ordered; the first matching entry wins. Applies to job namespaces (also in ``parent``).
     namespace_map: tuple[NamespaceMapping, ...] = ()
     #: Also map dataset namespaces (inputs, outputs, DatasetEvent, ``columnLineage`` sources,
-    #: ``symlinks`` identifiers).
+    #: ``symlinks`` identifiers, ``lineage`` datasets, ``lifecycleStateChange.previousIdentifier``).
+    #: Job references (``parent``, ``jobDependencies``, ``lineage`` jobs) are mapped as the
+    #: event's job always.
     map_dataset_namespaces: bool = False
     redact_credentials: bool = False
     #: Replaces the default list; names are case-insensitive.
