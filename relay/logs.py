@@ -98,9 +98,17 @@ class TextFormatter(logging.Formatter):
 
 
 def _word(value: Any) -> str:
-    if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
+    """``value`` bare when a plain word, else as JSON; printable either way: field values come
+    from producers, and a control character (ESC, BEL, a C1 CSI) written raw is run by the
+    terminal (orjson leaves DEL and C1 controls unescaped, so those are escaped as ASCII)."""
+    if isinstance(value, str) and value and value.isprintable() and not any(c.isspace() or c in '"=' for c in value):
         return value
-    return _dumps({"v": value})[5:-1]
+    text = _dumps({"v": value})[5:-1]
+    if text.isprintable():
+        return text
+    import json
+
+    return json.dumps(value, default=str, ensure_ascii=True, separators=(",", ":"))
 
 
 def _dumps(out: dict[str, Any]) -> str:

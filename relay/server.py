@@ -1,5 +1,5 @@
 """The operations endpoint: ``/healthz`` (the event loop is turning, or the relay is
-stopping within its time), ``/readyz``
+stopping within its time; 503 once a stopping relay is past it), ``/readyz``
 (consuming its share: see :attr:`relay.app.Relay.ready`) and ``/metrics`` (Prometheus text
 format). The probes read what the relay knows already: they send nothing to the broker."""
 
@@ -25,10 +25,13 @@ STUCK_AFTER_S = 60.0
 def build_app(relay: Relay) -> web.Application:
     async def healthz(_req: web.Request) -> web.Response:
         now = time.monotonic()
-        if relay.stopping and now <= relay.exit_by:
+        if relay.stopping:
             # The shutdown's drain does not poll, for up to drain_timeout_s: a relay on its way
-            # out is not restarted (its deliveries abandoned) before it must have returned.
-            return web.json_response({"status": "stopping"})
+            # out is not restarted (its deliveries abandoned) before it must have returned; past
+            # that, its shutdown hangs, however recently it polled.
+            if now <= relay.exit_by:
+                return web.json_response({"status": "stopping"})
+            return web.json_response({"status": "stuck", "phase": "stopping"}, status=503)
         stalled = now - relay.heartbeat
         if relay.started and stalled > STUCK_AFTER_S:
             # A rebalance handler (restoring run state, the look-back, a revocation's wait)

@@ -195,6 +195,8 @@ def _run(runs: int, spark: bool, log: DemoLog) -> int:
     print(f"the collector received {len(events)} events (consumed {count}; {int(dedup)} duplicates not forwarded, "
           f"{int(dropped)} after-terminal events dropped, {int(dead)} dead-lettered):")
     print("\n".join(summarize(events)))
+    for note in report.notes():
+        print(note)
     print(f"\nevery received event: {OUT / 'received.jsonl'}")
     (OUT / "lineage.html").write_text(render_graph_html(store, title="lineage-relay demo"), encoding="utf-8")
     query = example_query(store)

@@ -18,6 +18,12 @@ Bounded by :data:`OFFSET_CHECK_TIMEOUT_S`: partitions not reached by then are lo
 (``offset_check_incomplete``) and start at their committed offset, as do those a failed
 check did not decide (logged ``offset_check_failed``), and all once the relay is asked to
 stop (none of their records is handled then; a broker request under way is waited for).
+Where a partition with nothing committed starts (its start, or end, now) is asked only
+for the lag of one assigned while paused, after the committed ones are checked and with
+the time left, in one request for all; a failure there costs only that lag
+(``offset_check_starts_unknown``). Under ``latest`` that end is the one at the assignment:
+librdkafka takes the end when it starts fetching, so should that be later (assigned while
+paused), the lag also counts records it then skips, until the first record is consumed.
 It runs on the consumer's thread, in the assignment callback.
 Resets librdkafka makes later (retention overtaking a lagging relay) come through its log
 line (:mod:`relay.kafka_log`).
@@ -29,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from relay.kafka_log import OffsetReset
 from relay.logs import log_event
@@ -91,6 +97,7 @@ class OffsetCheck:
         #: Committed beyond the end the broker's ListOffsets answers: some Kafka-compatible
         #: brokers answer the last batch's first offset + 1 there, so a fetch confirms it.
         beyond: dict[str, dict[int, tuple[int, int, int]]] = {}  # topic: {partition: (index, committed, low)}
+        fresh: list[Partition] = []  # nothing committed
         try:
             committed = consumer.committed(tps, timeout=OFFSET_CHECK_TIMEOUT_S)
             for i, tp in enumerate(committed):
@@ -104,12 +111,12 @@ class OffsetCheck:
                                                            if t.error is None and t.offset >= 0]),
                               hint="unchecked partitions start at their committed offset")
                     break
+                part = (tp.topic, tp.partition)
+                if tp.offset < 0:  # nothing committed: nothing to check (where it starts is asked after)
+                    fresh.append(part)
+                    continue
                 low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
                                                            timeout=max(0.1, deadline - time.monotonic()))
-                part = (tp.topic, tp.partition)
-                if tp.offset < 0:  # nothing committed: only where it starts, for the lag of a paused one
-                    starts[part] = low if policy in _RESET_TO_START else high
-                    continue
                 starts[part] = tp.offset
                 cause = out_of_range(tp.offset, low, high)
                 if cause == "before_start":
@@ -133,8 +140,29 @@ class OffsetCheck:
             log_event(log, logging.WARNING, "offset_check_failed", partitions=format_partitions(
                 [(tp.topic, tp.partition) for tp in tps]), error=str(err)[:300],
                 hint="partitions not checked start at their committed offset")
+        if fresh and not self._stopping() and time.monotonic() < deadline:
+            self._fresh_starts(consumer, fresh, deadline, starts)
         reset = frozenset((tp.topic, tp.partition) for a, tp in zip(tps, out) if a is not tp)
         return (out if reset else tps), reset
+
+    def _fresh_starts(self, consumer: Consumer, parts: list[Partition], deadline: float,
+                      starts: dict[Partition, int]) -> None:
+        """Where partitions with nothing committed start (their start or end now, as
+        ``auto.offset.reset`` says), into ``starts``: one ListOffsets request for all
+        (``offsets_for_times`` with the logical offset as its timestamp). Only for the lag
+        of a partition assigned while paused, so asked after the check, with the time left;
+        a failure costs only that (logged ``offset_check_starts_unknown``, at INFO)."""
+        logical = OFFSET_BEGINNING if self._reset_policy in _RESET_TO_START else OFFSET_END
+        try:
+            answered = consumer.offsets_for_times([TopicPartition(t, p, logical) for t, p in parts],
+                                                  timeout=max(0.1, deadline - time.monotonic()))
+        except KafkaException as err:
+            log_event(log, logging.INFO, "offset_check_starts_unknown", partitions=format_partitions(parts),
+                      error=str(err)[:300], hint="their lag is reported once records are consumed from them")
+            return
+        for tp in answered:
+            if tp.error is None and tp.offset >= 0:
+                starts[(tp.topic, tp.partition)] = tp.offset
 
     def _reset(self, committed: TopicPartition, low: int, high: int, cause: str) -> TopicPartition:
         """Where a partition that does not hold its ``committed`` offset starts (logged)."""

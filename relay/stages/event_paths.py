@@ -38,6 +38,21 @@ def map_paths(obj: Any, paths: tuple[tuple[str, ...], ...], map_ns: Callable[[st
     return obj
 
 
+def map_job_dependencies(facet: Any, map_job: Callable[[str], str]) -> Any:
+    """The ``jobDependencies`` run facet with the namespace of the job of each of its
+    ``upstream[]`` and ``downstream[]`` dependencies mapped. Copy-on-write."""
+    if not isinstance(facet, dict):
+        return facet
+    changes: dict[str, Any] = {}
+    for key in ("upstream", "downstream"):
+        items = facet.get(key)
+        if isinstance(items, list):
+            new_items = [map_paths(item, (("job",),), map_job) for item in items]
+            if any(n is not o for n, o in zip(new_items, items)):
+                changes[key] = new_items
+    return {**facet, **changes} if changes else facet
+
+
 def map_lineage(facet: Any, map_job: Callable[[str], str], map_dataset: Callable[[str], str]) -> Any:
     """The ``lineage`` facet (LineageDatasetFacet of a dataset, LineageJobFacet of a job)
     with the namespace of each dataset and job it names mapped, by that reference's

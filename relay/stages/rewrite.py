@@ -60,7 +60,7 @@ from typing import Any
 
 import orjson
 
-from relay.stages.event_paths import facet_sites, map_lineage, map_paths, without_facets
+from relay.stages.event_paths import facet_sites, map_job_dependencies, map_lineage, map_paths, without_facets
 from relay.stages.json_bytes import dumps, exact, may_hold_big_int
 from relay.stages.redact import Redactor
 from relay.stages.rewrite_config import ESSENTIAL_FACETS, RewriteConfig
@@ -212,6 +212,11 @@ class Rewriter:
                 new = self._map_column_lineage(new)
             elif name == "symlinks" and self._map_datasets:
                 new = map_paths(new, (), self._map_dataset, list_key="identifiers")
+            elif name == "jobDependencies" and self._ns_map:
+                # The upstream and downstream jobs, mapped as the event's job is.
+                new = map_job_dependencies(new, self._map_job)
+            elif name == "lifecycleStateChange" and self._map_datasets:
+                new = map_paths(new, (("previousIdentifier",),), self._map_dataset)
             elif name == "lineage" and self._ns_map:
                 # The jobs it names are mapped as the event's job is; its datasets only with
                 # map_dataset_namespaces (_map_dataset).

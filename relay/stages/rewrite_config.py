@@ -22,8 +22,9 @@ ESSENTIAL_FACETS = frozenset({"schema", "columnLineage", "parent", "dataSource",
 
 class NamespaceMapping(Frozen):
     """``from`` (an exact namespace or an fnmatch glob, case-sensitive) becomes ``to``. An
-    exact namespace always matches itself, ``[`` and all (an IPv6 host); in a glob, write
-    ``[[]`` for a literal ``[`` (see :func:`relay.stages.route.glob_problem`)."""
+    exact namespace with an IPv6 host in brackets is text; in a glob, write ``[[]`` for a
+    literal ``[``; any other ``[...]`` is a character class (see
+    :func:`relay.stages.route.compile_glob`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
     from_: str = Field(alias="from", min_length=1)
@@ -44,7 +45,9 @@ class RewriteConfig(Frozen):
     #: Ordered; the first matching entry wins. Applies to job namespaces (also in ``parent``).
     namespace_map: tuple[NamespaceMapping, ...] = ()
     #: Also map dataset namespaces (inputs, outputs, DatasetEvent, ``columnLineage`` sources,
-    #: ``symlinks`` identifiers).
+    #: ``symlinks`` identifiers, ``lineage`` datasets, ``lifecycleStateChange.previousIdentifier``).
+    #: Job references (``parent``, ``jobDependencies``, ``lineage`` jobs) are mapped as the
+    #: event's job always.
     map_dataset_namespaces: bool = False
     redact_credentials: bool = False
     #: Replaces the default list; names are case-insensitive.

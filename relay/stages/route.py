@@ -10,8 +10,9 @@ A rule matches when every field it gives matches (an absent field matches anythi
 * ``job_namespace`` / ``job_name``: a glob (:mod:`fnmatch` syntax, case-sensitive, ``*``
   also crosses ``/`` and ``.``) on the event's job. A DatasetEvent has no job, so a rule
   naming a job field never matches one (with ``kinds`` leaving out run and job it is
-  refused). A pattern always matches its own text, ``[`` included (an IPv6 host in a
-  namespace); in a glob, ``[[]`` is a literal ``[``.
+  refused). Brackets holding an IPv6 host (``postgres://[fd00::1]:5432``) are text: such
+  a pattern without ``*``/``?`` compares exactly, a glob around one is refused (write
+  ``[[]`` for a literal ``[``); any other ``[...]`` is a character class.
 * ``dataset_namespace``: a glob on the namespaces of the input and output datasets. For a
   DatasetEvent (its dataset) or a JobEvent it is judged on the event itself. For a RunEvent
   it is a property of the run: it matches once the run has named a matching dataset in any
@@ -135,40 +136,53 @@ class RouteConfig(Frozen):
 
 
 def compile_glob(pattern: str) -> Callable[[str], bool]:
-    """A case-sensitive fnmatch predicate, compiled once. A pattern without ``*?[`` is an
-    exact comparison; ``*`` alone matches everything. A pattern always matches its own text:
-    ``[`` is common in namespaces (an IPv6 host, ``postgres://[fd00::1]:5432``), where
-    fnmatch reads a character class and the exact namespace would never match itself (see
-    :func:`glob_problem` for globs around one)."""
+    """A case-sensitive fnmatch predicate, compiled once; ``*`` alone matches everything.
+
+    Each pattern has one meaning, never two. Brackets holding an IPv6 host
+    (:func:`ipv6_host`: ``postgres://[fd00::1]:5432``, per the naming spec) are text: a
+    pattern with one and without ``*``/``?`` is an exact comparison (a glob with one is
+    refused, :func:`glob_problem`). Any other ``[...]`` is an fnmatch character class
+    (``db[12]`` matches ``db1`` and ``db2``, not the text ``db[12]``); ``[[]`` is a literal
+    ``[``. A pattern without ``*?[`` is an exact comparison."""
     if pattern == "*":
         return lambda _value: True
-    if _GLOB_MAGIC.isdisjoint(pattern):
+    if _GLOB_MAGIC.isdisjoint(pattern) or ("*" not in pattern and "?" not in pattern and ipv6_host(pattern)):
         return pattern.__eq__
     match = re.compile(fnmatch.translate(pattern)).match
-    if "[" in pattern:
-        return lambda value: value == pattern or match(value) is not None
     return lambda value: match(value) is not None
 
 
 #: An fnmatch character class: ``[``, an optional ``!``, a first ``]`` taken as a member,
 #: up to the closing ``]``.
 _CLASS = re.compile(r"\[!?\]?[^\]]*\]")
+#: The inside of brackets around an IPv6 host: hex digits, ``.`` (an embedded IPv4
+#: address), at least two ``:`` (every IPv6 address has them; a class never needs ``:``
+#: twice), an optional ``%zone``.
+_IPV6 = re.compile(r"(?=[^:]*:[^:]*:)[0-9A-Fa-f:.]+(%[\w.-]+)?")
+
+
+def ipv6_host(pattern: str) -> str | None:
+    """The first ``[...]`` of ``pattern`` (as fnmatch reads its classes) that holds an IPv6
+    host, such as ``[fd00::1]``, or None."""
+    for found in _CLASS.finditer(pattern):
+        if _IPV6.fullmatch(found.group()[1:-1]):
+            return found.group()
+    return None
 
 
 def glob_problem(pattern: str) -> str | None:
     """Why ``pattern`` (a namespace glob) cannot mean what it says, or None: a glob (with
-    ``*`` or ``?``) whose character class holds ``:`` is an IPv6 host written as text
-    (``postgres://[fd00::1]:*``), which fnmatch reads as one character (f, d, 0, : or 1), so
-    it matches nothing the user meant, silently. An exact pattern is fine: it matches its
-    own text (:func:`compile_glob`); so is ``[[]``, a literal ``[``."""
+    ``*`` or ``?``) around an IPv6 host in brackets (``postgres://[fd00::1]:*``), which
+    fnmatch would read as one character (f, d, 0, : or 1), matching nothing the user meant,
+    silently. An exact pattern is fine: it compares as text (:func:`compile_glob`); so is
+    ``[[]``, a literal ``[``, and any other class (``[!:]``, ``[12]``)."""
     if "*" not in pattern and "?" not in pattern:
         return None
-    for found in _CLASS.finditer(pattern):
-        text = found.group()
-        if ":" in text:
-            return (f"{text} is read as a character class (one character of {text[1:-1]}), not as the text "
-                    f"{text}; write [[] for a literal [ (such as {'[[]' + text[1:]})")
-    return None
+    text = ipv6_host(pattern)
+    if text is None:
+        return None
+    return (f"{text} is read as a character class (one character of {text[1:-1]}), not as the text "
+            f"{text}; write [[] for a literal [ (such as {'[[]' + text[1:]})")
 
 
 class _CompiledRule:

@@ -87,3 +87,17 @@ def test_the_log_context_goes_to_a_child_through_the_environment(monkeypatch):
     monkeypatch.setenv(logs.LOG_CONTEXT_ENV, "not json")
     logs.inherit_log_context()  # left out, never raises
     assert "worker" not in line_of(record())
+
+
+def test_the_text_line_quotes_control_characters_so_a_terminal_does_not_run_them():
+    """Event fields come from producers: ESC, BEL, backspace and C1 controls (CSI) are
+    written escaped, never raw; a plain word stays bare."""
+    fields = {"job": "etl\x1b]0;owned\x07\x1b[2K\x1b[1Afake", "detail": "x\x08\x08ok", "c1": "a\x9b2Jb",
+              "del": "a\x7fb", "nested": {"k": "v\x9bw"}, "plain": "spark-prod", "accent": "café"}
+    line = logs.TextFormatter().format(record(fields))
+    assert line.isprintable()
+    words = dict(w.split("=", 1) for w in line.split(" ")[2:])
+    assert json.loads(words["job"]) == fields["job"] and json.loads(words["c1"]) == "a\x9b2Jb"
+    assert json.loads(words["detail"]) == "x\x08\x08ok" and json.loads(words["del"]) == "a\x7fb"
+    assert json.loads(words["nested"]) == {"k": "v\x9bw"}
+    assert words["plain"] == "spark-prod" and words["accent"] == "café"

@@ -49,6 +49,16 @@ async def test_a_relay_draining_on_its_way_out_is_not_reported_stuck():
     assert (await healthz(relay(polled_s_ago=STUCK_AFTER_S + 30, exit_in_s=-1)))[0] == 503
 
 
+async def test_a_relay_still_stopping_past_its_exit_time_is_stuck_whenever_it_last_polled():
+    """Past the time it must have returned by, a stopping relay is stuck even with a recent
+    poll (its shutdown hangs after the last one): 200 "ok" there kept it from being restarted
+    for up to 60 s more."""
+    status, body = await healthz(relay(polled_s_ago=1, exit_in_s=-1))
+    assert (status, body) == (503, {"status": "stuck", "phase": "stopping"})
+    status, body = await healthz(relay(polled_s_ago=40, exit_in_s=-15))
+    assert (status, body) == (503, {"status": "stuck", "phase": "stopping"})
+
+
 async def readyz(state: SimpleNamespace) -> tuple[int, dict]:
     async with TestClient(TestServer(build_app(state))) as client:  # type: ignore[arg-type]
         resp = await client.get("/readyz")

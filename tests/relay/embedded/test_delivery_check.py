@@ -34,3 +34,22 @@ def test_a_run_must_arrive_start_first_with_exactly_one_terminal():
     assert twice.problems() == ["1 runs without exactly one terminal event: run …r1 (2 arrived)"]
     never = check_delivery(RUN, [])
     assert never.start_not_first == ("r1",) and never.terminal_count_wrong == (("r1", 0),)
+
+
+def test_a_start_or_terminal_the_relay_did_not_forward_for_a_named_reason_is_excused_and_said():
+    """A START or terminal dropped or dead-lettered (counted by the relay) never arrives:
+    its run is excused, and said to be; one that arrived out of order, or twice, is not."""
+    no_start = check_delivery(RUN, RUN[1:], not_forwarded=1)
+    assert no_start.ok and no_start.excused == ("r1",)
+    assert no_start.notes() == ["1 runs without their START or terminal event, accounted for as dropped or "
+                                "dead-lettered: run …r1"]
+    no_terminal = check_delivery(RUN, RUN[:2], not_forwarded=1)
+    assert no_terminal.ok and no_terminal.excused == ("r1",)
+    # Not accounted for: still a problem.
+    assert not check_delivery(RUN, RUN[1:]).ok and check_delivery(RUN, RUN[1:]).start_not_first == ("r1",)
+    # Arrived, but out of order or twice: never excused.
+    late = check_delivery(RUN + [ev("r2", "START", 4)], [RUN[1], RUN[0], RUN[2]], not_forwarded=1)
+    assert late.start_not_first == ("r1",) and not late.ok
+    twice = check_delivery(RUN, RUN + [RUN[2]], not_forwarded=1)
+    assert twice.terminal_count_wrong == (("r1", 2),) and not twice.ok
+    assert check_delivery(RUN, RUN).notes() == []

@@ -7,9 +7,10 @@ start, a recreated topic): see tests/relay/test_relay_offset_reset.py."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, TopicPartition
 
 from relay.source import offset_check
 from relay.source.kafka import KafkaSource
@@ -21,18 +22,33 @@ INVALID = -1001  # librdkafka's "no committed offset"
 class Answers:
     """What the broker would answer: committed offsets and (low, high) watermarks."""
 
-    def __init__(self, committed: dict[int, int], marks: dict[int, tuple[int, int]], fail_at: int | None = None):
+    def __init__(self, committed: dict[int, int], marks: dict[int, tuple[int, int]], fail_at: int | None = None,
+                 on_ask=None):  # noqa: ANN001
         self._committed, self._marks, self._fail_at = committed, marks, fail_at
+        self._on_ask = on_ask or (lambda: None)
         self.asked: list[int] = []
+        self.asked_starts: list[list[int]] = []
 
     def committed(self, tps, timeout):  # noqa: ANN001, ANN201
         return [TopicPartition(tp.topic, tp.partition, self._committed[tp.partition]) for tp in tps]
 
     def get_watermark_offsets(self, tp, timeout):  # noqa: ANN001, ANN201
         self.asked.append(tp.partition)
+        self._on_ask()
         if tp.partition == self._fail_at:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
         return self._marks[tp.partition]
+
+    def offsets_for_times(self, tps, timeout):  # noqa: ANN001, ANN201
+        """ListOffsets, one request for all: a "timestamp" of OFFSET_BEGINNING asks the start,
+        OFFSET_END the end."""
+        assert all(tp.offset in (OFFSET_BEGINNING, OFFSET_END) for tp in tps)
+        self.asked_starts.append([tp.partition for tp in tps])
+        self._on_ask()
+        if self._fail_at in [tp.partition for tp in tps]:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "timed out"))
+        return [TopicPartition(tp.topic, tp.partition, self._marks[tp.partition][tp.offset == OFFSET_END])
+                for tp in tps]
 
 
 async def _nothing(_parts):  # noqa: ANN001, ANN202
@@ -68,9 +84,9 @@ def test_a_committed_offset_before_the_start_starts_at_the_start_and_says_what_w
     assert {k: record.fields[k] for k in ("partition", "from_offset", "to_offset", "cause", "records_lost")} == \
         {"partition": 0, "from_offset": 5, "to_offset": 20, "cause": "before_start", "records_lost": 15}
     assert "retention.ms" in record.fields["hint"]
-    # Nothing committed: nothing to check, but where it starts is asked (the lag of a
-    # partition assigned while paused is counted from there).
-    assert answers.asked == [0, 1, 2]
+    # Nothing committed: nothing to check, but where it starts is asked, afterwards, of all
+    # such partitions at once (the lag of a partition assigned while paused is counted from there).
+    assert answers.asked == [0, 1] and answers.asked_starts == [[2]]
     assert src._starts == {("events", 0): 20, ("events", 1): 40, ("events", 2): 0}
 
 
@@ -123,3 +139,51 @@ def test_a_check_out_of_time_leaves_the_rest_unchecked_and_says_which(caplog, mo
     assert resets == [] and answers.asked == []
     [late] = [r for r in caplog.records if r.getMessage() == "offset_check_incomplete"]
     assert late.fields["unchecked"] == "events/0,events/2"
+
+
+def test_an_uncommitted_partition_the_broker_does_not_answer_for_costs_only_its_lag(caplog):
+    """Where a partition with nothing committed starts is asked after the check of the
+    committed ones, apart: its failure leaves the committed ones checked."""
+    resets: list = []
+    src = source(resets)
+    answers = Answers(committed={0: INVALID, 1: 5}, marks={0: (0, 50), 1: (100, 200)}, fail_at=0)
+    with caplog.at_level(logging.DEBUG, logger="relay"):
+        out = src._checked(answers, tps(0, 1))
+    assert [tp.offset for tp in out] == [TopicPartition("e", 0).offset, 100]
+    assert resets == [("events", 1)] and src._starts == {("events", 1): 100}
+    assert not [r for r in caplog.records if r.getMessage() == "offset_check_failed"]
+    [unknown] = [r for r in caplog.records if r.getMessage() == "offset_check_starts_unknown"]
+    assert unknown.levelno == logging.INFO and unknown.fields["partitions"] == "events/0"
+
+
+def test_many_uncommitted_partitions_do_not_use_up_the_check_of_the_committed_ones(caplog, monkeypatch):
+    """Each broker request takes a second of a 10 s budget: 40 partitions with nothing
+    committed are asked in one request, after the one committed partition is checked."""
+    now = [0.0]
+    monkeypatch.setattr(offset_check, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    def slow() -> None:
+        now[0] += 1.0
+    resets: list = []
+    src = source(resets)
+    committed = {p: INVALID for p in range(40)} | {40: 5}
+    answers = Answers(committed=committed, marks={p: (0, 50) for p in range(40)} | {40: (100, 200)}, on_ask=slow)
+    with caplog.at_level(logging.INFO, logger="relay"):
+        out = src._checked(answers, tps(*range(41)))
+    assert out[40].offset == 100 and resets == [("events", 40)]
+    assert not [r for r in caplog.records if r.getMessage() == "offset_check_incomplete"]
+    assert answers.asked == [40] and answers.asked_starts == [list(range(40))]
+    assert src._starts == {("events", p): 0 for p in range(40)} | {("events", 40): 100}
+
+
+def test_uncommitted_partitions_are_not_asked_without_time_left(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(offset_check, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    def slow() -> None:
+        now[0] += 11.0  # past the budget
+    resets: list = []
+    src = source(resets)
+    answers = Answers(committed={0: INVALID, 1: 5}, marks={0: (0, 50), 1: (100, 200)}, on_ask=slow)
+    assert [tp.offset for tp in src._checked(answers, tps(0, 1))][1] == 100
+    assert answers.asked_starts == [] and src._starts == {("events", 1): 100}

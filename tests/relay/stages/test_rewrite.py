@@ -186,6 +186,41 @@ def test_the_lineage_facet_is_mapped_with_the_datasets_and_jobs_it_names() -> No
     assert doc["outputs"][0]["facets"]["lineage"]["inputs"][0]["namespace"] == "hive://acme-metastore:9083"
 
 
+def test_job_dependencies_and_a_renamed_datasets_previous_identifier_are_mapped() -> None:
+    """jobDependencies names upstream and downstream jobs (mapped as the event's job is);
+    lifecycleStateChange's previousIdentifier names a dataset (mapped with
+    map_dataset_namespaces): left alone, they would dangle."""
+    doc = run_events()[-1]
+    doc["run"].setdefault("facets", {})["jobDependencies"] = {
+        "_producer": PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-0-0/JobDependenciesRunFacet.json"
+                      "#/$defs/JobDependenciesRunFacet",
+        "upstream": [{"job": {"namespace": "spark-prod", "name": "extract"},
+                      "run": {"runId": "01934b5e-0000-7000-8000-000000000002"}},
+                     {"job": {"namespace": "airflow", "name": "sensor"}}],
+        "downstream": [{"job": {"namespace": "spark-prod", "name": "report"}}]}
+    doc["outputs"][0].setdefault("facets", {})["lifecycleStateChange"] = {
+        "_producer": PRODUCER_URI,
+        "_schemaURL": "https://openlineage.io/spec/facets/1-0-0/LifecycleStateChangeDatasetFacet.json"
+                      "#/$defs/LifecycleStateChangeDatasetFacet",
+        "lifecycleStateChange": "RENAME", "previousIdentifier": {"namespace": "hive://acme-metastore:9083",
+                                                                 "name": "old_t"}}
+    mapping = [{"from": "hive://acme-*", "to": "hive://metastore"}, {"from": "spark-prod", "to": "default/spark"}]
+    out = apply_ok(rewriter(namespace_map=mapping, map_dataset_namespaces=True), doc)
+    deps = out["run"]["facets"]["jobDependencies"]
+    assert [d["job"]["namespace"] for d in deps["upstream"]] == ["default/spark", "airflow"]
+    assert deps["downstream"][0]["job"] == {"namespace": "default/spark", "name": "report"}
+    assert deps["upstream"][0]["run"] == {"runId": "01934b5e-0000-7000-8000-000000000002"}
+    previous = out["outputs"][0]["facets"]["lifecycleStateChange"]["previousIdentifier"]
+    assert previous == {"namespace": "hive://metastore", "name": "old_t"}
+    # Without map_dataset_namespaces, the jobs only.
+    jobs_only = apply_ok(rewriter(namespace_map=mapping), doc)
+    assert jobs_only["run"]["facets"]["jobDependencies"]["downstream"][0]["job"]["namespace"] == "default/spark"
+    assert jobs_only["outputs"][0]["facets"]["lifecycleStateChange"] == \
+        doc["outputs"][0]["facets"]["lifecycleStateChange"]
+    assert doc["run"]["facets"]["jobDependencies"]["upstream"][0]["job"]["namespace"] == "spark-prod"
+
+
 def test_an_exact_namespace_holding_brackets_matches_itself() -> None:
     """An IPv6 host (postgres://[fd00::1]:5432, per the naming spec) is no character class."""
     doc = dataset_event("postgres://[fd00::1]:5432", "public.t", event_time=START)

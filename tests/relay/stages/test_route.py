@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from relay.embedded.sample import dataset_event, job_event, spark_run
 from relay.events import LineageEvent
 from relay.stages.decode import decode_record
-from relay.stages.route import NOT_ROUTED, UNSUPPORTED_EVENT_KIND, RouteConfig, Router
+from relay.stages.route import NOT_ROUTED, UNSUPPORTED_EVENT_KIND, RouteConfig, Router, compile_glob, glob_problem
 
 START = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
 
@@ -69,6 +69,33 @@ def test_an_exact_pattern_holding_brackets_matches_itself() -> None:
     assert router(include=[{"dataset_namespace": "postgres://[fd00::2]:5432"}]).accepts(event) == NOT_ROUTED
     assert router(include=[{"kinds": ["run"], "job_namespace": "spark-[pd]*"}]).accepts(
         run_events("spark-prod")["START"]) is None  # a class is still a class
+
+
+def test_a_bracketed_ipv6_host_is_text_and_any_other_bracket_is_a_class() -> None:
+    """One meaning per pattern, never both: brackets holding an IPv6 host (hex digits,
+    ``.`` and two or more ``:``) are text (a pattern without ``*``/``?`` compares exactly;
+    with them it is refused, see glob_problem); any other bracket is an fnmatch class."""
+    exact = compile_glob("postgres://[fd00::1]:5432")
+    assert exact("postgres://[fd00::1]:5432")
+    assert not any(exact(v) for v in ("postgres://f:5432", "postgres://1:5432", "postgres://::5432"))
+    cls = compile_glob("db[12]")
+    assert cls("db1") and cls("db2") and not cls("db[12]") and not cls("db3")
+    assert compile_glob("hdfs://nn[12]:8020")("hdfs://nn1:8020")
+    negated = compile_glob("*[!:]*")
+    assert negated("abc") and not negated(":")
+    assert compile_glob("[[]fd00::1]:*")("[fd00::1]:5432")
+
+
+@pytest.mark.parametrize("pattern", ["*[!:]*", "hdfs://nn[12]:8020/*", "s3://bucket-[0-9]*", "[[]fd00::1]:*",
+                                     "postgres://[fd00::1]:5432", "x[a:b]*"])
+def test_globs_with_a_class_that_is_no_ipv6_host_are_accepted(pattern: str) -> None:
+    assert glob_problem(pattern) is None
+
+
+@pytest.mark.parametrize("pattern", ["postgres://[fd00::1]:*", "postgres://[::1]:54?2", "*[2001:db8::a]*"])
+def test_a_glob_around_an_ipv6_host_is_refused_with_the_literal_fix(pattern: str) -> None:
+    problem = glob_problem(pattern)
+    assert problem is not None and "[[]" + pattern[pattern.index("[") + 1:pattern.index("]") + 1] in problem
 
 
 def test_dataset_namespace_matches_any_input_or_output() -> None:
