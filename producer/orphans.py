@@ -18,8 +18,10 @@ Which journals are taken:
   is looked at again at the next look. So a run's events reach Kafka in emit order though
   several producers adopt: an adopter takes a writer's next journal only once the earlier
   one is all sent (removed) or released (left for the next adopter, which takes it first).
-  One the caller could not open or read is given up (below) and holds nothing back: its
-  writer's later journals must not wait for ever, and are sent before it if it is ever read.
+  One this process gave up (below) is still looked at, its ``LOCK`` only: held (another
+  process is sending it), it holds back its writer's later journals as any; free, it is not
+  taken and holds nothing back: its writer's later journals must not wait for ever, and are
+  sent before it if it is ever read. A hidden one (being made) never holds anything back.
 * Only those written for the caller's :class:`~producer.journal_dir.Destination` (its topic,
   and a bootstrap server in common), read from the journal's ``DESTINATION`` file before
   any lock is taken. A journal without that file (written before it existed) is taken by
@@ -29,11 +31,13 @@ Which journals are taken:
 * Never one being made: its ``LOCK`` appears only once it is locked, and adopters do not
   create it (:func:`producer.journal_dir.lock_existing`). A hidden ``.<id>`` directory whose
   ``LOCK`` is free was left by a process that died while making it, before it held a
-  record: it is removed. (One whose maker died before its ``LOCK`` appeared stays, empty:
-  nothing tells it from one being made.)
+  record: it is removed. One whose maker died before its ``LOCK`` appeared stays, empty
+  (nothing tells it from one being made), and holds back none of its writer's journals: a
+  journal being made has a live writer, which holds its other journals itself. Journals
+  are taken in the order of their names without the leading dot.
 * A journal that cannot be opened (a bad ``DESTINATION``, an unreadable file, a segment
-  that is not a file) is logged once (``event=adopt_failed``) and not tried again by this
-  process; it stays on disk for the next process.
+  that is not a file) is logged once (``event=adopt_failed``) and not taken again by this
+  process (its ``LOCK`` is still checked, above); it stays on disk for the next process.
 * Empty orphans met on the way are removed: one with no bytes after its cursor when it is
   opened (nothing read), one whose bytes hold no record once its scan finds none (by the
   caller of :func:`adopt_next`, or of :func:`adopt_orphans` with ``recover=False``).
@@ -87,21 +91,28 @@ def give_up(journal: Journal, err: Exception) -> None:
         pass
 
 
-def _candidates(root: Path, destination: Destination | None) -> list[Path]:
+def _candidates(root: Path, destination: Destination | None) -> list[tuple[Path, bool]]:
+    """The journal directories under ``root`` in the order their writers made them (names
+    without the leading dot: a hidden one sorts where it will be once made), each with
+    whether it may be taken (False: given up by this process, its LOCK only checked)."""
     if not root.is_dir():
         return []
     found = []
-    for path in sorted(p for p in root.iterdir() if p.is_dir() and p not in _failed):
+    for path in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: (p.name.lstrip("."), p.name)):
+        if path in _failed:
+            found.append((path, False))
+            continue
         if destination is not None and not path.name.startswith("."):
             try:
                 written_for = read_destination(path)
             except (OSError, ValueError) as err:
                 _fail(path, err)
+                found.append((path, False))
                 continue
             if written_for is not None and not destination.accepts(written_for):
                 _skip(path, written_for, destination)
                 continue
-        found.append(path)
+        found.append((path, True))
     return found
 
 
@@ -130,7 +141,10 @@ def _adoptable(root: Path, destination: Destination | None, max_bytes: int, segm
     (it stops asking: the rest stay untouched); a journal whose LOCK is held holds back its
     writer's later ones."""
     held: set[str] = set()
-    for path in _candidates(root, destination):
+    for path, takeable in _candidates(root, destination):
+        if path.name.startswith("."):
+            _remove_if_dead(path)
+            continue
         writer = writer_of(path.name)
         if writer in held:
             continue
@@ -142,18 +156,17 @@ def _adoptable(root: Path, destination: Destination | None, max_bytes: int, segm
         if fd is None:
             held.add(writer)
             continue
+        if not takeable:   # given up here, and nobody else sending it: holds nothing back
+            release_lock(fd)
+            continue
         journal = _take(path, fd, max_bytes, segment_bytes, recover=recover)
         if journal is not None:
             yield journal
 
 
 def _take(path: Path, fd: int, max_bytes: int, segment_bytes: int, recover: bool) -> Journal | None:
-    """Open the journal at ``path`` whose ``LOCK`` ``fd`` holds: None if it was being made
-    (its maker died: removed), empty (removed), or cannot be opened (given up)."""
-    if path.name.startswith("."):
-        shutil.rmtree(path, ignore_errors=True)
-        release_lock(fd)
-        return None
+    """Open the journal at ``path`` whose ``LOCK`` ``fd`` holds: None if it is empty
+    (removed) or cannot be opened (given up)."""
     try:
         journal = Journal(path, fd, max_bytes=max_bytes, segment_bytes=segment_bytes, recover=recover)
     except (OSError, ValueError, JournalError) as err:
@@ -167,6 +180,18 @@ def _take(path: Path, fd: int, max_bytes: int, segment_bytes: int, recover: bool
         return journal
     log.info("journal=%s event=adopted pending=%d", path, journal.pending)
     return journal
+
+
+def _remove_if_dead(path: Path) -> None:
+    """Remove the hidden journal ``path`` if its maker died with its ``LOCK`` made (free); one
+    without a ``LOCK``, or whose ``LOCK`` is held, is being made: left alone."""
+    try:
+        fd = lock_existing(path)
+    except OSError:
+        return
+    if fd is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        release_lock(fd)
 
 
 def _fail(path: Path, err: Exception) -> None:

@@ -118,6 +118,7 @@ class Replay:
     _kafka_up: Callable[[], None]
     _error: Callable[..., None]
     _repeated_error: Callable[..., None]
+    _repeat_ended: Callable[..., None]
     _drop: Callable[..., None]
     _poll: Callable[[float], None]
     _on_replay_delivery: Callable[[int, Any, Any], None]
@@ -168,6 +169,8 @@ class Replay:
             journal.commit(pos, count)
         except OSError as err:   # delivered all the same; a crash before the next commit resends them
             self._repeated_error("journal_commit_failed", err, journal=journal.path)
+        else:
+            self._repeat_ended("journal_commit_failed", "journal_commits_recovered")
         self._replay_dropped = None
         self._backoff = _BACKOFF_S[0]
         self._reset_stall()

@@ -102,6 +102,9 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._emitted = self._delivered = self._journaled = self._replayed = 0
         self._delivery_failures = self._errors = 0
         self._repeats: dict[str, int] = {}   # errors that repeat while their cause lasts (_repeated_error)
+        # Records the journal refused since it last took a whole batch, by reason: what rate-limits
+        # their log lines, so that each incident (a disk full again, days later) logs its first ones.
+        self._incident_drops: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
         # Direct records in librdkafka = sent - done. Single writer each (emit() under
         # _lock; this thread), so no lock. len(producer) also counts queued error events.
@@ -355,21 +358,37 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             for reason, lost in (("journal_write_failed", fitted - written), ("journal_full", len(batch) - fitted)):
                 if lost > 0:
                     count = self._count_drop(reason, lost)
-                    if _should_log(count, lost):   # as _drop: a full disk fails every batch
+                    incident = self._incident_drops[reason] = self._incident_drops.get(reason, 0) + lost
+                    if _should_log(incident, lost):   # as _drop: a full disk fails every batch
                         log.error("event=dropped reason=%s topic=%s count=%d dropped_now=%d journal=%s "
                                   "journal_max_bytes=%d", reason, self._topic, count, lost,
                                   self.config.journal_path, self.config.journal_max_bytes)
+            if batch and written == len(batch):
+                self._repeat_ended("journal_write_failed", "journal_writes_recovered",
+                                   **{f"dropped_{reason}": n for reason, n in self._incident_drops.items()})
+                self._incident_drops.clear()
 
     def _repeated_error(self, what: str, detail: object, **fields: object) -> None:
         """Count an error that repeats while its cause lasts (a full disk fails every journal
         append, every commit: many a second) and log it as drops are logged: the first ten of
-        ``what``, then every thousandth (``repeats``: how many so far)."""
+        ``what``, then every thousandth (``repeats``: how many since its cause last ended,
+        :meth:`_repeat_ended`)."""
         with self._count_lock:
             self._errors += 1
             repeats = self._repeats[what] = self._repeats.get(what, 0) + 1
         if _should_log(repeats):
             extra = "".join(f" {k}={v}" for k, v in fields.items())
             log.error("event=%s topic=%s detail=%s repeats=%d%s", what, self._topic, detail, repeats, extra)
+
+    def _repeat_ended(self, what: str, event: str, **dropped: int) -> None:
+        """The cause of ``what`` (see :meth:`_repeated_error`) is over (a write, a commit, went
+        through): logged once (WARNING ``event=<event>``, with how many failed, and ``dropped``),
+        and the rate limit starts again, so that a later incident logs its first lines."""
+        with self._count_lock:
+            repeats = self._repeats.pop(what, 0)
+        if repeats or any(dropped.values()):
+            extra = "".join(f" {k}={v}" for k, v in dropped.items())
+            log.warning("event=%s topic=%s failures=%d%s", event, self._topic, repeats, extra)
 
     def _made_here_bytes(self, besides: Journal) -> int:
         """Bytes on disk of the journals this producer made that it still holds (its own, the

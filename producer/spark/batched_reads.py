@@ -17,8 +17,10 @@ Guarantees:
   exception for the whole answer: the caller decides what the plain read would have done
   (most fall back to nothing, a schema's failure is asked again so that it raises as before).
 * An answer longer than :data:`PIECE_CHARS` comes back as a Java ``StringBuilder`` read in
-  pieces (a py4j answer over 8 KiB stalls ~40 ms, see ``producer.spark.plan_reads._PIECE_CHARS``); a
-  plan's JSON is deflated first (15 KB of JSON is ~2 KB deflated: one answer instead of five).
+  pieces (:func:`read_text`, which the plain reads' plan JSON uses too); a plan's JSON is
+  deflated first (15 KB of JSON is ~2 KB deflated: one answer instead of five).
+* An answer that cannot be parsed (:func:`fields` raises ValueError) is not half read: that
+  action is read call by call, as without the helper (logged, WARNING).
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from producer.spark.java_objects import compiled, per_gateway
 
 log = logging.getLogger("producer.spark")
 
-#: py4j answers above ~8 KiB stall (see ``producer.spark.plan_reads._PIECE_CHARS``).
+#: py4j answers with one message written through an 8 KiB buffer; a longer answer stalls
+#: ~40 ms on loopback (Nagle's algorithm on the JVM's side meets the delayed ACK on ours).
+#: Long text is therefore read in pieces of at most this many UTF-16 units (:func:`read_text`):
+#: py4j doubles backslashes, so 8,000 bytes at most for ASCII JSON.
 PIECE_CHARS = 4000
 #: A plan's JSON above this many characters is sent as is, in one answer (deflating it would
 #: cost more than the one stall).
@@ -230,16 +235,32 @@ def helper(gateway: Any, plan: Any) -> Any:
 
 
 def read_text(answer: Any) -> str:
-    """A helper's answer: a Python str when short, else a Java ``CharSequence`` read in pieces."""
+    """A helper's answer, or any Java text: a Python str when short, else a Java
+    ``CharSequence`` read in pieces of at most :data:`PIECE_CHARS` UTF-16 units, the exact
+    text whatever it holds. A piece never ends inside a surrogate pair (an emoji, any
+    character above U+FFFF): py4j would send each half alone, as ``?``."""
     if isinstance(answer, str):
         return answer
     length = int(answer.length())
-    return "".join(str(answer.substring(i, min(length, i + PIECE_CHARS))) for i in range(0, length, PIECE_CHARS))
+    pieces, start = [], 0
+    while start < length:
+        end = min(length, start + PIECE_CHARS)
+        piece = str(answer.substring(start, end))
+        # A pair's high half last comes back as "?" (or a lone surrogate): one more call,
+        # only then, tells it from a real "?"; the pair starts the next piece instead.
+        if (end < length and end - 1 > start and piece and (piece[-1] == "?" or "\ud800" <= piece[-1] <= "\udbff")
+                and int(answer.codePointAt(end - 1)) > 0xFFFF):
+            piece, end = piece[:-1], end - 1
+        pieces.append(piece)
+        start = end
+    return "".join(pieces)
 
 
-def fields(text: str) -> list[str | Failed | None]:
+def fields(text: str, count: int | None = None) -> list[str | Failed | None]:
     """The fields of an answer (see :data:`HELPER_SOURCE`): a str, a :class:`Failed`, or None
-    for one not asked; raises ValueError when ``text`` is not in that format."""
+    for one not asked. Raises ValueError when ``text`` is not in that format or (``count``
+    given) does not hold exactly ``count`` fields: a damaged answer is never half read, the
+    caller reads that action call by call instead."""
     out: list[str | Failed | None] = []
     i, end = 0, len(text)
     while i < end:
@@ -250,13 +271,18 @@ def fields(text: str) -> list[str | Failed | None]:
         failure = text[i] == "!"
         if failure:
             i += 1
-        colon = text.index(":", i)
-        n = int(text[i:colon])
+        colon = text.find(":", i)
+        digits = text[i:colon]
+        if colon < 0 or not (digits.isascii() and digits.isdigit()):
+            raise ValueError(f"answer is not a field at character {i}")
+        n = int(digits)
         value = text[colon + 1:colon + 1 + n]
         if len(value) != n:
             raise ValueError("truncated answer")
         i = colon + 1 + n
         out.append(Failed(value) if failure else value)
+    if count is not None and len(out) != count:
+        raise ValueError(f"answer has {len(out)} fields, not {count}")
     return out
 
 

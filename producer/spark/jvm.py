@@ -146,9 +146,9 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     snap = ActionSnapshot(func=func, command=command,
                           started_ms=None if helper is not None else plain_reads.started_ms(qe))
     query = analyzed
-    if command in FILE_WRITES and helper is not None:
-        has_table, path, file_format, mode = batched_reads.fields(batched_reads.read_text(
-            helper.fileWrite(analyzed, batched_reads.PIECE_CHARS)))
+    written = _batched_file_write(helper, analyzed, func) if command in FILE_WRITES and helper is not None else None
+    if written is not None:
+        has_table, path, file_format, mode = written
         snap.output = catalog_table(analyzed.catalogTable().get()) if has_table == "1" else Relation()
         snap.output.paths = [path]
         snap.output.fmt = snap.output.fmt or str(file_format).lower()
@@ -216,8 +216,9 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
                     func, snap.plan_error)
     if helper is not None:
         snap.leaves = read_input_leaves(gateway, snap, query, helper)
-        _read_facts(gateway, helper, snap, qe, query, error)
-        return snap
+        if _read_facts(gateway, helper, snap, qe, query, error):
+            return snap
+        snap.started_ms = plain_reads.started_ms(qe)
     try:
         snap.sql_text = plain_reads.sql_text(query)
     except Exception:  # noqa: BLE001 - an older Spark's Origin has no sqlText: no sql facet
@@ -249,15 +250,36 @@ def snapshot(gateway: Any, session: Any, func: str, qe: Any, *, max_plan_bytes: 
     return snap
 
 
-def _read_facts(gateway: Any, helper: Any, snap: ActionSnapshot, qe: Any, query: Any, error: Any) -> None:
+def _batched_file_write(helper: Any, analyzed: Any, func: str) -> list | None:
+    """A file write's target from the helper's ``fileWrite`` (raising as the plain reads
+    would); None when its answer cannot be parsed: then read call by call."""
+    text = batched_reads.read_text(helper.fileWrite(analyzed, batched_reads.PIECE_CHARS))
+    try:
+        return batched_reads.fields(text, count=4)
+    except ValueError as err:
+        _unparsed(func, "fileWrite", err)
+        return None
+
+
+def _unparsed(func: str, read: str, err: ValueError) -> None:
+    log.warning("lineage: action %r: the batched reads' %s answer cannot be parsed (%s); read call by call",
+                func, read, err)
+
+
+def _read_facts(gateway: Any, helper: Any, snap: ActionSnapshot, qe: Any, query: Any, error: Any) -> bool:
     """What the plain reads at the end of :func:`snapshot` fill in, from one py4j call (the
-    helper's ``facts``); each fact that fails there is treated as its plain read's failure."""
+    helper's ``facts``); each fact that fails there is treated as its plain read's failure.
+    False, ``snap`` untouched, when the answer cannot be parsed: the caller reads them call by call."""
     scans_wanted = (error is None and input_stats.counts_its_run(snap.func, snap.command in WRITE_COMMANDS)
                     and any(leaf is not None for leaf in snap.leaves))
     reader = scan_reader(gateway) if scans_wanted else None
     answer = helper.facts(qe, query, snap.output is not None, error is None, reader, SEP, batched_reads.PIECE_CHARS)
-    query_id, phases, sql_text, schema, node_name, metrics, scanned = batched_reads.fields(
-        batched_reads.read_text(answer))
+    try:
+        query_id, phases, sql_text, schema, node_name, metrics, scanned = batched_reads.fields(
+            batched_reads.read_text(answer), count=7)
+    except ValueError as err:
+        _unparsed(snap.func, "facts", err)
+        return False
     snap.query_id = query_id if isinstance(query_id, str) else None
     if isinstance(phases, str):
         match = plain_reads.ANALYSIS_PHASE.search(phases)
@@ -281,3 +303,4 @@ def _read_facts(gateway: Any, helper: Any, snap: ActionSnapshot, qe: Any, query:
     else:
         snap.error = str(error.getMessage() or error.toString())
         snap.stack = gateway.jvm.org.apache.spark.util.Utils.exceptionString(error)
+    return True

@@ -1,7 +1,7 @@
 """An analysed plan's JSON over py4j, and its size estimated in the JVM before the JSON is built.
 
 The plan crosses py4j once, as ``TreeNode.toJSON``'s exact text (read in pieces that py4j
-returns without a stall, see :data:`_PIECE_CHARS`), or not at all when it is too large:
+returns without a stall, :func:`producer.spark.batched_reads.read_text`), or not at all when it is too large:
 :func:`plan_json` never sends a plan whose estimate (:func:`estimate_plan_chars`) or whose
 JSON's own length is above the caller's limit, and reports its size instead. With the batched
 reads (:mod:`producer.spark.batched_reads`) the same answer comes from one py4j call.
@@ -19,11 +19,8 @@ from producer.spark.java_objects import per_gateway, untracked
 
 log = logging.getLogger("producer.spark")
 
-#: py4j answers with one message written through an 8 KiB buffer; a longer answer stalls
-#: ~40 ms on loopback (Nagle's algorithm on the JVM's side meets the delayed ACK on ours).
-#: Text is therefore read in pieces that fit, up to this length; above it, at once (one
-#: stall costs less than that many round trips).
-_PIECE_CHARS = 4000  # py4j doubles backslashes: 8,000 bytes at most for ASCII JSON
+#: Text up to this length is read in pieces (:data:`producer.spark.batched_reads.PIECE_CHARS`);
+#: above it, at once (one stall costs less than that many round trips).
 _PIECED_UP_TO = 400_000
 
 
@@ -134,7 +131,7 @@ def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]
     the text deflated on the way."""
     helper = batched_reads.helper(gateway, plan)
     if helper is not None:
-        answer = helper.planJson(plan, max_chars, _PIECE_CHARS, _PIECED_UP_TO)
+        answer = helper.planJson(plan, max_chars, batched_reads.PIECE_CHARS, _PIECED_UP_TO)
         return batched_reads.plan_answer(batched_reads.read_text(answer))
     estimate = estimate_plan_chars(gateway, plan, max_chars)
     if estimate is not None and estimate > max_chars:
@@ -150,6 +147,6 @@ def plan_json(gateway: Any, plan: Any, max_chars: int) -> tuple[str | None, int]
     length = text.length()
     if length > max_chars:
         return None, length
-    if length <= _PIECE_CHARS or length > _PIECED_UP_TO:
+    if length <= batched_reads.PIECE_CHARS or length > _PIECED_UP_TO:
         return text.toString(), length
-    return "".join(text.substring(i, min(length, i + _PIECE_CHARS)) for i in range(0, length, _PIECE_CHARS)), length
+    return batched_reads.read_text(text), length

@@ -10,7 +10,7 @@ plans and query stages (Spark's ``ExplainUtils.collectLeaves``) and returns one 
 holding, per leaf, its class, the id of its first output attribute, its identity hash, for
 a ``ReusedExchangeExec`` the identity hashes of the leaves under the exchange it reuses, and
 the :data:`METRICS` values. The answer stays small whatever the width of the input (a py4j
-answer over 8 KiB stalls ~40 ms, see ``producer.spark.plan_reads._PIECE_CHARS``): ~100 bytes a leaf.
+answer over 8 KiB stalls ~40 ms, see ``producer.spark.batched_reads.PIECE_CHARS``): ~100 bytes a leaf.
 
 When that function cannot be built (another Spark or Scala), :func:`read_scans` returns None
 and costs nothing; it is built again after :data:`RETRY_AFTER` more actions, at most

@@ -198,3 +198,45 @@ def test_a_journal_that_cannot_be_written_logs_its_failures_rate_limited_and_cou
     assert len(failures) == 10 and len(drops) == 10, (len(failures), len(drops))
     assert "count=10 dropped_now=1" in drops[-1], drops[-1]
     assert producer.stats.dropped == {"journal_write_failed": 30}
+
+
+def test_a_second_disk_full_after_writes_recovered_logs_its_first_drops_again(tmp_path, monkeypatch, caplog):
+    """A long-lived driver: the disk fills (more than ten drops), space comes back, days later
+    it fills again. The second incident logs its first drops as the first did, not only at
+    the next thousand; the recovery is logged once, with what the first incident cost."""
+    real_write_all, full = journal_module._write_all, [False]
+
+    def write_all(fd, data):  # noqa: ANN001, ANN202
+        if full[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_all(fd, data)
+    monkeypatch.setattr(journal_module, "_write_all", write_all)
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=1)
+    dropped = lambda: producer.stats.dropped.get("journal_write_failed", 0)  # noqa: E731
+    try:
+        producer.emit(_job_event("first"))
+        wait_for(lambda: producer.stats.journaled == 1, 20, "the first event journaled")
+        full[0] = True
+        for i in range(15):
+            producer.emit(_job_event(f"job{i}"))
+            wait_for(lambda: dropped() == i + 1, 10, f"drop {i + 1}")
+        full[0] = False
+        producer.emit(_job_event("space again"))
+        wait_for(lambda: producer.stats.journaled == 2, 10, "journaled again")
+        full[0] = True
+        for i in range(3):
+            producer.emit(_job_event(f"later{i}"))
+            wait_for(lambda: dropped() == 16 + i, 10, f"drop {16 + i}")
+    finally:
+        full[0] = False
+        producer.close(0)
+    lines = [r.getMessage() for r in caplog.records]
+    drops = [m for m in lines if m.startswith("event=dropped reason=journal_write_failed")]
+    failures = [m for m in lines if m.startswith("event=journal_write_failed")]
+    recovered = [m for m in lines if m.startswith("event=journal_writes_recovered")]
+    assert len(drops) == 10 + 3 and len(failures) == 10 + 3, (len(drops), len(failures))
+    assert "count=18 dropped_now=1" in drops[-1], drops[-1]
+    assert len(recovered) == 1, recovered
+    assert "failures=15" in recovered[0] and "dropped_journal_write_failed=15" in recovered[0], recovered
+    assert producer.stats.dropped == {"journal_write_failed": 18}

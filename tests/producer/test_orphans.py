@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 from datetime import datetime, timezone
@@ -313,3 +314,41 @@ def test_journal_names_sort_in_the_order_a_writer_made_them_though_the_clock_ste
     assert names.next() > made[-1]
     # Journals named before writers shared a token: each a writer of its own.
     assert writer_of("20250101T000000000000-1-abcdef") != writer_of("20250101T000000000001-1-abcdf0")
+
+
+def test_a_writer_that_died_making_its_next_journal_does_not_hold_back_its_earlier_one(tmp_path):
+    """Killed between making the hidden directory and its LOCK appearing: the hidden journal
+    stays (nothing tells it from one being made) but its writer's journal with records is taken."""
+    names = JournalNames()
+    earlier = _orphan(tmp_path, HERE, n=2, names=names)
+    died_making = tmp_path / f".{names.next()}"
+    died_making.mkdir()
+    (died_making / "LOCK.new").touch()
+    taken = _adopt_next(tmp_path)
+    assert taken is not None and taken.path == earlier.path
+    taken.close()
+    assert [j.path for j in adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096,
+                                          destination=HERE, recover=False)] == [earlier.path]
+    assert died_making.exists()
+
+
+def test_a_journal_given_up_here_but_sent_by_another_process_still_holds_back_its_writers_next(tmp_path):
+    """Given up by this process (a read failed), then adopted by another: while that one sends
+    it, this one does not take its writer's next journal (two of one writer sent at once)."""
+    names = JournalNames()
+    first, second = (_orphan(tmp_path, HERE, names=names) for _ in range(2))
+    journal = _adopt_next(tmp_path)
+    assert journal is not None and journal.path == first.path
+    give_up(journal, OSError(errno.EIO, "Input/output error"))
+    elsewhere = os.open(first.path / "LOCK", os.O_RDWR)   # another process's open file, its flock
+    try:
+        fcntl.flock(elsewhere, fcntl.LOCK_EX)
+        assert _adopt_next(tmp_path) is None
+        assert adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE,
+                             recover=False) == []
+    finally:
+        os.close(elsewhere)
+    taken = _adopt_next(tmp_path)   # free again: given up here, it holds nothing back
+    assert taken is not None and taken.path == second.path
+    taken.close()
+    assert (first.path / "LOCK").exists(), "given up: left on disk, not taken"

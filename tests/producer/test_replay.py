@@ -608,7 +608,7 @@ def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any
         return real_write_synced(path, text)
     failed: list[Path] = []
     monkeypatch.setattr(journal_module, "write_synced", cursor_disk_full_once)
-    caplog.set_level(logging.ERROR, "producer.kafka")
+    caplog.set_level(logging.WARNING, "producer.kafka")
     p = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path / "own", close_timeout_s=0)
     p.close()   # its sender thread is done: the replay is driven from here, answers made up
     p._producer = kafka = _RecordingKafka()
@@ -631,5 +631,8 @@ def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any
     assert send_and_answer() == [b"c", b"d"], "sent again from the stale cursor"
     assert p.stats.replayed == 4 and journal.pending == 0, (p.stats, journal)
     assert any("event=journal_commit_failed" in r.getMessage() for r in caplog.records)
+    # The next commit went through: logged once, and a later failure is logged from its first again.
+    recovered = [r.getMessage() for r in caplog.records if "event=journal_commits_recovered" in r.getMessage()]
+    assert len(recovered) == 1 and "failures=1" in recovered[0], recovered
     journal.close()
     assert not journal.path.exists(), "all delivered: removed"

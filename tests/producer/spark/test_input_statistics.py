@@ -252,7 +252,7 @@ def test_an_exchange_reused_within_the_plan_counts_its_reading_once(spark, tmp_p
 
 @pytest.mark.spark
 def test_the_readers_answer_for_a_wide_input_fits_one_py4j_buffer(spark, tmp_path, monkeypatch):
-    # An answer over 8 KiB stalls ~40 ms (see producer.spark.plan_reads._PIECE_CHARS).
+    # An answer over 8 KiB stalls ~40 ms (see producer.spark.batched_reads.PIECE_CHARS).
     src = tmp_path / "wide"
     spark.range(5).selectExpr(*[f"id AS c{i}" for i in range(3000)]).write.parquet(str(src))
     answers: list[int] = []

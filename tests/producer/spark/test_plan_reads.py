@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.spark import jvm, plan_reads
+from producer.spark import batched_reads, jvm, plan_reads
 
 pytestmark = pytest.mark.spark
 
@@ -28,7 +28,7 @@ def test_plan_json_is_exactly_spark_to_json(spark, joins):
     assert length == len(expected)
     assert text == expected
     if joins == 12:
-        assert length > 4 * plan_reads._PIECE_CHARS  # read in several pieces
+        assert length > 4 * batched_reads.PIECE_CHARS  # read in several pieces
     # the estimate made before the JSON is built is below its real length (a plan near the
     # limit is decided by its JSON's own length)
     assert 0 < plan_reads.estimate_plan_chars(spark.sparkContext._gateway, plan, 10**8) <= length
