@@ -9,14 +9,16 @@ import sys
 import textwrap
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from producer import events
 from producer.codec import avro
-from tests.support.kafka import ReadRecord
+from tests.support.kafka import ReadRecord, process_state
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Fast reconnects so a broker that comes back is noticed within ~200 ms.
@@ -85,6 +87,31 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.01)  # ok: the poll interval of a wait with a deadline
+
+
+@contextmanager
+def frozen_with_an_aside_journal(producer: Any, broker: Any, make_event: Callable[[int], dict],
+                                 logged: Callable[[str], bool]) -> Iterator[None]:
+    """Event 0 delivered, then the broker frozen (SIGSTOP): events 1-50 go into librdkafka and
+    are never answered (given back at the rebuild), 51-110 come during the reclaim's wait for
+    those answers and go to a journal of their own (aside). Yields once everything is
+    journaled (or dropped), the broker still frozen; thaws it on the way out."""
+    producer.emit(make_event(0))
+    assert producer.flush(15) == 0
+    os.kill(broker._proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
+        for i in range(1, 51):
+            producer.emit(make_event(i))
+        wait_for(lambda: logged("reason=stalled"), 40, "the stall")
+        for i in range(51, 111):
+            producer.emit(make_event(i))
+        wait_for(lambda: logged("event=producer_rebuilt"), 40, "the rebuild")
+        wait_for(lambda: producer._not_journaled() == 0, 20, "everything journaled or dropped")
+        assert logged("reason=reclaim_wait"), "the spill queue went aside"
+        yield
+    finally:
+        os.kill(broker._proc.pid, signal.SIGCONT)
 
 
 _CHILD = textwrap.dedent("""

@@ -17,6 +17,7 @@ from relay.embedded.broker import EmbeddedBroker
 from tests.producer.support import (
     FAST_RECONNECT,
     assert_all_arrived_in_order,
+    frozen_with_an_aside_journal,
     journal_left_by_killed_producer,
     seq_event,
     start_producer_child,
@@ -454,26 +455,12 @@ def test_the_journal_a_reclaim_puts_aside_shares_journal_max_bytes_with_the_curr
                         properties=FAST_RECONNECT, queue_max_events=100, close_timeout_s=1, journal_max_bytes=cap)
     logged = lambda text: any(text in r.getMessage() for r in caplog.records)  # noqa: E731
     try:
-        p.emit(_padded_event(0))
-        assert p.flush(15) == 0
-        os.kill(broker._proc.pid, signal.SIGSTOP)
-        try:
-            wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
-            for i in range(1, 51):            # into librdkafka, never answered
-                p.emit(_padded_event(i))
-            wait_for(lambda: logged("reason=stalled"), 40, "the stall")
-            for i in range(51, 111):          # during the reclaim's wait for answers: aside
-                p.emit(_padded_event(i))
-            wait_for(lambda: logged("event=producer_rebuilt"), 40, "the rebuild")
-            wait_for(lambda: p._not_journaled() == 0, 20, "everything journaled or dropped")
-            assert logged("reason=reclaim_wait"), "the spill queue went aside"
+        with frozen_with_an_aside_journal(p, broker, _padded_event, logged):
             on_disk = sum(f.stat().st_size for d in root.iterdir() for f in d.glob("*.seg"))
             s = p.stats
             assert on_disk <= cap, (on_disk, s)
             assert s.dropped.get("journal_full", 0) > 0 and set(s.dropped) == {"journal_full"}
             assert s.journaled + s.dropped["journal_full"] == 110
-        finally:
-            os.kill(broker._proc.pid, signal.SIGCONT)
         assert p.flush(40) == 0, p.stats
     finally:
         p.close(1)

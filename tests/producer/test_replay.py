@@ -26,6 +26,7 @@ from producer.orphans import adopt_next, adopt_orphans
 from tests.producer.support import (
     FAST_RECONNECT,
     assert_all_arrived_in_order,
+    frozen_with_an_aside_journal,
     journal_left_by_killed_producer,
     journals_left_by_killed_process,
     open_paths_under,
@@ -33,7 +34,7 @@ from tests.producer.support import (
     seqs_by_key,
     wait_for,
 )
-from tests.support.kafka import process_state, read_topic
+from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -548,22 +549,8 @@ def test_one_writers_journals_go_in_order_though_two_producers_adopt_them(broker
     root = tmp_path / "j"
     dead = _producer(broker.bootstrap_servers, topic, root, queue_max_events=100, close_timeout_s=1)
     try:
-        dead.emit(seq_event(0))
-        assert dead.flush(15) == 0
-        os.kill(broker._proc.pid, signal.SIGSTOP)
-        try:
-            wait_for(lambda: process_state(broker._proc.pid) == "T", 10, "the broker stopped")
-            for i in range(1, 51):            # into librdkafka, never answered: given back later
-                dead.emit(seq_event(i))
-            wait_for(lambda: logged("reason=stalled"), 40, "the stall")
-            for i in range(51, 111):          # during the reclaim's wait for answers: aside
-                dead.emit(seq_event(i))
-            wait_for(lambda: logged("event=producer_rebuilt"), 40, "the rebuild")
-            wait_for(lambda: dead._not_journaled() == 0, 20, "everything journaled")
-            assert logged("reason=reclaim_wait"), "the spill queue went aside"
+        with frozen_with_an_aside_journal(dead, broker, seq_event, logged):
             dead.close(1)
-        finally:
-            os.kill(broker._proc.pid, signal.SIGCONT)
         assert dead.stats.journaled == 110 and dead.stats.dropped == {}, dead.stats
         older, newer = sorted(p for p in root.iterdir() if list(p.glob("*.seg")))
         # Another process is sending the older journal.
