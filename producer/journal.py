@@ -479,8 +479,24 @@ class Journal:
             os.close(self._writer)
             self._writer = None
         if self.pending == 0 and self._recovery is None:
-            shutil.rmtree(self.path, ignore_errors=True)
+            self._remove()
         release_lock(self._lock_fd)
+
+    def _remove(self) -> None:
+        # LOCK goes last, then the directory: a removal cut short (a crash, a file that cannot
+        # be removed) leaves a journal with its LOCK, which an adopter finds free, reads as all
+        # sent and removes; or a directory with nothing but LOCK gone, which holds back none of
+        # its writer's journals (producer.orphans).
+        try:
+            entries = sorted(self.path.iterdir(), key=lambda p: (p.name == LOCK, p.name == _CURSOR, p.name))
+            for entry in entries:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            self.path.rmdir()
+        except OSError:   # left for an adopter (above); the lock is released all the same
+            pass
 
     @property
     def read_position(self) -> tuple[int, int]:

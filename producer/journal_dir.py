@@ -71,22 +71,37 @@ def write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def lock_existing(path: Path) -> int | None:
-    """An fd holding an exclusive flock on ``path/LOCK``, or None when a live process holds
-    it or there is no ``LOCK`` (a journal being made, or just removed). Never creates it."""
+#: :func:`try_lock`'s answers other than an fd.
+HELD = "held"
+NO_LOCK = "no_lock"
+
+
+def try_lock(path: Path) -> int | str:
+    """An fd holding an exclusive flock on ``path/LOCK``; :data:`HELD` when a live process
+    holds it; :data:`NO_LOCK` when there is no ``LOCK``: a hidden journal being made, or a
+    visible one whose removal (:meth:`producer.journal.Journal.close`, ``LOCK`` removed last)
+    is under way or was cut short. Never creates it. Raises OSError when the lock cannot be
+    taken (ENOLCK on NFS, EIO)."""
     try:
         fd = os.open(path / LOCK, os.O_RDWR)
     except FileNotFoundError:
-        return None
+        return NO_LOCK
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        return None
-    except OSError:   # ENOLCK (NFS), EIO: the caller gets the error, not the fd
+        return HELD
+    except OSError:   # the caller gets the error, not the fd
         os.close(fd)
         raise
     return fd
+
+
+def lock_existing(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path/LOCK``, or None when a live process holds
+    it or there is no ``LOCK`` (:func:`try_lock` tells the two apart). Never creates it."""
+    fd = try_lock(path)
+    return fd if isinstance(fd, int) else None
 
 
 def release_lock(fd: int) -> None:

@@ -14,8 +14,10 @@ Which journals are taken:
 * One writer's journals (a producer's: the same ``<pid>-<token>`` in their names,
   :func:`producer.journal_dir.writer_of`) in the order it made them, never two at once by
   different processes: one whose ``LOCK`` is held (its writer lives, or another adopter is
-  sending it, or it was just removed) holds back every later journal of its writer, which
-  is looked at again at the next look. So a run's events reach Kafka in emit order though
+  sending it) holds back every later journal of its writer, which is looked at again at the
+  next look. A visible one without ``LOCK`` (its removal under way, or cut short: ``LOCK``
+  goes last) holds nothing back: removed if it has no segments, else logged once
+  (``event=adopt_skipped reason=no_lock``) and left, its records all sent. So a run's events reach Kafka in emit order though
   several producers adopt: an adopter takes a writer's next journal only once the earlier
   one is all sent (removed) or released (left for the next adopter, which takes it first).
   One this process gave up (below) is still looked at, its ``LOCK`` only: held (another
@@ -52,7 +54,16 @@ from pathlib import Path
 
 from producer.errors import JournalError
 from producer.journal import Journal
-from producer.journal_dir import Destination, lock_existing, read_destination, release_lock, writer_of
+from producer.journal_dir import (
+    HELD,
+    NO_LOCK,
+    Destination,
+    lock_existing,
+    read_destination,
+    release_lock,
+    try_lock,
+    writer_of,
+)
 
 log = logging.getLogger("producer.journal")
 
@@ -149,11 +160,14 @@ def _adoptable(root: Path, destination: Destination | None, max_bytes: int, segm
         if writer in held:
             continue
         try:
-            fd = lock_existing(path)
+            fd = try_lock(path)
         except OSError as err:
             _fail(path, err)
             continue
-        if fd is None:
+        if fd == NO_LOCK:
+            _left_without_lock(path)
+            continue
+        if fd == HELD:
             held.add(writer)
             continue
         if not takeable:   # given up here, and nobody else sending it: holds nothing back
@@ -192,6 +206,20 @@ def _remove_if_dead(path: Path) -> None:
     if fd is not None:
         shutil.rmtree(path, ignore_errors=True)
         release_lock(fd)
+
+
+def _left_without_lock(path: Path) -> None:
+    """A visible journal without ``LOCK``: its removal (:meth:`Journal.close`, ``LOCK`` last)
+    is under way or was cut short, so nothing in it is unsent; it holds nothing back. Without
+    segments it is removed; with some (a removal by an older version, ``LOCK`` not last) it
+    is logged once and left: its records were all sent, and taking it would send them again."""
+    if not any(path.glob("*.seg")):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    if path not in _failed:
+        _failed.add(path)
+        log.warning("journal=%s event=adopt_skipped reason=no_lock action=left_on_disk "
+                    "fix=remove it: a journal is removed only once all its records were sent", path)
 
 
 def _fail(path: Path, err: Exception) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from producer import journal as journal_module
 from producer.journal import Journal, encode_record
+from producer.journal_dir import Destination
 from producer.orphans import adopt_orphans
 
 
@@ -600,3 +601,26 @@ def test_an_append_failing_part_way_counts_exactly_what_is_on_disk(tmp_path, mon
     assert reopened.pending == len(expected) and reopened.corrupt_regions == 0
     assert _read_all(reopened) == expected
     assert _read_all(journal) == expected and journal.corrupt_regions == 0
+
+
+def test_a_removal_cut_short_by_a_file_that_cannot_be_removed_keeps_the_lock(tmp_path, monkeypatch):
+    """close() removes a delivered journal's other files first, its LOCK last, then the
+    directory: a removal cut short leaves a journal an adopter finds free and removes, never
+    a directory without LOCK (which once held back its writer's later journals for ever)."""
+    journal = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096,
+                             destination=Destination("lineage", "127.0.0.1:9092"))
+    journal.append(_records(2))
+    batch, pos = journal.read()
+    journal.commit(pos, len(batch))
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(path).endswith("DESTINATION"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_unlink(path, *args, **kwargs)
+    monkeypatch.setattr(os, "unlink", unlink)
+    journal.close()
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert (journal.path / "LOCK").exists(), sorted(p.name for p in journal.path.iterdir())
+    assert adopt_orphans(tmp_path, max_bytes=1 << 20, segment_bytes=4096) == [], "all sent: nothing taken"
+    assert not journal.path.exists(), "removed by the adopter"

@@ -352,3 +352,24 @@ def test_a_journal_given_up_here_but_sent_by_another_process_still_holds_back_it
     assert taken is not None and taken.path == second.path
     taken.close()
     assert (first.path / "LOCK").exists(), "given up: left on disk, not taken"
+
+
+def test_a_journal_whose_removal_was_cut_short_without_its_lock_holds_back_nothing(tmp_path, caplog):
+    """A dead writer's journal left without LOCK (its removal cut short after LOCK went: a
+    crash, a file that could not be removed) must not hold back, for ever, the writer's next
+    journal and its records. Without segments it is removed; with segments (its records were
+    all sent: only a journal with nothing pending is removed) it is logged and left."""
+    caplog.set_level(logging.WARNING, "producer.journal")
+    names = JournalNames()
+    cut_short = Journal.create(tmp_path, max_bytes=1 << 20, segment_bytes=4096, destination=HERE, names=names)
+    _die(cut_short)
+    with_segments = _orphan(tmp_path, HERE, n=1, names=names)
+    nxt = _orphan(tmp_path, HERE, n=2, names=names)
+    (cut_short.path / "LOCK").unlink()
+    (with_segments.path / "LOCK").unlink()
+    taken = _adopt_next(tmp_path)
+    assert taken is not None and taken.path == nxt.path, taken
+    taken.close()
+    assert not cut_short.path.exists(), "no LOCK, no segments: what is left of it is removed"
+    assert with_segments.path.exists() and not (with_segments.path / "LOCK").exists(), "left as it is"
+    assert sum("no_lock" in r.getMessage() for r in caplog.records) == 1, [r.getMessage() for r in caplog.records]
