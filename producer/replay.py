@@ -118,7 +118,7 @@ class Replay:
     _kafka_up: Callable[[], None]
     _error: Callable[..., None]
     _repeated_error: Callable[..., None]
-    _repeat_ended: Callable[..., None]
+    _repeat_ended: Callable[..., bool]
     _drop: Callable[..., None]
     _poll: Callable[[float], None]
     _on_replay_delivery: Callable[[int, Any, Any], None]

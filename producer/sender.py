@@ -68,6 +68,12 @@ _BUSY_POLL_S = 0.005
 #: The sender's last turn waits for ``_lock`` for what is left of the close's budget, at
 #: least this long: other emits hold it for microseconds, the sender for a queue swap.
 LOCK_WAIT_S = 0.5
+#: A repeating error's incident (a full disk failing every journal write, every commit) ends
+#: only once a write or commit goes through this long after its last failure: a cause that
+#: comes and goes (a disk at the edge of full) is one incident, one ``*_recovered`` line.
+INCIDENT_QUIET_S = 60.0
+#: The clock incidents are timed on (the sender's, as everywhere here).
+_now = time.monotonic
 
 
 def journal_mode_level(reason: str, told: str | None) -> int:
@@ -102,8 +108,10 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._emitted = self._delivered = self._journaled = self._replayed = 0
         self._delivery_failures = self._errors = 0
         self._repeats: dict[str, int] = {}   # errors that repeat while their cause lasts (_repeated_error)
-        # Records the journal refused since it last took a whole batch, by reason: what rate-limits
-        # their log lines, so that each incident (a disk full again, days later) logs its first ones.
+        self._last_failed: dict[str, float] = {}   # when each of them last happened (_now)
+        # Records a journal write failure lost in the current incident: what rate-limits their
+        # log lines, so that each incident (a disk full again, days later) logs its first ones.
+        # journal_full is no failure that recovers: its lines keep the plain drop rate limit.
         self._incident_drops: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
         # Direct records in librdkafka = sent - done. Single writer each (emit() under
@@ -357,15 +365,16 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             self._in_transit = 0
             for reason, lost in (("journal_write_failed", fitted - written), ("journal_full", len(batch) - fitted)):
                 if lost > 0:
-                    count = self._count_drop(reason, lost)
-                    incident = self._incident_drops[reason] = self._incident_drops.get(reason, 0) + lost
-                    if _should_log(incident, lost):   # as _drop: a full disk fails every batch
+                    count = limit = self._count_drop(reason, lost)
+                    if reason == "journal_write_failed":
+                        limit = self._incident_drops[reason] = self._incident_drops.get(reason, 0) + lost
+                    if _should_log(limit, lost):   # as _drop: a full disk fails every batch
                         log.error("event=dropped reason=%s topic=%s count=%d dropped_now=%d journal=%s "
                                   "journal_max_bytes=%d", reason, self._topic, count, lost,
                                   self.config.journal_path, self.config.journal_max_bytes)
-            if batch and written == len(batch):
-                self._repeat_ended("journal_write_failed", "journal_writes_recovered",
-                                   **{f"dropped_{reason}": n for reason, n in self._incident_drops.items()})
+            if written and written == fitted and self._repeat_ended(
+                    "journal_write_failed", "journal_writes_recovered",
+                    **{f"dropped_{reason}": n for reason, n in self._incident_drops.items()}):
                 self._incident_drops.clear()
 
     def _repeated_error(self, what: str, detail: object, **fields: object) -> None:
@@ -376,19 +385,26 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         with self._count_lock:
             self._errors += 1
             repeats = self._repeats[what] = self._repeats.get(what, 0) + 1
+            self._last_failed[what] = _now()
         if _should_log(repeats):
             extra = "".join(f" {k}={v}" for k, v in fields.items())
             log.error("event=%s topic=%s detail=%s repeats=%d%s", what, self._topic, detail, repeats, extra)
 
-    def _repeat_ended(self, what: str, event: str, **dropped: int) -> None:
-        """The cause of ``what`` (see :meth:`_repeated_error`) is over (a write, a commit, went
-        through): logged once (WARNING ``event=<event>``, with how many failed, and ``dropped``),
-        and the rate limit starts again, so that a later incident logs its first lines."""
+    def _repeat_ended(self, what: str, event: str, **dropped: int) -> bool:
+        """A write, a commit, went through: the incident of ``what`` (see :meth:`_repeated_error`)
+        is over if its last failure is ``INCIDENT_QUIET_S`` old. Then it is logged once (WARNING
+        ``event=<event>``, with how many failed, and ``dropped``), the rate limit starts again
+        (a later incident logs its first lines), and True is returned; else nothing changes (no
+        incident, or its cause may still be there: a disk at the edge of full)."""
         with self._count_lock:
-            repeats = self._repeats.pop(what, 0)
-        if repeats or any(dropped.values()):
-            extra = "".join(f" {k}={v}" for k, v in dropped.items())
-            log.warning("event=%s topic=%s failures=%d%s", event, self._topic, repeats, extra)
+            repeats = self._repeats.get(what, 0)
+            if not repeats or _now() - self._last_failed.get(what, 0.0) < INCIDENT_QUIET_S:
+                return False
+            del self._repeats[what]
+            self._last_failed.pop(what, None)
+        extra = "".join(f" {k}={v}" for k, v in dropped.items())
+        log.warning("event=%s topic=%s failures=%d%s", event, self._topic, repeats, extra)
+        return True
 
     def _made_here_bytes(self, besides: Journal) -> int:
         """Bytes on disk of the journals this producer made that it still holds (its own, the

@@ -10,6 +10,7 @@ import pytest
 
 from producer import LineageProducer, events
 from producer import journal as journal_module
+from producer import sender as sender_module
 from producer.event_values import NotAnEvent, as_event
 from producer.journal import Journal
 from producer.keys import message_key
@@ -211,6 +212,7 @@ def test_a_second_disk_full_after_writes_recovered_logs_its_first_drops_again(tm
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write_all(fd, data)
     monkeypatch.setattr(journal_module, "_write_all", write_all)
+    monkeypatch.setattr(sender_module, "INCIDENT_QUIET_S", 0.0)   # space came back for good
     caplog.set_level(logging.WARNING, "producer.kafka")
     producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=1)
     dropped = lambda: producer.stats.dropped.get("journal_write_failed", 0)  # noqa: E731
@@ -240,3 +242,64 @@ def test_a_second_disk_full_after_writes_recovered_logs_its_first_drops_again(tm
     assert len(recovered) == 1, recovered
     assert "failures=15" in recovered[0] and "dropped_journal_write_failed=15" in recovered[0], recovered
     assert producer.stats.dropped == {"journal_write_failed": 18}
+
+
+class _FlappingJournal:
+    """A journal at its journal_max_bytes while replay frees a little: every other batch fits."""
+
+    max_bytes = 0
+    size_bytes = 0
+
+    def __init__(self) -> None:
+        self.appends = 0
+
+    def append(self, batch):  # noqa: ANN001, ANN201
+        self.appends += 1
+        return len(batch) if self.appends % 2 == 0 else 0
+
+
+def test_a_journal_flapping_at_its_size_limit_logs_its_drops_rate_limited_and_recovers_nothing(tmp_path, caplog):
+    """journal_full is no write failure that recovers: batches that fit between ones that do
+    not end nothing, and the plain drop rate limit holds (first ten, then every thousandth)."""
+    caplog.set_level(logging.INFO, "producer.kafka")
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=0)
+    producer.close()   # its sender thread is done: batches are appended from here
+    journal = _FlappingJournal()
+    for _ in range(2000):
+        producer._append_counted(lambda: journal, [(b"k", b"v")] * 5)
+    lines = [r.getMessage() for r in caplog.records if "journal" in r.getMessage()]
+    assert not [m for m in lines if "recovered" in m], lines[:4]
+    assert len([m for m in lines if m.startswith("event=dropped reason=journal_full")]) <= 10 + 5, lines[:4]
+    assert producer.stats.dropped == {"journal_full": 5000}
+
+
+def test_writes_recover_once_the_failures_have_stayed_away_a_while_not_at_each_write_between_them(
+        tmp_path, monkeypatch, caplog):
+    """A disk that fails every other write is one incident: one recovered line, once writes
+    have gone through for INCIDENT_QUIET_S with no failure, with every failure it counted."""
+    now = [1000.0]
+    monkeypatch.setattr(sender_module, "_now", lambda: now[0], raising=False)
+    quiet_s = getattr(sender_module, "INCIDENT_QUIET_S", 60.0)
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    producer = LineageProducer(bootstrap_servers="127.0.0.1:1", journal_dir=tmp_path, close_timeout_s=0)
+    producer.close()
+
+    class Failing(_FlappingJournal):
+        def append(self, batch):  # noqa: ANN001, ANN201
+            self.appends += 1
+            if self.appends % 2:
+                raise OSError(errno.EIO, "Input/output error")
+            return len(batch)
+    journal = Failing()
+    for _ in range(200):
+        producer._append_counted(lambda: journal, [(b"k", b"v")])
+        now[0] += 0.1
+    recovered = lambda: [r.getMessage() for r in caplog.records  # noqa: E731
+                         if r.getMessage().startswith("event=journal_writes_recovered")]
+    assert recovered() == []
+    journal.appends = 1   # the next write goes through
+    now[0] += quiet_s
+    producer._append_counted(lambda: journal, [(b"k", b"v")])
+    assert len(recovered()) == 1 and "failures=100" in recovered()[0], recovered()
+    producer._append_counted(lambda: journal, [(b"k", b"v")])
+    assert len(recovered()) == 1, "once per incident"

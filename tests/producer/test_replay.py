@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError
 from producer import LineageProducer
 from producer import journal as journal_module
 from producer import replay as replay_module
+from producer import sender as sender_module
 from producer.codec import encode_json
 from producer.journal import Journal
 from producer.journal_dir import Destination, lock_existing
@@ -595,6 +596,7 @@ def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any
         return real_write_synced(path, text)
     failed: list[Path] = []
     monkeypatch.setattr(journal_module, "write_synced", cursor_disk_full_once)
+    monkeypatch.setattr(sender_module, "INCIDENT_QUIET_S", 0.0)   # the disk has room again for good
     caplog.set_level(logging.WARNING, "producer.kafka")
     p = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path / "own", close_timeout_s=0)
     p.close()   # its sender thread is done: the replay is driven from here, answers made up
@@ -623,3 +625,48 @@ def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any
     assert len(recovered) == 1 and "failures=1" in recovered[0], recovered
     journal.close()
     assert not journal.path.exists(), "all delivered: removed"
+
+
+def test_commits_failing_every_other_time_are_one_incident_not_a_recovered_line_each(tmp_path, monkeypatch, caplog):
+    """A disk at the edge of full: every other commit fails. One incident: no
+    journal_commits_recovered line until commits have gone through INCIDENT_QUIET_S after the
+    last failure, then one, with every failure."""
+    real_write_synced, writes = journal_module.write_synced, [0]
+    now = [1000.0]
+    monkeypatch.setattr(sender_module, "_now", lambda: now[0], raising=False)
+    quiet_s = getattr(sender_module, "INCIDENT_QUIET_S", 60.0)
+
+    def cursor_full_every_other_time(path, text):  # noqa: ANN001, ANN202
+        if path.name == "CURSOR.tmp" and failing[0]:
+            writes[0] += 1
+            if writes[0] % 2:
+                raise OSError(28, "No space left on device")
+        return real_write_synced(path, text)
+    failing = [True]
+    monkeypatch.setattr(journal_module, "write_synced", cursor_full_every_other_time)
+    caplog.set_level(logging.WARNING, "producer.kafka")
+    p = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path / "own", close_timeout_s=0)
+    p.close()
+    p._producer = kafka = _RecordingKafka()
+    journal = Journal.create(tmp_path / "left", max_bytes=1 << 20, segment_bytes=1 << 20)
+    journal.append([(b"k", f"v{i}".encode()) for i in range(41)])
+
+    def send_and_answer() -> None:
+        kafka.sent.clear()
+        p._retry_at = 0.0
+        p._send_batch(journal, 1, 1 << 20)
+        for on_delivery, message in kafka.sent:
+            on_delivery(None, message)
+        _sender_turn(p._settle_replay)
+        now[0] += 1.0
+
+    recovered = lambda: [r.getMessage() for r in caplog.records  # noqa: E731
+                         if "event=journal_commits_recovered" in r.getMessage()]
+    for _ in range(40):
+        send_and_answer()
+    assert recovered() == [], recovered()
+    failing[0] = False
+    now[0] += quiet_s
+    send_and_answer()
+    assert len(recovered()) == 1 and "failures=20" in recovered()[0], recovered()
+    journal.close()
