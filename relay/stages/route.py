@@ -140,10 +140,10 @@ def compile_glob(pattern: str) -> Callable[[str], bool]:
 
     Each pattern has one meaning, never two. Brackets holding an IPv6 host
     (:func:`ipv6_host`: ``postgres://[fd00::1]:5432``, per the naming spec) are text: a
-    pattern with one and without ``*``/``?`` is an exact comparison (a glob with one is
-    refused, :func:`glob_problem`). Any other ``[...]`` is an fnmatch character class
-    (``db[12]`` matches ``db1`` and ``db2``, not the text ``db[12]``); ``[[]`` is a literal
-    ``[``. A pattern without ``*?[`` is an exact comparison."""
+    pattern with one and without ``*``/``?`` is an exact comparison (one with ``*``, ``?``
+    or another class too is refused by the config, :func:`glob_problem`). Any other
+    ``[...]`` is an fnmatch character class (``db[12]`` matches ``db1`` and ``db2``, not the
+    text ``db[12]``); ``[[]`` is a literal ``[``. A pattern without ``*?[`` is an exact comparison."""
     if pattern == "*":
         return lambda _value: True
     if _GLOB_MAGIC.isdisjoint(pattern) or ("*" not in pattern and "?" not in pattern and ipv6_host(pattern)):
@@ -171,18 +171,26 @@ def ipv6_host(pattern: str) -> str | None:
 
 
 def glob_problem(pattern: str) -> str | None:
-    """Why ``pattern`` (a namespace glob) cannot mean what it says, or None: a glob (with
-    ``*`` or ``?``) around an IPv6 host in brackets (``postgres://[fd00::1]:*``), which
-    fnmatch would read as one character (f, d, 0, : or 1), matching nothing the user meant,
-    silently. An exact pattern is fine: it compares as text (:func:`compile_glob`); so is
-    ``[[]``, a literal ``[``, and any other class (``[!:]``, ``[12]``)."""
-    if "*" not in pattern and "?" not in pattern:
-        return None
+    """Why ``pattern`` (a namespace glob) cannot mean what it says, or None: an IPv6 host in
+    brackets (``[fd00::1]``) together with a glob's ``*`` or ``?`` (``postgres://[fd00::1]:*``)
+    or with another ``[...]`` class (``postgres://[fd00::1]:543[12]``). Either way the pattern
+    would be text and a glob at once: fnmatch would read the host as one character (f, d, 0,
+    : or 1), matching nothing the user meant, silently. A pattern whose only brackets hold
+    IPv6 hosts is fine: it compares as text (:func:`compile_glob`); so is ``[[]``, a literal
+    ``[``, and any other class (``[!:]``, ``[12]``) without an IPv6 host."""
     text = ipv6_host(pattern)
     if text is None:
         return None
+    others = [found.group() for found in _CLASS.finditer(pattern) if not _IPV6.fullmatch(found.group()[1:-1])]
+    if others:
+        besides = f"the character class {others[0]}"
+    elif "*" in pattern or "?" in pattern:
+        besides = "* or ?"
+    else:
+        return None
     return (f"{text} is read as a character class (one character of {text[1:-1]}), not as the text "
-            f"{text}; write [[] for a literal [ (such as {'[[]' + text[1:]})")
+            f"{text}, since the pattern also has {besides}; write [[] for a literal [ "
+            f"(such as {'[[]' + text[1:]})")
 
 
 class _CompiledRule:

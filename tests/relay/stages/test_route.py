@@ -92,7 +92,8 @@ def test_globs_with_a_class_that_is_no_ipv6_host_are_accepted(pattern: str) -> N
     assert glob_problem(pattern) is None
 
 
-@pytest.mark.parametrize("pattern", ["postgres://[fd00::1]:*", "postgres://[::1]:54?2", "*[2001:db8::a]*"])
+@pytest.mark.parametrize("pattern", ["postgres://[fd00::1]:*", "postgres://[::1]:54?2", "*[2001:db8::a]*",
+                                     "postgres://[fd00::1]:543[12]", "[fd00::1]/db[!x]"])
 def test_a_glob_around_an_ipv6_host_is_refused_with_the_literal_fix(pattern: str) -> None:
     problem = glob_problem(pattern)
     assert problem is not None and "[[]" + pattern[pattern.index("[") + 1:pattern.index("]") + 1] in problem
@@ -202,6 +203,9 @@ def test_body_is_not_parsed_unless_a_dataset_rule_needs_it() -> None:
         ({"exclude": [{"kinds": "dataset", "job_namespace": "spark-*"}]}, "job_namespace: only RunEvents"),
         # A glob around an IPv6 host: [fd00::1] would be one character of f, d, 0, :, 1.
         ({"include": [{"dataset_namespace": "postgres://[fd00::1]:*"}]}, "write [[] for a literal ["),
+        # An IPv6 host and another class, no * or ?: neither text nor a glob, it would match nothing.
+        ({"include": [{"job_namespace": "postgres://[fd00::1]:543[12]"}]}, "job_namespace"),
+        ({"include": [{"job_namespace": "postgres://[fd00::1]:543[12]"}]}, "write [[] for a literal ["),
     ],
 )
 def test_bad_config_is_rejected_naming_the_key(config: dict, where: str) -> None:
