@@ -60,6 +60,17 @@ class DeliveryReport:
             lines.append(f"{len(shown)} runs without exactly one terminal event: {_some(shown)}")
         return lines
 
+    def verdict(self) -> str:
+        """The line that says the check passed (when :attr:`ok`), naming the runs :attr:`excused`
+        rather than claiming every run whole."""
+        line = (f"every one of the {self.unique_sent} unique events sent reached the collector"
+                + (f" or was accounted for ({self.missing} dropped or dead-lettered)" if self.missing else "")
+                + "; every run's START came first and exactly one terminal event arrived")
+        if self.excused:
+            line += (f", except {len(self.excused)} runs whose START or terminal event was dropped or "
+                     f"dead-lettered: {_some([f'run …{run[-8:]}' for run in self.excused])}")
+        return line
+
     def notes(self) -> list[str]:
         """What :attr:`ok` let pass: the runs :attr:`excused`."""
         if not self.excused:
@@ -103,19 +114,18 @@ def check_delivery(sent: Iterable[Mapping[str, Any]], received: Iterable[Mapping
     start_not_first, terminals, excused = [], [], []
     for run_id, types in sent_types.items():
         got = by_run.get(run_id, [])
-        excuse = False
-        if "START" in types and (not got or got[0] != "START"):
-            if accounted and "START" not in got:
-                excuse = True
-            else:
-                start_not_first.append(str(run_id))
-        if types & TERMINAL:
-            n = sum(t in TERMINAL for t in got)
-            if n == 0 and accounted:
-                excuse = True
-            elif n != 1:
-                terminals.append((str(run_id), n))
-        if excuse:
+        start_wrong = "START" in types and (not got or got[0] != "START")
+        n = sum(t in TERMINAL for t in got)
+        terminal_wrong = bool(types & TERMINAL) and n != 1
+        # Only what never arrived is excused, and only in a run with nothing else wrong: a
+        # terminal event that arrived twice names the run a problem, its missing START too.
+        excusable = accounted and (not start_wrong or "START" not in got) and (not terminal_wrong or n == 0)
+        if (start_wrong or terminal_wrong) and excusable:
             excused.append(str(run_id))
+            continue
+        if start_wrong:
+            start_not_first.append(str(run_id))
+        if terminal_wrong:
+            terminals.append((str(run_id), n))
     return DeliveryReport(len(unique), missing, not_forwarded, tuple(start_not_first), tuple(terminals),
                           tuple(excused))

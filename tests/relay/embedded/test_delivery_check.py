@@ -53,3 +53,23 @@ def test_a_start_or_terminal_the_relay_did_not_forward_for_a_named_reason_is_exc
     twice = check_delivery(RUN, RUN + [RUN[2]], not_forwarded=1)
     assert twice.terminal_count_wrong == (("r1", 2),) and not twice.ok
     assert check_delivery(RUN, RUN).notes() == []
+
+
+def test_a_run_without_its_start_whose_terminal_arrived_twice_is_not_excused():
+    """A missing START would be excused, but its terminal event arrived twice: a problem, and
+    the run is listed as one, never as excused too."""
+    report = check_delivery(RUN, RUN[1:] + [RUN[2]], not_forwarded=1)
+    assert not report.ok and report.excused == () and report.notes() == []
+    assert report.terminal_count_wrong == (("r1", 2),) and report.start_not_first == ("r1",)
+
+
+def test_the_success_line_names_the_excused_runs_instead_of_claiming_every_run_whole():
+    whole = check_delivery(RUN, RUN)
+    assert whole.verdict() == ("every one of the 3 unique events sent reached the collector; every run's START "
+                               "came first and exactly one terminal event arrived")
+    no_start = check_delivery(RUN + [ev("r2", "START", 4), ev("r2", "COMPLETE", 5)],
+                              RUN[1:] + [ev("r2", "START", 4), ev("r2", "COMPLETE", 5)], not_forwarded=1)
+    assert no_start.verdict() == (
+        "every one of the 5 unique events sent reached the collector or was accounted for (1 dropped or "
+        "dead-lettered); every run's START came first and exactly one terminal event arrived, except 1 runs "
+        "whose START or terminal event was dropped or dead-lettered: run …r1")
