@@ -17,9 +17,10 @@ Which journals are taken:
   sending it) holds back every later journal of its writer, which is looked at again at the
   next look. A visible one without ``LOCK`` (its removal under way, or cut short: ``LOCK``
   goes last) holds nothing back: removed if it has no segments, else logged once
-  (``event=adopt_skipped reason=no_lock``) and left, its records all sent. So a run's events reach Kafka in emit order though
-  several producers adopt: an adopter takes a writer's next journal only once the earlier
-  one is all sent (removed) or released (left for the next adopter, which takes it first).
+  (``event=adopt_skipped reason=no_lock``) and left, its records all sent. So a run's
+  events reach Kafka in emit order though several producers adopt: an adopter takes a
+  writer's next journal only once the earlier one is all sent (removed) or released (left
+  for the next adopter, which takes it first).
   One this process gave up (below) is still looked at, its ``LOCK`` only: held (another
   process is sending it), it holds back its writer's later journals as any; free, it is not
   taken and holds nothing back: its writer's later journals must not wait for ever, and are

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -379,14 +378,14 @@ def test_a_sent_journal_that_could_not_be_removed_is_not_taken_again_every_turn(
     topic = kafka.new_topic("not-removed")
     interval = 1.0
     orphans: list[Path] = []
-    real_rmtree = shutil.rmtree
+    real_unlink = os.unlink
 
-    def rmtree(path, *args, **kwargs):
-        if Path(path) in orphans:
-            return   # what ignore_errors=True makes of a failure
-        real_rmtree(path, *args, **kwargs)
+    def unlink(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if Path(path).name == "DESTINATION" and Path(path).parent in orphans:
+            raise PermissionError(13, "Permission denied", str(path))   # its removal stops there, LOCK kept
+        return real_unlink(path, *args, **kwargs)
 
-    monkeypatch.setattr(journal_module.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(os, "unlink", unlink)
     looks = []
     monkeypatch.setattr(replay_module, "adopt_next", lambda *a, **kw: looks.append(1) or adopt_next(*a, **kw))
     p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=interval)
