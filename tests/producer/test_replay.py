@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError
@@ -580,6 +581,19 @@ def _sender_turn(step):  # noqa: ANN001, ANN202
         return None
 
 
+def _replay_batch(p: LineageProducer, kafka: Any, journal: Journal, size: int,
+                  error: KafkaError | None = None) -> list[bytes]:
+    """One replay batch of ``size`` records sent, answered with ``error`` (None: delivered) and
+    settled on a sender turn; what was sent."""
+    kafka.sent.clear()
+    p._retry_at = 0.0
+    p._send_batch(journal, size, 1 << 20)
+    for on_delivery, message in kafka.sent:
+        on_delivery(error, message)
+    _sender_turn(p._settle_replay)
+    return [message.value() for _, message in kafka.sent]
+
+
 def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any_more(tmp_path, monkeypatch, caplog):
     """The disk is full when a delivered batch's position is committed (CURSOR cannot be
     written). Its records are delivered all the same: counted once, no longer pending (flush()
@@ -604,13 +618,7 @@ def test_a_batch_delivered_whose_commit_fails_counts_once_and_is_not_pending_any
     journal.append([(b"k", b"a"), (b"k", b"b"), (b"k", b"c"), (b"k", b"d")])
 
     def send_and_answer(error: KafkaError | None = None) -> list[bytes]:
-        kafka.sent.clear()
-        p._retry_at = 0.0
-        p._send_batch(journal, 2, 1 << 20)
-        for on_delivery, message in kafka.sent:
-            on_delivery(error, message)
-        _sender_turn(p._settle_replay)
-        return [message.value() for _, message in kafka.sent]
+        return _replay_batch(p, kafka, journal, 2, error)
 
     assert send_and_answer() == [b"a", b"b"] and failed, "the commit did not fail"
     assert p.stats.replayed == 2 and journal.pending == 2, (p.stats, journal)
@@ -651,12 +659,7 @@ def test_commits_failing_every_other_time_are_one_incident_not_a_recovered_line_
     journal.append([(b"k", f"v{i}".encode()) for i in range(41)])
 
     def send_and_answer() -> None:
-        kafka.sent.clear()
-        p._retry_at = 0.0
-        p._send_batch(journal, 1, 1 << 20)
-        for on_delivery, message in kafka.sent:
-            on_delivery(None, message)
-        _sender_turn(p._settle_replay)
+        _replay_batch(p, kafka, journal, 1)
         now[0] += 1.0
 
     recovered = lambda: [r.getMessage() for r in caplog.records  # noqa: E731
