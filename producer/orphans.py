@@ -56,7 +56,9 @@ from pathlib import Path
 from producer.errors import JournalError
 from producer.journal import Journal
 from producer.journal_dir import (
+    DESTINATION,
     HELD,
+    LOCK,
     NO_LOCK,
     Destination,
     lock_existing,
@@ -67,6 +69,8 @@ from producer.journal_dir import (
 )
 
 log = logging.getLogger("producer.journal")
+
+_CURSOR_NAME = "CURSOR"
 
 #: Journals this process could not take over: logged once, not tried again.
 _failed: set[Path] = set()
@@ -214,13 +218,31 @@ def _left_without_lock(path: Path) -> None:
     is under way or was cut short, so nothing in it is unsent; it holds nothing back. Without
     segments it is removed; with some (a removal by an older version, ``LOCK`` not last) it
     is logged once and left: its records were all sent, and taking it would send them again."""
-    if not any(path.glob("*.seg")):
-        shutil.rmtree(path, ignore_errors=True)
+    try:
+        entries = list(path.iterdir())
+    except OSError:
+        return
+    if any(entry.is_dir() or not _is_journal_file(entry.name) for entry in entries):
+        return   # not a journal's (a directory someone else keeps here): never touched
+    if not any(entry.name.endswith(".seg") for entry in entries):
+        try:
+            for entry in entries:
+                entry.unlink()
+            path.rmdir()
+        except OSError:
+            pass
         return
     if path not in _failed:
         _failed.add(path)
         log.warning("journal=%s event=adopt_skipped reason=no_lock action=left_on_disk "
                     "fix=remove it: a journal is removed only once all its records were sent", path)
+
+
+def _is_journal_file(name: str) -> bool:
+    """A name a journal's own files have: segments, its cursor, what it was written for, its
+    lock (and their temporary names while they are written)."""
+    base = name.split(".", 1)[0]
+    return name.endswith(".seg") or base in (LOCK, DESTINATION, _CURSOR_NAME)
 
 
 def _fail(path: Path, err: Exception) -> None:

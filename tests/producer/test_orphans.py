@@ -373,3 +373,21 @@ def test_a_journal_whose_removal_was_cut_short_without_its_lock_holds_back_nothi
     assert not cut_short.path.exists(), "no LOCK, no segments: what is left of it is removed"
     assert with_segments.path.exists() and not (with_segments.path / "LOCK").exists(), "left as it is"
     assert sum("no_lock" in r.getMessage() for r in caplog.records) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_a_directory_under_the_journal_dir_that_is_no_journal_is_never_removed(tmp_path):
+    """What else lives in the journal directory (a folder of notes, a tree with a file named
+    LOCK deeper down) has no LOCK of its own either: it is not a journal's, and the scan that
+    clears journals cut short must leave it as it is."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.txt").write_text("kept")
+    deeper = tmp_path / "a" / "b"
+    deeper.mkdir(parents=True)
+    (deeper / "LOCK").touch()
+    empty_of_ours = tmp_path / "20261129T000000000000-1-abcdef"
+    empty_of_ours.mkdir()
+    (empty_of_ours / "DESTINATION").write_text("x")
+    assert _adopt_next(tmp_path) is None
+    assert (notes / "README.txt").read_text() == "kept" and (deeper / "LOCK").exists()
+    assert not empty_of_ours.exists(), "a journal's own files only, no LOCK, no segments: removed"
