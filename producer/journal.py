@@ -75,6 +75,7 @@ from pathlib import Path
 
 from producer.errors import JournalError
 from producer.journal_dir import (
+    CURSOR,
     DESTINATION,
     LOCK,
     Destination,
@@ -90,7 +91,7 @@ log = logging.getLogger(__name__)
 
 # Record: crc32(u32) | value length(u32) | key length + 1 (u16, 0 = no key) | key | value.
 _NO_KEY = 0
-_CURSOR = "CURSOR"
+_CURSOR = CURSOR
 Record = tuple[bytes | None, bytes]
 
 

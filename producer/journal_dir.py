@@ -27,6 +27,7 @@ from producer.errors import ConfigError
 
 LOCK = "LOCK"
 DESTINATION = "DESTINATION"
+CURSOR = "CURSOR"
 
 
 class JournalNames:

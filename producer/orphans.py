@@ -56,6 +56,7 @@ from pathlib import Path
 from producer.errors import JournalError
 from producer.journal import Journal
 from producer.journal_dir import (
+    CURSOR,
     DESTINATION,
     HELD,
     LOCK,
@@ -69,8 +70,6 @@ from producer.journal_dir import (
 )
 
 log = logging.getLogger("producer.journal")
-
-_CURSOR_NAME = "CURSOR"
 
 #: Journals this process could not take over: logged once, not tried again.
 _failed: set[Path] = set()
@@ -242,7 +241,7 @@ def _is_journal_file(name: str) -> bool:
     """A name a journal's own files have: segments, its cursor, what it was written for, its
     lock (and their temporary names while they are written)."""
     base = name.split(".", 1)[0]
-    return name.endswith(".seg") or base in (LOCK, DESTINATION, _CURSOR_NAME)
+    return name.endswith(".seg") or base in (LOCK, DESTINATION, CURSOR)
 
 
 def _fail(path: Path, err: Exception) -> None:
