@@ -19,6 +19,9 @@ if str(ROOT) not in sys.path:
 from relay import event_loop  # noqa: E402
 from tests.support.kafka import KafkaHandle, start_kafka  # noqa: E402
 from tests.support.relay import EACH_LOOP_FACTORIES, TEST_EVENT_LOOP  # noqa: E402
+from tests.support.watchdog import HardTimeout  # noqa: E402
+
+_HARD_TIMEOUT = pytest.StashKey[HardTimeout]()
 
 
 @pytest.fixture(autouse=True)
@@ -115,3 +118,53 @@ def pytest_asyncio_loop_factories(config, item):
 def tmp_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def pytest_configure(config):
+    config.stash[_HARD_TIMEOUT] = HardTimeout.from_real_stderr()
+
+
+def pytest_unconfigure(config):
+    """The process's exit (atexit handlers, threads joined) gets the same hard limit: a
+    thread a test left blocked must not keep the worker, or the run, from ending."""
+    watchdog = config.stash.get(_HARD_TIMEOUT, None)
+    if watchdog is not None:
+        watchdog.arm_for_exit()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's setup, call and teardown (the session fixtures' teardown with the last) run
+    under a hard limit past pytest-timeout's (tests/support/watchdog.py): a hang after
+    pytest-timeout fired ends the worker with every thread's stack instead of the CI run."""
+    watchdog = item.config.stash[_HARD_TIMEOUT]
+    limit = HardTimeout.limit_for(_pytest_timeout(item))
+    if limit is not None:
+        watchdog.arm(limit)
+    try:
+        return (yield)
+    finally:
+        if limit is not None:
+            watchdog.disarm()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin cancelled the timer
+def pytest_exception_interact(node, call, report):
+    watchdog = node.config.stash.get(_HARD_TIMEOUT, None)
+    if watchdog is not None:
+        watchdog.rearm()
+
+
+def _pytest_timeout(item) -> float | None:
+    """The test's pytest-timeout, as that plugin reads it: marker, then ``--timeout``, then the ini."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        value = marker.args[0] if marker.args else marker.kwargs["timeout"]
+    else:
+        value = item.config.getoption("timeout", None)
+        if value is None:
+            try:
+                value = item.config.getini("timeout")
+            except ValueError:  # pytest-timeout not loaded (-p no:timeout)
+                return None
+    return float(value) if value not in (None, "") else None

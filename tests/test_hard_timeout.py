@@ -1,0 +1,86 @@
+"""The suite's hard per-test limit (tests/support/watchdog.py): a hang that pytest-timeout cannot end
+(in the teardown that runs after it fired) ends the process with every thread's stack."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_CONFTEST = """
+from tests.conftest import (  # noqa: F401
+    _HARD_TIMEOUT, pytest_configure, pytest_exception_interact, pytest_runtest_protocol, pytest_unconfigure)
+"""
+
+_TESTS = """
+import threading
+import time
+
+import pytest
+
+
+@pytest.fixture
+def teardown_that_hangs():
+    yield
+    threading.Event().wait()  # pytest-timeout already fired: nothing interrupts this
+
+
+def test_hangs_after_its_timeout(teardown_that_hangs):
+    time.sleep(30)  # pytest-timeout (1 s) interrupts this one
+"""
+
+
+def test_a_hang_in_teardown_after_pytest_timeout_fired_ends_the_process_with_its_stack(tmp_path):
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(_CONFTEST))
+    (tmp_path / "test_hang.py").write_text(textwrap.dedent(_TESTS))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LINEAGE_RELAY_TEST_HARD_TIMEOUT": "5"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "-o", "timeout=1", "--rootdir", str(tmp_path), str(tmp_path / "test_hang.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "Timeout (0:00:0" in done.stderr, output  # the rest of the 5 s, armed again after the failure
+    assert "teardown_that_hangs" in done.stderr, output  # the hung frame is in the dump
+
+
+def test_the_hard_limit_is_pytest_timeouts_plus_a_grace_unless_the_environment_sets_it(monkeypatch):
+    from tests.support.watchdog import ENV, GRACE_S, HardTimeout
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert HardTimeout.limit_for(300.0) == 300.0 + GRACE_S
+    assert HardTimeout.limit_for(None) is None
+    assert HardTimeout.limit_for(0.0) is None
+    monkeypatch.setenv(ENV, "42")
+    assert HardTimeout.limit_for(300.0) == 42.0
+    monkeypatch.setenv(ENV, "0")
+    assert HardTimeout.limit_for(300.0) is None
+    monkeypatch.setenv(ENV, "soon")
+    try:
+        HardTimeout.limit_for(300.0)
+    except ValueError as err:
+        assert ENV in str(err)
+    else:
+        raise AssertionError("a non-number was taken")
+
+
+def test_a_thread_left_blocked_cannot_keep_the_process_from_ending(tmp_path):
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(_CONFTEST))
+    (tmp_path / "test_leak.py").write_text(textwrap.dedent("""
+        import threading
+
+        def test_leaves_a_thread_that_never_ends():
+            threading.Thread(target=threading.Event().wait, name="never-ends").start()
+        """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LINEAGE_RELAY_TEST_HARD_TIMEOUT": "5"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_leak.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "1 passed" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr  # the exit itself timed out
+    assert "Timeout (0:00:05)!" in done.stderr and "threading.py" in done.stderr, done.stderr
