@@ -19,7 +19,7 @@ def test_tansu_binary_present_and_starts():
 def test_java_17_or_newer():
     java = shutil.which("java")
     assert java, "Java 17+ is required for PySpark"
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=True).stderr
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=True, timeout=60).stderr
     major = int(out.split('"')[1].split(".")[0])
     assert major >= 17, out
 

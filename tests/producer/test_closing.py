@@ -18,7 +18,7 @@ import pytest
 from producer import LineageProducer, closing
 from producer.journal import Journal
 from tests.producer.support import FAST_RECONNECT, ROOT, assert_all_arrived_in_order, seq_event
-from tests.producer.test_fork import _exit_status
+from tests.support.children import exit_status as _exit_status
 from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.kafka

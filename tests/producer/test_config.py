@@ -231,7 +231,7 @@ def test_building_events_does_not_load_kafka_or_pydantic():
 
     code = ("import sys, producer.events, producer.keys; "
             "print(sorted(m for m in ('confluent_kafka', 'pydantic', 'fastavro') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
 

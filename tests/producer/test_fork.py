@@ -23,6 +23,8 @@ from producer.journal import Journal
 from producer.journal_dir import Destination, lock_existing
 from producer.orphans import adopt_orphans
 from tests.producer.support import decode, wait_for
+from tests.support.children import exit_status as _exit_status
+from tests.support.children import run_in_child as _in_child
 from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.kafka
@@ -75,41 +77,11 @@ def test_an_os_fork_child_flushes_its_events_to_kafka(kafka, tmp_path):
                 code = 0 if producer.flush(20) == 0 else 3
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, "the child's flush left its event pending"
+        assert _exit_status(pid, 60) == 0, "the child's flush left its event pending (or hung)"
     finally:
         producer.close()
     records = read_topic(kafka.bootstrap_servers, topic, expected=1, timeout_s=30)
     assert [decode(r.value)["job"]["name"] for r in records] == ["osfork.child"]
-
-
-def _exit_status(pid: int, timeout_s: float) -> int | str:
-    """The child's exit status; "hung" (and the child killed) if it has not exited in time."""
-    status: list[int] = []
-
-    def exited() -> bool:
-        done, st = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status.append(os.waitstatus_to_exitcode(st))
-        return bool(status)
-
-    try:
-        wait_for(exited, timeout_s, f"child {pid} to exit")
-    except AssertionError:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        return "hung"
-    return status[0]
-
-
-def _in_child(body) -> None:
-    """Run ``body()`` in an os.fork() child and leave with its result as exit status (never
-    returning into pytest)."""
-    code = 9
-    try:
-        code = body()
-    finally:
-        os._exit(code)
 
 
 def test_a_grandchild_forked_while_its_parent_starts_the_producer_emits(kafka, tmp_path):
@@ -336,8 +308,7 @@ def test_a_fork_leaves_garbage_collection_as_it_was_and_the_child_collects_what_
                 code = 0 if gc.isenabled() and frozen > 0 and alive() is None else 2
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _exit_status(pid, 60) == 0
         assert gc.isenabled()
     finally:
         producer.close(0.1)

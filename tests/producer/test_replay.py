@@ -35,6 +35,7 @@ from tests.producer.support import (
     seqs_by_key,
     wait_for,
 )
+from tests.support.children import exit_status
 from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.kafka
@@ -143,7 +144,7 @@ def test_a_fork_child_does_not_keep_the_adopted_journal_locked(adoption_in_fligh
         os.close(fd)
     finally:
         os.write(write_end, b"x")
-        os.waitpid(pid, 0)
+        assert exit_status(pid, 30) == 0
         os.close(read_end)
         os.close(write_end)
     left = adopt_orphans(tmp_path, max_bytes=1 << 30, segment_bytes=1 << 20,

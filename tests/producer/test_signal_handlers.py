@@ -128,7 +128,7 @@ def _finish(child: subprocess.Popen, within_s: float) -> tuple[int | str, dict[s
         code: int | str = child.returncode
     except subprocess.TimeoutExpired:
         child.kill()
-        out, err = child.communicate()
+        out, err = child.communicate(timeout=10)
         code = "hung"
     printed = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
     return code, printed, err

@@ -212,7 +212,7 @@ def test_a_topic_flag_may_list_several_topics_separated_by_commas_as_the_file_ma
 
 def test_console_script_reports_bad_flag_and_exits_nonzero():
     out = subprocess.run([sys.executable, "-m", "relay", "run", "--bootstrap-servers", "x",
-                          "--collector", "marquez"], capture_output=True, text=True)
+                          "--collector", "marquez"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "--collector: expected NAME=URL, e.g. --collector marquez=http://127.0.0.1:5000 (no =)" in out.stderr
 

@@ -21,6 +21,7 @@ import pytest
 from relay.cli import main as cli_main
 from relay.embedded.graph import layers, render_graph_html
 from relay.embedded.store import LineageStore
+from tests.support.children import exit_status, run_in_child
 from tests.support.pipeline_events import (
     BRONZE_ORDERS,
     GOLD_CUSTOMER_LTV,
@@ -266,15 +267,18 @@ def test_a_store_left_with_a_hot_journal_by_a_killed_writer_still_answers(store,
     with LineageStore(db_path) as s:
         for event in store.events():
             s.add(event)
-    pid = os.fork()
-    if pid == 0:   # the writer: a transaction bigger than its cache, then killed
+    def writer() -> int:   # a transaction bigger than its cache, then gone without a word
         db = sqlite3.connect(db_path, isolation_level=None)
         db.execute("PRAGMA cache_size=1")
         db.execute("BEGIN")
         for _ in range(3000):
             db.execute("INSERT INTO events (body) VALUES (?)", ("x" * 500,))
-        os._exit(0)
-    os.waitpid(pid, 0)
+        return 0
+
+    pid = os.fork()
+    if pid == 0:
+        run_in_child(writer)
+    assert exit_status(pid, 60) == 0
     assert (tmp_path / "lineage.sqlite-journal").exists(), "no hot journal to test with"
     assert cli_main(["graph", "--store", str(db_path), "--upstream", "gold.daily_revenue.total_revenue"]) == 0
     assert "what feeds gold.daily_revenue.total_revenue?" in capsys.readouterr().out
