@@ -35,7 +35,7 @@ from tests.producer.support import (
     seqs_by_key,
     wait_for,
 )
-from tests.support.children import exit_status
+from tests.support.children import exit_status, run_in_child
 from tests.support.kafka import read_topic
 
 pytestmark = pytest.mark.kafka
@@ -134,8 +134,7 @@ def test_a_fork_child_does_not_keep_the_adopted_journal_locked(adoption_in_fligh
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:   # the child: holds whatever it inherited until told to go
-        os.read(read_end, 1)
-        os._exit(0)
+        run_in_child(lambda: 0 if os.read(read_end, 1) == b"x" else 3)
     try:
         p.close(5)   # releases the adopted journal, its unsent events still in it
         assert open_paths_under([orphan]) == []
