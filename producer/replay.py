@@ -242,10 +242,13 @@ class Replay:
                 # could not be removed (still there, its LOCK free): it would be taken again.
                 self._next_look_at = now
             journal = None
+        # Idle while Kafka is reported down, with or without an adopted journal waiting for
+        # its next batch: no delivery report will say Kafka is back (an outage reported
+        # between two batches, or a blip as librdkafka leaves the bootstrap connection).
+        if now >= self._next_probe_at and self._idle_while_down():
+            self._next_probe_at = now + self.config.journal_adopt_interval_s
+            self._probe_kafka()
         if journal is None:
-            if now >= self._next_probe_at and self._idle_while_down():
-                self._next_probe_at = now + self.config.journal_adopt_interval_s
-                self._probe_kafka()
             if now >= self._next_look_at and self._may_adopt():
                 self._next_look_at = now + self.config.journal_adopt_interval_s
                 self._adopted = self._adopt_next()   # its recovery scan from the next turn on
@@ -304,7 +307,8 @@ class Replay:
     def _idle_while_down(self) -> bool:
         """Kafka is reported down and nothing of this producer's is in flight or journaled:
         no delivery report will come to say it is back (a process whose forked children do
-        the emitting never sends anything itself), so adoption would wait for ever."""
+        the emitting never sends anything itself, or the outage was reported while an adopted
+        journal waited for its next batch), so adoption would wait for ever."""
         return self._kafka_down and self._can_send and not self._spilling and self._direct_outstanding() == 0
 
     def _probe_kafka(self) -> None:

@@ -227,6 +227,35 @@ def test_a_producer_that_sends_nothing_itself_adopts_once_kafka_is_back(broker, 
     assert_all_arrived_in_order(read_topic(broker.bootstrap_servers, topic, expected=10), range(10))
 
 
+def test_an_outage_reported_while_an_adopted_journal_waits_for_its_first_batch_does_not_stall_it(kafka, tmp_path):
+    """librdkafka reports all brokers down (a blip: it also does so while it moves from the
+    bootstrap connection to the broker's own) between the adoption of a dead process's
+    journal and its first batch. Nothing of the producer's is in flight, so no delivery
+    report will say Kafka is back: the adoption waited for ever (the probe ran only while no
+    journal was adopted). It must probe as an idle producer does, and send the journal."""
+    topic = kafka.new_topic("blip-at-adoption")
+    p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    adopt_next_of_its_own = p._adopt_next
+    blips: list[object] = []
+
+    def adopt_then_blip():
+        journal = adopt_next_of_its_own()
+        if journal is not None and not blips:
+            blips.append(journal)
+            p._on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "injected: 1/1 brokers are down"))
+        return journal
+
+    p._adopt_next = adopt_then_blip
+    try:
+        journals_left_by_killed_process(tmp_path, (topic, kafka.bootstrap_servers, 0, 10))
+        wait_for(lambda: blips, 30, "the orphan adopted")
+        wait_for(lambda: p.stats.adopted == 10, 30, "the adopted journal sent after the blip")
+        assert p.stats.emitted == 0
+    finally:
+        p.close()
+    assert_all_arrived_in_order(read_topic(kafka.bootstrap_servers, topic, expected=10), range(10))
+
+
 def test_adoption_never_pushes_the_producers_own_events_into_journal_mode(kafka, tmp_path, caplog):
     """A small librdkafka queue and a steady emitter: the adopted journal's batches leave room
     for the producer's own events, which go straight to Kafka (no journal mode, nothing
@@ -406,9 +435,12 @@ def test_a_sent_journal_that_could_not_be_removed_is_not_taken_again_every_turn(
 
 def test_no_adopted_batch_starts_while_kafka_is_reported_down(kafka, tmp_path, held_scan):
     """An outage reported after the journal was taken over: it stays held, none of it sent,
-    until Kafka acknowledges a record again."""
+    while Kafka does not answer (the idle probe goes on asking), until Kafka acknowledges a
+    record again."""
     topic = kafka.new_topic("down-after-adoption")
     p = _producer(kafka.bootstrap_servers, topic, tmp_path, interval=0.5)
+    probes: list[float] = []
+    p._probe_kafka = lambda: probes.append(time.monotonic())   # asked, and no answer: still down
     try:
         p.emit(seq_event(100))
         assert p.flush(30) == 0
@@ -421,6 +453,7 @@ def test_no_adopted_batch_starts_while_kafka_is_reported_down(kafka, tmp_path, h
         while time.monotonic() < quiet_until:
             assert p._replay is None and p.stats.adopted == 0, "an adopted batch started while Kafka is down"
             time.sleep(0.02)  # ok: watching that nothing happens for a bounded time
+        assert len(probes) >= 2, "the held journal's producer stopped asking whether Kafka is back"
         p.emit(seq_event(101))   # its acknowledgement says Kafka is back
         wait_for(lambda: p.stats.adopted == 100, 60, "the journal sent once Kafka took an event")
     finally:
