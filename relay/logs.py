@@ -11,6 +11,7 @@ line at 16 KiB; a multi-megabyte one, from a value a producer controls, is worse
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -106,8 +107,6 @@ def _word(value: Any) -> str:
     text = _dumps({"v": value})[5:-1]
     if text.isprintable():
         return text
-    import json
-
     return json.dumps(value, default=str, ensure_ascii=True, separators=(",", ":"))
 
 
@@ -115,8 +114,6 @@ def _dumps(out: dict[str, Any]) -> str:
     try:
         return orjson.dumps(out, default=str).decode()
     except TypeError:  # orjson refuses some strings (a lone surrogate) and keys: escaped instead
-        import json
-
         return json.dumps(out, default=str, ensure_ascii=True, separators=(",", ":"))
 
 
