@@ -4,6 +4,7 @@ the child's events are delivered, the parent's too, and nothing is lost without 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import multiprocessing
 import os
@@ -663,10 +664,14 @@ def test_a_signal_handler_interrupting_a_forked_childs_producer_start(kafka, tmp
                     pass
                 left = producer.flush(20)
                 producer.close()
-                closed_cleanly = producer._stopped and not producer._sender.is_alive()
-                return 0 if left == 0 and closed_cleanly and not producer.stats.dropped else 3
+                seen = {"left": left, "stopped": producer._stopped, "sender_alive": producer._sender.is_alive(),
+                        "dropped": producer.stats.dropped}
+                (tmp_path / "child.json").write_text(json.dumps(seen))
+                return 0 if seen == {"left": 0, "stopped": True, "sender_alive": False, "dropped": {}} else 3
             _in_child(child)
-        assert _exit_status(pid, 60) == 0, "the child hung, dropped an event or left its sender running"
+        status = _exit_status(pid, 60)
+        report = (tmp_path / "child.json").read_text() if (tmp_path / "child.json").exists() else "(no report)"
+        assert status == 0, f"the child hung, dropped an event or left its sender running: {status}, {report}"
     finally:
         producer.close()
     expected = ["child"] if handler == "raise" else ["child", "handler"]
