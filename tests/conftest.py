@@ -7,6 +7,7 @@ the fixture raise, so every test that needs it errors and the run fails.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -121,7 +122,14 @@ def tmp_cwd(tmp_path, monkeypatch):
 
 
 def pytest_configure(config):
-    config.stash[_HARD_TIMEOUT] = HardTimeout.from_real_stderr()
+    if float(config.getini("faulthandler_timeout") or 0) > 0:
+        # pytest's faulthandler plugin would replace the hard limit's timer with one that
+        # dumps and lets the hang go on (faulthandler has one timer).
+        raise pytest.UsageError("faulthandler_timeout replaces the suite's hard per-test limit "
+                                "(tests/support/watchdog.py): set LINEAGE_RELAY_TEST_HARD_TIMEOUT=<seconds> instead")
+    watchdog = HardTimeout.from_real_stderr()
+    watchdog.guard_forks()
+    config.stash[_HARD_TIMEOUT] = watchdog
 
 
 def pytest_unconfigure(config):
@@ -138,7 +146,8 @@ def pytest_runtest_protocol(item, nextitem):
     under a hard limit past pytest-timeout's (tests/support/watchdog.py): a hang after
     pytest-timeout fired ends the worker with every thread's stack instead of the CI run."""
     watchdog = item.config.stash[_HARD_TIMEOUT]
-    limit = HardTimeout.limit_for(_pytest_timeout(item))
+    debugging = item.config.getvalue("usepdb") or _debugger_attached()
+    limit = None if debugging else HardTimeout.limit_for(_pytest_timeout(item))
     if limit is not None:
         watchdog.arm(limit)
     try:
@@ -151,17 +160,36 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin cancelled the timer
 def pytest_exception_interact(node, call, report):
     watchdog = node.config.stash.get(_HARD_TIMEOUT, None)
-    if watchdog is not None:
+    if watchdog is not None and not node.config.getvalue("usepdb"):
         watchdog.rearm()
 
 
+def pytest_enter_pdb(config, pdb):
+    """A breakpoint: the rest of the test is a person's, without a limit."""
+    watchdog = config.stash.get(_HARD_TIMEOUT, None)
+    if watchdog is not None:
+        watchdog.disarm()
+
+
+def _debugger_attached() -> bool:
+    """As pytest-timeout judges it (it times nothing then): an IDE's debugger or a trace function."""
+    try:
+        from pytest_timeout import is_debugging
+    except ImportError:
+        return sys.gettrace() is not None
+    return bool(is_debugging())
+
+
 def _pytest_timeout(item) -> float | None:
-    """The test's pytest-timeout, as that plugin reads it: marker, then ``--timeout``, then the ini."""
+    """The test's pytest-timeout, as that plugin reads it: marker, then ``--timeout``, then
+    ``PYTEST_TIMEOUT``, then the ini."""
     marker = item.get_closest_marker("timeout")
     if marker is not None and (marker.args or "timeout" in marker.kwargs):
         value = marker.args[0] if marker.args else marker.kwargs["timeout"]
     else:
         value = item.config.getoption("timeout", None)
+        if value is None:
+            value = os.environ.get("PYTEST_TIMEOUT") or None
         if value is None:
             try:
                 value = item.config.getini("timeout")

@@ -34,13 +34,19 @@ def test_hangs_after_its_timeout(teardown_that_hangs):
 """
 
 
+def _env(**extra: str) -> dict[str, str]:
+    """The child pytest's environment: this run's settings of pytest and pytest-timeout left out."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_TIMEOUT", "PYTEST_ADDOPTS")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
 def test_a_hang_in_teardown_after_pytest_timeout_fired_ends_the_process_with_its_stack(tmp_path):
     (tmp_path / "conftest.py").write_text(textwrap.dedent(_CONFTEST))
     (tmp_path / "test_hang.py").write_text(textwrap.dedent(_TESTS))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LINEAGE_RELAY_TEST_HARD_TIMEOUT": "5"}
+    env = _env(LINEAGE_RELAY_TEST_HARD_TIMEOUT="5")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "-o", "timeout=1", "--rootdir", str(tmp_path), str(tmp_path / "test_hang.py")],
+         "--timeout=1", "--rootdir", str(tmp_path), str(tmp_path / "test_hang.py")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
@@ -76,7 +82,7 @@ def test_a_thread_left_blocked_cannot_keep_the_process_from_ending(tmp_path):
         def test_leaves_a_thread_that_never_ends():
             threading.Thread(target=threading.Event().wait, name="never-ends").start()
         """))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LINEAGE_RELAY_TEST_HARD_TIMEOUT": "5"}
+    env = _env(LINEAGE_RELAY_TEST_HARD_TIMEOUT="5")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
          "--rootdir", str(tmp_path), str(tmp_path / "test_leak.py")],
@@ -84,3 +90,31 @@ def test_a_thread_left_blocked_cannot_keep_the_process_from_ending(tmp_path):
     assert "1 passed" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 1, done.stdout + done.stderr  # the exit itself timed out
     assert "Timeout (0:00:05)!" in done.stderr and "threading.py" in done.stderr, done.stderr
+
+
+def test_a_child_forked_while_the_limit_runs_can_use_faulthandler_and_exit(tmp_path):
+    """faulthandler (3.11) has no fork handler: a child forked while the timer ran inherited
+    its thread's lock held and hung at its first cancel or arm, or its interpreter's exit."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(_CONFTEST))
+    (tmp_path / "test_fork.py").write_text(textwrap.dedent("""
+        import faulthandler
+        import os
+
+        from tests.support.children import exit_status, run_in_child
+
+
+        def test_a_child_arms_and_cancels_a_timer_of_its_own():
+            pid = os.fork()
+            if pid == 0:
+                def child():
+                    faulthandler.dump_traceback_later(30)
+                    faulthandler.cancel_dump_traceback_later()
+                    return 0
+                run_in_child(child)
+            assert exit_status(pid, 20) == 0
+        """))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "--rootdir", str(tmp_path), str(tmp_path / "test_fork.py")],
+        cwd=tmp_path, env=_env(LINEAGE_RELAY_TEST_HARD_TIMEOUT="60"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr

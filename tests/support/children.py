@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import traceback
 from collections.abc import Callable
 
 
@@ -29,9 +30,13 @@ def exit_status(pid: int, timeout_s: float) -> int | str:
 
 def run_in_child(body: Callable[[], int]) -> None:
     """In an os.fork() child: run ``body()`` and leave with its result as exit status (9 if it
-    raised), never returning into pytest."""
+    raised, its traceback on stderr; 8 if it returned no int from 0 to 255), never returning
+    into pytest."""
     code = 9
     try:
-        code = body()
+        result = body()
+        code = result if isinstance(result, int) and 0 <= result <= 255 else 8
+    except BaseException:  # noqa: BLE001 - the child leaves with 9 all the same
+        traceback.print_exc()
     finally:
         os._exit(code)

@@ -65,6 +65,21 @@ class HardTimeout:
         self._deadline = None
         faulthandler.cancel_dump_traceback_later()
 
+    def guard_forks(self) -> None:
+        """CPython 3.11's faulthandler has no fork handler: a child forked while the timer
+        runs inherits its thread's lock held, and hangs for ever at its first cancel or arm,
+        or its normal exit (which cancels). The timer is stopped around each fork (also
+        subprocess's with a ``preexec_fn``) and armed again in the parent, for what is left."""
+        os.register_at_fork(before=self._before_fork, after_in_parent=self.rearm,
+                            after_in_child=self._in_child)
+
+    def _before_fork(self) -> None:
+        if self._deadline is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+    def _in_child(self) -> None:
+        self._deadline = None   # the child has no timer: the parent's limit is not its own
+
     def arm_for_exit(self) -> None:
         """From pytest_unconfigure on: faulthandler's timer runs until the interpreter's very
         end, past atexit handlers and the join of non-daemon threads."""
