@@ -40,7 +40,9 @@ def test_a_demo_whose_broker_dies_with_deliveries_queued_fails_and_names_what_is
             return super().start(*args, **kwargs)
 
     class SlowCollector(RecordingCollector):
-        """Slow enough that most deliveries are still queued when the broker dies."""
+        """Slow enough that most deliveries are still queued when the broker dies, and failing
+        from then on: what the relay held is never delivered (else a relay that had consumed
+        everything could deliver it all during its drain, and nothing would be missing)."""
 
         def __init__(self, **kwargs):
             super().__init__(latency_s=0.3, **kwargs)
@@ -49,6 +51,7 @@ def test_a_demo_whose_broker_dies_with_deliveries_queued_fails_and_names_what_is
             answer = await super()._handle_one(request)
             if self.count == 10 and brokers[0].running:
                 brokers[0]._proc.send_signal(signal.SIGKILL)
+                self.set_outage(503)
             return answer
 
     monkeypatch.setattr(demo, "EmbeddedBroker", Broker)
