@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -129,6 +130,7 @@ def pytest_configure(config):
                                 "(tests/support/watchdog.py): set LINEAGE_RELAY_TEST_HARD_TIMEOUT=<seconds> instead")
     watchdog = HardTimeout.from_real_stderr()
     watchdog.guard_forks()
+    watchdog.dump_on(signal.SIGUSR2)
     config.stash[_HARD_TIMEOUT] = watchdog
 
 

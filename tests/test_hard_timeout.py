@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,3 +120,37 @@ def test_a_child_forked_while_the_limit_runs_can_use_faulthandler_and_exit(tmp_p
          "--rootdir", str(tmp_path), str(tmp_path / "test_fork.py")],
         cwd=tmp_path, env=_env(LINEAGE_RELAY_TEST_HARD_TIMEOUT="60"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
+
+
+def test_sigusr2_prints_every_threads_stack_and_the_run_goes_on(tmp_path):
+    """What .ci/run sends a suite that outlasts its limit: each pytest process says where it is."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(_CONFTEST))
+    started = tmp_path / "started"
+    (tmp_path / "test_waits.py").write_text(textwrap.dedent(f"""
+        import pathlib
+        import threading
+
+
+        def test_waits_a_while_where_ci_finds_it():
+            pathlib.Path({str(started)!r}).touch()
+            threading.Event().wait(8)
+        """))
+    with open(tmp_path / "stderr", "wb") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+             "--rootdir", str(tmp_path), str(tmp_path / "test_waits.py")],
+            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=err)
+        try:
+            deadline = time.monotonic() + 60
+            while not started.exists():
+                assert time.monotonic() < deadline and child.poll() is None, "the test never started"
+                time.sleep(0.05)  # ok: the poll interval of a wait with a deadline
+            child.send_signal(signal.SIGUSR2)
+            out, _ = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+    dump = (tmp_path / "stderr").read_text()
+    assert "test_waits_a_while_where_ci_finds_it" in dump, dump
+    assert child.returncode == 0 and b"1 passed" in out, (child.returncode, out, dump)

@@ -65,6 +65,11 @@ class HardTimeout:
         self._deadline = None
         faulthandler.cancel_dump_traceback_later()
 
+    def dump_on(self, signum: int) -> None:
+        """Every thread's stack to the real stderr on ``signum``, the process going on: what
+        .ci/run sends the whole run when it outlasts its limit, to say where each process was."""
+        faulthandler.register(signum, file=self._fd, all_threads=True, chain=False)
+
     def guard_forks(self) -> None:
         """CPython 3.11's faulthandler has no fork handler: a child forked while the timer
         runs inherits its thread's lock held, and hangs for ever at its first cancel or arm,
