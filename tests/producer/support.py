@@ -216,3 +216,15 @@ def write_ca_pem(path: Path) -> Path:
             .sign(key, hashes.SHA256()))
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path
+
+
+def no_segments_left(root: Path) -> bool:
+    """No journal segment under ``root``; a directory removed while it is walked (a journal
+    sent meanwhile: ``Path.rglob`` raises on 3.11) is looked at again."""
+    for _ in range(20):
+        try:
+            return not any(root.rglob("*.seg"))
+        except FileNotFoundError:
+            continue
+    return False
+

@@ -32,6 +32,7 @@ from tests.producer.support import (
     frozen_with_an_aside_journal,
     journal_left_by_killed_producer,
     journals_left_by_killed_process,
+    no_segments_left,
     open_paths_under,
     seq_event,
     seqs_by_key,
@@ -61,7 +62,7 @@ def test_a_running_producer_sends_the_journal_a_killed_process_left(broker, tmp_
         assert p.flush(60) == 0
         wait_for(lambda: p.stats.adopted == 200, 60, "the killed worker's events delivered")
         # Counted before the commit and the removal, in the same sender turn.
-        wait_for(lambda: not list(tmp_path.rglob("*.seg")), 30, "the delivered journal removed")
+        wait_for(lambda: no_segments_left(tmp_path), 30, "the delivered journal removed")
     finally:
         p.close()
     # The worker's journal is found after the driver's own event went: not behind it in order.
@@ -600,7 +601,7 @@ def test_one_writers_journals_go_in_order_though_two_producers_adopt_them(broker
                                  destination=Destination(topic, broker.bootstrap_servers)) == []
             assert newer.exists() and list(newer.glob("*.seg")), "the newer journal went before the older one"
             elsewhere.close()   # released unsent (that process ended): the running producer takes both
-            wait_for(lambda: not list(root.rglob("*.seg")), 60, "both journals sent")
+            wait_for(lambda: no_segments_left(root), 60, "both journals sent")
         finally:
             p.close()
     finally:
