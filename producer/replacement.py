@@ -10,10 +10,6 @@ Guarantees:
   wire are awaited first (bounded the same way), so an old instance's late request does not
   land after the new one's resend. Records it still holds after that are logged
   (``reclaim_incomplete``), and dropped as ``lost_in_fatal_producer`` when it is replaced.
-  The reclaim stays open until none is left (reported late, delivered, or dropped): until
-  then the records given back wait in memory and the spill queue goes to the aside journal
-  below, so that none of them is journaled, nor sent, ahead of the older records still in
-  librdkafka.
   While it waits, a spill queue filling up goes to a journal of its own (logged
   ``event=journal_created ... reason=reclaim_wait``), sent after the records given back,
   which go to the journal before it (:meth:`producer.sender.Sender._persist_aside`): emit()
@@ -81,7 +77,6 @@ class InstanceReplacement:
     _last_report_at: float
     _batch_bytes: int | None
     _refused_batch: int | None
-    _reclaim_open: bool
     _direct_sent: int
     _direct_done: int
     _direct_abandoned: int
@@ -145,23 +140,9 @@ class InstanceReplacement:
                 self._purge_and_wait(in_flight=False)
             self._purge_and_wait(in_flight=True)
         finally:
-            # Records still in librdkafka are older than all it gave back and all emitted
-            # since: the reclaim stays open until they are reported or dropped (_end_reclaim).
-            self._reclaim_open = True
-            self._end_reclaim_if_done()
+            self._end_aside()
         if self._direct_outstanding():
             self._error("reclaim_incomplete", f"{self._direct_outstanding()} records still in librdkafka")
-
-    def _end_reclaim_if_done(self) -> None:
-        """An open reclaim ends once librdkafka holds none of the direct records any more
-        (given back, delivered, or dropped by a replacement): what it gave back goes to the
-        journal, in emit order, ahead of the spill queue's aside journal (:meth:`_end_aside`).
-        Until then nothing newer is journaled where it would be sent first, nor sent: a record
-        reported late (a purge that answers after ``RECLAIM_TIMEOUT_S``, a delivery once a
-        broker is back) would reach Kafka after newer ones of its key."""
-        if self._reclaim_open and not self._direct_outstanding():
-            self._reclaim_open = False
-            self._end_aside()
 
     def _purge_and_wait(self, in_flight: bool) -> None:
         try:
@@ -200,7 +181,6 @@ class InstanceReplacement:
         if lost:
             self._drop("lost_in_fatal_producer", "records the replaced librdkafka instance never gave back",
                        n=lost)
-        self._end_reclaim_if_done()
         self._fatal = None
         if self._replay is not None:
             self._replay_failed = True

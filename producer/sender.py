@@ -135,9 +135,6 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         self._rdkafka_log, self._journal_mode_told = LibrdkafkaLog(), None
         self._journal_note: str | None = None   # journal mode's reason, not logged yet (_tell_journal_mode)
         self._need_reclaim = False
-        # A reclaim left records in librdkafka (reclaim_incomplete): what it gave back waits
-        # in _returned, the spill queue goes aside, until they are reported (producer.replacement).
-        self._reclaim_open = False
         self._want_journal: str | None = None
         self._shutdown_failure: Exception | None = None   # logged by _shutdown itself
         self._fatal: KafkaError | None = None
@@ -269,7 +266,6 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
             self._reclaim(settle_in_flight=replace)
         if replace:
             self._rebuild()
-        self._end_reclaim_if_done()
         self._persist()
         if self._spilling:
             self._advance_replay()
@@ -312,16 +308,6 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         """Move ``_returned``, then the spill queue and any held-back records, in that order,
         into the journal. Left to the next turn if ``_lock`` stays busy; the last turn
         (``final``) waits for it as long as :meth:`_quiesce_emits` did, then goes without."""
-        if final:
-            # What librdkafka still holds stays there: what it gave back goes to the journal
-            # now, ahead of the spill queue's (the aside journal, which the spill queue joins).
-            self._reclaim_open = False
-            self._end_aside()
-        elif self._reclaim_open:
-            # Older records are still in librdkafka: those given back wait for them (in
-            # _returned), the spill queue goes to a journal sent after them (_end_reclaim_if_done).
-            self._move_spill_aside()
-            return
         if final and self._lockless:
             # From here on a record appended to the spill queue is taken by the drain below
             # or taken back by its emit() (HeldEmits._taken_back): never left behind.
@@ -435,12 +421,6 @@ class Sender(InstanceReplacement, DeliveryReports, Replay, DeferredClosing):
         sent first (:meth:`_end_aside`). Not in the last turn: emit() calls are refused then."""
         if (not self._spilling or self._stop.is_set() or self._lockless
                 or len(self._spill) * 2 < max(1, self._max_spill)):
-            return
-        self._move_spill_aside()
-
-    def _move_spill_aside(self) -> None:
-        """The spill queue and held-back records to the aside journal (made now if need be)."""
-        if self._lockless or (not self._spill and not self._held_back):
             return
         if not self._lock.acquire(timeout=LOCK_SLICE_S):
             return

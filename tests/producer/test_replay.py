@@ -9,7 +9,6 @@ import signal
 import sys
 import threading
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from confluent_kafka import KafkaError
 
 from producer import LineageProducer
 from producer import journal as journal_module
-from producer import replacement as replacement_module
 from producer import replay as replay_module
 from producer import sender as sender_module
 from producer.codec import encode_json
@@ -708,84 +706,3 @@ def test_commits_failing_every_other_time_are_one_incident_not_a_recovered_line_
     send_and_answer()
     assert len(recovered()) == 1 and "failures=20" in recovered()[0], recovered()
     journal.close()
-
-
-class _StuckKafka:
-    """Stands for librdkafka after a broker died with requests on the wire: a purge gives
-    back the records still queued, never those of ``stuck`` (in flight), whose fate the
-    test decides later; replay batches are kept for the test to answer."""
-
-    def __init__(self, stuck: set[bytes]) -> None:
-        self.stuck = stuck
-        self.direct: list[tuple[object, _Message]] = []
-        self.replayed: list[tuple[object, _Message]] = []
-
-    def produce(self, topic: str, value: bytes, key: bytes | None = None, partition: int = -1,  # noqa: ARG002
-                on_delivery=None) -> None:  # noqa: ANN001
-        (self.direct if partition == -1 and on_delivery is not None and isinstance(on_delivery.args[0], list)
-         else self.replayed).append((on_delivery, _Message(key, value)))
-
-    def poll(self, timeout: float = 0) -> int:  # noqa: ARG002
-        return 0
-
-    def purge(self, in_queue: bool = True, in_flight: bool = True) -> None:  # noqa: ARG002
-        kept = []
-        for on_delivery, message in self.direct:
-            if message.value() in self.stuck:
-                kept.append((on_delivery, message))
-            else:
-                on_delivery(KafkaError(KafkaError._PURGE_QUEUE), message)
-        self.direct = kept
-
-    def __len__(self) -> int:
-        return len(self.direct) + len(self.replayed)
-
-
-@pytest.mark.parametrize("stuck_fate", ["given_back_late", "delivered_late"])
-def test_records_an_incomplete_reclaim_left_in_librdkafka_go_before_newer_ones(tmp_path, monkeypatch, stuck_fate):
-    """The broker dies with a request on the wire: journal mode's reclaim gets the queued
-    records back, but not the in-flight (older) ones within RECLAIM_TIMEOUT_S
-    (reclaim_incomplete). Those come later -- given back by the purge, or delivered by the
-    instance once a broker is back -- and must still reach Kafka before the newer records
-    the reclaim did get back, and before those emitted since (one key: emit order)."""
-    monkeypatch.setattr(replacement_module, "RECLAIM_TIMEOUT_S", 0.05)
-    p = LineageProducer(bootstrap_servers="127.0.0.1:1", topic="t", journal_dir=tmp_path / "own", close_timeout_s=0)
-    p.close()   # its sender thread is done: its turns are driven from here, librdkafka made up
-    p._producer = kafka = _StuckKafka(stuck={b"%d" % i for i in range(10)})
-    with p._lock:
-        for i in range(20):   # 0-9 in flight to the dead broker, 10-19 queued behind them
-            cell = [p._direct_sent]
-            p._direct_sent += 1
-            kafka.produce("t", b"%d" % i, b"k", -1, partial(p._on_delivery, cell))
-        p._begin_journal_mode_locked("all_brokers_down")
-        p._spill.extend((b"k", b"%d" % i) for i in range(20, 30))   # emitted in journal mode
-    at_kafka: list[bytes] = []
-
-    def turn() -> None:
-        p._step()
-        for on_delivery, message in kafka.replayed:   # Kafka takes every replay batch
-            at_kafka.append(message.value())
-            on_delivery(None, message)
-        kafka.replayed.clear()
-
-    for _ in range(3):
-        turn()
-    assert p._direct_outstanding() == 10, "the in-flight records were not left in librdkafka"
-    for on_delivery, message in kafka.direct:   # the stuck records' fate is known at last
-        if stuck_fate == "delivered_late":
-            at_kafka.append(message.value())
-            on_delivery(None, message)
-        else:
-            on_delivery(KafkaError(KafkaError._PURGE_INFLIGHT), message)
-    kafka.direct.clear()
-    for _ in range(10):
-        if not p._spilling:
-            break
-        p._retry_at = 0.0
-        turn()
-    assert not p._spilling and p._not_journaled() == 0, "not back to direct sending"
-    first = [int(v) for v in dict.fromkeys(at_kafka)]
-    assert sorted(first) == list(range(30)), first
-    assert first == sorted(first), f"out of emit order: {first}"
-    for journal in [*p._journals, *([p._own] if p._own else []), *([p._aside] if p._aside else [])]:
-        journal.close()
