@@ -9,7 +9,7 @@ consumed nothing meanwhile, and its lag grew with nothing wrong in the relay its
 
 :class:`StarvationWatch` looks at each child with work pending every :data:`CHECK_S`. One
 that has had work for :data:`STARVED_AFTER_S` without an answer, runnable at every look
-(a thread of it waiting for a CPU, not all waiting for input, not stopped), and used less than
+(waiting for a CPU, not for its input, not stopped), and used less than
 :data:`MIN_CPU_SHARE` of that time, while the relay's own process used less than
 :data:`MAX_OWN_SHARE` of it (a relay busy delivering is what ``idle`` yields to: its own
 backlog is no reason to give ``idle`` up), is starved. Looks more than :data:`GAP_S` apart
@@ -48,38 +48,20 @@ _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 log = logging.getLogger("relay.decode_worker")
 
 
-def _stat_fields(path: str) -> list[bytes] | None:
-    """The fields of a /proc ``stat`` file after the command (in parentheses, which may hold
-    anything): state first, utime and stime 12th and 13th."""
+def sample(pid: int) -> tuple[float, str] | None:
+    """(CPU time used so far, user + system, in seconds; scheduling state of its main thread,
+    ``R`` when running or runnable) of process ``pid``; None where /proc cannot say."""
     try:
-        stat = Path(path).read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    return stat[stat.rfind(b")") + 2:].split()
-
-
-def sample(pid: int) -> tuple[float, str] | None:
-    """(CPU time used so far by all its threads, user + system, in seconds; ``R`` when one of
-    its threads is running or runnable, else its main thread's state) of process ``pid``;
-    None where /proc cannot say. Any thread: a starved child's decoding thread may be
-    waiting for the GIL, which its runnable input thread holds."""
-    fields = _stat_fields(f"/proc/{pid}/stat")
+    # Fields after the command (in parentheses, which may hold anything): state is field 3,
+    # utime and stime fields 14 and 15.
+    fields = stat[stat.rfind(b")") + 2:].split()
     try:
-        cpu = (int(fields[11]) + int(fields[12])) * _TICK_S  # type: ignore[index]
-        state = fields[0].decode("ascii", "replace")  # type: ignore[index]
-    except (TypeError, IndexError, ValueError):
+        return (int(fields[11]) + int(fields[12])) * _TICK_S, fields[0].decode("ascii", "replace")
+    except (IndexError, ValueError):
         return None
-    if state != "R":
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            tasks = []
-        for tid in tasks:
-            task = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
-            if task and task[0] == b"R":
-                state = "R"
-                break
-    return cpu, state
 
 
 def cpu_seconds(pid: int) -> float | None:
