@@ -239,10 +239,7 @@ def test_a_killed_child_not_gone_in_time_still_has_its_batches_answered(monkeypa
 
 
 @pytest.mark.parametrize("priority", ["low", "idle"])
-def test_the_child_runs_at_the_priority_asked_and_decodes_the_same(priority, monkeypatch):
-    # Without the starvation watch: on a loaded machine it may replace an idle child at low
-    # priority (tests/relay/stages/test_decode_starvation.py), and the one asked is what is checked.
-    monkeypatch.setattr(decode_worker, "watchable", lambda: False)
+def test_the_child_runs_at_the_priority_asked_and_decodes_the_same(priority):
     worker = DecodeWorker(max_bytes=MAX, priority=priority)
     worker.start()
     try:
