@@ -67,8 +67,6 @@ class DecodeChild:
         self.write_lock = threading.Lock()
         self.dead = False
         self.answered = False  # once: the environment works, a death is a record's doing
-        self.answers = 0  # chunks answered (the starvation watch sees progress by it)
-        self.retired = False  # killed to be replaced (starved at idle priority): its chunks go again whole
         self.reader: threading.Thread | None = None
 
     def kill(self, grace_s: float = 0.0) -> None:

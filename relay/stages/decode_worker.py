@@ -70,7 +70,6 @@ from relay.stages.decode_pipe import (
     read_frame,
     write_values,
 )
-from relay.stages.decode_starvation import StarvationWatch, watchable
 
 log = logging.getLogger("relay.decode_worker")
 
@@ -123,7 +122,6 @@ class DecodeWorker:
         self._failures = 0
         self._closed = False
         self._lock = threading.Lock()
-        self._watch_stop: threading.Event | None = None
 
     @property
     def in_process(self) -> bool:
@@ -148,34 +146,6 @@ class DecodeWorker:
             for i, child in enumerate(self._children):
                 if child is None:
                     self._children[i] = self._spawn()
-            if self.priority == "idle" and self._watch_stop is None and watchable():
-                self._watch_stop = threading.Event()
-                StarvationWatch(self._idle_children, self._starved, self._watch_stop).start()
-
-    def _idle_children(self) -> list[DecodeChild] | None:
-        """The children the starvation watch looks at; None once none runs at ``idle``."""
-        with self._lock:
-            if self.priority != "idle":
-                return None
-            return [c for c in self._children if c is not None and not c.dead]
-
-    def _starved(self, child: DecodeChild, waited_s: float, cpu_s: float) -> None:
-        """A child at ``idle`` got next to no CPU with work pending (see
-        :mod:`relay.stages.decode_starvation`): ``idle`` is given up, every child is replaced
-        by one at ``low``, and what they held goes to those."""
-        with self._lock:
-            if self.priority != "idle" or self._closed:
-                return
-            self.priority = "low"
-            retiring = [c for c in self._children if c is not None and not c.dead]
-            for c in retiring:
-                c.retired = True
-        log_event(log, logging.WARNING, "decode_starved", pid=child.proc.pid, waited_s=round(waited_s, 1),
-                  cpu_s=round(cpu_s, 2), detail="the decode process at idle priority (SCHED_IDLE) got no CPU: "
-                  "other processes keep it busy. The decode processes run at low priority (nice 10) from now "
-                  "on; set pipeline.decode_priority: low to start so")
-        for c in retiring:
-            c.kill()
 
     def submit(self, values: Sequence[bytes | None], on_done: Callable[[list[Decoded]], None]) -> None:
         """Start decoding ``values``; ``on_done`` gets one answer per value, in order, on the
@@ -202,9 +172,6 @@ class DecodeWorker:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._watch_stop is not None:
-                self._watch_stop.set()
-                self._watch_stop = None
             children, self._children = self._children, [None] * len(self._children)
         for child in children:
             if child is not None:
@@ -318,7 +285,6 @@ class DecodeWorker:
                     break
                 self._failures = 0
                 child.answered = True
-                child.answers += 1
                 batch.part_done(index, results)
                 # Hold nothing while waiting for the next answer: a batch's values can be large.
                 del values, batch, results, answers, payload, entry
@@ -339,14 +305,6 @@ class DecodeWorker:
         if expected:
             return
         exit_code = child.proc.returncode
-        if child.retired:  # replaced, not failed: what it held goes again whole, to one at low priority
-            log_event(log, logging.INFO, "decode_worker_replaced", exit_code=exit_code, batches=len(orphans))
-            for values, batch, index, alone in orphans:
-                if closing:
-                    batch.part_done(index, self._decode_here(values))
-                else:
-                    self._submit_chunk(values, batch, index, alone)
-            return
         # A child that died by a signal (the out-of-memory killer, a crash in a parse) or of
         # an error escaping a parse died of what it was decoding, fresh or not: its chunk's
         # values go again alone. One that never answered and failed otherwise (exited on its
