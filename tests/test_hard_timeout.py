@@ -32,7 +32,7 @@ def teardown_that_hangs():
 
 
 def test_hangs_after_its_timeout(teardown_that_hangs):
-    time.sleep(30)  # pytest-timeout (1 s) interrupts this one
+    time.sleep(30)  # ok: the hung call itself; pytest-timeout (1 s) interrupts it
 """
 
 

@@ -227,4 +227,3 @@ def no_segments_left(root: Path) -> bool:
         except FileNotFoundError:
             continue
     return False
-

@@ -568,20 +568,9 @@ def test_a_fork_child_does_not_wait_for_locks_a_parent_thread_held(kafka, tmp_pa
             os._exit(code)
     release.set()
     holder.join(10)
-    status = None
-    deadline = time.monotonic() + 10
-    while status is None and time.monotonic() < deadline:
-        done, code = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status = code
-        else:
-            time.sleep(0.01)   # ok: the poll interval of a wait with a deadline
-    if status is None:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    status = _exit_status(pid, 10)
     producer.close()
-    assert status is not None, "the child hung on a lock"
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert status == 0, f"the child hung on a lock, or failed: {status}"
 
 
 class _SlowWriter(logging.Handler):

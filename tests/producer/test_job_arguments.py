@@ -4,7 +4,6 @@ openlineage-python facet and dataset objects, uuid.UUID run ids."""
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
 import pytest
@@ -13,6 +12,7 @@ from producer import events
 from producer.job import lineage_job
 from producer.keys import message_key
 from tests.producer.support import JobRecorder as Recorder
+from tests.support.children import exit_status
 from tests.support.spec import validator
 
 RUN_ID = "0190f1b2-6c1e-7a31-9c55-3f1e2d4c5b6a"
@@ -159,13 +159,4 @@ def test_a_fork_while_a_run_id_is_being_made_does_not_block_the_childs_run_ids()
                 os._exit(0)
     finally:
         events._uuid_lock.release()
-    for _ in range(100):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)  # ok: polling the child's exit, at most 100 times (5 s)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the child's new_run_id() waited on the parent's lock")
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert exit_status(pid, 5) == 0, "the child's new_run_id() waited on the parent's lock"

@@ -58,8 +58,7 @@ class HardTimeout:
         (its ``pytest_exception_interact``), a pytest-timeout failure included: the rest of the
         test's time is armed again."""
         if self._deadline is not None:
-            remaining = max(self._deadline - time.monotonic(), 0.001)
-            faulthandler.dump_traceback_later(remaining, repeat=False, file=self._fd, exit=True)
+            self.arm(max(self._deadline - time.monotonic(), 0.001))
 
     def disarm(self) -> None:
         self._deadline = None
